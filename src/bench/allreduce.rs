@@ -1,0 +1,333 @@
+//! `ringrec bench allreduce`: an nccl-tests style table (size, count, type, redop, time,
+//! algbw, busbw, #wrong) for every backend, `mpi` measured in the same run as the reference.
+//!
+//! time = mean over iterations of one in-place allreduce, the slowest rank's figure;
+//! algbw = size / time; busbw = algbw * 2(n-1)/n (the bytes each rank must move in a ring,
+//! so figures are comparable across rank counts). #wrong validates every element of a
+//! fresh allreduce per size against the exact expected value, summed over ranks.
+
+use std::time::Instant;
+
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use serde::Serialize;
+
+use crate::comm::{self, Backend, Collectives};
+use crate::dtype::{DType, ReduceOp};
+use crate::topology::Topology;
+
+/// Flags of `ringrec bench allreduce`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AllreduceBenchArgs {
+    /// Backends to measure, comma separated (mpi is always measured first, as the reference).
+    #[arg(long, default_value = "mpi,ring,shm,hier", value_delimiter = ',')]
+    pub backends: Vec<String>,
+    /// Smallest message (bytes; K/M/G suffixes).
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_size)]
+    pub min_bytes: usize,
+    /// Largest message (bytes; K/M/G suffixes).
+    #[arg(short = 'e', long, default_value = "256M", value_parser = parse_size)]
+    pub max_bytes: usize,
+    /// Size multiplication factor between rows.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    pub step_factor: usize,
+    /// Element type: f32, f64, f16, bf16, i32, i64.
+    #[arg(short = 'd', long, default_value = "f32")]
+    pub dtype: String,
+    /// Reduction: sum, avg, min, max.
+    #[arg(short = 'o', long, default_value = "sum")]
+    pub op: String,
+    /// Timed iterations per size (fewer for large sizes: at most 2 GiB moved per row, at least 3).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed warm-up iterations per size.
+    #[arg(short = 'w', long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `8`, `4K`, `16M`, `1G` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("`{s}` is not a size like 8, 4K, 16M or 1G"))
+}
+
+/// One row of the table.
+#[derive(Serialize, Debug, Clone)]
+pub struct Row {
+    /// Backend name.
+    pub backend: String,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Elements.
+    pub count: usize,
+    /// dtype name.
+    #[serde(rename = "type")]
+    pub dtype: String,
+    /// Reduction name.
+    pub redop: String,
+    /// Mean time per allreduce, slowest rank, microseconds.
+    pub time_us: f64,
+    /// size / time, GB/s.
+    pub algbw: f64,
+    /// algbw * 2(n-1)/n, GB/s.
+    pub busbw: f64,
+    /// Wrong elements over all ranks.
+    pub wrong: u64,
+}
+
+/// The whole run.
+#[derive(Serialize, Debug)]
+pub struct Report {
+    /// World size.
+    pub ranks: usize,
+    /// Hosts (simulated ones count).
+    pub hosts: usize,
+    /// Every measured row.
+    pub rows: Vec<Row>,
+    /// Backends skipped, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Buffer of `bytes` bytes aligned to 64.
+struct Aligned {
+    v: Vec<u64>,
+    bytes: usize,
+}
+impl Aligned {
+    fn new(bytes: usize) -> Aligned {
+        Aligned { v: vec![0u64; bytes.div_ceil(8)], bytes }
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        let n = self.bytes;
+        &mut bytemuck::cast_slice_mut(&mut self.v)[..n]
+    }
+}
+
+/// Rank r's value at index i: small integers, so every summation order is exact in every dtype.
+pub fn pattern(i: usize, rank: usize) -> f64 {
+    ((i.wrapping_mul(7) + rank * 3) % 8) as f64 - 3.0
+}
+
+/// Writes the pattern of `rank` into `buf` as `dtype`.
+pub fn fill(buf: &mut [u8], dtype: DType, rank: usize) {
+    macro_rules! go {
+        ($t:ty, $conv:expr) => {{
+            let v: &mut [$t] = bytemuck::cast_slice_mut(buf);
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = $conv(pattern(i, rank));
+            }
+        }};
+    }
+    match dtype {
+        DType::F32 => go!(f32, |x: f64| x as f32),
+        DType::F64 => go!(f64, |x: f64| x),
+        DType::F16 => go!(half::f16, half::f16::from_f64),
+        DType::BF16 => go!(half::bf16, half::bf16::from_f64),
+        DType::I32 => go!(i32, |x: f64| x as i32),
+        DType::I64 => go!(i64, |x: f64| x as i64),
+        DType::U8 => {}
+    }
+}
+
+/// The exact expected result at index i of an allreduce of the pattern over `n` ranks,
+/// as `dtype` computes it (sum, then one division for avg).
+pub fn expected(i: usize, n: usize, dtype: DType, op: ReduceOp) -> f64 {
+    let vals = (0..n).map(|r| pattern(i, r));
+    let combined = match op {
+        ReduceOp::Sum | ReduceOp::Average => vals.sum::<f64>(),
+        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+    };
+    if op != ReduceOp::Average {
+        return combined;
+    }
+    match dtype {
+        DType::I32 | DType::I64 => ((combined as i64) / n as i64) as f64,
+        DType::F64 => combined / n as f64,
+        _ => (combined as f32 / n as f32) as f64,
+    }
+}
+
+/// Counts elements of `buf` that differ from [`expected`].
+pub fn count_wrong(buf: &[u8], dtype: DType, op: ReduceOp, n: usize) -> u64 {
+    macro_rules! go {
+        ($t:ty, $conv:expr) => {{
+            let v: &[$t] = bytemuck::cast_slice(buf);
+            v.iter().enumerate().filter(|(i, x)| **x != $conv(expected(*i, n, dtype, op))).count() as u64
+        }};
+    }
+    match dtype {
+        DType::F32 => go!(f32, |x: f64| x as f32),
+        DType::F64 => go!(f64, |x: f64| x),
+        DType::F16 => go!(half::f16, half::f16::from_f64),
+        DType::BF16 => go!(half::bf16, half::bf16::from_f64),
+        DType::I32 => go!(i32, |x: f64| x as i32),
+        DType::I64 => go!(i64, |x: f64| x as i64),
+        DType::U8 => 0,
+    }
+}
+
+fn sizes(args: &AllreduceBenchArgs, esz: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = args.min_bytes.max(esz);
+    let f = args.step_factor.max(2);
+    while s <= args.max_bytes {
+        out.push(s / esz * esz);
+        s *= f;
+    }
+    out
+}
+
+fn measure(topo: &Topology, coll: &mut dyn Collectives, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
+    let world = &topo.world.comm;
+    let n = topo.size;
+    let count = size / dtype.size();
+    let mut buf = Aligned::new(size);
+    fill(buf.bytes(), dtype, topo.rank);
+    let iters = args.iters.min(((2usize << 30) / size.max(1)).max(3)).max(1);
+    for _ in 0..args.warmup.min(iters) {
+        coll.allreduce_raw(buf.bytes(), dtype, op)?;
+    }
+    world.barrier();
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        coll.allreduce_raw(buf.bytes(), dtype, op)?;
+    }
+    let local = t0.elapsed().as_secs_f64() / iters as f64;
+    let mut slowest = 0f64;
+    world.all_reduce_into(&local, &mut slowest, SystemOperation::max());
+    // Validation on fresh input.
+    fill(buf.bytes(), dtype, topo.rank);
+    coll.allreduce_raw(buf.bytes(), dtype, op)?;
+    let wrong_here = count_wrong(buf.bytes(), dtype, op, n);
+    let mut wrong = 0u64;
+    world.all_reduce_into(&wrong_here, &mut wrong, SystemOperation::sum());
+    let algbw = size as f64 / slowest / 1e9;
+    let busbw = if n > 1 { algbw * 2.0 * (n - 1) as f64 / n as f64 } else { 0.0 };
+    Ok(Row {
+        backend: coll.name().to_string(),
+        size,
+        count,
+        dtype: dtype.name().to_string(),
+        redop: op.name().to_string(),
+        time_us: slowest * 1e6,
+        algbw,
+        busbw,
+        wrong,
+    })
+}
+
+/// Runs the benchmark; prints on rank 0. Returns the report (on every rank).
+pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report> {
+    let dtype = DType::parse(&args.dtype).filter(|d| *d != DType::U8).ok_or_else(|| anyhow::anyhow!("--dtype {} is not one of f32, f64, f16, bf16, i32, i64", args.dtype))?;
+    let op = ReduceOp::parse(&args.op).ok_or_else(|| anyhow::anyhow!("--op {} is not one of sum, avg, min, max", args.op))?;
+    let mut backends = vec![Backend::Mpi];
+    for b in &args.backends {
+        let b = Backend::parse(b.trim()).ok_or_else(|| anyhow::anyhow!("unknown backend `{b}`; choose from mpi, ring, shm, hier"))?;
+        if !backends.contains(&b) {
+            backends.push(b);
+        }
+    }
+    let root = topo.rank == 0;
+    let mut report = Report { ranks: topo.size, hosts: topo.num_hosts, rows: Vec::new(), skipped: Vec::new() };
+    if root && !args.json {
+        println!("# ringrec bench allreduce: {} ranks on {} host(s), {} {}, in place", topo.size, topo.num_hosts, dtype.name(), op.name());
+        println!("# busbw = algbw * 2(n-1)/n; time = mean of the slowest rank; #wrong over all ranks");
+    }
+    for backend in backends {
+        let mut coll = match comm::build(backend, topo) {
+            Ok(c) => c,
+            Err(e) => {
+                if root && !args.json {
+                    println!("\n# backend {backend}: skipped ({e})");
+                }
+                report.skipped.push((backend.to_string(), e.to_string()));
+                continue;
+            }
+        };
+        if root && !args.json {
+            println!("\n# backend: {backend}");
+            println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong");
+            println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+        }
+        for size in sizes(args, dtype.size()) {
+            let row = measure(topo, coll.as_mut(), args, dtype, op, size)?;
+            if root && !args.json {
+                println!(
+                    "{:>12} {:>12} {:>8} {:>6} {:>10.2} {:>8.3} {:>8.3} {:>7}",
+                    row.size, row.count, row.dtype, row.redop, row.time_us, row.algbw, row.busbw, row.wrong
+                );
+            }
+            report.rows.push(row);
+        }
+    }
+    if root {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            for line in summary(&report) {
+                println!("{line}");
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Ratio lines: best ringrec backend vs mpi at 16 and 64 MiB, and for small messages.
+pub fn summary(report: &Report) -> Vec<String> {
+    let mut out = vec![String::new(), "# summary (ratios against mpi, same run)".to_string()];
+    let find = |b: &str, s: usize| report.rows.iter().find(|r| r.backend == b && r.size == s);
+    let others: Vec<String> = report.rows.iter().map(|r| r.backend.clone()).filter(|b| b != "mpi").fold(Vec::new(), |mut v, b| {
+        if !v.contains(&b) {
+            v.push(b);
+        }
+        v
+    });
+    for s in [16usize << 20, 64 << 20] {
+        let Some(m) = find("mpi", s) else { continue };
+        let best = others.iter().filter_map(|b| find(b, s)).max_by(|a, b| a.busbw.total_cmp(&b.busbw));
+        if let Some(best) = best {
+            out.push(format!("#   {:>4} MiB: best {} busbw {:.3} GB/s vs mpi {:.3} GB/s = {:.2}x", s >> 20, best.backend, best.busbw, m.busbw, best.busbw / m.busbw));
+        }
+    }
+    let small: Vec<usize> = report.rows.iter().filter(|r| r.backend == "mpi" && r.size <= 4096).map(|r| r.size).collect();
+    for b in &others {
+        let ratios: Vec<f64> = small.iter().filter_map(|s| Some(find("mpi", *s)?.time_us / find(b, *s)?.time_us)).collect();
+        if !ratios.is_empty() {
+            let worst = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            out.push(format!("#   <= 4 KiB: {b} speed vs mpi (mpi time / {b} time): worst {:.2}x over {} sizes", worst, ratios.len()));
+        }
+    }
+    let wrong: u64 = report.rows.iter().map(|r| r.wrong).sum();
+    out.push(format!("#   #wrong total: {wrong}"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes_parse_and_expected_values_are_exact() {
+        assert_eq!(parse_size("16M").unwrap(), 16 << 20);
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert!(parse_size("x").is_err());
+        // rank values at i=0: -3, 0, 3, -2 -> sum -2, min -3, max 3
+        assert_eq!(expected(0, 4, DType::F32, ReduceOp::Sum), -2.0);
+        assert_eq!(expected(0, 4, DType::F32, ReduceOp::Min), -3.0);
+        assert_eq!(expected(0, 4, DType::F32, ReduceOp::Max), 3.0);
+        assert_eq!(expected(0, 4, DType::I32, ReduceOp::Average), 0.0);
+        assert_eq!(expected(0, 4, DType::F32, ReduceOp::Average), -0.5);
+        let mut buf = vec![0u8; 40];
+        fill(&mut buf, DType::F32, 0);
+        assert_eq!(count_wrong(&buf, DType::F32, ReduceOp::Sum, 1), 0);
+        assert_eq!(count_wrong(&buf, DType::F32, ReduceOp::Sum, 2), 10 - bytemuck::cast_slice::<u8, f32>(&buf).iter().enumerate().filter(|(i, _)| pattern(*i, 1) == 0.0).count() as u64);
+    }
+}

@@ -1,0 +1,4 @@
+//! The `ringrec bench ...` subcommands: each measures ringrec against a reference in the
+//! same run and prints the ratio.
+
+pub mod allreduce;

@@ -1,0 +1,339 @@
+//! Collective operations over host memory, behind one trait.
+//!
+//! | backend | allreduce | the rest |
+//! |---|---|---|
+//! | `mpi`  | `MPI_Allreduce` (the reference) | MPI's own |
+//! | `ring` | reduce-scatter + allgather over MPI point-to-point, 2(N-1) steps, chunked and pipelined | MPI's own |
+//! | `shm`  | one host: every rank reduces its 1/P slice straight from its peers' data in a shared segment | through the segment |
+//! | `hier` | `shm` reduce-scatter in each host, `ring` across hosts between equal local ranks, `shm` allgather | composed the same way |
+//!
+//! Every collective first makes ranks agree on what they are doing (collective kind, element
+//! count, dtype, op, root): a mismatch is a [`CommError::Mismatch`] on every rank, never a hang
+//! or an overrun. `shm` carries the check inside its own synchronisation; the MPI-based
+//! backends exchange a 32-byte header first, unless `RINGREC_VERIFY=0`.
+
+pub mod hier;
+pub mod mpi_backend;
+pub mod ring;
+pub mod shm;
+pub mod verify;
+
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::topology::Topology;
+use crate::{CommError, CommResult};
+
+/// The collective backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The MPI library's collectives.
+    Mpi,
+    /// Ring allreduce over MPI point-to-point.
+    Ring,
+    /// Shared-memory collectives among the ranks of one host.
+    Shm,
+    /// `shm` inside hosts, `ring` across them.
+    Hier,
+}
+
+impl Backend {
+    /// All CPU backends.
+    pub const ALL: [Backend; 4] = [Backend::Mpi, Backend::Ring, Backend::Shm, Backend::Hier];
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Mpi => "mpi",
+            Backend::Ring => "ring",
+            Backend::Shm => "shm",
+            Backend::Hier => "hier",
+        }
+    }
+    /// Parses a backend name.
+    pub fn parse(s: &str) -> Option<Backend> {
+        Backend::ALL.iter().copied().find(|b| b.name() == s)
+    }
+    /// The best backend for this topology: `shm` on one host, `hier` on several homogeneous
+    /// hosts, `ring` otherwise.
+    pub fn auto(topo: &Topology) -> Backend {
+        if topo.num_hosts == 1 {
+            Backend::Shm
+        } else if topo.is_homogeneous() {
+            Backend::Hier
+        } else {
+            Backend::Ring
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The result of an allgatherv or gatherv: every rank's bytes, concatenated in rank order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gathered {
+    /// All pieces, rank 0 first.
+    pub data: Vec<u8>,
+    /// Length in bytes of each rank's piece.
+    pub counts: Vec<usize>,
+}
+
+impl Gathered {
+    /// Rank `r`'s piece.
+    pub fn piece(&self, r: usize) -> &[u8] {
+        let start: usize = self.counts[..r].iter().sum();
+        &self.data[start..start + self.counts[r]]
+    }
+}
+
+/// Collective operations among the ranks of one group (the world, a host, or the ranks
+/// across hosts). Every rank of the group must make the same sequence of calls.
+pub trait Collectives {
+    /// The backend's name.
+    fn name(&self) -> &'static str;
+    /// This rank in the group.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// In-place allreduce of `buf`, a whole number of aligned `dtype` elements.
+    fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()>;
+    /// Every rank contributes `send` (any length, 0 included) and receives all pieces.
+    fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered>;
+    /// Copies `buf` of rank `root` into `buf` of every rank (lengths must agree).
+    fn broadcast_raw(&mut self, buf: &mut [u8], root: usize) -> CommResult<()>;
+    /// Rank `root` receives every rank's `send`; the others get `None`.
+    fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>>;
+    /// Returns once every rank of the group has entered it.
+    fn barrier(&mut self) -> CommResult<()>;
+}
+
+/// Typed helpers on top of [`Collectives`].
+pub trait CollectivesExt: Collectives {
+    /// In-place allreduce of a typed slice.
+    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
+        self.allreduce_raw(bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+    }
+    /// Allgatherv of typed slices: the concatenation in rank order and each rank's count.
+    fn allgatherv<T: Element>(&mut self, send: &[T]) -> CommResult<(Vec<T>, Vec<usize>)> {
+        let g = self.allgatherv_raw(bytemuck::cast_slice(send))?;
+        typed(g)
+    }
+    /// Broadcast of a typed slice from `root`.
+    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> CommResult<()> {
+        self.broadcast_raw(bytemuck::cast_slice_mut(buf), root)
+    }
+    /// Gatherv of typed slices to `root`.
+    fn gatherv<T: Element>(&mut self, send: &[T], root: usize) -> CommResult<Option<(Vec<T>, Vec<usize>)>> {
+        match self.gatherv_raw(bytemuck::cast_slice(send), root)? {
+            Some(g) => typed(g).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+impl<C: Collectives + ?Sized> CollectivesExt for C {}
+
+fn typed<T: Element>(g: Gathered) -> CommResult<(Vec<T>, Vec<usize>)> {
+    let size = std::mem::size_of::<T>();
+    if g.counts.iter().any(|c| c % size != 0) {
+        return Err(CommError::BadBuffer { len: g.data.len(), dtype: T::DTYPE.name() });
+    }
+    Ok((bytemuck::allocation::pod_collect_to_vec(&g.data), g.counts.iter().map(|c| c / size).collect()))
+}
+
+/// Collective kinds, as carried in headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Kind {
+    /// allreduce
+    Allreduce = 1,
+    /// allgatherv
+    Allgatherv = 2,
+    /// broadcast
+    Broadcast = 3,
+    /// gatherv
+    Gatherv = 4,
+    /// barrier
+    Barrier = 5,
+}
+
+impl Kind {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Allreduce => "allreduce",
+            Kind::Allgatherv => "allgatherv",
+            Kind::Broadcast => "broadcast",
+            Kind::Gatherv => "gatherv",
+            Kind::Barrier => "barrier",
+        }
+    }
+    fn from_u32(v: u32) -> Option<Kind> {
+        [Kind::Allreduce, Kind::Allgatherv, Kind::Broadcast, Kind::Gatherv, Kind::Barrier].into_iter().find(|k| *k as u32 == v)
+    }
+}
+
+/// What a rank says it is about to do; ranks compare these before moving data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Header {
+    /// [`Kind`] as u32.
+    pub kind: u32,
+    /// [`DType::code`].
+    pub dtype: u32,
+    /// [`ReduceOp::code`].
+    pub op: u32,
+    /// Root rank (broadcast, gatherv).
+    pub root: u32,
+    /// Element count (allreduce, broadcast) or byte count of this rank's piece (gathers).
+    pub count: u64,
+}
+
+impl Header {
+    /// Header of an allreduce.
+    pub fn allreduce(count: usize, dtype: DType, op: ReduceOp) -> Header {
+        Header { kind: Kind::Allreduce as u32, dtype: dtype.code(), op: op.code(), root: 0, count: count as u64 }
+    }
+    /// Header of an allgatherv contributing `bytes`.
+    pub fn allgatherv(bytes: usize) -> Header {
+        Header { kind: Kind::Allgatherv as u32, dtype: DType::U8.code(), op: 0, root: 0, count: bytes as u64 }
+    }
+    /// Header of a broadcast of `bytes` from `root`.
+    pub fn broadcast(bytes: usize, root: usize) -> Header {
+        Header { kind: Kind::Broadcast as u32, dtype: DType::U8.code(), op: 0, root: root as u32, count: bytes as u64 }
+    }
+    /// Header of a gatherv contributing `bytes` to `root`.
+    pub fn gatherv(bytes: usize, root: usize) -> Header {
+        Header { kind: Kind::Gatherv as u32, dtype: DType::U8.code(), op: 0, root: root as u32, count: bytes as u64 }
+    }
+    /// Header of a barrier.
+    pub fn barrier() -> Header {
+        Header { kind: Kind::Barrier as u32, ..Header::default() }
+    }
+    /// The collective's name.
+    pub fn kind_name(&self) -> &'static str {
+        Kind::from_u32(self.kind).map_or("unknown collective", Kind::name)
+    }
+    /// Does this header describe the same call as `other`? Gathers may differ in count.
+    fn agrees(&self, other: &Header) -> bool {
+        let per_rank_count = matches!(Kind::from_u32(self.kind), Some(Kind::Allgatherv) | Some(Kind::Gatherv));
+        self.kind == other.kind
+            && self.dtype == other.dtype
+            && self.op == other.op
+            && self.root == other.root
+            && (per_rank_count || self.count == other.count)
+    }
+    /// Human description: `allreduce of 10 x float (sum)`.
+    pub fn describe(&self) -> String {
+        let dtype = DType::from_code(self.dtype).map_or("?", DType::name);
+        match Kind::from_u32(self.kind) {
+            Some(Kind::Allreduce) => {
+                format!("allreduce of {} x {} ({})", self.count, dtype, ReduceOp::from_code(self.op).map_or("?", ReduceOp::name))
+            }
+            Some(Kind::Broadcast) => format!("broadcast of {} bytes from root {}", self.count, self.root),
+            Some(Kind::Gatherv) => format!("gatherv to root {}", self.root),
+            Some(Kind::Allgatherv) => "allgatherv".to_string(),
+            Some(Kind::Barrier) => "barrier".to_string(),
+            None => format!("unknown collective {}", self.kind),
+        }
+    }
+    /// Encodes into 32 bytes.
+    pub fn to_words(&self) -> [u64; 4] {
+        [((self.kind as u64) << 32) | self.dtype as u64, ((self.op as u64) << 32) | self.root as u64, self.count, HEADER_MAGIC]
+    }
+    /// Decodes from 32 bytes.
+    pub fn from_words(w: &[u64; 4]) -> Header {
+        Header { kind: (w[0] >> 32) as u32, dtype: w[0] as u32, op: (w[1] >> 32) as u32, root: w[1] as u32, count: w[2] }
+    }
+}
+
+const HEADER_MAGIC: u64 = 0x7269_6e67_7265_6321;
+
+/// Compares every rank's header with rank 0's. `mine` names the collective in the error.
+/// Every rank calls this with the same `all` and so reaches the same verdict.
+pub fn check_headers(mine: &Header, all: &[Header]) -> CommResult<()> {
+    let reference = all[0];
+    let bad: Vec<usize> = (0..all.len()).filter(|r| !all[*r].agrees(&reference)).collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let mut detail = format!("rank 0 called {}", reference.describe());
+    for r in bad.iter().take(8) {
+        detail.push_str(&format!(", rank {r} called {}", all[*r].describe()));
+    }
+    if bad.len() > 8 {
+        detail.push_str(&format!(" and {} more", bad.len() - 8));
+    }
+    Err(CommError::Mismatch { collective: mine.kind_name(), detail, ranks: bad })
+}
+
+/// Whether MPI-based backends exchange headers before each collective (`RINGREC_VERIFY`,
+/// default on).
+pub fn verify_from_env() -> bool {
+    !matches!(std::env::var("RINGREC_VERIFY").as_deref(), Ok("0") | Ok("off") | Ok("false"))
+}
+
+/// Builds a backend over all ranks of the world.
+pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collectives>> {
+    Ok(match backend {
+        Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), verify_from_env())),
+        Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), verify_from_env())),
+        Backend::Shm => {
+            if topo.num_hosts > 1 {
+                return Err(CommError::Unsupported {
+                    backend: "shm",
+                    reason: format!("the world spans {} hosts and shm only reaches ranks of one host; use --backend hier", topo.num_hosts),
+                });
+            }
+            Box::new(shm::ShmCollectives::on_host(topo, "world")?)
+        }
+        Backend::Hier => Box::new(hier::HierCollectives::new(topo)?),
+    })
+}
+
+/// Shared-memory collectives among the ranks of this host (e.g. gather to the host leader).
+pub fn host_collectives(topo: &Topology, tag: &str) -> CommResult<shm::ShmCollectives> {
+    shm::ShmCollectives::on_host(topo, tag)
+}
+
+/// Splits `n` items into `parts` nearly equal consecutive ranges; range `i`.
+pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    (n * i / parts)..(n * (i + 1) / parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_mismatch_names_ranks() {
+        let a = Header::allreduce(10, DType::F32, ReduceOp::Sum);
+        assert_eq!(Header::from_words(&a.to_words()), a);
+        let b = Header::allreduce(12, DType::F32, ReduceOp::Sum);
+        let err = check_headers(&a, &[a, b, a, b]).unwrap_err();
+        match &err {
+            CommError::Mismatch { ranks, detail, .. } => {
+                assert_eq!(ranks, &vec![1, 3]);
+                assert!(detail.contains("rank 1 called allreduce of 12 x float (sum)"), "{detail}");
+            }
+            e => panic!("{e}"),
+        }
+        // Gathers may contribute different lengths.
+        assert!(check_headers(&Header::allgatherv(3), &[Header::allgatherv(3), Header::allgatherv(0)]).is_ok());
+        assert!(check_headers(&Header::barrier(), &[Header::barrier(), Header::allgatherv(0)]).is_err());
+    }
+
+    #[test]
+    fn parts_cover_everything_once() {
+        for n in [0, 1, 7, 13, 100] {
+            for p in 1..6 {
+                let mut next = 0;
+                for i in 0..p {
+                    let r = part(n, p, i);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! `shm`: collectives among the ranks of one host through a shared-memory segment.
+//!
+//! Layout: one control block per rank (cache-line separated `arrive`, `reduced`, `done`
+//! counters, the rank's [`Header`] and pid), then two data slots per rank (double
+//! buffering). Every collective is a sequence of *rounds*, the same number on every rank;
+//! round `it` uses slot buffer `it % 2`:
+//!
+//! 1. wait until every peer finished round `it-2` (`done >= it-1`): the buffer is free;
+//! 2. write this rank's input piece into its slot (+ its header in round 0), `arrive = it+1`;
+//! 3. wait for every peer's `arrive`; in round 0 compare headers (a mismatch ends the
+//!    collective with the same error on every rank, after the same number of rounds);
+//! 4. consume peers' slots (allreduce: rank r reduces the r-th 1/P slice straight from every
+//!    peer's slot, publishes it, `reduced = it+1`, waits, copies the others' slices);
+//! 5. `done = it+1`.
+//!
+//! Allreduce cuts the buffer into P parts (part r is reduced by rank r, summing ranks in
+//! order 0..P, so every rank gets bit-identical results) and moves them through the slots
+//! in cache-sized pieces, so peers' data is read from the shared L3 rather than DRAM.
+//! Small buffers take a one-sync direct path: every rank reduces the whole buffer itself.
+//! Waits spin, then yield, check a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`, default 300)
+//! and that peer processes are still alive.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mpi::collective::CommunicatorCollectives;
+
+use super::{check_headers, part, Collectives, Gathered, Header};
+use crate::dtype::{self, DType, ReduceOp};
+use crate::shm::{segment_path, SharedSegment};
+use crate::topology::Topology;
+use crate::{CommError, CommResult};
+
+/// Default bytes per data slot (`RINGREC_SHM_CHUNK_BYTES`).
+pub const DEFAULT_SLOT_BYTES: usize = 256 << 10;
+/// Buffers up to this size take the direct (one-sync) allreduce path.
+pub const DIRECT_MAX_BYTES: usize = 16 << 10;
+
+#[repr(C, align(64))]
+struct Line {
+    v: AtomicU64,
+    words: [AtomicU64; 7],
+}
+
+#[repr(C)]
+struct Ctrl {
+    arrive: Line,
+    reduced: Line,
+    done: Line,
+    pid: Line,
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Arrive,
+    Reduced,
+    Done,
+}
+
+/// Shared-memory collectives among the ranks of one host.
+pub struct ShmCollectives {
+    seg: SharedSegment,
+    rank: usize,
+    size: usize,
+    slot_bytes: usize,
+    data_off: usize,
+    iter: u64,
+    timeout: Duration,
+    pids: Vec<i32>,
+    poisoned: Option<String>,
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|s| s.trim().parse::<usize>().ok())
+}
+
+/// `RINGREC_COMM_TIMEOUT_SECONDS`, default 300.
+pub fn timeout_from_env() -> Duration {
+    Duration::from_secs_f64(std::env::var("RINGREC_COMM_TIMEOUT_SECONDS").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(300.0))
+}
+
+fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // state is the first field after the parenthesised command name
+        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z') | Some('X')),
+        Err(_) => false,
+    }
+}
+
+impl ShmCollectives {
+    /// Maps a segment shared by the ranks of this host (collective over `topo.local`).
+    /// `tag` tells apart several segments of one job.
+    pub fn on_host(topo: &Topology, tag: &str) -> CommResult<ShmCollectives> {
+        let size = topo.local_size;
+        let slot_bytes = (env_usize("RINGREC_SHM_CHUNK_BYTES").unwrap_or(DEFAULT_SLOT_BYTES).max(256) + 63) & !63;
+        let ctrl_bytes = size * std::mem::size_of::<Ctrl>();
+        let data_off = (ctrl_bytes + 4095) & !4095;
+        let len = data_off + size * 2 * slot_bytes;
+        let path = segment_path(&topo.job_id, topo.host_id, &format!("coll-{tag}"));
+        let seg = SharedSegment::on_host(&topo.local, &path, len)?;
+        let mut me = ShmCollectives {
+            seg,
+            rank: topo.local_rank,
+            size,
+            slot_bytes,
+            data_off,
+            iter: 0,
+            timeout: timeout_from_env(),
+            pids: vec![0; size],
+            poisoned: None,
+        };
+        me.ctrl(me.rank).pid.v.store(std::process::id() as u64, Ordering::Release);
+        topo.local.comm.barrier();
+        for q in 0..size {
+            me.pids[q] = me.ctrl(q).pid.v.load(Ordering::Acquire) as i32;
+        }
+        Ok(me)
+    }
+
+    fn ctrl(&self, q: usize) -> &Ctrl {
+        debug_assert!(q < self.size);
+        // SAFETY: the segment holds `size` zero-initialised Ctrl blocks at its start (page
+        // aligned, so 64-byte aligned); all-zero bytes are valid AtomicU64s.
+        unsafe { &*(self.seg.as_ptr().add(q * std::mem::size_of::<Ctrl>()) as *const Ctrl) }
+    }
+
+    fn line(&self, q: usize, phase: Phase) -> &Line {
+        let c = self.ctrl(q);
+        match phase {
+            Phase::Arrive => &c.arrive,
+            Phase::Reduced => &c.reduced,
+            Phase::Done => &c.done,
+        }
+    }
+
+    fn slot(&self, q: usize, b: usize) -> *mut u8 {
+        // SAFETY: q < size and b < 2, so the slot lies inside the segment.
+        unsafe { self.seg.as_ptr().add(self.data_off + (q * 2 + b) * self.slot_bytes) }
+    }
+
+    /// Waits until every peer's `phase` counter reached `target`.
+    fn wait_all(&mut self, phase: Phase, target: u64, what: &'static str) -> CommResult<()> {
+        let start = Instant::now();
+        let mut last_check = start;
+        let mut spins: u32 = 0;
+        loop {
+            let mut ready = true;
+            for q in 0..self.size {
+                if q != self.rank && self.line(q, phase).v.load(Ordering::Acquire) < target {
+                    ready = false;
+                    break;
+                }
+            }
+            if ready {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins < 4000 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            if spins % 256 != 0 {
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_check) > Duration::from_millis(200) {
+                last_check = now;
+                let late: Vec<usize> = (0..self.size).filter(|q| *q != self.rank && self.line(*q, phase).v.load(Ordering::Acquire) < target).collect();
+                for q in &late {
+                    if !pid_alive(self.pids[*q]) {
+                        let e = CommError::PeerDied { collective: what, rank: *q, pid: self.pids[*q] };
+                        self.poisoned = Some(e.to_string());
+                        return Err(e);
+                    }
+                }
+                if now.duration_since(start) > self.timeout {
+                    let e = CommError::Timeout { collective: what, seconds: self.timeout.as_secs_f64(), ranks: late };
+                    self.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn check_usable(&self) -> CommResult<()> {
+        match &self.poisoned {
+            Some(p) => Err(CommError::Poisoned(p.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Round start: waits until this round's buffer is free everywhere; returns it.
+    fn begin(&mut self, what: &'static str) -> CommResult<usize> {
+        let it = self.iter;
+        if it >= 2 {
+            self.wait_all(Phase::Done, it - 1, what)?;
+        }
+        Ok((it % 2) as usize)
+    }
+
+    fn publish(&self, phase: Phase) {
+        self.line(self.rank, phase).v.store(self.iter + 1, Ordering::Release);
+    }
+
+    fn finish(&mut self) {
+        self.publish(Phase::Done);
+        self.iter += 1;
+    }
+
+    /// Publishes our header with our arrival, waits for everyone, compares headers.
+    fn arrive_with_header(&mut self, h: Option<&Header>, what: &'static str) -> CommResult<Option<Vec<Header>>> {
+        if let Some(h) = h {
+            let w = h.to_words();
+            let line = &self.ctrl(self.rank).arrive;
+            for (i, x) in w.iter().enumerate() {
+                line.words[i].store(*x, Ordering::Relaxed);
+            }
+        }
+        self.publish(Phase::Arrive);
+        self.wait_all(Phase::Arrive, self.iter + 1, what)?;
+        let Some(h) = h else { return Ok(None) };
+        let all: Vec<Header> = (0..self.size)
+            .map(|q| {
+                let l = &self.ctrl(q).arrive;
+                Header::from_words(&[l.words[0].load(Ordering::Relaxed), l.words[1].load(Ordering::Relaxed), l.words[2].load(Ordering::Relaxed), l.words[3].load(Ordering::Relaxed)])
+            })
+            .collect();
+        if let Err(e) = check_headers(h, &all) {
+            self.finish();
+            return Err(e);
+        }
+        Ok(Some(all))
+    }
+
+    /// Copies `src` into slot (me, b) at `off`.
+    fn put(&self, b: usize, off: usize, src: &[u8]) {
+        debug_assert!(off + src.len() <= self.slot_bytes);
+        // SAFETY: the destination lies in our own slot, which no peer reads before our
+        // `arrive` for this round (and which every peer finished reading: `begin`).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot(self.rank, b).add(off), src.len()) }
+    }
+
+    /// Peer q's slot b bytes `off..off+len`, valid to read between its `arrive` (or
+    /// `reduced`) and our `done` of this round.
+    fn peer(&self, q: usize, b: usize, off: usize, len: usize) -> &[u8] {
+        debug_assert!(off + len <= self.slot_bytes);
+        // SAFETY: inside the segment; by the round protocol nobody writes this range until
+        // we publish `done` for the round.
+        unsafe { std::slice::from_raw_parts(self.slot(q, b).add(off), len) }
+    }
+
+    fn allreduce_direct(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp, h: &Header) -> CommResult<()> {
+        let b = self.begin("allreduce")?;
+        self.put(b, 0, buf);
+        self.arrive_with_header(Some(h), "allreduce")?;
+        let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, 0, buf.len())).collect();
+        let scale = (op == ReduceOp::Average).then_some(self.size);
+        // reduce_into only fails on ragged buffers, excluded by the header check.
+        let r = dtype::reduce_into(buf, &srcs, dtype, op, scale);
+        self.finish();
+        r
+    }
+
+    /// The P-part layout: part l of the buffer moves through the slots in pieces of
+    /// `piece` elements; piece k of part l sits at `l * piece` in every slot.
+    fn piece_elems(&self, dtype: DType) -> usize {
+        (self.slot_bytes / self.size / dtype.size()).max(1)
+    }
+
+    /// Parts of `n` elements, pieces per round, rounds.
+    fn plan(&self, n: usize, dtype: DType) -> (usize, usize) {
+        let piece = self.piece_elems(dtype);
+        let max_part = n.div_ceil(self.size);
+        (piece, max_part.div_ceil(piece).max(1))
+    }
+
+    /// Range (bytes) of piece k of part l.
+    fn piece_range(&self, n: usize, l: usize, k: usize, piece: usize, esz: usize) -> std::ops::Range<usize> {
+        let p = part(n, self.size, l);
+        let s = (p.start + k * piece).min(p.end);
+        let e = (s + piece).min(p.end);
+        s * esz..e * esz
+    }
+
+    /// Sliced allreduce (`scatter_only`: stop after the reduce-scatter, leaving only this
+    /// rank's part reduced; used by `hier`). `h` is checked in round 0.
+    fn allreduce_sliced(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
+        let esz = dtype.size();
+        let n = buf.len() / esz;
+        let (piece, rounds) = self.plan(n, dtype);
+        let pb = piece * esz;
+        let scale = (op == ReduceOp::Average && !scatter_only).then_some(self.size);
+        for k in 0..rounds {
+            let b = self.begin("allreduce")?;
+            for l in 0..self.size {
+                let r = self.piece_range(n, l, k, piece, esz);
+                self.put(b, l * pb, &buf[r]);
+            }
+            self.arrive_with_header((k == 0).then_some(h), "allreduce")?;
+            let mine = self.piece_range(n, self.rank, k, piece, esz);
+            let len = mine.len();
+            {
+                let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, self.rank * pb, len)).collect();
+                let r = dtype::reduce_into(&mut buf[mine.clone()], &srcs, dtype, op, scale);
+                if let Err(e) = r {
+                    self.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+            if scatter_only {
+                self.finish();
+                continue;
+            }
+            self.put(b, self.rank * pb, &buf[mine]);
+            self.publish(Phase::Reduced);
+            self.wait_all(Phase::Reduced, self.iter + 1, "allreduce")?;
+            for q in 0..self.size {
+                if q != self.rank {
+                    let r = self.piece_range(n, q, k, piece, esz);
+                    let len = r.len();
+                    buf[r].copy_from_slice(self.peer(q, b, q * pb, len));
+                }
+            }
+            self.finish();
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter over the P-part layout: afterwards `buf[part(n, P, rank)]` holds
+    /// the host reduction (combine op; Average is not scaled). Part of `hier`.
+    pub fn reduce_scatter_parts(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        self.check_usable()?;
+        let h = Header::allreduce_for(buf, dtype, op);
+        self.allreduce_sliced(buf, dtype, op.combine(), &h, true)
+    }
+
+    /// Allgather over the P-part layout: every rank's `buf[part(n, P, rank)]` goes to all.
+    pub fn allgather_parts(&mut self, buf: &mut [u8], dtype: DType) -> CommResult<()> {
+        self.check_usable()?;
+        let esz = dtype.size();
+        let n = buf.len() / esz;
+        let (piece, rounds) = self.plan(n, dtype);
+        let h = Header::allgatherv(n * esz);
+        for k in 0..rounds {
+            let b = self.begin("allgather")?;
+            let mine = self.piece_range(n, self.rank, k, piece, esz);
+            self.put(b, 0, &buf[mine]);
+            self.arrive_with_header((k == 0).then_some(&h), "allgather")?;
+            for q in 0..self.size {
+                if q != self.rank {
+                    let r = self.piece_range(n, q, k, piece, esz);
+                    let len = r.len();
+                    buf[r].copy_from_slice(self.peer(q, b, 0, len));
+                }
+            }
+            self.finish();
+        }
+        Ok(())
+    }
+
+    /// Gathers variable pieces to `root` (`Some(root)`) or to all (`None`).
+    fn gather_impl(&mut self, send: &[u8], root: Option<usize>, h: &Header, what: &'static str) -> CommResult<Option<Gathered>> {
+        let slot = self.slot_bytes;
+        let b = self.begin(what)?;
+        let first = send.len().min(slot);
+        self.put(b, 0, &send[..first]);
+        let all = self.arrive_with_header(Some(h), what)?.unwrap_or_default();
+        if let Some(r) = root {
+            if r >= self.size {
+                self.finish();
+                return Err(CommError::Invalid(format!("{what} root {r} is not a rank of a group of {}", self.size)));
+            }
+        }
+        let counts: Vec<usize> = all.iter().map(|h| h.count as usize).collect();
+        let receiving = root.is_none_or(|r| r == self.rank);
+        let offsets: Vec<usize> = counts.iter().scan(0usize, |acc, c| {
+            let o = *acc;
+            *acc += c;
+            Some(o)
+        }).collect();
+        let mut data = if receiving { vec![0u8; counts.iter().sum()] } else { Vec::new() };
+        let rounds = counts.iter().copied().max().unwrap_or(0).div_ceil(slot).max(1);
+        for k in 0..rounds {
+            if k > 0 {
+                let b = self.begin(what)?;
+                let s = (k * slot).min(send.len());
+                let e = ((k + 1) * slot).min(send.len());
+                self.put(b, 0, &send[s..e]);
+                self.arrive_with_header(None, what)?;
+            }
+            let b = (self.iter % 2) as usize;
+            if receiving {
+                for q in 0..self.size {
+                    let s = (k * slot).min(counts[q]);
+                    let e = ((k + 1) * slot).min(counts[q]);
+                    if e > s {
+                        data[offsets[q] + s..offsets[q] + e].copy_from_slice(self.peer(q, b, 0, e - s));
+                    }
+                }
+            }
+            self.finish();
+        }
+        Ok(receiving.then_some(Gathered { data, counts }))
+    }
+}
+
+impl Header {
+    /// Allreduce header of a raw buffer; a buffer that is not a whole number of aligned
+    /// elements gets a count no other rank can match, so every rank fails instead of hanging.
+    pub fn allreduce_for(buf: &[u8], dtype: DType, op: ReduceOp) -> Header {
+        let esz = dtype.size();
+        let ok = buf.len() % esz == 0 && (buf.as_ptr() as usize) % esz == 0 && dtype != DType::U8;
+        let mut h = Header::allreduce(buf.len() / esz, dtype, op);
+        if !ok {
+            h.count = u64::MAX;
+        }
+        h
+    }
+}
+
+impl Collectives for ShmCollectives {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        self.check_usable()?;
+        let h = Header::allreduce_for(buf, dtype, op);
+        if h.count == u64::MAX {
+            // Take part in one round so peers fail with a mismatch instead of waiting.
+            let _ = self.allreduce_direct(&mut [], DType::U8, op, &h);
+            return Err(CommError::BadBuffer { len: buf.len(), dtype: dtype.name() });
+        }
+        if self.size == 1 {
+            return Ok(()); // sum, min, max and average of one rank are the input
+        }
+        if buf.len() <= DIRECT_MAX_BYTES.min(self.slot_bytes) {
+            self.allreduce_direct(buf, dtype, op, &h)
+        } else {
+            self.allreduce_sliced(buf, dtype, op, &h, false)
+        }
+    }
+    fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
+        self.check_usable()?;
+        let h = Header::allgatherv(send.len());
+        Ok(self.gather_impl(send, None, &h, "allgatherv")?.unwrap_or_default())
+    }
+    fn broadcast_raw(&mut self, buf: &mut [u8], root: usize) -> CommResult<()> {
+        self.check_usable()?;
+        let h = Header::broadcast(buf.len(), root);
+        let slot = self.slot_bytes;
+        let rounds = buf.len().div_ceil(slot).max(1);
+        for k in 0..rounds {
+            let b = self.begin("broadcast")?;
+            let r = (k * slot).min(buf.len())..((k + 1) * slot).min(buf.len());
+            if root == self.rank {
+                self.put(b, 0, &buf[r.clone()]);
+            }
+            self.arrive_with_header((k == 0).then_some(&h), "broadcast")?;
+            if root >= self.size {
+                self.finish();
+                return Err(CommError::Invalid(format!("broadcast root {root} is not a rank of a group of {}", self.size)));
+            }
+            if root != self.rank {
+                let len = r.len();
+                buf[r].copy_from_slice(self.peer(root, b, 0, len));
+            }
+            self.finish();
+        }
+        Ok(())
+    }
+    fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>> {
+        self.check_usable()?;
+        let h = Header::gatherv(send.len(), root);
+        self.gather_impl(send, Some(root), &h, "gatherv")
+    }
+    fn barrier(&mut self) -> CommResult<()> {
+        self.check_usable()?;
+        self.begin("barrier")?;
+        self.arrive_with_header(Some(&Header::barrier()), "barrier")?;
+        self.finish();
+        Ok(())
+    }
+}

@@ -1,0 +1,529 @@
+//! Element types and reduction operations, and the reduction kernels every backend shares.
+//!
+//! The kernels are plain indexed loops over slices that LLVM vectorises (packed
+//! `addps`/`minps`/`paddd`... on x86-64; see ARCHITECTURE.md for how this was checked).
+//! f16/bf16 accumulate in f32: inputs are widened block-wise into an f32 scratch buffer,
+//! combined there and narrowed once.
+
+use half::{bf16, f16};
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Raw bytes (allgatherv/broadcast payloads; not reducible).
+    U8,
+}
+
+impl DType {
+    /// Every dtype, in wire-code order.
+    pub const ALL: [DType; 7] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8];
+    /// The reducible dtypes.
+    pub const REDUCIBLE: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
+        }
+    }
+    /// The name nccl-tests prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::F16 => "half",
+            DType::BF16 => "bfloat16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+        }
+    }
+    /// Stable code used in collective headers.
+    pub fn code(self) -> u32 {
+        DType::ALL.iter().position(|d| *d == self).unwrap_or(0) as u32
+    }
+    /// Inverse of [`DType::code`].
+    pub fn from_code(code: u32) -> Option<DType> {
+        DType::ALL.get(code as usize).copied()
+    }
+    /// Parses `f32`, `float`, `bf16`, ... as accepted on the command line.
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "f32" | "float" | "float32" => DType::F32,
+            "f64" | "double" | "float64" => DType::F64,
+            "f16" | "half" | "float16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "i32" | "int32" | "int" => DType::I32,
+            "i64" | "int64" => DType::I64,
+            "u8" | "uint8" | "byte" => DType::U8,
+            _ => return None,
+        })
+    }
+    /// True for f16 and bf16, which are reduced through f32.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A reduction operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise sum divided by the number of ranks (integers: truncated toward zero).
+    Average,
+    /// Element-wise minimum.
+    Min,
+    /// Element-wise maximum.
+    Max,
+}
+
+impl ReduceOp {
+    /// Every op, in wire-code order.
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max];
+    /// The name nccl-tests prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Average => "avg",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        }
+    }
+    /// Stable code used in collective headers.
+    pub fn code(self) -> u32 {
+        ReduceOp::ALL.iter().position(|o| *o == self).unwrap_or(0) as u32
+    }
+    /// Inverse of [`ReduceOp::code`].
+    pub fn from_code(code: u32) -> Option<ReduceOp> {
+        ReduceOp::ALL.get(code as usize).copied()
+    }
+    /// Parses `sum`, `avg`/`average`, `min`, `max`.
+    pub fn parse(s: &str) -> Option<ReduceOp> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "avg" | "average" | "mean" => ReduceOp::Average,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            _ => return None,
+        })
+    }
+    /// The op applied between partial results: Average combines as Sum and is scaled once at the end.
+    pub fn combine(self) -> ReduceOp {
+        if self == ReduceOp::Average {
+            ReduceOp::Sum
+        } else {
+            self
+        }
+    }
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that is a tensor element.
+pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    /// Its dtype.
+    const DTYPE: DType;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+}
+
+/// Number arithmetic the kernels need (f32, f64, i32, i64).
+trait Num: Copy {
+    fn add(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn max(self, o: Self) -> Self;
+    fn div_n(self, n: usize) -> Self;
+}
+macro_rules! num_float {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            // `if` forms map to minps/maxps; f32::min's NaN handling would block vectorisation.
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                if o < self {
+                    o
+                } else {
+                    self
+                }
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                if o > self {
+                    o
+                } else {
+                    self
+                }
+            }
+            #[inline(always)]
+            fn div_n(self, n: usize) -> Self {
+                self / n as $t
+            }
+        }
+    };
+}
+macro_rules! num_int {
+    ($t:ty) => {
+        impl Num for $t {
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                Ord::min(self, o)
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                Ord::max(self, o)
+            }
+            #[inline(always)]
+            fn div_n(self, n: usize) -> Self {
+                self / n as $t
+            }
+        }
+    };
+}
+num_float!(f32);
+num_float!(f64);
+num_int!(i32);
+num_int!(i64);
+
+#[inline(always)]
+fn combine_slice<T: Num>(dst: &mut [T], src: &[T], op: ReduceOp) {
+    let n = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..n], &src[..n]);
+    match op.combine() {
+        ReduceOp::Sum | ReduceOp::Average => {
+            for i in 0..n {
+                dst[i] = dst[i].add(src[i]);
+            }
+        }
+        ReduceOp::Min => {
+            for i in 0..n {
+                dst[i] = dst[i].min(src[i]);
+            }
+        }
+        ReduceOp::Max => {
+            for i in 0..n {
+                dst[i] = dst[i].max(src[i]);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn scale_slice<T: Num>(buf: &mut [T], n: usize) {
+    for x in buf.iter_mut() {
+        *x = x.div_n(n);
+    }
+}
+
+/// Half-precision element: widened to f32 for arithmetic.
+trait Half: Copy {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+impl Half for f16 {
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst)
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
+    }
+}
+impl Half for bf16 {
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst)
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
+    }
+}
+
+const HALF_BLOCK: usize = 2048;
+
+/// dst = op(src[0], src[1], ...), all in f32, for a half type.
+fn reduce_half<H: Half + bytemuck::Pod>(dst: &mut [H], srcs: &[&[H]], op: ReduceOp, scale: Option<usize>) {
+    let mut acc = [0f32; HALF_BLOCK];
+    let mut tmp = [0f32; HALF_BLOCK];
+    let n = dst.len();
+    let mut start = 0;
+    while start < n {
+        let len = HALF_BLOCK.min(n - start);
+        let (acc, tmp) = (&mut acc[..len], &mut tmp[..len]);
+        H::widen(&srcs[0][start..start + len], acc);
+        for s in &srcs[1..] {
+            H::widen(&s[start..start + len], tmp);
+            combine_slice(acc, tmp, op);
+        }
+        if let Some(k) = scale {
+            scale_slice(acc, k);
+        }
+        H::narrow(acc, &mut dst[start..start + len]);
+        start += len;
+    }
+}
+
+fn reduce_num<T: Num + bytemuck::Pod>(dst: &mut [T], srcs: &[&[T]], op: ReduceOp, scale: Option<usize>) {
+    dst.copy_from_slice(&srcs[0][..dst.len()]);
+    for s in &srcs[1..] {
+        combine_slice(dst, s, op);
+    }
+    if let Some(k) = scale {
+        scale_slice(dst, k);
+    }
+}
+
+fn cast<'a, T: bytemuck::Pod>(b: &'a [u8], dtype: DType) -> Result<&'a [T], crate::CommError> {
+    bytemuck::try_cast_slice(b).map_err(|_| crate::CommError::BadBuffer { len: b.len(), dtype: dtype.name() })
+}
+fn cast_mut<'a, T: bytemuck::Pod>(b: &'a mut [u8], dtype: DType) -> Result<&'a mut [T], crate::CommError> {
+    let len = b.len();
+    bytemuck::try_cast_slice_mut(b).map_err(|_| crate::CommError::BadBuffer { len, dtype: dtype.name() })
+}
+
+/// `dst = op(srcs[0], ..., srcs[k-1])` element-wise, over raw bytes of `dtype`,
+/// combining sources in the order given (so every caller that passes the same order gets
+/// bit-identical results). With `scale = Some(n)` the result is divided by `n` (Average).
+/// Sources must be at least as long as `dst`; `srcs` may not be empty.
+pub fn reduce_into(dst: &mut [u8], srcs: &[&[u8]], dtype: DType, op: ReduceOp, scale: Option<usize>) -> Result<(), crate::CommError> {
+    if srcs.is_empty() || srcs.iter().any(|s| s.len() < dst.len()) {
+        return Err(crate::CommError::Invalid("reduce_into: missing or short source".into()));
+    }
+    macro_rules! go {
+        ($t:ty, $f:ident) => {{
+            let d = cast_mut::<$t>(dst, dtype)?;
+            let mut ss: Vec<&[$t]> = Vec::with_capacity(srcs.len());
+            for s in srcs {
+                ss.push(cast::<$t>(s, dtype)?);
+            }
+            $f(d, &ss, op, scale);
+        }};
+    }
+    match dtype {
+        DType::F32 => go!(f32, reduce_num),
+        DType::F64 => go!(f64, reduce_num),
+        DType::I32 => go!(i32, reduce_num),
+        DType::I64 => go!(i64, reduce_num),
+        DType::F16 => go!(f16, reduce_half),
+        DType::BF16 => go!(bf16, reduce_half),
+        DType::U8 => return Err(crate::CommError::Invalid("uint8 buffers cannot be reduced".into())),
+    }
+    Ok(())
+}
+
+/// `dst = op(dst, src)` element-wise (one step of a ring reduction).
+pub fn accumulate(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) -> Result<(), crate::CommError> {
+    if src.len() < dst.len() {
+        return Err(crate::CommError::Invalid("accumulate: short source".into()));
+    }
+    macro_rules! go {
+        ($t:ty) => {
+            combine_slice(cast_mut::<$t>(dst, dtype)?, cast::<$t>(src, dtype)?, op)
+        };
+    }
+    match dtype {
+        DType::F32 => go!(f32),
+        DType::F64 => go!(f64),
+        DType::I32 => go!(i32),
+        DType::I64 => go!(i64),
+        DType::F16 | DType::BF16 => {
+            // Two-operand half reduce: widen both, combine in f32.
+            let copy = dst.to_vec();
+            return reduce_into(dst, &[&copy, src], dtype, op, None);
+        }
+        DType::U8 => return Err(crate::CommError::Invalid("uint8 buffers cannot be reduced".into())),
+    }
+    Ok(())
+}
+
+/// Divides every element by `n` (the last step of Average).
+pub fn scale(buf: &mut [u8], dtype: DType, n: usize) -> Result<(), crate::CommError> {
+    macro_rules! go {
+        ($t:ty) => {
+            scale_slice(cast_mut::<$t>(buf, dtype)?, n)
+        };
+    }
+    match dtype {
+        DType::F32 => go!(f32),
+        DType::F64 => go!(f64),
+        DType::I32 => go!(i32),
+        DType::I64 => go!(i64),
+        DType::F16 | DType::BF16 => {
+            let copy = buf.to_vec();
+            return reduce_into(buf, &[&copy], dtype, ReduceOp::Sum, Some(n));
+        }
+        DType::U8 => return Err(crate::CommError::Invalid("uint8 buffers cannot be reduced".into())),
+    }
+    Ok(())
+}
+
+/// Widens an f16/bf16 byte buffer into f32 values.
+pub fn half_to_f32(src: &[u8], dtype: DType) -> Result<Vec<f32>, crate::CommError> {
+    let mut out = vec![0f32; src.len() / 2];
+    match dtype {
+        DType::F16 => f16::widen(cast::<f16>(src, dtype)?, &mut out),
+        DType::BF16 => bf16::widen(cast::<bf16>(src, dtype)?, &mut out),
+        _ => return Err(crate::CommError::Invalid(format!("{dtype} is not a half type"))),
+    }
+    Ok(out)
+}
+
+/// Narrows f32 values into an f16/bf16 byte buffer (round to nearest even).
+pub fn f32_to_half(src: &[f32], dst: &mut [u8], dtype: DType) -> Result<(), crate::CommError> {
+    match dtype {
+        DType::F16 => f16::narrow(src, cast_mut::<f16>(dst, dtype)?),
+        DType::BF16 => bf16::narrow(src, cast_mut::<bf16>(dst, dtype)?),
+        _ => return Err(crate::CommError::Invalid(format!("{dtype} is not a half type"))),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(vals: &[Vec<f64>], op: ReduceOp) -> Vec<f64> {
+        let n = vals[0].len();
+        (0..n)
+            .map(|i| {
+                let it = vals.iter().map(|v| v[i]);
+                match op {
+                    ReduceOp::Sum => it.sum(),
+                    ReduceOp::Average => it.sum::<f64>() / vals.len() as f64,
+                    ReduceOp::Min => it.fold(f64::INFINITY, f64::min),
+                    ReduceOp::Max => it.fold(f64::NEG_INFINITY, f64::max),
+                }
+            })
+            .collect()
+    }
+
+    fn to_bytes(dtype: DType, v: &[f64]) -> Vec<u8> {
+        match dtype {
+            DType::F32 => bytemuck::cast_slice(&v.iter().map(|x| *x as f32).collect::<Vec<_>>()).to_vec(),
+            DType::F64 => bytemuck::cast_slice(v).to_vec(),
+            DType::F16 => bytemuck::cast_slice(&v.iter().map(|x| f16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
+            DType::BF16 => bytemuck::cast_slice(&v.iter().map(|x| bf16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
+            DType::I32 => bytemuck::cast_slice(&v.iter().map(|x| *x as i32).collect::<Vec<_>>()).to_vec(),
+            DType::I64 => bytemuck::cast_slice(&v.iter().map(|x| *x as i64).collect::<Vec<_>>()).to_vec(),
+            DType::U8 => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_dtype_and_op_matches_naive_reference() {
+        // Small integers: every dtype represents them and their sums exactly, so any
+        // summation order must give the naive result exactly.
+        for dtype in DType::REDUCIBLE {
+            for op in ReduceOp::ALL {
+                for n in [0usize, 1, 7, 13, 2049, 5000] {
+                    let vals: Vec<Vec<f64>> =
+                        (0..3).map(|r| (0..n).map(|i| ((i * 7 + r * 13) % 61) as f64 - 30.0).collect()).collect();
+                    let bufs: Vec<Vec<u8>> = vals.iter().map(|v| to_bytes(dtype, v)).collect();
+                    let srcs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+                    let mut dst = vec![0u8; n * dtype.size()];
+                    let scale = (op == ReduceOp::Average).then_some(3);
+                    reduce_into(&mut dst, &srcs, dtype, op, scale).unwrap();
+                    let mut want = naive(&vals, op);
+                    if op == ReduceOp::Average && matches!(dtype, DType::I32 | DType::I64) {
+                        want = naive(&vals, ReduceOp::Sum).iter().map(|s| (*s as i64 / 3) as f64).collect();
+                    }
+                    assert_eq!(dst, to_bytes(dtype, &want), "{dtype} {op} n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn accumulate_and_scale_agree_with_reduce_into() {
+        let a: Vec<f32> = (0..100).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..100).map(|i| 100.0 - i as f32).collect();
+        let mut acc = bytemuck::cast_slice::<f32, u8>(&a).to_vec();
+        accumulate(&mut acc, bytemuck::cast_slice(&b), DType::F32, ReduceOp::Average).unwrap();
+        scale(&mut acc, DType::F32, 2).unwrap();
+        let got: &[f32] = bytemuck::cast_slice(&acc);
+        for i in 0..100 {
+            assert_eq!(got[i], (a[i] + b[i]) / 2.0);
+        }
+    }
+
+    #[test]
+    fn half_types_accumulate_in_f32() {
+        // 2048 + 1 + 1 in f16 step by step rounds to 2048 (spacing is 2 there); accumulated
+        // in f32 it is 2050, exactly representable in f16.
+        let x = [f16::from_f32(2048.0)];
+        let y = [f16::from_f32(1.0)];
+        let mut dst = [0u8; 2];
+        reduce_into(&mut dst, &[bytemuck::cast_slice(&x), bytemuck::cast_slice(&y), bytemuck::cast_slice(&y)], DType::F16, ReduceOp::Sum, None).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f16>(&dst)[0].to_f32(), 2050.0);
+    }
+
+    #[test]
+    fn misaligned_or_ragged_buffer_is_an_error() {
+        let mut dst = vec![0u8; 6];
+        let src = vec![0u8; 6];
+        assert!(matches!(reduce_into(&mut dst, &[&src], DType::F32, ReduceOp::Sum, None), Err(crate::CommError::BadBuffer { .. })));
+        assert!(reduce_into(&mut dst, &[&src], DType::U8, ReduceOp::Sum, None).is_err());
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+        for o in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_code(o.code()), Some(o));
+            assert_eq!(ReduceOp::parse(o.name()), Some(o));
+        }
+    }
+}

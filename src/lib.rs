@@ -1,0 +1,18 @@
+//! # ringrec
+//!
+//! A Horovod-style runtime for synchronous data-parallel training of click-through-rate
+//! models. Dense gradients are allreduced (ring / shared memory / hierarchical, or NCCL on
+//! GPUs); the huge sparse embedding table is held once per host in shared memory, read by
+//! every local rank and written only by the host leader.
+//!
+//! Start with [`topology::Topology::init`] and [`comm::build`]; see ARCHITECTURE.md.
+
+pub mod bench;
+pub mod comm;
+pub mod cuda;
+pub mod dtype;
+pub mod error;
+pub mod shm;
+pub mod topology;
+
+pub use error::{CommError, CommResult};

@@ -1,0 +1,112 @@
+//! The `ringrec` command line: clap definitions and dispatch only.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use ringrec::comm::{self, Backend, CollectivesExt};
+use ringrec::topology::Topology;
+
+#[derive(Parser)]
+#[command(name = "ringrec", version, about = "Horovod-style data-parallel CTR training with a host-shared embedding table.\nLaunch with `mpirun -np N ringrec ...`; without mpirun it is a world of one rank.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every rank's topology and run an allreduce on each backend (the quick-start job).
+    Demo,
+    /// Print this rank's topology and whether a GPU path is available.
+    Info,
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// nccl-tests style allreduce table for every CPU backend, `mpi` as the reference.
+    Allreduce(ringrec::bench::allreduce::AllreduceBenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("ringrec: error: {e:#}");
+        // Exit without MPI_Finalize: a failed rank must not wait for peers that may be
+        // stuck; mpirun then stops the job and reports which rank failed.
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Demo => demo(),
+        Command::Info => {
+            let topo = Topology::init()?;
+            println!("{}", topo.describe());
+            println!("job id {}", topo.job_id);
+            match ringrec::cuda::probe() {
+                Ok(i) => println!("cuda: {} device(s)", i.devices),
+                Err(e) => println!("cuda: unavailable: {e}"),
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Allreduce(args)) => {
+            let topo = Topology::init()?;
+            ringrec::bench::allreduce::run(&topo, &args)?;
+            Ok(())
+        }
+    }
+}
+
+fn demo() -> anyhow::Result<()> {
+    let topo = Topology::init().context("starting MPI")?;
+    let mut world = comm::build(Backend::Mpi, &topo)?;
+    let lines = world.gatherv(topo.describe().as_bytes(), 0)?;
+    if let Some((bytes, counts)) = lines {
+        println!("ringrec demo: {} rank(s) on {} host(s), job {}", topo.size, topo.num_hosts, topo.job_id);
+        let mut at = 0;
+        for c in counts {
+            println!("  {}", String::from_utf8_lossy(&bytes[at..at + c]));
+            at += c;
+        }
+        match ringrec::cuda::probe() {
+            Ok(i) => println!("cuda: {} device(s) visible", i.devices),
+            Err(e) => println!("cuda: {e}"),
+        }
+    }
+    let n = topo.size as f32;
+    let want = n * (n + 1.0) / 2.0;
+    for backend in Backend::ALL {
+        match comm::build(backend, &topo) {
+            Ok(mut c) => {
+                let mut v = vec![topo.rank as f32 + 1.0; 1 << 20];
+                let t = std::time::Instant::now();
+                c.allreduce(&mut v, ringrec::dtype::ReduceOp::Sum)?;
+                let dt = t.elapsed();
+                let ok = v.iter().all(|x| *x == want);
+                if topo.rank == 0 {
+                    println!(
+                        "allreduce(sum of rank+1) over 4 MiB with {:<4}: every element = {} (expected {}) {} in {:.2} ms",
+                        backend.name(),
+                        v[0],
+                        want,
+                        if ok { "OK" } else { "WRONG" },
+                        dt.as_secs_f64() * 1e3
+                    );
+                }
+                if !ok {
+                    anyhow::bail!("backend {backend} gave a wrong allreduce result");
+                }
+            }
+            Err(e) => {
+                if topo.rank == 0 {
+                    println!("allreduce with {:<4}: skipped: {e}", backend.name());
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! Process topology: who am I among all ranks, on my host, and across hosts.
+//!
+//! Hosts are found with `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`. With
+//! `RINGREC_RANKS_PER_HOST=k` every real host is further cut into groups of k consecutive
+//! ranks that behave as separate hosts (own shared segments, own leader, cross-host traffic),
+//! so multi-host paths run on one machine. `cross` joins the ranks with equal `local_rank`
+//! (one per host). A process started without `mpirun` is a world of size 1 (MPI singleton).
+
+use std::sync::Arc;
+
+use mpi::collective::CommunicatorCollectives;
+use mpi::environment::Universe;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::Root;
+
+use crate::{CommError, CommResult};
+
+/// Keeps MPI initialised while anything that holds a communicator is alive.
+/// Every owner of a [`SimpleCommunicator`] also holds one of these, declared *after*
+/// the communicator so the communicator is freed before `MPI_Finalize`.
+pub struct MpiContext {
+    _universe: Universe,
+}
+
+impl std::fmt::Debug for MpiContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MpiContext")
+    }
+}
+
+/// An MPI communicator with the context that keeps MPI alive for it.
+pub struct Group {
+    /// The communicator. Declared first: dropped (freed) before `ctx`.
+    pub comm: SimpleCommunicator,
+    /// Keeps MPI initialised.
+    pub ctx: Arc<MpiContext>,
+}
+
+impl Group {
+    /// This process' rank in the group.
+    pub fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+    /// A private copy of the communicator (its own tag space), as backends take.
+    pub fn duplicate(&self) -> Group {
+        Group { comm: self.comm.duplicate(), ctx: self.ctx.clone() }
+    }
+}
+
+/// Where this rank sits: world, host and cross-host coordinates.
+pub struct Topology {
+    /// Rank in the world.
+    pub rank: usize,
+    /// Number of ranks in the world.
+    pub size: usize,
+    /// Rank among the ranks of this (possibly simulated) host; 0 is the host leader.
+    pub local_rank: usize,
+    /// Number of ranks on this host.
+    pub local_size: usize,
+    /// Rank among the ranks with the same `local_rank` (one per host).
+    pub cross_rank: usize,
+    /// Number of ranks with the same `local_rank`.
+    pub cross_size: usize,
+    /// Index of this host, 0..num_hosts, equal to the leader's `cross_rank`.
+    pub host_id: usize,
+    /// Number of hosts (simulated hosts count separately).
+    pub num_hosts: usize,
+    /// Name of the machine this rank runs on.
+    pub hostname: String,
+    /// Identifies the job on this machine: names shared segments so jobs never collide.
+    pub job_id: String,
+    /// `RINGREC_RANKS_PER_HOST`, when set.
+    pub simulated_ranks_per_host: Option<usize>,
+    /// host_id of every world rank.
+    pub host_of_rank: Vec<usize>,
+    /// local_rank of every world rank.
+    pub local_rank_of_rank: Vec<usize>,
+    /// All ranks.
+    pub world: Group,
+    /// The ranks of this host.
+    pub local: Group,
+    /// The ranks with this rank's local_rank, one per host.
+    pub cross: Group,
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.describe())
+    }
+}
+
+/// Reads `RINGREC_RANKS_PER_HOST`; 0, empty or unset means "real hosts only".
+pub fn ranks_per_host_from_env() -> CommResult<Option<usize>> {
+    match std::env::var("RINGREC_RANKS_PER_HOST") {
+        Err(_) => Ok(None),
+        Ok(s) if s.trim().is_empty() => Ok(None),
+        Ok(s) => match s.trim().parse::<usize>() {
+            Ok(0) => Ok(None),
+            Ok(k) => Ok(Some(k)),
+            Err(_) => Err(CommError::Invalid(format!("RINGREC_RANKS_PER_HOST={s:?} is not a positive integer"))),
+        },
+    }
+}
+
+impl Topology {
+    /// Initialises MPI (thread level `Serialized`: one thread at a time calls MPI) and
+    /// computes the topology. Call once per process.
+    pub fn init() -> CommResult<Topology> {
+        let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+            .ok_or_else(|| CommError::Mpi("MPI is already initialised in this process; call Topology::init once".into()))?;
+        let ctx = Arc::new(MpiContext { _universe: universe });
+        let world_comm = SimpleCommunicator::world();
+        Self::from_world(world_comm, ctx)
+    }
+
+    fn from_world(world_comm: SimpleCommunicator, ctx: Arc<MpiContext>) -> CommResult<Topology> {
+        let rank = world_comm.rank() as usize;
+        let size = world_comm.size() as usize;
+        let per_host = ranks_per_host_from_env()?;
+
+        // Real hosts: shared-memory split. Then simulated hosts inside them.
+        let shared = world_comm.split_shared(rank as i32);
+        let local_comm = match per_host {
+            None => shared,
+            Some(k) => shared
+                .split_by_color_with_key(Color::with_value((rank / k) as i32), rank as i32)
+                .ok_or_else(|| CommError::Mpi("split by simulated host failed".into()))?,
+        };
+        let local_rank = local_comm.rank() as usize;
+        let local_size = local_comm.size() as usize;
+        let cross_comm = world_comm
+            .split_by_color_with_key(Color::with_value(local_rank as i32), rank as i32)
+            .ok_or_else(|| CommError::Mpi("split by local rank failed".into()))?;
+        let cross_rank = cross_comm.rank() as usize;
+        let cross_size = cross_comm.size() as usize;
+
+        // host_id = the leader's cross_rank, told to the whole host.
+        let mut host_id = cross_rank as u64;
+        local_comm.process_at_rank(0).broadcast_into(&mut host_id);
+        let host_id = host_id as usize;
+
+        // Everyone learns (host_id, local_rank) of every rank.
+        let mine = [host_id as u64, local_rank as u64];
+        let mut all = vec![0u64; 2 * size];
+        world_comm.all_gather_into(&mine[..], &mut all[..]);
+        let host_of_rank: Vec<usize> = all.chunks(2).map(|c| c[0] as usize).collect();
+        let local_rank_of_rank: Vec<usize> = all.chunks(2).map(|c| c[1] as usize).collect();
+        let num_hosts = host_of_rank.iter().copied().max().map_or(1, |m| m + 1);
+
+        // Job id: RINGREC_JOB_ID, else made by rank 0 and broadcast.
+        let mut id = [0u8; 48];
+        if rank == 0 {
+            let s = match std::env::var("RINGREC_JOB_ID") {
+                Ok(s) if !s.is_empty() => sanitize(&s),
+                _ => {
+                    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+                    format!("{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
+                }
+            };
+            let b = s.as_bytes();
+            let n = b.len().min(id.len());
+            id[..n].copy_from_slice(&b[..n]);
+        }
+        world_comm.process_at_rank(0).broadcast_into(&mut id[..]);
+        let job_id = String::from_utf8_lossy(&id).trim_end_matches('\0').to_string();
+
+        let hostname = mpi::environment::processor_name().unwrap_or_else(|_| "unknown".into());
+        Ok(Topology {
+            rank,
+            size,
+            local_rank,
+            local_size,
+            cross_rank,
+            cross_size,
+            host_id,
+            num_hosts,
+            hostname,
+            job_id,
+            simulated_ranks_per_host: per_host,
+            host_of_rank,
+            local_rank_of_rank,
+            world: Group { comm: world_comm, ctx: ctx.clone() },
+            local: Group { comm: local_comm, ctx: ctx.clone() },
+            cross: Group { comm: cross_comm, ctx },
+        })
+    }
+
+    /// True on local rank 0, the host leader that owns host-shared state.
+    pub fn is_leader(&self) -> bool {
+        self.local_rank == 0
+    }
+
+    /// True when every host has the same number of ranks (what `hier` needs).
+    pub fn is_homogeneous(&self) -> bool {
+        let mut counts = vec![0usize; self.num_hosts];
+        for h in &self.host_of_rank {
+            counts[*h] += 1;
+        }
+        counts.iter().all(|c| *c == self.local_size)
+    }
+
+    /// One line: `rank 1/4 local 1/2 cross 0/2 host 0 (name)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "rank {}/{} local_rank {}/{} cross_rank {}/{} host {} of {} ({}{})",
+            self.rank,
+            self.size,
+            self.local_rank,
+            self.local_size,
+            self.cross_rank,
+            self.cross_size,
+            self.host_id,
+            self.num_hosts,
+            self.hostname,
+            match self.simulated_ranks_per_host {
+                Some(k) => format!(", simulated hosts of {k} ranks"),
+                None => String::new(),
+            }
+        )
+    }
+}
+
+/// Keeps `[A-Za-z0-9._-]`, replaces the rest, so an id can name a file.
+pub fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).take(40).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sanitize_keeps_file_safe_chars() {
+        assert_eq!(sanitize("job 12/a.b"), "job_12_a.b");
+        assert_eq!(sanitize(&"x".repeat(100)).len(), 40);
+    }
+}

@@ -168,7 +168,7 @@ impl Collectives for HierCollectives {
         if root_host == self.host_id {
             self.local.broadcast_raw(buf, self.local_rank_of_rank[root])?;
         }
-        if self.is_leader() && self.cross.size() > 1 {
+        if self.is_leader() && self.cross.size() > 1 && !buf.is_empty() {
             // The leader of host h has cross_rank h.
             self.cross.comm.process_at_rank(root_host as i32).broadcast_into(buf);
         }
@@ -181,18 +181,9 @@ impl Collectives for HierCollectives {
         self.world.gatherv_raw(send, root)
     }
     fn barrier(&mut self) -> CommResult<()> {
-        self.local.barrier()?;
-        if self.is_leader() {
-            self.world_leaders_barrier();
-        }
-        self.local.barrier()
-    }
-}
-
-impl HierCollectives {
-    fn world_leaders_barrier(&self) {
-        use mpi::collective::CommunicatorCollectives;
-        self.cross.comm.barrier();
+        // The world header exchange is itself a barrier (with verification); a shm-only
+        // barrier could not see a rank of another host calling something else.
+        self.world.barrier()
     }
 }
 

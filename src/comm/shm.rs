@@ -1,7 +1,7 @@
 //! `shm`: collectives among the ranks of one host through a shared-memory segment.
 //!
 //! Layout: one control block per rank (cache-line separated `arrive`, `reduced`, `done`
-//! counters, the rank's [`Header`] and pid), then two data slots per rank (double
+//! counters, the rank's pid and two [`Header`] lines), then two data slots per rank (double
 //! buffering). Every collective is a sequence of *rounds*, the same number on every rank;
 //! round `it` uses slot buffer `it % 2`:
 //!
@@ -48,6 +48,9 @@ struct Ctrl {
     reduced: Line,
     done: Line,
     pid: Line,
+    /// Header of the round, double-buffered like the data slots: a peer may already be
+    /// one round ahead (and write its next header) while we read this round's.
+    headers: [Line; 2],
 }
 
 #[derive(Clone, Copy)]
@@ -210,9 +213,10 @@ impl ShmCollectives {
 
     /// Publishes our header with our arrival, waits for everyone, compares headers.
     fn arrive_with_header(&mut self, h: Option<&Header>, what: &'static str) -> CommResult<Option<Vec<Header>>> {
+        let hb = (self.iter % 2) as usize;
         if let Some(h) = h {
             let w = h.to_words();
-            let line = &self.ctrl(self.rank).arrive;
+            let line = &self.ctrl(self.rank).headers[hb];
             for (i, x) in w.iter().enumerate() {
                 line.words[i].store(*x, Ordering::Relaxed);
             }
@@ -222,7 +226,7 @@ impl ShmCollectives {
         let Some(h) = h else { return Ok(None) };
         let all: Vec<Header> = (0..self.size)
             .map(|q| {
-                let l = &self.ctrl(q).arrive;
+                let l = &self.ctrl(q).headers[hb];
                 Header::from_words(&[l.words[0].load(Ordering::Relaxed), l.words[1].load(Ordering::Relaxed), l.words[2].load(Ordering::Relaxed), l.words[3].load(Ordering::Relaxed)])
             })
             .collect();

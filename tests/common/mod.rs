@@ -1,0 +1,128 @@
+//! Launching real `mpirun` jobs from tests.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One mpirun job at a time: the machine has 2 cores and the jobs oversubscribe them.
+pub static MPI_JOBS: Mutex<()> = Mutex::new(());
+
+/// What a finished (or killed) job printed.
+pub struct Job {
+    /// Exit status code (None when killed by a signal).
+    pub code: Option<i32>,
+    /// stdout and stderr.
+    pub stdout: String,
+    pub stderr: String,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// True when the job ran past its deadline and was killed.
+    pub timed_out: bool,
+}
+
+impl Job {
+    pub fn all(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+    pub fn assert_ok(&self) {
+        assert!(
+            self.code == Some(0) && !self.timed_out,
+            "job failed (code {:?}, timed out {}):\n--- stdout\n{}\n--- stderr\n{}",
+            self.code,
+            self.timed_out,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `exe args` under `mpirun -np np` with `env` exported to every rank; kills the whole
+/// job after `timeout`.
+pub fn mpirun_exe(exe: &Path, np: usize, env: &[(&str, &str)], args: &[&str], timeout: Duration) -> Job {
+    let _one_at_a_time = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = Command::new("mpirun");
+    cmd.arg("--oversubscribe").arg("-np").arg(np.to_string());
+    if is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+        cmd.arg("-x").arg(k);
+    }
+    cmd.arg(exe).args(args);
+    run_with_timeout(cmd, timeout)
+}
+
+/// Runs the `ringrec` binary under mpirun.
+pub fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Job {
+    mpirun_exe(Path::new(env!("CARGO_BIN_EXE_ringrec")), np, env, args, Duration::from_secs(300))
+}
+
+/// Runs a command in its own process group, killing the group after `timeout`.
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Job {
+    let dir = std::env::temp_dir().join(format!("ringrec-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out_path = dir.join("stdout");
+    let err_path = dir.join("stderr");
+    let out = std::fs::File::create(&out_path).expect("stdout file");
+    let err = std::fs::File::create(&err_path).expect("stderr file");
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn mpirun (run scripts/setup.sh to install Open MPI)");
+    let pgid = child.id() as i32;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > timeout {
+            timed_out = true;
+            // SAFETY: signalling our own child's process group.
+            unsafe {
+                libc::kill(-pgid, libc::SIGTERM);
+            }
+            std::thread::sleep(Duration::from_secs(2));
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    Job { code: status.and_then(|s| s.code()), stdout, stderr, elapsed, timed_out }
+}
+
+/// Files in /dev/shm whose name starts with `ringrec-<job_id>`.
+pub fn shm_leftovers(job_id: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(&format!("ringrec-{job_id}"))).collect())
+        .unwrap_or_default()
+}
+
+/// Command line of the integration test binary running only `worker` (an ignored test).
+pub fn worker_args(worker: &str) -> Vec<String> {
+    vec!["--ignored".into(), "--exact".into(), worker.into(), "--nocapture".into(), "--test-threads=1".into()]
+}
+
+/// Runs an ignored worker test of the current test binary under mpirun.
+pub fn run_worker(worker: &str, np: usize, env: &[(&str, &str)], timeout: Duration) -> Job {
+    let exe = std::env::current_exe().expect("current exe");
+    let args = worker_args(worker);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut env: Vec<(&str, &str)> = env.to_vec();
+    env.push(("RINGREC_TEST_WORKER", "1"));
+    mpirun_exe(&exe, np, &env, &args, timeout)
+}

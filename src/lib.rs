@@ -11,6 +11,7 @@ pub mod bench;
 pub mod comm;
 pub mod cuda;
 pub mod dtype;
+pub mod embedding;
 pub mod error;
 pub mod shm;
 pub mod topology;

@@ -19,6 +19,9 @@ enum Command {
     Demo,
     /// Print this rank's topology and whether a GPU path is available.
     Info,
+    /// Create, import, export and inspect embedding table files.
+    #[command(subcommand)]
+    Table(ringrec::embedding::cli::TableCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -28,6 +31,8 @@ enum Command {
 enum BenchCommand {
     /// nccl-tests style allreduce table for every CPU backend, `mpi` as the reference.
     Allreduce(ringrec::bench::allreduce::AllreduceBenchArgs),
+    /// Embedding table lookups/updates vs a per-rank HashMap.
+    Embedding(ringrec::bench::embedding::EmbeddingBenchArgs),
 }
 
 fn main() {
@@ -53,6 +58,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Table(cmd) => ringrec::embedding::cli::run(cmd),
+        Command::Bench(BenchCommand::Embedding(args)) => ringrec::bench::embedding::run(args),
         Command::Bench(BenchCommand::Allreduce(args)) => {
             let topo = Topology::init()?;
             ringrec::bench::allreduce::run(&topo, &args)?;

@@ -2,3 +2,4 @@
 //! same run and prints the ratio.
 
 pub mod allreduce;
+pub mod embedding;

@@ -1,0 +1,323 @@
+//! `ringrec bench embedding`: lookups/s and updates/s of the memory-mapped
+//! [`EmbeddingTable`] against the obvious alternative, a per-rank `HashMap<u64, Vec<f32>>`,
+//! measured in the same run on the same keys. One line per (dim, rows, key distribution);
+//! the `check` column says whether both returned bit-identical rows.
+//!
+//! Threads: `1t` columns run on one thread (both sides); `par` columns use the rayon pool
+//! (the table's own parallel gather vs `par_chunks` over the HashMap).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use rayon::prelude::*;
+
+use crate::embedding::format::capacity_for_rows;
+use crate::embedding::init::{init_row_f32, splitmix64};
+use crate::embedding::{EmbeddingTable, OptimizerKind, SegmentGuard, StorageDtype, TableConfig};
+
+/// Key distributions of the benchmark batches.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyDist {
+    /// Zipf over the table's keys (rank r drawn with probability ~ 1/r^s), as CTR ids are.
+    Zipf,
+    /// Uniform over the table's keys.
+    Uniform,
+}
+
+/// Flags of `ringrec bench embedding`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EmbeddingBenchArgs {
+    /// Embedding dimensions to measure (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    pub dims: Vec<u32>,
+    /// Rows in the table (comma separated), e.g. 1000000,10000000.
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    pub rows: Vec<u64>,
+    /// Key distributions (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "zipf,uniform")]
+    pub dist: Vec<KeyDist>,
+    /// Keys per lookup batch (a CTR step: batch 4096 x 26 sparse features).
+    #[arg(long, default_value_t = 4096 * 26)]
+    pub batch: usize,
+    /// Timed batches per measurement.
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Zipf exponent s.
+    #[arg(long, default_value_t = 1.05)]
+    pub zipf_s: f64,
+    /// Table storage dtype.
+    #[arg(long, default_value = "f32")]
+    pub dtype: StorageDtype,
+    /// Directory of the table file (default: RINGREC_SHM_DIR or /dev/shm).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print JSON records instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One line of the result.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EmbeddingBenchRow {
+    /// Values per row.
+    pub dim: u32,
+    /// Rows in the table.
+    pub rows: u64,
+    /// Key distribution.
+    pub dist: KeyDist,
+    /// Keys per batch.
+    pub batch: usize,
+    /// Distinct keys per batch (what an update batch holds).
+    pub unique: usize,
+    /// Table lookups per second, one thread.
+    pub table_lookups_1t: f64,
+    /// HashMap lookups per second, one thread.
+    pub hashmap_lookups_1t: f64,
+    /// Table lookups per second, rayon pool.
+    pub table_lookups_par: f64,
+    /// HashMap lookups per second, rayon pool.
+    pub hashmap_lookups_par: f64,
+    /// Table row updates (SGD) per second.
+    pub table_updates: f64,
+    /// HashMap row updates (SGD) per second.
+    pub hashmap_updates: f64,
+    /// Both sides returned bit-identical rows.
+    pub check: bool,
+}
+
+/// The `i`-th key of the benchmark table (scrambled so hot keys are not neighbours).
+fn key_of(i: u64) -> u64 {
+    let k = splitmix64(i);
+    if k == u64::MAX {
+        0
+    } else {
+        k
+    }
+}
+
+/// Batch of rank indices `0..n`: uniform, or Zipf by inverting the continuous power-law CDF.
+fn draw(n: u64, len: usize, dist: KeyDist, s: f64, seed: u64) -> Vec<u64> {
+    let mut x = splitmix64(seed) | 1;
+    let nf = n as f64;
+    let a = nf.powf(1.0 - s) - 1.0;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let r = match dist {
+                KeyDist::Uniform => (u * nf) as u64,
+                KeyDist::Zipf => ((a * u + 1.0).powf(1.0 / (1.0 - s)) - 1.0).max(0.0) as u64,
+            };
+            key_of(r.min(n - 1))
+        })
+        .collect()
+}
+
+fn rate(items: usize, f: impl FnMut()) -> f64 {
+    let mut f = f;
+    let t = Instant::now();
+    f();
+    items as f64 / t.elapsed().as_secs_f64()
+}
+
+fn map_gather(map: &HashMap<u64, Vec<f32>>, keys: &[u64], out: &mut [f32], dim: usize, scale: f32) {
+    for (k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
+        match map.get(k) {
+            Some(r) => o.copy_from_slice(r),
+            None => init_row_f32(*k, 0, scale, o),
+        }
+    }
+}
+
+/// Runs the benchmark and prints the table (or JSON).
+pub fn run(args: EmbeddingBenchArgs) -> anyhow::Result<()> {
+    let dir = args.dir.clone().unwrap_or_else(crate::shm::shm_dir);
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().context("building a 1-thread pool")?;
+    let mut results = Vec::new();
+    if !args.json {
+        println!(
+            "# ringrec bench embedding: batch {} keys, {} iters, storage {}, zipf s={}, {} rayon threads; rates in M rows/s",
+            args.batch,
+            args.iters,
+            args.dtype,
+            args.zipf_s,
+            rayon::current_num_threads()
+        );
+        println!(
+            "{:>4} {:>9} {:>8} {:>7} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | check",
+            "dim", "rows", "dist", "unique", "tbl 1t", "map 1t", "ratio", "tbl par", "map par", "ratio", "tbl upd", "map upd", "ratio"
+        );
+    }
+    for &rows in &args.rows {
+        for &dim in &args.dims {
+            let d = dim as usize;
+            let path = dir.join(format!("ringrec-bench-{}-table", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let mut cfg = TableConfig::new(dim, capacity_for_rows(rows));
+            cfg.dtype = args.dtype;
+            cfg.optimizer = OptimizerKind::Sgd;
+            let mut table = EmbeddingTable::create(&path, &cfg)?;
+            let _guard = SegmentGuard::new(&path);
+            let scale = table.header().init_scale;
+            // Fill both with the same rows.
+            let mut map: HashMap<u64, Vec<f32>> = HashMap::with_capacity(rows as usize);
+            let chunk = 65536u64;
+            let mut vals = Vec::with_capacity(chunk as usize * d);
+            let mut keys = Vec::with_capacity(chunk as usize);
+            for start in (0..rows).step_by(chunk as usize) {
+                keys.clear();
+                keys.extend((start..(start + chunk).min(rows)).map(key_of));
+                vals.resize(keys.len() * d, 0.0);
+                table.lookup(&keys, &mut vals)?; // initial rows, rounded to storage
+                table.put_rows(&keys, &vals)?;
+                for (k, r) in keys.iter().zip(vals.chunks_exact(d)) {
+                    map.insert(*k, r.to_vec());
+                }
+            }
+            for &dist in &args.dist {
+                let batches: Vec<Vec<u64>> = (0..4).map(|b| draw(rows, args.batch, dist, args.zipf_s, b * 7 + dim as u64)).collect();
+                let mut out_t = vec![0f32; args.batch * d];
+                let mut out_m = vec![0f32; args.batch * d];
+                let total = args.batch * args.iters;
+                // Warm up, and check both sides agree.
+                let mut check = true;
+                for b in &batches {
+                    table.lookup(b, &mut out_t)?;
+                    map_gather(&map, b, &mut out_m, d, scale);
+                    check &= out_t.iter().zip(&out_m).all(|(x, y)| x.to_bits() == y.to_bits());
+                }
+                let mut err = Ok(());
+                let table_1t = one.install(|| {
+                    rate(total, || {
+                        for i in 0..args.iters {
+                            if let Err(e) = table.lookup(&batches[i % 4], &mut out_t) {
+                                err = Err(e);
+                            }
+                        }
+                    })
+                });
+                let map_1t = rate(total, || {
+                    for i in 0..args.iters {
+                        map_gather(&map, &batches[i % 4], &mut out_m, d, scale);
+                    }
+                });
+                let table_par = rate(total, || {
+                    for i in 0..args.iters {
+                        if let Err(e) = table.lookup(&batches[i % 4], &mut out_t) {
+                            err = Err(e);
+                        }
+                    }
+                });
+                let map_par = rate(total, || {
+                    for i in 0..args.iters {
+                        out_m.par_chunks_mut(2048 * d).zip(batches[i % 4].par_chunks(2048)).for_each(|(o, k)| map_gather(&map, k, o, d, scale));
+                    }
+                });
+                err?;
+                // Updates: the distinct keys of a batch, as a host applies them after aggregation.
+                let uniq: Vec<Vec<u64>> = batches
+                    .iter()
+                    .map(|b| {
+                        let mut u = b.clone();
+                        u.sort_unstable();
+                        u.dedup();
+                        u
+                    })
+                    .collect();
+                let grads: Vec<f32> = (0..uniq.iter().map(Vec::len).max().unwrap_or(0) * d).map(|i| (i % 13) as f32 * 1e-3 - 6e-3).collect();
+                let upd_iters = args.iters.div_ceil(4).max(1);
+                let n_upd: usize = (0..upd_iters).map(|i| uniq[i % 4].len()).sum();
+                let lr = 0.01f32;
+                let mut uerr = Ok(());
+                let table_upd = rate(n_upd, || {
+                    for i in 0..upd_iters {
+                        let u = &uniq[i % 4];
+                        if let Err(e) = table.apply_updates(u, &grads[..u.len() * d], lr) {
+                            uerr = Err(e);
+                        }
+                    }
+                });
+                uerr?;
+                let map_upd = rate(n_upd, || {
+                    for i in 0..upd_iters {
+                        let u = &uniq[i % 4];
+                        for (k, g) in u.iter().zip(grads.chunks_exact(d)) {
+                            let row = map.entry(*k).or_insert_with(|| {
+                                let mut r = vec![0f32; d];
+                                init_row_f32(*k, 0, scale, &mut r);
+                                r
+                            });
+                            for (w, g) in row.iter_mut().zip(g) {
+                                *w -= lr * g;
+                            }
+                        }
+                    }
+                });
+                let r = EmbeddingBenchRow {
+                    dim,
+                    rows,
+                    dist,
+                    batch: args.batch,
+                    unique: uniq[0].len(),
+                    table_lookups_1t: table_1t,
+                    hashmap_lookups_1t: map_1t,
+                    table_lookups_par: table_par,
+                    hashmap_lookups_par: map_par,
+                    table_updates: table_upd,
+                    hashmap_updates: map_upd,
+                    check,
+                };
+                if !args.json {
+                    let m = 1e6;
+                    println!(
+                        "{:>4} {:>9} {:>8} {:>7} | {:>8.2} {:>8.2} {:>5.2}x | {:>8.2} {:>8.2} {:>5.2}x | {:>8.2} {:>8.2} {:>5.2}x | {}",
+                        dim,
+                        rows,
+                        format!("{dist:?}").to_lowercase(),
+                        r.unique,
+                        table_1t / m,
+                        map_1t / m,
+                        table_1t / map_1t,
+                        table_par / m,
+                        map_par / m,
+                        table_par / map_par,
+                        table_upd / m,
+                        map_upd / m,
+                        table_upd / map_upd,
+                        if check { "ok" } else { "MISMATCH" }
+                    );
+                }
+                results.push(r);
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    if results.iter().any(|r| !r.check) {
+        anyhow::bail!("the table and the HashMap returned different rows");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_draws_are_skewed_and_in_range() {
+        let keys = draw(1000, 20000, KeyDist::Zipf, 1.05, 1);
+        let hot = keys.iter().filter(|k| **k == key_of(0)).count();
+        let cold = keys.iter().filter(|k| **k == key_of(999)).count();
+        assert!(hot > 50 * cold.max(1), "hot {hot} cold {cold}");
+        let valid: std::collections::HashSet<u64> = (0..1000).map(key_of).collect();
+        assert!(keys.iter().all(|k| valid.contains(k)));
+        let u = draw(1000, 20000, KeyDist::Uniform, 1.05, 1);
+        assert!(u.iter().filter(|k| **k == key_of(0)).count() < 60);
+    }
+}

@@ -1,0 +1,481 @@
+//! The on-disk (and in-`/dev/shm`) layout of a table: header encoding, section layout and
+//! the validation that makes any file, however hostile, safe to map.
+//!
+//! See the [module docs](crate::embedding) for the byte layout. Everything here works on
+//! byte slices; nothing indexes without a length check first, so arbitrary bytes give an
+//! error, never a panic.
+
+use std::path::Path;
+
+use super::error::{TableError, TableResult};
+
+/// First 8 bytes of every table file.
+pub const MAGIC: [u8; 8] = *b"RRTABLE\0";
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// Bytes reserved for the header; the index starts here.
+pub const HEADER_LEN: u64 = 4096;
+/// Bytes of the header that carry fields (the rest of the header page is zero).
+pub const HEADER_FIELDS: usize = 144;
+/// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
+pub const CHECKSUM_AT: usize = 136;
+/// The index value of an empty slot; the one key a table cannot hold.
+pub const EMPTY_KEY: u64 = u64::MAX;
+/// Sections start at multiples of this (a page), so every section is aligned for its type.
+pub const SECTION_ALIGN: u64 = 4096;
+/// Largest embedding dimension accepted.
+pub const MAX_DIM: u32 = 1 << 16;
+/// Smallest capacity in slots.
+pub const MIN_CAPACITY: u64 = 16;
+/// Largest capacity in slots (2^36, 64 Gi slots).
+pub const MAX_CAPACITY: u64 = 1 << 36;
+/// Maximum load factor, as the fraction `LOAD_NUM / LOAD_DEN` (0.8).
+pub const LOAD_NUM: u64 = 4;
+/// See [`LOAD_NUM`].
+pub const LOAD_DEN: u64 = 5;
+
+/// Most rows a table of `capacity` slots may hold (`floor(0.8 * capacity)`).
+pub fn max_rows(capacity: u64) -> u64 {
+    capacity / LOAD_DEN * LOAD_NUM + capacity % LOAD_DEN * LOAD_NUM / LOAD_DEN
+}
+
+/// The smallest valid capacity (power of two, >= [`MIN_CAPACITY`]) that holds `rows` rows.
+pub fn capacity_for_rows(rows: u64) -> u64 {
+    let need = rows.saturating_mul(LOAD_DEN).div_ceil(LOAD_NUM).max(MIN_CAPACITY);
+    let mut cap = need.checked_next_power_of_two().unwrap_or(MAX_CAPACITY);
+    while max_rows(cap) < rows && cap < MAX_CAPACITY {
+        cap *= 2;
+    }
+    cap
+}
+
+/// How rows are stored. Arithmetic is always f32; this is only the storage width.
+///
+/// The codes are part of the file format and independent of [`crate::dtype::DType`]'s wire
+/// codes, so the two can evolve separately.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageDtype {
+    /// IEEE binary32 (code 0).
+    F32,
+    /// IEEE binary16 (code 1), round-to-nearest-even on store.
+    F16,
+    /// bfloat16 (code 2), round-to-nearest-even on store.
+    Bf16,
+}
+
+impl StorageDtype {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            StorageDtype::F32 => 4,
+            StorageDtype::F16 | StorageDtype::Bf16 => 2,
+        }
+    }
+    /// Its name on the command line and in `inspect`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageDtype::F32 => "f32",
+            StorageDtype::F16 => "f16",
+            StorageDtype::Bf16 => "bf16",
+        }
+    }
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(s: &str) -> Option<StorageDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" => Some(StorageDtype::F32),
+            "f16" | "float16" | "half" => Some(StorageDtype::F16),
+            "bf16" | "bfloat16" => Some(StorageDtype::Bf16),
+            _ => None,
+        }
+    }
+    /// Its code in the header.
+    pub fn code(self) -> u32 {
+        match self {
+            StorageDtype::F32 => 0,
+            StorageDtype::F16 => 1,
+            StorageDtype::Bf16 => 2,
+        }
+    }
+    /// Decodes a header code.
+    pub fn from_code(c: u32) -> Option<StorageDtype> {
+        [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().find(|d| d.code() == c)
+    }
+}
+
+impl std::str::FromStr for StorageDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        StorageDtype::parse(s).ok_or_else(|| format!("unknown storage dtype {s:?}; use f32, f16 or bf16"))
+    }
+}
+
+impl std::fmt::Display for StorageDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The sparse optimizer whose state the table carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Plain SGD: `w -= lr * g` (code 0, no state).
+    Sgd,
+    /// Row-wise Adagrad (code 1): one f32 accumulator per row,
+    /// `acc += mean(g^2); w -= lr * g / (sqrt(acc) + eps)`.
+    Adagrad,
+}
+
+impl OptimizerKind {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adagrad => "adagrad",
+        }
+    }
+    /// Its code in the header.
+    pub fn code(self) -> u32 {
+        match self {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Adagrad => 1,
+        }
+    }
+    /// Decodes a header code.
+    pub fn from_code(c: u32) -> Option<OptimizerKind> {
+        match c {
+            0 => Some(OptimizerKind::Sgd),
+            1 => Some(OptimizerKind::Adagrad),
+            _ => None,
+        }
+    }
+    /// Bytes of optimizer state per row.
+    pub fn state_bytes_per_row(self) -> u64 {
+        match self {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Adagrad => 4,
+        }
+    }
+}
+
+impl std::str::FromStr for OptimizerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "sgd" => Ok(OptimizerKind::Sgd),
+            "adagrad" => Ok(OptimizerKind::Adagrad),
+            _ => Err(format!("unknown optimizer {s:?}; use sgd or adagrad")),
+        }
+    }
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Byte offsets and lengths of the sections of a table file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Layout {
+    /// Start of the key index (`capacity` x u64).
+    pub index_offset: u64,
+    /// Its length.
+    pub index_len: u64,
+    /// Start of the rows (`capacity` x `dim` x dtype).
+    pub rows_offset: u64,
+    /// Their length.
+    pub rows_len: u64,
+    /// Start of the optimizer state (`capacity` x f32 for Adagrad, empty for SGD).
+    pub state_offset: u64,
+    /// Its length.
+    pub state_len: u64,
+    /// Length of the whole file.
+    pub file_len: u64,
+}
+
+fn align_up(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|v| v / a * a)
+}
+
+impl Layout {
+    /// The one layout a table of this shape has; `None` on arithmetic overflow.
+    pub fn compute(dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind) -> Option<Layout> {
+        let index_offset = HEADER_LEN;
+        let index_len = capacity.checked_mul(8)?;
+        let rows_offset = align_up(index_offset.checked_add(index_len)?, SECTION_ALIGN)?;
+        let rows_len = capacity.checked_mul(dim as u64)?.checked_mul(dtype.size())?;
+        let state_offset = align_up(rows_offset.checked_add(rows_len)?, SECTION_ALIGN)?;
+        let state_len = capacity.checked_mul(opt.state_bytes_per_row())?;
+        let file_len = align_up(state_offset.checked_add(state_len)?, SECTION_ALIGN)?;
+        if file_len > isize::MAX as u64 {
+            return None;
+        }
+        Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, file_len })
+    }
+}
+
+/// The decoded header of a table.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Header {
+    /// Values per row.
+    pub dim: u32,
+    /// Storage type of the rows.
+    pub dtype: StorageDtype,
+    /// Optimizer whose state the file holds.
+    pub optimizer: OptimizerKind,
+    /// Slots in the index (a power of two).
+    pub capacity: u64,
+    /// Occupied slots.
+    pub live_rows: u64,
+    /// Incremented by every `apply_updates`/`put_rows` batch.
+    pub generation: u64,
+    /// Seed of the initial rows of unseen keys.
+    pub seed: u64,
+    /// Initial rows are uniform in `[-init_scale, init_scale]`.
+    pub init_scale: f32,
+    /// Adagrad's epsilon.
+    pub adagrad_eps: f32,
+    /// Adagrad's initial accumulator.
+    pub adagrad_init: f32,
+    /// Section offsets.
+    pub layout: Layout,
+}
+
+/// 64-bit FNV-1a.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn rd_u32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+fn rd_u64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+fn wr_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn wr_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+impl Header {
+    /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`).
+    pub fn encode(&self) -> [u8; HEADER_FIELDS] {
+        let mut b = [0u8; HEADER_FIELDS];
+        b[0..8].copy_from_slice(&MAGIC);
+        wr_u32(&mut b, 8, VERSION);
+        wr_u32(&mut b, 12, HEADER_LEN as u32);
+        wr_u32(&mut b, 16, self.dim);
+        wr_u32(&mut b, 20, self.dtype.code());
+        wr_u32(&mut b, 24, self.optimizer.code());
+        wr_u32(&mut b, 28, 0);
+        wr_u64(&mut b, 32, self.capacity);
+        wr_u64(&mut b, 40, self.live_rows);
+        wr_u64(&mut b, 48, self.generation);
+        wr_u64(&mut b, 56, self.seed);
+        wr_u32(&mut b, 64, self.init_scale.to_bits());
+        wr_u32(&mut b, 68, self.adagrad_eps.to_bits());
+        wr_u32(&mut b, 72, self.adagrad_init.to_bits());
+        wr_u32(&mut b, 76, 0);
+        let l = &self.layout;
+        for (i, v) in [l.index_offset, l.index_len, l.rows_offset, l.rows_len, l.state_offset, l.state_len, l.file_len].into_iter().enumerate() {
+            wr_u64(&mut b, 80 + 8 * i, v);
+        }
+        let sum = fnv1a64(&b[..CHECKSUM_AT]);
+        wr_u64(&mut b, CHECKSUM_AT, sum);
+        b
+    }
+
+    /// Most rows this table may hold.
+    pub fn max_rows(&self) -> u64 {
+        max_rows(self.capacity)
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> u64 {
+        self.dim as u64 * self.dtype.size()
+    }
+
+    /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` the
+    /// file's real length. Checks, in order, each with its own error: magic (BadMagic),
+    /// length (Truncated), version (BadVersion), checksum (BadChecksum), field values
+    /// (BadHeader), section layout (BadLayout / Truncated).
+    pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> TableResult<Header> {
+        let p = || path.to_path_buf();
+        // Magic first (when there are 8 bytes): a short file of another kind is "not a
+        // table" rather than "a truncated table".
+        if let Some(m) = bytes.get(0..8) {
+            let mut magic = [0u8; 8];
+            magic.copy_from_slice(m);
+            if magic != MAGIC {
+                return Err(TableError::BadMagic { path: p(), found: magic });
+            }
+        }
+        if bytes.len() < HEADER_FIELDS || file_len < HEADER_LEN {
+            return Err(TableError::Truncated { path: p(), len: file_len.min(bytes.len() as u64), need: HEADER_LEN });
+        }
+        let version = rd_u32(bytes, 8);
+        if version != VERSION {
+            return Err(TableError::BadVersion { path: p(), found: version, supported: VERSION });
+        }
+        let stored = rd_u64(bytes, CHECKSUM_AT);
+        let computed = fnv1a64(&bytes[..CHECKSUM_AT]);
+        if stored != computed {
+            return Err(TableError::BadChecksum { path: p(), stored, computed });
+        }
+        let bad = |field: &'static str, detail: String| TableError::BadHeader { path: p(), field, detail };
+        let header_len = rd_u32(bytes, 12);
+        if header_len as u64 != HEADER_LEN {
+            return Err(bad("header_len", format!("{header_len}, expected {HEADER_LEN}")));
+        }
+        let dim = rd_u32(bytes, 16);
+        if dim == 0 || dim > MAX_DIM {
+            return Err(bad("dim", format!("{dim}, expected 1..={MAX_DIM}")));
+        }
+        let dtype = StorageDtype::from_code(rd_u32(bytes, 20)).ok_or_else(|| bad("dtype", format!("unknown code {}", rd_u32(bytes, 20))))?;
+        let optimizer =
+            OptimizerKind::from_code(rd_u32(bytes, 24)).ok_or_else(|| bad("optimizer", format!("unknown code {}", rd_u32(bytes, 24))))?;
+        if rd_u32(bytes, 28) != 0 || rd_u32(bytes, 76) != 0 {
+            return Err(bad("flags", "reserved fields are not zero".into()));
+        }
+        let capacity = rd_u64(bytes, 32);
+        if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+            return Err(bad("capacity", format!("{capacity}, expected a power of two in {MIN_CAPACITY}..={MAX_CAPACITY}")));
+        }
+        let live_rows = rd_u64(bytes, 40);
+        if live_rows > max_rows(capacity) {
+            return Err(bad("live_rows", format!("{live_rows} exceeds the load limit {} of {capacity} slots", max_rows(capacity))));
+        }
+        let generation = rd_u64(bytes, 48);
+        let seed = rd_u64(bytes, 56);
+        let init_scale = f32::from_bits(rd_u32(bytes, 64));
+        if !(init_scale.is_finite() && init_scale >= 0.0) {
+            return Err(bad("init_scale", format!("{init_scale}, expected a finite value >= 0")));
+        }
+        let adagrad_eps = f32::from_bits(rd_u32(bytes, 68));
+        if !(adagrad_eps.is_finite() && adagrad_eps > 0.0) {
+            return Err(bad("adagrad_eps", format!("{adagrad_eps}, expected a finite value > 0")));
+        }
+        let adagrad_init = f32::from_bits(rd_u32(bytes, 72));
+        if !(adagrad_init.is_finite() && adagrad_init >= 0.0) {
+            return Err(bad("adagrad_init", format!("{adagrad_init}, expected a finite value >= 0")));
+        }
+        let f = |i: usize| rd_u64(bytes, 80 + 8 * i);
+        let stored_layout =
+            Layout { index_offset: f(0), index_len: f(1), rows_offset: f(2), rows_len: f(3), state_offset: f(4), state_len: f(5), file_len: f(6) };
+        let layout = check_layout(path, &stored_layout, dim, dtype, capacity, optimizer, file_len)?;
+        Ok(Header { dim, dtype, optimizer, capacity, live_rows, generation, seed, init_scale, adagrad_eps, adagrad_init, layout })
+    }
+}
+
+/// Every section must lie inside the file and sit exactly where a table of this shape puts
+/// it; the stored file length must be the real one.
+fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, file_len: u64) -> TableResult<Layout> {
+    let bad = |detail: String| TableError::BadLayout { path: path.to_path_buf(), detail };
+    for (name, off, len) in [("index", s.index_offset, s.index_len), ("rows", s.rows_offset, s.rows_len), ("state", s.state_offset, s.state_len)] {
+        match off.checked_add(len) {
+            Some(end) if end <= s.file_len => {}
+            _ => return Err(bad(format!("{name} section [{off}, +{len}) ends past the recorded file length {}", s.file_len))),
+        }
+    }
+    let want = Layout::compute(dim, dtype, capacity, opt)
+        .ok_or_else(|| bad(format!("a table of {capacity} slots x dim {dim} does not fit in the address space")))?;
+    if *s != want {
+        return Err(bad(format!("sections {s:?} differ from the layout of a {capacity}-slot dim-{dim} {dtype} {opt} table {want:?}")));
+    }
+    if file_len < want.file_len {
+        return Err(TableError::Truncated { path: path.to_path_buf(), len: file_len, need: want.file_len });
+    }
+    if file_len > want.file_len {
+        return Err(bad(format!("file is {file_len} bytes, the header says {}", want.file_len)));
+    }
+    Ok(want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_limit_is_four_fifths() {
+        assert_eq!(max_rows(16), 12);
+        assert_eq!(max_rows(1 << 20), 838_860);
+        assert_eq!(capacity_for_rows(0), MIN_CAPACITY);
+        assert_eq!(capacity_for_rows(838_860), 1 << 20);
+        assert_eq!(capacity_for_rows(838_861), 1 << 21);
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let layout = Layout::compute(16, StorageDtype::Bf16, 1024, OptimizerKind::Adagrad).unwrap();
+        assert_eq!(layout.index_offset, 4096);
+        assert_eq!(layout.rows_offset, 4096 + 8192);
+        assert_eq!(layout.state_offset, 4096 + 8192 + 32768);
+        let h = Header {
+            dim: 16,
+            dtype: StorageDtype::Bf16,
+            optimizer: OptimizerKind::Adagrad,
+            capacity: 1024,
+            live_rows: 7,
+            generation: 3,
+            seed: 42,
+            init_scale: 0.25,
+            adagrad_eps: 1e-8,
+            adagrad_init: 0.0,
+            layout,
+        };
+        let b = h.encode();
+        assert_eq!(Header::parse(Path::new("x"), &b, layout.file_len).unwrap(), h);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let valid = Header {
+            dim: 4,
+            dtype: StorageDtype::F32,
+            optimizer: OptimizerKind::Sgd,
+            capacity: 16,
+            live_rows: 0,
+            generation: 0,
+            seed: 1,
+            init_scale: 0.5,
+            adagrad_eps: 1e-8,
+            adagrad_init: 0.0,
+            layout: Layout::compute(4, StorageDtype::F32, 16, OptimizerKind::Sgd).unwrap(),
+        }
+        .encode();
+        for case in 0..100_000u64 {
+            let len = (next() % 200) as usize;
+            let mut b: Vec<u8> = if case % 2 == 0 { (0..len).map(|_| next() as u8).collect() } else { valid[..len.min(HEADER_FIELDS)].to_vec() };
+            if case % 2 == 1 && !b.is_empty() {
+                let i = (next() as usize) % b.len();
+                b[i] ^= (next() as u8) | 1;
+                if b.len() >= HEADER_FIELDS && case % 4 == 1 {
+                    // Keep the checksum valid so the field checks are reached too.
+                    let s = fnv1a64(&b[..CHECKSUM_AT]);
+                    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            let _ = Header::parse(Path::new("fuzz"), &b, next() % (1 << 40));
+        }
+    }
+}

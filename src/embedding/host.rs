@@ -1,0 +1,213 @@
+//! The host-shared table (design 003, step 1): the host leader (local rank 0) creates the
+//! table in `/dev/shm`, fills it (empty, or from a sparse-parameter file), and every other
+//! local rank maps the same file read-only. One copy per host, not per rank.
+//!
+//! Protocol of [`HostTable::open`], collective over the ranks of one host:
+//! 1. the leader creates `ringrec-<job>-h<host>-table` exclusively and initialises it;
+//! 2. the leader broadcasts a status (empty = ok, else its error message) to the host, so a
+//!    leader failure (corrupt import file, full `/dev/shm`) reaches every local rank as an
+//!    error instead of a hang;
+//! 3. the others open the file read-only; an all-reduce of their success tells everyone;
+//! 4. the leader unlinks the name: the memory lives while a rank maps it, and nothing is
+//!    left in `/dev/shm` however the job ends (normal exit, error, or a kill).
+//!
+//! Between update and lookup phases the caller runs [`HostTable::sync`] (a host barrier).
+
+use std::path::{Path, PathBuf};
+
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::topology::Communicator;
+use mpi::traits::Root;
+
+use super::error::{TableError, TableResult};
+use super::table::{EmbeddingTable, TableConfig, UpdateStats};
+use crate::topology::Topology;
+
+/// Path of the host-shared table of `job_id` on host `host_id`:
+/// `<RINGREC_SHM_DIR or /dev/shm>/ringrec-<job>-h<host>-table`.
+pub fn host_table_path(job_id: &str, host_id: usize) -> PathBuf {
+    crate::shm::segment_path(job_id, host_id, "table")
+}
+
+/// Removes a file when dropped, unless disarmed: the leader holds one for the table it
+/// created, so the segment goes away on normal and on error exit (unwinding included).
+#[derive(Debug)]
+pub struct SegmentGuard {
+    path: Option<PathBuf>,
+}
+
+impl SegmentGuard {
+    /// Guards `path`.
+    pub fn new(path: &Path) -> SegmentGuard {
+        SegmentGuard { path: Some(path.to_path_buf()) }
+    }
+    /// Removes the file now (ignoring "not found") and disarms the guard.
+    pub fn remove_now(&mut self) -> std::io::Result<()> {
+        match self.path.take() {
+            Some(p) => match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+    /// Keeps the file: the guard will not remove it.
+    pub fn disarm(&mut self) {
+        self.path = None;
+    }
+    /// The guarded path, while armed.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+}
+
+impl Drop for SegmentGuard {
+    fn drop(&mut self) {
+        let _ = self.remove_now();
+    }
+}
+
+/// This rank's handle on its host's shared table: read-write on the leader, read-only on
+/// every other local rank.
+pub struct HostTable {
+    table: EmbeddingTable,
+    path: PathBuf,
+    leader: bool,
+    _guard: Option<SegmentGuard>,
+}
+
+impl std::fmt::Debug for HostTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTable").field("path", &self.path).field("leader", &self.leader).field("table", &self.table).finish()
+    }
+}
+
+const STATUS_LEN: usize = 1024;
+
+fn encode_status(msg: &str) -> [u8; STATUS_LEN] {
+    let mut buf = [0u8; STATUS_LEN];
+    let b = msg.as_bytes();
+    let n = b.len().min(STATUS_LEN - 1);
+    buf[..n].copy_from_slice(&b[..n]);
+    if n == 0 {
+        buf[0] = b'?';
+    }
+    buf
+}
+
+impl HostTable {
+    /// Sets up the host table; collective over the ranks of this host (`topo.local`).
+    /// The leader creates it from `cfg` (empty, or filled from the sparse-parameter file
+    /// `import`), then every other local rank maps it read-only. Every local rank gets the
+    /// same success or failure.
+    pub fn open(topo: &Topology, cfg: &TableConfig, import: Option<&Path>) -> TableResult<HostTable> {
+        let path = host_table_path(&topo.job_id, topo.host_id);
+        let comm = &topo.local.comm;
+        let leader = topo.is_leader();
+
+        // 1-2. Leader creates and fills; everyone learns how that went.
+        let mut status = [0u8; STATUS_LEN];
+        let mut made: Option<(EmbeddingTable, SegmentGuard)> = None;
+        let mut leader_err = None;
+        if leader {
+            let attempt = EmbeddingTable::create(&path, cfg).and_then(|mut t| {
+                let guard = SegmentGuard::new(&path);
+                if let Some(p) = import {
+                    if let Err(e) = t.load_params(p) {
+                        drop(t);
+                        drop(guard);
+                        return Err(e);
+                    }
+                }
+                Ok((t, guard))
+            });
+            match attempt {
+                Ok(x) => made = Some(x),
+                Err(e) => {
+                    status = encode_status(&e.to_string());
+                    leader_err = Some(e);
+                }
+            }
+        }
+        comm.process_at_rank(0).broadcast_into(&mut status[..]);
+        if status[0] != 0 {
+            return Err(leader_err.unwrap_or_else(|| TableError::Leader(String::from_utf8_lossy(&status).trim_end_matches('\0').to_string())));
+        }
+
+        // 3. The others map it read-only.
+        let mut mine = None;
+        let mut peer_err = None;
+        if !leader {
+            match EmbeddingTable::open_readonly(&path) {
+                Ok(t) => mine = Some(t),
+                Err(e) => peer_err = Some(e),
+            }
+        }
+        let ok = u8::from(peer_err.is_none());
+        let mut all_ok = 0u8;
+        comm.all_reduce_into(&ok, &mut all_ok, SystemOperation::min());
+
+        // 4. Unlink the name once everyone has mapped it (or nobody will).
+        let (table, guard) = match made {
+            Some((t, mut g)) => {
+                let _ = g.remove_now();
+                (t, Some(g))
+            }
+            None => match mine {
+                Some(t) => (t, None),
+                None => {
+                    return Err(peer_err.unwrap_or_else(|| TableError::Peer("host table: this rank could not open the table".into())));
+                }
+            },
+        };
+        if all_ok == 0 {
+            return Err(match peer_err {
+                Some(e) => e,
+                None => TableError::Peer(format!(
+                    "host table {}: a local rank of host {} could not open it; see that rank's error",
+                    path.display(),
+                    topo.host_id
+                )),
+            });
+        }
+        Ok(HostTable { table, path, leader, _guard: guard })
+    }
+
+    /// Whether this rank is the host leader (holds the read-write handle).
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+    /// The name the table was created under (unlinked once every local rank mapped it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// The table, for lookups (every rank).
+    pub fn table(&self) -> &EmbeddingTable {
+        &self.table
+    }
+    /// The table for writing: the leader's handle, [`TableError::ReadOnly`] elsewhere.
+    pub fn table_mut(&mut self) -> TableResult<&mut EmbeddingTable> {
+        if self.leader {
+            Ok(&mut self.table)
+        } else {
+            Err(TableError::ReadOnly)
+        }
+    }
+    /// Gathers rows (see [`EmbeddingTable::lookup`]).
+    pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> TableResult<()> {
+        self.table.lookup(keys, out)
+    }
+    /// Applies updates on the leader; [`TableError::ReadOnly`] on other ranks.
+    pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
+        self.table_mut()?.apply_updates(keys, grads, lr)
+    }
+    /// Host barrier that publishes the leader's writes: after it, every local rank reads the
+    /// updated rows, and non-leaders refresh their view of the header.
+    pub fn sync(&mut self, topo: &Topology) -> TableResult<()> {
+        topo.local.comm.barrier();
+        if !self.leader {
+            self.table.refresh()?;
+        }
+        Ok(())
+    }
+}

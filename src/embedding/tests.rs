@@ -1,0 +1,509 @@
+//! Unit tests of the table file, its validation and its arithmetic.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+
+use super::format::{fnv1a64, CHECKSUM_AT, HEADER_LEN};
+use super::*;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory removed on drop.
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new() -> TempDir {
+        let p = std::env::temp_dir().join(format!("ringrec-emb-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cfg(dim: u32, cap: u64, dtype: StorageDtype, opt: OptimizerKind) -> TableConfig {
+    let mut c = TableConfig::new(dim, cap);
+    c.dtype = dtype;
+    c.optimizer = opt;
+    c.seed = 99;
+    c
+}
+
+fn grads(keys: &[u64], dim: usize, salt: u64) -> Vec<f32> {
+    keys.iter().flat_map(|k| (0..dim).map(move |j| ((k * 13 + j as u64 * 7 + salt) % 23) as f32 / 23.0 - 0.5)).collect()
+}
+
+fn row(t: &EmbeddingTable, key: u64) -> Vec<f32> {
+    let mut out = vec![0f32; t.dim()];
+    t.lookup(&[key], &mut out).unwrap();
+    out
+}
+
+/// A small valid table file with some rows; returns its bytes.
+fn sample_file(dir: &TempDir, dtype: StorageDtype, opt: OptimizerKind) -> (PathBuf, Vec<u8>) {
+    let p = dir.path("sample");
+    let mut t = EmbeddingTable::create(&p, &cfg(4, 64, dtype, opt)).unwrap();
+    let keys: Vec<u64> = (0..40).map(|i| i * 1_000_003).collect();
+    t.apply_updates(&keys, &grads(&keys, 4, 1), 0.5).unwrap();
+    drop(t);
+    let bytes = std::fs::read(&p).unwrap();
+    (p, bytes)
+}
+
+#[test]
+fn create_is_exclusive_private_and_empty() {
+    let dir = TempDir::new();
+    let p = dir.path("t");
+    let t = EmbeddingTable::create(&p, &cfg(8, 100, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
+    assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(t.header().capacity, 128, "capacity rounds up to a power of two");
+    assert_eq!(t.live_rows(), 0);
+    assert!(matches!(EmbeddingTable::create(&p, &cfg(8, 100, StorageDtype::F32, OptimizerKind::Sgd)), Err(TableError::Exists { .. })));
+    let info = t.inspect();
+    assert_eq!(info.file_bytes, 4096 + 4096 + 4096);
+    assert!(info.to_string().contains("0 live / 102 max / 128 slots"), "{info}");
+}
+
+#[test]
+fn sgd_step_matches_hand_computation() {
+    let dir = TempDir::new();
+    let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
+    let w0 = row(&t, 5);
+    t.apply_updates(&[5], &[1.0, -2.0], 0.25).unwrap();
+    assert_eq!(row(&t, 5), vec![w0[0] - 0.25, w0[1] + 0.5]);
+    // The same key twice in one batch steps twice, in order.
+    t.apply_updates(&[5, 5], &[1.0, 0.0, 1.0, 0.0], 0.5).unwrap();
+    assert_eq!(row(&t, 5), vec![w0[0] - 0.25 - 0.5 - 0.5, w0[1] + 0.5]);
+    assert_eq!(t.live_rows(), 1);
+    assert_eq!(t.generation(), 2);
+}
+
+#[test]
+fn adagrad_step_matches_hand_computation() {
+    let dir = TempDir::new();
+    let mut c = cfg(2, 16, StorageDtype::F32, OptimizerKind::Adagrad);
+    c.adagrad_init = 0.5;
+    c.adagrad_eps = 1e-6;
+    let mut t = EmbeddingTable::create(&dir.path("t"), &c).unwrap();
+    let w0 = row(&t, 9);
+    // acc = 0.5 + (3^2 + 4^2) / 2 = 13; w -= 0.1 * g / (sqrt(13) + 1e-6)
+    t.apply_updates(&[9], &[3.0, 4.0], 0.1).unwrap();
+    let acc = 0.5f32 + 12.5;
+    assert_eq!(t.accumulator(9), Some(acc));
+    let denom = acc.sqrt() + 1e-6;
+    assert_eq!(row(&t, 9), vec![w0[0] - 0.1 * 3.0 / denom, w0[1] - 0.1 * 4.0 / denom]);
+    // Second step: acc = 13 + (1 + 0) / 2.
+    t.apply_updates(&[9], &[1.0, 0.0], 0.1).unwrap();
+    assert_eq!(t.accumulator(9), Some(13.5));
+    let w1 = w0[0] - 0.1 * 3.0 / denom;
+    assert_eq!(row(&t, 9)[0], w1 - 0.1 * 1.0 / (13.5f32.sqrt() + 1e-6));
+}
+
+#[test]
+fn unseen_keys_read_their_initial_row_before_and_after_insertion() {
+    let dir = TempDir::new();
+    for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
+        let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg(16, 64, dtype, OptimizerKind::Sgd)).unwrap();
+        let before = row(&t, 424242);
+        assert!(before.iter().all(|x| x.abs() <= 0.25), "scale 1/sqrt(16)");
+        assert!(!t.contains(424242));
+        t.apply_updates(&[424242], &[0.0; 16], 1.0).unwrap();
+        assert!(t.contains(424242));
+        let after = row(&t, 424242);
+        assert_eq!(before.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), after.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dtype}");
+        let mut want = vec![0f32; 16];
+        init::init_row_f32(424242, 99, 0.25, &mut want);
+        match dtype {
+            StorageDtype::F32 => assert_eq!(before, want),
+            StorageDtype::F16 => assert_eq!(before, want.iter().map(|x| f16::from_f32(*x).to_f32()).collect::<Vec<_>>()),
+            StorageDtype::Bf16 => assert_eq!(before, want.iter().map(|x| bf16::from_f32(*x).to_f32()).collect::<Vec<_>>()),
+        }
+    }
+}
+
+#[test]
+fn half_storage_rounds_values_and_halves_the_rows() {
+    let dir = TempDir::new();
+    let mut t16 = EmbeddingTable::create(&dir.path("f16"), &cfg(4, 16, StorageDtype::F16, OptimizerKind::Sgd)).unwrap();
+    let mut tb = EmbeddingTable::create(&dir.path("bf16"), &cfg(4, 16, StorageDtype::Bf16, OptimizerKind::Sgd)).unwrap();
+    let v = [1.0f32 / 3.0, 1e-3, -7.77, 65504.0];
+    t16.put_rows(&[1], &v).unwrap();
+    tb.put_rows(&[1], &v).unwrap();
+    assert_eq!(row(&t16, 1), v.iter().map(|x| f16::from_f32(*x).to_f32()).collect::<Vec<_>>());
+    assert_eq!(row(&tb, 1), v.iter().map(|x| bf16::from_f32(*x).to_f32()).collect::<Vec<_>>());
+    assert_eq!(t16.header().layout.rows_len, 16 * 4 * 2);
+    // f32 arithmetic, rounded once on store.
+    t16.apply_updates(&[1], &[1.0, 0.0, 0.0, 0.0], 0.001).unwrap();
+    let w = f16::from_f32(1.0f32 / 3.0).to_f32();
+    assert_eq!(row(&t16, 1)[0], f16::from_f32(w - 0.001).to_f32());
+}
+
+#[test]
+fn full_table_error_names_capacity_and_flag_and_changes_nothing() {
+    let dir = TempDir::new();
+    let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
+    let keys: Vec<u64> = (0..12).collect();
+    t.apply_updates(&keys, &grads(&keys, 2, 0), 0.1).unwrap();
+    let before = t.as_bytes().to_vec();
+    let err = t.apply_updates(&[100, 101], &[0.0; 4], 0.1).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, TableError::Full { capacity: 16, live: 12, new: 2, max_rows: 12, .. }), "{msg}");
+    assert!(msg.contains("16 slots") && msg.contains("--table-capacity") && msg.contains("at least 32"), "{msg}");
+    assert_eq!(t.as_bytes(), &before[..], "a failed batch writes nothing");
+    // Updating present keys still works at the limit.
+    t.apply_updates(&[3], &[1.0, 1.0], 0.1).unwrap();
+}
+
+#[test]
+fn reserved_key_and_bad_shapes_are_rejected() {
+    let dir = TempDir::new();
+    let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
+    let mut out = [0f32; 2];
+    assert!(matches!(t.lookup(&[u64::MAX], &mut out), Err(TableError::ReservedKey { .. })));
+    assert!(matches!(t.apply_updates(&[u64::MAX], &[0.0; 2], 0.1), Err(TableError::ReservedKey { .. })));
+    let e = t.apply_updates(&[1, 2], &[0.0; 3], 0.1).unwrap_err();
+    assert!(matches!(e, TableError::Shape { expected: 4, got: 3, .. }), "{e}");
+    assert!(matches!(t.lookup(&[1], &mut [0f32; 3]), Err(TableError::Shape { .. })));
+    assert!(matches!(t.apply_updates(&[1], &[0.0; 2], f32::NAN), Err(TableError::Config(_))));
+    assert_eq!(t.generation(), 0);
+}
+
+#[test]
+fn read_only_handle_refuses_writes_and_sees_leader_updates() {
+    let dir = TempDir::new();
+    let p = dir.path("t");
+    let mut w = EmbeddingTable::create(&p, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Adagrad)).unwrap();
+    let mut r = EmbeddingTable::open_readonly(&p).unwrap();
+    assert!(!r.is_writable());
+    assert!(matches!(r.apply_updates(&[1], &[0.0; 4], 0.1), Err(TableError::ReadOnly)));
+    assert!(matches!(r.put_rows(&[1], &[0.0; 4]), Err(TableError::ReadOnly)));
+    w.apply_updates(&[1, 2, 3], &grads(&[1, 2, 3], 4, 5), 0.1).unwrap();
+    // Same memory: the reader sees the rows at once, the header after refresh().
+    assert_eq!(row(&r, 2), row(&w, 2));
+    r.refresh().unwrap();
+    assert_eq!(r.live_rows(), 3);
+    assert_eq!(r.generation(), 1);
+}
+
+#[test]
+fn same_updates_give_byte_identical_files() {
+    let dir = TempDir::new();
+    let c = cfg(8, 256, StorageDtype::Bf16, OptimizerKind::Adagrad);
+    let mut a = EmbeddingTable::create(&dir.path("a"), &c).unwrap();
+    let mut b = EmbeddingTable::create(&dir.path("b"), &c).unwrap();
+    for step in 0..5u64 {
+        let keys: Vec<u64> = (0..50).map(|i| (i * 7 + step * 3) % 120).collect();
+        let g = grads(&keys, 8, step);
+        a.apply_updates(&keys, &g, 0.05).unwrap();
+        b.apply_updates(&keys, &g, 0.05).unwrap();
+    }
+    assert_eq!(a.as_bytes(), b.as_bytes());
+}
+
+#[test]
+fn save_and_load_round_trip_byte_identical() {
+    let dir = TempDir::new();
+    for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
+        let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg(8, 128, dtype, OptimizerKind::Adagrad)).unwrap();
+        let keys: Vec<u64> = (0..90).map(|k| k * 0x1234_5678_9abc).collect();
+        t.apply_updates(&keys, &grads(&keys, 8, 3), 0.2).unwrap();
+        let saved = dir.path(&format!("saved{i}"));
+        t.save(&saved).unwrap();
+        assert_eq!(std::fs::read(&saved).unwrap(), t.as_bytes());
+        let loaded = EmbeddingTable::load(&saved, &dir.path(&format!("loaded{i}"))).unwrap();
+        assert!(loaded.is_writable());
+        assert_eq!(loaded.as_bytes(), t.as_bytes());
+        assert_eq!(loaded.header(), t.header());
+        // Saving over an existing file replaces it atomically; no temp file is left.
+        t.apply_updates(&keys[..3], &grads(&keys[..3], 8, 4), 0.2).unwrap();
+        t.save(&saved).unwrap();
+        assert_eq!(std::fs::read(&saved).unwrap(), t.as_bytes());
+    }
+    let names: Vec<String> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
+}
+
+#[test]
+fn params_export_import_round_trip_is_bit_exact() {
+    let dir = TempDir::new();
+    for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
+        let c = cfg(6, 256, dtype, OptimizerKind::Sgd);
+        let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &c).unwrap();
+        let keys: Vec<u64> = (0..150).map(|k| k * 977 + 5).collect();
+        t.apply_updates(&keys, &grads(&keys, 6, 8), 0.3).unwrap();
+        let params = dir.path(&format!("p{i}.bin"));
+        assert_eq!(t.export_params(&params).unwrap(), 150);
+        assert_eq!(std::fs::metadata(&params).unwrap().len(), 24 + 150 * (8 + 24));
+        let u = EmbeddingTable::import_params(&params, &dir.path(&format!("u{i}")), &c).unwrap();
+        assert_eq!(u.live_rows(), 150);
+        let mut a = vec![0f32; 150 * 6];
+        let mut b = vec![0f32; 150 * 6];
+        t.lookup(&keys, &mut a).unwrap();
+        u.lookup(&keys, &mut b).unwrap();
+        assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // Exporting the import again gives the same bytes.
+        let again = dir.path(&format!("q{i}.bin"));
+        u.export_params(&again).unwrap();
+        assert_eq!(std::fs::read(&params).unwrap(), std::fs::read(&again).unwrap());
+        // TSV: one line per row, keys ascending, values parse back to the same bits.
+        let mut tsv = Vec::new();
+        assert_eq!(t.write_tsv(&mut tsv).unwrap(), 150);
+        let text = String::from_utf8(tsv).unwrap();
+        let first: Vec<&str> = text.lines().next().unwrap().split('\t').collect();
+        assert_eq!(first[0], "5");
+        let parsed: Vec<f32> = first[1..].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(parsed, row(&t, 5));
+    }
+}
+
+#[test]
+fn import_rejects_bad_params_files_and_leaves_no_table() {
+    let dir = TempDir::new();
+    let params = dir.path("p.bin");
+    write_params(&params, 4, &[1, 2, 3], &[0.5; 12]).unwrap();
+    let mut bytes = std::fs::read(&params).unwrap();
+    let table = dir.path("t");
+    // Wrong dim in the config.
+    let e = EmbeddingTable::import_params(&params, &table, &cfg(8, 64, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
+    assert!(e.to_string().contains("--dim 4"), "{e}");
+    // Truncated, bad magic, reserved key.
+    bytes.pop();
+    std::fs::write(&params, &bytes).unwrap();
+    let e = EmbeddingTable::import_params(&params, &table, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
+    assert!(matches!(e, TableError::BadParams { .. }) && e.to_string().contains("truncated"), "{e}");
+    write_params(&params, 4, &[1, u64::MAX], &[0.5; 8]).unwrap();
+    let e = EmbeddingTable::import_params(&params, &table, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
+    assert!(e.to_string().contains("reserved key"), "{e}");
+    assert!(!table.exists(), "a failed import removes the new table");
+    std::fs::write(&params, b"RRTABLE\0garbage-garbage-garbage").unwrap();
+    assert!(matches!(read_params_header(&params), Err(TableError::BadParams { .. })));
+    // Too many records for the capacity.
+    let keys: Vec<u64> = (0..20).collect();
+    write_params(&params, 1, &keys, &[1.0; 20]).unwrap();
+    let e = EmbeddingTable::import_params(&params, &table, &cfg(1, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
+    assert!(matches!(e, TableError::Full { .. }), "{e}");
+    assert!(!table.exists());
+}
+
+/// Rewrites the header checksum after a deliberate edit, so the check after it is reached.
+fn fix_checksum(b: &mut [u8]) {
+    let s = fnv1a64(&b[..CHECKSUM_AT]);
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
+}
+
+fn open_bytes(dir: &TempDir, name: &str, bytes: &[u8]) -> Result<EmbeddingTable, TableError> {
+    let p = dir.path(name);
+    let _ = std::fs::remove_file(&p);
+    std::fs::write(&p, bytes).unwrap();
+    EmbeddingTable::open_readonly(&p)
+}
+
+#[test]
+fn every_corruption_kind_has_its_own_error() {
+    let dir = TempDir::new();
+    let (_, good) = sample_file(&dir, StorageDtype::F16, OptimizerKind::Adagrad);
+    assert!(open_bytes(&dir, "ok", &good).is_ok());
+
+    let e = open_bytes(&dir, "trunc", &good[..good.len() - 4096]).unwrap_err();
+    assert!(matches!(e, TableError::Truncated { .. }) && e.to_string().contains("truncated"), "{e}");
+    let e = open_bytes(&dir, "tiny", &good[..100]).unwrap_err();
+    assert!(matches!(e, TableError::Truncated { need: HEADER_LEN, .. }), "{e}");
+
+    let mut b = good.clone();
+    b[0] = b'X';
+    let e = open_bytes(&dir, "magic", &b).unwrap_err();
+    assert!(matches!(e, TableError::BadMagic { .. }) && e.to_string().contains("not a ringrec embedding table"), "{e}");
+
+    let mut b = good.clone();
+    b[8] = 7;
+    let e = open_bytes(&dir, "version", &b).unwrap_err();
+    assert!(matches!(e, TableError::BadVersion { found: 7, supported: 1, .. }), "{e}");
+
+    let mut b = good.clone();
+    b[48] ^= 1; // generation, checksum not fixed
+    let e = open_bytes(&dir, "checksum", &b).unwrap_err();
+    assert!(matches!(e, TableError::BadChecksum { .. }) && e.to_string().contains("checksum"), "{e}");
+
+    let mut b = good.clone();
+    b[96..104].copy_from_slice(&(1u64 << 40).to_le_bytes()); // rows offset far outside
+    fix_checksum(&mut b);
+    let e = open_bytes(&dir, "offsets", &b).unwrap_err();
+    assert!(matches!(e, TableError::BadLayout { .. }) && e.to_string().contains("layout"), "{e}");
+    let mut b = good.clone();
+    b[96..104].copy_from_slice(&(4096u64).to_le_bytes()); // rows overlapping the index
+    fix_checksum(&mut b);
+    assert!(matches!(open_bytes(&dir, "overlap", &b), Err(TableError::BadLayout { .. })));
+
+    let mut b = good.clone();
+    b[16..20].copy_from_slice(&0u32.to_le_bytes()); // dim 0
+    fix_checksum(&mut b);
+    assert!(matches!(open_bytes(&dir, "dim", &b), Err(TableError::BadHeader { field: "dim", .. })));
+
+    let mut b = good.clone();
+    b[40..48].copy_from_slice(&41u64.to_le_bytes()); // live rows off by one
+    fix_checksum(&mut b);
+    let e = open_bytes(&dir, "live", &b).unwrap_err();
+    assert!(matches!(e, TableError::CorruptIndex { .. }), "{e}");
+
+    let mut b = good.clone();
+    b.extend_from_slice(&[0u8; 4096]);
+    assert!(matches!(open_bytes(&dir, "long", &b), Err(TableError::BadLayout { .. })));
+}
+
+#[test]
+fn another_users_table_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: chown to another uid needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let (p, _) = sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd);
+    std::os::unix::fs::chown(&p, Some(12345), None).unwrap();
+    let e = EmbeddingTable::open_readonly(&p).unwrap_err();
+    assert!(matches!(e, TableError::WrongOwner { owner: 12345, euid: 0, .. }), "{e}");
+}
+
+/// xorshift64: the fuzz loops' deterministic randomness.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+#[test]
+fn mutated_files_never_panic() {
+    let dir = TempDir::new();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let samples = [sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd).1, {
+        let d2 = TempDir::new();
+        sample_file(&d2, StorageDtype::Bf16, OptimizerKind::Adagrad).1
+    }];
+    let p = dir.path("fuzz");
+    let mut opened = 0;
+    for case in 0..3000 {
+        let mut b = samples[case % 2].clone();
+        match rng.below(6) {
+            0 => b.truncate(rng.below(b.len())),
+            1 => b.extend((0..rng.below(9000)).map(|_| rng.next() as u8)),
+            2 => {
+                // Mutate header fields, keeping the checksum valid half of the time.
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(CHECKSUM_AT);
+                    b[i] = rng.next() as u8;
+                }
+                if rng.below(2) == 0 {
+                    fix_checksum(&mut b);
+                }
+            }
+            3 => {
+                // Overwrite a whole u64 field with an extreme value.
+                let i = 32 + 8 * rng.below(13);
+                let v = [0u64, 1, u64::MAX, 1 << 63, 4096, 4095, rng.next()][rng.below(7)];
+                b[i..i + 8].copy_from_slice(&v.to_le_bytes());
+                fix_checksum(&mut b);
+            }
+            4 => {
+                // Damage the index or rows.
+                for _ in 0..1 + rng.below(16) {
+                    let i = 4096 + rng.below(b.len() - 4096);
+                    b[i] = rng.next() as u8;
+                }
+            }
+            _ => {
+                for _ in 0..1 + rng.below(8) {
+                    let i = rng.below(b.len());
+                    b[i] ^= 1 << rng.below(8);
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, &b).unwrap();
+        if let Ok(t) = EmbeddingTable::open_readonly(&p) {
+            opened += 1;
+            let keys: Vec<u64> = (0..64).map(|_| rng.next() % 50_000_000).collect();
+            let mut out = vec![0f32; keys.len() * t.dim()];
+            t.lookup(&keys, &mut out).unwrap();
+            let _ = t.inspect().to_string();
+            let _ = t.live_keys();
+        }
+        if let Ok(mut t) = EmbeddingTable::open_readwrite(&p) {
+            let keys: Vec<u64> = (0..8).map(|_| rng.next() % 1000).collect();
+            let g = vec![0.5f32; keys.len() * t.dim()];
+            let _ = t.apply_updates(&keys, &g, 0.1);
+        }
+    }
+    assert!(opened > 100, "some mutations (row bytes) leave a valid table: {opened}");
+}
+
+#[test]
+fn large_batches_gather_in_parallel_and_agree_with_small_ones() {
+    let dir = TempDir::new();
+    let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(16, 1 << 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
+    let keys: Vec<u64> = (0..40_000).map(|k| k * 3).collect();
+    t.apply_updates(&keys, &grads(&keys, 16, 2), 0.1).unwrap();
+    let batch: Vec<u64> = (0..table::PAR_MIN_KEYS as u64 * 2).map(|k| k * 5).collect();
+    let mut big = vec![0f32; batch.len() * 16];
+    t.lookup(&batch, &mut big).unwrap();
+    for (i, k) in batch.iter().enumerate().step_by(97) {
+        assert_eq!(&big[i * 16..i * 16 + 16], &row(&t, *k)[..]);
+    }
+}
+
+#[test]
+fn segment_guard_removes_on_drop() {
+    let dir = TempDir::new();
+    let p = dir.path("seg");
+    std::fs::write(&p, b"x").unwrap();
+    {
+        let _g = SegmentGuard::new(&p);
+    }
+    assert!(!p.exists());
+    std::fs::write(&p, b"x").unwrap();
+    let mut g = SegmentGuard::new(&p);
+    g.disarm();
+    drop(g);
+    assert!(p.exists());
+    assert!(host_table_path("job 1", 3).to_string_lossy().ends_with("ringrec-job_1-h3-table"));
+}
+
+/// Child half of `readonly_mapping_faults_on_write`.
+#[test]
+#[ignore]
+fn readonly_fault_child() {
+    let Ok(p) = std::env::var("RINGREC_FAULT_TABLE") else { return };
+    let t = EmbeddingTable::open_readonly(Path::new(&p)).unwrap();
+    let at = t.as_bytes().as_ptr() as *mut u8;
+    // SAFETY: deliberately wrong: a write through a PROT_READ mapping must fault (SIGSEGV).
+    unsafe { std::ptr::write_volatile(at.add(5000), 1) };
+    println!("write did not fault");
+}
+
+#[test]
+fn readonly_mapping_faults_on_write() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = TempDir::new();
+    let (p, _) = sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "embedding::tests::readonly_fault_child", "--nocapture", "--test-threads=1"])
+        .env("RINGREC_FAULT_TABLE", &p)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{}", String::from_utf8_lossy(&out.stdout));
+}

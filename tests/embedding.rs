@@ -1,0 +1,128 @@
+//! Multi-process tests of the host-shared embedding table: real `mpirun`, one host and two
+//! simulated hosts. Each test runs the ignored `worker_selftest` of this binary on every
+//! rank (it calls `ringrec::embedding::cli::selftest`) and asserts on the lines the ranks
+//! print: `rank R local_rank L host H rows_ok B rows_digest X unseen_ok B unseen_digest X
+//! write W live_rows N generation G segment PATH`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use ringrec::embedding::cli::{selftest, SelftestArgs};
+use ringrec::embedding::{OptimizerKind, StorageDtype};
+
+/// Worker: the per-rank checks, configured by `RINGREC_SELFTEST_*` variables.
+#[test]
+#[ignore]
+fn worker_selftest() {
+    if std::env::var_os("RINGREC_TEST_WORKER").is_none() {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let args = SelftestArgs {
+        rows: var("RINGREC_SELFTEST_ROWS").and_then(|v| v.parse().ok()).unwrap_or(1000),
+        dim: var("RINGREC_SELFTEST_DIM").and_then(|v| v.parse().ok()).unwrap_or(8),
+        dtype: var("RINGREC_SELFTEST_DTYPE").and_then(|v| v.parse().ok()).unwrap_or(StorageDtype::F32),
+        optimizer: var("RINGREC_SELFTEST_OPTIMIZER").and_then(|v| v.parse().ok()).unwrap_or(OptimizerKind::Sgd),
+        import: var("RINGREC_SELFTEST_IMPORT").map(Into::into),
+        fail_rank: var("RINGREC_SELFTEST_FAIL_RANK").and_then(|v| v.parse().ok()),
+    };
+    if let Err(e) = selftest(&args) {
+        eprintln!("selftest failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// One rank's report line, as field -> value.
+fn reports(out: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines()
+        .filter(|l| l.contains(" rows_ok "))
+        // The test harness may print `test worker_selftest ... ` before a rank's line.
+        .filter_map(|l| l.find("rank ").map(|i| &l[i..]))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.chunks(2).filter(|c| c.len() == 2).map(|c| (c[0].to_string(), c[1].to_string())).collect()
+        })
+        .collect()
+}
+
+fn job_id(name: &str) -> String {
+    format!("embtest-{name}-{}", std::process::id())
+}
+
+fn distinct<'a>(rs: &'a [BTreeMap<String, String>], field: &str) -> BTreeSet<&'a str> {
+    rs.iter().map(|r| r[field].as_str()).collect()
+}
+
+#[test]
+fn one_host_four_ranks_share_one_table() {
+    let job = job_id("one");
+    let out = common::run_worker("worker_selftest", 4, &[("RINGREC_JOB_ID", &job)], Duration::from_secs(120));
+    out.assert_ok();
+    let rs = reports(&out.stdout);
+    assert_eq!(rs.len(), 4, "{}", out.all());
+    // Rows the leader wrote read back identically (and exactly as computed) on every rank.
+    assert!(rs.iter().all(|r| r["rows_ok"] == "true" && r["unseen_ok"] == "true"), "{}", out.stdout);
+    assert_eq!(distinct(&rs, "rows_digest").len(), 1, "{}", out.stdout);
+    assert_eq!(distinct(&rs, "unseen_digest").len(), 1, "{}", out.stdout);
+    // One writer; the three others are refused.
+    assert_eq!(rs.iter().filter(|r| r["write"] == "leader_wrote").count(), 1);
+    assert_eq!(rs.iter().filter(|r| r["write"] == "write_refused").count(), 3);
+    assert!(rs.iter().all(|r| r["live_rows"] == "1000" && r["generation"] == "1"));
+    assert_eq!(distinct(&rs, "segment").len(), 1, "one table per host");
+    assert!(out.stdout.contains("selftest ok: 4 ranks on 1 hosts"), "{}", out.stdout);
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}
+
+#[test]
+fn two_simulated_hosts_have_one_table_each() {
+    let job = job_id("two");
+    let env = [
+        ("RINGREC_JOB_ID", job.as_str()),
+        ("RINGREC_RANKS_PER_HOST", "2"),
+        ("RINGREC_SELFTEST_DTYPE", "bf16"),
+        ("RINGREC_SELFTEST_OPTIMIZER", "adagrad"),
+    ];
+    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    out.assert_ok();
+    let rs = reports(&out.stdout);
+    assert_eq!(rs.len(), 4, "{}", out.all());
+    assert_eq!(distinct(&rs, "host"), BTreeSet::from(["0", "1"]));
+    assert_eq!(distinct(&rs, "segment").len(), 2, "one table per simulated host");
+    assert_eq!(rs.iter().filter(|r| r["write"] == "leader_wrote").count(), 2, "one leader per host");
+    assert_eq!(rs.iter().filter(|r| r["write"] == "write_refused").count(), 2);
+    // Both hosts applied the same updates: identical rows everywhere; unseen keys agree too.
+    assert_eq!(distinct(&rs, "rows_digest").len(), 1, "{}", out.stdout);
+    assert_eq!(distinct(&rs, "unseen_digest").len(), 1, "{}", out.stdout);
+    assert!(rs.iter().all(|r| r["rows_ok"] == "true" && r["unseen_ok"] == "true"));
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}
+
+#[test]
+fn leader_failure_reaches_every_rank_without_a_hang() {
+    let job = job_id("fail");
+    let bad = std::env::temp_dir().join(format!("{job}-corrupt.params"));
+    std::fs::write(&bad, b"RRSPARAM\x01\0\0\0\x08\0\0\0\xff\xff\xff\xff\0\0\0\0truncated").unwrap();
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_SELFTEST_IMPORT", bad.to_str().unwrap())];
+    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    let _ = std::fs::remove_file(&bad);
+    assert!(!out.timed_out, "a leader failure must not hang the job:\n{}", out.all());
+    assert_ne!(out.code, Some(0), "{}", out.all());
+    let errors: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" error: ")).collect();
+    assert_eq!(errors.len(), 4, "every rank reports the failure:\n{}", out.all());
+    assert!(errors.iter().all(|l| l.contains("not a valid sparse-parameter file")), "{errors:#?}");
+    assert_eq!(errors.iter().filter(|l| l.contains("host leader could not set up")).count(), 2, "{errors:#?}");
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}
+
+#[test]
+fn a_rank_crashing_leaves_no_segment() {
+    let job = job_id("crash");
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_SELFTEST_FAIL_RANK", "0")];
+    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    assert!(!out.timed_out, "{}", out.all());
+    assert_ne!(out.code, Some(0), "{}", out.all());
+    assert!(out.all().contains("exiting on purpose"), "{}", out.all());
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}

@@ -17,19 +17,36 @@ have_pkg clang || need+=(clang)
 have_cmd pkg-config || need+=(pkg-config)
 have_cmd cc || need+=(build-essential)
 
+install_rust() {
+  # Rust toolchain (rustup), when the machine has none.
+  if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
+    if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
+      rustup component add clippy
+    fi
+    return
+  fi
+  echo "setup: installing the Rust toolchain with rustup"
+  have_cmd curl || { $SUDO apt-get update -qq; $SUDO apt-get install -y -qq curl ca-certificates; }
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy
+  echo "setup: Rust installed; run: . \"\$HOME/.cargo/env\" (or open a new shell)"
+}
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if have_cmd sudo; then SUDO="sudo"; elif [ ${#need[@]} -gt 0 ]; then
+    echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1
+  fi
+fi
+
 if [ ${#need[@]} -eq 0 ]; then
-  echo "setup: all system packages present"
+  echo "setup: system packages present (Open MPI, libclang, pkg-config, cc)"
+  install_rust
   exit 0
 fi
 
 echo "setup: installing ${need[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if have_cmd sudo; then SUDO="sudo"; else
-    echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1
-  fi
-fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+install_rust
 echo "setup: done"

@@ -122,16 +122,16 @@ fn check_gathers(topo: &Topology, c: &mut dyn Collectives) -> usize {
     ] {
         let g = c.allgatherv_raw(&piece(me, lens[me])).expect("allgatherv");
         assert_eq!(g.counts, lens, "{} allgatherv counts", c.name());
-        for r in 0..n {
-            assert_eq!(g.piece(r), &piece(r, lens[r])[..], "{} allgatherv piece of rank {r}", c.name());
+        for (r, len) in lens.iter().enumerate() {
+            assert_eq!(g.piece(r), &piece(r, *len)[..], "{} allgatherv piece of rank {r}", c.name());
         }
         for root in [0, n - 1] {
             let g = c.gatherv_raw(&piece(me, lens[me]), root).expect("gatherv");
             if me == root {
                 let g = g.expect("root receives");
                 assert_eq!(g.counts, lens);
-                for r in 0..n {
-                    assert_eq!(g.piece(r), &piece(r, lens[r])[..], "{} gatherv piece of rank {r}", c.name());
+                for (r, len) in lens.iter().enumerate() {
+                    assert_eq!(g.piece(r), &piece(r, *len)[..], "{} gatherv piece of rank {r}", c.name());
                 }
             } else {
                 assert!(g.is_none(), "only the root receives");

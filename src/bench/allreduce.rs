@@ -36,7 +36,8 @@ pub struct AllreduceBenchArgs {
     /// Reduction: sum, avg, min, max.
     #[arg(short = 'o', long, default_value = "sum")]
     pub op: String,
-    /// Timed iterations per size (fewer for large sizes: at most 2 GiB moved per row, at least 3).
+    /// Timed iterations per size. Small sizes run more (until 8 MiB moved, at most 1000) so
+    /// one scheduler hiccup cannot dominate; large ones fewer (at most 2 GiB moved, at least 3).
     #[arg(short = 'n', long, default_value_t = 20)]
     pub iters: usize,
     /// Untimed warm-up iterations per size.
@@ -186,13 +187,21 @@ fn sizes(args: &AllreduceBenchArgs, esz: usize) -> Vec<usize> {
     out
 }
 
+/// Timed iterations for a row of `size` bytes (see `--iters`).
+pub fn iterations(iters: usize, size: usize) -> usize {
+    let size = size.max(1);
+    let small = ((8usize << 20) / size).min(1000);
+    let large = ((2usize << 30) / size).max(3);
+    iters.max(small).min(large.max(1)).max(1)
+}
+
 fn measure(topo: &Topology, coll: &mut dyn Collectives, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
     let world = &topo.world.comm;
     let n = topo.size;
     let count = size / dtype.size();
     let mut buf = Aligned::new(size);
     fill(buf.bytes(), dtype, topo.rank);
-    let iters = args.iters.min(((2usize << 30) / size.max(1)).max(3)).max(1);
+    let iters = iterations(args.iters, size);
     for _ in 0..args.warmup.min(iters) {
         coll.allreduce_raw(buf.bytes(), dtype, op)?;
     }
@@ -299,6 +308,22 @@ pub fn summary(report: &Report) -> Vec<String> {
         }
     }
     let small: Vec<usize> = report.rows.iter().filter(|r| r.backend == "mpi" && r.size <= 4096).map(|r| r.size).collect();
+    let best_small: Vec<f64> = small
+        .iter()
+        .filter_map(|s| {
+            let m = find("mpi", *s)?;
+            let best = others.iter().filter_map(|b| find(b, *s)).min_by(|a, b| a.time_us.total_cmp(&b.time_us))?;
+            Some(m.time_us / best.time_us)
+        })
+        .collect();
+    if !best_small.is_empty() {
+        out.push(format!(
+            "#   <= 4 KiB: best backend per size vs mpi (mpi time / best time): worst {:.2}x, best {:.2}x over {} sizes",
+            best_small.iter().copied().fold(f64::INFINITY, f64::min),
+            best_small.iter().copied().fold(0.0, f64::max),
+            best_small.len()
+        ));
+    }
     for b in &others {
         let ratios: Vec<f64> = small.iter().filter_map(|s| Some(find("mpi", *s)?.time_us / find(b, *s)?.time_us)).collect();
         if !ratios.is_empty() {
@@ -319,6 +344,10 @@ mod tests {
         assert_eq!(parse_size("16M").unwrap(), 16 << 20);
         assert_eq!(parse_size("8").unwrap(), 8);
         assert!(parse_size("x").is_err());
+        assert_eq!(iterations(20, 8), 1000);
+        assert_eq!(iterations(20, 1 << 20), 20);
+        assert_eq!(iterations(20, 256 << 20), 8);
+        assert_eq!(iterations(20, 1 << 30), 3);
         // rank values at i=0: -3, 0, 3, -2 -> sum -2, min -3, max 3
         assert_eq!(expected(0, 4, DType::F32, ReduceOp::Sum), -2.0);
         assert_eq!(expected(0, 4, DType::F32, ReduceOp::Min), -3.0);

@@ -32,7 +32,7 @@ use crate::topology::Topology;
 use crate::{CommError, CommResult};
 
 /// Default bytes per data slot (`RINGREC_SHM_CHUNK_BYTES`).
-pub const DEFAULT_SLOT_BYTES: usize = 256 << 10;
+pub const DEFAULT_SLOT_BYTES: usize = 1 << 20;
 /// Buffers up to this size take the direct (one-sync) allreduce path.
 pub const DIRECT_MAX_BYTES: usize = 16 << 10;
 

@@ -1,0 +1,81 @@
+//! The `ringrec` binary as a user runs it: alone (a world of one rank), under mpirun, and
+//! the allreduce benchmark's table and JSON.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn without_mpirun_the_binary_is_a_world_of_one_rank() {
+    let job = common::run_with_timeout(
+        {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+            c.arg("demo").env("RINGREC_JOB_ID", format!("cli-single-{}", std::process::id()));
+            c
+        },
+        Duration::from_secs(120),
+    );
+    job.assert_ok();
+    assert!(job.stdout.contains("ringrec demo: 1 rank(s) on 1 host(s)"), "{}", job.stdout);
+    assert!(job.stdout.contains("rank 0/1 local_rank 0/1 cross_rank 0/1 host 0 of 1"), "{}", job.stdout);
+    for b in ["mpi", "ring", "shm", "hier"] {
+        assert!(job.stdout.contains(&format!("with {b:<4}: every element = 1 (expected 1) OK")), "{b}: {}", job.stdout);
+    }
+    assert!(common::shm_leftovers(&format!("cli-single-{}", std::process::id())).is_empty());
+}
+
+#[test]
+fn demo_on_four_ranks_as_two_hosts_prints_topology_and_results() {
+    let id = format!("cli-demo-{}", std::process::id());
+    let job = common::mpirun(4, &[("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_JOB_ID", &id)], &["demo"]);
+    job.assert_ok();
+    for (r, l, h) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)] {
+        let line = format!("rank {r}/4 local_rank {l}/2 cross_rank {h}/2 host {h} of 2");
+        assert!(job.stdout.contains(&line), "missing `{line}`:\n{}", job.stdout);
+    }
+    assert!(job.stdout.contains("with hier: every element = 10 (expected 10) OK"), "{}", job.stdout);
+    assert!(job.stdout.contains("with shm : skipped"), "{}", job.stdout);
+    assert!(common::shm_leftovers(&id).is_empty(), "segments left: {:?}", common::shm_leftovers(&id));
+}
+
+#[test]
+fn bench_allreduce_validates_every_row() {
+    let job = common::mpirun(2, &[], &["bench", "allreduce", "-b", "8", "-e", "256K", "-n", "2", "-w", "1", "--json"]);
+    job.assert_ok();
+    let report: serde_json::Value = serde_json::from_str(&job.stdout).unwrap_or_else(|e| panic!("{e}: {}", job.stdout));
+    assert_eq!(report["ranks"], 2);
+    let rows = report["rows"].as_array().expect("rows");
+    // 16 sizes (8 B .. 256 KiB) x 4 backends.
+    assert_eq!(rows.len(), 16 * 4, "{}", job.stdout);
+    for r in rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+        let (size, time, algbw, busbw) = (r["size"].as_f64().unwrap(), r["time_us"].as_f64().unwrap(), r["algbw"].as_f64().unwrap(), r["busbw"].as_f64().unwrap());
+        assert!(time > 0.0);
+        assert!((algbw - size / time / 1e3).abs() <= 1e-9 * algbw.max(1.0), "{r}");
+        assert!((busbw - algbw).abs() <= 1e-12, "with 2 ranks busbw = algbw * 2(n-1)/n = algbw: {r}");
+    }
+}
+
+#[test]
+fn bench_allreduce_prints_an_nccl_tests_table() {
+    let job = common::mpirun(3, &[], &["bench", "allreduce", "--backends", "shm", "-b", "1K", "-e", "4K", "-d", "bf16", "-o", "avg", "-n", "2"]);
+    job.assert_ok();
+    assert!(job.stdout.contains("#       size        count     type  redop       time    algbw    busbw  #wrong"), "{}", job.stdout);
+    let rows: Vec<&str> = job.stdout.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect();
+    assert_eq!(rows.len(), 6, "3 sizes x (mpi + shm):\n{}", job.stdout);
+    for r in rows {
+        let cols: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(cols[2], "bfloat16");
+        assert_eq!(cols[3], "avg");
+        assert_eq!(cols[7], "0", "#wrong: {r}");
+    }
+    assert!(job.stdout.contains("#wrong total: 0"));
+}
+
+#[test]
+fn bad_flags_say_what_to_do() {
+    let job = common::mpirun(1, &[], &["bench", "allreduce", "--backends", "nccl2", "-e", "1K"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("unknown backend `nccl2`; choose from mpi, ring, shm, hier"), "{}", job.all());
+}

@@ -1,0 +1,101 @@
+//! `ringrec data ...`: convert a Criteo TSV into the binary cache, write a synthetic TSV,
+//! inspect a cache.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::cache::{prepare, Dataset};
+use super::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
+use super::synth::synth;
+
+/// `ringrec data ...`.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum DataCommand {
+    /// Convert a Criteo TSV into a binary cache that training maps read-only.
+    Prepare {
+        /// The Criteo TSV (label, I1..I13, C1..C26, tab-separated).
+        input: PathBuf,
+        /// The cache file to write (replaced atomically if it exists).
+        output: PathBuf,
+        /// Malformed lines to skip (and count) before giving up; 0 accepts none.
+        #[arg(long, default_value_t = DEFAULT_MAX_BAD_LINES, env = "RINGREC_MAX_BAD_LINES")]
+        max_bad_lines: u64,
+    },
+    /// Write a synthetic Criteo-format TSV with a planted logistic model and print the
+    /// planted model's (Bayes) AUC on it.
+    Synth {
+        /// Rows to write.
+        #[arg(long, default_value_t = 200_000)]
+        rows: u64,
+        /// The TSV file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the values and of the planted model.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Print the header, row count and CTR of a cache file.
+    Inspect {
+        /// The cache file.
+        path: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `ringrec data` command.
+pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
+    match cmd {
+        DataCommand::Prepare { input, output, max_bad_lines } => {
+            let t = Instant::now();
+            // The errors name the file already.
+            let s = prepare(&input, &output, max_bad_lines)?;
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s); {}",
+                s.path.display(),
+                s.rows,
+                s.bytes,
+                secs,
+                s.report.lines as f64 / secs.max(1e-9),
+                s.report
+            );
+        }
+        DataCommand::Synth { rows, out, seed } => {
+            let t = Instant::now();
+            let s = synth(&out, rows, seed)?;
+            println!(
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}",
+                s.path.display(),
+                s.rows,
+                s.bytes,
+                t.elapsed().as_secs_f64(),
+                s.ctr,
+                s.positives,
+                s.bayes_auc,
+                s.seed
+            );
+        }
+        DataCommand::Inspect { path, json } => {
+            let ds = Dataset::open(&path)?;
+            let h = ds.header();
+            let positives = ds.positives();
+            let ctr = if ds.is_empty() { 0.0 } else { positives as f64 / ds.len() as f64 };
+            if json {
+                let v = serde_json::json!({ "path": path, "header": h, "positives": positives, "ctr": ctr });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("dataset cache {}", path.display());
+                println!("  rows            {}", h.rows);
+                println!("  positives       {positives} (ctr {ctr:.4})");
+                println!("  features        13 dense (ln(1+max(x,0))), 26 categorical keys");
+                println!("  source          {} lines, {} bytes, mtime {} ns", h.lines, h.source_size, h.source_mtime_ns);
+                let kinds: Vec<String> = BadLineKind::ALL.iter().zip(h.bad_counts).filter(|(_, c)| *c > 0).map(|(k, c)| format!("{k} {c}")).collect();
+                println!("  malformed lines {}{}", h.bad_lines, if kinds.is_empty() { String::new() } else { format!(" ({})", kinds.join(", ")) });
+                println!("  file            {} bytes", h.layout.file_len);
+            }
+        }
+    }
+    Ok(())
+}

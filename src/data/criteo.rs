@@ -1,0 +1,843 @@
+//! The Criteo click-log reader: tab-separated lines of 40 fields, parsed at byte level.
+//!
+//! # Format
+//!
+//! ```text
+//! label \t I1 .. I13 \t C1 .. C26 \n        (40 fields, 39 tabs, LF or CRLF)
+//! ```
+//!
+//! | field | accepted | becomes |
+//! |---|---|---|
+//! | label | exactly `0` or `1` | `0.0` / `1.0` |
+//! | I1..I13 | empty (missing) or `-?[0-9]+` fitting in i64 | `ln(1 + max(x, 0))` as f32; missing is `0.0` |
+//! | C1..C26 | empty (missing) or 1 to 16 hex digits, either case | a u64 key, [`category_key`] / [`missing_key`] |
+//!
+//! Criteo's own values are always 8 lowercase hex digits; any length from 1 to 16 is accepted
+//! and read as the number the digits spell (so `00ab` and `ab` are the same value).
+//!
+//! **Keys.** `key = splitmix64(splitmix64(SALT + field) ^ value)`: for a fixed field this is
+//! a bijection of the value, so two values of one field never share a key, and the field salt
+//! keeps equal hex strings in different fields apart. A missing value is the value
+//! [`MISSING_VALUE`] of its field (a 16-digit number no 8-digit Criteo value can equal). The
+//! result [`EMPTY_KEY`] (`u64::MAX`) marks empty slots in the embedding table, so it is
+//! remapped to `u64::MAX - 1`.
+//!
+//! **Malformed lines** are never dropped silently. Each is counted by [`BadLineKind`] in a
+//! [`BadLineReport`] that keeps the first [`BAD_LINE_EXAMPLES`] line numbers (1-based) and
+//! reasons; once more than `max_bad_lines` were seen, reading stops with
+//! [`DataError::TooManyBadLines`], which names the file, the count, the first lines and the
+//! `--max-bad-lines` flag. `max_bad_lines = 0` accepts no bad line at all. A line is
+//! classified as [`BadLineKind::Utf8`] when it is not valid UTF-8, otherwise by the first
+//! failing check in this order: empty line, field count, label, integers, categoricals.
+//! A file that ends without a final newline still has its last line read; a final newline
+//! does not start an extra (empty) line.
+
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::error::{DataError, DataResult};
+use crate::embedding::init::splitmix64;
+use crate::embedding::EMPTY_KEY;
+
+/// Integer features per line (I1..I13).
+pub const NUM_DENSE: usize = 13;
+/// Categorical features per line (C1..C26).
+pub const NUM_SPARSE: usize = 26;
+/// Fields per line: label, integers, categoricals.
+pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+/// Default for `--max-bad-lines`.
+pub const DEFAULT_MAX_BAD_LINES: u64 = 1000;
+/// Malformed lines whose number and reason a [`BadLineReport`] keeps.
+pub const BAD_LINE_EXAMPLES: usize = 5;
+/// The value a missing categorical hashes as (the bytes of `"missing\0"`).
+pub const MISSING_VALUE: u64 = 0x6d69_7373_696e_6700;
+/// Base of the per-field salt of [`category_key`].
+const FIELD_SALT: u64 = 0x5249_4e47_5245_4300; // "RINGREC\0"
+
+/// One parsed line.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Sample {
+    /// Click label, 0.0 or 1.0.
+    pub label: f32,
+    /// `ln(1 + max(x, 0))` of I1..I13; 0.0 when missing.
+    pub dense: [f32; NUM_DENSE],
+    /// Field-salted keys of C1..C26 (never `u64::MAX`).
+    pub keys: [u64; NUM_SPARSE],
+}
+
+/// Integers below this take `ln(1 + x)` from a table.
+const LN1P_TABLE: usize = 4096;
+
+/// Precomputed values of the hot path: `ln(1 + x)` of small integers and the field salts.
+struct Tables {
+    ln1p: Vec<f32>,
+    salt: [u64; NUM_SPARSE],
+}
+
+fn tables() -> &'static Tables {
+    static T: std::sync::OnceLock<Tables> = std::sync::OnceLock::new();
+    T.get_or_init(|| Tables {
+        ln1p: (0..LN1P_TABLE).map(|x| (x as f64).ln_1p() as f32).collect(),
+        salt: std::array::from_fn(|f| splitmix64(FIELD_SALT.wrapping_add(f as u64))),
+    })
+}
+
+/// The dense value of integer feature `x`: `ln(1 + max(x, 0))`.
+#[inline]
+pub fn dense_value(x: i64) -> f32 {
+    if x <= 0 {
+        0.0
+    } else if let Some(&v) = tables().ln1p.get(x as usize) {
+        v
+    } else {
+        (x as f64).ln_1p() as f32
+    }
+}
+
+/// The key of categorical field `field` (0-based, 0..26) with value `value`.
+/// Panics when `field >= 26`.
+#[inline]
+pub fn category_key(field: usize, value: u64) -> u64 {
+    let k = splitmix64(tables().salt[field] ^ value);
+    if k == EMPTY_KEY {
+        EMPTY_KEY - 1
+    } else {
+        k
+    }
+}
+
+/// The key of a missing value of categorical field `field` (0-based).
+#[inline]
+pub fn missing_key(field: usize) -> u64 {
+    category_key(field, MISSING_VALUE)
+}
+
+/// Why a line was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadLineKind {
+    /// The line is empty (or only `\r`).
+    Empty,
+    /// Not exactly 40 tab-separated fields.
+    FieldCount,
+    /// The label is not `0` or `1`.
+    Label,
+    /// An integer feature is not `-?[0-9]+` within i64.
+    Integer,
+    /// A categorical feature is not 1 to 16 hex digits.
+    Categorical,
+    /// The line is not valid UTF-8.
+    Utf8,
+}
+
+impl BadLineKind {
+    /// Every kind, in report order.
+    pub const ALL: [BadLineKind; 6] =
+        [BadLineKind::Empty, BadLineKind::FieldCount, BadLineKind::Label, BadLineKind::Integer, BadLineKind::Categorical, BadLineKind::Utf8];
+
+    /// Short name, as in reports and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            BadLineKind::Empty => "empty",
+            BadLineKind::FieldCount => "field_count",
+            BadLineKind::Label => "label",
+            BadLineKind::Integer => "integer",
+            BadLineKind::Categorical => "categorical",
+            BadLineKind::Utf8 => "utf8",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for BadLineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why one line failed to parse (without its line number).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineError {
+    /// The kind, counted in [`BadLineReport`].
+    pub kind: BadLineKind,
+    /// A human-readable reason naming the field and showing its value.
+    pub detail: String,
+}
+
+/// One rejected line.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BadLine {
+    /// 1-based line number.
+    pub line: u64,
+    /// Why.
+    pub kind: BadLineKind,
+    /// The reason in words.
+    pub detail: String,
+}
+
+impl fmt::Display for BadLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.detail)
+    }
+}
+
+/// What a read saw: lines, rows kept, malformed lines by kind and the first few of them.
+///
+/// Invariant: `lines == rows + bad()`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BadLineReport {
+    /// Lines read (including malformed ones).
+    pub lines: u64,
+    /// Lines parsed into samples.
+    pub rows: u64,
+    /// Malformed lines per kind, indexed like [`BadLineKind::ALL`].
+    pub counts: [u64; 6],
+    /// The first [`BAD_LINE_EXAMPLES`] malformed lines.
+    pub first: Vec<BadLine>,
+}
+
+impl BadLineReport {
+    /// Malformed lines in all.
+    pub fn bad(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Malformed lines of one kind.
+    pub fn count(&self, kind: BadLineKind) -> u64 {
+        self.counts[kind.index()]
+    }
+
+    fn record(&mut self, line: u64, e: LineError) {
+        self.counts[e.kind.index()] += 1;
+        if self.first.len() < BAD_LINE_EXAMPLES {
+            self.first.push(BadLine { line, kind: e.kind, detail: e.detail });
+        }
+    }
+
+    /// `first: line 3: ...; line 9: ...` (or `no malformed line`).
+    pub fn first_lines(&self) -> String {
+        if self.first.is_empty() {
+            return "no malformed line".into();
+        }
+        let list: Vec<String> = self.first.iter().map(|b| b.to_string()).collect();
+        let more = if self.bad() > self.first.len() as u64 { "; ..." } else { "" };
+        format!("first: {}{more}", list.join("; "))
+    }
+}
+
+impl fmt::Display for BadLineReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} lines: {} rows, {} malformed", self.lines, self.rows, self.bad())?;
+        if self.bad() > 0 {
+            let kinds: Vec<String> = BadLineKind::ALL.iter().filter(|k| self.count(**k) > 0).map(|k| format!("{} {}", k.name(), self.count(*k))).collect();
+            write!(f, " ({}); {}", kinds.join(", "), self.first_lines())?;
+        }
+        Ok(())
+    }
+}
+
+/// Name of field `i` (0-based) of a line: `label`, `I1`..`I13`, `C1`..`C26`.
+pub fn field_name(i: usize) -> String {
+    match i {
+        0 => "label".into(),
+        i if i <= NUM_DENSE => format!("I{i}"),
+        i => format!("C{}", i - NUM_DENSE),
+    }
+}
+
+/// At most 24 characters of a field, escaped, for messages.
+fn show(field: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&field[..field.len().min(24)]).escape_debug().to_string();
+    if field.len() > 24 {
+        format!("\"{s}...\"")
+    } else {
+        format!("\"{s}\"")
+    }
+}
+
+/// Hex digit values, 0xFF for a non-digit.
+static HEX: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// `Some(x)` for `-?[0-9]+` within i64, `None` otherwise. The field is not empty.
+#[inline]
+fn parse_int(f: &[u8]) -> Option<i64> {
+    let (neg, digits) = match f.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, f),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in digits {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v * 10 + d as u64; // 19 digits < 2^64: no overflow
+    }
+    if neg {
+        if v > i64::MAX as u64 + 1 {
+            return None;
+        }
+        Some((v as i64).wrapping_neg())
+    } else {
+        i64::try_from(v).ok()
+    }
+}
+
+/// `Some(v)` for 1 to 16 hex digits.
+#[inline]
+fn parse_hex(f: &[u8]) -> Option<u64> {
+    if f.is_empty() || f.len() > 16 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    let mut bad = 0u8;
+    for &b in f {
+        let d = HEX[b as usize];
+        bad |= d;
+        v = (v << 4) | (d & 0xF) as u64;
+    }
+    // A digit is at most 0x0F; 0xFF marks a non-digit, so any bit above the low nibble is bad.
+    if bad & 0xF0 != 0 {
+        None
+    } else {
+        Some(v)
+    }
+}
+
+/// Position of the first `needle` in `hay`, eight bytes at a time.
+#[inline]
+pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let rep = LO.wrapping_mul(needle as u64);
+    let mut chunks = hay.chunks_exact(8);
+    let mut at = 0;
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w) ^ rep;
+        // The lowest byte of x that is zero sets the lowest bit of t (borrows only move up).
+        let t = x.wrapping_sub(LO) & !x & HI;
+        if t != 0 {
+            return Some(at + (t.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    chunks.remainder().iter().position(|&b| b == needle).map(|p| at + p)
+}
+
+/// Parses one line (without its `\n`; one trailing `\r` is ignored).
+pub fn parse_line(line: &[u8]) -> Result<Sample, LineError> {
+    match parse_fields(line) {
+        Ok(s) => Ok(s),
+        Err(e) => match std::str::from_utf8(line) {
+            Err(u) => Err(LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) }),
+            Ok(_) => Err(e),
+        },
+    }
+}
+
+/// The common case in one pass: `None` on anything unusual (malformed, or integers of more
+/// than 18 digits), which [`parse_fields`] then parses or classifies.
+#[inline]
+fn parse_fast(line: &[u8]) -> Option<Sample> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let t = tables();
+    let n = line.len();
+    let label = match line.get(..2)? {
+        b"0\t" => 0.0,
+        b"1\t" => 1.0,
+        _ => return None,
+    };
+    let mut s = Sample { label, ..Sample::default() };
+    let mut i = 2;
+    for j in 0..NUM_DENSE {
+        let neg = line.get(i) == Some(&b'-');
+        i += usize::from(neg);
+        let start = i;
+        let mut v: u64 = 0;
+        let mut bad = 0u8;
+        while i < n && line[i] != b'\t' {
+            let d = line[i].wrapping_sub(b'0');
+            bad |= u8::from(d > 9);
+            v = v.wrapping_mul(10).wrapping_add(d as u64);
+            i += 1;
+        }
+        let len = i - start;
+        if bad != 0 || len > 18 || (neg && len == 0) || i >= n {
+            return None;
+        }
+        if !neg && len > 0 {
+            s.dense[j] = match t.ln1p.get(v as usize) {
+                Some(&x) => x,
+                None => (v as f64).ln_1p() as f32,
+            };
+        }
+        i += 1; // the tab
+    }
+    for j in 0..NUM_SPARSE {
+        let start = i;
+        let mut v: u64 = 0;
+        let mut bad = 0u8;
+        while i < n && line[i] != b'\t' {
+            let d = HEX[line[i] as usize];
+            bad |= d;
+            v = (v << 4) | (d & 0xF) as u64;
+            i += 1;
+        }
+        let len = i - start;
+        if bad & 0xF0 != 0 || len > 16 {
+            return None;
+        }
+        let value = if len == 0 { MISSING_VALUE } else { v };
+        let k = splitmix64(t.salt[j] ^ value);
+        s.keys[j] = if k == EMPTY_KEY { EMPTY_KEY - 1 } else { k };
+        if j + 1 < NUM_SPARSE {
+            if i >= n {
+                return None;
+            }
+            i += 1;
+        }
+    }
+    if i == n {
+        Some(s)
+    } else {
+        None
+    }
+}
+
+fn parse_fields(line: &[u8]) -> Result<Sample, LineError> {
+    match parse_fast(line) {
+        Some(s) => Ok(s),
+        None => parse_careful(line),
+    }
+}
+
+/// Field by field, with a reason for every failure: the reference that the fast path
+/// must agree with.
+fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
+    let line = match line.split_last() {
+        Some((b'\r', rest)) => rest,
+        _ => line,
+    };
+    if line.is_empty() {
+        return Err(LineError { kind: BadLineKind::Empty, detail: "empty line".into() });
+    }
+    // Field i is line[starts[i]..starts[i + 1] - 1].
+    let mut starts = [0usize; NUM_FIELDS + 1];
+    let mut n = 1;
+    for (i, &b) in line.iter().enumerate() {
+        if b == b'\t' {
+            if n < NUM_FIELDS {
+                starts[n] = i + 1;
+            }
+            n += 1;
+        }
+    }
+    if n != NUM_FIELDS {
+        return Err(LineError { kind: BadLineKind::FieldCount, detail: format!("wrong field count: found {n}, expected {NUM_FIELDS} tab-separated fields") });
+    }
+    starts[NUM_FIELDS] = line.len() + 1;
+    let field = |i: usize| &line[starts[i]..starts[i + 1] - 1];
+
+    let label = match field(0) {
+        b"0" => 0.0,
+        b"1" => 1.0,
+        f => return Err(LineError { kind: BadLineKind::Label, detail: format!("label {} is not 0 or 1", show(f)) }),
+    };
+    let mut s = Sample { label, ..Sample::default() };
+    for j in 0..NUM_DENSE {
+        let f = field(1 + j);
+        if f.is_empty() {
+            continue;
+        }
+        match parse_int(f) {
+            Some(x) => s.dense[j] = dense_value(x),
+            None => {
+                return Err(LineError { kind: BadLineKind::Integer, detail: format!("field {} ({}) {} is not an integer", 2 + j, field_name(1 + j), show(f)) })
+            }
+        }
+    }
+    for j in 0..NUM_SPARSE {
+        let f = field(1 + NUM_DENSE + j);
+        s.keys[j] = if f.is_empty() {
+            missing_key(j)
+        } else {
+            match parse_hex(f) {
+                Some(v) => category_key(j, v),
+                None => {
+                    return Err(LineError {
+                        kind: BadLineKind::Categorical,
+                        detail: format!("field {} ({}) {} is not 1 to 16 hex digits", 2 + NUM_DENSE + j, field_name(1 + NUM_DENSE + j), show(f)),
+                    })
+                }
+            }
+        };
+    }
+    Ok(s)
+}
+
+/// Streams [`Sample`]s out of a Criteo TSV, counting malformed lines.
+///
+/// Iterate it (`Item = DataResult<Sample>`) or call [`CriteoReader::next_sample`]; after an
+/// error it yields nothing more. [`CriteoReader::report`] tells what was seen so far.
+pub struct CriteoReader<R> {
+    src: R,
+    path: PathBuf,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    failed: bool,
+    max_bad_lines: u64,
+    report: BadLineReport,
+}
+
+const READ_BLOCK: usize = 1 << 20;
+
+impl CriteoReader<File> {
+    /// Opens `path` for reading, stopping after more than `max_bad_lines` malformed lines.
+    pub fn open(path: &Path, max_bad_lines: u64) -> DataResult<CriteoReader<File>> {
+        let f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+        Ok(CriteoReader::new(f, path, max_bad_lines))
+    }
+}
+
+impl<R: Read> CriteoReader<R> {
+    /// Reads from `src`; `path` names it in errors.
+    pub fn new(src: R, path: impl Into<PathBuf>, max_bad_lines: u64) -> CriteoReader<R> {
+        CriteoReader {
+            src,
+            path: path.into(),
+            buf: vec![0; READ_BLOCK],
+            start: 0,
+            end: 0,
+            eof: false,
+            failed: false,
+            max_bad_lines,
+            report: BadLineReport::default(),
+        }
+    }
+
+    /// What has been read so far.
+    pub fn report(&self) -> &BadLineReport {
+        &self.report
+    }
+
+    /// Consumes the reader, returning its report.
+    pub fn into_report(self) -> BadLineReport {
+        self.report
+    }
+
+    /// The next line as `buf[a..b]` (without `\n`), or `None` at the end of the input.
+    fn next_line(&mut self) -> DataResult<Option<(usize, usize)>> {
+        loop {
+            if let Some(p) = find_byte(&self.buf[self.start..self.end], b'\n') {
+                let a = self.start;
+                self.start = a + p + 1;
+                return Ok(Some((a, a + p)));
+            }
+            if self.eof {
+                if self.start < self.end {
+                    let a = self.start;
+                    self.start = self.end;
+                    return Ok(Some((a, self.end)));
+                }
+                return Ok(None);
+            }
+            // Keep the partial line, make room and read more.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.end == self.buf.len() {
+                let n = self.buf.len() * 2;
+                self.buf.resize(n, 0);
+            }
+            let n = loop {
+                match self.src.read(&mut self.buf[self.end..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(DataError::io(&self.path, "read", e)),
+                }
+            };
+            if n == 0 {
+                self.eof = true;
+            }
+            self.end += n;
+        }
+    }
+
+    /// The next sample; `Ok(None)` at the end of the input. Malformed lines are counted and
+    /// skipped until there are more than `max_bad_lines`, then this returns
+    /// [`DataError::TooManyBadLines`].
+    pub fn next_sample(&mut self) -> DataResult<Option<Sample>> {
+        if self.failed {
+            return Ok(None);
+        }
+        loop {
+            let (a, b) = match self.next_line() {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    self.failed = true;
+                    return Err(e);
+                }
+            };
+            self.report.lines += 1;
+            match parse_line(&self.buf[a..b]) {
+                Ok(s) => {
+                    self.report.rows += 1;
+                    return Ok(Some(s));
+                }
+                Err(e) => {
+                    self.report.record(self.report.lines, e);
+                    let count = self.report.bad();
+                    if count > self.max_bad_lines {
+                        self.failed = true;
+                        return Err(DataError::TooManyBadLines {
+                            path: self.path.clone(),
+                            count,
+                            limit: self.max_bad_lines,
+                            at_line: self.report.lines,
+                            first: self.report.first_lines(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for CriteoReader<R> {
+    type Item = DataResult<Sample>;
+    fn next(&mut self) -> Option<DataResult<Sample>> {
+        self.next_sample().transpose()
+    }
+}
+
+/// Reads a whole TSV into memory (tests, small files; training reads the binary cache).
+pub fn read_tsv(path: &Path, max_bad_lines: u64) -> DataResult<(Vec<Sample>, BadLineReport)> {
+    let mut r = CriteoReader::open(path, max_bad_lines)?;
+    let mut out = Vec::new();
+    while let Some(s) = r.next_sample()? {
+        out.push(s);
+    }
+    Ok((out, r.into_report()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(label: &str, ints: &[&str], cats: &[&str]) -> String {
+        let mut f = vec![label.to_string()];
+        f.extend(ints.iter().map(|s| s.to_string()));
+        f.extend(cats.iter().map(|s| s.to_string()));
+        f.join("\t")
+    }
+
+    fn good() -> String {
+        let ints: Vec<String> = (0..NUM_DENSE).map(|i| i.to_string()).collect();
+        let ints: Vec<&str> = ints.iter().map(|s| s.as_str()).collect();
+        let cats = ["68fd1e64"; NUM_SPARSE];
+        line("1", &ints, &cats)
+    }
+
+    #[test]
+    fn find_byte_matches_position() {
+        let hay: Vec<u8> = (0..100u8).map(|i| if i % 37 == 36 { b'\n' } else { b'a' + i % 26 }).collect();
+        for start in 0..hay.len() {
+            assert_eq!(find_byte(&hay[start..], b'\n'), hay[start..].iter().position(|&b| b == b'\n'), "start {start}");
+        }
+        assert_eq!(find_byte(b"\x80\x0a", b'\n'), Some(1));
+        assert_eq!(find_byte(&[0x0b, 0x09, 0x0a], b'\n'), Some(2));
+    }
+
+    #[test]
+    fn parses_a_good_line() {
+        let s = parse_line(good().as_bytes()).unwrap();
+        assert_eq!(s.label, 1.0);
+        assert_eq!(s.dense[0], 0.0);
+        assert_eq!(s.dense[1], 2f32.ln());
+        assert_eq!(s.dense[12], 13f32.ln());
+        assert_eq!(s.keys[0], category_key(0, 0x68fd1e64));
+        assert_ne!(s.keys[0], s.keys[1], "equal values in different fields get different keys");
+    }
+
+    #[test]
+    fn integers_negative_missing_and_limits() {
+        assert_eq!(parse_int(b"-1"), Some(-1));
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_int(b"9223372036854775808"), None);
+        assert_eq!(parse_int(b"99999999999999999999"), None);
+        assert_eq!(parse_int(b"-"), None);
+        assert_eq!(parse_int(b"+1"), None);
+        assert_eq!(parse_int(b"1.5"), None);
+        assert_eq!(dense_value(-5), 0.0);
+        assert_eq!(dense_value(0), 0.0);
+        assert_eq!(dense_value(1), 2f32.ln());
+        for x in [1i64, 2, 100, 4095, 4096, 4097, 1 << 40] {
+            assert_eq!(dense_value(x), (x as f64).ln_1p() as f32, "table and formula agree at {x}");
+        }
+    }
+
+    #[test]
+    fn hex_lengths_and_case() {
+        assert_eq!(parse_hex(b"0"), Some(0));
+        assert_eq!(parse_hex(b"68fd1e64"), Some(0x68fd1e64));
+        assert_eq!(parse_hex(b"68FD1E64"), Some(0x68fd1e64));
+        assert_eq!(parse_hex(b"ffffffffffffffff"), Some(u64::MAX));
+        assert_eq!(parse_hex(b"1ffffffffffffffff"), None);
+        assert_eq!(parse_hex(b"68fd1e6g"), None);
+        assert_eq!(parse_hex(b""), None);
+        assert_eq!(parse_hex(b" 1"), None);
+    }
+
+    #[test]
+    fn missing_keys_are_per_field_and_differ_from_values() {
+        let keys: std::collections::HashSet<u64> = (0..NUM_SPARSE).map(missing_key).collect();
+        assert_eq!(keys.len(), NUM_SPARSE);
+        for f in 0..NUM_SPARSE {
+            for v in [0u64, 1, 0xffff_ffff] {
+                assert_ne!(missing_key(f), category_key(f, v));
+            }
+        }
+    }
+
+    #[test]
+    fn reserved_key_is_remapped() {
+        // Invert the mix for field 3 to find the value whose key would be u64::MAX.
+        fn unmix(mut z: u64) -> u64 {
+            // Inverse of splitmix64 (without the increment), then subtract the increment.
+            fn inv_xorshift(x: u64, s: u32) -> u64 {
+                let mut r = x;
+                for _ in 0..(64 / s) {
+                    r = x ^ (r >> s);
+                }
+                r
+            }
+            fn inv_mul(a: u64) -> u64 {
+                let mut x = a;
+                for _ in 0..6 {
+                    x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+                }
+                x
+            }
+            z = inv_xorshift(z, 31);
+            z = z.wrapping_mul(inv_mul(0x94D0_49BB_1331_11EB));
+            z = inv_xorshift(z, 27);
+            z = z.wrapping_mul(inv_mul(0xBF58_476D_1CE4_E5B9));
+            z = inv_xorshift(z, 30);
+            z.wrapping_sub(0x9E37_79B9_7F4A_7C15)
+        }
+        assert_eq!(splitmix64(unmix(12345)), 12345);
+        let v = unmix(u64::MAX) ^ splitmix64(FIELD_SALT.wrapping_add(3));
+        assert_eq!(category_key(3, v), u64::MAX - 1);
+    }
+
+    #[test]
+    fn fast_path_agrees_with_the_careful_parser() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let alphabet = b"0123456789abcdefABCDEF-\t\r x\xff";
+        let base = [good(), format!("0{}", &good()[1..]).replace("68fd1e64", ""), good().replace('\t', "\t-")];
+        let (mut fast, mut total) = (0, 0);
+        for case in 0..200_000u64 {
+            let mut l = base[(case % 3) as usize].clone().into_bytes();
+            for _ in 0..(next() % 3) {
+                let i = (next() as usize) % (l.len() + 1);
+                match next() % 3 {
+                    0 if i < l.len() => {
+                        l.remove(i);
+                    }
+                    1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
+                    _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
+                }
+            }
+            total += 1;
+            if let Some(s) = parse_fast(&l) {
+                fast += 1;
+                assert_eq!(Ok(s), parse_careful(&l), "{:?}", String::from_utf8_lossy(&l));
+            }
+        }
+        assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");
+    }
+
+    #[test]
+    fn crlf_is_accepted() {
+        let a = parse_line(good().as_bytes()).unwrap();
+        let b = parse_line(format!("{}\r", good()).as_bytes()).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn every_kind_of_bad_line() {
+        let g = good();
+        let cases: Vec<(Vec<u8>, BadLineKind, &str)> = vec![
+            (b"".to_vec(), BadLineKind::Empty, "empty line"),
+            (b"\r".to_vec(), BadLineKind::Empty, "empty line"),
+            (g.rsplit_once('\t').unwrap().0.as_bytes().to_vec(), BadLineKind::FieldCount, "wrong field count: found 39, expected 40 tab-separated fields"),
+            (format!("{g}\t").into_bytes(), BadLineKind::FieldCount, "wrong field count: found 41"),
+            (g.replacen('1', "2", 1).into_bytes(), BadLineKind::Label, "label \"2\" is not 0 or 1"),
+            (g.replacen("1\t0\t1", "1\tx\t1", 1).into_bytes(), BadLineKind::Integer, "field 2 (I1) \"x\" is not an integer"),
+            (g.replacen("68fd1e64", "68fd1e6z", 1).into_bytes(), BadLineKind::Categorical, "field 15 (C1) \"68fd1e6z\" is not 1 to 16 hex digits"),
+            ([&g.as_bytes()[..20], b"\xff\xfe", &g.as_bytes()[20..]].concat(), BadLineKind::Utf8, "not valid UTF-8 (bad byte at offset 20)"),
+        ];
+        for (l, kind, msg) in cases {
+            let e = parse_line(&l).unwrap_err();
+            assert_eq!(e.kind, kind, "{:?}", String::from_utf8_lossy(&l));
+            assert!(e.detail.starts_with(msg), "{} does not start with {msg}", e.detail);
+        }
+    }
+
+    #[test]
+    fn reader_handles_no_final_newline_and_tiny_reads() {
+        // A reader that returns one byte at a time exercises the buffer refills.
+        struct Trickle<'a>(&'a [u8]);
+        impl Read for Trickle<'_> {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                match self.0.split_first() {
+                    Some((b, rest)) if !out.is_empty() => {
+                        out[0] = *b;
+                        self.0 = rest;
+                        Ok(1)
+                    }
+                    _ => Ok(0),
+                }
+            }
+        }
+        let text = format!("{g}\n{g}\r\n{g}", g = good());
+        let r = CriteoReader::new(Trickle(text.as_bytes()), "mem", 0);
+        let v: Vec<Sample> = r.collect::<DataResult<_>>().unwrap();
+        assert_eq!(v.len(), 3);
+    }
+}

@@ -1,0 +1,494 @@
+//! The data layer as a user sees it: Criteo TSV in, malformed lines counted and reported,
+//! binary cache out and back, batches cut among ranks, synthetic data with a known optimum.
+//! No MPI: everything here is single-process.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ringrec::data::cache::{cache_path, CacheHeader, CHECKSUM_AT};
+use ringrec::data::criteo::{category_key, missing_key, read_tsv, DEFAULT_MAX_BAD_LINES};
+use ringrec::data::{
+    epoch_order, global_batch_range, prepare, rank_slice, split, steps_per_epoch, synth, BadLineKind, DataError, Dataset, Sample, NUM_DENSE, NUM_SPARSE,
+};
+use ringrec::embedding::format::fnv1a64;
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!("ringrec-data-{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A well-formed line: label, I1..I13 = i, i+1, ..., C1..C26 = 8 hex digits `(k + 1) << 24 ^ i`.
+fn good(label: u8, i: i64) -> String {
+    let mut f = vec![label.to_string()];
+    f.extend((0..NUM_DENSE as i64).map(|k| (i + k).to_string()));
+    f.extend((0..NUM_SPARSE as u32).map(|k| format!("{:08x}", (0x0100_0000u32 * (k + 1)) ^ i as u32)));
+    f.join("\t")
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::File::create(path).and_then(|mut f| f.write_all(bytes)).expect("write test file");
+}
+
+/// The real sample, relative to the crate root; `None` (with the reason printed) when absent.
+fn real_sample() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/criteo_1tb_day0_10000.txt");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: the real Criteo sample {} is not present", p.display());
+        None
+    }
+}
+
+#[test]
+fn every_kind_of_bad_line_is_counted_and_reported() {
+    let d = TempDir::new("kinds");
+    let g = good(1, 5);
+    let mut text: Vec<u8> = Vec::new();
+    let mut add = |l: &[u8]| {
+        text.extend_from_slice(l);
+        text.push(b'\n');
+    };
+    add(good(0, 1).as_bytes()); // 1
+    add(b""); // 2 empty
+    add(g.rsplit_once('\t').unwrap().0.as_bytes()); // 3 field count (39)
+    add(good(1, 2).replacen('1', "x", 1).as_bytes()); // 4 label "x"
+    add(format!("2{}", &g[1..]).as_bytes()); // 5 label 2
+    add(g.replacen("\t5\t", "\t5a\t", 1).as_bytes()); // 6 integer "5a"
+    add(g.replacen("\t5\t", "\t1.5\t", 1).as_bytes()); // 7 integer "1.5"
+    add(g.replace(&format!("{:08x}", 0x0100_0000u32 ^ 5), "zzzzzzzz").as_bytes()); // 8 categorical
+    add(g.replace(&format!("{:08x}", 0x0100_0000u32 ^ 5), "1234567890abcdef0").as_bytes()); // 9 categorical, 17 digits
+    add(&[g.as_bytes(), b"\t\xff"].concat()); // 10 invalid UTF-8 (and 41 fields: UTF-8 wins)
+    add(good(0, 3).as_bytes()); // 11
+    add(b"\r"); // 12 empty (CRLF)
+    let tsv = d.path("kinds.tsv");
+    write(&tsv, &text);
+
+    let (rows, r) = read_tsv(&tsv, DEFAULT_MAX_BAD_LINES).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(r.lines, 12);
+    assert_eq!(r.rows, 2);
+    assert_eq!(r.bad(), 10);
+    assert_eq!(r.lines, r.rows + r.bad(), "nothing dropped silently");
+    let want = [
+        (BadLineKind::Empty, 2),
+        (BadLineKind::FieldCount, 1),
+        (BadLineKind::Label, 2),
+        (BadLineKind::Integer, 2),
+        (BadLineKind::Categorical, 2),
+        (BadLineKind::Utf8, 1),
+    ];
+    for (k, n) in want {
+        assert_eq!(r.count(k), n, "{k}");
+    }
+    let first: Vec<(u64, BadLineKind, &str)> = r.first.iter().map(|b| (b.line, b.kind, b.detail.as_str())).collect();
+    assert_eq!(
+        first,
+        vec![
+            (2, BadLineKind::Empty, "empty line"),
+            (3, BadLineKind::FieldCount, "wrong field count: found 39, expected 40 tab-separated fields"),
+            (4, BadLineKind::Label, "label \"x\" is not 0 or 1"),
+            (5, BadLineKind::Label, "label \"2\" is not 0 or 1"),
+            (6, BadLineKind::Integer, "field 2 (I1) \"5a\" is not an integer"),
+        ]
+    );
+    // The summary names every kind and the first lines.
+    let s = r.to_string();
+    assert!(
+        s.starts_with("12 lines: 2 rows, 10 malformed (empty 2, field_count 1, label 2, integer 2, categorical 2, utf8 1); first: line 2: empty line;"),
+        "{s}"
+    );
+    assert!(s.ends_with("; ..."), "{s}");
+
+    // The same counts survive into the cache header.
+    let out = d.path("kinds.rrdata");
+    let sum = prepare(&tsv, &out, DEFAULT_MAX_BAD_LINES).unwrap();
+    assert_eq!(sum.rows, 2);
+    let ds = Dataset::open(&out).unwrap();
+    assert_eq!(ds.header().bad_lines, 10);
+    assert_eq!(ds.header().bad_counts, [2, 1, 2, 2, 2, 1]);
+    assert_eq!(ds.header().lines, 12);
+}
+
+#[test]
+fn utf8_and_categorical_details_name_field_and_offset() {
+    let d = TempDir::new("details");
+    let g = good(0, 0);
+    let cat = format!("{:08x}", 0x0100_0000u32 * 26);
+    let text = format!("{}\n{}\n", g.replace(&cat, "12g4"), g.replace(&cat, "é"));
+    let mut bytes = text.into_bytes();
+    bytes.extend_from_slice(&[b'0', b'\t', 0xc3, 0x28, b'\n']);
+    let tsv = d.path("d.tsv");
+    write(&tsv, &bytes);
+    let (_, r) = read_tsv(&tsv, 10).unwrap();
+    let details: Vec<&str> = r.first.iter().map(|b| b.detail.as_str()).collect();
+    assert_eq!(
+        details,
+        vec!["field 40 (C26) \"12g4\" is not 1 to 16 hex digits", "field 40 (C26) \"é\" is not 1 to 16 hex digits", "not valid UTF-8 (bad byte at offset 2)",]
+    );
+}
+
+#[test]
+fn max_bad_lines_stops_with_a_clear_error() {
+    let d = TempDir::new("limit");
+    let tsv = d.path("limit.tsv");
+    let text = format!("{}\nbad one\n{}\n2\tx\nbad three\n{}\n", good(0, 1), good(1, 2), good(0, 3));
+    write(&tsv, text.as_bytes());
+
+    // Three bad lines are fine with a limit of 3 ...
+    let (rows, r) = read_tsv(&tsv, 3).unwrap();
+    assert_eq!((rows.len(), r.bad(), r.lines), (3, 3, 6));
+
+    // ... but not with a limit of 2: reading stops at the third, at line 5.
+    let e = read_tsv(&tsv, 2).unwrap_err();
+    assert!(matches!(e, DataError::TooManyBadLines { count: 3, limit: 2, at_line: 5, .. }), "{e:?}");
+    let msg = e.to_string();
+    assert_eq!(
+        msg,
+        format!(
+            "{}: 3 malformed line(s) by line 5, more than --max-bad-lines 2 allows; first: line 2: wrong field count: found 1, expected 40 tab-separated fields; \
+             line 4: wrong field count: found 2, expected 40 tab-separated fields; line 5: wrong field count: found 1, expected 40 tab-separated fields; \
+             fix the input or raise --max-bad-lines (or RINGREC_MAX_BAD_LINES) to skip and count them",
+            tsv.display()
+        )
+    );
+
+    // 0 means no bad line at all; prepare refuses too and leaves no file behind.
+    let e = read_tsv(&tsv, 0).unwrap_err();
+    assert!(matches!(e, DataError::TooManyBadLines { count: 1, limit: 0, at_line: 2, .. }), "{e:?}");
+    let out = d.path("limit.rrdata");
+    let e = prepare(&tsv, &out, 0).unwrap_err();
+    assert!(e.to_string().contains("more than --max-bad-lines 0 allows"), "{e}");
+    assert!(!out.exists());
+    let left: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "only the TSV is left, no temporary file: {left:?}");
+}
+
+#[test]
+fn negative_integers_and_empty_fields_parse() {
+    let d = TempDir::new("neg");
+    let mut f: Vec<String> = vec!["0".into()];
+    f.extend(["-1", "", "0", "1", "-2147483648", "", "", "", "", "", "", "", "99"].map(String::from));
+    f.extend((0..NUM_SPARSE).map(|k| if k % 2 == 0 { String::new() } else { "68fd1e64".into() }));
+    let tsv = d.path("neg.tsv");
+    write(&tsv, (f.join("\t") + "\n").as_bytes());
+    let (rows, r) = read_tsv(&tsv, 0).unwrap();
+    assert_eq!(r.bad(), 0);
+    let s = rows[0];
+    assert_eq!(s.label, 0.0);
+    let mut dense = [0.0f32; NUM_DENSE];
+    dense[3] = 2f32.ln();
+    dense[12] = 100f32.ln();
+    assert_eq!(s.dense, dense, "negative and missing integers are 0, others ln(1 + x)");
+    for k in 0..NUM_SPARSE {
+        let want = if k % 2 == 0 { missing_key(k) } else { category_key(k, 0x68fd1e64) };
+        assert_eq!(s.keys[k], want, "C{}", k + 1);
+        assert_ne!(s.keys[k], u64::MAX);
+    }
+}
+
+#[test]
+fn crlf_lines_parse_like_lf() {
+    let d = TempDir::new("crlf");
+    let lines: Vec<String> = (0..5).map(|i| good((i % 2) as u8, i)).collect();
+    let (lf, crlf) = (d.path("lf.tsv"), d.path("crlf.tsv"));
+    write(&lf, (lines.join("\n") + "\n").as_bytes());
+    // CRLF, and no newline after the last line.
+    write(&crlf, lines.join("\r\n").as_bytes());
+    let (a, ra) = read_tsv(&lf, 0).unwrap();
+    let (b, rb) = read_tsv(&crlf, 0).unwrap();
+    assert_eq!(a.len(), 5);
+    assert_eq!(a, b);
+    assert_eq!((ra.lines, rb.lines), (5, 5));
+}
+
+#[test]
+fn real_criteo_sample_parses() {
+    let Some(tsv) = real_sample() else { return };
+    let (rows, r) = read_tsv(&tsv, 0).unwrap();
+    assert_eq!(rows.len(), 10_000);
+    assert_eq!(r.bad(), 0);
+    assert_eq!(rows.iter().filter(|s| s.label == 1.0).count(), 265);
+    // The first line: 1  5  110  (empty)  16 ... C1 = 62770d79.
+    assert_eq!(rows[0].label, 1.0);
+    assert_eq!(rows[0].dense[0], 6f32.ln());
+    assert_eq!(rows[0].dense[2], 0.0);
+    assert_eq!(rows[0].keys[0], category_key(0, 0x62770d79));
+    // Criteo has missing categoricals; each field's missing key is its own.
+    let missing = rows.iter().flat_map(|s| s.keys.iter().enumerate()).filter(|(k, v)| **v == missing_key(*k)).count();
+    assert!(missing > 0);
+}
+
+fn assert_same(ds: &Dataset, rows: &[Sample]) {
+    assert_eq!(ds.len(), rows.len());
+    for (i, s) in rows.iter().enumerate() {
+        assert_eq!(ds.label(i), s.label, "row {i}");
+        assert_eq!(ds.dense(i), &s.dense[..], "row {i}");
+        assert_eq!(ds.keys(i), &s.keys[..], "row {i}");
+    }
+    // A gathered batch in a scrambled order, with a repeat.
+    let idx: Vec<usize> = (0..rows.len()).rev().step_by(3).chain(std::iter::once(0)).collect();
+    let (mut l, mut dn, mut k) = (vec![9.0], Vec::new(), Vec::new());
+    ds.fill_batch(&idx, &mut l, &mut dn, &mut k).unwrap();
+    assert_eq!(l.len(), idx.len());
+    for (b, &i) in idx.iter().enumerate() {
+        assert_eq!(l[b], rows[i].label);
+        assert_eq!(&dn[b * NUM_DENSE..(b + 1) * NUM_DENSE], &rows[i].dense[..]);
+        assert_eq!(&k[b * NUM_SPARSE..(b + 1) * NUM_SPARSE], &rows[i].keys[..]);
+    }
+    let idx32: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+    let (mut l2, mut d2, mut k2) = (Vec::new(), Vec::new(), Vec::new());
+    ds.fill_batch(&idx32, &mut l2, &mut d2, &mut k2).unwrap();
+    assert_eq!((l2, d2, k2), (l, dn, k));
+}
+
+#[test]
+fn cache_round_trip_equals_direct_parsing() {
+    let d = TempDir::new("roundtrip");
+    // Synthetic rows with a bad line in the middle, so row_capacity > rows.
+    let tsv = d.path("s.tsv");
+    synth(&tsv, 5000, 3).unwrap();
+    let mut text = std::fs::read(&tsv).unwrap();
+    text.splice(0..0, b"not a line\n".iter().copied());
+    write(&tsv, &text);
+    let (rows, r) = read_tsv(&tsv, 1).unwrap();
+    assert_eq!((rows.len(), r.bad()), (5000, 1));
+    let out = d.path("s.rrdata");
+    let sum = prepare(&tsv, &out, 1).unwrap();
+    assert_eq!((sum.rows, sum.report.lines, sum.report.bad()), (5000, 5001, 1));
+    let ds = Dataset::open(&out).unwrap();
+    assert_eq!(ds.header().row_capacity, 5001);
+    assert_eq!(sum.bytes, std::fs::metadata(&out).unwrap().len());
+    assert_same(&ds, &rows);
+
+    if let Some(real) = real_sample() {
+        let (rows, _) = read_tsv(&real, 0).unwrap();
+        let out = d.path("real.rrdata");
+        prepare(&real, &out, 0).unwrap();
+        let ds = Dataset::open(&out).unwrap();
+        assert_same(&ds, &rows);
+        assert_eq!(ds.positives(), 265);
+    }
+
+    // An empty TSV makes an empty, valid dataset.
+    let empty = d.path("empty.tsv");
+    write(&empty, b"");
+    prepare(&empty, &d.path("empty.rrdata"), 0).unwrap();
+    let ds = Dataset::open(&d.path("empty.rrdata")).unwrap();
+    assert!(ds.is_empty());
+    assert_eq!(ds.labels().len(), 0);
+}
+
+#[test]
+fn fill_batch_refuses_an_index_past_the_end() {
+    let d = TempDir::new("range");
+    let tsv = d.path("r.tsv");
+    write(&tsv, format!("{}\n{}\n", good(0, 1), good(1, 2)).as_bytes());
+    let out = d.path("r.rrdata");
+    prepare(&tsv, &out, 0).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    let (mut l, mut dn, mut k) = (Vec::new(), Vec::new(), Vec::new());
+    let e = ds.fill_batch(&[1usize, 2], &mut l, &mut dn, &mut k).unwrap_err();
+    assert!(matches!(e, DataError::RowOutOfRange { index: 2, rows: 2 }), "{e:?}");
+    assert_eq!(e.to_string(), "row 2 is out of range: the dataset has 2 rows");
+}
+
+#[test]
+fn corrupt_cache_files_are_refused_each_with_its_own_error() {
+    let d = TempDir::new("corrupt");
+    let tsv = d.path("c.tsv");
+    synth(&tsv, 300, 5).unwrap();
+    let good_file = d.path("c.rrdata");
+    prepare(&tsv, &good_file, 0).unwrap();
+    let bytes = std::fs::read(&good_file).unwrap();
+    let header = CacheHeader::parse(&good_file, &bytes, bytes.len() as u64).unwrap();
+
+    let try_open = |name: &str, b: &[u8]| -> DataError {
+        let p = d.path(name);
+        write(&p, b);
+        Dataset::open(&p).unwrap_err()
+    };
+    let fix_checksum = |b: &mut Vec<u8>| {
+        let s = fnv1a64(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
+    };
+
+    // Cut short in the data.
+    let e = try_open("cut.rrdata", &bytes[..bytes.len() - 4096]);
+    assert!(matches!(e, DataError::Truncated { len, need, .. } if need == header.layout.file_len && len == need - 4096), "{e:?}");
+    assert!(e.to_string().contains("is truncated"), "{e}");
+    // Cut short in the header.
+    let e = try_open("short.rrdata", &bytes[..100]);
+    assert!(matches!(e, DataError::Truncated { need: 4096, .. }), "{e:?}");
+    // Empty file.
+    let e = try_open("empty.rrdata", b"");
+    assert!(matches!(e, DataError::Truncated { len: 0, .. }), "{e:?}");
+    // A TSV given where a cache is expected.
+    let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
+    assert!(matches!(e, DataError::BadMagic { .. }), "{e:?}");
+    assert!(e.to_string().contains("ringrec data prepare"), "{e}");
+    // A future version.
+    let mut b = bytes.clone();
+    b[8] = 2;
+    fix_checksum(&mut b);
+    let e = try_open("version.rrdata", &b);
+    assert!(matches!(e, DataError::BadVersion { found: 2, supported: 1, .. }), "{e:?}");
+    // A damaged header field (row count) without a matching checksum.
+    let mut b = bytes.clone();
+    b[32] ^= 1;
+    let e = try_open("checksum.rrdata", &b);
+    assert!(matches!(e, DataError::BadChecksum { .. }), "{e:?}");
+    // A header that is self-consistent in its checksum but claims more rows than lines.
+    let mut b = bytes.clone();
+    b[32..40].copy_from_slice(&(header.rows + 1).to_le_bytes());
+    fix_checksum(&mut b);
+    let e = try_open("field.rrdata", &b);
+    assert!(matches!(e, DataError::BadHeader { .. }), "{e:?}");
+    // Sections moved.
+    let mut b = bytes.clone();
+    b[96..104].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
+    fix_checksum(&mut b);
+    let e = try_open("layout.rrdata", &b);
+    assert!(matches!(e, DataError::BadLayout { .. }), "{e:?}");
+    // Trailing garbage.
+    let mut b = bytes.clone();
+    b.extend_from_slice(&[0u8; 4096]);
+    let e = try_open("long.rrdata", &b);
+    assert!(matches!(e, DataError::BadLayout { .. }), "{e:?}");
+    // A missing file.
+    let e = Dataset::open(&d.path("absent.rrdata")).unwrap_err();
+    assert!(matches!(e, DataError::Io { op: "open", .. }), "{e:?}");
+
+    // The original still opens.
+    assert_eq!(Dataset::open(&good_file).unwrap().len(), 300);
+}
+
+#[test]
+fn from_tsv_cached_parses_once_and_notices_a_changed_tsv() {
+    let d = TempDir::new("cached");
+    let tsv = d.path("day 0.tsv");
+    synth(&tsv, 1000, 9).unwrap();
+    let cache_dir = d.path("cache");
+    let a = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_eq!(a.len(), 1000);
+    assert_eq!(a.path(), cache_path(&tsv, &cache_dir).unwrap());
+    assert!(a.path().file_name().unwrap().to_str().unwrap().starts_with("day_0."));
+    let mtime = std::fs::metadata(a.path()).unwrap().modified().unwrap();
+    let b = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_eq!(b.path(), a.path());
+    assert_eq!(std::fs::metadata(b.path()).unwrap().modified().unwrap(), mtime, "the cache was reused, not rewritten");
+
+    // Concurrent callers (local ranks) all get the same valid dataset.
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| assert_eq!(Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap().len(), 1000));
+        }
+    });
+
+    // A different TSV at the same path gets its own cache.
+    synth(&tsv, 500, 9).unwrap();
+    let c = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_eq!(c.len(), 500);
+    assert_ne!(c.path(), a.path());
+
+    // A cache that skipped bad lines is not reused under a stricter limit.
+    let bad = d.path("bad.tsv");
+    write(&bad, format!("{}\nnope\n", good(0, 1)).as_bytes());
+    assert_eq!(Dataset::from_tsv_cached(&bad, &cache_dir, 1).unwrap().len(), 1);
+    let e = Dataset::from_tsv_cached(&bad, &cache_dir, 0).unwrap_err();
+    assert!(matches!(e, DataError::TooManyBadLines { .. }), "{e:?}");
+}
+
+#[test]
+fn sharding_covers_every_sample_once_per_epoch() {
+    let n = 1003; // not a multiple of the batch: the last batch is partial
+    let (train, test) = split(n, 0.1).unwrap();
+    assert_eq!((train.clone(), test), (0..903, 903..1003));
+    let gb = 64;
+    let steps = steps_per_epoch(train.len(), gb);
+    assert_eq!(steps, 15);
+    for epoch in 0..2 {
+        let order = epoch_order(train.len(), epoch, Some(11)).unwrap();
+        // The rows of each global batch, as the 1-rank run sees them.
+        let reference: Vec<Vec<usize>> =
+            (0..steps).map(|s| order[global_batch_range(s, gb, train.len())].iter().map(|&p| train.start + p as usize).collect()).collect();
+        for size in 1..=5 {
+            let mut seen = vec![0u32; n];
+            for (step, want) in reference.iter().enumerate() {
+                let batch = global_batch_range(step, gb, train.len());
+                let mut union = Vec::new();
+                for rank in 0..size {
+                    let mine = rank_slice(batch.clone(), rank, size);
+                    for &p in &order[mine] {
+                        let row = train.start + p as usize;
+                        seen[row] += 1;
+                        union.push(row);
+                    }
+                }
+                assert_eq!(&union, want, "epoch {epoch} step {step} size {size}: ranks together see the 1-rank batch");
+            }
+            assert!(seen[..903].iter().all(|&c| c == 1), "epoch {epoch} size {size}: every training row exactly once");
+            assert!(seen[903..].iter().all(|&c| c == 0), "no test row is trained on");
+        }
+        // Past the epoch there is nothing.
+        assert!(global_batch_range(steps, gb, train.len()).is_empty());
+    }
+    // The last batch of 903 rows by 64 has 7 rows; 5 ranks take 2, 2, 1, 1, 1.
+    let last = global_batch_range(14, gb, train.len());
+    assert_eq!(last, 896..903);
+    let lens: Vec<usize> = (0..5).map(|r| rank_slice(last.clone(), r, 5).len()).collect();
+    assert_eq!(lens, vec![2, 2, 1, 1, 1]);
+}
+
+#[test]
+fn synth_is_deterministic_and_has_a_learnable_planted_model() {
+    let d = TempDir::new("synth");
+    let (a, b, c) = (d.path("a.tsv"), d.path("b.tsv"), d.path("c.tsv"));
+    let sa = synth(&a, 30_000, 7).unwrap();
+    let sb = synth(&b, 30_000, 7).unwrap();
+    synth(&c, 30_000, 8).unwrap();
+    let (ta, tb, tc) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), std::fs::read(&c).unwrap());
+    assert!(ta == tb, "same seed, same bytes");
+    assert!(ta != tc, "another seed, other data");
+    assert_eq!(ringrec::data::SynthSummary { path: a.clone(), ..sb }, sa, "same summary");
+    eprintln!("synth 30,000 rows seed 7: ctr {:.4}, Bayes AUC {:.4}", sa.ctr, sa.bayes_auc);
+    assert!(sa.bayes_auc > 0.7, "planted-model AUC {}", sa.bayes_auc);
+    assert!((0.2..0.3).contains(&sa.ctr), "ctr {}", sa.ctr);
+    assert_eq!(sa.bytes, ta.len() as u64);
+
+    // It is valid Criteo: every line parses, with negative integers and empty fields.
+    let (rows, r) = read_tsv(&a, 0).unwrap();
+    assert_eq!((rows.len(), r.bad()), (30_000, 0));
+    assert_eq!(rows.iter().filter(|s| s.label == 1.0).count() as u64, sa.positives);
+    let text = String::from_utf8(ta).unwrap();
+    let fields: Vec<Vec<&str>> = text.lines().take(2000).map(|l| l.split('\t').collect()).collect();
+    assert!(fields.iter().all(|f| f.len() == 40));
+    assert!(fields.iter().any(|f| f[2].starts_with('-')), "I2 takes negative values");
+    assert!(fields.iter().any(|f| f[1].is_empty()), "integers are sometimes missing");
+    assert!(fields.iter().any(|f| f[16].is_empty()), "categoricals are sometimes missing (C3)");
+    assert!(fields.iter().all(|f| f[14..].iter().all(|c| c.is_empty() || c.len() == 8)));
+    // Zipf: the most common value of a field covers a large share of its rows.
+    let mut counts = std::collections::HashMap::new();
+    for f in &fields {
+        *counts.entry(f[14]).or_insert(0usize) += 1;
+    }
+    let top = counts.values().max().copied().unwrap_or(0);
+    assert!(top > 100, "top value of C1 in 2000 rows: {top}");
+}

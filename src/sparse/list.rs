@@ -1,0 +1,740 @@
+//! Sparse gradient lists and the pure steps of the exchange: per-rank dedupe, k-way merge,
+//! normalisation, and the wire format. No communication here, so everything is unit-tested.
+//!
+//! # Wire format (version 1, little-endian)
+//!
+//! ```text
+//! offset  size        field
+//! 0       4           magic "RRSG"
+//! 4       2           version (1)
+//! 6       2           flags: 1 = counts present (host lists), 2 = error (see below)
+//! 8       4           dim (values per row)
+//! 12      4           n (rows; for an error: payload bytes)
+//! 16      8n          keys, u64, strictly increasing, never u64::MAX
+//! ..      4n          counts, u32 in 1..=world size (only with flag 1; else every count is 1)
+//! ..      4n*dim      rows, f32, row i belongs to key i
+//! ```
+//! The length must be exactly `16 + n * (8 + 4 * has_counts + 4 * dim)`.
+//!
+//! An **error piece** (flags = 2) replaces a list when a rank cannot take part in a step:
+//! `n` payload bytes follow the header, a u32 world rank where the error happened, then
+//! the UTF-8 message. Receivers turn it into [`SparseError::Peer`].
+
+use super::error::{DecodeError, SparseError, SparseResult};
+use super::SparseNormalize;
+use crate::embedding::init::home_slot;
+use crate::embedding::EMPTY_KEY;
+
+/// The first four bytes of every serialized list.
+pub const MAGIC: [u8; 4] = *b"RRSG";
+/// Wire format version.
+pub const VERSION: u16 = 1;
+/// Flag: per-key contributor counts follow the keys.
+pub const FLAG_COUNTS: u16 = 1;
+/// Flag: the piece is an error report, not a list.
+pub const FLAG_ERROR: u16 = 2;
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 16;
+
+/// A sparse gradient: distinct keys in increasing order, one row of `dim` values per key,
+/// and per key the number of ranks whose batch held it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparseList {
+    /// Values per row.
+    pub dim: usize,
+    /// Distinct keys, increasing.
+    pub keys: Vec<u64>,
+    /// `keys.len() * dim` values, row after row.
+    pub grads: Vec<f32>,
+    /// Ranks that contributed each row (1 for a rank's own list).
+    pub counts: Vec<u32>,
+}
+
+impl SparseList {
+    /// An empty list of rows of `dim` values.
+    pub fn empty(dim: usize) -> SparseList {
+        SparseList { dim, ..SparseList::default() }
+    }
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+    /// Empties the list, keeping its memory (lists are reused from step to step: fresh
+    /// multi-megabyte buffers cost more in page faults than the merge itself).
+    pub fn clear(&mut self, dim: usize) {
+        self.dim = dim;
+        self.keys.clear();
+        self.grads.clear();
+        self.counts.clear();
+    }
+    /// Makes this list a copy of `other`, keeping its memory.
+    pub fn copy_from(&mut self, other: &SparseList) {
+        self.clear(other.dim);
+        self.keys.extend_from_slice(&other.keys);
+        self.grads.extend_from_slice(&other.grads);
+        self.counts.extend_from_slice(&other.counts);
+    }
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.grads[i * self.dim..(i + 1) * self.dim]
+    }
+    /// Serialized length with or without counts.
+    pub fn encoded_len(&self, with_counts: bool) -> usize {
+        HEADER_LEN + self.len() * (8 + if with_counts { 4 } else { 0 } + 4 * self.dim)
+    }
+    /// Appends the serialized list to `out`; `with_counts` keeps the per-key counts (host
+    /// lists), without them every count reads back as 1 (a rank's own list).
+    pub fn encode_into(&self, with_counts: bool, out: &mut Vec<u8>) -> SparseResult<()> {
+        let n = u32::try_from(self.len()).map_err(|_| SparseError::Invalid(format!("{} rows do not fit one sparse list (at most {})", self.len(), u32::MAX)))?;
+        let dim = u32::try_from(self.dim).map_err(|_| SparseError::Invalid(format!("dim {} is too large", self.dim)))?;
+        out.reserve(self.encoded_len(with_counts));
+        put_header(out, if with_counts { FLAG_COUNTS } else { 0 }, dim, n);
+        put_u64s(out, &self.keys);
+        if with_counts {
+            put_u32s(out, &self.counts);
+        }
+        put_f32s(out, &self.grads);
+        Ok(())
+    }
+}
+
+fn put_header(out: &mut Vec<u8>, flags: u16, dim: u32, n: u32) {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&dim.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+}
+
+fn put_u64s(out: &mut Vec<u8>, v: &[u64]) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(v));
+    } else {
+        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    }
+}
+
+fn put_u32s(out: &mut Vec<u8>, v: &[u32]) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(v));
+    } else {
+        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    }
+}
+
+fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(v));
+    } else {
+        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    }
+}
+
+/// Appends an error piece: `origin` (world rank where the error happened) and `message`,
+/// cut (at a character boundary) so the piece is at most `max_len` bytes.
+pub fn encode_error(origin: usize, dim: usize, message: &str, max_len: usize, out: &mut Vec<u8>) {
+    let room = max_len.saturating_sub(HEADER_LEN + 4);
+    let mut cut = message.len().min(room);
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let msg = &message.as_bytes()[..cut];
+    put_header(out, FLAG_ERROR, dim.min(u32::MAX as usize) as u32, (4 + msg.len()) as u32);
+    out.extend_from_slice(&(origin.min(u32::MAX as usize) as u32).to_le_bytes());
+    out.extend_from_slice(msg);
+}
+
+/// A decoded piece: a list, or another rank's error report.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    /// A valid list.
+    List(SparseList),
+    /// The world rank where an error happened, and its message.
+    Error {
+        /// World rank.
+        rank: usize,
+        /// Message.
+        message: String,
+    },
+}
+
+impl Piece {
+    /// The list, or the error as [`SparseError::Peer`].
+    pub fn into_list(self) -> SparseResult<SparseList> {
+        match self {
+            Piece::List(l) => Ok(l),
+            Piece::Error { rank, message } => Err(SparseError::Peer { rank, message }),
+        }
+    }
+}
+
+fn corrupt(reason: impl Into<String>) -> DecodeError {
+    DecodeError::Corrupt(reason.into())
+}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// What [`decode_into`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// A valid list, now in `out`.
+    List,
+    /// Another rank's error report: the world rank where it happened and its message.
+    Error {
+        /// World rank.
+        rank: usize,
+        /// Message.
+        message: String,
+    },
+}
+
+/// Parses and validates a serialized piece: rows must have `dim` values and counts lie in
+/// `1..=max_count`. Never panics, whatever the bytes.
+pub fn decode(bytes: &[u8], dim: usize, max_count: u32) -> Result<Piece, DecodeError> {
+    let mut out = SparseList::empty(dim);
+    Ok(match decode_into(bytes, dim, max_count, &mut out)? {
+        Decoded::List => Piece::List(out),
+        Decoded::Error { rank, message } => Piece::Error { rank, message },
+    })
+}
+
+/// [`decode`] into `out`, reusing its memory (`out` is unspecified after an error).
+pub fn decode_into(bytes: &[u8], dim: usize, max_count: u32, out: &mut SparseList) -> Result<Decoded, DecodeError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(corrupt(format!("truncated: {} bytes, shorter than the {HEADER_LEN}-byte header", bytes.len())));
+    }
+    if bytes[..4] != MAGIC {
+        return Err(corrupt(format!("bad magic {:02x?}, expected \"RRSG\"", &bytes[..4])));
+    }
+    let version = le_u16(bytes, 4);
+    if version != VERSION {
+        return Err(corrupt(format!("format version {version}, this build reads version {VERSION}")));
+    }
+    let flags = le_u16(bytes, 6);
+    let their_dim = le_u32(bytes, 8) as usize;
+    let n = le_u32(bytes, 12) as usize;
+    if flags == FLAG_ERROR {
+        if n < 4 || bytes.len() != HEADER_LEN + n {
+            return Err(corrupt(format!("error report of {} bytes, header says {} payload bytes", bytes.len(), n)));
+        }
+        let rank = le_u32(bytes, HEADER_LEN) as usize;
+        let message = String::from_utf8_lossy(&bytes[HEADER_LEN + 4..]).into_owned();
+        return Ok(Decoded::Error { rank, message });
+    }
+    if flags & !FLAG_COUNTS != 0 {
+        return Err(corrupt(format!("unknown flags {flags:#x}")));
+    }
+    if their_dim != dim {
+        return Err(DecodeError::Dim { ours: dim, theirs: their_dim });
+    }
+    let with_counts = flags & FLAG_COUNTS != 0;
+    let row_bytes = 8 + if with_counts { 4 } else { 0 } + dim.checked_mul(4).ok_or_else(|| corrupt("dim overflows"))?;
+    let want = n.checked_mul(row_bytes).and_then(|b| b.checked_add(HEADER_LEN)).ok_or_else(|| corrupt(format!("{n} rows overflow the address space")))?;
+    if bytes.len() != want {
+        let what = if bytes.len() < want { "truncated" } else { "trailing bytes" };
+        return Err(corrupt(format!("{what}: {} bytes, but {n} rows of dim {dim}{} need {want}", bytes.len(), if with_counts { " with counts" } else { "" })));
+    }
+    let keys_end = HEADER_LEN + 8 * n;
+    let counts_end = keys_end + if with_counts { 4 * n } else { 0 };
+    out.clear(dim);
+    copy_le(&bytes[HEADER_LEN..keys_end], &mut out.keys, u64::from_le);
+    let keys = &out.keys;
+    if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
+        return Err(corrupt(format!("keys not strictly increasing at row {} ({} then {})", i + 1, keys[i], keys[i + 1])));
+    }
+    if keys.last() == Some(&EMPTY_KEY) {
+        return Err(corrupt("holds the reserved key u64::MAX"));
+    }
+    if with_counts {
+        copy_le(&bytes[keys_end..counts_end], &mut out.counts, u32::from_le);
+        let c = &out.counts;
+        if let Some(i) = c.iter().position(|x| *x == 0 || *x > max_count) {
+            return Err(corrupt(format!("count {} of row {i} is outside 1..={max_count}", c[i])));
+        }
+    } else {
+        out.counts.resize(n, 1);
+    }
+    copy_le(&bytes[counts_end..], &mut out.grads, |g: f32| f32::from_bits(u32::from_le(g.to_bits())));
+    Ok(Decoded::List)
+}
+
+/// Appends the little-endian values in `bytes` (a whole number of `T`, any alignment) to
+/// `out`: one memcpy, then `from_le` (a no-op on little-endian machines).
+fn copy_le<T: bytemuck::Pod>(bytes: &[u8], out: &mut Vec<T>, from_le: impl Fn(T) -> T) {
+    let start = out.len();
+    out.resize(start + bytes.len() / std::mem::size_of::<T>(), T::zeroed());
+    let dst = &mut out[start..];
+    bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(bytes);
+    if cfg!(target_endian = "big") {
+        dst.iter_mut().for_each(|x| *x = from_le(*x));
+    }
+}
+
+/// Checks one rank's input: `grads` holds one row of `dim` values per key, and no key is
+/// the reserved `u64::MAX`.
+pub fn check_input(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<()> {
+    let expected = keys.len().saturating_mul(dim);
+    if grads.len() != expected {
+        return Err(SparseError::Shape { keys: keys.len(), dim, expected, grads: grads.len() });
+    }
+    if let Some(k) = keys.iter().find(|k| **k == EMPTY_KEY) {
+        return Err(SparseError::ReservedKey { key: *k });
+    }
+    Ok(())
+}
+
+/// How many keys ahead the dedupe prefetches hash slots and rows.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Hints the CPU to fetch the cache line of `v[i]` (nothing when `i` is out of bounds or
+/// on other architectures).
+#[inline(always)]
+fn prefetch<T>(v: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if i < v.len() {
+        let p = v.as_ptr().wrapping_add(i) as *const i8;
+        // SAFETY: a prefetch is a hint that never faults; `p` points into `v` anyway.
+        unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, i);
+}
+
+/// Sums the rows of repeated keys of one rank's batch (in the order they appear) and sorts
+/// by key. Keeps its hash table between calls, sized from the previous batch's distinct
+/// keys (batches of one job look alike), so it stays cache-sized and nothing is allocated.
+///
+/// Two passes: the first gives every key the index of its distinct key (first-seen order)
+/// through an open-addressing table; after sorting the distinct keys, the second writes each
+/// row straight into its sorted place (copy on a key's first occurrence, add afterwards).
+#[derive(Debug, Default)]
+pub struct Deduper {
+    /// Open-addressing table: key (`EMPTY_KEY` = free) and index into `unique`.
+    slot_keys: Vec<u64>,
+    slot_index: Vec<u32>,
+    /// Distinct keys in first-seen order, and the slot each one sits in.
+    unique: Vec<u64>,
+    unique_slot: Vec<u32>,
+    /// Per input key: the index of its distinct key.
+    index: Vec<u32>,
+    /// Per distinct key (first-seen order): its place in key order.
+    place: Vec<u32>,
+    order: Vec<(u64, u32)>,
+}
+
+impl Deduper {
+    /// A deduper with no memory reserved yet.
+    pub fn new() -> Deduper {
+        Deduper::default()
+    }
+
+    /// One row per distinct key of `keys` (sum of its rows, in input order), sorted by key,
+    /// every count 1. Fails on a bad shape or the reserved key.
+    pub fn run(&mut self, keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseList> {
+        let mut out = SparseList::empty(dim);
+        self.run_into(keys, grads, dim, &mut out)?;
+        Ok(out)
+    }
+
+    /// Empties the table (only the slots in use) and makes sure it has room for
+    /// `2 * expected` keys.
+    fn reset(&mut self, expected: usize) {
+        for s in &self.unique_slot {
+            self.slot_keys[*s as usize] = EMPTY_KEY;
+        }
+        self.unique.clear();
+        self.unique_slot.clear();
+        let cap = (2 * expected).next_power_of_two().max(1024);
+        if self.slot_keys.len() < cap {
+            self.slot_keys = vec![EMPTY_KEY; cap];
+            self.slot_index = vec![0; cap];
+        }
+    }
+
+    /// Doubles the table and re-inserts the distinct keys seen so far.
+    fn grow(&mut self) {
+        let cap = self.slot_keys.len() * 2;
+        self.slot_keys = vec![EMPTY_KEY; cap];
+        self.slot_index = vec![0; cap];
+        let shift = 64 - cap.trailing_zeros();
+        for (u, k) in self.unique.iter().enumerate() {
+            let mut s = home_slot(*k, shift);
+            while self.slot_keys[s] != EMPTY_KEY {
+                s = (s + 1) & (cap - 1);
+            }
+            self.slot_keys[s] = *k;
+            self.slot_index[s] = u as u32;
+            self.unique_slot[u] = s as u32;
+        }
+    }
+
+    /// [`Deduper::run`] into `out`, reusing its memory.
+    pub fn run_into(&mut self, keys: &[u64], grads: &[f32], dim: usize, out: &mut SparseList) -> SparseResult<()> {
+        out.clear(dim);
+        check_input(keys, grads, dim)?;
+        if u32::try_from(keys.len()).is_err() {
+            return Err(SparseError::Invalid(format!("{} keys in one batch; at most {} per step", keys.len(), u32::MAX)));
+        }
+        // Pass 1: the distinct-key index of every key (load <= 1/2).
+        let expected = self.unique.len().min(keys.len());
+        self.reset(expected);
+        let mut cap = self.slot_keys.len();
+        let mut shift = 64 - cap.trailing_zeros();
+        self.index.clear();
+        for (i, &k) in keys.iter().enumerate() {
+            if let Some(next) = keys.get(i + PREFETCH_AHEAD) {
+                prefetch(&self.slot_keys, home_slot(*next, shift));
+            }
+            let mut s = home_slot(k, shift);
+            let u = loop {
+                let sk = self.slot_keys[s];
+                if sk == k {
+                    break self.slot_index[s];
+                }
+                if sk == EMPTY_KEY {
+                    let u = self.unique.len() as u32;
+                    self.slot_keys[s] = k;
+                    self.slot_index[s] = u;
+                    self.unique.push(k);
+                    self.unique_slot.push(s as u32);
+                    if 2 * self.unique.len() > cap {
+                        self.grow();
+                        cap = self.slot_keys.len();
+                        shift = 64 - cap.trailing_zeros();
+                    }
+                    break u;
+                }
+                s = (s + 1) & (cap - 1);
+            };
+            self.index.push(u);
+        }
+        // The distinct keys in key order.
+        let m = self.unique.len();
+        self.order.clear();
+        self.order.extend(self.unique.iter().enumerate().map(|(u, k)| (*k, u as u32)));
+        self.order.sort_unstable_by_key(|(k, _)| *k);
+        self.place.clear();
+        self.place.resize(m, 0);
+        for (p, (k, u)) in self.order.iter().enumerate() {
+            out.keys.push(*k);
+            self.place[*u as usize] = p as u32;
+        }
+        out.counts.resize(m, 1);
+        // Pass 2: rows into their sorted place, in input order. Distinct indices were handed
+        // out in first-seen order, so `u == seen` marks a key's first occurrence.
+        out.grads.resize(m * dim, 0.0);
+        let mut seen = 0u32;
+        for (i, (u, row)) in self.index.iter().zip(grads.chunks_exact(dim.max(1))).enumerate() {
+            if let Some(next) = self.index.get(i + PREFETCH_AHEAD) {
+                prefetch(&out.grads, self.place[*next as usize] as usize * dim);
+            }
+            let p = self.place[*u as usize] as usize;
+            let dst = &mut out.grads[p * dim..(p + 1) * dim];
+            if *u == seen {
+                dst.copy_from_slice(row);
+                seen += 1;
+            } else {
+                add_row(dst, row);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Deduper::run`] with a fresh deduper.
+pub fn dedupe(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseList> {
+    Deduper::new().run(keys, grads, dim)
+}
+
+/// Merges sorted lists of the same dim into one: per key, the row is the sum of the lists'
+/// rows **in list order** (the first list's row copied, the next ones added), and the count
+/// is the sum of their counts. This one order is what makes every host, and the flat and
+/// hierarchical modes, produce bit-identical results.
+pub fn merge(lists: &[&SparseList], dim: usize) -> SparseList {
+    let mut out = SparseList::empty(dim);
+    merge_into(lists, dim, &mut out);
+    out
+}
+
+/// [`merge`] into `out`, reusing its memory.
+pub fn merge_into(lists: &[&SparseList], dim: usize, out: &mut SparseList) {
+    out.clear(dim);
+    match lists {
+        [] => return,
+        [one] => return out.copy_from(one),
+        [a, b] => return merge_two(a, b, out),
+        _ => {}
+    }
+    let mut heads = vec![0usize; lists.len()];
+    loop {
+        let mut min = None;
+        for (l, h) in lists.iter().zip(&heads) {
+            if let Some(k) = l.keys.get(*h) {
+                if min.is_none_or(|m| *k < m) {
+                    min = Some(*k);
+                }
+            }
+        }
+        let Some(key) = min else { break };
+        let start = out.grads.len();
+        let mut count = 0u32;
+        for (l, h) in lists.iter().zip(heads.iter_mut()) {
+            if l.keys.get(*h) == Some(&key) {
+                let row = l.row(*h);
+                if count == 0 {
+                    out.grads.extend_from_slice(row);
+                } else {
+                    add_row(&mut out.grads[start..], row);
+                }
+                count = count.saturating_add(l.counts[*h]);
+                *h += 1;
+            }
+        }
+        out.keys.push(key);
+        out.counts.push(count);
+    }
+}
+
+fn add_row(acc: &mut [f32], row: &[f32]) {
+    for (a, g) in acc.iter_mut().zip(row) {
+        *a += *g;
+    }
+}
+
+/// Two-list merge, same rule as [`merge`] (a's row first).
+fn merge_two(a: &SparseList, b: &SparseList, out: &mut SparseList) {
+    let dim = out.dim;
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (ka, kb) = (a.keys[i], b.keys[j]);
+        if ka < kb {
+            out.keys.push(ka);
+            out.counts.push(a.counts[i]);
+            out.grads.extend_from_slice(a.row(i));
+            i += 1;
+        } else if kb < ka {
+            out.keys.push(kb);
+            out.counts.push(b.counts[j]);
+            out.grads.extend_from_slice(b.row(j));
+            j += 1;
+        } else {
+            out.keys.push(ka);
+            out.counts.push(a.counts[i].saturating_add(b.counts[j]));
+            let start = out.grads.len();
+            out.grads.extend_from_slice(a.row(i));
+            add_row(&mut out.grads[start..], b.row(j));
+            i += 1;
+            j += 1;
+        }
+    }
+    for (l, from) in [(a, i), (b, j)] {
+        out.keys.extend_from_slice(&l.keys[from..]);
+        out.counts.extend_from_slice(&l.counts[from..]);
+        out.grads.extend_from_slice(&l.grads[from * dim..]);
+    }
+}
+
+/// Turns summed rows into the final gradient: `/ count` (frequency), `/ world` (Horovod's
+/// average) or unchanged (`none`). One f32 division per value, the same on every rank.
+pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
+    let dim = list.dim;
+    if dim == 0 {
+        return;
+    }
+    match how {
+        SparseNormalize::None => {}
+        SparseNormalize::World => {
+            let w = world as f32;
+            list.grads.iter_mut().for_each(|g| *g /= w);
+        }
+        SparseNormalize::Frequency => {
+            for (row, c) in list.grads.chunks_exact_mut(dim).zip(&list.counts) {
+                let c = *c as f32;
+                row.iter_mut().for_each(|g| *g /= c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn dedupe_sums_repeats_in_input_order_and_sorts() {
+        let keys = [30u64, 10, 30, 20, 30];
+        let grads = [1.0f32, 2.0, 10.0, 20.0, 100.0, 200.0, 5.0, 6.0, 0.5, 0.25];
+        let l = dedupe(&keys, &grads, 2).unwrap();
+        assert_eq!(l.keys, vec![10, 20, 30]);
+        assert_eq!(l.counts, vec![1, 1, 1]);
+        assert_eq!(l.grads, vec![10.0, 20.0, 5.0, 6.0, 1.0 + 100.0 + 0.5, 2.0 + 200.0 + 0.25]);
+        // Order of summation is the input order: (a + b) + c, not a + (b + c).
+        let big = [1e8f32, 1.0, -1e8];
+        let l = dedupe(&[7, 7, 7], &big, 1).unwrap();
+        assert_eq!(l.grads[0].to_bits(), ((1e8f32 + 1.0) + -1e8).to_bits());
+        // Empty input and dim-0 rows.
+        assert!(dedupe(&[], &[], 4).unwrap().is_empty());
+        assert_eq!(dedupe(&[5, 3, 5], &[], 0).unwrap().keys, vec![3, 5]);
+    }
+
+    #[test]
+    fn dedupe_reuses_its_table_across_batches() {
+        let mut d = Deduper::new();
+        for round in 0..5u64 {
+            let keys: Vec<u64> = (0..1000).map(|i| (i * 7 + round) % 97).collect();
+            let grads: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+            let l = d.run(&keys, &grads, 1).unwrap();
+            assert_eq!(l.len(), 97);
+            assert!(l.keys.windows(2).all(|w| w[0] < w[1]));
+            let total: f32 = l.grads.iter().sum();
+            assert_eq!(total, (0..1000).sum::<i32>() as f32);
+        }
+    }
+
+    #[test]
+    fn dedupe_rejects_bad_shape_and_reserved_key() {
+        match dedupe(&[1, 2], &[0.0; 5], 2) {
+            Err(e @ SparseError::Shape { keys: 2, dim: 2, expected: 4, grads: 5 }) => assert!(e.to_string().contains("keys.len() * dim"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(dedupe(&[1, u64::MAX], &[0.0; 2], 1), Err(SparseError::ReservedKey { key: u64::MAX })));
+    }
+
+    fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {
+        SparseList { dim, keys: keys.to_vec(), grads: rows.to_vec(), counts: counts.to_vec() }
+    }
+
+    #[test]
+    fn merge_sums_in_list_order_and_adds_counts() {
+        let a = list(&[1, 3], &[1.0, 3.0], &[1, 2], 1);
+        let b = list(&[2, 3], &[2.0, 30.0], &[1, 1], 1);
+        let c = list(&[3, 9], &[300.0, 9.0], &[3, 1], 1);
+        let m = merge(&[&a, &b, &c], 1);
+        assert_eq!(m.keys, vec![1, 2, 3, 9]);
+        assert_eq!(m.counts, vec![1, 1, 6, 1]);
+        assert_eq!(m.grads, vec![1.0, 2.0, 333.0, 9.0]);
+        // The 2-list path and the k-list path agree bit for bit.
+        let x = list(&[1, 2, 4], &[1e8, 0.1, -0.0], &[1, 1, 1], 1);
+        let y = list(&[2, 4, 5], &[1.0, -0.0, 7.0], &[1, 1, 1], 1);
+        let e = SparseList::empty(1);
+        assert_eq!(bits(&merge(&[&x, &y], 1).grads), bits(&merge(&[&x, &y, &e], 1).grads));
+        // -0.0 stays -0.0 (the first row is copied, not added to +0.0).
+        assert_eq!(merge(&[&x, &y], 1).grads[2].to_bits(), (-0.0f32).to_bits());
+        assert_eq!(merge(&[], 3), SparseList::empty(3));
+        assert_eq!(merge(&[&a], 1), a);
+    }
+
+    #[test]
+    fn normalise_divides_by_count_world_or_nothing() {
+        let base = list(&[1, 2], &[6.0, 9.0, 3.0, 4.0], &[3, 1], 2);
+        let mut f = base.clone();
+        normalise(&mut f, SparseNormalize::Frequency, 4);
+        assert_eq!(f.grads, vec![2.0, 3.0, 3.0, 4.0]);
+        let mut w = base.clone();
+        normalise(&mut w, SparseNormalize::World, 4);
+        assert_eq!(w.grads, vec![1.5, 2.25, 0.75, 1.0]);
+        let mut n = base.clone();
+        normalise(&mut n, SparseNormalize::None, 4);
+        assert_eq!(n, base);
+    }
+
+    #[test]
+    fn lists_round_trip_with_and_without_counts() {
+        let l = list(&[1, 5, u64::MAX - 1], &[1.5, -0.0, f32::MIN_POSITIVE, 3.0, f32::NAN, 1e30], &[2, 1, 3], 2);
+        for with_counts in [false, true] {
+            let mut b = Vec::new();
+            l.encode_into(with_counts, &mut b).unwrap();
+            assert_eq!(b.len(), l.encoded_len(with_counts));
+            let Piece::List(back) = decode(&b, 2, 3).unwrap() else { panic!("not a list") };
+            assert_eq!(back.keys, l.keys);
+            assert_eq!(bits(&back.grads), bits(&l.grads));
+            assert_eq!(back.counts, if with_counts { l.counts.clone() } else { vec![1, 1, 1] });
+        }
+        let mut b = Vec::new();
+        SparseList::empty(7).encode_into(true, &mut b).unwrap();
+        assert_eq!(decode(&b, 7, 1).unwrap(), Piece::List(SparseList::empty(7)));
+    }
+
+    #[test]
+    fn error_pieces_carry_rank_and_message_and_fit() {
+        let mut b = Vec::new();
+        encode_error(3, 16, "bad input é", 1024, &mut b);
+        assert_eq!(decode(&b, 16, 4).unwrap(), Piece::Error { rank: 3, message: "bad input é".into() });
+        // A long message is cut at a character boundary to fit the limit; dim is not checked.
+        let mut b = Vec::new();
+        encode_error(1, 8, &"é".repeat(1000), 64, &mut b);
+        assert!(b.len() <= 64);
+        match decode(&b, 16, 4).unwrap() {
+            Piece::Error { rank: 1, message } => assert!(message.chars().all(|c| c == 'é') && !message.is_empty()),
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn corrupt_and_truncated_lists_are_rejected() {
+        let l = list(&[1, 5, 9], &[1.0; 6], &[1, 2, 1], 2);
+        let mut good = Vec::new();
+        l.encode_into(true, &mut good).unwrap();
+        let reason = |b: &[u8]| match decode(b, 2, 2) {
+            Err(DecodeError::Corrupt(r)) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        };
+        // Every truncation, including inside the header.
+        for cut in 0..good.len() {
+            let r = reason(&good[..cut]);
+            assert!(r.contains("truncated"), "cut {cut}: {r}");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(reason(&longer).contains("trailing bytes"));
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(reason(&bad).contains("bad magic"));
+        let mut bad = good.clone();
+        bad[4] = 9;
+        assert!(reason(&bad).contains("version 9"));
+        let mut bad = good.clone();
+        bad[6] = 0x81;
+        assert!(reason(&bad).contains("unknown flags"));
+        // Keys out of order (swap keys 1 and 5).
+        let mut bad = good.clone();
+        bad[16..24].copy_from_slice(&5u64.to_le_bytes());
+        bad[24..32].copy_from_slice(&1u64.to_le_bytes());
+        assert!(reason(&bad).contains("strictly increasing"));
+        // The reserved key.
+        let mut bad = good.clone();
+        bad[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(reason(&bad).contains("reserved"));
+        // A count of 0 or above the world size.
+        let mut bad = good.clone();
+        bad[40..44].copy_from_slice(&0u32.to_le_bytes());
+        assert!(reason(&bad).contains("outside 1..=2"));
+        let mut bad = good.clone();
+        bad[44..48].copy_from_slice(&3u32.to_le_bytes());
+        assert!(reason(&bad).contains("outside 1..=2"));
+        // A huge row count in the header must not allocate or overflow.
+        let mut bad = good.clone();
+        bad[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(reason(&bad).contains("truncated"));
+        // Another dim is its own error.
+        assert_eq!(decode(&good, 3, 2), Err(DecodeError::Dim { ours: 3, theirs: 2 }));
+        // An error piece whose length disagrees with its header.
+        let mut e = Vec::new();
+        encode_error(0, 2, "x", 100, &mut e);
+        e.pop();
+        assert!(reason(&e).contains("error report"));
+    }
+}

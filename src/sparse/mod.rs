@@ -1,0 +1,107 @@
+//! Sparse gradient exchange with frequency normalisation (design 003, steps 4-6).
+//!
+//! Every step each rank has a sparse gradient: keys (feature ids) with one row of `dim`
+//! values each. The final gradient of a key is the sum of its rows over all ranks divided
+//! by the number of ranks whose batch held the key (its *frequency*), and only the host
+//! leader writes it into the host-shared table.
+//!
+//! # Data flow ([`SparseExchange::Hierarchical`], the default)
+//! 1. **Dedupe** on every rank ([`list::Deduper`]): repeated keys of one batch are summed in
+//!    the order they appear (so a key counts once per rank), sorted by key.
+//! 2. **Host gather**: the local ranks hand their serialized lists ([`list`] describes the
+//!    wire format) to the leader through the host's shared-memory segment
+//!    ([`crate::comm::host_collectives`]); the leader merges them into one host list with a
+//!    per-key count of contributing ranks.
+//! 3. **Cross-host allgatherv**: only leaders take part, over `topo.cross` (one rank per
+//!    host), so each host's rows cross the network once instead of once per rank.
+//! 4. **Normalise** ([`SparseNormalize`]) and **apply** ([`SparseExchanger::exchange_and_apply`]):
+//!    every leader applies the same list in the same order, then the host barrier
+//!    ([`crate::embedding::HostTable::sync`]) publishes the rows to the local ranks.
+//! 5. **Status**: the leader tells its local ranks (one small shared-memory broadcast) whether
+//!    the step succeeded, so an error anywhere reaches every rank instead of a hang.
+//!
+//! [`SparseExchange::Flat`] is the seed's literal scheme: every rank allgathers every rank's
+//! deduped list over the world and computes the result itself.
+//!
+//! # One summation order
+//! Per key: the rows of the ranks of one host are summed in local-rank order, then the host
+//! sums are summed in host order (the first contribution is copied, the next ones added),
+//! then divided once. Both modes compute exactly this ([`list::merge`] at both levels), so
+//! they are bit-identical, and every host holds a byte-identical table.
+
+pub mod error;
+pub mod exchange;
+pub mod list;
+
+pub use error::{DecodeError, SparseError, SparseResult};
+pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};
+pub use list::{dedupe, merge, merge_into, normalise, Deduper, SparseList};
+
+/// How sparse gradients travel between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum SparseExchange {
+    /// Pre-aggregate per host through shared memory; only host leaders exchange across hosts.
+    #[default]
+    #[value(name = "hier")]
+    Hierarchical,
+    /// Every rank allgathers every rank's list over the world (the seed's literal scheme).
+    Flat,
+}
+
+impl SparseExchange {
+    /// Its name on the command line and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            SparseExchange::Hierarchical => "hier",
+            SparseExchange::Flat => "flat",
+        }
+    }
+    fn code(self) -> u64 {
+        match self {
+            SparseExchange::Hierarchical => 1,
+            SparseExchange::Flat => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for SparseExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a key's summed gradient is divided by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum SparseNormalize {
+    /// By the number of ranks whose batch held the key (design 003).
+    #[default]
+    Frequency,
+    /// By the world size (Horovod's averaging of sparse gradients).
+    World,
+    /// Not at all: the plain sum.
+    None,
+}
+
+impl SparseNormalize {
+    /// Its name on the command line and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            SparseNormalize::Frequency => "frequency",
+            SparseNormalize::World => "world",
+            SparseNormalize::None => "none",
+        }
+    }
+    fn code(self) -> u64 {
+        match self {
+            SparseNormalize::Frequency => 1,
+            SparseNormalize::World => 2,
+            SparseNormalize::None => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for SparseNormalize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -10,10 +10,14 @@
 pub mod bench;
 pub mod comm;
 pub mod cuda;
+pub mod data;
 pub mod dtype;
 pub mod embedding;
 pub mod error;
+pub mod model;
 pub mod shm;
+pub mod sparse;
 pub mod topology;
+pub mod train;
 
 pub use error::{CommError, CommResult};

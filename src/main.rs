@@ -17,8 +17,14 @@ struct Cli {
 enum Command {
     /// Print every rank's topology and run an allreduce on each backend (the quick-start job).
     Demo,
+    /// Train the CTR model (data-parallel; run under mpirun for several ranks). Without
+    /// --data it trains on a synthetic Criteo-format set that it generates once.
+    Train(ringrec::train::TrainArgs),
     /// Print this rank's topology and whether a GPU path is available.
     Info,
+    /// Prepare, generate and inspect training data (Criteo format).
+    #[command(subcommand)]
+    Data(ringrec::data::cli::DataCommand),
     /// Create, import, export and inspect embedding table files.
     #[command(subcommand)]
     Table(ringrec::embedding::cli::TableCommand),
@@ -33,6 +39,10 @@ enum BenchCommand {
     Allreduce(ringrec::bench::allreduce::AllreduceBenchArgs),
     /// Embedding table lookups/updates vs a per-rank HashMap.
     Embedding(ringrec::bench::embedding::EmbeddingBenchArgs),
+    /// The MLP's SGEMMs: the gemm crate vs OpenBLAS, and the MLP vs plain SGEMM.
+    Gemm(ringrec::bench::gemm::GemmBenchArgs),
+    /// Hierarchical vs flat sparse gradient exchange (time and cross-host bytes).
+    Sparse(ringrec::bench::sparse::SparseBenchArgs),
 }
 
 fn main() {
@@ -48,6 +58,11 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo => demo(),
+        Command::Train(args) => {
+            let topo = Topology::init().context("starting MPI")?;
+            ringrec::train::run(&topo, &args)?;
+            Ok(())
+        }
         Command::Info => {
             let topo = Topology::init()?;
             println!("{}", topo.describe());
@@ -59,7 +74,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Table(cmd) => ringrec::embedding::cli::run(cmd),
+        Command::Data(cmd) => ringrec::data::cli::run(cmd),
         Command::Bench(BenchCommand::Embedding(args)) => ringrec::bench::embedding::run(args),
+        Command::Bench(BenchCommand::Gemm(args)) => ringrec::bench::gemm::run(&args),
+        Command::Bench(BenchCommand::Sparse(args)) => {
+            let topo = Topology::init()?;
+            ringrec::bench::sparse::run(&topo, &args)?;
+            Ok(())
+        }
         Command::Bench(BenchCommand::Allreduce(args)) => {
             let topo = Topology::init()?;
             ringrec::bench::allreduce::run(&topo, &args)?;

@@ -3,3 +3,5 @@
 
 pub mod allreduce;
 pub mod embedding;
+pub mod sparse;
+pub mod gemm;

@@ -95,12 +95,31 @@ fn encode_status(msg: &str) -> [u8; STATUS_LEN] {
     buf
 }
 
+/// What the host leader fills a new host table from.
+#[derive(Clone, Copy, Debug)]
+pub enum TableSource<'a> {
+    /// An empty table of this shape.
+    New(&'a TableConfig),
+    /// A table of this shape filled from a sparse-parameter file.
+    Import(&'a TableConfig, &'a Path),
+    /// A byte-exact copy of a table saved with [`EmbeddingTable::save`] (checkpoints).
+    Saved(&'a Path),
+}
+
 impl HostTable {
     /// Sets up the host table; collective over the ranks of this host (`topo.local`).
     /// The leader creates it from `cfg` (empty, or filled from the sparse-parameter file
     /// `import`), then every other local rank maps it read-only. Every local rank gets the
     /// same success or failure.
     pub fn open(topo: &Topology, cfg: &TableConfig, import: Option<&Path>) -> TableResult<HostTable> {
+        match import {
+            Some(p) => HostTable::open_from(topo, TableSource::Import(cfg, p)),
+            None => HostTable::open_from(topo, TableSource::New(cfg)),
+        }
+    }
+
+    /// [`HostTable::open`] from any [`TableSource`].
+    pub fn open_from(topo: &Topology, source: TableSource<'_>) -> TableResult<HostTable> {
         let path = host_table_path(&topo.job_id, topo.host_id);
         let comm = &topo.local.comm;
         let leader = topo.is_leader();
@@ -110,17 +129,20 @@ impl HostTable {
         let mut made: Option<(EmbeddingTable, SegmentGuard)> = None;
         let mut leader_err = None;
         if leader {
-            let attempt = EmbeddingTable::create(&path, cfg).and_then(|mut t| {
-                let guard = SegmentGuard::new(&path);
-                if let Some(p) = import {
-                    if let Err(e) = t.load_params(p) {
-                        drop(t);
-                        drop(guard);
-                        return Err(e);
+            let attempt = match source {
+                TableSource::Saved(saved) => EmbeddingTable::load(saved, &path).map(|t| (t, SegmentGuard::new(&path))),
+                TableSource::New(cfg) | TableSource::Import(cfg, _) => EmbeddingTable::create(&path, cfg).and_then(|mut t| {
+                    let guard = SegmentGuard::new(&path);
+                    if let TableSource::Import(_, p) = source {
+                        if let Err(e) = t.load_params(p) {
+                            drop(t);
+                            drop(guard);
+                            return Err(e);
+                        }
                     }
-                }
-                Ok((t, guard))
-            });
+                    Ok((t, guard))
+                }),
+            };
             match attempt {
                 Ok(x) => made = Some(x),
                 Err(e) => {

@@ -73,7 +73,7 @@ pub mod table;
 
 pub use error::{TableError, TableResult};
 pub use format::{Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY};
-pub use host::{host_table_path, HostTable, SegmentGuard};
+pub use host::{host_table_path, HostTable, SegmentGuard, TableSource};
 pub use params::{read_params_header, write_params, ParamsHeader};
 pub use table::{EmbeddingTable, TableConfig, TableInfo, UpdateStats};
 

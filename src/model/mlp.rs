@@ -112,21 +112,26 @@ impl Mlp {
     /// Forward pass of `batch` rows of `x` (batch x input); writes logits into `out`.
     pub fn forward(&mut self, x: &[f32], batch: usize, out: &mut [f32]) {
         self.ensure(batch);
-        self.acts[0][..batch * self.widths[0]].copy_from_slice(&x[..batch * self.widths[0]]);
         let last = self.widths.len() - 2;
         for l in 0..=last {
             let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
             let (w, b) = self.offsets[l];
             let (lo, hi) = self.acts.split_at_mut(l + 1);
-            let input = &lo[l][..batch * fan_in];
+            // Layer 0 reads the caller's input in place (no copy into acts[0]).
+            let input = if l == 0 { &x[..batch * fan_in] } else { &lo[l][..batch * fan_in] };
             let z = &mut hi[0][..batch * fan_out];
+            sgemm(batch, fan_out, fan_in, input, false, &self.params[w..w + fan_in * fan_out], false, z, false, self.threads);
+            // Fused bias (+ ReLU on hidden layers): one pass over the output.
+            let bias = &self.params[b..b + fan_out];
             for row in z.chunks_exact_mut(fan_out) {
-                row.copy_from_slice(&self.params[b..b + fan_out]);
-            }
-            sgemm(batch, fan_out, fan_in, input, false, &self.params[w..w + fan_in * fan_out], false, z, true, self.threads);
-            if l < last {
-                for v in z.iter_mut() {
-                    *v = v.max(0.0);
+                if l < last {
+                    for (v, bb) in row.iter_mut().zip(bias) {
+                        *v = (*v + bb).max(0.0);
+                    }
+                } else {
+                    for (v, bb) in row.iter_mut().zip(bias) {
+                        *v += bb;
+                    }
                 }
             }
         }
@@ -155,7 +160,7 @@ impl Mlp {
             let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
             let (w, b) = self.offsets[l];
             let delta = &self.deltas[l + 1][..batch * fan_out];
-            let input = &self.acts[l][..batch * fan_in];
+            let input = if l == 0 { &x[..batch * fan_in] } else { &self.acts[l][..batch * fan_in] };
             // dW = input^T * delta; db = column sums of delta.
             sgemm(fan_in, fan_out, batch, input, true, delta, false, &mut grad[w..w + fan_in * fan_out], false, self.threads);
             let db = &mut grad[b..b + fan_out];
@@ -216,7 +221,7 @@ mod tests {
         // Central differences at two step sizes; where they disagree a ReLU kink lies in
         // between and the point is skipped (at most a few).
         let mut skipped = 0;
-        for p in 0..m.num_params() {
+        for (p, want) in g.iter().enumerate() {
             let orig = m.params[p];
             let mut fds = [0f32; 2];
             for (j, h) in [1e-2f32, 5e-3].into_iter().enumerate() {
@@ -231,7 +236,7 @@ mod tests {
                 skipped += 1;
                 continue;
             }
-            assert!((fds[1] - g[p]).abs() <= 2e-3 * (1.0 + fds[1].abs()), "param {p}: fd {fds:?} vs {}", g[p]);
+            assert!((fds[1] - want).abs() <= 2e-3 * (1.0 + fds[1].abs()), "param {p}: fd {fds:?} vs {want}");
         }
         assert!(skipped <= m.num_params() / 10, "{skipped} kinks");
         let h = 1e-3f32;

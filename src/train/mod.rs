@@ -1,0 +1,708 @@
+//! `ringrec train`: synchronous data-parallel training of the CTR model (design 003).
+//!
+//! One step on every rank:
+//! 1. this rank's slice of the global batch (same global batches at any rank count);
+//! 2. unique keys of the batch -> rows from the host-shared table (read-only mapping);
+//! 3. MLP forward/backward -> one flat dense gradient (+ the loss sum in its last slot)
+//!    and the input gradient, scattered into one gradient row per unique key;
+//! 4. dense allreduce (sum of gradients already scaled by 1/global batch = the average),
+//!    then the sparse exchange (host pre-aggregation, leaders allgather, frequency
+//!    normalisation) with the leader's table update and the host barrier;
+//! 5. dense optimizer on every rank (identical inputs, identical replicas).
+//!
+//! The data set defaults to a synthetic Criteo-format file that ringrec generates once
+//! (`ringrec data synth`), cached as a memory-mappable binary (`ringrec data prepare`).
+
+pub mod checkpoint;
+pub mod metrics;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context};
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::topology::Communicator;
+use mpi::traits::Root;
+use serde::Serialize;
+
+use crate::comm::{self, Backend, Collectives, CollectivesExt};
+use crate::data::cache::Dataset;
+use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::data::shard;
+use crate::dtype::ReduceOp;
+use crate::embedding::{HostTable, OptimizerKind, TableConfig, TableSource};
+use crate::model::mlp::sigmoid;
+use crate::model::{DenseOptimState, DenseOptimizer, Mlp, MlpShape};
+use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize};
+use crate::topology::Topology;
+
+use checkpoint::DenseCheckpoint;
+
+/// Sparse (embedding) optimizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+pub enum SparseOptimizer {
+    /// `row -= lr * g`.
+    Sgd,
+    /// Row-wise Adagrad.
+    Adagrad,
+}
+
+/// Which collective backend carries the dense gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// shm on one host, hier on several.
+    Auto,
+    /// MPI's allreduce.
+    Mpi,
+    /// Ring over MPI point-to-point.
+    Ring,
+    /// Shared memory (one host).
+    Shm,
+    /// shm inside hosts, ring across.
+    Hier,
+}
+
+/// Flags of `ringrec train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Criteo-format TSV or a prepared `.rrdata` cache. Default: a synthetic set that
+    /// ringrec generates once under --data-dir.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Where the default data set and TSV caches live.
+    #[arg(long, env = "RINGREC_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Rows of the default synthetic data set.
+    #[arg(long, default_value_t = 200_000)]
+    pub synth_rows: u64,
+    /// Passes over the training split.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Stop after this many global steps (counted from the start of the run, resumed steps included).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Global batch (split over the ranks).
+    #[arg(long, default_value_t = 1024)]
+    pub batch: usize,
+    /// Embedding dimension.
+    #[arg(long, default_value_t = 16)]
+    pub dim: usize,
+    /// Hidden layer widths of the MLP.
+    #[arg(long, default_value = "256,128", value_delimiter = ',')]
+    pub hidden: Vec<usize>,
+    /// Dense learning rate.
+    #[arg(long, default_value_t = 0.001)]
+    pub lr: f32,
+    /// Dense optimizer.
+    #[arg(long, value_enum, default_value = "adam")]
+    pub dense_optimizer: DenseOptimizer,
+    /// Embedding learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub sparse_lr: f32,
+    /// Embedding optimizer (applied by each host leader).
+    #[arg(long, value_enum, default_value = "sgd")]
+    pub sparse_optimizer: SparseOptimizer,
+    /// Held-out fraction (the last rows of the data set).
+    #[arg(long, default_value_t = 0.1)]
+    pub test_fraction: f64,
+    /// Seed of the model's initial parameters and embedding rows.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Shuffle the training rows every epoch (deterministically from --seed).
+    #[arg(long)]
+    pub shuffle: bool,
+    /// Collective backend of the dense gradients.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Sparse exchange: hierarchical (per-host pre-aggregation) or flat (every rank allgathers).
+    #[arg(long, value_enum, default_value = "hier")]
+    pub sparse_exchange: SparseExchange,
+    /// What a key's summed gradient is divided by: frequency (ranks holding it), world, none.
+    #[arg(long, value_enum, default_value = "frequency")]
+    pub sparse_normalize: SparseNormalize,
+    /// Threads per rank (default: cores / ranks on this host).
+    #[arg(long, env = "RINGREC_THREADS")]
+    pub threads: Option<usize>,
+    /// Slots of the host-shared embedding table (80% can hold rows).
+    #[arg(long, default_value_t = 1 << 21)]
+    pub table_capacity: u64,
+    /// Malformed input lines tolerated before stopping (they are counted and reported).
+    #[arg(long, default_value_t = crate::data::criteo::DEFAULT_MAX_BAD_LINES)]
+    pub max_bad_lines: u64,
+    /// Write checkpoints here (every --checkpoint-every steps and at the end).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Continue from the checkpoint in --checkpoint-dir.
+    #[arg(long)]
+    pub resume: bool,
+    /// Print a final JSON summary (rank 0).
+    #[arg(long)]
+    pub json: bool,
+    /// Include every step's loss in the JSON summary.
+    #[arg(long)]
+    pub record_losses: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Skip the evaluation on the held-out split.
+    #[arg(long)]
+    pub no_eval: bool,
+}
+
+/// What a run reports (rank 0 prints it).
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct TrainSummary {
+    /// World size.
+    pub ranks: usize,
+    /// Hosts.
+    pub hosts: usize,
+    /// Threads per rank.
+    pub threads_per_rank: usize,
+    /// Dense backend.
+    pub backend: String,
+    /// Sparse exchange and normalisation.
+    pub sparse_exchange: String,
+    /// Sparse normalisation.
+    pub sparse_normalize: String,
+    /// Training rows, held-out rows.
+    pub train_rows: usize,
+    /// Held-out rows.
+    pub test_rows: usize,
+    /// Global steps taken in this run.
+    pub steps: u64,
+    /// Global step reached (resumed runs count earlier steps).
+    pub global_step: u64,
+    /// Samples trained on in this run.
+    pub samples: u64,
+    /// Wall time of the training loop (seconds).
+    pub train_seconds: f64,
+    /// Training samples per second (all ranks).
+    pub samples_per_sec: f64,
+    /// Mean training loss over the last epoch's steps of this run.
+    pub train_loss: f64,
+    /// Held-out log loss.
+    pub test_logloss: Option<f64>,
+    /// Held-out AUC over all ranks' predictions.
+    pub test_auc: Option<f64>,
+    /// Largest peak resident set over the ranks (MiB).
+    pub peak_rss_mib: f64,
+    /// MLP forward+backward GFLOP/s on rank 0.
+    pub mlp_gflops: f64,
+    /// Rows in the host table at the end.
+    pub table_rows: u64,
+    /// Sparse-exchange bytes rank 0 sent + received inside its host per step (mean).
+    pub sparse_bytes_intra_host_per_step: f64,
+    /// Sparse-exchange bytes rank 0 sent + received across hosts per step (mean).
+    pub sparse_bytes_cross_host_per_step: f64,
+    /// FNV-1a of the final dense parameters (same on every rank).
+    pub params_fnv: String,
+    /// Every step's global mean loss (with --record-losses).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub losses: Vec<f64>,
+}
+
+/// FNV-1a 64 of bytes, as hex.
+pub fn fnv_hex(bytes: &[u8]) -> String {
+    format!("{:016x}", bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)))
+}
+
+/// A fast hasher for u64 keys that are already well mixed (field-salted hashes).
+#[derive(Default)]
+struct KeyHasher(u64);
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(h).join("ringrec");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".cache").join("ringrec");
+    }
+    // SAFETY: getuid has no preconditions.
+    std::env::temp_dir().join(format!("ringrec-{}", unsafe { libc::getuid() }))
+}
+
+/// Every rank learns whether all ranks succeeded; a failing rank's message is broadcast
+/// from the lowest failing rank so every rank stops with the same, clear error.
+fn agree_ok(topo: &Topology, mine: Result<(), String>) -> anyhow::Result<()> {
+    let failing = if mine.is_err() { topo.rank as i32 } else { i32::MAX };
+    let mut first = 0i32;
+    topo.world.comm.all_reduce_into(&failing, &mut first, SystemOperation::min());
+    if first == i32::MAX {
+        return Ok(());
+    }
+    let mut msg = [0u8; 1024];
+    if let Err(m) = &mine {
+        let b = m.as_bytes();
+        let n = b.len().min(1023);
+        msg[..n].copy_from_slice(&b[..n]);
+    }
+    topo.world.comm.process_at_rank(first).broadcast_into(&mut msg[..]);
+    let text = String::from_utf8_lossy(&msg).trim_end_matches('\0').to_string();
+    match mine {
+        Err(m) => Err(anyhow!(m)),
+        Ok(()) => Err(anyhow!("rank {first} failed: {text}")),
+    }
+}
+
+/// Generates (once per machine, under a lock) or finds the data set and opens it.
+fn open_data(topo: &Topology, args: &TrainArgs) -> anyhow::Result<(Dataset, PathBuf)> {
+    let dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let attempt = (|| -> anyhow::Result<(Dataset, PathBuf)> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating the data directory {}", dir.display()))?;
+        let source = match &args.data {
+            Some(p) => p.clone(),
+            None => {
+                let p = dir.join(format!("synth-{}-s1.tsv", args.synth_rows));
+                let _lock = crate::data::cache::FileLock::exclusive(&dir.join("synth.lock"))?;
+                if !p.exists() {
+                    let tmp = dir.join(format!(".synth-{}.tmp-{}", args.synth_rows, std::process::id()));
+                    crate::data::synth::synth(&tmp, args.synth_rows, 1)?;
+                    std::fs::rename(&tmp, &p).with_context(|| format!("renaming {} to {}", tmp.display(), p.display()))?;
+                }
+                p
+            }
+        };
+        let is_cache = source.extension().and_then(|e| e.to_str()) == Some(crate::data::cache::CACHE_EXT);
+        let ds = if is_cache { Dataset::open(&source)? } else { Dataset::from_tsv_cached(&source, &dir.join("cache"), args.max_bad_lines)? };
+        Ok((ds, source))
+    })();
+    // Leaders prepare first (one parse per host), then the others open the cache.
+    let (ds, source) = match attempt {
+        Ok(x) => {
+            agree_ok(topo, Ok(()))?;
+            x
+        }
+        Err(e) => {
+            agree_ok(topo, Err(format!("{e:#}")))?;
+            unreachable!("agree_ok returns the error")
+        }
+    };
+    Ok((ds, source))
+}
+
+fn build_backend(topo: &Topology, b: BackendChoice) -> anyhow::Result<Box<dyn Collectives>> {
+    let backend = match b {
+        BackendChoice::Auto => Backend::auto(topo),
+        BackendChoice::Mpi => Backend::Mpi,
+        BackendChoice::Ring => Backend::Ring,
+        BackendChoice::Shm => Backend::Shm,
+        BackendChoice::Hier => Backend::Hier,
+    };
+    Ok(comm::build(backend, topo)?)
+}
+
+fn fingerprint(args: &TrainArgs, source: &Path, rows: usize) -> String {
+    format!(
+        "data={} rows={} batch={} dim={} hidden={:?} lr={} dense={:?} sparse_lr={} sparse={:?} seed={} shuffle={} test={} normalize={} cap={}",
+        source.display(),
+        rows,
+        args.batch,
+        args.dim,
+        args.hidden,
+        args.lr,
+        args.dense_optimizer,
+        args.sparse_lr,
+        args.sparse_optimizer,
+        args.seed,
+        args.shuffle,
+        args.test_fraction,
+        args.sparse_normalize.name(),
+        args.table_capacity
+    )
+}
+
+/// Per-step buffers, reused.
+#[derive(Default)]
+struct StepBuffers {
+    rows: Vec<u32>,
+    labels: Vec<f32>,
+    dense: Vec<f32>,
+    keys: Vec<u64>,
+    uniq: Vec<u64>,
+    inverse: Vec<u32>,
+    emb: Vec<f32>,
+    x: Vec<f32>,
+    dx: Vec<f32>,
+    key_grads: Vec<f32>,
+    index: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+}
+
+impl StepBuffers {
+    /// Loads rows `rows` and builds the MLP input: embeddings of the 26 fields, then the
+    /// 13 dense features. Returns the batch length.
+    fn assemble(&mut self, ds: &Dataset, table: &HostTable, dim: usize) -> anyhow::Result<usize> {
+        ds.fill_batch(&self.rows, &mut self.labels, &mut self.dense, &mut self.keys)?;
+        let b = self.rows.len();
+        self.uniq.clear();
+        self.index.clear();
+        self.inverse.clear();
+        for k in &self.keys {
+            let next = self.uniq.len() as u32;
+            let i = *self.index.entry(*k).or_insert(next);
+            if i == next {
+                self.uniq.push(*k);
+            }
+            self.inverse.push(i);
+        }
+        self.emb.resize(self.uniq.len() * dim, 0.0);
+        table.lookup(&self.uniq, &mut self.emb)?;
+        let input = NUM_SPARSE * dim + NUM_DENSE;
+        self.x.resize(b * input, 0.0);
+        for s in 0..b {
+            let row = &mut self.x[s * input..(s + 1) * input];
+            for f in 0..NUM_SPARSE {
+                let u = self.inverse[s * NUM_SPARSE + f] as usize;
+                row[f * dim..(f + 1) * dim].copy_from_slice(&self.emb[u * dim..(u + 1) * dim]);
+            }
+            row[NUM_SPARSE * dim..].copy_from_slice(&self.dense[s * NUM_DENSE..(s + 1) * NUM_DENSE]);
+        }
+        self.dx.resize(b * input, 0.0);
+        Ok(b)
+    }
+
+    /// Sums the input gradient of each field's slot into its key's row, in sample order.
+    fn scatter_key_grads(&mut self, b: usize, dim: usize) {
+        let input = NUM_SPARSE * dim + NUM_DENSE;
+        self.key_grads.clear();
+        self.key_grads.resize(self.uniq.len() * dim, 0.0);
+        for s in 0..b {
+            let row = &self.dx[s * input..(s + 1) * input];
+            for f in 0..NUM_SPARSE {
+                let u = self.inverse[s * NUM_SPARSE + f] as usize;
+                for (g, d) in self.key_grads[u * dim..(u + 1) * dim].iter_mut().zip(&row[f * dim..(f + 1) * dim]) {
+                    *g += d;
+                }
+            }
+        }
+    }
+}
+
+/// Runs training; prints progress and the summary on rank 0; returns the summary.
+pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
+    if args.batch == 0 || args.dim == 0 || args.hidden.contains(&0) {
+        bail!("--batch, --dim and every --hidden width must be positive");
+    }
+    if !(0.0..1.0).contains(&args.test_fraction) {
+        bail!("--test-fraction must be in [0, 1), got {}", args.test_fraction);
+    }
+    if args.resume && args.checkpoint_dir.is_none() {
+        bail!("--resume needs --checkpoint-dir (the directory of the run to continue)");
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = args.threads.unwrap_or((cores / topo.local_size).max(1)).max(1);
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
+    let root = topo.rank == 0;
+
+    let (ds, source) = open_data(topo, args)?;
+    let (train_range, test_range) = shard::split(ds.len(), args.test_fraction)?;
+    if train_range.is_empty() {
+        bail!("{}: no training rows (the data set has {} rows, --test-fraction {})", source.display(), ds.len(), args.test_fraction);
+    }
+    if root && ds.header().bad_lines > 0 {
+        eprintln!(
+            "ringrec: {}: {} malformed line(s) were skipped when the cache was prepared (run `ringrec data prepare {} OUT` to list them; --max-bad-lines {} stops beyond that)",
+            source.display(),
+            ds.header().bad_lines,
+            source.display(),
+            args.max_bad_lines
+        );
+    }
+
+    let dim = args.dim;
+    let shape = MlpShape { input: NUM_SPARSE * dim + NUM_DENSE, hidden: args.hidden.clone() };
+    let mut mlp = Mlp::new(shape.clone(), args.seed, threads);
+    let nparams = mlp.num_params();
+    let mut coll = build_backend(topo, args.backend)?;
+    let fp = fingerprint(args, &source, ds.len());
+
+    // Resume: rank 0 reads the checkpoint and every rank gets its contents.
+    let mut opt = DenseOptimState::new(args.dense_optimizer, args.lr, nparams);
+    let mut start = (0u64, 0u64, 0u64); // global step, epoch, step in epoch
+    let mut resume_table: Option<PathBuf> = None;
+    if args.resume {
+        let dir = args.checkpoint_dir.clone().unwrap_or_default();
+        let loaded = if root {
+            DenseCheckpoint::load(&dir).and_then(|ck| {
+                if ck.fingerprint != fp {
+                    Err(format!("{}: the checkpoint was written by a run configured as\n  {}\nnot as this one:\n  {}\nresume with the same flags", dir.display(), ck.fingerprint, fp))
+                } else if ck.params.len() != nparams {
+                    Err(format!("{}: {} dense parameters, the model has {nparams}", dir.display(), ck.params.len()))
+                } else {
+                    Ok(ck)
+                }
+            })
+        } else {
+            Ok(DenseCheckpoint::new(0, 0, 0, String::new(), &[], &opt))
+        };
+        let ck = match loaded {
+            Ok(ck) => {
+                agree_ok(topo, Ok(()))?;
+                ck
+            }
+            Err(e) => {
+                agree_ok(topo, Err(e))?;
+                unreachable!()
+            }
+        };
+        let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.optim_step as i64];
+        coll.broadcast(&mut head, 0)?;
+        start = (head[0] as u64, head[1] as u64, head[2] as u64);
+        if root {
+            mlp.params_mut().copy_from_slice(&ck.params);
+            opt = ck.optim_state();
+        }
+        opt.step = head[3] as u64;
+        coll.broadcast(mlp.params_mut(), 0)?;
+        if opt.kind == DenseOptimizer::Adam {
+            coll.broadcast(&mut opt.m, 0)?;
+            coll.broadcast(&mut opt.v, 0)?;
+        }
+        resume_table = Some(checkpoint::table_path(&dir, start.0));
+    } else {
+        // Identical start on every rank: rank 0's initial parameters.
+        coll.broadcast(mlp.params_mut(), 0)?;
+    }
+
+    let mut cfg = TableConfig::new(dim as u32, args.table_capacity);
+    cfg.seed = args.seed;
+    cfg.optimizer = match args.sparse_optimizer {
+        SparseOptimizer::Sgd => OptimizerKind::Sgd,
+        SparseOptimizer::Adagrad => OptimizerKind::Adagrad,
+    };
+    let mut table = match &resume_table {
+        Some(p) => HostTable::open_from(topo, TableSource::Saved(p)),
+        None => HostTable::open_from(topo, TableSource::New(&cfg)),
+    }
+    .with_context(|| "opening the host-shared embedding table")?;
+    let mut exch = SparseExchanger::new(topo, args.sparse_exchange, args.sparse_normalize, dim)?;
+
+    let n_train = train_range.len();
+    let steps_per_epoch = shard::steps_per_epoch(n_train, args.batch) as u64;
+    let total_steps = (args.epochs * steps_per_epoch).min(args.max_steps.unwrap_or(u64::MAX));
+    let bar = (root && !args.no_progress).then(|| {
+        let pb = indicatif::ProgressBar::new(total_steps);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} ETA {eta}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb.set_position(start.0);
+        pb
+    });
+
+    let mut buf = StepBuffers::default();
+    let mut grad = vec![0f32; nparams + 1];
+    let mut losses = Vec::new();
+    let mut epoch_loss = (0f64, 0u64);
+    let mut mlp_time = 0f64;
+    let mut local_samples = 0u64;
+    let (mut intra, mut cross) = (0f64, 0f64);
+    let (mut step, mut epoch, mut in_epoch) = start;
+    let mut order: Option<(u64, Vec<u32>)> = None;
+    topo.world.comm.barrier();
+    let t0 = Instant::now();
+    let mut steps_run = 0u64;
+    let fault = fault_injection()?;
+    while step < total_steps {
+        if fault == Some((topo.rank, step)) {
+            eprintln!("ringrec: fault injection: rank {} exits at step {step}", topo.rank);
+            std::process::exit(3);
+        }
+        if in_epoch >= steps_per_epoch {
+            epoch += 1;
+            in_epoch = 0;
+            epoch_loss = (0.0, 0);
+        }
+        if order.as_ref().map(|o| o.0) != Some(epoch) {
+            order = Some((epoch, shard::epoch_order(n_train, epoch, args.shuffle.then_some(args.seed))?));
+        }
+        let ord = &order.as_ref().map(|o| &o.1).ok_or_else(|| anyhow!("epoch order missing"))?;
+        let global = shard::global_batch_range(in_epoch as usize, args.batch, n_train);
+        let global_len = global.len();
+        let mine = shard::rank_slice(global, topo.rank, topo.size);
+        buf.rows.clear();
+        buf.rows.extend(ord[mine].iter().map(|p| train_range.start as u32 + p));
+
+        let b = buf.assemble(&ds, &table, dim)?;
+        let tm = Instant::now();
+        let loss_sum = mlp.forward_backward(&buf.x, &buf.labels, b, 1.0 / global_len as f32, &mut grad[..nparams], &mut buf.dx);
+        mlp_time += tm.elapsed().as_secs_f64();
+        local_samples += b as u64;
+        grad[nparams] = loss_sum as f32;
+        buf.scatter_key_grads(b, dim);
+
+        coll.allreduce(&mut grad, ReduceOp::Sum)?;
+        let loss = grad[nparams] as f64 / global_len as f64;
+        opt.step(mlp.params_mut(), &grad[..nparams]);
+        let (_, st) = exch.exchange_and_apply(topo, &mut table, &buf.uniq, &buf.key_grads, args.sparse_lr)?;
+        intra += (st.host_bytes_sent + st.host_bytes_received) as f64;
+        cross += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
+
+        step += 1;
+        in_epoch += 1;
+        steps_run += 1;
+        epoch_loss.0 += loss;
+        epoch_loss.1 += 1;
+        if args.record_losses {
+            losses.push(loss);
+        }
+        if let Some(pb) = &bar {
+            let rate = steps_run as f64 * args.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            pb.set_message(format!("epoch {epoch} loss {loss:.4} {rate:.0} samples/s"));
+            pb.set_position(step);
+        }
+        if let Some(dir) = &args.checkpoint_dir {
+            if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) || step == total_steps {
+                save_checkpoint(topo, dir, &table, DenseCheckpoint::new(step, epoch, in_epoch, fp.clone(), mlp.params(), &opt))?;
+            }
+        }
+    }
+    topo.world.comm.barrier();
+    let train_seconds = t0.elapsed().as_secs_f64();
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    let samples = {
+        let mut total = 0u64;
+        topo.world.comm.all_reduce_into(&local_samples, &mut total, SystemOperation::sum());
+        total
+    };
+
+    let (test_logloss, test_auc) = if args.no_eval || test_range.is_empty() {
+        (None, None)
+    } else {
+        let (l, a) = evaluate(topo, coll.as_mut(), &ds, &table, &mut mlp, test_range.clone(), args.batch, dim)?;
+        (l, a)
+    };
+    let peak = {
+        let mine = metrics::peak_rss_mib();
+        let mut m = 0f64;
+        topo.world.comm.all_reduce_into(&mine, &mut m, SystemOperation::max());
+        m
+    };
+    let summary = TrainSummary {
+        ranks: topo.size,
+        hosts: topo.num_hosts,
+        threads_per_rank: threads,
+        backend: coll.name().to_string(),
+        sparse_exchange: args.sparse_exchange.name().to_string(),
+        sparse_normalize: args.sparse_normalize.name().to_string(),
+        train_rows: n_train,
+        test_rows: test_range.len(),
+        steps: steps_run,
+        global_step: step,
+        samples,
+        train_seconds,
+        samples_per_sec: samples as f64 / train_seconds.max(1e-9),
+        train_loss: if epoch_loss.1 > 0 { epoch_loss.0 / epoch_loss.1 as f64 } else { 0.0 },
+        test_logloss,
+        test_auc,
+        peak_rss_mib: peak,
+        mlp_gflops: if mlp_time > 0.0 { shape.flops_per_sample() * local_samples as f64 / mlp_time / 1e9 } else { 0.0 },
+        table_rows: table.table().live_rows(),
+        sparse_bytes_intra_host_per_step: intra / steps_run.max(1) as f64,
+        sparse_bytes_cross_host_per_step: cross / steps_run.max(1) as f64,
+        params_fnv: fnv_hex(bytemuck::cast_slice(mlp.params())),
+        losses,
+    };
+    if root {
+        if args.json {
+            println!("{}", serde_json::to_string(&summary)?);
+        } else {
+            println!(
+                "ringrec train: {} ranks on {} host(s), {} steps, {} samples in {:.1}s = {:.0} samples/s; train loss {:.4}; test logloss {} AUC {}; peak RSS {:.0} MiB",
+                summary.ranks,
+                summary.hosts,
+                summary.steps,
+                summary.samples,
+                summary.train_seconds,
+                summary.samples_per_sec,
+                summary.train_loss,
+                summary.test_logloss.map_or("-".into(), |v| format!("{v:.4}")),
+                summary.test_auc.map_or("-".into(), |v| format!("{v:.4}")),
+                summary.peak_rss_mib
+            );
+        }
+    }
+    Ok(summary)
+}
+
+/// `RINGREC_FAULT_EXIT=rank:step` makes that rank exit abruptly before that step (tests
+/// of failure handling: the other ranks must stop with a message, not hang).
+fn fault_injection() -> anyhow::Result<Option<(usize, u64)>> {
+    match std::env::var("RINGREC_FAULT_EXIT") {
+        Ok(s) if !s.is_empty() => {
+            let (r, st) = s.split_once(':').ok_or_else(|| anyhow!("RINGREC_FAULT_EXIT={s:?}: expected RANK:STEP"))?;
+            Ok(Some((r.trim().parse()?, st.trim().parse()?)))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn save_checkpoint(topo: &Topology, dir: &Path, table: &HostTable, ck: DenseCheckpoint) -> anyhow::Result<()> {
+    // World rank 0 is the leader of host 0 (local rank 0, cross rank 0): it writes both
+    // halves, table first, so dense.json (renamed last) only ever names a complete step.
+    let mine = if topo.rank == 0 {
+        (|| -> anyhow::Result<()> {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let tp = checkpoint::table_path(dir, ck.step);
+            table.table().save(&tp)?;
+            ck.save(dir).with_context(|| format!("writing the checkpoint in {}", dir.display()))?;
+            checkpoint::remove_older_tables(dir, ck.step);
+            Ok(())
+        })()
+        .map_err(|e| format!("{e:#}"))
+    } else {
+        Ok(())
+    };
+    agree_ok(topo, mine)
+}
+
+/// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0 and
+/// computes the exact global log loss and AUC there.
+#[allow(clippy::too_many_arguments)]
+fn evaluate(topo: &Topology, coll: &mut dyn Collectives, ds: &Dataset, table: &HostTable, mlp: &mut Mlp, test: std::ops::Range<usize>, batch: usize, dim: usize) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+    let mine = shard::rank_slice(test, topo.rank, topo.size);
+    let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());
+    let mut buf = StepBuffers::default();
+    let mut logits = Vec::new();
+    let mut at = mine.start;
+    while at < mine.end {
+        let end = (at + batch).min(mine.end);
+        buf.rows.clear();
+        buf.rows.extend((at..end).map(|r| r as u32));
+        let b = buf.assemble(ds, table, dim)?;
+        logits.resize(b, 0.0);
+        mlp.forward(&buf.x, b, &mut logits);
+        for (z, y) in logits.iter().zip(&buf.labels) {
+            pairs.push(sigmoid(*z));
+            pairs.push(*y);
+        }
+        at = end;
+    }
+    let all = coll.gatherv(&pairs, 0)?;
+    Ok(match all {
+        Some((v, _)) => {
+            let scores: Vec<f32> = v.iter().step_by(2).copied().collect();
+            let labels: Vec<f32> = v.iter().skip(1).step_by(2).copied().collect();
+            (Some(metrics::logloss(&scores, &labels)), Some(metrics::auc(&scores, &labels)))
+        }
+        None => (None, None),
+    })
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Training throughput: ringrec (1, 2, 4 ranks) vs the PyTorch reference (1 process, DDP over
+# gloo with 2 processes) on the same 200k-row synthetic Criteo TSV, same model and batch.
+# Writes docs/bench/train.jsonl (one JSON line per run; failed runs are recorded with their
+# error and the script goes on), docs/bench/train.txt (the table), docs/bench/gemm.txt and
+# the plot docs/train_samples_per_sec.png. Not used by CI.
+#   scripts/bench/train.sh
+#   REPEATS=3 scripts/bench/train.sh              # best of 3 per configuration (noisy machine)
+#   RANKS="1 2" ROWS=50000 scripts/bench/train.sh
+# Other knobs: SKIP_BUILD=1 (use the existing binary), DATA (a TSV to use instead of the synthetic one), RINGREC_ARGS, TORCH_ARGS
+# (extra flags for one side, e.g. TORCH_ARGS="--embedding-grad sparse"), and any RINGREC_*
+# environment variable, which is passed to every rank. MPI_ARGS: extra mpirun flags, e.g.
+# MPI_ARGS="--bind-to none" (by default Open MPI binds each rank to one core when np <= 2).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROWS=${ROWS:-200000}
+RANKS=${RANKS:-1 2 4}
+REPEATS=${REPEATS:-1}
+DATA=${DATA:-target/bench-data/synth-$((ROWS / 1000))k.tsv}
+OUT=docs/bench/train.jsonl
+LOG=docs/bench/train.log
+mkdir -p docs/bench target/bench-data
+
+PY=$(WITH_TORCH=1 scripts/bench/venv.sh) || { echo "train.sh: no Python venv" >&2; exit 1; }
+
+# (a) Build. A failed build is reported; the PyTorch runs still happen.
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+  echo "SKIP_BUILD=1: using the existing target/release/ringrec" >&2
+elif ! cargo build --release --locked; then
+  echo "train.sh: cargo build --release failed; ringrec runs will be recorded as failures" >&2
+fi
+RINGREC=target/release/ringrec
+
+# (b) The data: ringrec's generator, or the Python one when that is not available.
+GEN="existing file"
+if [ ! -s "$DATA" ]; then
+  GEN="ringrec data synth --seed 1"
+  if ! "$RINGREC" data synth --rows "$ROWS" --out "$DATA" --seed 1; then
+    echo "train.sh: 'ringrec data synth' failed; generating $DATA with scripts/bench/synth_tsv.py" >&2
+    "$PY" scripts/bench/synth_tsv.py --rows "$ROWS" --out "$DATA" --seed 1 || exit 1
+    GEN="scripts/bench/synth_tsv.py --seed 1"
+  fi
+fi
+echo "data: $DATA ($(wc -l < "$DATA") rows; $GEN)" >&2
+
+# (c) The runs, each one JSON line into $OUT.
+: > "$OUT"
+: > "$LOG"
+env_args=()
+for v in $(env | grep -o '^RINGREC_[A-Z_]*' || true); do env_args+=(-x "$v"); done
+read -r -a ring_extra <<< "${RINGREC_ARGS:-}"
+read -r -a mpi_extra <<< "${MPI_ARGS:-}"
+read -r -a torch_extra <<< "${TORCH_ARGS:-}"
+record() { "$PY" scripts/bench/json_run.py --out "$OUT" --log "$LOG" "$@" > /dev/null; }
+common=(--data "$DATA" --batch 1024 --dim 16 --epochs 1 --json)
+for rep in $(seq "$REPEATS"); do
+  for np in $RANKS; do
+    record --label "ringrec np=$np" --set impl=ringrec --set procs="$np" --set repeat="$rep" -- \
+      scripts/mpirun.sh "${env_args[@]}" "${mpi_extra[@]}" -np "$np" "$RINGREC" train "${common[@]}" --no-progress \
+      "${ring_extra[@]}"
+  done
+  record --label "pytorch" --set impl=pytorch --set procs=1 --set repeat="$rep" -- \
+    "$PY" scripts/bench/torch_ctr.py "${common[@]}" --progress-every 0 "${torch_extra[@]}"
+  # ringrec np=1 under mpirun is bound to one core (Open MPI binds to cores when np <= 2):
+  # PyTorch on one thread is the same-cores comparison (informational, no target).
+  record --label "pytorch threads=1" --set impl=pytorch --set procs=1 --set repeat="$rep" -- \
+    "$PY" scripts/bench/torch_ctr.py "${common[@]}" --threads 1 --progress-every 0 "${torch_extra[@]}"
+  # nn.Embedding(sparse=True): the faster single-process PyTorch (informational, no target).
+  record --label "pytorch sparse-grad" --set impl=pytorch --set procs=1 --set repeat="$rep" -- \
+    "$PY" scripts/bench/torch_ctr.py "${common[@]}" --embedding-grad sparse --progress-every 0 \
+    "${torch_extra[@]}"
+  record --label "pytorch-ddp np=2" --set impl=pytorch-ddp --set procs=2 --set repeat="$rep" -- \
+    "$PY" scripts/bench/torch_ctr.py "${common[@]}" --ddp 2 --progress-every 0 "${torch_extra[@]}"
+done
+
+# (d) The table and the ratios.
+echo
+{
+  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), data $DATA ($GEN)"
+  "$PY" scripts/bench/bench_report.py train "$OUT"
+} | tee docs/bench/train.txt
+
+# (e) The MLP's GEMMs vs plain SGEMM.
+echo
+if "$RINGREC" bench gemm > docs/bench/gemm.txt 2> docs/bench/gemm.err; then
+  rm -f docs/bench/gemm.err
+  cat docs/bench/gemm.txt
+else
+  echo "train.sh: 'ringrec bench gemm' failed (see docs/bench/gemm.err)" >&2
+fi
+
+# (f) The plot.
+"$PY" scripts/bench/plot_train.py "$OUT" docs/train_samples_per_sec.png

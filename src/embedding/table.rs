@@ -316,8 +316,10 @@ impl EmbeddingTable {
         let l = header.layout;
         file.set_len(l.file_len).map_err(|e| TableError::io(path, "size", e))?;
         // SAFETY: we just created this file exclusively with mode 0600; no other process
-        // maps it until we return, and its length is fixed from here on.
-        let mut map = unsafe { MmapMut::map_mut(file) }.map_err(|e| TableError::io(path, "map", e))?;
+        // maps it until we return, and its length is fixed from here on. MAP_POPULATE
+        // allocates every page now: the table's memory is committed up front and training
+        // steps never stall on first-touch page faults of new rows.
+        let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(file) }.map_err(|e| TableError::io(path, "map", e))?;
         let ok = map.len() as u64 == l.file_len;
         if !ok {
             return Err(TableError::Truncated { path: path.to_path_buf(), len: map.len() as u64, need: l.file_len });
@@ -361,11 +363,12 @@ impl EmbeddingTable {
             // SAFETY: the file is ours (owner checked); the protocol of the host table is that
             // only this (leader) handle writes and nobody truncates it. Every offset used
             // later is validated against the mapping's length first.
-            Mapping::Rw(unsafe { MmapMut::map_mut(&file) }.map_err(|e| TableError::io(path, "map", e))?)
+            Mapping::Rw(unsafe { memmap2::MmapOptions::new().populate().map_mut(&file) }.map_err(|e| TableError::io(path, "map", e))?)
         } else {
             // SAFETY: as above; a read-only mapping, the contents are validated before use
-            // and all reads are bounds-checked slices.
-            Mapping::Ro(unsafe { Mmap::map(&file) }.map_err(|e| TableError::io(path, "map", e))?)
+            // and all reads are bounds-checked slices. Populated: page-table entries for the
+            // leader's pages are set up now, not on each first lookup.
+            Mapping::Ro(unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(|e| TableError::io(path, "map", e))?)
         };
         let bytes: &[u8] = match &map {
             Mapping::Ro(m) => m,
@@ -574,15 +577,26 @@ impl EmbeddingTable {
     }
 
     /// Number of distinct keys of `keys` not yet in the table.
-    fn count_new(&self, keys: &[u64]) -> TableResult<u64> {
+    /// The slot of every key already in the table (`usize::MAX` for absent ones) and the
+    /// number of distinct absent keys. Prefetches the index `PREFETCH_AHEAD` keys ahead:
+    /// updates are bound by memory latency, not arithmetic.
+    fn resolve_slots(&self, keys: &[u64]) -> TableResult<(Vec<usize>, u64)> {
         let v = self.view::<u8>()?;
-        let mut new = HashSet::new();
-        for k in keys {
-            if v.find(*k).is_none() {
-                new.insert(*k);
+        let mut slots = Vec::with_capacity(keys.len());
+        let mut new: Option<HashSet<u64>> = None;
+        for (n, k) in keys.iter().enumerate() {
+            if let Some(next) = keys.get(n + PREFETCH_AHEAD) {
+                v.prefetch(*next);
+            }
+            match v.find(*k) {
+                Some(s) => slots.push(s),
+                None => {
+                    new.get_or_insert_with(HashSet::new).insert(*k);
+                    slots.push(usize::MAX);
+                }
             }
         }
-        Ok(new.len() as u64)
+        Ok((slots, new.map_or(0, |n| n.len() as u64)))
     }
 
     /// Applies one optimizer step per `(key, gradient row)` in the given order (a key given
@@ -613,7 +627,7 @@ impl EmbeddingTable {
         }
         self.check_len(if matches!(op, RowOp::Assign) { "row values" } else { "gradients" }, keys.len(), vals.len())?;
         Self::check_keys(keys)?;
-        let new = self.count_new(keys)?;
+        let (slots, new) = self.resolve_slots(keys)?;
         let h = self.header;
         let max_rows = h.max_rows();
         if h.live_rows + new > max_rows {
@@ -627,9 +641,9 @@ impl EmbeddingTable {
             });
         }
         let stats = match h.dtype {
-            StorageDtype::F32 => self.write_rows_t::<f32>(keys, vals, op),
-            StorageDtype::F16 => self.write_rows_t::<f16>(keys, vals, op),
-            StorageDtype::Bf16 => self.write_rows_t::<bf16>(keys, vals, op),
+            StorageDtype::F32 => self.write_rows_t::<f32>(keys, vals, op, &slots),
+            StorageDtype::F16 => self.write_rows_t::<f16>(keys, vals, op, &slots),
+            StorageDtype::Bf16 => self.write_rows_t::<bf16>(keys, vals, op, &slots),
         }?;
         Ok(stats)
     }
@@ -649,7 +663,9 @@ impl EmbeddingTable {
         Ok(Parts { header, index: cast_mut(&path, index)?, rows: cast_mut(&path, rows)?, state: cast_mut(&path, state)? })
     }
 
-    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp) -> TableResult<UpdateStats> {
+    /// `slots[n]`: the slot of `keys[n]` if it was present before this call (keys never
+    /// move, so it stays valid while other keys are inserted), `usize::MAX` otherwise.
+    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
         let mut h = self.header;
         let d = h.dim as usize;
         let mask = (h.capacity - 1) as usize;
@@ -658,17 +674,31 @@ impl EmbeddingTable {
         let p = self.parts_mut::<T>()?;
         let mut w = vec![0f32; d];
         let mut stats = UpdateStats::default();
-        for (key, v) in keys.iter().zip(vals.chunks_exact(d)) {
-            // Find the key or the empty slot that ends its probe sequence.
-            let mut i = home_slot(*key, shift) & mask;
-            let mut found = None;
-            for _ in 0..p.index.len() {
-                let k = p.index[i];
-                if k == *key || k == EMPTY_KEY {
-                    found = Some((i, k == EMPTY_KEY));
-                    break;
+        for (n, (key, v)) in keys.iter().zip(vals.chunks_exact(d)).enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(&ahead) = slots.get(n + PREFETCH_AHEAD) {
+                if ahead != usize::MAX {
+                    let r = p.rows.as_ptr().wrapping_add(ahead * d) as *const i8;
+                    // SAFETY: prefetch is a hint that never faults, whatever the address.
+                    unsafe { std::arch::x86_64::_mm_prefetch(r, std::arch::x86_64::_MM_HINT_T0) };
                 }
-                i = (i + 1) & mask;
+            }
+            // The known slot, or find the key (inserted earlier in this list) or the empty
+            // slot that ends its probe sequence.
+            let mut found = match slots.get(n) {
+                Some(&s) if s != usize::MAX && p.index.get(s) == Some(key) => Some((s, false)),
+                _ => None,
+            };
+            if found.is_none() {
+                let mut i = home_slot(*key, shift) & mask;
+                for _ in 0..p.index.len() {
+                    let k = p.index[i];
+                    if k == *key || k == EMPTY_KEY {
+                        found = Some((i, k == EMPTY_KEY));
+                        break;
+                    }
+                    i = (i + 1) & mask;
+                }
             }
             let Some((slot, insert)) = found else {
                 return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });

@@ -61,8 +61,7 @@ for rep in $(seq "$REPEATS"); do
   done
   record --label "pytorch" --set impl=pytorch --set procs=1 --set repeat="$rep" -- \
     "$PY" scripts/bench/torch_ctr.py "${common[@]}" --progress-every 0 "${torch_extra[@]}"
-  # ringrec np=1 under mpirun is bound to one core (Open MPI binds to cores when np <= 2):
-  # PyTorch on one thread is the same-cores comparison (informational, no target).
+  # PyTorch on one thread (informational, no target): the per-core comparison.
   record --label "pytorch threads=1" --set impl=pytorch --set procs=1 --set repeat="$rep" -- \
     "$PY" scripts/bench/torch_ctr.py "${common[@]}" --threads 1 --progress-every 0 "${torch_extra[@]}"
   # nn.Embedding(sparse=True): the faster single-process PyTorch (informational, no target).

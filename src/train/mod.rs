@@ -201,6 +201,9 @@ pub struct TrainSummary {
     pub sparse_bytes_cross_host_per_step: f64,
     /// FNV-1a of the final dense parameters (same on every rank).
     pub params_fnv: String,
+    /// Seconds rank 0 spent per phase: batch (data + lookup + input), mlp, scatter (key
+    /// gradients), allreduce, optimizer, sparse (exchange + apply + host barrier).
+    pub phase_seconds: std::collections::BTreeMap<String, f64>,
     /// Every step's global mean loss (with --record-losses).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub losses: Vec<f64>,
@@ -518,6 +521,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     topo.world.comm.barrier();
     let t0 = Instant::now();
     let mut steps_run = 0u64;
+    let mut phases = std::collections::BTreeMap::new();
     let fault = fault_injection()?;
     while step < total_steps {
         if fault == Some((topo.rank, step)) {
@@ -539,18 +543,26 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         buf.rows.clear();
         buf.rows.extend(ord[mine].iter().map(|p| train_range.start as u32 + p));
 
+        let tb = Instant::now();
         let b = buf.assemble(&ds, &table, dim)?;
         let tm = Instant::now();
         let loss_sum = mlp.forward_backward(&buf.x, &buf.labels, b, 1.0 / global_len as f32, &mut grad[..nparams], &mut buf.dx);
-        mlp_time += tm.elapsed().as_secs_f64();
+        let ts = Instant::now();
+        mlp_time += (ts - tm).as_secs_f64();
         local_samples += b as u64;
         grad[nparams] = loss_sum as f32;
         buf.scatter_key_grads(b, dim);
-
+        let ta = Instant::now();
         coll.allreduce(&mut grad, ReduceOp::Sum)?;
+        let to = Instant::now();
         let loss = grad[nparams] as f64 / global_len as f64;
         opt.step(mlp.params_mut(), &grad[..nparams]);
+        let tx = Instant::now();
         let (_, st) = exch.exchange_and_apply(topo, &mut table, &buf.uniq, &buf.key_grads, args.sparse_lr)?;
+        let te = Instant::now();
+        for (name, d) in [("batch", tm - tb), ("mlp", ts - tm), ("scatter", ta - ts), ("allreduce", to - ta), ("optimizer", tx - to), ("sparse", te - tx)] {
+            *phases.entry(name.to_string()).or_insert(0.0) += d.as_secs_f64();
+        }
         intra += (st.host_bytes_sent + st.host_bytes_received) as f64;
         cross += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
 
@@ -575,6 +587,9 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     }
     topo.world.comm.barrier();
     let train_seconds = t0.elapsed().as_secs_f64();
+    if std::env::var_os("RINGREC_LOG_SPARSE").is_some() {
+        eprintln!("rank {} sparse exchange over {} steps: {}", topo.rank, exch.steps(), exch.totals());
+    }
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
@@ -619,6 +634,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         sparse_bytes_intra_host_per_step: intra / steps_run.max(1) as f64,
         sparse_bytes_cross_host_per_step: cross / steps_run.max(1) as f64,
         params_fnv: fnv_hex(bytemuck::cast_slice(mlp.params())),
+        phase_seconds: phases,
         losses,
     };
     if root {

@@ -18,6 +18,8 @@ use super::init::{self, home_slot, Elem};
 pub const PAR_MIN_KEYS: usize = 16 * 1024;
 /// Keys per rayon task in a parallel gather.
 const PAR_CHUNK_KEYS: usize = 2048;
+/// Distinct, sorted update lists at least this long are applied in parallel.
+pub const PAR_MIN_UPDATES: usize = 2048;
 /// How many keys ahead a gather prefetches the index slot and row.
 const PREFETCH_AHEAD: usize = 8;
 
@@ -582,18 +584,36 @@ impl EmbeddingTable {
     /// updates are bound by memory latency, not arithmetic.
     fn resolve_slots(&self, keys: &[u64]) -> TableResult<(Vec<usize>, u64)> {
         let v = self.view::<u8>()?;
-        let mut slots = Vec::with_capacity(keys.len());
-        let mut new: Option<HashSet<u64>> = None;
-        for (n, k) in keys.iter().enumerate() {
-            if let Some(next) = keys.get(n + PREFETCH_AHEAD) {
-                v.prefetch(*next);
-            }
-            match v.find(*k) {
-                Some(s) => slots.push(s),
-                None => {
-                    new.get_or_insert_with(HashSet::new).insert(*k);
-                    slots.push(usize::MAX);
+        let find_all = |chunk: &[u64], out: &mut Vec<usize>| {
+            for (n, k) in chunk.iter().enumerate() {
+                if let Some(next) = chunk.get(n + PREFETCH_AHEAD) {
+                    v.prefetch(*next);
                 }
+                out.push(v.find(*k).unwrap_or(usize::MAX));
+            }
+        };
+        let mut slots = Vec::with_capacity(keys.len());
+        if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 {
+            // Read-only lookups: independent, so split over the pool (order kept).
+            use rayon::prelude::*;
+            let parts: Vec<Vec<usize>> = keys
+                .par_chunks(PAR_CHUNK_KEYS)
+                .map(|c| {
+                    let mut out = Vec::with_capacity(c.len());
+                    find_all(c, &mut out);
+                    out
+                })
+                .collect();
+            for p in parts {
+                slots.extend(p);
+            }
+        } else {
+            find_all(keys, &mut slots);
+        }
+        let mut new: Option<HashSet<u64>> = None;
+        for (k, s) in keys.iter().zip(&slots) {
+            if *s == usize::MAX {
+                new.get_or_insert_with(HashSet::new).insert(*k);
             }
         }
         Ok((slots, new.map_or(0, |n| n.len() as u64)))
@@ -666,6 +686,11 @@ impl EmbeddingTable {
     /// `slots[n]`: the slot of `keys[n]` if it was present before this call (keys never
     /// move, so it stays valid while other keys are inserted), `usize::MAX` otherwise.
     fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
+        // Strictly increasing keys (what the sparse exchange hands the leader) are distinct,
+        // so their rows are disjoint and can be stepped in parallel with the same result.
+        if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 && keys.windows(2).all(|w| w[0] < w[1]) {
+            return self.write_rows_par::<T>(keys, vals, op, slots);
+        }
         let mut h = self.header;
         let d = h.dim as usize;
         let mask = (h.capacity - 1) as usize;
@@ -737,6 +762,103 @@ impl EmbeddingTable {
             T::store(&w, row);
             stats.updated += 1;
         }
+        h.generation = h.generation.wrapping_add(1);
+        stats.generation = h.generation;
+        p.header[..HEADER_FIELDS].copy_from_slice(&h.encode());
+        self.header = h;
+        Ok(stats)
+    }
+
+    /// [`EmbeddingTable::write_rows_t`] for distinct keys: inserts the new keys sequentially in
+    /// list order (so slots, and the file, are the same as the sequential path's), then steps
+    /// every row in parallel, each row computed exactly as the sequential path computes it.
+    fn write_rows_par<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
+        use rayon::prelude::*;
+        let mut h = self.header;
+        let d = h.dim as usize;
+        let mask = (h.capacity - 1) as usize;
+        let shift = self.shift;
+        let path = self.path.clone();
+        let p = self.parts_mut::<T>()?;
+        let mut slots = slots.to_vec();
+        let mut inserted = vec![false; keys.len()];
+        let mut stats = UpdateStats::default();
+        // Pass 1 (sequential): insert absent keys in list order.
+        for (n, key) in keys.iter().enumerate() {
+            if slots[n] != usize::MAX && p.index.get(slots[n]) == Some(key) {
+                continue;
+            }
+            let mut i = home_slot(*key, shift) & mask;
+            let mut found = None;
+            for _ in 0..p.index.len() {
+                let k = p.index[i];
+                if k == *key || k == EMPTY_KEY {
+                    found = Some((i, k == EMPTY_KEY));
+                    break;
+                }
+                i = (i + 1) & mask;
+            }
+            let Some((slot, insert)) = found else {
+                return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
+            };
+            if insert {
+                p.index[slot] = *key;
+                h.live_rows += 1;
+                stats.inserted += 1;
+                inserted[n] = true;
+                if let Some(a) = p.state.get_mut(slot) {
+                    *a = h.adagrad_init;
+                }
+            }
+            slots[n] = slot;
+        }
+        let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
+        if slots.iter().any(|s| (s + 1) * d > p.rows.len() || (adagrad && *s >= p.state.len())) {
+            return Err(TableError::BadLayout { path, detail: "row or state outside its section".into() });
+        }
+        // Pass 2 (parallel): one optimizer step per row.
+        struct Shared<T>(*mut T, *mut f32);
+        // SAFETY: the pointers are only used for rows/states of distinct slots (below).
+        unsafe impl<T> Sync for Shared<T> {}
+        let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr());
+        let shared = &shared;
+        let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
+        (0..keys.len()).into_par_iter().with_min_len(256).for_each_init(
+            || vec![0f32; d],
+            |w, n| {
+                let slot = slots[n];
+                // SAFETY: keys are strictly increasing, hence distinct, hence their slots are
+                // distinct: no two tasks touch the same row or state; bounds checked above.
+                let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
+                if inserted[n] {
+                    init::init_row::<T>(keys[n], seed, scale, w);
+                } else {
+                    T::load(row, w);
+                }
+                let v = &vals[n * d..(n + 1) * d];
+                match op {
+                    RowOp::Assign => w.copy_from_slice(v),
+                    RowOp::Step(lr) => {
+                        if adagrad {
+                            let sq: f32 = v.iter().map(|g| g * g).sum::<f32>() / d as f32;
+                            // SAFETY: as for the row; slot < state.len() checked above.
+                            let acc = unsafe { &mut *shared.1.add(slot) };
+                            *acc += sq;
+                            let denom = acc.sqrt() + eps;
+                            for (x, g) in w.iter_mut().zip(v) {
+                                *x -= lr * g / denom;
+                            }
+                        } else {
+                            for (x, g) in w.iter_mut().zip(v) {
+                                *x -= lr * g;
+                            }
+                        }
+                    }
+                }
+                T::store(w, row);
+            },
+        );
+        stats.updated = keys.len() as u64;
         h.generation = h.generation.wrapping_add(1);
         stats.generation = h.generation;
         p.header[..HEADER_FIELDS].copy_from_slice(&h.encode());

@@ -507,3 +507,29 @@ fn readonly_mapping_faults_on_write() {
         .unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+#[test]
+fn parallel_updates_of_distinct_keys_equal_the_sequential_path_byte_for_byte() {
+    for (dtype, optimizer) in [(StorageDtype::F32, OptimizerKind::Sgd), (StorageDtype::F16, OptimizerKind::Adagrad), (StorageDtype::Bf16, OptimizerKind::Sgd)] {
+        let dir = TempDir::new();
+        let mut cfg = TableConfig::new(8, 1 << 14);
+        cfg.dtype = dtype;
+        cfg.optimizer = optimizer;
+        let mut seq = EmbeddingTable::create(&dir.path("seq"), &cfg).unwrap();
+        let mut par = EmbeddingTable::create(&dir.path("par"), &cfg).unwrap();
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for step in 0..4u64 {
+            // Sorted distinct keys, half of them seen in the previous step.
+            let mut keys: Vec<u64> = (0..3000u64).map(|i| (i + step * 1500).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 8).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            assert!(keys.len() >= table::PAR_MIN_UPDATES);
+            let grads: Vec<f32> = (0..keys.len() * 8).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+            let a = one.install(|| seq.apply_updates(&keys, &grads, 0.1)).unwrap();
+            let b = two.install(|| par.apply_updates(&keys, &grads, 0.1)).unwrap();
+            assert_eq!((a.inserted, a.updated, a.generation), (b.inserted, b.updated, b.generation));
+        }
+        assert!(seq.as_bytes() == par.as_bytes(), "{dtype:?} {optimizer:?}: files differ");
+    }
+}

@@ -369,13 +369,19 @@ impl StepBuffers {
         table.lookup(&self.uniq, &mut self.emb)?;
         let input = NUM_SPARSE * dim + NUM_DENSE;
         self.x.resize(b * input, 0.0);
-        for s in 0..b {
-            let row = &mut self.x[s * input..(s + 1) * input];
+        let (emb, inverse, dense) = (&self.emb, &self.inverse, &self.dense);
+        let fill = |(s, row): (usize, &mut [f32])| {
             for f in 0..NUM_SPARSE {
-                let u = self.inverse[s * NUM_SPARSE + f] as usize;
-                row[f * dim..(f + 1) * dim].copy_from_slice(&self.emb[u * dim..(u + 1) * dim]);
+                let u = inverse[s * NUM_SPARSE + f] as usize;
+                row[f * dim..(f + 1) * dim].copy_from_slice(&emb[u * dim..(u + 1) * dim]);
             }
-            row[NUM_SPARSE * dim..].copy_from_slice(&self.dense[s * NUM_DENSE..(s + 1) * NUM_DENSE]);
+            row[NUM_SPARSE * dim..].copy_from_slice(&dense[s * NUM_DENSE..(s + 1) * NUM_DENSE]);
+        };
+        if b >= 256 && rayon::current_num_threads() > 1 {
+            use rayon::prelude::*;
+            self.x[..b * input].par_chunks_mut(input).enumerate().with_min_len(64).for_each(fill);
+        } else {
+            self.x[..b * input].chunks_mut(input).enumerate().for_each(fill);
         }
         self.dx.resize(b * input, 0.0);
         Ok(b)

@@ -14,7 +14,7 @@ use anyhow::Context;
 use rayon::prelude::*;
 
 use crate::embedding::format::capacity_for_rows;
-use crate::embedding::init::{init_row_f32, splitmix64};
+use crate::embedding::init::init_row_f32;
 use crate::embedding::{EmbeddingTable, OptimizerKind, SegmentGuard, StorageDtype, TableConfig};
 
 /// Key distributions of the benchmark batches.
@@ -88,34 +88,15 @@ pub struct EmbeddingBenchRow {
     pub check: bool,
 }
 
-/// The `i`-th key of the benchmark table (scrambled so hot keys are not neighbours).
-fn key_of(i: u64) -> u64 {
-    let k = splitmix64(i);
-    if k == u64::MAX {
-        0
-    } else {
-        k
-    }
-}
+use super::sparse::key_of;
 
-/// Batch of rank indices `0..n`: uniform, or Zipf by inverting the continuous power-law CDF.
+/// A batch of keys of ids `0..n`: uniform, or Zipf by inverting the continuous power-law CDF.
 fn draw(n: u64, len: usize, dist: KeyDist, s: f64, seed: u64) -> Vec<u64> {
-    let mut x = splitmix64(seed) | 1;
-    let nf = n as f64;
-    let a = nf.powf(1.0 - s) - 1.0;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            let r = match dist {
-                KeyDist::Uniform => (u * nf) as u64,
-                KeyDist::Zipf => ((a * u + 1.0).powf(1.0 / (1.0 - s)) - 1.0).max(0.0) as u64,
-            };
-            key_of(r.min(n - 1))
-        })
-        .collect()
+    let ids = match dist {
+        KeyDist::Uniform => super::sparse::uniform_ids(n, len, seed),
+        KeyDist::Zipf => super::sparse::zipf_ids(n, len, s, seed),
+    };
+    ids.into_iter().map(key_of).collect()
 }
 
 fn rate(items: usize, f: impl FnMut()) -> f64 {

@@ -103,19 +103,32 @@ pub struct SparseReport {
 /// `len` Zipf-distributed ids in `0..n` (id r drawn with probability ~ 1/(r+1)^s, by
 /// inverting the continuous power-law CDF), from `seed`.
 pub fn zipf_ids(n: u64, len: usize, s: f64, seed: u64) -> Vec<u64> {
-    let mut x = splitmix64(seed) | 1;
     let nf = n.max(1) as f64;
     let a = nf.powf(1.0 - s) - 1.0;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+    unit_stream(seed)
+        .take(len)
+        .map(|u| {
             let r = if (s - 1.0).abs() < 1e-9 { nf.powf(u) - 1.0 } else { (a * u + 1.0).powf(1.0 / (1.0 - s)) - 1.0 };
             (r.max(0.0) as u64).min(n.max(1) - 1)
         })
         .collect()
+}
+
+/// `len` uniformly distributed ids in `0..n`, from `seed` (the same stream as [`zipf_ids`]).
+pub fn uniform_ids(n: u64, len: usize, seed: u64) -> Vec<u64> {
+    let nf = n.max(1) as f64;
+    unit_stream(seed).take(len).map(|u| ((u * nf) as u64).min(n.max(1) - 1)).collect()
+}
+
+/// Uniform numbers in [0, 1) from a xorshift stream seeded by `seed`.
+fn unit_stream(seed: u64) -> impl Iterator<Item = f64> {
+    let mut x = splitmix64(seed) | 1;
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
 }
 
 /// The key of id `i`: scrambled so hot keys are not neighbours, never the reserved u64::MAX.

@@ -287,6 +287,27 @@ struct Parts<'a, T> {
     state: &'a mut [f32],
 }
 
+/// One row's change in f32: assignment, an SGD step, or (with `acc`, the row's Adagrad
+/// accumulator) a row-wise Adagrad step. The sequential and parallel update paths share it,
+/// so they compute every row identically.
+fn step_row(w: &mut [f32], v: &[f32], op: RowOp, acc: Option<&mut f32>, eps: f32) {
+    match (op, acc) {
+        (RowOp::Assign, _) => w.copy_from_slice(v),
+        (RowOp::Step(lr), None) => {
+            for (x, g) in w.iter_mut().zip(v) {
+                *x -= lr * g;
+            }
+        }
+        (RowOp::Step(lr), Some(acc)) => {
+            *acc += v.iter().map(|g| g * g).sum::<f32>() / v.len() as f32;
+            let denom = acc.sqrt() + eps;
+            for (x, g) in w.iter_mut().zip(v) {
+                *x -= lr * g / denom;
+            }
+        }
+    }
+}
+
 /// How `write_rows` changes a row.
 #[derive(Clone, Copy)]
 enum RowOp {
@@ -740,25 +761,13 @@ impl EmbeddingTable {
             } else {
                 T::load(row, &mut w);
             }
-            match op {
-                RowOp::Assign => w.copy_from_slice(v),
-                RowOp::Step(lr) => match h.optimizer {
-                    OptimizerKind::Sgd => {
-                        for (x, g) in w.iter_mut().zip(v) {
-                            *x -= lr * g;
-                        }
-                    }
-                    OptimizerKind::Adagrad => {
-                        let sq: f32 = v.iter().map(|g| g * g).sum::<f32>() / d as f32;
-                        let acc = p.state.get_mut(slot).ok_or_else(|| TableError::BadLayout { path: path.clone(), detail: "state outside its section".into() })?;
-                        *acc += sq;
-                        let denom = acc.sqrt() + h.adagrad_eps;
-                        for (x, g) in w.iter_mut().zip(v) {
-                            *x -= lr * g / denom;
-                        }
-                    }
-                },
-            }
+            let acc = match (op, h.optimizer) {
+                (RowOp::Step(_), OptimizerKind::Adagrad) => {
+                    Some(p.state.get_mut(slot).ok_or_else(|| TableError::BadLayout { path: path.clone(), detail: "state outside its section".into() })?)
+                }
+                _ => None,
+            };
+            step_row(&mut w, v, op, acc, h.adagrad_eps);
             T::store(&w, row);
             stats.updated += 1;
         }
@@ -836,25 +845,9 @@ impl EmbeddingTable {
                     T::load(row, w);
                 }
                 let v = &vals[n * d..(n + 1) * d];
-                match op {
-                    RowOp::Assign => w.copy_from_slice(v),
-                    RowOp::Step(lr) => {
-                        if adagrad {
-                            let sq: f32 = v.iter().map(|g| g * g).sum::<f32>() / d as f32;
-                            // SAFETY: as for the row; slot < state.len() checked above.
-                            let acc = unsafe { &mut *shared.1.add(slot) };
-                            *acc += sq;
-                            let denom = acc.sqrt() + eps;
-                            for (x, g) in w.iter_mut().zip(v) {
-                                *x -= lr * g / denom;
-                            }
-                        } else {
-                            for (x, g) in w.iter_mut().zip(v) {
-                                *x -= lr * g;
-                            }
-                        }
-                    }
-                }
+                // SAFETY: as for the row; slot < state.len() checked above.
+                let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
+                step_row(w, v, op, acc, eps);
                 T::store(w, row);
             },
         );

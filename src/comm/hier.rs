@@ -33,13 +33,13 @@ pub struct HierCollectives {
 }
 
 impl HierCollectives {
-    /// Collective over the world.
-    pub fn new(topo: &Topology) -> CommResult<HierCollectives> {
+    /// Collective over the world; `tag` names its shared segment.
+    pub fn new(topo: &Topology, tag: &str) -> CommResult<HierCollectives> {
         if !topo.is_homogeneous() {
             return Err(CommError::Unsupported { backend: "hier", reason: "hosts have different numbers of ranks; use --backend ring".into() });
         }
         Ok(HierCollectives {
-            local: ShmCollectives::on_host(topo, "hier")?,
+            local: ShmCollectives::on_host(topo, &format!("hier-{tag}"))?,
             cross: topo.cross.duplicate(),
             world: MpiCollectives::new(topo.world.duplicate(), super::verify_from_env()),
             local_rank: topo.local_rank,

@@ -15,10 +15,12 @@
 pub mod hier;
 pub mod mpi_backend;
 pub mod ring;
+pub mod scattered;
 pub mod shm;
 pub mod verify;
 
 use crate::dtype::{DType, Element, ReduceOp};
+pub use scattered::Scattered;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
 
@@ -106,6 +108,23 @@ pub trait Collectives {
     fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>>;
     /// Returns once every rank of the group has entered it.
     fn barrier(&mut self) -> CommResult<()>;
+    /// In-place allreduce of several buffers as if they were one (a fusion buffer). The
+    /// default copies them through one contiguous buffer; backends that can move the pieces
+    /// directly say so with [`Collectives::zero_copy_fusion`].
+    fn allreduce_scattered(&mut self, bufs: &mut Scattered<'_>, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let len = bufs.len();
+        let mut tmp = scattered::aligned_bytes(len);
+        let tmp = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tmp)[..len];
+        bufs.read(0..len, tmp);
+        self.allreduce_raw(tmp, dtype, op)?;
+        bufs.write(0..len, tmp);
+        Ok(())
+    }
+    /// True when [`Collectives::allreduce_scattered`] reduces the pieces in place, with no
+    /// copy through a separate fusion buffer.
+    fn zero_copy_fusion(&self) -> bool {
+        false
+    }
 }
 
 /// Typed helpers on top of [`Collectives`].
@@ -274,6 +293,12 @@ pub fn verify_from_env() -> bool {
 
 /// Builds a backend over all ranks of the world.
 pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collectives>> {
+    build_tagged(backend, topo, "world")
+}
+
+/// Builds a backend over all ranks of the world; `tag` names its shared segments so that
+/// several backends (the trainer's, the engine's) live side by side in one job.
+pub fn build_tagged(backend: Backend, topo: &Topology, tag: &str) -> CommResult<Box<dyn Collectives>> {
     Ok(match backend {
         Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), verify_from_env())),
         Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), verify_from_env())),
@@ -284,9 +309,9 @@ pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collective
                     reason: format!("the world spans {} hosts and shm only reaches ranks of one host; use --backend hier", topo.num_hosts),
                 });
             }
-            Box::new(shm::ShmCollectives::on_host(topo, "world")?)
+            Box::new(shm::ShmCollectives::on_host(topo, tag)?)
         }
-        Backend::Hier => Box::new(hier::HierCollectives::new(topo)?),
+        Backend::Hier => Box::new(hier::HierCollectives::new(topo, tag)?),
     })
 }
 

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use mpi::collective::CommunicatorCollectives;
 
-use super::{check_headers, part, Collectives, Gathered, Header};
+use super::scattered::{aligned_bytes, ByteView};
+use super::{check_headers, part, Collectives, Gathered, Header, Scattered};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::shm::{segment_path, SharedSegment};
 use crate::topology::Topology;
@@ -71,6 +72,8 @@ pub struct ShmCollectives {
     timeout: Duration,
     pids: Vec<i32>,
     poisoned: Option<String>,
+    /// Reduction target for pieces of a scattered buffer that straddle its parts.
+    scratch: Vec<u64>,
 }
 
 fn env_usize(name: &str) -> Option<usize> {
@@ -111,6 +114,7 @@ impl ShmCollectives {
             timeout: timeout_from_env(),
             pids: vec![0; size],
             poisoned: None,
+            scratch: Vec::new(),
         };
         me.ctrl(me.rank).pid.v.store(std::process::id() as u64, Ordering::Release);
         topo.local.comm.barrier();
@@ -245,6 +249,31 @@ impl ShmCollectives {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot(self.rank, b).add(off), src.len()) }
     }
 
+    /// Copies bytes `r` of `src` into slot (me, b) at `off`.
+    fn put_from<V: ByteView + ?Sized>(&self, b: usize, off: usize, src: &V, r: std::ops::Range<usize>) {
+        debug_assert!(off + r.len() <= self.slot_bytes);
+        // SAFETY: the destination lies in our own slot, which no peer reads before our
+        // `arrive` for this round (and which every peer finished reading: `begin`); nothing
+        // else holds a reference into it while this one lives.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.slot(self.rank, b).add(off), r.len()) };
+        src.read_range(r, dst);
+    }
+
+    /// Reduces `srcs` into bytes `r` of `buf`: in place when the range is contiguous, else
+    /// through the scratch buffer.
+    fn reduce_range<V: ByteView + ?Sized>(scratch: &mut Vec<u64>, buf: &mut V, r: std::ops::Range<usize>, srcs: &[&[u8]], dtype: DType, op: ReduceOp, scale: Option<usize>) -> CommResult<()> {
+        if let Some(dst) = buf.range_mut(r.clone()) {
+            return dtype::reduce_into(dst, srcs, dtype, op, scale);
+        }
+        if scratch.len() * 8 < r.len() {
+            *scratch = aligned_bytes(r.len());
+        }
+        let tmp = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..r.len()];
+        dtype::reduce_into(tmp, srcs, dtype, op, scale)?;
+        buf.write_range(r, tmp);
+        Ok(())
+    }
+
     /// Peer q's slot b bytes `off..off+len`, valid to read between its `arrive` (or
     /// `reduced`) and our `done` of this round.
     fn peer(&self, q: usize, b: usize, off: usize, len: usize) -> &[u8] {
@@ -254,14 +283,18 @@ impl ShmCollectives {
         unsafe { std::slice::from_raw_parts(self.slot(q, b).add(off), len) }
     }
 
-    fn allreduce_direct(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp, h: &Header) -> CommResult<()> {
+    fn allreduce_direct<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: &Header) -> CommResult<()> {
+        let len = buf.view_len();
         let b = self.begin("allreduce")?;
-        self.put(b, 0, buf);
+        self.put_from(b, 0, buf, 0..len);
         self.arrive_with_header(Some(h), "allreduce")?;
-        let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, 0, buf.len())).collect();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, 0, len)).collect();
         let scale = (op == ReduceOp::Average).then_some(self.size);
         // reduce_into only fails on ragged buffers, excluded by the header check.
-        let r = dtype::reduce_into(buf, &srcs, dtype, op, scale);
+        let r = Self::reduce_range(&mut scratch, buf, 0..len, &srcs, dtype, op, scale);
+        drop(srcs);
+        self.scratch = scratch;
         self.finish();
         r
     }
@@ -289,9 +322,9 @@ impl ShmCollectives {
 
     /// Sliced allreduce (`scatter_only`: stop after the reduce-scatter, leaving only this
     /// rank's part reduced; used by `hier`). `h` is checked in round 0.
-    fn allreduce_sliced(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
+    fn allreduce_sliced<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
         let esz = dtype.size();
-        let n = buf.len() / esz;
+        let n = buf.view_len() / esz;
         let (piece, rounds) = self.plan(n, dtype);
         let pb = piece * esz;
         let scale = (op == ReduceOp::Average && !scatter_only).then_some(self.size);
@@ -299,14 +332,17 @@ impl ShmCollectives {
             let b = self.begin("allreduce")?;
             for l in 0..self.size {
                 let r = self.piece_range(n, l, k, piece, esz);
-                self.put(b, l * pb, &buf[r]);
+                self.put_from(b, l * pb, buf, r);
             }
             self.arrive_with_header((k == 0).then_some(h), "allreduce")?;
             let mine = self.piece_range(n, self.rank, k, piece, esz);
             let len = mine.len();
             {
+                let mut scratch = std::mem::take(&mut self.scratch);
                 let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, self.rank * pb, len)).collect();
-                let r = dtype::reduce_into(&mut buf[mine.clone()], &srcs, dtype, op, scale);
+                let r = Self::reduce_range(&mut scratch, buf, mine.clone(), &srcs, dtype, op, scale);
+                drop(srcs);
+                self.scratch = scratch;
                 if let Err(e) = r {
                     self.poisoned = Some(e.to_string());
                     return Err(e);
@@ -316,14 +352,14 @@ impl ShmCollectives {
                 self.finish();
                 continue;
             }
-            self.put(b, self.rank * pb, &buf[mine]);
+            self.put_from(b, self.rank * pb, buf, mine);
             self.publish(Phase::Reduced);
             self.wait_all(Phase::Reduced, self.iter + 1, "allreduce")?;
             for q in 0..self.size {
                 if q != self.rank {
                     let r = self.piece_range(n, q, k, piece, esz);
                     let len = r.len();
-                    buf[r].copy_from_slice(self.peer(q, b, q * pb, len));
+                    buf.write_range(r, self.peer(q, b, q * pb, len));
                 }
             }
             self.finish();
@@ -423,6 +459,26 @@ impl Header {
     }
 }
 
+impl ShmCollectives {
+    /// Allreduce of a contiguous or scattered buffer described by `h`.
+    fn allreduce_view<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: Header) -> CommResult<()> {
+        self.check_usable()?;
+        if h.count == u64::MAX {
+            // Take part in one round so peers fail with a mismatch instead of waiting.
+            let _ = self.allreduce_direct(&mut [][..], DType::U8, op, &h);
+            return Err(CommError::BadBuffer { len: buf.view_len(), dtype: dtype.name() });
+        }
+        if self.size == 1 {
+            return Ok(()); // sum, min, max and average of one rank are the input
+        }
+        if buf.view_len() <= DIRECT_MAX_BYTES.min(self.slot_bytes) {
+            self.allreduce_direct(buf, dtype, op, &h)
+        } else {
+            self.allreduce_sliced(buf, dtype, op, &h, false)
+        }
+    }
+}
+
 impl Collectives for ShmCollectives {
     fn name(&self) -> &'static str {
         "shm"
@@ -434,21 +490,18 @@ impl Collectives for ShmCollectives {
         self.size
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        self.check_usable()?;
         let h = Header::allreduce_for(buf, dtype, op);
-        if h.count == u64::MAX {
-            // Take part in one round so peers fail with a mismatch instead of waiting.
-            let _ = self.allreduce_direct(&mut [], DType::U8, op, &h);
-            return Err(CommError::BadBuffer { len: buf.len(), dtype: dtype.name() });
+        self.allreduce_view(buf, dtype, op, h)
+    }
+    fn allreduce_scattered(&mut self, bufs: &mut Scattered<'_>, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let mut h = Header::allreduce(bufs.len() / dtype.size(), dtype, op);
+        if !bufs.is_aligned_for(dtype.size()) || dtype == DType::U8 {
+            h.count = u64::MAX;
         }
-        if self.size == 1 {
-            return Ok(()); // sum, min, max and average of one rank are the input
-        }
-        if buf.len() <= DIRECT_MAX_BYTES.min(self.slot_bytes) {
-            self.allreduce_direct(buf, dtype, op, &h)
-        } else {
-            self.allreduce_sliced(buf, dtype, op, &h, false)
-        }
+        self.allreduce_view(bufs, dtype, op, h)
+    }
+    fn zero_copy_fusion(&self) -> bool {
+        true
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
         self.check_usable()?;

@@ -75,6 +75,8 @@ pub struct Topology {
     pub job_id: String,
     /// `RINGREC_RANKS_PER_HOST`, when set.
     pub simulated_ranks_per_host: Option<usize>,
+    /// True when MPI granted `MPI_THREAD_MULTIPLE` (several threads may call MPI at once).
+    pub thread_multiple: bool,
     /// host_id of every world rank.
     pub host_of_rank: Vec<usize>,
     /// local_rank of every world rank.
@@ -107,17 +109,18 @@ pub fn ranks_per_host_from_env() -> CommResult<Option<usize>> {
 }
 
 impl Topology {
-    /// Initialises MPI (thread level `Serialized`: one thread at a time calls MPI) and
-    /// computes the topology. Call once per process.
+    /// Initialises MPI, asking for thread level `MPI_THREAD_MULTIPLE` (the engine's
+    /// background thread calls MPI while the training thread does too, on other
+    /// communicators), and computes the topology. Call once per process.
     pub fn init() -> CommResult<Topology> {
-        let (universe, _level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| CommError::Mpi("MPI is already initialised in this process; call Topology::init once".into()))?;
         let ctx = Arc::new(MpiContext { _universe: universe });
         let world_comm = SimpleCommunicator::world();
-        Self::from_world(world_comm, ctx)
+        Self::from_world(world_comm, ctx, level == mpi::Threading::Multiple)
     }
 
-    fn from_world(world_comm: SimpleCommunicator, ctx: Arc<MpiContext>) -> CommResult<Topology> {
+    fn from_world(world_comm: SimpleCommunicator, ctx: Arc<MpiContext>, thread_multiple: bool) -> CommResult<Topology> {
         let rank = world_comm.rank() as usize;
         let size = world_comm.size() as usize;
         let per_host = ranks_per_host_from_env()?;
@@ -181,6 +184,7 @@ impl Topology {
             hostname,
             job_id,
             simulated_ranks_per_host: per_host,
+            thread_multiple,
             host_of_rank,
             local_rank_of_rank,
             world: Group { comm: world_comm, ctx: ctx.clone() },

@@ -5,7 +5,9 @@
 //! GPUs); the huge sparse embedding table is held once per host in shared memory, read by
 //! every local rank and written only by the host leader.
 //!
-//! Start with [`topology::Topology::init`] and [`comm::build`]; see ARCHITECTURE.md.
+//! As a library for any model: [`init`] starts the Horovod-style [`engine`] (named async
+//! collectives with fusion). Lower level: [`topology::Topology::init`] and [`comm::build`].
+//! See ARCHITECTURE.md.
 
 pub mod bench;
 pub mod comm;
@@ -13,6 +15,7 @@ pub mod cuda;
 pub mod data;
 pub mod dtype;
 pub mod embedding;
+pub mod engine;
 pub mod error;
 pub mod model;
 pub mod shm;
@@ -20,4 +23,5 @@ pub mod sparse;
 pub mod topology;
 pub mod train;
 
+pub use engine::{init, Runtime};
 pub use error::{CommError, CommResult};

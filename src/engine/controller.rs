@@ -1,0 +1,483 @@
+//! The background thread: one cycle every `cycle_time`, identical on every rank.
+//!
+//! 1. Take the tensors submitted since the last cycle.
+//! 2. One allreduce (bitwise AND) of a small bit vector: for every cached tensor, "I have
+//!    it ready"; plus "someone has uncached requests", "someone shuts down" and "this
+//!    cache entry is stale" (ORs, sent inverted).
+//! 3. Cached tensors whose bit survived are ready everywhere: no negotiation.
+//! 4. When any rank has uncached requests, the full negotiation: requests gathered to the
+//!    coordinator (rank 0), which answers with the ready tensors, errors, stall reports and
+//!    the fusion threshold and cycle time every rank must use.
+//! 5. Ready tensors are fused and executed in the same order on every rank.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+
+use super::autotune::{Autotuner, Params};
+use super::cache::{Bits, Lookup, ResponseCache};
+use super::coordinator::Coordinator;
+use super::error::{EngineError, EngineResult};
+use super::fusion::{fuse, Executor};
+use super::message::{Reader, Request, Response, ResponseList, Writer};
+use super::tensor::Tensor;
+use super::timeline::Timeline;
+use crate::comm::mpi_backend::MpiCollectives;
+use crate::comm::{Collectives, CollectivesExt};
+use crate::topology::Group;
+
+/// A submitted tensor on its way to the background thread.
+pub struct Submission {
+    /// The request.
+    pub req: Request,
+    /// The tensor (moved in; handed back through `reply`).
+    pub tensor: Tensor,
+    /// Where the result goes.
+    pub reply: Sender<EngineResult<Tensor>>,
+    /// When it was submitted.
+    pub submitted: Instant,
+}
+
+/// Messages to the background thread.
+pub enum Msg {
+    /// A new tensor.
+    Submit(Submission),
+    /// This rank leaves; every rank's engine stops in the same cycle.
+    Shutdown,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Not classified yet.
+    New,
+    /// Waiting on its cache bit.
+    Cached(usize),
+    /// To be sent to the coordinator.
+    Queued,
+    /// Sent; waiting for the coordinator's answer.
+    Sent,
+}
+
+struct Pending {
+    sub: Submission,
+    route: Route,
+}
+
+/// Why the engine stopped, readable by the handles' side.
+pub type StopReason = Arc<Mutex<Option<String>>>;
+
+/// Counters of the background thread (read with [`Stats::snapshot`]).
+#[derive(Default, Debug)]
+pub struct Stats {
+    cycles: AtomicU64,
+    negotiations: AtomicU64,
+    cached: AtomicU64,
+    negotiated: AtomicU64,
+    collectives: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// A copy of the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Background cycles run.
+    pub cycles: u64,
+    /// Cycles that needed the coordinator.
+    pub negotiations: u64,
+    /// Tensors that ran straight from the response cache.
+    pub cached: u64,
+    /// Tensors that ran after a negotiation.
+    pub negotiated: u64,
+    /// Collectives executed (a fused one counts once).
+    pub collectives: u64,
+    /// Bytes of tensors allreduced or broadcast.
+    pub bytes: u64,
+}
+
+impl Stats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot { cycles: g(&self.cycles), negotiations: g(&self.negotiations), cached: g(&self.cached), negotiated: g(&self.negotiated), collectives: g(&self.collectives), bytes: g(&self.bytes) }
+    }
+}
+
+/// Knobs the background thread reads once.
+pub struct LoopConfig {
+    /// Start values (rank 0's are broadcast to all).
+    pub params: Params,
+    /// Cache bits.
+    pub cache_capacity: usize,
+    /// Stall warning after this wait.
+    pub stall_check: Option<Duration>,
+    /// Stop after this wait.
+    pub stall_shutdown: Option<Duration>,
+    /// Trace file (rank 0).
+    pub timeline: Option<Timeline>,
+    /// Parameter search (rank 0).
+    pub autotuner: Option<Autotuner>,
+}
+
+/// The background thread's state.
+pub struct Controller {
+    rank: usize,
+    size: usize,
+    control: Group,
+    ctl: MpiCollectives,
+    exec: Executor,
+    rx: Receiver<Msg>,
+    pending: HashMap<String, Pending>,
+    order: Vec<String>,
+    cache: ResponseCache,
+    coordinator: Option<Coordinator>,
+    params: Params,
+    autotuner: Option<Autotuner>,
+    tuning: bool,
+    synced: bool,
+    timeline: Option<Timeline>,
+    stall_check: Option<Duration>,
+    leaving: bool,
+    stop: StopReason,
+    stats: Arc<Stats>,
+}
+
+/// Moves values that hold MPI handles or shared mappings into the background thread.
+pub struct AssertSend<T>(pub T);
+// SAFETY: the wrapped communicators and mappings are moved, whole, into the one thread that
+// uses them from then on; MPI runs at MPI_THREAD_MULTIPLE (checked before the engine
+// starts), so calling it from that thread is allowed while other threads use other
+// communicators.
+unsafe impl<T> Send for AssertSend<T> {}
+
+enum Flow {
+    Go,
+    Stop(EngineError),
+}
+
+const FLAG_UNCACHED: u64 = 1;
+const FLAG_SHUTDOWN: u64 = 2;
+
+impl Controller {
+    /// A controller over `control` (bit vector), `ctl` (negotiation) and `backend` (data).
+    pub fn new(control: Group, ctl: MpiCollectives, backend: Box<dyn Collectives>, rx: Receiver<Msg>, cfg: LoopConfig, stop: StopReason, stats: Arc<Stats>) -> Controller {
+        let rank = control.rank();
+        let size = control.size();
+        Controller {
+            rank,
+            size,
+            control,
+            ctl,
+            exec: Executor::new(backend),
+            rx,
+            pending: HashMap::new(),
+            order: Vec::new(),
+            cache: ResponseCache::new(cfg.cache_capacity),
+            coordinator: (rank == 0).then(|| Coordinator::new(size, cfg.stall_check, cfg.stall_shutdown)),
+            params: cfg.params,
+            tuning: cfg.autotuner.is_some(),
+            autotuner: if rank == 0 { cfg.autotuner } else { None },
+            synced: false,
+            timeline: if rank == 0 { cfg.timeline } else { None },
+            stall_check: cfg.stall_check,
+            leaving: false,
+            stop,
+            stats,
+        }
+    }
+
+    /// Runs cycles until every rank's engine stops.
+    pub fn run(mut self) {
+        let mut next = Instant::now();
+        let reason = loop {
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            }
+            next = Instant::now() + self.params.cycle_time;
+            self.drain();
+            match self.cycle() {
+                Ok(Flow::Go) => {}
+                Ok(Flow::Stop(e)) => break e,
+                Err(e) => break e,
+            }
+        };
+        if let Ok(mut s) = self.stop.lock() {
+            *s = Some(reason.to_string());
+        }
+        for (_, p) in self.pending.drain() {
+            let _ = p.sub.reply.send(Err(reason.clone()));
+        }
+        // Submissions still queued find the engine stopped.
+        while let Ok(m) = self.rx.try_recv() {
+            if let Msg::Submit(s) = m {
+                let _ = s.reply.send(Err(EngineError::ShutDown(reason.to_string())));
+            }
+        }
+        if let Some(t) = self.timeline.as_mut() {
+            let _ = t.close();
+        }
+    }
+
+    fn drain(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Submit(s)) => {
+                    if self.pending.contains_key(&s.req.name) {
+                        let _ = s.reply.send(Err(EngineError::Duplicate(s.req.name.clone())));
+                        continue;
+                    }
+                    self.order.push(s.req.name.clone());
+                    self.pending.insert(s.req.name.clone(), Pending { sub: s, route: Route::New });
+                }
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    self.leaving = true;
+                    return;
+                }
+                Err(TryRecvError::Empty) => return,
+            }
+        }
+    }
+
+    /// Bitwise AND over all ranks, waiting without burning a core.
+    fn band(&self, words: &mut [u64]) {
+        let send = words.to_vec();
+        mpi::request::scope(|scope| {
+            let mut req = self.control.comm.immediate_all_reduce_into(scope, &send[..], &mut words[..], SystemOperation::bitwise_and());
+            let mut polls: u32 = 0;
+            loop {
+                match req.test() {
+                    Ok(_) => break,
+                    Err(r) => req = r,
+                }
+                polls = polls.saturating_add(1);
+                if polls < 200 {
+                    std::hint::spin_loop();
+                } else if polls < 2000 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        });
+    }
+
+    fn cycle(&mut self) -> EngineResult<Flow> {
+        let now = Instant::now();
+        let cap = self.cache.capacity();
+        let mut hits = Bits::zeros(cap);
+        let mut stale = Bits::zeros(cap);
+        let mut uncached = false;
+        // A cached tensor waiting this long goes to the coordinator, so stalls are reported.
+        let cached_patience = self.stall_check.map(|c| c / 2);
+        for name in &self.order {
+            let Some(p) = self.pending.get_mut(name) else { continue };
+            if p.route == Route::New {
+                p.route = match self.cache.lookup(&p.sub.req) {
+                    Lookup::Hit(bit) => Route::Cached(bit),
+                    Lookup::Stale(bit) => {
+                        stale.set(bit);
+                        Route::Queued
+                    }
+                    Lookup::Miss => Route::Queued,
+                };
+            }
+            if let Route::Cached(bit) = p.route {
+                if cached_patience.is_some_and(|l| now.duration_since(p.sub.submitted) > l) {
+                    stale.set(bit);
+                    p.route = Route::Queued;
+                } else {
+                    hits.set(bit);
+                }
+            }
+            uncached |= p.route == Route::Queued;
+        }
+        if let Some(c) = &self.coordinator {
+            uncached |= c.has_pending() || self.tuning || !self.synced;
+        }
+        let mut flags = 0;
+        if uncached {
+            flags |= FLAG_UNCACHED;
+        }
+        if self.leaving {
+            flags |= FLAG_SHUTDOWN;
+        }
+        let nw = hits.0.len();
+        let mut words = Vec::with_capacity(1 + 2 * nw);
+        words.push(!flags);
+        words.extend_from_slice(&hits.0);
+        words.extend(stale.0.iter().map(|w| !w));
+        self.band(&mut words);
+        let flags = !words[0];
+        if flags & FLAG_SHUTDOWN != 0 {
+            return Ok(Flow::Stop(EngineError::ShutDown("a rank shut its engine down (its Runtime was dropped or shutdown() called)".into())));
+        }
+        let stale = Bits(words[1 + nw..].iter().map(|w| !w).collect());
+        let ready = Bits(words[1..1 + nw].iter().zip(&stale.0).map(|(h, s)| h & !s).collect());
+        let stale_bits = stale.ones();
+        for bit in &stale_bits {
+            self.cache.remove(*bit);
+        }
+        for p in self.pending.values_mut() {
+            if let Route::Cached(bit) = p.route {
+                if stale.get(bit) {
+                    p.route = Route::Queued;
+                }
+            }
+        }
+        // Cached responses, in bit order.
+        let mut responses: Vec<Response> = Vec::new();
+        for bit in ready.ones() {
+            if let Some(r) = self.cache.get(bit) {
+                responses.push(Response::for_request(r));
+            }
+        }
+        let add = |a: &AtomicU64, n: usize| {
+            a.fetch_add(n as u64, Ordering::Relaxed);
+        };
+        add(&self.stats.cycles, 1);
+        add(&self.stats.cached, responses.len());
+        let mut negotiated = Vec::new();
+        if flags & FLAG_UNCACHED != 0 || !stale_bits.is_empty() {
+            add(&self.stats.negotiations, 1);
+            let list = self.negotiate()?;
+            if !list.stall_warning.is_empty() {
+                eprintln!("ringrec rank {}: {}", self.rank, list.stall_warning);
+            }
+            if !list.shutdown.is_empty() {
+                return Ok(Flow::Stop(EngineError::Stalled(list.shutdown)));
+            }
+            negotiated = list.responses;
+            add(&self.stats.negotiated, negotiated.iter().map(|r| r.entries.len()).sum());
+        }
+        responses.extend(negotiated.iter().cloned());
+        let negotiated_at = Instant::now();
+        let (bytes, ran) = self.execute(responses, negotiated_at)?;
+        // Cache what was negotiated, in the same order on every rank.
+        for r in negotiated.iter().filter(|r| r.error.is_none()) {
+            for e in &r.entries {
+                if let Some(req) = ran.get(&e.name) {
+                    self.cache.insert(req);
+                }
+            }
+        }
+        if let Some(t) = self.autotuner.as_mut() {
+            t.record(bytes as u64, Instant::now());
+        }
+        if let Some(t) = self.timeline.as_mut() {
+            let _ = t.flush();
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Full negotiation: requests to the coordinator, its response list to everyone.
+    fn negotiate(&mut self) -> EngineResult<ResponseList> {
+        let now = Instant::now();
+        let mut w = Writer::default();
+        for name in &self.order {
+            if let Some(p) = self.pending.get_mut(name) {
+                if p.route == Route::Queued {
+                    let mut r = p.sub.req.clone();
+                    r.age_us = now.duration_since(p.sub.submitted).as_micros() as u64;
+                    w.request(&r);
+                    p.route = Route::Sent;
+                }
+            }
+        }
+        let gathered = self.ctl.gatherv_raw(&w.0, 0)?;
+        let mut out = Vec::new();
+        if let (Some(c), Some(g)) = (self.coordinator.as_mut(), gathered) {
+            for r in 0..self.size {
+                let mut rd = Reader::new(g.piece(r));
+                let mut reqs = Vec::new();
+                while !rd.at_end() {
+                    reqs.push(rd.request().ok_or_else(|| EngineError::Comm(format!("rank {r} sent a malformed request list")))?);
+                }
+                c.ingest(r, reqs, now);
+            }
+            let responses = c.ready();
+            let (stall_warning, shutdown) = c.stall_report(now);
+            if let Some(t) = self.autotuner.as_ref() {
+                self.params = t.current();
+                self.tuning = t.active();
+            }
+            let list = ResponseList {
+                responses,
+                fusion_threshold: self.params.fusion_threshold as u64,
+                cycle_time_us: self.params.cycle_time.as_micros() as u64,
+                tuning: self.tuning,
+                stall_warning,
+                shutdown,
+            };
+            let mut w = Writer::default();
+            w.response_list(&list);
+            out = w.0;
+        }
+        let mut len = [out.len() as i64];
+        self.ctl.broadcast(&mut len[..], 0)?;
+        out.resize(len[0] as usize, 0);
+        self.ctl.broadcast_raw(&mut out, 0)?;
+        let list = Reader::new(&out).response_list().ok_or_else(|| EngineError::Comm("rank 0 sent a malformed response list".into()))?;
+        self.params = Params { fusion_threshold: list.fusion_threshold as usize, cycle_time: Duration::from_micros(list.cycle_time_us) };
+        self.tuning = list.tuning;
+        self.synced = true;
+        Ok(list)
+    }
+
+    /// Fuses and runs `responses`, answering the handles; returns the bytes reduced and the
+    /// requests that ran.
+    fn execute(&mut self, responses: Vec<Response>, agreed: Instant) -> EngineResult<(usize, HashMap<String, Request>)> {
+        let mut bytes = 0;
+        let mut ran = HashMap::new();
+        for resp in fuse(responses, self.params.fusion_threshold) {
+            let mut subs = Vec::with_capacity(resp.entries.len());
+            for e in &resp.entries {
+                match self.pending.remove(&e.name) {
+                    Some(p) => subs.push(p.sub),
+                    None => return Err(EngineError::Comm(format!("rank {} was told to run '{}', which it never submitted (engine bug)", self.rank, e.name))),
+                }
+            }
+            if let Some(detail) = &resp.error {
+                for s in subs {
+                    let _ = s.reply.send(Err(EngineError::Mismatch { name: s.req.name.clone(), detail: detail.clone() }));
+                }
+                continue;
+            }
+            let start = Instant::now();
+            let mut tensors: Vec<Tensor> = subs.iter_mut().map(|s| std::mem::replace(&mut s.tensor, Tensor::from_vec(Vec::<u8>::new()))).collect();
+            let steps = match self.exec.execute(&resp, &mut tensors) {
+                Ok(steps) => steps,
+                Err(e) => {
+                    for s in subs {
+                        let _ = s.reply.send(Err(e.clone()));
+                    }
+                    return Err(e);
+                }
+            };
+            bytes += resp.bytes();
+            self.stats.collectives.fetch_add(1, Ordering::Relaxed);
+            self.stats.bytes.fetch_add(resp.bytes() as u64, Ordering::Relaxed);
+            if let Some(tl) = self.timeline.as_mut() {
+                let args = format!("{{\"fused\": {}, \"bytes\": {}}}", resp.entries.len(), resp.bytes());
+                for s in &subs {
+                    let name = &s.req.name;
+                    let _ = tl.span(name, "NEGOTIATE", s.submitted, agreed, "");
+                    let _ = tl.span(name, "QUEUE", agreed, start, "");
+                    for (phase, a, b) in &steps {
+                        let _ = tl.span(name, phase, *a, *b, &args);
+                    }
+                }
+            }
+            for (s, t) in subs.into_iter().zip(tensors) {
+                ran.insert(s.req.name.clone(), s.req.clone());
+                let _ = s.reply.send(Ok(t));
+            }
+        }
+        let pending = &self.pending;
+        self.order.retain(|n| pending.contains_key(n));
+        Ok((bytes, ran))
+    }
+}

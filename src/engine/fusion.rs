@@ -1,0 +1,211 @@
+//! Tensor fusion and the execution of responses.
+//!
+//! [`fuse`] packs ready allreduce responses of the same dtype, op and compression into
+//! fused responses of at most the fusion threshold, identically on every rank (Horovod's
+//! rule: take the first unassigned response, then every later compatible one that still
+//! fits). [`Executor`] runs a response over the tensors it names: one tensor is reduced
+//! where it lies; several are reduced as one buffer — in place when the backend can
+//! ([`Collectives::zero_copy_fusion`]), else through a fusion buffer.
+
+use std::time::Instant;
+
+use super::compression::{self, Compression, OneBit};
+use super::error::{EngineError, EngineResult};
+use super::message::{OpKind, Response};
+use super::tensor::Tensor;
+use crate::comm::scattered::aligned_bytes;
+use crate::comm::{Collectives, Scattered};
+use crate::dtype::{DType, ReduceOp};
+
+/// Fuses `responses` (in order) under `threshold` bytes; 0 disables fusion.
+pub fn fuse(responses: Vec<Response>, threshold: usize) -> Vec<Response> {
+    let mut taken = vec![false; responses.len()];
+    let mut out = Vec::new();
+    for i in 0..responses.len() {
+        if taken[i] {
+            continue;
+        }
+        taken[i] = true;
+        let mut f = responses[i].clone();
+        let fusable = |r: &Response| r.kind == OpKind::Allreduce && r.error.is_none();
+        if threshold > 0 && fusable(&f) {
+            let mut bytes = f.bytes();
+            for j in i + 1..responses.len() {
+                let r = &responses[j];
+                if !taken[j] && fusable(r) && r.dtype == f.dtype && r.op == f.op && r.compression == f.compression && bytes + r.bytes() <= threshold {
+                    bytes += r.bytes();
+                    f.entries.extend(r.entries.iter().cloned());
+                    taken[j] = true;
+                }
+            }
+        }
+        out.push(f);
+    }
+    out
+}
+
+/// One timed step of a collective, for the timeline.
+pub type Step = (&'static str, Instant, Instant);
+
+/// Runs responses on a backend.
+pub struct Executor {
+    /// The data backend.
+    pub backend: Box<dyn Collectives>,
+    /// 1-bit compression's error feedback.
+    pub onebit: OneBit,
+    fusion: Vec<u64>,
+}
+
+impl Executor {
+    /// An executor on `backend`.
+    pub fn new(backend: Box<dyn Collectives>) -> Executor {
+        Executor { backend, onebit: OneBit::default(), fusion: Vec::new() }
+    }
+
+    /// Runs `resp` over `tensors` (in the response's entry order) in place; returns the
+    /// steps it took, with their times.
+    pub fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        match resp.kind {
+            OpKind::Allreduce => match resp.compression {
+                Compression::None => self.allreduce(resp, tensors),
+                Compression::Fp16 | Compression::Bf16 => self.allreduce_cast(resp, tensors),
+                Compression::OneBit => self.allreduce_onebit(resp, tensors),
+            },
+            OpKind::Broadcast => {
+                let t0 = Instant::now();
+                for t in tensors.iter_mut() {
+                    self.backend.broadcast_raw(t.bytes_mut(), resp.root as usize)?;
+                }
+                Ok(vec![("BROADCAST", t0, Instant::now())])
+            }
+            OpKind::Allgather => {
+                let t0 = Instant::now();
+                for t in tensors.iter_mut() {
+                    *t = self.allgather(t)?;
+                }
+                Ok(vec![("ALLGATHER", t0, Instant::now())])
+            }
+        }
+    }
+
+    fn allreduce(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        if let [t] = tensors {
+            self.backend.allreduce_raw(t.bytes_mut(), resp.dtype, resp.op)?;
+            return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
+        }
+        let mut view = Scattered::new(tensors.iter_mut().map(|t| t.bytes_mut()).collect());
+        if self.backend.zero_copy_fusion() {
+            self.backend.allreduce_scattered(&mut view, resp.dtype, resp.op)?;
+            return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
+        }
+        let len = view.len();
+        if self.fusion.len() * 8 < len {
+            self.fusion = aligned_bytes(len);
+        }
+        let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.fusion)[..len];
+        view.read(0..len, buf);
+        let t1 = Instant::now();
+        self.backend.allreduce_raw(buf, resp.dtype, resp.op)?;
+        let t2 = Instant::now();
+        view.write(0..len, buf);
+        Ok(vec![("MEMCPY_IN_FUSION_BUFFER", t0, t1), ("ALLREDUCE", t1, t2), ("MEMCPY_OUT_FUSION_BUFFER", t2, Instant::now())])
+    }
+
+    fn f32s(t: &mut Tensor) -> EngineResult<&mut [f32]> {
+        let dtype = t.dtype();
+        t.as_mut_slice::<f32>().ok_or_else(|| EngineError::Invalid { name: String::new(), reason: format!("compression needs float32 tensors, got {dtype}") })
+    }
+
+    fn allreduce_cast(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let wire = resp.compression.wire_dtype().unwrap_or(DType::F16);
+        let t0 = Instant::now();
+        let n: usize = tensors.iter().map(|t| t.len()).sum();
+        if self.fusion.len() * 8 < 2 * n {
+            self.fusion = aligned_bytes(2 * n);
+        }
+        let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.fusion)[..2 * n];
+        let mut off = 0;
+        for t in tensors.iter_mut() {
+            let x = Self::f32s(t)?;
+            compression::to_half(x, &mut buf[off..off + 2 * x.len()], wire);
+            off += 2 * x.len();
+        }
+        let t1 = Instant::now();
+        self.backend.allreduce_raw(buf, wire, resp.op)?;
+        let t2 = Instant::now();
+        let mut off = 0;
+        for t in tensors.iter_mut() {
+            let x = Self::f32s(t)?;
+            compression::from_half(&buf[off..off + 2 * x.len()], x, wire);
+            off += 2 * x.len();
+        }
+        Ok(vec![("COMPRESS", t0, t1), ("ALLREDUCE", t1, t2), ("DECOMPRESS", t2, Instant::now())])
+    }
+
+    fn allreduce_onebit(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        let mut enc = Vec::new();
+        for (t, e) in tensors.iter_mut().zip(&resp.entries) {
+            let x = Self::f32s(t)?;
+            self.onebit.encode(&e.name, x, &mut enc);
+        }
+        let t1 = Instant::now();
+        let g = self.backend.allgatherv_raw(&enc)?;
+        let t2 = Instant::now();
+        for t in tensors.iter_mut() {
+            Self::f32s(t)?.fill(0.0);
+        }
+        let size = g.counts.len();
+        for r in 0..size {
+            let mut piece = g.piece(r);
+            for t in tensors.iter_mut() {
+                let x = Self::f32s(t)?;
+                let used = compression::onebit_decode_add(piece, x).ok_or_else(|| EngineError::Comm(format!("rank {r} sent a short 1-bit encoding")))?;
+                piece = &piece[used..];
+            }
+        }
+        if resp.op == ReduceOp::Average {
+            for t in tensors.iter_mut() {
+                for v in Self::f32s(t)? {
+                    *v /= size as f32;
+                }
+            }
+        }
+        Ok(vec![("COMPRESS", t0, t1), ("ALLGATHER", t1, t2), ("DECOMPRESS", t2, Instant::now())])
+    }
+
+    fn allgather(&mut self, t: &Tensor) -> EngineResult<Tensor> {
+        let g = self.backend.allgatherv_raw(t.bytes())?;
+        let row: usize = t.shape().iter().skip(1).product::<usize>() * t.dtype().size();
+        let mut shape = t.shape().to_vec();
+        if shape.is_empty() {
+            shape.push(g.counts.len()); // scalars gather into a vector
+        } else if let Some(rows) = g.data.len().checked_div(row) {
+            shape[0] = rows;
+        }
+        Tensor::from_bytes(t.dtype(), &shape, &g.data).ok_or_else(|| EngineError::Comm("allgather returned a ragged result".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::message::Entry;
+    use super::*;
+
+    fn resp(name: &str, count: u64, dtype: DType) -> Response {
+        Response { kind: OpKind::Allreduce, dtype, op: ReduceOp::Sum, root: 0, compression: Compression::None, entries: vec![Entry { name: name.into(), count }], error: None }
+    }
+
+    #[test]
+    fn fuses_compatible_responses_under_the_threshold() {
+        let rs = vec![resp("a", 10, DType::F32), resp("b", 10, DType::F64), resp("c", 10, DType::F32), resp("d", 100, DType::F32), resp("e", 5, DType::F32)];
+        let names = |v: &[Response]| v.iter().map(|r| r.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join("+")).collect::<Vec<_>>();
+        assert_eq!(names(&fuse(rs.clone(), 100)), vec!["a+c+e", "b", "d"]);
+        assert_eq!(names(&fuse(rs.clone(), 0)), vec!["a", "b", "c", "d", "e"]);
+        assert_eq!(names(&fuse(rs.clone(), 1 << 20)), vec!["a+c+d+e", "b"]);
+        let mut err = resp("x", 1, DType::F32);
+        err.error = Some("bad".into());
+        assert_eq!(names(&fuse(vec![err, resp("y", 1, DType::F32)], 100)), vec!["x", "y"]);
+    }
+}

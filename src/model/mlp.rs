@@ -110,50 +110,50 @@ impl Net<'_> {
         }
     }
 
-    /// Forward + BCE + backward of one slice; parameter gradient into `grad`, input
-    /// gradient into `dx`; returns the slice's loss sum.
-    #[allow(clippy::too_many_arguments)]
-    fn forward_backward(&self, ws: &mut Workspace, x: &[f32], labels: &[f32], batch: usize, loss_scale: f32, grad: &mut [f32], dx: &mut [f32]) -> f64 {
+    /// Forward + BCE of one slice, leaving the output delta in `ws`; returns the slice's
+    /// loss sum.
+    fn start(&self, ws: &mut Workspace, x: &[f32], labels: &[f32], batch: usize, loss_scale: f32) -> f64 {
         self.forward(ws, x, batch);
         let layers = self.widths.len();
         let mut loss = 0f64;
-        {
-            let (lo, hi) = ws.deltas.split_at_mut(layers - 1);
-            let _ = lo;
-            let d = &mut hi[0][..batch];
-            let z = &ws.acts[layers - 1][..batch];
-            for i in 0..batch {
-                loss += bce_with_logits(z[i], labels[i]) as f64;
-                d[i] = (sigmoid(z[i]) - labels[i]) * loss_scale;
-            }
-        }
-        for l in (0..layers - 1).rev() {
-            let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
-            let (w, b) = self.offsets[l];
-            let delta = &ws.deltas[l + 1][..batch * fan_out];
-            let input = if l == 0 { &x[..batch * fan_in] } else { &ws.acts[l][..batch * fan_in] };
-            // dW = input^T * delta; db = column sums of delta.
-            sgemm(fan_in, fan_out, batch, input, true, delta, false, &mut grad[w..w + fan_in * fan_out], false, 1);
-            let db = &mut grad[b..b + fan_out];
-            db.fill(0.0);
-            for row in delta.chunks_exact(fan_out) {
-                for (g, d) in db.iter_mut().zip(row) {
-                    *g += d;
-                }
-            }
-            // d(input) = delta * W^T, then through the ReLU of the layer below.
-            let (lo, hi) = ws.deltas.split_at_mut(l + 1);
-            let target: &mut [f32] = if l == 0 { &mut dx[..batch * fan_in] } else { &mut lo[l][..batch * fan_in] };
-            sgemm(batch, fan_in, fan_out, &hi[0][..batch * fan_out], false, &self.params[w..w + fan_in * fan_out], true, target, false, 1);
-            if l > 0 {
-                for (d, a) in target.iter_mut().zip(&ws.acts[l][..batch * fan_in]) {
-                    if *a <= 0.0 {
-                        *d = 0.0;
-                    }
-                }
-            }
+        let (acts, deltas) = (&ws.acts, &mut ws.deltas);
+        let d = &mut deltas[layers - 1][..batch];
+        let z = &acts[layers - 1][..batch];
+        for i in 0..batch {
+            loss += bce_with_logits(z[i], labels[i]) as f64;
+            d[i] = (sigmoid(z[i]) - labels[i]) * loss_scale;
         }
         loss
+    }
+
+    /// Backward through layer `l` of one slice: its weight and bias gradients into their
+    /// range of `grad`, the delta of the layer below (the input gradient `dx` for layer 0).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_layer(&self, ws: &mut Workspace, l: usize, x: &[f32], batch: usize, grad: &mut [f32], dx: &mut [f32]) {
+        let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
+        let (w, b) = self.offsets[l];
+        let delta = &ws.deltas[l + 1][..batch * fan_out];
+        let input = if l == 0 { &x[..batch * fan_in] } else { &ws.acts[l][..batch * fan_in] };
+        // dW = input^T * delta; db = column sums of delta.
+        sgemm(fan_in, fan_out, batch, input, true, delta, false, &mut grad[w..w + fan_in * fan_out], false, 1);
+        let db = &mut grad[b..b + fan_out];
+        db.fill(0.0);
+        for row in delta.chunks_exact(fan_out) {
+            for (g, d) in db.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        // d(input) = delta * W^T, then through the ReLU of the layer below.
+        let (lo, hi) = ws.deltas.split_at_mut(l + 1);
+        let target: &mut [f32] = if l == 0 { &mut dx[..batch * fan_in] } else { &mut lo[l][..batch * fan_in] };
+        sgemm(batch, fan_in, fan_out, &hi[0][..batch * fan_out], false, &self.params[w..w + fan_in * fan_out], true, target, false, 1);
+        if l > 0 {
+            for (d, a) in target.iter_mut().zip(&ws.acts[l][..batch * fan_in]) {
+                if *a <= 0.0 {
+                    *d = 0.0;
+                }
+            }
+        }
     }
 }
 
@@ -239,18 +239,44 @@ impl Mlp {
         }
     }
 
+    /// Number of layers (weight matrices).
+    pub fn num_layers(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Layer `l`'s parameters in the flat vector: its weights, then its biases.
+    pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
+        self.offsets[l].0..self.offsets[l].1 + self.widths[l + 1]
+    }
+
     /// Forward, binary cross-entropy against `labels`, backward. Gradients are of
     /// `loss_scale * sum_i loss_i` (the trainer passes 1 / global batch, so summing the
     /// ranks' gradients gives the gradient of the global mean loss). Writes the parameter
     /// gradient into `grad` (overwritten) and the input gradient into `dx` (batch x input).
     /// Returns the unscaled sum of the per-sample losses.
     pub fn forward_backward(&mut self, x: &[f32], labels: &[f32], batch: usize, loss_scale: f32, grad: &mut [f32], dx: &mut [f32]) -> f64 {
+        self.forward_backward_with(x, labels, batch, loss_scale, grad, dx, &mut |_, _| {})
+    }
+
+    /// [`Mlp::forward_backward`] that calls `ready(l, gradient of layer l)` as soon as a
+    /// layer's gradient is final, last layer first, so its allreduce can start while the
+    /// layers below are still back-propagated.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_with(&mut self, x: &[f32], labels: &[f32], batch: usize, loss_scale: f32, grad: &mut [f32], dx: &mut [f32], ready: &mut dyn FnMut(usize, &[f32])) -> f64 {
         let input = self.widths[0];
         let n = self.params.len();
+        let layers = self.offsets.len();
+        let ranges: Vec<std::ops::Range<usize>> = (0..layers).map(|l| self.layer_range(l)).collect();
         let parts = self.threads.min(batch.max(1));
         let net = Net { widths: &self.widths, offsets: &self.offsets, params: &self.params };
         if parts == 1 {
-            return net.forward_backward(&mut self.workers[0], x, labels, batch, loss_scale, &mut grad[..n], dx);
+            let ws = &mut self.workers[0];
+            let loss = net.start(ws, x, labels, batch, loss_scale);
+            for l in (0..layers).rev() {
+                net.backward_layer(ws, l, x, batch, &mut grad[..n], dx);
+                ready(l, &grad[ranges[l].clone()]);
+            }
+            return loss;
         }
         let mut dxs: Vec<&mut [f32]> = Vec::with_capacity(parts);
         let mut rest = &mut dx[..batch * input];
@@ -261,25 +287,32 @@ impl Mlp {
             rest = b;
         }
         use rayon::prelude::*;
-        let losses: Vec<f64> = self.workers[..parts]
+        let workers = &mut self.workers[..parts];
+        let losses: Vec<f64> = workers
             .par_iter_mut()
-            .zip(dxs)
             .enumerate()
-            .map(|(i, (ws, d))| {
+            .map(|(i, ws)| {
                 let r = Mlp::slice(batch, parts, i);
-                let mut g = std::mem::take(&mut ws.grad);
-                g.resize(n, 0.0);
-                let loss = net.forward_backward(ws, &x[r.start * input..r.end * input], &labels[r.clone()], r.len(), loss_scale, &mut g, d);
-                ws.grad = g;
-                loss
+                ws.grad.resize(n, 0.0);
+                net.start(ws, &x[r.start * input..r.end * input], &labels[r.clone()], r.len(), loss_scale)
             })
             .collect();
-        // Slice gradients summed in slice order: deterministic for a thread count.
-        grad[..n].copy_from_slice(&self.workers[0].grad[..n]);
-        for ws in &self.workers[1..parts] {
-            for (a, b) in grad[..n].iter_mut().zip(&ws.grad[..n]) {
-                *a += b;
+        for l in (0..layers).rev() {
+            workers.par_iter_mut().zip(dxs.par_iter_mut()).enumerate().for_each(|(i, (ws, d))| {
+                let r = Mlp::slice(batch, parts, i);
+                let mut g = std::mem::take(&mut ws.grad);
+                net.backward_layer(ws, l, &x[r.start * input..r.end * input], r.len(), &mut g, d);
+                ws.grad = g;
+            });
+            // Slice gradients summed in slice order: deterministic for a thread count.
+            let range = ranges[l].clone();
+            grad[range.clone()].copy_from_slice(&workers[0].grad[range.clone()]);
+            for ws in &workers[1..] {
+                for (a, b) in grad[range.clone()].iter_mut().zip(&ws.grad[range.clone()]) {
+                    *a += b;
+                }
             }
+            ready(l, &grad[range]);
         }
         losses.iter().sum()
     }

@@ -191,3 +191,33 @@ fn default_data_trains_and_learns() {
     assert!(s["table_rows"].as_u64().unwrap() > 1000);
     assert!(common::shm_leftovers("").iter().all(|n| !n.contains(&format!("-{}-", std::process::id()))));
 }
+
+#[test]
+fn layer_gradients_are_reduced_while_backward_continues() {
+    // The engine's timeline of rank 0: the last layer's gradient is submitted (and often
+    // already reduced) before the first layer's gradient exists.
+    let dir = tmpdir("overlap");
+    let tl = dir.join("timeline.json");
+    let t = tl.display().to_string();
+    let dd = data_dir();
+    let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_TIMELINE", t.as_str()), ("RINGREC_CYCLE_TIME", "0.2")];
+    let job = common::mpirun(2, &env, &["train", "--synth-rows", "6000", "--batch", "2000", "--epochs", "10", "--max-steps", "20", "--no-progress"]);
+    job.assert_ok();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tl).expect("timeline")).expect("timeline JSON");
+    let ev = v.as_array().unwrap();
+    let spans = |tensor: &str, phase: &str| -> Vec<(f64, f64)> {
+        ev.iter().filter(|e| e["cat"] == tensor && e["name"] == phase).map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())).collect()
+    };
+    let last = spans("dense.layer2", "NEGOTIATE");
+    let first = spans("dense.layer0", "NEGOTIATE");
+    let reduced = spans("dense.layer2", "ALLREDUCE");
+    assert_eq!((last.len(), first.len()), (20, 20), "one submission per layer per step");
+    // Submitted last layer first, every step.
+    assert!(last.iter().zip(&first).all(|(a, b)| a.0 <= b.0));
+    // In some steps the last layer's allreduce finished before layer 0 was even submitted:
+    // communication overlapped the backward of the layers below.
+    let overlapped = reduced.iter().zip(&first).filter(|(r, f)| r.1 <= f.0).count();
+    eprintln!("overlapped steps: {overlapped}/20");
+    assert!(overlapped > 0, "no step reduced dense.layer2 during backward: {reduced:?} vs {first:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

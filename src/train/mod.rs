@@ -3,12 +3,16 @@
 //! One step on every rank:
 //! 1. this rank's slice of the global batch (same global batches at any rank count);
 //! 2. unique keys of the batch -> rows from the host-shared table (read-only mapping);
-//! 3. MLP forward/backward -> one flat dense gradient (+ the loss sum in its last slot)
-//!    and the input gradient, scattered into one gradient row per unique key;
-//! 4. dense allreduce (sum of gradients already scaled by 1/global batch = the average),
-//!    then the sparse exchange (host pre-aggregation, leaders allgather, frequency
-//!    normalisation) with the leader's table update and the host barrier;
-//! 5. dense optimizer on every rank (identical inputs, identical replicas).
+//! 3. MLP forward/backward; each layer's gradient (already scaled by 1/global batch, so
+//!    the sum over ranks is the average) goes to the [`crate::engine`] as soon as backward
+//!    produced it (`dense.layer<l>`, last layer first), so its allreduce runs on the
+//!    engine's thread while the layers below are back-propagated; the input gradient is
+//!    scattered into one gradient row per unique key;
+//! 4. meanwhile, on this thread, the sparse exchange (host pre-aggregation, leaders
+//!    allgather, frequency normalisation) with the leader's table update and the host
+//!    barrier;
+//! 5. wait for the dense allreduces; dense optimizer on every rank (identical inputs,
+//!    identical replicas).
 //!
 //! The data set defaults to a synthetic Criteo-format file that ringrec generates once
 //! (`ringrec data synth`), cached as a memory-mappable binary (`ringrec data prepare`).
@@ -33,6 +37,7 @@ use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::shard;
 use crate::dtype::ReduceOp;
 use crate::embedding::{HostTable, OptimizerKind, TableConfig, TableSource};
+use crate::engine::{Engine, EngineConfig, Handle, Tensor};
 use crate::model::mlp::sigmoid;
 use crate::model::{DenseOptimState, DenseOptimizer, Mlp, MlpShape};
 use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize};
@@ -201,8 +206,10 @@ pub struct TrainSummary {
     pub sparse_bytes_cross_host_per_step: f64,
     /// FNV-1a of the final dense parameters (same on every rank).
     pub params_fnv: String,
-    /// Seconds rank 0 spent per phase: batch (data + lookup + input), mlp, scatter (key
-    /// gradients), allreduce, optimizer, sparse (exchange + apply + host barrier).
+    /// Seconds rank 0 spent per phase: batch (data + lookup + input), mlp (forward,
+    /// backward and submitting the layers' gradients), scatter (key gradients), sparse
+    /// (exchange + apply + host barrier, overlapping the dense allreduce), allreduce (the
+    /// wait for the dense allreduce that remains after the sparse exchange), optimizer.
     pub phase_seconds: std::collections::BTreeMap<String, f64>,
     /// Every step's global mean loss (with --record-losses).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -301,15 +308,18 @@ fn open_data(topo: &Topology, args: &TrainArgs) -> anyhow::Result<(Dataset, Path
     Ok((ds, source))
 }
 
-fn build_backend(topo: &Topology, b: BackendChoice) -> anyhow::Result<Box<dyn Collectives>> {
-    let backend = match b {
+fn backend_of(topo: &Topology, b: BackendChoice) -> Backend {
+    match b {
         BackendChoice::Auto => Backend::auto(topo),
         BackendChoice::Mpi => Backend::Mpi,
         BackendChoice::Ring => Backend::Ring,
         BackendChoice::Shm => Backend::Shm,
         BackendChoice::Hier => Backend::Hier,
-    };
-    Ok(comm::build(backend, topo)?)
+    }
+}
+
+fn build_backend(topo: &Topology, b: BackendChoice) -> anyhow::Result<Box<dyn Collectives>> {
+    Ok(comm::build(backend_of(topo, b), topo)?)
 }
 
 fn fingerprint(args: &TrainArgs, source: &Path, rows: usize) -> String {
@@ -440,6 +450,8 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     let mut mlp = Mlp::new(shape.clone(), args.seed, threads);
     let nparams = mlp.num_params();
     let mut coll = build_backend(topo, args.backend)?;
+    let engine_config = EngineConfig { backend: Some(backend_of(topo, args.backend)), tag: "train".into(), ..EngineConfig::from_env()? };
+    let engine = Engine::start(topo, &engine_config)?;
     let fp = fingerprint(args, &source, ds.len());
 
     // Resume: rank 0 reads the checkpoint and every rank gets its contents.
@@ -516,7 +528,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     });
 
     let mut buf = StepBuffers::default();
-    let mut grad = vec![0f32; nparams + 1];
+    let mut grad = vec![0f32; nparams];
     let mut losses = Vec::new();
     let mut epoch_loss = (0f64, 0u64);
     let mut mlp_time = 0f64;
@@ -552,21 +564,27 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         let tb = Instant::now();
         let b = buf.assemble(&ds, &table, dim)?;
         let tm = Instant::now();
-        let loss_sum = mlp.forward_backward(&buf.x, &buf.labels, b, 1.0 / global_len as f32, &mut grad[..nparams], &mut buf.dx);
+        let mut dense: Vec<(usize, Handle)> = Vec::with_capacity(mlp.num_layers() + 1);
+        let loss_sum = mlp.forward_backward_with(&buf.x, &buf.labels, b, 1.0 / global_len as f32, &mut grad[..nparams], &mut buf.dx, &mut |l, g| {
+            dense.push((l, engine.allreduce_async(&format!("dense.layer{l}"), Tensor::from_slice(g), ReduceOp::Sum)));
+        });
+        let loss_handle = engine.allreduce_async("dense.loss", Tensor::from_vec(vec![loss_sum as f32]), ReduceOp::Sum);
         let ts = Instant::now();
         mlp_time += (ts - tm).as_secs_f64();
         local_samples += b as u64;
-        grad[nparams] = loss_sum as f32;
         buf.scatter_key_grads(b, dim);
         let ta = Instant::now();
-        coll.allreduce(&mut grad, ReduceOp::Sum)?;
-        let to = Instant::now();
-        let loss = grad[nparams] as f64 / global_len as f64;
-        opt.step(mlp.params_mut(), &grad[..nparams]);
-        let tx = Instant::now();
         let (_, st) = exch.exchange_and_apply(topo, &mut table, &buf.uniq, &buf.key_grads, args.sparse_lr)?;
+        let tw = Instant::now();
+        for (l, h) in dense {
+            let t = h.wait()?;
+            grad[mlp.layer_range(l)].copy_from_slice(t.as_slice::<f32>().ok_or_else(|| anyhow!("dense gradient came back as {}", t.dtype()))?);
+        }
+        let loss = loss_handle.wait()?.as_slice::<f32>().map_or(f32::NAN, |v| v[0]) as f64 / global_len as f64;
+        let to = Instant::now();
+        opt.step(mlp.params_mut(), &grad[..nparams]);
         let te = Instant::now();
-        for (name, d) in [("batch", tm - tb), ("mlp", ts - tm), ("scatter", ta - ts), ("allreduce", to - ta), ("optimizer", tx - to), ("sparse", te - tx)] {
+        for (name, d) in [("batch", tm - tb), ("mlp", ts - tm), ("scatter", ta - ts), ("sparse", tw - ta), ("allreduce", to - tw), ("optimizer", te - to)] {
             *phases.entry(name.to_string()).or_insert(0.0) += d.as_secs_f64();
         }
         intra += (st.host_bytes_sent + st.host_bytes_received) as f64;

@@ -37,6 +37,8 @@ enum Command {
 enum BenchCommand {
     /// nccl-tests style allreduce table for every CPU backend, `mpi` as the reference.
     Allreduce(ringrec::bench::allreduce::AllreduceBenchArgs),
+    /// The engine on ResNet-50-shaped gradients: fused vs one flat allreduce vs unfused.
+    Engine(ringrec::bench::engine::EngineBenchArgs),
     /// Embedding table lookups/updates vs a per-rank HashMap.
     Embedding(ringrec::bench::embedding::EmbeddingBenchArgs),
     /// The MLP's SGEMMs: the gemm crate vs OpenBLAS, and the MLP vs plain SGEMM.
@@ -76,6 +78,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Table(cmd) => ringrec::embedding::cli::run(cmd),
         Command::Data(cmd) => ringrec::data::cli::run(cmd),
         Command::Bench(BenchCommand::Embedding(args)) => ringrec::bench::embedding::run(args),
+        Command::Bench(BenchCommand::Engine(args)) => {
+            let topo = Topology::init()?;
+            ringrec::bench::engine::run(&topo, &args)?;
+            Ok(())
+        }
         Command::Bench(BenchCommand::Gemm(args)) => ringrec::bench::gemm::run(&args),
         Command::Bench(BenchCommand::Sparse(args)) => {
             let topo = Topology::init()?;

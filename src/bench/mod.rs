@@ -3,5 +3,6 @@
 
 pub mod allreduce;
 pub mod embedding;
+pub mod engine;
 pub mod sparse;
 pub mod gemm;

@@ -105,14 +105,13 @@ pub struct EngineReport {
     pub unfused_over_fused: f64,
 }
 
-fn slowest(topo: &Topology, c: &mut dyn comm::Collectives, v: f64) -> anyhow::Result<f64> {
+fn slowest(c: &mut dyn comm::Collectives, v: f64) -> anyhow::Result<f64> {
     let mut x = [v];
     c.allreduce(&mut x[..], ReduceOp::Max)?;
-    let _ = topo;
     Ok(x[0])
 }
 
-fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut Vec<Tensor>, steps: usize, warmup: usize) -> anyhow::Result<(Vec<f64>, crate::engine::StatsSnapshot)> {
+fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [Tensor], steps: usize, warmup: usize) -> anyhow::Result<(Vec<f64>, crate::engine::StatsSnapshot)> {
     let mut times = Vec::new();
     let mut before = engine.stats();
     for s in 0..warmup + steps {
@@ -170,7 +169,7 @@ pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineRepo
         }
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        modes.push(ModeResult { mode: "flat".into(), mean_ms: slowest(topo, referee.as_mut(), mean)?, min_ms: slowest(topo, referee.as_mut(), min)?, collectives_per_step: 1.0, cached_per_step: 0.0 });
+        modes.push(ModeResult { mode: "flat".into(), mean_ms: slowest(referee.as_mut(), mean)?, min_ms: slowest(referee.as_mut(), min)?, collectives_per_step: 1.0, cached_per_step: 0.0 });
     }
     for (mode, fusion) in [("fused", threshold), ("unfused", 0)] {
         let config = EngineConfig { backend: Some(backend), fusion_threshold: fusion, cycle_time: Duration::from_secs_f64(args.cycle_time_ms / 1000.0), tag: format!("bench-{mode}"), ..EngineConfig::default() };
@@ -185,7 +184,7 @@ pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineRepo
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         let n = args.steps.max(1) as f64;
-        modes.push(ModeResult { mode: mode.into(), mean_ms: slowest(topo, referee.as_mut(), mean)?, min_ms: slowest(topo, referee.as_mut(), min)?, collectives_per_step: st.collectives as f64 / n, cached_per_step: st.cached as f64 / n });
+        modes.push(ModeResult { mode: mode.into(), mean_ms: slowest(referee.as_mut(), mean)?, min_ms: slowest(referee.as_mut(), min)?, collectives_per_step: st.collectives as f64 / n, cached_per_step: st.cached as f64 / n });
     }
     let report = EngineReport {
         ranks: topo.size,

@@ -465,3 +465,18 @@ fn bad_settings_are_refused_with_the_fix() {
     assert_ne!(job.code, Some(0));
     assert!(job.all().contains("RINGREC_FUSION_THRESHOLD=\"lots\" is not valid: expected bytes, e.g. 67108864 or 64M"), "{}", job.all());
 }
+
+#[test]
+fn the_example_trains_identical_replicas() {
+    // cargo test builds the examples next to the test binaries: target/<profile>/examples.
+    let exe = std::env::current_exe().expect("test exe");
+    let example = exe.parent().and_then(|d| d.parent()).expect("target dir").join("examples").join("engine_mlp");
+    if !example.exists() {
+        eprintln!("skipping: {} was not built (run through `cargo test`, which builds examples)", example.display());
+        return;
+    }
+    let job = common::mpirun_exe(&example, 3, &[("ENGINE_MLP_STEPS", "80")], &[], Duration::from_secs(300));
+    job.assert_ok();
+    let out = job.all();
+    assert!(out.contains("engine_mlp: 3 rank(s), 12 parameter tensors, 80 steps") && out.contains("replicas identical: true"), "{out}");
+}

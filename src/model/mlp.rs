@@ -2,7 +2,8 @@
 //! binary cross-entropy with logits.
 //!
 //! Parameters live in one flat `Vec<f32>` — per layer `W` (in x out, row-major) then `b`
-//! (out) — so the dense gradient is one flat buffer for a single allreduce.
+//! (out) — so the dense gradient is one flat buffer; `forward_backward_with` hands out each
+//! layer's range as soon as backward finished it.
 
 use super::gemm::sgemm;
 

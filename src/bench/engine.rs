@@ -34,6 +34,12 @@ pub struct EngineBenchArgs {
     /// Backend (auto: the best for the topology).
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// Also run the engine with RINGREC_AUTOTUNE's search first, then time the parameters it kept.
+    #[arg(long)]
+    pub autotune: bool,
+    /// Seconds the autotuner measures each candidate.
+    #[arg(long, default_value_t = 0.3)]
+    pub autotune_sample: f64,
     /// Print a JSON summary instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -84,6 +90,10 @@ pub struct ModeResult {
     pub collectives_per_step: f64,
     /// Tensors per step that ran from the response cache.
     pub cached_per_step: f64,
+    /// Fusion threshold in use (bytes).
+    pub fusion_threshold: u64,
+    /// Cycle time in use (ms).
+    pub cycle_time_ms: f64,
 }
 
 /// The whole run.
@@ -140,6 +150,7 @@ fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [
         negotiated: after.negotiated - before.negotiated,
         collectives: after.collectives - before.collectives,
         bytes: after.bytes - before.bytes,
+        ..after
     };
     Ok((times, d))
 }
@@ -169,12 +180,37 @@ pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineRepo
         }
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        modes.push(ModeResult { mode: "flat".into(), mean_ms: slowest(referee.as_mut(), mean)?, min_ms: slowest(referee.as_mut(), min)?, collectives_per_step: 1.0, cached_per_step: 0.0 });
+        modes.push(ModeResult { mode: "flat".into(), mean_ms: slowest(referee.as_mut(), mean)?, min_ms: slowest(referee.as_mut(), min)?, collectives_per_step: 1.0, cached_per_step: 0.0, fusion_threshold: 0, cycle_time_ms: 0.0 });
     }
-    for (mode, fusion) in [("fused", threshold), ("unfused", 0)] {
-        let config = EngineConfig { backend: Some(backend), fusion_threshold: fusion, cycle_time: Duration::from_secs_f64(args.cycle_time_ms / 1000.0), tag: format!("bench-{mode}"), ..EngineConfig::default() };
+    let mut runs = vec![("fused", threshold, false), ("unfused", 0, false)];
+    if args.autotune {
+        runs.push(("autotuned", threshold, true));
+    }
+    for (mode, fusion, autotune) in runs {
+        let config = EngineConfig {
+            backend: Some(backend),
+            fusion_threshold: fusion,
+            cycle_time: Duration::from_secs_f64(args.cycle_time_ms / 1000.0),
+            tag: format!("bench-{mode}"),
+            autotune,
+            autotune_sample: Duration::from_secs_f64(args.autotune_sample),
+            ..EngineConfig::default()
+        };
         let engine = Engine::start(topo, &config)?;
         let mut tensors = fill(topo.rank);
+        if autotune {
+            // Steps until rank 0's search ends (every rank learns it in the same cycle).
+            let mut steps = 0;
+            loop {
+                time_engine(&engine, &shapes, &mut tensors, 1, 0)?;
+                steps += 1;
+                let mut tuning = [engine.stats().tuning as i32];
+                referee.allreduce(&mut tuning[..], ReduceOp::Max)?;
+                if tuning[0] == 0 || steps >= 2000 {
+                    break;
+                }
+            }
+        }
         referee.barrier()?;
         let (times, st) = time_engine(&engine, &shapes, &mut tensors, args.steps, args.warmup)?;
         // Every rank holds the average of (rank + 0.5) over ranks.
@@ -184,7 +220,15 @@ pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineRepo
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         let n = args.steps.max(1) as f64;
-        modes.push(ModeResult { mode: mode.into(), mean_ms: slowest(referee.as_mut(), mean)?, min_ms: slowest(referee.as_mut(), min)?, collectives_per_step: st.collectives as f64 / n, cached_per_step: st.cached as f64 / n });
+        modes.push(ModeResult {
+            mode: mode.into(),
+            mean_ms: slowest(referee.as_mut(), mean)?,
+            min_ms: slowest(referee.as_mut(), min)?,
+            collectives_per_step: st.collectives as f64 / n,
+            cached_per_step: st.cached as f64 / n,
+            fusion_threshold: st.fusion_threshold,
+            cycle_time_ms: st.cycle_time_us as f64 / 1e3,
+        });
     }
     let report = EngineReport {
         ranks: topo.size,
@@ -201,9 +245,10 @@ pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineRepo
         } else {
             println!("# ringrec bench engine: {} ranks, backend {}, {} tensors shaped like ResNet-50's gradients, {} float32 parameters ({:.1} MB), submitted in reverse layer order", report.ranks, report.backend, report.tensors, params, params as f64 * 4.0 / 1e6);
             println!("# {} timed steps per mode after {} warm-up; time = mean of the slowest rank; fusion threshold {} bytes, cycle time {} ms", args.steps, args.warmup, threshold, args.cycle_time_ms);
-            println!("# mode        time (ms)   min (ms)   collectives/step   cached tensors/step");
+            println!("# mode        time (ms)   min (ms)   collectives/step   cached tensors/step   fusion (MiB)   cycle (ms)");
             for m in &report.modes {
-                println!("  {:<9} {:>11.2} {:>10.2} {:>18.1} {:>21.1}", m.mode, m.mean_ms, m.min_ms, m.collectives_per_step, m.cached_per_step);
+                let (f, c) = if m.mode == "flat" { ("-".to_string(), "-".to_string()) } else { (format!("{:.0}", m.fusion_threshold as f64 / (1 << 20) as f64), format!("{:.1}", m.cycle_time_ms)) };
+                println!("  {:<9} {:>11.2} {:>10.2} {:>18.1} {:>21.1} {:>14} {:>12}", m.mode, m.mean_ms, m.min_ms, m.collectives_per_step, m.cached_per_step, f, c);
             }
             println!("# fused / flat = {:.2}x (target <= 1.2x); unfused / fused = {:.2}x (target >= 3x)", report.fused_over_flat, report.unfused_over_fused);
         }

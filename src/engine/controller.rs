@@ -79,6 +79,9 @@ pub struct Stats {
     negotiated: AtomicU64,
     collectives: AtomicU64,
     bytes: AtomicU64,
+    fusion_threshold: AtomicU64,
+    cycle_time_us: AtomicU64,
+    tuning: AtomicU64,
 }
 
 /// A copy of the counters.
@@ -96,13 +99,36 @@ pub struct StatsSnapshot {
     pub collectives: u64,
     /// Bytes of tensors allreduced or broadcast.
     pub bytes: u64,
+    /// The fusion threshold in use (bytes).
+    pub fusion_threshold: u64,
+    /// The cycle time in use (microseconds).
+    pub cycle_time_us: u64,
+    /// True while the autotuner searches.
+    pub tuning: bool,
 }
 
 impl Stats {
+    /// Records the parameters in use.
+    pub fn publish_params(&self, p: Params, tuning: bool) {
+        self.fusion_threshold.store(p.fusion_threshold as u64, Ordering::Relaxed);
+        self.cycle_time_us.store(p.cycle_time.as_micros() as u64, Ordering::Relaxed);
+        self.tuning.store(tuning as u64, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot { cycles: g(&self.cycles), negotiations: g(&self.negotiations), cached: g(&self.cached), negotiated: g(&self.negotiated), collectives: g(&self.collectives), bytes: g(&self.bytes) }
+        StatsSnapshot {
+            cycles: g(&self.cycles),
+            negotiations: g(&self.negotiations),
+            cached: g(&self.cached),
+            negotiated: g(&self.negotiated),
+            collectives: g(&self.collectives),
+            bytes: g(&self.bytes),
+            fusion_threshold: g(&self.fusion_threshold),
+            cycle_time_us: g(&self.cycle_time_us),
+            tuning: g(&self.tuning) != 0,
+        }
     }
 }
 
@@ -424,6 +450,7 @@ impl Controller {
         self.params = Params { fusion_threshold: list.fusion_threshold as usize, cycle_time: Duration::from_micros(list.cycle_time_us) };
         self.tuning = list.tuning;
         self.synced = true;
+        self.stats.publish_params(self.params, self.tuning);
         Ok(list)
     }
 

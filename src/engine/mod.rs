@@ -268,6 +268,7 @@ impl Engine {
         let stop: StopReason = Arc::new(Mutex::new(None));
         let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotuner };
         let stats = Arc::new(Stats::default());
+        stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));
         let thread = std::thread::Builder::new()
             .name("ringrec-engine".into())

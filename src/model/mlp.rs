@@ -413,6 +413,29 @@ mod tests {
     }
 
     #[test]
+    fn layers_are_handed_out_last_first_with_their_final_gradient() {
+        let shape = MlpShape { input: 29, hidden: vec![16, 8] };
+        for threads in [1, 3] {
+            let mut m = Mlp::new(shape.clone(), 3, threads);
+            let batch = 40;
+            let x: Vec<f32> = (0..batch * 29).map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.5).collect();
+            let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+            let mut g = vec![0f32; m.num_params()];
+            let mut dx = vec![0f32; x.len()];
+            let mut seen: Vec<(usize, Vec<f32>)> = Vec::new();
+            m.forward_backward_with(&x, &y, batch, 0.1, &mut g, &mut dx, &mut |l, grad| seen.push((l, grad.to_vec())));
+            assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), vec![2, 1, 0]);
+            // What was handed out is exactly the final gradient of that layer's range.
+            let mut cover = 0;
+            for (l, grad) in &seen {
+                assert_eq!(&g[m.layer_range(*l)], &grad[..], "threads {threads} layer {l}");
+                cover += grad.len();
+            }
+            assert_eq!(cover, m.num_params());
+        }
+    }
+
+    #[test]
     fn bce_is_stable_and_correct() {
         assert!((bce_with_logits(0.0, 1.0) - std::f32::consts::LN_2).abs() < 1e-7);
         assert!((bce_with_logits(100.0, 1.0)).abs() < 1e-6);

@@ -11,7 +11,7 @@
 //! 5. Ready tensors are fused and executed in the same order on every rank.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,6 +48,9 @@ pub enum Msg {
     Submit(Submission),
     /// This rank leaves; every rank's engine stops in the same cycle.
     Shutdown,
+    /// Start the next cycle now instead of at the end of the cycle time (sent when a
+    /// handle is waited on: the program has submitted what it can for now).
+    Flush,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -219,10 +222,7 @@ impl Controller {
     pub fn run(mut self) {
         let mut next = Instant::now();
         let reason = loop {
-            let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            }
+            self.wait_for_cycle(next);
             next = Instant::now() + self.params.cycle_time;
             self.drain();
             match self.cycle() {
@@ -248,21 +248,56 @@ impl Controller {
         }
     }
 
-    fn drain(&mut self) {
-        loop {
-            match self.rx.try_recv() {
-                Ok(Msg::Submit(s)) => {
-                    if self.pending.contains_key(&s.req.name) {
-                        let _ = s.reply.send(Err(EngineError::Duplicate(s.req.name.clone())));
-                        continue;
-                    }
+    /// Takes one message; false when the cycle should start now.
+    fn take(&mut self, m: Msg) -> bool {
+        match m {
+            Msg::Submit(s) => {
+                if self.pending.contains_key(&s.req.name) {
+                    let _ = s.reply.send(Err(EngineError::Duplicate(s.req.name.clone())));
+                } else {
                     self.order.push(s.req.name.clone());
                     self.pending.insert(s.req.name.clone(), Pending { sub: s, route: Route::New });
                 }
-                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
+                true
+            }
+            Msg::Flush => self.pending.is_empty(), // nothing of ours to run: keep the cadence
+            Msg::Shutdown => {
+                self.leaving = true;
+                false
+            }
+        }
+    }
+
+    /// Sleeps until `until`, taking submissions as they come; a flush (or a shutdown)
+    /// ends the wait early.
+    fn wait_for_cycle(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until || self.leaving {
+                return;
+            }
+            match self.rx.recv_timeout(until - now) {
+                Ok(m) => {
+                    if !self.take(m) {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => return,
+                Err(RecvTimeoutError::Disconnected) => {
                     self.leaving = true;
                     return;
                 }
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        while !self.leaving {
+            match self.rx.try_recv() {
+                Ok(m) => {
+                    self.take(m);
+                }
+                Err(TryRecvError::Disconnected) => self.leaving = true,
                 Err(TryRecvError::Empty) => return,
             }
         }

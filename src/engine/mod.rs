@@ -182,13 +182,15 @@ pub struct Handle {
     rx: Receiver<EngineResult<Tensor>>,
     done: Option<EngineResult<Tensor>>,
     stop: StopReason,
+    /// Tells the background thread to start its next cycle now when we block.
+    kick: Option<Sender<Msg>>,
 }
 
 impl Handle {
     fn failed(name: &str, e: EngineError) -> Handle {
         let (tx, rx) = mpsc::channel();
         let _ = tx.send(Err(e));
-        Handle { name: name.to_string(), rx, done: None, stop: Arc::new(Mutex::new(None)) }
+        Handle { name: name.to_string(), rx, done: None, stop: Arc::new(Mutex::new(None)), kick: None }
     }
 
     /// The tensor's name.
@@ -213,10 +215,17 @@ impl Handle {
         true
     }
 
-    /// Blocks until the operation finished; returns the resulting tensor.
+    /// Blocks until the operation finished; returns the resulting tensor. Waiting also
+    /// starts the engine's next cycle at once instead of at the end of the cycle time.
     pub fn wait(mut self) -> EngineResult<Tensor> {
         if let Some(r) = self.done.take() {
             return r;
+        }
+        if let Ok(r) = self.rx.try_recv() {
+            return r;
+        }
+        if let Some(k) = self.kick.take() {
+            let _ = k.send(Msg::Flush);
         }
         self.rx.recv().unwrap_or_else(|_| Err(self.gone()))
     }
@@ -292,8 +301,9 @@ impl Engine {
         }
         let (reply, rx) = mpsc::channel();
         let msg = Msg::Submit(Submission { req, tensor, reply, submitted: Instant::now() });
-        let sent = self.tx.lock().ok().and_then(|g| g.as_ref().map(|tx| tx.send(msg).is_ok())).unwrap_or(false);
-        let h = Handle { name, rx, done: None, stop: self.stop.clone() };
+        let tx = self.tx.lock().ok().and_then(|g| g.clone());
+        let sent = tx.as_ref().is_some_and(|tx| tx.send(msg).is_ok());
+        let h = Handle { name, rx, done: None, stop: self.stop.clone(), kick: tx };
         if !sent {
             let e = h.gone();
             return Handle::failed(&h.name, e);

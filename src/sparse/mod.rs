@@ -29,13 +29,16 @@
 //! then divided once. Both modes compute exactly this ([`list::merge`] at both levels), so
 //! they are bit-identical, and every host holds a byte-identical table.
 
+pub mod board;
 pub mod error;
 pub mod exchange;
 pub mod list;
+pub mod merge;
 
 pub use error::{DecodeError, SparseError, SparseResult};
 pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};
-pub use list::{dedupe, merge, merge_into, normalise, Deduper, SparseList};
+pub use list::{dedupe, normalise, Deduper, KeyRange, ListRef, SparseList};
+pub use merge::{merge, merge_into, merge_views_into, Finish};
 
 /// How sparse gradients travel between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]

@@ -392,7 +392,10 @@ impl SparseExchanger {
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
-        self.host.broadcast_raw(&mut status, 0)?;
+        match self.hier.as_mut().and_then(|h| h.board.as_mut()) {
+            Some(board) => board.broadcast_status(&mut status)?,
+            None => self.host.broadcast_raw(&mut status, 0)?,
+        }
         if self.local_rank == 0 {
             return Ok(None);
         }
@@ -424,7 +427,7 @@ impl SparseExchanger {
         let mut host_ok = own;
         if let Some(board) = &mut hier.board {
             let t = Instant::now();
-            host_ok = publish(board, &mut self.host, self.rank, dim, host_ok, b.own.view(), Area::Own);
+            host_ok = publish(board, self.rank, dim, host_ok, b.own.view(), Area::Own);
             st.host_s += t.elapsed().as_secs_f64();
         }
         if owns_range {
@@ -475,7 +478,7 @@ impl SparseExchanger {
                 (_, Err(e), Some(board)) => {
                     st.merge_s += t.elapsed().as_secs_f64();
                     let t = Instant::now();
-                    let r = publish(board, &mut self.host, self.rank, dim, Err(e), b.result.view(), Area::Range);
+                    let r = publish(board, self.rank, dim, Err(e), b.result.view(), Area::Range);
                     st.host_s += t.elapsed().as_secs_f64();
                     return self.end_hier(r, table, st);
                 }
@@ -484,7 +487,7 @@ impl SparseExchanger {
                     let len = wire_len(n, dim);
                     let scratch = &mut b.result;
                     let mut written = Ok(());
-                    let r = board.publish(&mut self.host, Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
+                    let r = board.publish(Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
                     st.host_bytes_sent += len as u64;
                     st.merge_s += t.elapsed().as_secs_f64();
                     return self.end_hier(r.and(written), table, st);
@@ -501,9 +504,9 @@ impl SparseExchanger {
             Some(board) => {
                 let t = Instant::now();
                 let published = if l == 0 || global.is_ok() {
-                    board.publish(&mut self.host, Area::Range, 0, |_| {}).and(global)
+                    board.publish(Area::Range, 0, |_| {}).and(global)
                 } else {
-                    publish(board, &mut self.host, self.rank, dim, global, b.result.view(), Area::Range)
+                    publish(board, self.rank, dim, global, b.result.view(), Area::Range)
                 };
                 st.host_s += t.elapsed().as_secs_f64();
                 if l == 0 {
@@ -623,10 +626,10 @@ fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scra
 /// Publishes `list` in this rank's `area` of the host board (a rank's own list without
 /// counts, a key range of the result with them) or, when `r` is an error (or the list cannot
 /// be serialized), the error piece that replaces it. Returns `r`, or the failure to publish.
-fn publish(board: &mut HostBoard, sync: &mut ShmCollectives, me: usize, dim: usize, r: SparseResult<()>, list: ListRef<'_>, area: Area) -> SparseResult<()> {
+fn publish(board: &mut HostBoard, me: usize, dim: usize, r: SparseResult<()>, list: ListRef<'_>, area: Area) -> SparseResult<()> {
     let with_counts = area == Area::Range;
     match r.and_then(|()| list.check_encodable()) {
-        Ok(()) => board.publish(sync, area, list.encoded_len(with_counts), |dst| {
+        Ok(()) => board.publish(area, list.encoded_len(with_counts), |dst| {
             let written = list.encode_to(with_counts, dst);
             debug_assert!(written.is_ok(), "{written:?}");
         }),
@@ -634,7 +637,7 @@ fn publish(board: &mut HostBoard, sync: &mut ShmCollectives, me: usize, dim: usi
             let mut piece = Vec::new();
             let (origin, message) = e.origin(me);
             encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
-            board.publish(sync, area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
+            board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
             Err(e)
         }
     }
@@ -710,7 +713,8 @@ fn collect_ranges(board: &HostBoard, ranks: &[usize], ranges: usize, dim: usize,
 /// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes.
 fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>, spans: &mut Vec<std::ops::Range<usize>>) -> SparseResult<()> {
     let mut lens = vec![0u64; comm.size() as usize];
-    comm.all_gather_into(&(send.len() as u64), &mut lens[..]);
+    let mine = send.len() as u64;
+    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
     spans.clear();
     let mut at = 0usize;
     for len in &lens {
@@ -731,8 +735,26 @@ fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>
     let anchor = [0u8; 8];
     let send = if send.is_empty() { &anchor[..0] } else { send };
     let mut part = PartitionMut::new(bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]), &counts[..], &displs[..]);
-    comm.all_gather_varcount_into(send, &mut part);
+    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
     Ok(())
+}
+
+/// Waits for `req` polling with short sleeps in between, instead of MPI's busy (or yielding)
+/// wait: where ranks share cores, the core goes to the ranks that still work.
+fn wait_sleeping<'a, R: ?Sized, S: mpi::request::Scope<'a>>(mut req: mpi::request::Request<'a, R, S>) {
+    let mut polls = 0u32;
+    loop {
+        match req.test() {
+            Ok(_) => return,
+            Err(pending) => req = pending,
+        }
+        polls = polls.saturating_add(1);
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
 }
 
 impl Hier {
@@ -752,7 +774,7 @@ impl Hier {
         if topo.local_rank < ranges && cross_of_host.contains(&usize::MAX) {
             return Err(SparseError::Invalid(format!("local rank {} is not on every host: its cross-host group holds hosts {hosts:?} of {}", topo.local_rank, topo.num_hosts)));
         }
-        let board = (topo.local_size > 1).then(|| HostBoard::new(topo));
+        let board = if topo.local_size > 1 { Some(HostBoard::new(topo)?) } else { None };
         Ok(Hier { ranges, cross, cross_of_host, board })
     }
 }

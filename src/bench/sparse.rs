@@ -4,7 +4,8 @@
 //! Every step each rank draws `fields x batch` Zipf-distributed keys (hot ids scattered over
 //! the key space) with one row of `dim` gradient values each, then runs one step of each mode
 //! back to back (a world barrier before each), so machine noise hits both alike. time = mean
-//! over the timed steps of the slowest rank's step time; bytes = per step, summed over ranks.
+//! over the timed steps of the slowest rank's step time; cpu = the largest per-rank mean CPU
+//! time of a step; bytes = per step, summed over ranks.
 //! `check` compares the two modes' final gradients on every host leader, bit for bit.
 
 use std::time::Instant;
@@ -57,6 +58,10 @@ pub struct ModeRow {
     pub time_ms: f64,
     /// Fastest step (slowest rank), milliseconds.
     pub min_ms: f64,
+    /// CPU time of a step, the largest per-rank mean, milliseconds (waiting included as far
+    /// as it spins: on a machine with more ranks than cores this is what the ranks compete
+    /// for).
+    pub cpu_ms: f64,
     /// Phase means, the largest over ranks, milliseconds.
     pub dedupe_ms: f64,
     /// Host gather.
@@ -157,7 +162,20 @@ struct Acc {
     steps: usize,
     time: f64,
     min: f64,
+    cpu: f64,
     stats: SparseStats,
+}
+
+/// CPU seconds this process has used (all threads, user and system).
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant Linux knows.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0;
+    if ok {
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    } else {
+        0.0
+    }
 }
 
 fn max_over_ranks(topo: &Topology, v: f64) -> f64 {
@@ -196,8 +214,10 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
         for (m, e) in ex.iter_mut().enumerate() {
             topo.world.comm.barrier();
             let t = Instant::now();
+            let cpu = process_cpu_seconds();
             let (agg, st) = e.exchange(&keys, &grads)?;
             let dt = t.elapsed().as_secs_f64();
+            let cpu = process_cpu_seconds() - cpu;
             let slowest = max_over_ranks(topo, dt);
             if topo.is_leader() {
                 let agg = agg.ok_or_else(|| anyhow::anyhow!("mode {}: a host leader got no result", modes[m]))?;
@@ -208,6 +228,7 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
                 a.steps += 1;
                 a.time += slowest;
                 a.min = a.min.min(slowest);
+                a.cpu += cpu;
                 a.stats.add(&st);
             }
         }
@@ -224,6 +245,7 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
             mode: modes[m].name().to_string(),
             time_ms: a.time / n * 1e3,
             min_ms: if a.min.is_finite() { a.min * 1e3 } else { 0.0 },
+            cpu_ms: max_over_ranks(topo, a.cpu / n) * 1e3,
             dedupe_ms: max_over_ranks(topo, s.dedupe_s / n) * 1e3,
             host_ms: max_over_ranks(topo, s.host_s / n) * 1e3,
             cross_ms: max_over_ranks(topo, s.cross_s / n) * 1e3,
@@ -262,15 +284,16 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
 /// The human-readable table and summary of a report.
 pub fn table(r: &SparseReport) -> Vec<String> {
     let mut out = vec![
-        format!("#{:>5} {:>9} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>9}", "mode", "time", "min", "dedupe", "host", "cross", "merge", "uniq/rank", "global", "host", "cross"),
-        format!("#{:>5} {:>9} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>9}", "", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(keys)", "(keys)", "(MB/step)", "(MB/step)"),
+        format!("#{:>5} {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>9}", "mode", "time", "min", "cpu", "dedupe", "host", "cross", "merge", "uniq/rank", "global", "host", "cross"),
+        format!("#{:>5} {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>9}", "", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(keys)", "(keys)", "(MB/step)", "(MB/step)"),
     ];
     for m in &r.rows {
         out.push(format!(
-            "{:>6} {:>9.2} {:>8.2} | {:>7.2} {:>7.2} {:>7.2} {:>7.2} | {:>9.0} {:>8.0} | {:>9.2} {:>9.2}",
+            "{:>6} {:>9.2} {:>8.2} {:>8.2} | {:>7.2} {:>7.2} {:>7.2} {:>7.2} | {:>9.0} {:>8.0} | {:>9.2} {:>9.2}",
             m.mode,
             m.time_ms,
             m.min_ms,
+            m.cpu_ms,
             m.dedupe_ms,
             m.host_ms,
             m.cross_ms,

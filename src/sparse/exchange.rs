@@ -8,16 +8,20 @@
 use std::time::Instant;
 
 use mpi::collective::CommunicatorCollectives;
+use mpi::datatype::PartitionMut;
+use mpi::topology::{Communicator, SimpleCommunicator};
 use serde::Serialize;
 
+use super::board::{Area, HostBoard};
 use super::error::{SparseError, SparseResult};
-use super::list::{self, decode, decode_into, encode_error, merge_into, Decoded, Deduper, Piece, SparseList};
+use super::list::{self, decode, decode_into, encode_error, view, Decoded, Deduper, KeyRange, ListRef, Piece, SparseList, Viewed};
+use super::merge::{merge_into, merge_to_wire, merge_views_into, merged_len, Finish};
 use super::{SparseExchange, SparseNormalize};
 use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::shm::ShmCollectives;
 use crate::comm::{self, Collectives, Gathered};
 use crate::embedding::HostTable;
-use crate::topology::Topology;
+use crate::topology::{Group, Topology};
 
 /// Bytes of the status a host leader broadcasts to its local ranks after each step; also
 /// the longest error piece.
@@ -33,7 +37,8 @@ pub struct SparseStats {
     pub keys_in: u64,
     /// Distinct keys of this rank's batch.
     pub keys_unique: u64,
-    /// Distinct keys of this host (leaders in `hier`; 0 elsewhere).
+    /// Distinct keys of this host: in `hier` those of this rank's key range (0 on ranks
+    /// without one), in `flat` all of them on leaders (0 elsewhere).
     pub keys_host: u64,
     /// Distinct keys of the whole step (ranks that hold the result).
     pub keys_global: u64,
@@ -47,7 +52,7 @@ pub struct SparseStats {
     pub cross_bytes_received: u64,
     /// Seconds in the per-rank dedupe.
     pub dedupe_s: f64,
-    /// Seconds in the host gather (`hier`).
+    /// Seconds publishing lists to the host's other ranks and waiting for theirs (`hier`).
     pub host_s: f64,
     /// Seconds in the cross-host allgatherv (`hier`) or the world allgatherv (`flat`).
     pub cross_s: f64,
@@ -116,16 +121,37 @@ pub type AggregatedGrads = SparseList;
 struct Buffers {
     /// This rank's deduped list.
     own: SparseList,
-    /// Decoded pieces of other ranks or hosts.
+    /// Decoded pieces of other ranks or hosts (in `hier` only where a piece cannot be read
+    /// in place).
     pieces: Vec<SparseList>,
     /// Flat mode: every host's list.
     hosts: Vec<SparseList>,
-    /// This host's list (leader).
-    host: SparseList,
-    /// The final, normalised list.
+    /// The final, normalised list (`hier`: of this rank's key range, then, on the leader,
+    /// all of it).
     result: SparseList,
     /// What this rank sends.
     send: Vec<u8>,
+    /// `hier`: this rank's key range of its host's list, serialized with counts (8-byte
+    /// aligned, so it is read in place), `wire_len` bytes.
+    wire: Vec<u64>,
+    wire_len: usize,
+    /// `hier`: the host lists received from the other hosts, 8-byte aligned pieces.
+    recv: Vec<u64>,
+    /// `hier`: each piece's bytes in `recv`.
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+/// `hier`: the ranks of every host with this rank's local rank, and the host's board.
+struct Hier {
+    /// Key ranges: the smallest number of ranks of a host. Local rank `l < ranges` merges
+    /// key range `l` ([`KeyRange::part`]) of the whole step.
+    ranges: usize,
+    /// This rank's local rank on every host (one rank per host when `local_rank < ranges`).
+    cross: Group,
+    /// Rank in `cross` of each host's rank.
+    cross_of_host: Vec<usize>,
+    /// Shared areas of this host's ranks (`None` with one rank per host).
+    board: Option<HostBoard>,
 }
 
 /// Exchanges per-rank sparse gradients every step (see [`crate::sparse`]). Build one per
@@ -142,10 +168,12 @@ pub struct SparseExchanger {
     num_hosts: usize,
     /// World ranks of every host, in local-rank order.
     host_ranks: Vec<Vec<usize>>,
-    /// Shared memory among this host's ranks: gather to the leader, status broadcast.
+    /// Shared memory among this host's ranks: barriers of the board, status broadcast.
     host: ShmCollectives,
-    /// MPI over the leaders of all hosts (`hier`) or over the world (`flat`).
-    net: MpiCollectives,
+    /// `flat`: MPI over the world.
+    net: Option<MpiCollectives>,
+    /// `hier`: how the key ranges travel.
+    hier: Option<Hier>,
     deduper: Deduper,
     b: Buffers,
     steps: u64,
@@ -226,11 +254,6 @@ impl SparseExchanger {
             return Err(SparseError::Invalid(format!("dim {dim} is out of range; rows need 1..={} values", u32::MAX)));
         }
         let host = comm::host_collectives(topo, "sparse")?;
-        let group = match mode {
-            SparseExchange::Hierarchical => topo.cross.duplicate(),
-            SparseExchange::Flat => topo.world.duplicate(),
-        };
-        let net = MpiCollectives::new(group, comm::verify_from_env());
         let mut host_ranks = vec![Vec::new(); topo.num_hosts];
         for r in 0..topo.size {
             host_ranks[topo.host_of_rank[r]].push(r);
@@ -238,6 +261,10 @@ impl SparseExchanger {
         for ranks in &mut host_ranks {
             ranks.sort_by_key(|r| topo.local_rank_of_rank[*r]);
         }
+        let (net, hier) = match mode {
+            SparseExchange::Flat => (Some(MpiCollectives::new(topo.world.duplicate(), comm::verify_from_env())), None),
+            SparseExchange::Hierarchical => (None, Some(Hier::new(topo, &host_ranks)?)),
+        };
         Ok(SparseExchanger {
             mode,
             normalize,
@@ -251,6 +278,7 @@ impl SparseExchanger {
             host_ranks,
             host,
             net,
+            hier,
             deduper: Deduper::new(),
             b: Buffers::default(),
             steps: 0,
@@ -332,13 +360,17 @@ impl SparseExchanger {
         out.map(|has| (has, st))
     }
 
-    /// Normalises `self.b.result` and, on a leader given a table, applies it.
-    fn finish(&mut self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
-        global?;
+    /// Normalises `self.b.result` (the whole list, or this rank's key range of it).
+    fn normalise(&mut self, st: &mut SparseStats) {
         let t = Instant::now();
         list::normalise(&mut self.b.result, self.normalize, self.world);
-        st.keys_global = self.b.result.len() as u64;
         st.merge_s += t.elapsed().as_secs_f64();
+    }
+
+    /// On a leader given a table, applies the (normalised) `self.b.result`.
+    fn finish(&mut self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
+        global?;
+        st.keys_global = self.b.result.len() as u64;
         if let Some((table, lr)) = table {
             if self.local_rank == 0 {
                 let t = Instant::now();
@@ -360,7 +392,10 @@ impl SparseExchanger {
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
-        self.host.broadcast_raw(&mut status, 0)?;
+        match self.hier.as_mut().and_then(|h| h.board.as_mut()) {
+            Some(board) => board.broadcast_status(&mut status)?,
+            None => self.host.broadcast_raw(&mut status, 0)?,
+        }
         if self.local_rank == 0 {
             return Ok(None);
         }
@@ -380,127 +415,146 @@ impl SparseExchanger {
     }
 
     fn hierarchical(&mut self, own: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
-        // 1. Gather to the leader through shared memory (the leader keeps its own list).
-        let host_ok = if self.local_size == 1 {
-            std::mem::swap(&mut self.b.host, &mut self.b.own);
-            own
-        } else if self.local_rank == 0 {
+        let Some(hier) = self.hier.as_mut() else {
+            return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
+        };
+        let (l, dim) = (self.local_rank, self.dim);
+        let owns_range = l < hier.ranges;
+        let ranks = &self.host_ranks[self.host_id];
+        let b = &mut self.b;
+        // 1. Host stage: every local rank publishes its list; rank l merges key range l of
+        //    all of them (local-rank order), serialized with counts, into `b.wire`.
+        let mut host_ok = own;
+        if let Some(board) = &mut hier.board {
             let t = Instant::now();
-            let gathered = self.host.gatherv_raw(&[], 0);
-            st.host_s = t.elapsed().as_secs_f64();
-            match (own, gathered) {
-                (Err(e), _) => Err(e),
-                (Ok(()), Err(e)) => Err(e.into()),
-                (Ok(()), Ok(None)) => Err(SparseError::Invalid("the host leader received nothing from the host gather".into())),
-                (Ok(()), Ok(Some(g))) => {
-                    st.host_bytes_received = g.data.len() as u64;
-                    self.merge_host(&g, st)
+            host_ok = publish(board, self.rank, dim, host_ok, b.own.view(), Area::Own);
+            st.host_s += t.elapsed().as_secs_f64();
+        }
+        if owns_range {
+            let t = Instant::now();
+            host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, KeyRange::part(l, hier.ranges), dim, b, st));
+            st.merge_s += t.elapsed().as_secs_f64();
+        }
+        // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists
+        //    and merge them in host order, normalising each row as it is finished: the leader
+        //    into `b.result`, the others straight into their range area of the board.
+        let global = if !owns_range {
+            host_ok
+        } else {
+            let gathered = match &host_ok {
+                _ if self.num_hosts == 1 => host_ok,
+                Ok(()) => {
+                    let t = Instant::now();
+                    let sent = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
+                    let g = allgather_aligned(&hier.cross.comm, sent, &mut b.recv, &mut b.spans);
+                    st.cross_s = t.elapsed().as_secs_f64();
+                    st.cross_bytes_sent = (sent.len() * (self.num_hosts - 1)) as u64;
+                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>().saturating_sub(sent.len()) as u64;
+                    g
+                }
+                Err(e) => {
+                    b.send.clear();
+                    let (origin, message) = e.origin(self.rank);
+                    encode_error(origin, dim, &message, STATUS_LEN, &mut b.send);
+                    let t = Instant::now();
+                    let g = allgather_aligned(&hier.cross.comm, &b.send, &mut b.recv, &mut b.spans);
+                    st.cross_s = t.elapsed().as_secs_f64();
+                    host_ok.and(g)
+                }
+            };
+            let t = Instant::now();
+            let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
+            let received: &[u8] = bytemuck::cast_slice(&b.recv);
+            let (spans, cross_of_host, host_id) = (&b.spans, &hier.cross_of_host, self.host_id);
+            let piece_of = |h: usize| match spans.get(cross_of_host[h]) {
+                _ if h == host_id => Ok(wire),
+                Some(span) => Ok(&received[span.clone()]),
+                None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
+            };
+            let views = gathered.and_then(|()| host_views(&self.host_ranks, l, dim, piece_of, &mut b.pieces));
+            let finish = Finish::normalise(self.normalize, self.world);
+            let out = match (l, views, &mut hier.board) {
+                (0, views, _) => views.map(|v| merge_views_into(&v, dim, finish, &mut b.result)),
+                (_, Err(e), Some(board)) => {
+                    st.merge_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    let r = publish(board, self.rank, dim, Err(e), b.result.view(), Area::Range);
+                    st.host_s += t.elapsed().as_secs_f64();
+                    return self.end_hier(r, table, st);
+                }
+                (_, Ok(views), Some(board)) => {
+                    let n = merged_len(&views);
+                    let len = wire_len(n, dim);
+                    let scratch = &mut b.result;
+                    let mut written = Ok(());
+                    let r = board.publish(Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
+                    st.host_bytes_sent += len as u64;
+                    st.merge_s += t.elapsed().as_secs_f64();
+                    return self.end_hier(r.and(written), table, st);
+                }
+                (_, _, None) => Err(SparseError::Invalid(format!("local rank {l} of a host without a board"))),
+            };
+            st.merge_s += t.elapsed().as_secs_f64();
+            out
+        };
+        // 3. The leader collects the other key ranges after its own; ranks without a range
+        //    publish nothing (or their error).
+        let global = match &mut hier.board {
+            None => global,
+            Some(board) => {
+                let t = Instant::now();
+                let published = if l == 0 || global.is_ok() {
+                    board.publish(Area::Range, 0, |_| {}).and(global)
+                } else {
+                    publish(board, self.rank, dim, global, b.result.view(), Area::Range)
+                };
+                st.host_s += t.elapsed().as_secs_f64();
+                if l == 0 {
+                    let t = Instant::now();
+                    let collected = published.and_then(|()| collect_ranges(board, ranks, hier.ranges, dim, self.world, b, st));
+                    st.merge_s += t.elapsed().as_secs_f64();
+                    collected
+                } else {
+                    published
                 }
             }
-        } else {
-            let own = encode_piece(self.rank, self.dim, own, &self.b.own, false, &mut self.b.send);
-            st.host_bytes_sent = self.b.send.len() as u64;
-            let t = Instant::now();
-            let gathered = self.host.gatherv_raw(&self.b.send, 0);
-            st.host_s = t.elapsed().as_secs_f64();
-            // Wait for the leader's verdict even after a failure here, so the step ends
-            // together on every rank (a broken segment fails the broadcast at once).
-            let status = self.host_status(None);
-            own?;
-            gathered?;
-            return match status? {
+        };
+        self.end_hier(global, table, st)
+    }
+
+    /// The end of a `hier` step: the leader applies the result and tells its local ranks
+    /// how the step went; they return what it said.
+    fn end_hier(&mut self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
+        if self.local_size == 1 {
+            self.finish(global, table, st)?;
+            return Ok(true);
+        }
+        if self.local_rank != 0 {
+            let told = self.host_status(None);
+            global?;
+            return match told? {
                 Some(e) => Err(e),
                 None => Ok(false),
             };
-        };
-        if host_ok.is_ok() {
-            st.keys_host = self.b.host.len() as u64;
         }
-        // 2. Leaders allgather the host lists.
-        let global = if self.num_hosts > 1 {
-            let mine = encode_piece(self.rank, self.dim, host_ok, &self.b.host, true, &mut self.b.send);
-            let t = Instant::now();
-            let gathered = self.net.allgatherv_raw(&self.b.send);
-            st.cross_s = t.elapsed().as_secs_f64();
-            match (mine, gathered) {
-                (Err(e), _) => Err(e),
-                (Ok(()), Err(e)) => Err(e.into()),
-                (Ok(()), Ok(g)) => {
-                    let sent = self.b.send.len();
-                    st.cross_bytes_sent = (sent * (self.num_hosts - 1)) as u64;
-                    st.cross_bytes_received = g.data.len().saturating_sub(sent) as u64;
-                    self.merge_hosts(&g, st)
-                }
-            }
-        } else {
-            std::mem::swap(&mut self.b.result, &mut self.b.host);
-            host_ok
-        };
-        // 3. Normalise, apply, tell the host.
         let result = self.finish(global, table, st);
-        if self.local_size > 1 {
-            let told = self.host_status(result.as_ref().err());
-            result?;
-            told?;
-        } else {
-            result?;
-        }
+        let told = self.host_status(result.as_ref().err());
+        result?;
+        told?;
         Ok(true)
-    }
-
-    /// Leader: merges the host's lists in local-rank order (its own first) into `b.host`.
-    fn merge_host(&mut self, g: &Gathered, st: &mut SparseStats) -> SparseResult<()> {
-        let t = Instant::now();
-        let ranks = &self.host_ranks[self.host_id];
-        if g.counts.len() != ranks.len() {
-            return Err(SparseError::Invalid(format!("host gather returned {} pieces for {} local ranks", g.counts.len(), ranks.len())));
-        }
-        let b = &mut self.b;
-        at_least(&mut b.pieces, ranks.len());
-        for (l, r) in ranks.iter().enumerate().skip(1) {
-            decode_piece(g.piece(l), self.dim, *r, 1, &mut b.pieces[l])?;
-        }
-        let mut refs: Vec<&SparseList> = Vec::with_capacity(ranks.len());
-        refs.push(&b.own);
-        refs.extend(&b.pieces[1..ranks.len()]);
-        merge_into(&refs, self.dim, &mut b.host);
-        st.merge_s += t.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    /// Leader: merges the host lists in host order (its own at its host's place) into
-    /// `b.result`.
-    fn merge_hosts(&mut self, g: &Gathered, st: &mut SparseStats) -> SparseResult<()> {
-        let t = Instant::now();
-        if g.counts.len() != self.num_hosts || self.net.rank() != self.host_id {
-            return Err(SparseError::Invalid(format!(
-                "the leaders' communicator has {} ranks and puts this leader at {}, expected {} hosts with this one at {}",
-                g.counts.len(),
-                self.net.rank(),
-                self.num_hosts,
-                self.host_id
-            )));
-        }
-        let b = &mut self.b;
-        at_least(&mut b.pieces, self.num_hosts);
-        for h in (0..self.num_hosts).filter(|h| *h != self.host_id) {
-            let ranks = &self.host_ranks[h];
-            decode_piece(g.piece(h), self.dim, ranks[0], ranks.len() as u32, &mut b.pieces[h])?;
-        }
-        let refs: Vec<&SparseList> = (0..self.num_hosts).map(|h| if h == self.host_id { &b.host } else { &b.pieces[h] }).collect();
-        merge_into(&refs, self.dim, &mut b.result);
-        st.merge_s += t.elapsed().as_secs_f64();
-        Ok(())
     }
 
     fn flat(&mut self, own: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
         let mine = encode_piece(self.rank, self.dim, own, &self.b.own, false, &mut self.b.send);
         let t = Instant::now();
-        let gathered = self.net.allgatherv_raw(&self.b.send);
+        let gathered = match &mut self.net {
+            Some(net) => net.allgatherv_raw(&self.b.send).map_err(SparseError::from),
+            None => Err(SparseError::Invalid("the flat exchange has no world communicator".into())),
+        };
         st.cross_s = t.elapsed().as_secs_f64();
         let global = match (mine, gathered) {
             (Err(e), _) => Err(e),
-            (Ok(()), Err(e)) => Err(e.into()),
+            (Ok(()), Err(e)) => Err(e),
             (Ok(()), Ok(g)) => {
                 let sent = self.b.send.len() as u64;
                 for r in (0..self.world).filter(|r| *r != self.rank) {
@@ -516,6 +570,9 @@ impl SparseExchanger {
                 self.merge_world(&g, st)
             }
         };
+        if global.is_ok() {
+            self.normalise(st);
+        }
         let applying = table.is_some();
         let result = self.finish(global, table, st);
         if applying && self.local_size > 1 {
@@ -554,5 +611,170 @@ impl SparseExchanger {
         }
         st.merge_s += t.elapsed().as_secs_f64();
         Ok(())
+    }
+}
+
+/// Reads the piece world rank `from` sent where it lies (or, if it cannot, decodes it into
+/// `scratch`); an error piece becomes its error.
+fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scratch: &'a mut SparseList) -> SparseResult<ListRef<'a>> {
+    match view(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))? {
+        Viewed::List(l) => Ok(l),
+        Viewed::Error { rank, message } => Err(SparseError::Peer { rank, message }),
+    }
+}
+
+/// Publishes `list` in this rank's `area` of the host board (a rank's own list without
+/// counts, a key range of the result with them) or, when `r` is an error (or the list cannot
+/// be serialized), the error piece that replaces it. Returns `r`, or the failure to publish.
+fn publish(board: &mut HostBoard, me: usize, dim: usize, r: SparseResult<()>, list: ListRef<'_>, area: Area) -> SparseResult<()> {
+    let with_counts = area == Area::Range;
+    match r.and_then(|()| list.check_encodable()) {
+        Ok(()) => board.publish(area, list.encoded_len(with_counts), |dst| {
+            let written = list.encode_to(with_counts, dst);
+            debug_assert!(written.is_ok(), "{written:?}");
+        }),
+        Err(e) => {
+            let mut piece = Vec::new();
+            let (origin, message) = e.origin(me);
+            encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
+            board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
+            Err(e)
+        }
+    }
+}
+
+/// Rank `l` of the host: merges key range `range` of the host's lists (`ranks`, in
+/// local-rank order; this rank's own from `b.own`, the others read in place from the board)
+/// into `b.wire`, serialized with counts.
+fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyRange, dim: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
+    at_least(&mut b.pieces, ranks.len());
+    let mut views = Vec::with_capacity(ranks.len());
+    for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()) {
+        let v = match board {
+            Some(board) if q != l => view_piece(board.piece(q, Area::Own), dim, *r, 1, scratch)?,
+            _ => b.own.view(),
+        };
+        views.push(v.within(range));
+    }
+    let row_bytes = (8 + 4 * dim) as u64;
+    let mine = views[l].len() as u64;
+    st.host_bytes_received = views.iter().map(|v| v.len() as u64).sum::<u64>().saturating_sub(mine) * row_bytes;
+    st.host_bytes_sent = (b.own.len() as u64).saturating_sub(mine) * row_bytes;
+    let n = merged_len(&views);
+    st.keys_host = n as u64;
+    b.wire_len = wire_len(n, dim);
+    let words = b.wire_len.div_ceil(8);
+    if b.wire.len() < words {
+        b.wire.resize(words, 0);
+    }
+    let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut b.wire)[..b.wire_len];
+    merge_to_wire(&views, dim, Finish::Sum, n, out, &mut b.result)
+}
+
+/// Serialized length of a list of `n` rows of `dim` values with counts.
+fn wire_len(n: usize, dim: usize) -> usize {
+    list::HEADER_LEN + n * (12 + 4 * dim)
+}
+
+/// Key range `l` of every host's list in host order, read in place from `piece_of(h)`
+/// (host `h`'s serialized list).
+fn host_views<'a>(host_ranks: &[Vec<usize>], l: usize, dim: usize, piece_of: impl Fn(usize) -> SparseResult<&'a [u8]>, pieces: &'a mut Vec<SparseList>) -> SparseResult<Vec<ListRef<'a>>> {
+    at_least(pieces, host_ranks.len());
+    let mut views = Vec::with_capacity(host_ranks.len());
+    for ((h, ranks), scratch) in host_ranks.iter().enumerate().zip(pieces.iter_mut()) {
+        views.push(view_piece(piece_of(h)?, dim, ranks[l], ranks.len() as u32, scratch)?);
+    }
+    Ok(views)
+}
+
+/// Leader: appends the key ranges 1.. of the other local ranks (`ranks`, in local-rank
+/// order) after its own range in `b.result`; ranks without a range publish nothing unless
+/// they failed.
+fn collect_ranges(board: &HostBoard, ranks: &[usize], ranges: usize, dim: usize, world: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
+    at_least(&mut b.pieces, ranks.len());
+    for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()).skip(1) {
+        let bytes = board.piece(q, Area::Range);
+        if q >= ranges && bytes.is_empty() {
+            continue;
+        }
+        let part = view_piece(bytes, dim, *r, world as u32, scratch)?;
+        if let (Some(last), Some(first)) = (b.result.keys.last(), part.keys.first()) {
+            if first <= last {
+                return Err(SparseError::Corrupt { rank: *r, reason: format!("key range {q} starts at key {first}, not after key {last} of the ranges before it") });
+            }
+        }
+        st.host_bytes_received += bytes.len() as u64;
+        part.append_to(&mut b.result);
+    }
+    Ok(())
+}
+
+/// Allgatherv of `send` over `comm` into `recv`, reusing its memory, every piece starting
+/// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes.
+fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>, spans: &mut Vec<std::ops::Range<usize>>) -> SparseResult<()> {
+    let mut lens = vec![0u64; comm.size() as usize];
+    let mine = send.len() as u64;
+    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
+    spans.clear();
+    let mut at = 0usize;
+    for len in &lens {
+        let len = *len as usize;
+        spans.push(at..at.saturating_add(len));
+        at = at.saturating_add(len.div_ceil(8) * 8);
+    }
+    if at > i32::MAX as usize {
+        return Err(SparseError::Invalid(format!("{at} bytes of host lists in one cross-host allgather; MPI takes at most {} (use more hosts or smaller batches)", i32::MAX)));
+    }
+    let words = at / 8;
+    if recv.len() < words {
+        recv.resize(words, 0);
+    }
+    let counts: Vec<i32> = spans.iter().map(|s| s.len() as i32).collect();
+    let displs: Vec<i32> = spans.iter().map(|s| s.start as i32).collect();
+    // Open MPI reads an empty slice at address 1 as MPI_IN_PLACE; a real address avoids it.
+    let anchor = [0u8; 8];
+    let send = if send.is_empty() { &anchor[..0] } else { send };
+    let mut part = PartitionMut::new(bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]), &counts[..], &displs[..]);
+    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
+    Ok(())
+}
+
+/// Waits for `req` polling with short sleeps in between, instead of MPI's busy (or yielding)
+/// wait: where ranks share cores, the core goes to the ranks that still work.
+fn wait_sleeping<'a, R: ?Sized, S: mpi::request::Scope<'a>>(mut req: mpi::request::Request<'a, R, S>) {
+    let mut polls = 0u32;
+    loop {
+        match req.test() {
+            Ok(_) => return,
+            Err(pending) => req = pending,
+        }
+        polls = polls.saturating_add(1);
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
+impl Hier {
+    /// Collective over the world (it duplicates the cross-host communicators and, with
+    /// several ranks per host, the host's one).
+    fn new(topo: &Topology, host_ranks: &[Vec<usize>]) -> SparseResult<Hier> {
+        let ranges = host_ranks.iter().map(Vec::len).min().unwrap_or(1).max(1);
+        let cross = topo.cross.duplicate();
+        let mut hosts = vec![0u64; cross.size()];
+        cross.comm.all_gather_into(&(topo.host_id as u64), &mut hosts[..]);
+        let mut cross_of_host = vec![usize::MAX; topo.num_hosts];
+        for (c, h) in hosts.iter().enumerate() {
+            if let Some(slot) = cross_of_host.get_mut(*h as usize) {
+                *slot = c;
+            }
+        }
+        if topo.local_rank < ranges && cross_of_host.contains(&usize::MAX) {
+            return Err(SparseError::Invalid(format!("local rank {} is not on every host: its cross-host group holds hosts {hosts:?} of {}", topo.local_rank, topo.num_hosts)));
+        }
+        let board = if topo.local_size > 1 { Some(HostBoard::new(topo)?) } else { None };
+        Ok(Hier { ranges, cross, cross_of_host, board })
     }
 }

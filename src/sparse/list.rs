@@ -21,6 +21,7 @@
 //! the UTF-8 message. Receivers turn it into [`SparseError::Peer`].
 
 use super::error::{DecodeError, SparseError, SparseResult};
+use super::merge::{add_row, Finish};
 use super::SparseNormalize;
 use crate::embedding::init::home_slot;
 use crate::embedding::EMPTY_KEY;
@@ -84,53 +85,176 @@ impl SparseList {
     }
     /// Serialized length with or without counts.
     pub fn encoded_len(&self, with_counts: bool) -> usize {
-        HEADER_LEN + self.len() * (8 + if with_counts { 4 } else { 0 } + 4 * self.dim)
+        self.view().encoded_len(with_counts)
     }
     /// Appends the serialized list to `out`; `with_counts` keeps the per-key counts (host
     /// lists), without them every count reads back as 1 (a rank's own list).
     pub fn encode_into(&self, with_counts: bool, out: &mut Vec<u8>) -> SparseResult<()> {
+        self.view().encode_into(with_counts, out)
+    }
+    /// The list, borrowed.
+    pub fn view(&self) -> ListRef<'_> {
+        ListRef { dim: self.dim, keys: &self.keys, counts: Some(&self.counts), grads: &self.grads }
+    }
+}
+
+/// A borrowed sparse list, laid out like [`SparseList`]: in a `SparseList`, in received
+/// bytes or in the host's shared segment ([`view`] reads the wire format in place).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ListRef<'a> {
+    /// Values per row.
+    pub dim: usize,
+    /// Distinct keys, increasing.
+    pub keys: &'a [u64],
+    /// Ranks that contributed each row; `None` when every count is 1 (a rank's own list).
+    pub counts: Option<&'a [u32]>,
+    /// `keys.len() * dim` values, row after row.
+    pub grads: &'a [f32],
+}
+
+impl<'a> ListRef<'a> {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.grads[i * self.dim..(i + 1) * self.dim]
+    }
+    /// The count of row `i`.
+    pub fn count(&self, i: usize) -> u32 {
+        self.counts.map_or(1, |c| c[i])
+    }
+    /// The rows whose keys lie in `range` (keys are sorted: two binary searches).
+    pub fn within(&self, range: KeyRange) -> ListRef<'a> {
+        let start = self.keys.partition_point(|k| *k < range.start);
+        let end = range.end.map_or(self.len(), |e| self.keys.partition_point(|k| *k < e));
+        self.rows(start..end)
+    }
+    /// Rows `r` of the list.
+    pub fn rows(&self, r: std::ops::Range<usize>) -> ListRef<'a> {
+        ListRef {
+            dim: self.dim,
+            keys: &self.keys[r.clone()],
+            counts: self.counts.map(|c| &c[r.clone()]),
+            grads: &self.grads[r.start * self.dim..r.end * self.dim],
+        }
+    }
+    /// Appends the rows to `out` (whose last key must be smaller than the first one here).
+    pub fn append_to(&self, out: &mut SparseList) {
+        out.keys.extend_from_slice(self.keys);
+        match self.counts {
+            Some(c) => out.counts.extend_from_slice(c),
+            None => out.counts.resize(out.counts.len() + self.len(), 1),
+        }
+        out.grads.extend_from_slice(self.grads);
+    }
+    /// Serialized length with or without counts.
+    pub fn encoded_len(&self, with_counts: bool) -> usize {
+        HEADER_LEN + self.len() * (8 + if with_counts { 4 } else { 0 } + 4 * self.dim)
+    }
+    /// Appends the serialized list to `out` (see [`SparseList::encode_into`]).
+    pub fn encode_into(&self, with_counts: bool, out: &mut Vec<u8>) -> SparseResult<()> {
+        out.reserve(self.encoded_len(with_counts));
+        self.encode(with_counts, out)
+    }
+    /// Serializes the list into `out`, which must be exactly [`ListRef::encoded_len`] bytes
+    /// long (a place in shared memory, say).
+    pub fn encode_to(&self, with_counts: bool, out: &mut [u8]) -> SparseResult<()> {
+        if out.len() != self.encoded_len(with_counts) {
+            return Err(SparseError::Invalid(format!("{} bytes of room for a list of {} bytes", out.len(), self.encoded_len(with_counts))));
+        }
+        self.encode(with_counts, &mut SliceSink { buf: out, at: 0 })
+    }
+    /// Fails when the list cannot be serialized (more than `u32::MAX` rows, or values per
+    /// row).
+    pub fn check_encodable(&self) -> SparseResult<()> {
+        self.header_fields().map(|_| ())
+    }
+    fn header_fields(&self) -> SparseResult<(u32, u32)> {
         let n = u32::try_from(self.len()).map_err(|_| SparseError::Invalid(format!("{} rows do not fit one sparse list (at most {})", self.len(), u32::MAX)))?;
         let dim = u32::try_from(self.dim).map_err(|_| SparseError::Invalid(format!("dim {} is too large", self.dim)))?;
-        out.reserve(self.encoded_len(with_counts));
+        Ok((n, dim))
+    }
+    fn encode(&self, with_counts: bool, out: &mut impl Sink) -> SparseResult<()> {
+        let (n, dim) = self.header_fields()?;
         put_header(out, if with_counts { FLAG_COUNTS } else { 0 }, dim, n);
-        put_u64s(out, &self.keys);
+        put_le(out, self.keys);
         if with_counts {
-            put_u32s(out, &self.counts);
+            match self.counts {
+                Some(c) => put_le(out, c),
+                None => (0..self.len()).for_each(|_| out.put(&1u32.to_le_bytes())),
+            }
         }
-        put_f32s(out, &self.grads);
+        put_le(out, self.grads);
         Ok(())
     }
 }
 
-fn put_header(out: &mut Vec<u8>, flags: u16, dim: u32, n: u32) {
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&dim.to_le_bytes());
-    out.extend_from_slice(&n.to_le_bytes());
+/// A part of the key space, `start..end` (`None`: up to and including `u64::MAX - 1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    /// First key in the range.
+    pub start: u64,
+    /// First key after the range, `None` for the last range.
+    pub end: Option<u64>,
 }
 
-fn put_u64s(out: &mut Vec<u8>, v: &[u64]) {
-    if cfg!(target_endian = "little") {
-        out.extend_from_slice(bytemuck::cast_slice(v));
-    } else {
-        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+impl KeyRange {
+    /// Part `i` of the key space cut into `parts` equal ranges (keys are hashed ids, so
+    /// equal ranges hold about equal numbers of keys).
+    pub fn part(i: usize, parts: usize) -> KeyRange {
+        let bound = |j: usize| ((j as u128) << 64) / parts.max(1) as u128;
+        let end = bound(i + 1);
+        KeyRange { start: bound(i) as u64, end: (end <= u64::MAX as u128).then_some(end as u64) }
     }
 }
 
-fn put_u32s(out: &mut Vec<u8>, v: &[u32]) {
-    if cfg!(target_endian = "little") {
-        out.extend_from_slice(bytemuck::cast_slice(v));
-    } else {
-        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+/// Where serialized bytes go: a growing `Vec` or a slice of exactly the right size.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 
-fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+struct SliceSink<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+}
+
+fn put_header(out: &mut impl Sink, flags: u16, dim: u32, n: u32) {
+    out.put(&MAGIC);
+    out.put(&VERSION.to_le_bytes());
+    out.put(&flags.to_le_bytes());
+    out.put(&dim.to_le_bytes());
+    out.put(&n.to_le_bytes());
+}
+
+/// Puts scalars (u64, u32, f32) little-endian: one copy on little-endian machines.
+fn put_le<T: bytemuck::Pod>(out: &mut impl Sink, v: &[T]) {
     if cfg!(target_endian = "little") {
-        out.extend_from_slice(bytemuck::cast_slice(v));
+        out.put(bytemuck::cast_slice(v));
     } else {
-        v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        for x in v {
+            let mut b = bytemuck::bytes_of(x).to_vec();
+            b.reverse();
+            out.put(&b);
+        }
     }
 }
 
@@ -144,8 +268,8 @@ pub fn encode_error(origin: usize, dim: usize, message: &str, max_len: usize, ou
     }
     let msg = &message.as_bytes()[..cut];
     put_header(out, FLAG_ERROR, dim.min(u32::MAX as usize) as u32, (4 + msg.len()) as u32);
-    out.extend_from_slice(&(origin.min(u32::MAX as usize) as u32).to_le_bytes());
-    out.extend_from_slice(msg);
+    out.put(&(origin.min(u32::MAX as usize) as u32).to_le_bytes());
+    out.put(msg);
 }
 
 /// A decoded piece: a list, or another rank's error report.
@@ -209,6 +333,87 @@ pub fn decode(bytes: &[u8], dim: usize, max_count: u32) -> Result<Piece, DecodeE
 
 /// [`decode`] into `out`, reusing its memory (`out` is unspecified after an error).
 pub fn decode_into(bytes: &[u8], dim: usize, max_count: u32, out: &mut SparseList) -> Result<Decoded, DecodeError> {
+    let (keys, counts, rows) = match parse(bytes, dim)? {
+        Parsed::Error { rank, message } => return Ok(Decoded::Error { rank, message }),
+        Parsed::List { keys, counts, rows } => (keys, counts, rows),
+    };
+    out.clear(dim);
+    copy_le(keys, &mut out.keys, u64::from_le);
+    check_keys(&out.keys)?;
+    match counts {
+        Some(c) => {
+            copy_le(c, &mut out.counts, u32::from_le);
+            check_counts(&out.counts, max_count)?;
+        }
+        None => out.counts.resize(out.keys.len(), 1),
+    }
+    copy_le(rows, &mut out.grads, |g: f32| f32::from_bits(u32::from_le(g.to_bits())));
+    Ok(Decoded::List)
+}
+
+/// What [`view`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Viewed<'a> {
+    /// A valid list.
+    List(ListRef<'a>),
+    /// Another rank's error report: the world rank where it happened and its message.
+    Error {
+        /// World rank.
+        rank: usize,
+        /// Message.
+        message: String,
+    },
+}
+
+/// [`decode`] without a copy where it can: on a little-endian machine, with `bytes` 8-byte
+/// aligned, the list is read where it lies (validated the same way); otherwise it is
+/// decoded into `scratch` and borrowed from there.
+pub fn view<'a>(bytes: &'a [u8], dim: usize, max_count: u32, scratch: &'a mut SparseList) -> Result<Viewed<'a>, DecodeError> {
+    let (keys, counts, rows) = match parse(bytes, dim)? {
+        Parsed::Error { rank, message } => return Ok(Viewed::Error { rank, message }),
+        Parsed::List { keys, counts, rows } => (keys, counts, rows),
+    };
+    let (Some(keys), Some(grads)) = (in_place::<u64>(keys), in_place::<f32>(rows)) else {
+        return copy_then_view(bytes, dim, max_count, scratch);
+    };
+    let counts = match counts.map(in_place::<u32>) {
+        Some(None) => return copy_then_view(bytes, dim, max_count, scratch),
+        Some(Some(c)) => Some(c),
+        None => None,
+    };
+    check_keys(keys)?;
+    if let Some(c) = counts {
+        check_counts(c, max_count)?;
+    }
+    Ok(Viewed::List(ListRef { dim, keys, counts, grads }))
+}
+
+/// `bytes` as little-endian `T`s where they lie: `None` on a big-endian machine or when
+/// `bytes` is not aligned for `T`.
+fn in_place<T: bytemuck::Pod>(bytes: &[u8]) -> Option<&[T]> {
+    if cfg!(target_endian = "little") {
+        bytemuck::try_cast_slice(bytes).ok()
+    } else {
+        None
+    }
+}
+
+fn copy_then_view<'a>(bytes: &[u8], dim: usize, max_count: u32, scratch: &'a mut SparseList) -> Result<Viewed<'a>, DecodeError> {
+    Ok(match decode_into(bytes, dim, max_count, scratch)? {
+        Decoded::List => Viewed::List(scratch.view()),
+        Decoded::Error { rank, message } => Viewed::Error { rank, message },
+    })
+}
+
+/// A piece whose header and length are valid: a list's sections (not yet checked), or
+/// an error report.
+enum Parsed<'a> {
+    List { keys: &'a [u8], counts: Option<&'a [u8]>, rows: &'a [u8] },
+    Error { rank: usize, message: String },
+}
+
+/// Checks the header and the length (never panics, whatever the bytes).
+fn parse(bytes: &[u8], dim: usize) -> Result<Parsed<'_>, DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(corrupt(format!("truncated: {} bytes, shorter than the {HEADER_LEN}-byte header", bytes.len())));
     }
@@ -228,7 +433,7 @@ pub fn decode_into(bytes: &[u8], dim: usize, max_count: u32, out: &mut SparseLis
         }
         let rank = le_u32(bytes, HEADER_LEN) as usize;
         let message = String::from_utf8_lossy(&bytes[HEADER_LEN + 4..]).into_owned();
-        return Ok(Decoded::Error { rank, message });
+        return Ok(Parsed::Error { rank, message });
     }
     if flags & !FLAG_COUNTS != 0 {
         return Err(corrupt(format!("unknown flags {flags:#x}")));
@@ -245,26 +450,24 @@ pub fn decode_into(bytes: &[u8], dim: usize, max_count: u32, out: &mut SparseLis
     }
     let keys_end = HEADER_LEN + 8 * n;
     let counts_end = keys_end + if with_counts { 4 * n } else { 0 };
-    out.clear(dim);
-    copy_le(&bytes[HEADER_LEN..keys_end], &mut out.keys, u64::from_le);
-    let keys = &out.keys;
+    Ok(Parsed::List { keys: &bytes[HEADER_LEN..keys_end], counts: with_counts.then(|| &bytes[keys_end..counts_end]), rows: &bytes[counts_end..] })
+}
+
+fn check_keys(keys: &[u64]) -> Result<(), DecodeError> {
     if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
         return Err(corrupt(format!("keys not strictly increasing at row {} ({} then {})", i + 1, keys[i], keys[i + 1])));
     }
     if keys.last() == Some(&EMPTY_KEY) {
         return Err(corrupt("holds the reserved key u64::MAX"));
     }
-    if with_counts {
-        copy_le(&bytes[keys_end..counts_end], &mut out.counts, u32::from_le);
-        let c = &out.counts;
-        if let Some(i) = c.iter().position(|x| *x == 0 || *x > max_count) {
-            return Err(corrupt(format!("count {} of row {i} is outside 1..={max_count}", c[i])));
-        }
-    } else {
-        out.counts.resize(n, 1);
+    Ok(())
+}
+
+fn check_counts(c: &[u32], max_count: u32) -> Result<(), DecodeError> {
+    match c.iter().position(|x| *x == 0 || *x > max_count) {
+        Some(i) => Err(corrupt(format!("count {} of row {i} is outside 1..={max_count}", c[i]))),
+        None => Ok(()),
     }
-    copy_le(&bytes[counts_end..], &mut out.grads, |g: f32| f32::from_bits(u32::from_le(g.to_bits())));
-    Ok(Decoded::List)
 }
 
 /// Appends the little-endian values in `bytes` (a whole number of `T`, any alignment) to
@@ -455,94 +658,6 @@ pub fn dedupe(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseLis
     Deduper::new().run(keys, grads, dim)
 }
 
-/// Merges sorted lists of the same dim into one: per key, the row is the sum of the lists'
-/// rows **in list order** (the first list's row copied, the next ones added), and the count
-/// is the sum of their counts. This one order is what makes every host, and the flat and
-/// hierarchical modes, produce bit-identical results.
-pub fn merge(lists: &[&SparseList], dim: usize) -> SparseList {
-    let mut out = SparseList::empty(dim);
-    merge_into(lists, dim, &mut out);
-    out
-}
-
-/// [`merge`] into `out`, reusing its memory.
-pub fn merge_into(lists: &[&SparseList], dim: usize, out: &mut SparseList) {
-    out.clear(dim);
-    match lists {
-        [] => return,
-        [one] => return out.copy_from(one),
-        [a, b] => return merge_two(a, b, out),
-        _ => {}
-    }
-    let mut heads = vec![0usize; lists.len()];
-    loop {
-        let mut min = None;
-        for (l, h) in lists.iter().zip(&heads) {
-            if let Some(k) = l.keys.get(*h) {
-                if min.is_none_or(|m| *k < m) {
-                    min = Some(*k);
-                }
-            }
-        }
-        let Some(key) = min else { break };
-        let start = out.grads.len();
-        let mut count = 0u32;
-        for (l, h) in lists.iter().zip(heads.iter_mut()) {
-            if l.keys.get(*h) == Some(&key) {
-                let row = l.row(*h);
-                if count == 0 {
-                    out.grads.extend_from_slice(row);
-                } else {
-                    add_row(&mut out.grads[start..], row);
-                }
-                count = count.saturating_add(l.counts[*h]);
-                *h += 1;
-            }
-        }
-        out.keys.push(key);
-        out.counts.push(count);
-    }
-}
-
-fn add_row(acc: &mut [f32], row: &[f32]) {
-    for (a, g) in acc.iter_mut().zip(row) {
-        *a += *g;
-    }
-}
-
-/// Two-list merge, same rule as [`merge`] (a's row first).
-fn merge_two(a: &SparseList, b: &SparseList, out: &mut SparseList) {
-    let dim = out.dim;
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        let (ka, kb) = (a.keys[i], b.keys[j]);
-        if ka < kb {
-            out.keys.push(ka);
-            out.counts.push(a.counts[i]);
-            out.grads.extend_from_slice(a.row(i));
-            i += 1;
-        } else if kb < ka {
-            out.keys.push(kb);
-            out.counts.push(b.counts[j]);
-            out.grads.extend_from_slice(b.row(j));
-            j += 1;
-        } else {
-            out.keys.push(ka);
-            out.counts.push(a.counts[i].saturating_add(b.counts[j]));
-            let start = out.grads.len();
-            out.grads.extend_from_slice(a.row(i));
-            add_row(&mut out.grads[start..], b.row(j));
-            i += 1;
-            j += 1;
-        }
-    }
-    for (l, from) in [(a, i), (b, j)] {
-        out.keys.extend_from_slice(&l.keys[from..]);
-        out.counts.extend_from_slice(&l.counts[from..]);
-        out.grads.extend_from_slice(&l.grads[from * dim..]);
-    }
-}
-
 /// Turns summed rows into the final gradient: `/ count` (frequency), `/ world` (Horovod's
 /// average) or unchanged (`none`). One f32 division per value, the same on every rank.
 pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
@@ -550,19 +665,40 @@ pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
     if dim == 0 {
         return;
     }
-    match how {
-        SparseNormalize::None => {}
-        SparseNormalize::World => {
-            let w = world as f32;
-            list.grads.iter_mut().for_each(|g| *g /= w);
-        }
-        SparseNormalize::Frequency => {
-            for (row, c) in list.grads.chunks_exact_mut(dim).zip(&list.counts) {
-                let c = *c as f32;
-                row.iter_mut().for_each(|g| *g /= c);
-            }
-        }
+    let finish = Finish::normalise(how, world);
+    if finish == Finish::Sum {
+        return;
     }
+    for (row, c) in list.grads.chunks_exact_mut(dim).zip(&list.counts) {
+        finish.apply(row, *c);
+    }
+}
+
+/// The keys, counts and rows of a serialized list, to be filled in place.
+pub(crate) type Sections<'a> = (&'a mut [u64], &'a mut [u32], &'a mut [f32]);
+
+/// Writes the header of a list of `n` rows of `dim` values with counts into `out` (exactly
+/// its serialized length) and returns the keys, counts and rows sections to fill in place;
+/// `None` where they cannot be written in place (a big-endian machine, `out` not 8-byte
+/// aligned).
+pub(crate) fn wire_sections(out: &mut [u8], n: usize, dim: usize) -> SparseResult<Option<Sections<'_>>> {
+    let want = ListRef { dim, keys: &[], counts: None, grads: &[] }.encoded_len(true) + n * (12 + 4 * dim);
+    if out.len() != want {
+        return Err(SparseError::Invalid(format!("{} bytes of room for a list of {want} bytes", out.len())));
+    }
+    let n32 = u32::try_from(n).map_err(|_| SparseError::Invalid(format!("{n} rows do not fit one sparse list (at most {})", u32::MAX)))?;
+    let dim32 = u32::try_from(dim).map_err(|_| SparseError::Invalid(format!("dim {dim} is too large")))?;
+    let (header, body) = out.split_at_mut(HEADER_LEN);
+    put_header(&mut SliceSink { buf: header, at: 0 }, FLAG_COUNTS, dim32, n32);
+    let (keys, rest) = body.split_at_mut(8 * n);
+    let (counts, rows) = rest.split_at_mut(4 * n);
+    if cfg!(target_endian = "big") {
+        return Ok(None);
+    }
+    Ok(match (bytemuck::try_cast_slice_mut(keys), bytemuck::try_cast_slice_mut(counts), bytemuck::try_cast_slice_mut(rows)) {
+        (Ok(k), Ok(c), Ok(r)) => Some((k, c, r)),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -615,26 +751,6 @@ mod tests {
 
     fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {
         SparseList { dim, keys: keys.to_vec(), grads: rows.to_vec(), counts: counts.to_vec() }
-    }
-
-    #[test]
-    fn merge_sums_in_list_order_and_adds_counts() {
-        let a = list(&[1, 3], &[1.0, 3.0], &[1, 2], 1);
-        let b = list(&[2, 3], &[2.0, 30.0], &[1, 1], 1);
-        let c = list(&[3, 9], &[300.0, 9.0], &[3, 1], 1);
-        let m = merge(&[&a, &b, &c], 1);
-        assert_eq!(m.keys, vec![1, 2, 3, 9]);
-        assert_eq!(m.counts, vec![1, 1, 6, 1]);
-        assert_eq!(m.grads, vec![1.0, 2.0, 333.0, 9.0]);
-        // The 2-list path and the k-list path agree bit for bit.
-        let x = list(&[1, 2, 4], &[1e8, 0.1, -0.0], &[1, 1, 1], 1);
-        let y = list(&[2, 4, 5], &[1.0, -0.0, 7.0], &[1, 1, 1], 1);
-        let e = SparseList::empty(1);
-        assert_eq!(bits(&merge(&[&x, &y], 1).grads), bits(&merge(&[&x, &y, &e], 1).grads));
-        // -0.0 stays -0.0 (the first row is copied, not added to +0.0).
-        assert_eq!(merge(&[&x, &y], 1).grads[2].to_bits(), (-0.0f32).to_bits());
-        assert_eq!(merge(&[], 3), SparseList::empty(3));
-        assert_eq!(merge(&[&a], 1), a);
     }
 
     #[test]

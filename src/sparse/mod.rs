@@ -8,17 +8,23 @@
 //! # Data flow ([`SparseExchange::Hierarchical`], the default)
 //! 1. **Dedupe** on every rank ([`list::Deduper`]): repeated keys of one batch are summed in
 //!    the order they appear (so a key counts once per rank), sorted by key.
-//! 2. **Host gather**: the local ranks hand their serialized lists ([`list`] describes the
-//!    wire format) to the leader through the host's shared-memory segment
-//!    ([`crate::comm::host_collectives`]); the leader merges them into one host list with a
-//!    per-key count of contributing ranks.
-//! 3. **Cross-host allgatherv**: only leaders take part, over `topo.cross` (one rank per
-//!    host), so each host's rows cross the network once instead of once per rank.
-//! 4. **Normalise** ([`SparseNormalize`]) and **apply** ([`SparseExchanger::exchange_and_apply`]):
-//!    every leader applies the same list in the same order, then the host barrier
-//!    ([`crate::embedding::HostTable::sync`]) publishes the rows to the local ranks.
-//! 5. **Status**: the leader tells its local ranks (one small shared-memory broadcast) whether
-//!    the step succeeded, so an error anywhere reaches every rank instead of a hang.
+//! 2. **Host stage**: every local rank publishes its serialized list ([`list`] describes the
+//!    wire format) on the host's [`board::HostBoard`], a shared segment the other local
+//!    ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
+//!    R = the smallest number of ranks of a host); local rank l < R merges range l of all
+//!    the host's lists into its host list with a per-key count of contributing ranks, so
+//!    every rank of the host merges, not only the leader.
+//! 3. **Cross-host allgatherv** per key range: the ranks of range l (one per host, over
+//!    `topo.cross`) allgather their host lists, so each host's rows cross the network once
+//!    instead of once per rank, then merge them in host order into range l of the result,
+//!    normalising each row as it is finished ([`SparseNormalize`], fused into the merge).
+//! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the other local
+//!    ranks write their finished ranges onto the board, the leader appends them after its
+//!    own (the ranges are in key order) and applies the list; every leader applies the same
+//!    list in the same order, then the host barrier ([`crate::embedding::HostTable::sync`])
+//!    publishes the rows to the local ranks.
+//! 5. **Status**: the leader tells its local ranks (through the board) whether the step
+//!    succeeded, so an error anywhere reaches every rank instead of a hang.
 //!
 //! [`SparseExchange::Flat`] is the seed's literal scheme: every rank allgathers every rank's
 //! deduped list over the world and computes the result itself.
@@ -26,16 +32,19 @@
 //! # One summation order
 //! Per key: the rows of the ranks of one host are summed in local-rank order, then the host
 //! sums are summed in host order (the first contribution is copied, the next ones added),
-//! then divided once. Both modes compute exactly this ([`list::merge`] at both levels), so
+//! then divided once. Both modes compute exactly this ([`merge()`] at both levels), so
 //! they are bit-identical, and every host holds a byte-identical table.
 
+pub mod board;
 pub mod error;
 pub mod exchange;
 pub mod list;
+pub mod merge;
 
 pub use error::{DecodeError, SparseError, SparseResult};
 pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};
-pub use list::{dedupe, merge, merge_into, normalise, Deduper, SparseList};
+pub use list::{dedupe, normalise, Deduper, KeyRange, ListRef, SparseList};
+pub use merge::{merge, merge_into, merge_views_into, Finish};
 
 /// How sparse gradients travel between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]

@@ -33,16 +33,6 @@ impl<'a> Scattered<'a> {
         self.len() == 0
     }
 
-    /// The parts, in order.
-    pub fn parts(&self) -> &[&'a mut [u8]] {
-        &self.parts
-    }
-
-    /// True when every part is a whole number of aligned elements of `esz` bytes.
-    pub fn is_aligned_for(&self, esz: usize) -> bool {
-        self.parts.iter().all(|p| p.len() % esz == 0 && (p.as_ptr() as usize) % esz == 0)
-    }
-
     /// (part index, range inside the part, offset inside `r`) for every part `r` touches.
     fn spans(&self, r: Range<usize>) -> Vec<(usize, Range<usize>, usize)> {
         debug_assert!(r.end <= self.len());
@@ -100,6 +90,12 @@ pub trait ByteView {
     fn write_range(&mut self, r: Range<usize>, src: &[u8]);
     /// Bytes `r` as one mutable slice, when they are contiguous.
     fn range_mut(&mut self, r: Range<usize>) -> Option<&mut [u8]>;
+    /// True when it is a whole number of aligned elements of `esz` bytes (every piece).
+    fn is_whole_for(&self, esz: usize) -> bool;
+}
+
+fn whole(b: &[u8], esz: usize) -> bool {
+    b.len() % esz == 0 && (b.as_ptr() as usize) % esz == 0
 }
 
 impl ByteView for [u8] {
@@ -115,6 +111,9 @@ impl ByteView for [u8] {
     fn range_mut(&mut self, r: Range<usize>) -> Option<&mut [u8]> {
         Some(&mut self[r])
     }
+    fn is_whole_for(&self, esz: usize) -> bool {
+        whole(self, esz)
+    }
 }
 
 impl ByteView for Scattered<'_> {
@@ -129,6 +128,9 @@ impl ByteView for Scattered<'_> {
     }
     fn range_mut(&mut self, r: Range<usize>) -> Option<&mut [u8]> {
         self.contiguous_mut(r)
+    }
+    fn is_whole_for(&self, esz: usize) -> bool {
+        self.parts.iter().all(|p| whole(p, esz))
     }
 }
 

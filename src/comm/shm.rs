@@ -85,7 +85,8 @@ pub fn timeout_from_env() -> Duration {
     Duration::from_secs_f64(std::env::var("RINGREC_COMM_TIMEOUT_SECONDS").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(300.0))
 }
 
-fn pid_alive(pid: i32) -> bool {
+/// True while process `pid` exists and is neither a zombie nor dead (read from /proc).
+pub(crate) fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // state is the first field after the parenthesised command name
         Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z') | Some('X')),
@@ -243,10 +244,7 @@ impl ShmCollectives {
 
     /// Copies `src` into slot (me, b) at `off`.
     fn put(&self, b: usize, off: usize, src: &[u8]) {
-        debug_assert!(off + src.len() <= self.slot_bytes);
-        // SAFETY: the destination lies in our own slot, which no peer reads before our
-        // `arrive` for this round (and which every peer finished reading: `begin`).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot(self.rank, b).add(off), src.len()) }
+        self.put_from(b, off, src, 0..src.len());
     }
 
     /// Copies bytes `r` of `src` into slot (me, b) at `off`.
@@ -446,12 +444,13 @@ impl ShmCollectives {
 }
 
 impl Header {
-    /// Allreduce header of a raw buffer; a buffer that is not a whole number of aligned
-    /// elements gets a count no other rank can match, so every rank fails instead of hanging.
-    pub fn allreduce_for(buf: &[u8], dtype: DType, op: ReduceOp) -> Header {
+    /// Allreduce header of a raw (or scattered) buffer; a buffer that is not a whole number
+    /// of aligned elements gets a count no other rank can match, so every rank fails
+    /// instead of hanging.
+    pub fn allreduce_for<V: ByteView + ?Sized>(buf: &V, dtype: DType, op: ReduceOp) -> Header {
         let esz = dtype.size();
-        let ok = buf.len() % esz == 0 && (buf.as_ptr() as usize) % esz == 0 && dtype != DType::U8;
-        let mut h = Header::allreduce(buf.len() / esz, dtype, op);
+        let ok = buf.is_whole_for(esz) && dtype != DType::U8;
+        let mut h = Header::allreduce(buf.view_len() / esz, dtype, op);
         if !ok {
             h.count = u64::MAX;
         }
@@ -460,9 +459,10 @@ impl Header {
 }
 
 impl ShmCollectives {
-    /// Allreduce of a contiguous or scattered buffer described by `h`.
-    fn allreduce_view<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: Header) -> CommResult<()> {
+    /// Allreduce of a contiguous or scattered buffer.
+    fn allreduce_view<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp) -> CommResult<()> {
         self.check_usable()?;
+        let h = Header::allreduce_for(buf, dtype, op);
         if h.count == u64::MAX {
             // Take part in one round so peers fail with a mismatch instead of waiting.
             let _ = self.allreduce_direct(&mut [][..], DType::U8, op, &h);
@@ -490,15 +490,10 @@ impl Collectives for ShmCollectives {
         self.size
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        let h = Header::allreduce_for(buf, dtype, op);
-        self.allreduce_view(buf, dtype, op, h)
+        self.allreduce_view(buf, dtype, op)
     }
     fn allreduce_scattered(&mut self, bufs: &mut Scattered<'_>, dtype: DType, op: ReduceOp) -> CommResult<()> {
-        let mut h = Header::allreduce(bufs.len() / dtype.size(), dtype, op);
-        if !bufs.is_aligned_for(dtype.size()) || dtype == DType::U8 {
-            h.count = u64::MAX;
-        }
-        self.allreduce_view(bufs, dtype, op, h)
+        self.allreduce_view(bufs, dtype, op)
     }
     fn zero_copy_fusion(&self) -> bool {
         true

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::error::{SparseError, SparseResult};
-use crate::comm::shm::timeout_from_env;
+use crate::comm::shm::{pid_alive, timeout_from_env};
 use crate::shm::{segment_path, SharedSegment};
 use crate::topology::{Group, Topology};
 use crate::CommError;
@@ -189,8 +189,7 @@ impl HostBoard {
     /// A dead peer or a wait past the deadline, as the error to return.
     fn check_peers(&self, start: Instant) -> Option<CommError> {
         for (q, pid) in self.pids.iter().enumerate() {
-            // SAFETY: kill with signal 0 only checks that the process exists.
-            if q != self.local_rank && *pid > 0 && unsafe { libc::kill(*pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            if q != self.local_rank && *pid > 0 && !pid_alive(*pid) {
                 return Some(CommError::PeerDied { collective: "sparse host board", rank: q, pid: *pid });
             }
         }

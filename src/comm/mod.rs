@@ -320,6 +320,24 @@ pub fn host_collectives(topo: &Topology, tag: &str) -> CommResult<shm::ShmCollec
     shm::ShmCollectives::on_host(topo, tag)
 }
 
+/// Waits for `req` polling with short sleeps in between, instead of MPI's busy (or yielding)
+/// wait: where ranks share cores, the core goes to the ranks that still work.
+pub fn wait_sleeping<'a, R: ?Sized, S: mpi::request::Scope<'a>>(mut req: mpi::request::Request<'a, R, S>) {
+    let mut polls = 0u32;
+    loop {
+        match req.test() {
+            Ok(_) => return,
+            Err(pending) => req = pending,
+        }
+        polls = polls.saturating_add(1);
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
 /// Splits `n` items into `parts` nearly equal consecutive ranges; range `i`.
 pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     (n * i / parts)..(n * (i + 1) / parts)

@@ -100,7 +100,15 @@ impl Bits {
     }
     /// Positions of the set bits, ascending.
     pub fn ones(&self) -> Vec<usize> {
-        (0..self.0.len() * 64).filter(|i| self.get(*i)).collect()
+        let mut out = Vec::new();
+        for (w, word) in self.0.iter().enumerate() {
+            let mut x = *word;
+            while x != 0 {
+                out.push(w * 64 + x.trailing_zeros() as usize);
+                x &= x - 1;
+            }
+        }
+        out
     }
 }
 

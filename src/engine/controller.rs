@@ -145,9 +145,12 @@ pub struct LoopConfig {
     pub stall_check: Option<Duration>,
     /// Stop after this wait.
     pub stall_shutdown: Option<Duration>,
-    /// Trace file (rank 0).
+    /// Trace file (rank 0 only).
     pub timeline: Option<Timeline>,
-    /// Parameter search (rank 0).
+    /// True when the parameters are searched first (on every rank: negotiation runs every
+    /// cycle until rank 0 says the search ended).
+    pub autotune: bool,
+    /// The search itself (rank 0 only).
     pub autotuner: Option<Autotuner>,
 }
 
@@ -207,10 +210,10 @@ impl Controller {
             cache: ResponseCache::new(cfg.cache_capacity),
             coordinator: (rank == 0).then(|| Coordinator::new(size, cfg.stall_check, cfg.stall_shutdown)),
             params: cfg.params,
-            tuning: cfg.autotuner.is_some(),
-            autotuner: if rank == 0 { cfg.autotuner } else { None },
+            tuning: cfg.autotune,
+            autotuner: cfg.autotuner,
             synced: false,
-            timeline: if rank == 0 { cfg.timeline } else { None },
+            timeline: cfg.timeline,
             stall_check: cfg.stall_check,
             leaving: false,
             stop,
@@ -306,24 +309,7 @@ impl Controller {
     /// Bitwise AND over all ranks, waiting without burning a core.
     fn band(&self, words: &mut [u64]) {
         let send = words.to_vec();
-        mpi::request::scope(|scope| {
-            let mut req = self.control.comm.immediate_all_reduce_into(scope, &send[..], &mut words[..], SystemOperation::bitwise_and());
-            let mut polls: u32 = 0;
-            loop {
-                match req.test() {
-                    Ok(_) => break,
-                    Err(r) => req = r,
-                }
-                polls = polls.saturating_add(1);
-                if polls < 200 {
-                    std::hint::spin_loop();
-                } else if polls < 2000 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
-        });
+        mpi::request::scope(|scope| crate::comm::wait_sleeping(self.control.comm.immediate_all_reduce_into(scope, &send[..], &mut words[..], SystemOperation::bitwise_and())));
     }
 
     fn cycle(&mut self) -> EngineResult<Flow> {

@@ -269,13 +269,11 @@ impl Engine {
                 };
                 Some(Autotuner::new(params, 2, config.autotune_sample, log))
             }
-            // Other ranks only need to know that tuning is on until rank 0 says it ended.
-            (true, _) => Some(Autotuner::new(params, 2, config.autotune_sample, None)),
             _ => None,
         };
         let (tx, rx) = mpsc::channel();
         let stop: StopReason = Arc::new(Mutex::new(None));
-        let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotuner };
+        let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));
@@ -298,6 +296,9 @@ impl Engine {
         let name = req.name.clone();
         if name.is_empty() {
             return Handle::failed("", EngineError::Invalid { name, reason: "tensor names may not be empty".into() });
+        }
+        if req.kind == OpKind::Allreduce && req.dtype == DType::U8 {
+            return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason: "uint8 tensors cannot be reduced; use int32 or float".into() });
         }
         let (reply, rx) = mpsc::channel();
         let msg = Msg::Submit(Submission { req, tensor, reply, submitted: Instant::now() });
@@ -332,9 +333,6 @@ impl Engine {
 
     /// Allreduces `tensor` with the given compression (applies to float32 sum/average).
     pub fn allreduce_async_with(&self, name: &str, tensor: Tensor, op: ReduceOp, compression: Compression) -> Handle {
-        if tensor.dtype() == DType::U8 {
-            return Handle::failed(name, EngineError::Invalid { name: name.into(), reason: "uint8 tensors cannot be reduced; use int32 or float".into() });
-        }
         let req = self.request(name, OpKind::Allreduce, &tensor, op, 0, compression);
         self.submit(req, tensor)
     }
@@ -346,9 +344,6 @@ impl Engine {
         tensors
             .into_iter()
             .map(|(name, t)| {
-                if t.dtype() == DType::U8 {
-                    return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason: "uint8 tensors cannot be reduced".into() });
-                }
                 let mut req = self.request(&name, OpKind::Allreduce, &t, op, 0, self.compression);
                 req.group = Some(GroupTag { id: id.clone(), size });
                 self.submit(req, t)

@@ -714,7 +714,7 @@ fn collect_ranges(board: &HostBoard, ranks: &[usize], ranges: usize, dim: usize,
 fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>, spans: &mut Vec<std::ops::Range<usize>>) -> SparseResult<()> {
     let mut lens = vec![0u64; comm.size() as usize];
     let mine = send.len() as u64;
-    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
+    mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
     spans.clear();
     let mut at = 0usize;
     for len in &lens {
@@ -735,26 +735,8 @@ fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>
     let anchor = [0u8; 8];
     let send = if send.is_empty() { &anchor[..0] } else { send };
     let mut part = PartitionMut::new(bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]), &counts[..], &displs[..]);
-    mpi::request::scope(|scope| wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
+    mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
     Ok(())
-}
-
-/// Waits for `req` polling with short sleeps in between, instead of MPI's busy (or yielding)
-/// wait: where ranks share cores, the core goes to the ranks that still work.
-fn wait_sleeping<'a, R: ?Sized, S: mpi::request::Scope<'a>>(mut req: mpi::request::Request<'a, R, S>) {
-    let mut polls = 0u32;
-    loop {
-        match req.test() {
-            Ok(_) => return,
-            Err(pending) => req = pending,
-        }
-        polls = polls.saturating_add(1);
-        if polls < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-    }
 }
 
 impl Hier {

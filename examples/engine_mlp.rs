@@ -12,17 +12,15 @@
 
 use ringrec::dtype::ReduceOp;
 use ringrec::engine::{Handle, Tensor};
+use ringrec::model::mlp::splitmix64;
 
 const WIDTHS: [usize; 7] = [16, 64, 64, 64, 32, 16, 1];
 const BATCH: usize = 64; // per rank
 const LR: f32 = 0.05;
 
+/// Uniform in [-1, 1).
 fn rng(state: &mut u64) -> f32 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    (splitmix64(state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
 }
 
 /// The target every rank learns: a fixed smooth function of the 16 inputs.

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use half::{bf16, f16};
 use ringrec::comm::{self, Backend, Collectives, CollectivesExt};
 use ringrec::dtype::{DType, ReduceOp};
 use ringrec::topology::Topology;
@@ -18,18 +17,6 @@ const SMALL_CHUNKS: [(&str, &str); 3] = [("RINGREC_SHM_CHUNK_BYTES", "4096"), ("
 
 fn value(i: usize, rank: usize, salt: usize) -> f64 {
     ((i * 31 + rank * 17 + salt) % 23) as f64 - 11.0
-}
-
-fn to_bytes(dtype: DType, v: &[f64]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => bytemuck::cast_slice(&v.iter().map(|x| *x as f32).collect::<Vec<_>>()).to_vec(),
-        DType::F64 => bytemuck::cast_slice(v).to_vec(),
-        DType::F16 => bytemuck::cast_slice(&v.iter().map(|x| f16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
-        DType::BF16 => bytemuck::cast_slice(&v.iter().map(|x| bf16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
-        DType::I32 => bytemuck::cast_slice(&v.iter().map(|x| *x as i32).collect::<Vec<_>>()).to_vec(),
-        DType::I64 => bytemuck::cast_slice(&v.iter().map(|x| *x as i64).collect::<Vec<_>>()).to_vec(),
-        DType::U8 => v.iter().map(|x| *x as u8).collect(),
-    }
 }
 
 /// The naive reference: reduce in f64 over ranks 0..n, then Average the way the dtype
@@ -53,7 +40,7 @@ fn reference(dtype: DType, op: ReduceOp, count: usize, n: usize, salt: usize) ->
             }
         })
         .collect();
-    to_bytes(dtype, &v)
+    common::to_bytes(dtype, &v)
 }
 
 fn aligned(bytes: &[u8]) -> Vec<u64> {
@@ -79,7 +66,7 @@ fn check_allreduce(topo: &Topology, c: &mut dyn Collectives, referee: &mut dyn C
             for (k, count) in [0usize, 1, 7, 13, 64, 1000, 4099, 30011].into_iter().enumerate() {
                 let salt = k * 5 + op as usize;
                 let input: Vec<f64> = (0..count).map(|i| value(i, topo.rank, salt)).collect();
-                let bytes = to_bytes(dtype, &input);
+                let bytes = common::to_bytes(dtype, &input);
                 let mut buf = aligned(&bytes);
                 let view = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..bytes.len()];
                 c.allreduce_raw(view, dtype, op).unwrap_or_else(|e| panic!("{} {dtype} {op} n={count}: {e}", c.name()));

@@ -13,12 +13,11 @@ use std::time::Duration;
 use half::{bf16, f16};
 use ringrec::dtype::{DType, ReduceOp};
 use ringrec::engine::{Compression, EngineError, Handle, Tensor};
+use ringrec::model::mlp::splitmix64;
 
+/// One splitmix64 output for seed `z`.
 fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    splitmix64(&mut z)
 }
 
 fn seed_of(s: &str) -> u64 {
@@ -42,16 +41,7 @@ fn values(name: &str, rank: usize, step: usize, n: usize, noisy: bool) -> Vec<f6
 }
 
 fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
-    match dtype {
-        DType::F32 => Tensor::new(v.iter().map(|x| *x as f32).collect(), shape),
-        DType::F64 => Tensor::new(v.to_vec(), shape),
-        DType::F16 => Tensor::new(v.iter().map(|x| f16::from_f64(*x)).collect(), shape),
-        DType::BF16 => Tensor::new(v.iter().map(|x| bf16::from_f64(*x)).collect(), shape),
-        DType::I32 => Tensor::new(v.iter().map(|x| *x as i32).collect(), shape),
-        DType::I64 => Tensor::new(v.iter().map(|x| *x as i64).collect(), shape),
-        DType::U8 => Tensor::new(v.iter().map(|x| *x as u8).collect(), shape),
-    }
-    .expect("shape")
+    Tensor::from_bytes(dtype, shape, &common::to_bytes(dtype, v)).expect("shape")
 }
 
 fn as_f64(t: &Tensor) -> Vec<f64> {

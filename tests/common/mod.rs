@@ -126,3 +126,18 @@ pub fn run_worker(worker: &str, np: usize, env: &[(&str, &str)], timeout: Durati
     env.push(("RINGREC_TEST_WORKER", "1"));
     mpirun_exe(&exe, np, &env, &args, timeout)
 }
+
+/// `v` converted to `dtype` (rounded / truncated the way `as` and `half` do), as raw bytes.
+pub fn to_bytes(dtype: ringrec::dtype::DType, v: &[f64]) -> Vec<u8> {
+    use half::{bf16, f16};
+    use ringrec::dtype::DType;
+    match dtype {
+        DType::F32 => bytemuck::cast_slice(&v.iter().map(|x| *x as f32).collect::<Vec<_>>()).to_vec(),
+        DType::F64 => bytemuck::cast_slice(v).to_vec(),
+        DType::F16 => bytemuck::cast_slice(&v.iter().map(|x| f16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
+        DType::BF16 => bytemuck::cast_slice(&v.iter().map(|x| bf16::from_f64(*x)).collect::<Vec<_>>()).to_vec(),
+        DType::I32 => bytemuck::cast_slice(&v.iter().map(|x| *x as i32).collect::<Vec<_>>()).to_vec(),
+        DType::I64 => bytemuck::cast_slice(&v.iter().map(|x| *x as i64).collect::<Vec<_>>()).to_vec(),
+        DType::U8 => v.iter().map(|x| *x as u8).collect(),
+    }
+}

@@ -318,10 +318,6 @@ fn backend_of(topo: &Topology, b: BackendChoice) -> Backend {
     }
 }
 
-fn build_backend(topo: &Topology, b: BackendChoice) -> anyhow::Result<Box<dyn Collectives>> {
-    Ok(comm::build(backend_of(topo, b), topo)?)
-}
-
 fn fingerprint(args: &TrainArgs, source: &Path, rows: usize) -> String {
     format!(
         "data={} rows={} batch={} dim={} hidden={:?} lr={} dense={:?} sparse_lr={} sparse={:?} seed={} shuffle={} test={} normalize={} cap={}",
@@ -449,8 +445,11 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     let shape = MlpShape { input: NUM_SPARSE * dim + NUM_DENSE, hidden: args.hidden.clone() };
     let mut mlp = Mlp::new(shape.clone(), args.seed, threads);
     let nparams = mlp.num_params();
-    let mut coll = build_backend(topo, args.backend)?;
-    let engine_config = EngineConfig { backend: Some(backend_of(topo, args.backend)), tag: "train".into(), ..EngineConfig::from_env()? };
+    // `coll` carries the start-up broadcasts and evaluation's gather; the engine the dense
+    // gradients of every step.
+    let backend = backend_of(topo, args.backend);
+    let mut coll = comm::build(backend, topo)?;
+    let engine_config = EngineConfig { backend: Some(backend), tag: "train".into(), ..EngineConfig::from_env()? };
     let engine = Engine::start(topo, &engine_config)?;
     let fp = fingerprint(args, &source, ds.len());
 

@@ -16,6 +16,7 @@ have_pkg libclang-dev || need+=(libclang-dev)
 have_pkg clang || need+=(clang)
 have_cmd pkg-config || need+=(pkg-config)
 have_cmd cc || need+=(build-essential)
+have_cmd c++ || need+=(g++)
 
 install_rust() {
   # Rust toolchain (rustup), when the machine has none.

@@ -3,6 +3,7 @@
 //! rows) lives in the host-shared table (`embedding`).
 
 pub mod gemm;
+pub mod input;
 pub mod mlp;
 pub mod optim;
 

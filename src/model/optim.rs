@@ -25,9 +25,23 @@ pub struct DenseOptimState {
     pub v: Vec<f32>,
 }
 
-const BETA1: f32 = 0.9;
-const BETA2: f32 = 0.999;
-const EPS: f32 = 1e-8;
+/// Adam's first-moment decay.
+pub const BETA1: f32 = 0.9;
+/// Adam's second-moment decay.
+pub const BETA2: f32 = 0.999;
+/// Adam's epsilon.
+pub const EPS: f32 = 1e-8;
+
+/// Adam's bias correction at step `t` (1-based) folded into the step size and epsilon:
+/// `(alpha, eps_hat)` with `alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t)` and
+/// `eps_hat = eps * sqrt(1 - beta2^t)`; the update is `p -= alpha * m / (sqrt(v) + eps_hat)`.
+/// The CPU step and the GPU kernel both use it, so they round alike.
+pub fn adam_factors(lr: f32, t: u64) -> (f32, f32) {
+    let t = t.min(i32::MAX as u64) as i32;
+    let c1 = 1.0 - BETA1.powi(t);
+    let c2 = 1.0 - BETA2.powi(t);
+    (lr * c2.sqrt() / c1, EPS * c2.sqrt())
+}
 
 impl DenseOptimState {
     /// Fresh state for `n` parameters.
@@ -49,15 +63,12 @@ impl DenseOptimState {
                 }
             }
             DenseOptimizer::Adam => {
-                let t = self.step as i32;
-                let c1 = 1.0 - BETA1.powi(t);
-                let c2 = 1.0 - BETA2.powi(t);
-                let alpha = self.lr * c2.sqrt() / c1;
+                let (alpha, eps_hat) = adam_factors(self.lr, self.step);
                 for i in 0..params.len().min(grad.len()) {
                     let g = grad[i];
                     self.m[i] = BETA1 * self.m[i] + (1.0 - BETA1) * g;
                     self.v[i] = BETA2 * self.v[i] + (1.0 - BETA2) * g * g;
-                    params[i] -= alpha * self.m[i] / (self.v[i].sqrt() + EPS * c2.sqrt());
+                    params[i] -= alpha * self.m[i] / (self.v[i].sqrt() + eps_hat);
                 }
             }
         }

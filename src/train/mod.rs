@@ -38,6 +38,7 @@ use crate::data::shard;
 use crate::dtype::ReduceOp;
 use crate::embedding::{HostTable, OptimizerKind, TableConfig, TableSource};
 use crate::engine::{Engine, EngineConfig, Handle, Tensor};
+use crate::model::input;
 use crate::model::mlp::sigmoid;
 use crate::model::{DenseOptimState, DenseOptimizer, Mlp, MlpShape};
 use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize};
@@ -377,11 +378,7 @@ impl StepBuffers {
         self.x.resize(b * input, 0.0);
         let (emb, inverse, dense) = (&self.emb, &self.inverse, &self.dense);
         let fill = |(s, row): (usize, &mut [f32])| {
-            for f in 0..NUM_SPARSE {
-                let u = inverse[s * NUM_SPARSE + f] as usize;
-                row[f * dim..(f + 1) * dim].copy_from_slice(&emb[u * dim..(u + 1) * dim]);
-            }
-            row[NUM_SPARSE * dim..].copy_from_slice(&dense[s * NUM_DENSE..(s + 1) * NUM_DENSE]);
+            input::fill_row(row, emb, &inverse[s * NUM_SPARSE..(s + 1) * NUM_SPARSE], &dense[s * NUM_DENSE..(s + 1) * NUM_DENSE], dim);
         };
         if b >= 256 && rayon::current_num_threads() > 1 {
             use rayon::prelude::*;
@@ -395,18 +392,8 @@ impl StepBuffers {
 
     /// Sums the input gradient of each field's slot into its key's row, in sample order.
     fn scatter_key_grads(&mut self, b: usize, dim: usize) {
-        let input = NUM_SPARSE * dim + NUM_DENSE;
-        self.key_grads.clear();
         self.key_grads.resize(self.uniq.len() * dim, 0.0);
-        for s in 0..b {
-            let row = &self.dx[s * input..(s + 1) * input];
-            for f in 0..NUM_SPARSE {
-                let u = self.inverse[s * NUM_SPARSE + f] as usize;
-                for (g, d) in self.key_grads[u * dim..(u + 1) * dim].iter_mut().zip(&row[f * dim..(f + 1) * dim]) {
-                    *g += d;
-                }
-            }
-        }
+        input::scatter_key_grads(&self.dx, &self.inverse, b, NUM_SPARSE, dim, NUM_SPARSE * dim + NUM_DENSE, &mut self.key_grads);
     }
 }
 

@@ -36,6 +36,17 @@ pub enum CommError {
         /// Its process id.
         pid: i32,
     },
+    /// This rank failed at something every rank had to do (see `Topology::agree`).
+    #[error("{0}")]
+    Failed(String),
+    /// Another rank failed at something every rank had to do; its message.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed {
+        /// The lowest failing rank.
+        rank: usize,
+        /// Its message.
+        message: String,
+    },
     /// A previous failure left this communicator in an unknown state.
     #[error("communicator is unusable after an earlier failure ({0}); restart the job")]
     Poisoned(String),

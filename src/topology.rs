@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use mpi::collective::CommunicatorCollectives;
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::Root;
@@ -61,6 +61,11 @@ pub struct Topology {
     pub local_rank: usize,
     /// Number of ranks on this host.
     pub local_size: usize,
+    /// Rank among the processes of this machine (equals `local_rank` unless
+    /// `RINGREC_RANKS_PER_HOST` cuts the machine into simulated hosts): picks the GPU.
+    pub machine_local_rank: usize,
+    /// Processes on this machine.
+    pub machine_local_size: usize,
     /// Rank among the ranks with the same `local_rank` (one per host).
     pub cross_rank: usize,
     /// Number of ranks with the same `local_rank`.
@@ -127,6 +132,7 @@ impl Topology {
 
         // Real hosts: shared-memory split. Then simulated hosts inside them.
         let shared = world_comm.split_shared(rank as i32);
+        let (machine_local_rank, machine_local_size) = (shared.rank() as usize, shared.size() as usize);
         let local_comm = match per_host {
             None => shared,
             Some(k) => shared
@@ -177,6 +183,8 @@ impl Topology {
             size,
             local_rank,
             local_size,
+            machine_local_rank,
+            machine_local_size,
             cross_rank,
             cross_size,
             host_id,
@@ -191,6 +199,31 @@ impl Topology {
             local: Group { comm: local_comm, ctx: ctx.clone() },
             cross: Group { comm: cross_comm, ctx },
         })
+    }
+
+    /// Every rank learns whether all ranks succeeded at something each did alone (opening
+    /// files, finding a GPU): every rank gets its own value, or every rank fails — the
+    /// failing rank with its own message, the others with the lowest failing rank's
+    /// ([`CommError::RankFailed`]). Collective over the world; use it before a collective
+    /// that a failed rank would never join.
+    pub fn agree<T>(&self, mine: Result<T, String>) -> CommResult<T> {
+        let failing = if mine.is_err() { self.rank as i32 } else { i32::MAX };
+        let mut first = 0i32;
+        self.world.comm.all_reduce_into(&failing, &mut first, SystemOperation::min());
+        if first == i32::MAX {
+            return mine.map_err(CommError::Failed);
+        }
+        let mut msg = [0u8; 1024];
+        if let Err(m) = &mine {
+            let b = m.as_bytes();
+            let n = b.len().min(msg.len() - 1);
+            msg[..n].copy_from_slice(&b[..n]);
+        }
+        self.world.comm.process_at_rank(first).broadcast_into(&mut msg[..]);
+        match mine {
+            Err(m) => Err(CommError::Failed(m)),
+            Ok(_) => Err(CommError::RankFailed { rank: first as usize, message: String::from_utf8_lossy(&msg).trim_end_matches('\0').to_string() }),
+        }
     }
 
     /// True on local rank 0, the host leader that owns host-shared state.

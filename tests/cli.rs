@@ -79,3 +79,17 @@ fn bad_flags_say_what_to_do() {
     assert_ne!(job.code, Some(0));
     assert!(job.stderr.contains("unknown backend `nccl2`; choose from mpi, ring, shm, hier"), "{}", job.all());
 }
+
+#[test]
+fn bench_allreduce_nccl_row_is_skipped_with_the_reason_without_a_gpu() {
+    if ringrec::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a GPU; the NCCL rows are measured instead");
+        return;
+    }
+    let job = common::mpirun(2, &[], &["bench", "allreduce", "--backend", "nccl", "-b", "1K", "-e", "4K", "-n", "2"]);
+    job.assert_ok();
+    assert!(job.stdout.contains("# backend nccl: skipped ("), "{}", job.all());
+    assert!(job.stdout.contains("use --device cpu"), "the reason says what is missing: {}", job.all());
+    // The reference rows are still measured and validated.
+    assert!(job.stdout.contains("# backend: mpi") && job.stdout.contains("#wrong total: 0"), "{}", job.all());
+}

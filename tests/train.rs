@@ -221,3 +221,120 @@ fn layer_gradients_are_reduced_while_backward_continues() {
     assert!(overlapped > 0, "no step reduced dense.layer2 during backward: {reduced:?} vs {first:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn losses(s: &serde_json::Value) -> Vec<f64> {
+    s["losses"].as_array().expect("losses").iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+/// Small MLP: the host device runs the kernels thread by thread and cuBLAS's GEMM as a
+/// plain loop, so the GPU-path tests keep the network small.
+const SMALL: [&str; 6] = ["--hidden", "32,16", "--epochs", "3", "--max-steps", "50"];
+
+/// Runs the same 50 steps on `device` and on the CPU; returns both summaries.
+fn against_cpu(np: usize, env: &[(&str, &str)], device: &str, extra: &[&str]) -> (serde_json::Value, serde_json::Value) {
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend_from_slice(extra);
+    let cpu = train(np, env, &[&args[..], &["--device", "cpu"]].concat());
+    cpu.assert_ok();
+    let dev = train(np, env, &[&args[..], &["--device", device]].concat());
+    dev.assert_ok();
+    (summary(&cpu), summary(&dev))
+}
+
+fn assert_losses_close(cpu: &serde_json::Value, dev: &serde_json::Value, rel: f64, what: &str) {
+    let (a, b) = (losses(cpu), losses(dev));
+    assert_eq!(a.len(), 50, "{what}");
+    assert_eq!(b.len(), 50, "{what}");
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(close(*x, *y, rel), "{what}: step {i} loss {y} vs the CPU path's {x}");
+    }
+    assert!(a[49] < a[0], "{what}: the loss must go down: {a:?}");
+}
+
+#[test]
+fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
+    // --device host runs the GPU path's code (DeviceMlp: batch staging, the kernels of
+    // kernels/*.cu compiled for the CPU, per-layer gradient reduction, the loss sum in
+    // layer 0's buffer) with the CPU collectives in place of NCCL: 4 ranks as 2 hosts.
+    let (cpu, dev) = against_cpu(4, &[("RINGREC_RANKS_PER_HOST", "2")], "host", &[]);
+    assert!(dev["device"].as_str().unwrap().starts_with("host"), "{dev}");
+    assert_eq!(cpu["device"], "cpu");
+    assert_losses_close(&cpu, &dev, 1e-3, "host device, 4 ranks on 2 hosts");
+    let (a, b) = (cpu["test_auc"].as_f64().unwrap(), dev["test_auc"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-3, "held-out AUC {b} vs the CPU path's {a}");
+    assert_eq!(cpu["table_rows"], dev["table_rows"]);
+}
+
+#[test]
+fn the_gpu_code_path_resumes_bit_identically() {
+    let full = tmpdir("dev-full");
+    let part = tmpdir("dev-part");
+    let base = ["--hidden", "16", "--device", "host", "--checkpoint-every", "5"];
+    let run = |dir: &Path, steps: &str, resume: bool| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(&["--max-steps", steps, "--checkpoint-dir", dir.to_str().unwrap()]);
+        if resume {
+            a.push("--resume");
+        }
+        let job = train(2, &[], &a);
+        job.assert_ok();
+        summary(&job)
+    };
+    let whole = run(&full, "12", false);
+    run(&part, "7", false);
+    let resumed = run(&part, "12", true);
+    assert_eq!(resumed["steps"], 5);
+    assert_eq!(std::fs::read(full.join("dense.bin")).unwrap(), std::fs::read(part.join("dense.bin")).unwrap(), "dense state (parameters, Adam moments) differs");
+    assert!(table_file(&full) == table_file(&part), "tables differ");
+    assert_eq!(resumed["params_fnv"], whole["params_fnv"]);
+}
+
+#[test]
+fn gradient_compression_on_the_gpu_code_path() {
+    // fp16 and bf16 copies of each layer's gradient are reduced (the cast kernels); the
+    // run stays close to the uncompressed one. 1bit is refused with what to use instead.
+    let plain = train(2, &[], &[&SMALL[..], &["--device", "host"]].concat());
+    plain.assert_ok();
+    for (c, rel) in [("fp16", 1e-2), ("bf16", 3e-2)] {
+        let job = train(2, &[("RINGREC_COMPRESSION", c)], &[&SMALL[..], &["--device", "host"]].concat());
+        job.assert_ok();
+        assert_losses_close(&summary(&plain), &summary(&job), rel, c);
+        assert_ne!(summary(&plain)["params_fnv"], summary(&job)["params_fnv"], "{c} must change the arithmetic");
+    }
+    let job = train(2, &[("RINGREC_COMPRESSION", "1bit")], &["--max-steps", "2", "--device", "host"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("1bit is not available on the GPU path; use fp16, bf16 or none"), "{}", job.all());
+}
+
+#[test]
+fn device_cuda_without_a_gpu_says_what_is_missing() {
+    if ringrec::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a GPU (the GPU test below runs instead)");
+        return;
+    }
+    let job = train(2, &[], &["--max-steps", "2", "--device", "cuda"]);
+    assert!(!job.timed_out, "hung:\n{}", job.all());
+    assert_ne!(job.code, Some(0), "{}", job.all());
+    assert!(job.stderr.contains("use --device cpu"), "{}", job.all());
+    assert!(!job.stderr.contains("panicked"), "{}", job.all());
+    // auto falls back to the CPU.
+    let job = train(1, &[], &["--max-steps", "2", "--device", "auto"]);
+    job.assert_ok();
+    assert_eq!(summary(&job)["device"], "cpu");
+}
+
+#[test]
+fn gpu_training_matches_the_cpu_path_for_50_steps() {
+    let devices = match ringrec::cuda::probe() {
+        Ok(i) => i.devices,
+        Err(e) => {
+            eprintln!("skipped: no GPU path here ({e})");
+            return;
+        }
+    };
+    // One rank per GPU (NCCL refuses two ranks on one GPU).
+    let np = devices.min(2);
+    let (cpu, dev) = against_cpu(np, &[], "cuda", &[]);
+    assert!(!dev["device"].as_str().unwrap().starts_with("cpu"), "{dev}");
+    assert_losses_close(&cpu, &dev, 1e-3, "cuda");
+}

@@ -18,8 +18,10 @@ use crate::topology::Topology;
 /// Flags of `ringrec bench allreduce`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct AllreduceBenchArgs {
-    /// Backends to measure, comma separated (mpi is always measured first, as the reference).
-    #[arg(long, default_value = "mpi,ring,shm,hier", value_delimiter = ',')]
+    /// Backends to measure, comma separated: mpi, ring, shm, hier, nccl (GPU buffers; needs
+    /// the `cuda` feature and one GPU per rank). mpi is always measured first, as the
+    /// reference.
+    #[arg(long, alias = "backend", default_value = "mpi,ring,shm,hier", value_delimiter = ',')]
     pub backends: Vec<String>,
     /// Smallest message (bytes; K/M/G suffixes).
     #[arg(short = 'b', long, default_value = "8", value_parser = parse_size)]
@@ -195,34 +197,82 @@ pub fn iterations(iters: usize, size: usize) -> usize {
     iters.max(small).min(large.max(1)).max(1)
 }
 
-fn measure(topo: &Topology, coll: &mut dyn Collectives, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
+/// What one table measures: an in-place allreduce of a buffer on some backend.
+pub trait Target {
+    /// The backend's name in the table.
+    fn name(&self) -> String;
+    /// Makes the buffer `bytes` long and sets it to `bytes` (untimed).
+    fn load(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
+    /// Starts (GPU) or runs (CPU) one allreduce of the buffer.
+    fn allreduce(&mut self, dtype: DType, op: ReduceOp) -> anyhow::Result<()>;
+    /// Waits for the allreduces started so far.
+    fn sync(&mut self) -> anyhow::Result<()>;
+    /// Copies the buffer into `out`.
+    fn read(&mut self, out: &mut [u8]) -> anyhow::Result<()>;
+}
+
+/// A CPU backend on a host buffer.
+struct HostTarget {
+    coll: Box<dyn Collectives>,
+    buf: Aligned,
+}
+
+impl Target for HostTarget {
+    fn name(&self) -> String {
+        self.coll.name().to_string()
+    }
+    fn load(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        if self.buf.bytes != bytes.len() {
+            self.buf = Aligned::new(bytes.len());
+        }
+        self.buf.bytes().copy_from_slice(bytes);
+        Ok(())
+    }
+    fn allreduce(&mut self, dtype: DType, op: ReduceOp) -> anyhow::Result<()> {
+        Ok(self.coll.allreduce_raw(self.buf.bytes(), dtype, op)?)
+    }
+    fn sync(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn read(&mut self, out: &mut [u8]) -> anyhow::Result<()> {
+        out.copy_from_slice(self.buf.bytes());
+        Ok(())
+    }
+}
+
+fn measure(topo: &Topology, target: &mut dyn Target, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
     let world = &topo.world.comm;
     let n = topo.size;
     let count = size / dtype.size();
-    let mut buf = Aligned::new(size);
-    fill(buf.bytes(), dtype, topo.rank);
+    let mut host = Aligned::new(size);
+    fill(host.bytes(), dtype, topo.rank);
+    target.load(host.bytes())?;
     let iters = iterations(args.iters, size);
     for _ in 0..args.warmup.min(iters) {
-        coll.allreduce_raw(buf.bytes(), dtype, op)?;
+        target.allreduce(dtype, op)?;
     }
+    target.sync()?;
     world.barrier();
     let t0 = Instant::now();
     for _ in 0..iters {
-        coll.allreduce_raw(buf.bytes(), dtype, op)?;
+        target.allreduce(dtype, op)?;
     }
+    target.sync()?;
     let local = t0.elapsed().as_secs_f64() / iters as f64;
     let mut slowest = 0f64;
     world.all_reduce_into(&local, &mut slowest, SystemOperation::max());
     // Validation on fresh input.
-    fill(buf.bytes(), dtype, topo.rank);
-    coll.allreduce_raw(buf.bytes(), dtype, op)?;
-    let wrong_here = count_wrong(buf.bytes(), dtype, op, n);
+    target.load(host.bytes())?;
+    target.allreduce(dtype, op)?;
+    target.sync()?;
+    target.read(host.bytes())?;
+    let wrong_here = count_wrong(host.bytes(), dtype, op, n);
     let mut wrong = 0u64;
     world.all_reduce_into(&wrong_here, &mut wrong, SystemOperation::sum());
     let algbw = size as f64 / slowest / 1e9;
     let busbw = if n > 1 { algbw * 2.0 * (n - 1) as f64 / n as f64 } else { 0.0 };
     Ok(Row {
-        backend: coll.name().to_string(),
+        backend: target.name(),
         size,
         count,
         dtype: dtype.name().to_string(),
@@ -234,13 +284,30 @@ fn measure(topo: &Topology, coll: &mut dyn Collectives, args: &AllreduceBenchArg
     })
 }
 
+/// A backend to measure: a CPU one or NCCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    Cpu(Backend),
+    Nccl,
+}
+
+fn target(topo: &Topology, choice: Choice) -> anyhow::Result<Box<dyn Target>> {
+    Ok(match choice {
+        Choice::Cpu(b) => Box::new(HostTarget { coll: comm::build(b, topo)?, buf: Aligned::new(0) }),
+        Choice::Nccl => super::nccl::target(topo)?,
+    })
+}
+
 /// Runs the benchmark; prints on rank 0. Returns the report (on every rank).
 pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report> {
     let dtype = DType::parse(&args.dtype).filter(|d| *d != DType::U8).ok_or_else(|| anyhow::anyhow!("--dtype {} is not one of f32, f64, f16, bf16, i32, i64", args.dtype))?;
     let op = ReduceOp::parse(&args.op).ok_or_else(|| anyhow::anyhow!("--op {} is not one of sum, avg, min, max", args.op))?;
-    let mut backends = vec![Backend::Mpi];
+    let mut backends = vec![Choice::Cpu(Backend::Mpi)];
     for b in &args.backends {
-        let b = Backend::parse(b.trim()).ok_or_else(|| anyhow::anyhow!("unknown backend `{b}`; choose from mpi, ring, shm, hier"))?;
+        let b = match b.trim() {
+            "nccl" => Choice::Nccl,
+            other => Choice::Cpu(Backend::parse(other).ok_or_else(|| anyhow::anyhow!("unknown backend `{b}`; choose from mpi, ring, shm, hier, nccl"))?),
+        };
         if !backends.contains(&b) {
             backends.push(b);
         }
@@ -251,14 +318,20 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
         println!("# ringrec bench allreduce: {} ranks on {} host(s), {} {}, in place", topo.size, topo.num_hosts, dtype.name(), op.name());
         println!("# busbw = algbw * 2(n-1)/n; time = mean of the slowest rank; #wrong over all ranks");
     }
-    for backend in backends {
-        let mut coll = match comm::build(backend, topo) {
+    for choice in backends {
+        let backend = match choice {
+            Choice::Cpu(b) => b.to_string(),
+            Choice::Nccl => "nccl".to_string(),
+        };
+        let made = target(topo, choice).map_err(|e| format!("{e:#}"));
+        // NCCL's start-up is collective: every rank has its GPU and communicator or all skip.
+        let mut coll = match topo.agree(made) {
             Ok(c) => c,
             Err(e) => {
                 if root && !args.json {
                     println!("\n# backend {backend}: skipped ({e})");
                 }
-                report.skipped.push((backend.to_string(), e.to_string()));
+                report.skipped.push((backend, e.to_string()));
                 continue;
             }
         };

@@ -6,3 +6,4 @@ pub mod embedding;
 pub mod engine;
 pub mod sparse;
 pub mod gemm;
+pub mod nccl;

@@ -233,3 +233,17 @@ pub trait Device {
 fn i32a<'a, D: Device + ?Sized>(v: usize) -> DeviceResult<KernelArg<'a, D>> {
     i32::try_from(v).map(KernelArg::I32).map_err(|_| CudaError::Call { what: "kernel launch".into(), detail: format!("size {v} does not fit the kernel's int argument; use a smaller --batch") })
 }
+
+/// Reduces a device's gradient buffers over the ranks: NCCL on GPUs
+/// ([`super::NcclComm`]), the CPU collectives for [`super::HostDevice`]
+/// ([`super::host::HostReducer`]). Calls may only queue the work; [`DeviceReducer::wait`]
+/// waits for all of it.
+pub trait DeviceReducer<D: Device> {
+    /// Queues an in-place sum of `buf` over the ranks.
+    fn allreduce_sum(&mut self, dev: &D, buf: &mut D::F32) -> DeviceResult<()>;
+    /// Queues an in-place sum of f16 (`bf16 == false`) or bf16 values over the ranks
+    /// (accumulated in f32 by the CPU backends; NCCL accumulates in the type).
+    fn allreduce_half_sum(&mut self, dev: &D, buf: &mut D::U16, bf16: bool) -> DeviceResult<()>;
+    /// Waits for everything queued (with a deadline where a peer could hang it).
+    fn wait(&mut self) -> DeviceResult<()>;
+}

@@ -216,7 +216,7 @@ fn model_matches_the_cpu_path<D: Device>(dev: D) {
     for t in 0..50 {
         let b = &batches[t];
         let mut order = Vec::new();
-        gpu.step(scale, &mut |l, _g| {
+        gpu.step(scale, &mut |_, l, _g| {
             order.push(l);
             Ok(())
         })
@@ -283,13 +283,13 @@ fn halves_summed_equal_the_whole<D: Device>(make: impl Fn() -> D) {
         };
         let scale = 1.0 / n as f32;
         stage(&mut whole, &full);
-        whole.step(scale, &mut |_, _| Ok(())).unwrap();
+        whole.step(scale, &mut |_, _, _| Ok(())).unwrap();
         stage(&mut a, &split(0, 4));
-        a.step(scale, &mut |_, _| Ok(())).unwrap();
+        a.step(scale, &mut |_, _, _| Ok(())).unwrap();
         stage(&mut b, &split(4, n));
-        b.step(scale, &mut |_, _| Ok(())).unwrap();
+        b.step(scale, &mut |_, _, _| Ok(())).unwrap();
         for l in 0..whole.num_layers() {
-            let len = whole.layer_range(l).len() + usize::from(l == 0);
+            let len = whole.grad_len(l);
             let ga = {
                 let (d, g) = a.layer_grad_mut(l);
                 read(d, g, len)
@@ -329,9 +329,9 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     let mut m = DeviceMlp::new(make(), &shape, LAYOUT, init.params(), DenseOptimizer::Sgd, 0.1).unwrap();
     let st = m.stage(2, 3).unwrap();
     st.inverse.copy_from_slice(&[0, 1, 2, 0, 3, 1]);
-    let e = m.step(0.5, &mut |_, _| Ok(())).unwrap_err().to_string();
+    let e = m.step(0.5, &mut |_, _, _| Ok(())).unwrap_err().to_string();
     assert!(e.contains("inverse names row 3 of 3 unique keys"), "{e}");
-    assert!(m.step(0.5, &mut |_, _| Ok(())).unwrap_err().to_string().contains("no batch was staged"));
+    assert!(m.step(0.5, &mut |_, _, _| Ok(())).unwrap_err().to_string().contains("no batch was staged"));
     let e = DeviceMlp::new(make(), &shape, LAYOUT, &init.params()[1..], DenseOptimizer::Sgd, 0.1).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
     let _ = Direction::FromDevice;

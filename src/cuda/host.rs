@@ -12,7 +12,9 @@
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::device::{Device, DeviceResult, Direction, KernelArg};
+use super::device::{Device, DeviceReducer, DeviceResult, Direction, KernelArg};
+use crate::comm::{Collectives, CollectivesExt};
+use crate::dtype::{DType, ReduceOp};
 use super::kernels::{host_source, Kernel};
 use super::plan::ColumnMajorGemm;
 use super::CudaError;
@@ -235,4 +237,30 @@ fn copy<T: Copy>(src: &[T], dst: &mut [T], offset: usize, what: &str) -> DeviceR
     let piece = dst.get_mut(offset..offset + n).ok_or_else(|| CudaError::Call { what: what.into(), detail: format!("{n} values at {offset} of a buffer of {len}") })?;
     piece.copy_from_slice(src);
     Ok(())
+}
+
+/// [`DeviceReducer`] for [`HostDevice`] over any CPU backend (tests of the device path
+/// under mpirun); synchronous.
+pub struct HostReducer {
+    coll: Box<dyn Collectives>,
+}
+
+impl HostReducer {
+    /// Reduces over `coll`'s ranks.
+    pub fn new(coll: Box<dyn Collectives>) -> HostReducer {
+        HostReducer { coll }
+    }
+}
+
+impl DeviceReducer<HostDevice> for HostReducer {
+    fn allreduce_sum(&mut self, _dev: &HostDevice, buf: &mut Vec<f32>) -> DeviceResult<()> {
+        self.coll.allreduce(buf.as_mut_slice(), ReduceOp::Sum).map_err(|e| CudaError::Collective(e.to_string()))
+    }
+    fn allreduce_half_sum(&mut self, _dev: &HostDevice, buf: &mut Vec<u16>, bf16: bool) -> DeviceResult<()> {
+        let dtype = if bf16 { DType::BF16 } else { DType::F16 };
+        self.coll.allreduce_raw(bytemuck::cast_slice_mut(buf.as_mut_slice()), dtype, ReduceOp::Sum).map_err(|e| CudaError::Collective(e.to_string()))
+    }
+    fn wait(&mut self) -> DeviceResult<()> {
+        Ok(())
+    }
 }

@@ -28,6 +28,10 @@ use crate::model::input::InputLayout;
 use crate::model::optim::{adam_factors, BETA1, BETA2};
 use crate::model::{DenseOptimState, DenseOptimizer, MlpShape};
 
+/// What [`DeviceMlp::step`] calls with each layer's finished gradient: (the device, the
+/// layer, its gradient buffer).
+pub type LayerReady<'a, D> = dyn FnMut(&D, usize, &mut <D as Device>::F32) -> DeviceResult<()> + 'a;
+
 /// One staging slot: the batch in page-locked host memory.
 struct Stage<D: Device> {
     emb: D::HostF32,
@@ -167,6 +171,10 @@ impl<D: Device> DeviceMlp<D> {
     pub fn num_layers(&self) -> usize {
         self.offsets.len()
     }
+    /// Values in layer `l`'s gradient buffer: its parameters, plus the loss sum on layer 0.
+    pub fn grad_len(&self, l: usize) -> usize {
+        self.layer_range(l).len() + usize::from(l == 0)
+    }
     /// Layer `l`'s parameters in the flat vector: its weights, then its biases.
     pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
         self.offsets[l].0..self.offsets[l].1 + self.widths[l + 1]
@@ -289,10 +297,11 @@ impl<D: Device> DeviceMlp<D> {
     /// One training step on the staged batch: upload, forward, loss (scaled by
     /// `loss_scale`, as [`crate::model::Mlp::forward_backward`]), backward. Calls
     /// `ready(l, gradient buffer of layer l)` as each layer's gradient is final, last layer
-    /// first (layer 0's buffer ends with the batch's unscaled loss sum); then reduces the
+    /// first (layer 0's buffer ends with the batch's unscaled loss sum), with the device to
+    /// queue work on; then reduces the
     /// input gradient per unique key and starts copying it to the host
     /// ([`DeviceMlp::key_grads`]). The optimizer runs in [`DeviceMlp::apply`].
-    pub fn step(&mut self, loss_scale: f32, ready: &mut dyn FnMut(usize, &mut D::F32) -> DeviceResult<()>) -> DeviceResult<()> {
+    pub fn step(&mut self, loss_scale: f32, ready: &mut LayerReady<'_, D>) -> DeviceResult<()> {
         let (batch, keys) = self.upload_staged()?;
         self.forward(batch)?;
         let dev = &self.dev;
@@ -313,7 +322,7 @@ impl<D: Device> DeviceMlp<D> {
             if l > 0 {
                 dev.relu_backward(&mut lo[l], &self.acts[l], batch * fan_in)?;
             }
-            ready(l, &mut self.grads[l])?;
+            ready(dev, l, &mut self.grads[l])?;
         }
         let width = self.widths[0];
         dev.key_grad_reduce(&self.deltas[0], &self.csr_offsets, &self.csr_slots, &mut self.key_grads, keys, batch, self.fields, self.dim, width)?;

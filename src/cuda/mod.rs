@@ -105,6 +105,10 @@ pub enum DeviceChoice {
     Cuda,
     /// The GPU path when a driver and a GPU are present, else the CPU.
     Auto,
+    /// The GPU path's code on the CPU: the kernels compiled as host C++, gradients over
+    /// the CPU collectives (tests of the GPU code on machines without one; slow).
+    #[value(hide = true)]
+    Host,
 }
 
 /// The GPU ordinal of a rank: `local_rank % devices`. Refuses more ranks per host than
@@ -180,7 +184,7 @@ pub fn probe() -> Result<CudaInfo, CudaError> {
 /// CPU. `auto` falls back to the CPU only when the build, driver or device is absent;
 /// `cuda` reports every missing piece. NCCL is required with more than one rank.
 pub fn resolve(choice: DeviceChoice, local_rank: usize, local_size: usize, world: usize) -> Result<Option<usize>, CudaError> {
-    if choice == DeviceChoice::Cpu {
+    if matches!(choice, DeviceChoice::Cpu | DeviceChoice::Host) {
         return Ok(None);
     }
     let info = match probe_device() {

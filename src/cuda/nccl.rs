@@ -163,31 +163,31 @@ mod imp {
             Ok(())
         }
 
-        /// Queues an in-place allreduce of `count` elements of `dtype` held in `buf` (bytes)
-        /// on the communicator's stream. [`NcclComm::wait`] waits for it.
-        pub fn allreduce_raw(&mut self, buf: &mut CudaSlice<u8>, dtype: DType, op: ReduceOp) -> Result<(), CudaError> {
-            let count = buf.len() / dtype.size();
-            if count * dtype.size() != buf.len() {
-                return Err(CudaError::Collective(format!("buffer of {} bytes is not a whole array of {}", buf.len(), dtype.name())));
+        /// Queues an in-place allreduce of the buffer's bytes read as elements of `dtype`
+        /// (any element type `T` whose size divides the buffer: bytes for the benchmark,
+        /// u16 for f16/bf16, f32) on the communicator's stream. [`NcclComm::wait`] waits.
+        pub fn allreduce<T>(&mut self, buf: &mut CudaSlice<T>, dtype: DType, op: ReduceOp) -> Result<(), CudaError> {
+            let bytes = buf.num_bytes();
+            let count = bytes / dtype.size();
+            if count * dtype.size() != bytes {
+                return Err(CudaError::Collective(format!("buffer of {bytes} bytes is not a whole array of {}", dtype.name())));
             }
             self.agree(Header::allreduce(count, dtype, op))?;
+            if count == 0 {
+                return Ok(());
+            }
             let stream = self.stream.clone();
             let (ptr, _record) = buf.device_ptr_mut(&stream);
-            // SAFETY: in-place allreduce of `count` elements that `buf` holds, on the
-            // communicator's stream; `_record` records the buffer's write event after it.
+            // SAFETY: in-place allreduce of `count` elements of `dtype` that `buf` holds
+            // (checked above), on the communicator's stream; `_record` records the
+            // buffer's write event after it, so other streams wait for the result.
             unsafe { cudarc::nccl::result::all_reduce(ptr as *const _, ptr as *mut _, count, nccl_dtype(dtype), nccl_op(op), self.comm, stream.cu_stream() as _) }.map_err(|e| nccl_err("ncclAllReduce", e))?;
             Ok(())
         }
 
         /// Queues an in-place allreduce of f32 values (the dense gradients).
         pub fn allreduce_f32(&mut self, buf: &mut CudaSlice<f32>, op: ReduceOp) -> Result<(), CudaError> {
-            let count = buf.len();
-            self.agree(Header::allreduce(count, DType::F32, op))?;
-            let stream = self.stream.clone();
-            let (ptr, _record) = buf.device_ptr_mut(&stream);
-            // SAFETY: as allreduce_raw, with count = the buffer's f32 elements.
-            unsafe { cudarc::nccl::result::all_reduce(ptr as *const _, ptr as *mut _, count, ncclDataType_t::ncclFloat32, nccl_op(op), self.comm, stream.cu_stream() as _) }.map_err(|e| nccl_err("ncclAllReduce", e))?;
-            Ok(())
+            self.allreduce(buf, DType::F32, op)
         }
 
         /// Queues an in-place broadcast of f32 values from `root`.
@@ -240,6 +240,18 @@ mod imp {
         }
     }
 
+    impl crate::cuda::device::DeviceReducer<CudaDevice> for NcclComm {
+        fn allreduce_sum(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+            self.allreduce(buf, DType::F32, ReduceOp::Sum)
+        }
+        fn allreduce_half_sum(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<u16>, bf16: bool) -> Result<(), CudaError> {
+            self.allreduce(buf, if bf16 { DType::BF16 } else { DType::F16 }, ReduceOp::Sum)
+        }
+        fn wait(&mut self) -> Result<(), CudaError> {
+            NcclComm::wait(self)
+        }
+    }
+
     impl Drop for NcclComm {
         fn drop(&mut self) {
             if !self.aborted {
@@ -261,6 +273,18 @@ mod dummy {
     /// Stands in for the NCCL communicator in builds without the `cuda` feature; it cannot
     /// be constructed.
     pub enum NcclComm {}
+
+    impl crate::cuda::device::DeviceReducer<CudaDevice> for NcclComm {
+        fn allreduce_sum(&mut self, _dev: &CudaDevice, _buf: &mut ()) -> Result<(), CudaError> {
+            match *self {}
+        }
+        fn allreduce_half_sum(&mut self, _dev: &CudaDevice, _buf: &mut (), _bf16: bool) -> Result<(), CudaError> {
+            match *self {}
+        }
+        fn wait(&mut self) -> Result<(), CudaError> {
+            match *self {}
+        }
+    }
 
     impl NcclComm {
         /// Unreachable without a [`CudaDevice`], which cannot be built here either.

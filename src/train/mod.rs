@@ -18,6 +18,7 @@
 //! (`ringrec data synth`), cached as a memory-mappable binary (`ringrec data prepare`).
 
 pub mod checkpoint;
+pub mod dense;
 pub mod metrics;
 
 use std::collections::HashMap;
@@ -27,24 +28,22 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
-use mpi::topology::Communicator;
-use mpi::traits::Root;
 use serde::Serialize;
 
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
+use crate::cuda::DeviceChoice;
 use crate::data::cache::Dataset;
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::shard;
-use crate::dtype::ReduceOp;
 use crate::embedding::{HostTable, OptimizerKind, TableConfig, TableSource};
-use crate::engine::{Engine, EngineConfig, Handle, Tensor};
-use crate::model::input;
+use crate::engine::EngineConfig;
 use crate::model::mlp::sigmoid;
 use crate::model::{DenseOptimState, DenseOptimizer, Mlp, MlpShape};
 use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize};
 use crate::topology::Topology;
 
 use checkpoint::DenseCheckpoint;
+use dense::{DenseModel, Placement};
 
 /// Sparse (embedding) optimizer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -119,9 +118,13 @@ pub struct TrainArgs {
     /// Shuffle the training rows every epoch (deterministically from --seed).
     #[arg(long)]
     pub shuffle: bool,
-    /// Collective backend of the dense gradients.
+    /// Collective backend of the dense gradients on the CPU path (the GPU path uses NCCL).
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendChoice,
+    /// Where the dense model runs: cuda (one GPU per rank, NCCL between them), cpu, or auto
+    /// (cuda when this ringrec has the `cuda` feature and a driver and a GPU are present).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceChoice,
     /// Sparse exchange: hierarchical (per-host pre-aggregation) or flat (every rank allgathers).
     #[arg(long, value_enum, default_value = "hier")]
     pub sparse_exchange: SparseExchange,
@@ -169,8 +172,11 @@ pub struct TrainSummary {
     pub hosts: usize,
     /// Threads per rank.
     pub threads_per_rank: usize,
-    /// Dense backend.
+    /// Dense backend (CPU path: the engine's collectives; a device path uses NCCL or, for
+    /// the host device, its own backend of this kind).
     pub backend: String,
+    /// Where the dense model ran: `cpu`, or the GPU's name and ordinal.
+    pub device: String,
     /// Sparse exchange and normalisation.
     pub sparse_exchange: String,
     /// Sparse normalisation.
@@ -197,7 +203,8 @@ pub struct TrainSummary {
     pub test_auc: Option<f64>,
     /// Largest peak resident set over the ranks (MiB).
     pub peak_rss_mib: f64,
-    /// MLP forward+backward GFLOP/s on rank 0.
+    /// MLP forward+backward GFLOP/s on rank 0 (CPU path; 0 on a device, whose step only
+    /// queues work).
     pub mlp_gflops: f64,
     /// Rows in the host table at the end.
     pub table_rows: u64,
@@ -250,29 +257,6 @@ fn default_data_dir() -> PathBuf {
     std::env::temp_dir().join(format!("ringrec-{}", unsafe { libc::getuid() }))
 }
 
-/// Every rank learns whether all ranks succeeded; a failing rank's message is broadcast
-/// from the lowest failing rank so every rank stops with the same, clear error.
-fn agree_ok(topo: &Topology, mine: Result<(), String>) -> anyhow::Result<()> {
-    let failing = if mine.is_err() { topo.rank as i32 } else { i32::MAX };
-    let mut first = 0i32;
-    topo.world.comm.all_reduce_into(&failing, &mut first, SystemOperation::min());
-    if first == i32::MAX {
-        return Ok(());
-    }
-    let mut msg = [0u8; 1024];
-    if let Err(m) = &mine {
-        let b = m.as_bytes();
-        let n = b.len().min(1023);
-        msg[..n].copy_from_slice(&b[..n]);
-    }
-    topo.world.comm.process_at_rank(first).broadcast_into(&mut msg[..]);
-    let text = String::from_utf8_lossy(&msg).trim_end_matches('\0').to_string();
-    match mine {
-        Err(m) => Err(anyhow!(m)),
-        Ok(()) => Err(anyhow!("rank {first} failed: {text}")),
-    }
-}
-
 /// Generates (once per machine, under a lock) or finds the data set and opens it.
 fn open_data(topo: &Topology, args: &TrainArgs) -> anyhow::Result<(Dataset, PathBuf)> {
     let dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
@@ -295,18 +279,7 @@ fn open_data(topo: &Topology, args: &TrainArgs) -> anyhow::Result<(Dataset, Path
         let ds = if is_cache { Dataset::open(&source)? } else { Dataset::from_tsv_cached(&source, &dir.join("cache"), args.max_bad_lines)? };
         Ok((ds, source))
     })();
-    // Leaders prepare first (one parse per host), then the others open the cache.
-    let (ds, source) = match attempt {
-        Ok(x) => {
-            agree_ok(topo, Ok(()))?;
-            x
-        }
-        Err(e) => {
-            agree_ok(topo, Err(format!("{e:#}")))?;
-            unreachable!("agree_ok returns the error")
-        }
-    };
-    Ok((ds, source))
+    Ok(topo.agree(attempt.map_err(|e| format!("{e:#}")))?)
 }
 
 fn backend_of(topo: &Topology, b: BackendChoice) -> Backend {
@@ -339,28 +312,37 @@ fn fingerprint(args: &TrainArgs, source: &Path, rows: usize) -> String {
     )
 }
 
-/// Per-step buffers, reused.
+/// One batch on the host: its rows, labels, dense features and keys, with the keys
+/// deduplicated (`uniq`, first-seen order) and `inverse[s * 26 + f]` naming sample s's
+/// field f among them. Reused from step to step.
 #[derive(Default)]
-struct StepBuffers {
+pub struct BatchKeys {
     rows: Vec<u32>,
-    labels: Vec<f32>,
-    dense: Vec<f32>,
+    /// Labels (0/1), one per sample.
+    pub labels: Vec<f32>,
+    /// Dense features, 13 per sample.
+    pub dense: Vec<f32>,
     keys: Vec<u64>,
-    uniq: Vec<u64>,
-    inverse: Vec<u32>,
-    emb: Vec<f32>,
-    x: Vec<f32>,
-    dx: Vec<f32>,
-    key_grads: Vec<f32>,
+    /// The batch's distinct keys.
+    pub uniq: Vec<u64>,
+    /// Per (sample, field): the position of its key in `uniq`.
+    pub inverse: Vec<u32>,
     index: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
 }
 
-impl StepBuffers {
-    /// Loads rows `rows` and builds the MLP input: embeddings of the 26 fields, then the
-    /// 13 dense features. Returns the batch length.
-    fn assemble(&mut self, ds: &Dataset, table: &HostTable, dim: usize) -> anyhow::Result<usize> {
+impl BatchKeys {
+    /// Samples in the batch.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    /// True for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Reads rows `self.rows` of `ds` and deduplicates their keys.
+    fn load(&mut self, ds: &Dataset) -> anyhow::Result<usize> {
         ds.fill_batch(&self.rows, &mut self.labels, &mut self.dense, &mut self.keys)?;
-        let b = self.rows.len();
         self.uniq.clear();
         self.index.clear();
         self.inverse.clear();
@@ -372,28 +354,7 @@ impl StepBuffers {
             }
             self.inverse.push(i);
         }
-        self.emb.resize(self.uniq.len() * dim, 0.0);
-        table.lookup(&self.uniq, &mut self.emb)?;
-        let input = NUM_SPARSE * dim + NUM_DENSE;
-        self.x.resize(b * input, 0.0);
-        let (emb, inverse, dense) = (&self.emb, &self.inverse, &self.dense);
-        let fill = |(s, row): (usize, &mut [f32])| {
-            input::fill_row(row, emb, &inverse[s * NUM_SPARSE..(s + 1) * NUM_SPARSE], &dense[s * NUM_DENSE..(s + 1) * NUM_DENSE], dim);
-        };
-        if b >= 256 && rayon::current_num_threads() > 1 {
-            use rayon::prelude::*;
-            self.x[..b * input].par_chunks_mut(input).enumerate().with_min_len(64).for_each(fill);
-        } else {
-            self.x[..b * input].chunks_mut(input).enumerate().for_each(fill);
-        }
-        self.dx.resize(b * input, 0.0);
-        Ok(b)
-    }
-
-    /// Sums the input gradient of each field's slot into its key's row, in sample order.
-    fn scatter_key_grads(&mut self, b: usize, dim: usize) {
-        self.key_grads.resize(self.uniq.len() * dim, 0.0);
-        input::scatter_key_grads(&self.dx, &self.inverse, b, NUM_SPARSE, dim, NUM_SPARSE * dim + NUM_DENSE, &mut self.key_grads);
+        Ok(self.rows.len())
     }
 }
 
@@ -437,7 +398,6 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     let backend = backend_of(topo, args.backend);
     let mut coll = comm::build(backend, topo)?;
     let engine_config = EngineConfig { backend: Some(backend), tag: "train".into(), ..EngineConfig::from_env()? };
-    let engine = Engine::start(topo, &engine_config)?;
     let fp = fingerprint(args, &source, ds.len());
 
     // Resume: rank 0 reads the checkpoint and every rank gets its contents.
@@ -459,16 +419,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         } else {
             Ok(DenseCheckpoint::new(0, 0, 0, String::new(), &[], &opt))
         };
-        let ck = match loaded {
-            Ok(ck) => {
-                agree_ok(topo, Ok(()))?;
-                ck
-            }
-            Err(e) => {
-                agree_ok(topo, Err(e))?;
-                unreachable!()
-            }
-        };
+        let ck = topo.agree(loaded)?;
         let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.optim_step as i64];
         coll.broadcast(&mut head, 0)?;
         start = (head[0] as u64, head[1] as u64, head[2] as u64);
@@ -501,6 +452,17 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     .with_context(|| "opening the host-shared embedding table")?;
     let mut exch = SparseExchanger::new(topo, args.sparse_exchange, args.sparse_normalize, dim)?;
 
+    // The dense model on this rank's device (every rank agrees before NCCL starts).
+    let placement = topo.agree(dense::place(args.device, topo).map_err(|e| format!("rank {}: {e:#}", topo.rank)))?;
+    let resumed = args.resume.then(|| (mlp.params().to_vec(), opt.clone()));
+    let mut model = dense::build(placement, topo, mlp, opt, &engine_config, dim)?;
+    if let Some((p, o)) = &resumed {
+        model.restore(p, o)?;
+    }
+    if root && placement != Placement::Cpu {
+        eprintln!("ringrec: dense model on {}", model.describe());
+    }
+
     let n_train = train_range.len();
     let steps_per_epoch = shard::steps_per_epoch(n_train, args.batch) as u64;
     let total_steps = (args.epochs * steps_per_epoch).min(args.max_steps.unwrap_or(u64::MAX));
@@ -513,17 +475,35 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         pb
     });
 
-    let mut buf = StepBuffers::default();
-    let mut grad = vec![0f32; nparams];
+    let mut buf = BatchKeys::default();
     let mut losses = Vec::new();
-    let mut epoch_loss = (0f64, 0u64);
+    let mut epoch_loss = (0f64, 0u64, start.1);
     let mut mlp_time = 0f64;
     let mut local_samples = 0u64;
     let (mut intra, mut cross) = (0f64, 0f64);
     let (mut step, mut epoch, mut in_epoch) = start;
     let mut order: Option<(u64, Vec<u32>)> = None;
+    // The step whose loss is still to be read (global length, epoch): read after the next
+    // batch is staged, so on a device the staging overlaps the step's tail.
+    let mut unread: Option<(usize, u64)> = None;
     topo.world.comm.barrier();
     let t0 = Instant::now();
+    let mut record = |loss_sum: f64, (global_len, ep): (usize, u64), step_now: u64, steps_run: u64| {
+        let loss = loss_sum / global_len as f64;
+        if epoch_loss.2 != ep {
+            epoch_loss = (0.0, 0, ep);
+        }
+        epoch_loss.0 += loss;
+        epoch_loss.1 += 1;
+        if args.record_losses {
+            losses.push(loss);
+        }
+        if let Some(pb) = &bar {
+            let rate = steps_run as f64 * args.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            pb.set_message(format!("epoch {ep} loss {loss:.4} {rate:.0} samples/s"));
+            pb.set_position(step_now);
+        }
+    };
     let mut steps_run = 0u64;
     let mut phases = std::collections::BTreeMap::new();
     let fault = fault_injection()?;
@@ -535,7 +515,6 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         if in_epoch >= steps_per_epoch {
             epoch += 1;
             in_epoch = 0;
-            epoch_loss = (0.0, 0);
         }
         if order.as_ref().map(|o| o.0) != Some(epoch) {
             order = Some((epoch, shard::epoch_order(n_train, epoch, args.shuffle.then_some(args.seed))?));
@@ -548,27 +527,23 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         buf.rows.extend(ord[mine].iter().map(|p| train_range.start as u32 + p));
 
         let tb = Instant::now();
-        let b = buf.assemble(&ds, &table, dim)?;
+        let b = buf.load(&ds)?;
+        model.stage(&buf, &table)?;
+        if let Some(u) = unread.take() {
+            record(model.loss_sum()?, u, step, steps_run);
+        }
         let tm = Instant::now();
-        let mut dense: Vec<(usize, Handle)> = Vec::with_capacity(mlp.num_layers() + 1);
-        let loss_sum = mlp.forward_backward_with(&buf.x, &buf.labels, b, 1.0 / global_len as f32, &mut grad[..nparams], &mut buf.dx, &mut |l, g| {
-            dense.push((l, engine.allreduce_async(&format!("dense.layer{l}"), Tensor::from_slice(g), ReduceOp::Sum)));
-        });
-        let loss_handle = engine.allreduce_async("dense.loss", Tensor::from_vec(vec![loss_sum as f32]), ReduceOp::Sum);
+        model.step(&buf, 1.0 / global_len as f32)?;
         let ts = Instant::now();
         mlp_time += (ts - tm).as_secs_f64();
         local_samples += b as u64;
-        buf.scatter_key_grads(b, dim);
+        let key_grads = model.key_grads(&buf)?;
         let ta = Instant::now();
-        let (_, st) = exch.exchange_and_apply(topo, &mut table, &buf.uniq, &buf.key_grads, args.sparse_lr)?;
+        let (_, st) = exch.exchange_and_apply(topo, &mut table, &buf.uniq, key_grads, args.sparse_lr)?;
         let tw = Instant::now();
-        for (l, h) in dense {
-            let t = h.wait()?;
-            grad[mlp.layer_range(l)].copy_from_slice(t.as_slice::<f32>().ok_or_else(|| anyhow!("dense gradient came back as {}", t.dtype()))?);
-        }
-        let loss = loss_handle.wait()?.as_slice::<f32>().map_or(f32::NAN, |v| v[0]) as f64 / global_len as f64;
+        model.wait_reduced()?;
         let to = Instant::now();
-        opt.step(mlp.params_mut(), &grad[..nparams]);
+        model.apply()?;
         let te = Instant::now();
         for (name, d) in [("batch", tm - tb), ("mlp", ts - tm), ("scatter", ta - ts), ("sparse", tw - ta), ("allreduce", to - tw), ("optimizer", te - to)] {
             *phases.entry(name.to_string()).or_insert(0.0) += d.as_secs_f64();
@@ -579,21 +554,16 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         step += 1;
         in_epoch += 1;
         steps_run += 1;
-        epoch_loss.0 += loss;
-        epoch_loss.1 += 1;
-        if args.record_losses {
-            losses.push(loss);
-        }
-        if let Some(pb) = &bar {
-            let rate = steps_run as f64 * args.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-            pb.set_message(format!("epoch {epoch} loss {loss:.4} {rate:.0} samples/s"));
-            pb.set_position(step);
-        }
+        unread = Some((global_len, epoch));
         if let Some(dir) = &args.checkpoint_dir {
             if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) || step == total_steps {
-                save_checkpoint(topo, dir, &table, DenseCheckpoint::new(step, epoch, in_epoch, fp.clone(), mlp.params(), &opt))?;
+                let ck = if topo.rank == 0 { DenseCheckpoint::new(step, epoch, in_epoch, fp.clone(), &model.params()?, &model.optim_state()?) } else { DenseCheckpoint::new(0, 0, 0, String::new(), &[], &DenseOptimState::new(args.dense_optimizer, args.lr, 0)) };
+                save_checkpoint(topo, dir, &table, ck)?;
             }
         }
+    }
+    if let Some(u) = unread.take() {
+        record(model.loss_sum()?, u, step, steps_run);
     }
     topo.world.comm.barrier();
     let train_seconds = t0.elapsed().as_secs_f64();
@@ -612,7 +582,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
     let (test_logloss, test_auc) = if args.no_eval || test_range.is_empty() {
         (None, None)
     } else {
-        let (l, a) = evaluate(topo, coll.as_mut(), &ds, &table, &mut mlp, test_range.clone(), args.batch, dim)?;
+        let (l, a) = evaluate(topo, coll.as_mut(), &ds, &table, model.as_mut(), test_range.clone(), args.batch)?;
         (l, a)
     };
     let peak = {
@@ -626,6 +596,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         hosts: topo.num_hosts,
         threads_per_rank: threads,
         backend: coll.name().to_string(),
+        device: model.describe(),
         sparse_exchange: args.sparse_exchange.name().to_string(),
         sparse_normalize: args.sparse_normalize.name().to_string(),
         train_rows: n_train,
@@ -639,11 +610,11 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         test_logloss,
         test_auc,
         peak_rss_mib: peak,
-        mlp_gflops: if mlp_time > 0.0 { shape.flops_per_sample() * local_samples as f64 / mlp_time / 1e9 } else { 0.0 },
+        mlp_gflops: if mlp_time > 0.0 && placement == Placement::Cpu { shape.flops_per_sample() * local_samples as f64 / mlp_time / 1e9 } else { 0.0 },
         table_rows: table.table().live_rows(),
         sparse_bytes_intra_host_per_step: intra / steps_run.max(1) as f64,
         sparse_bytes_cross_host_per_step: cross / steps_run.max(1) as f64,
-        params_fnv: fnv_hex(bytemuck::cast_slice(mlp.params())),
+        params_fnv: fnv_hex(bytemuck::cast_slice(&model.params()?)),
         phase_seconds: phases,
         losses,
     };
@@ -697,25 +668,25 @@ fn save_checkpoint(topo: &Topology, dir: &Path, table: &HostTable, ck: DenseChec
     } else {
         Ok(())
     };
-    agree_ok(topo, mine)
+    Ok(topo.agree(mine)?)
 }
 
 /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0 and
 /// computes the exact global log loss and AUC there.
 #[allow(clippy::too_many_arguments)]
-fn evaluate(topo: &Topology, coll: &mut dyn Collectives, ds: &Dataset, table: &HostTable, mlp: &mut Mlp, test: std::ops::Range<usize>, batch: usize, dim: usize) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+fn evaluate(topo: &Topology, coll: &mut dyn Collectives, ds: &Dataset, table: &HostTable, model: &mut dyn DenseModel, test: std::ops::Range<usize>, batch: usize) -> anyhow::Result<(Option<f64>, Option<f64>)> {
     let mine = shard::rank_slice(test, topo.rank, topo.size);
     let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());
-    let mut buf = StepBuffers::default();
+    let mut buf = BatchKeys::default();
     let mut logits = Vec::new();
     let mut at = mine.start;
     while at < mine.end {
         let end = (at + batch).min(mine.end);
         buf.rows.clear();
         buf.rows.extend((at..end).map(|r| r as u32));
-        let b = buf.assemble(ds, table, dim)?;
-        logits.resize(b, 0.0);
-        mlp.forward(&buf.x, b, &mut logits);
+        buf.load(ds)?;
+        model.stage(&buf, table)?;
+        model.predict(&buf, &mut logits)?;
         for (z, y) in logits.iter().zip(&buf.labels) {
             pairs.push(sigmoid(*z));
             pairs.push(*y);

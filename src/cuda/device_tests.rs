@@ -395,3 +395,14 @@ fn gpu_bad_launches_are_refused() {
         bad_launches_are_refused(|| CudaDevice::new(0).unwrap());
     }
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_a_kernel_that_does_not_compile_reports_nvrtcs_log() {
+    if gpu().is_none() {
+        return;
+    }
+    let e = super::kernels::compile_source("broken", "extern \"C\" __global__ void f(float* x) { x[0] = undefined_name; }", "--gpu-architecture=compute_70").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("NVRTC could not compile kernels/broken.cu") && msg.contains("undefined_name"), "{msg}");
+}

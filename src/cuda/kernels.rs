@@ -120,7 +120,7 @@ pub fn device_source(name: &str) -> Option<String> {
 }
 
 #[cfg(feature = "cuda")]
-pub use loaded::Kernels;
+pub use loaded::{compile as compile_source, Kernels};
 
 #[cfg(feature = "cuda")]
 mod loaded {

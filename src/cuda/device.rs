@@ -247,3 +247,18 @@ pub trait DeviceReducer<D: Device> {
     /// Waits for everything queued (with a deadline where a peer could hang it).
     fn wait(&mut self) -> DeviceResult<()>;
 }
+
+/// The [`DeviceReducer`] of a world of one rank: nothing to reduce, no NCCL needed.
+pub struct SingleRank;
+
+impl<D: Device> DeviceReducer<D> for SingleRank {
+    fn allreduce_sum(&mut self, _dev: &D, _buf: &mut D::F32) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn allreduce_half_sum(&mut self, _dev: &D, _buf: &mut D::U16, _bf16: bool) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn wait(&mut self) -> DeviceResult<()> {
+        Ok(())
+    }
+}

@@ -15,7 +15,7 @@ use anyhow::{anyhow, bail, Context};
 
 use super::BatchKeys;
 use crate::comm::{self, Backend};
-use crate::cuda::device::DeviceReducer;
+use crate::cuda::device::{DeviceReducer, SingleRank};
 use crate::cuda::host::HostReducer;
 use crate::cuda::{CudaDevice, Device, DeviceChoice, DeviceMlp, HostDevice, NcclComm};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
@@ -294,6 +294,11 @@ pub fn build(placement: Placement, topo: &Topology, mlp: Mlp, opt: DenseOptimSta
         Placement::Gpu(ordinal) => {
             // Every rank has its GPU before any waits in NCCL's start-up.
             let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
+            if topo.size == 1 {
+                // One rank: nothing to reduce, so no NCCL (nor libnccl) needed.
+                let m = DeviceMlp::new(dev, &shape, layout, mlp.params(), opt.kind, opt.lr)?;
+                return Ok(Box::new(DeviceDense::new(m, SingleRank, compression)?));
+            }
             let nccl = NcclComm::new(topo, &dev).with_context(|| format!("rank {} joining the NCCL communicator", topo.rank))?;
             let m = DeviceMlp::new(dev, &shape, layout, mlp.params(), opt.kind, opt.lr)?;
             Box::new(DeviceDense::new(m, nccl, compression)?)

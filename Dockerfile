@@ -2,7 +2,7 @@
 #   docker build -t ringrec .
 #   docker run --gpus all --rm ringrec info
 #   docker run --gpus all --rm --shm-size=8g --entrypoint mpirun ringrec \
-#       --allow-run-as-root -np 4 ringrec demo
+#       --allow-run-as-root -np 4 ringrec train --device cuda
 # The build runs the test suite that needs no GPU, like CI does (scripts/test.sh).
 ARG CUDA_VERSION=12.8.1
 ARG UBUNTU=ubuntu24.04

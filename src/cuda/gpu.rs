@@ -158,7 +158,9 @@ mod imp {
             self.pinned(n, dir)
         }
         fn staging_u32(&self, n: usize) -> DeviceResult<PinnedHostSlice<u32>> {
-            self.pinned(n, Direction::ToDevice)
+            // Not write-combined: the host reads the index lists back (DeviceMlp builds the
+            // per-key CSR lists from `inverse` in place).
+            self.pinned(n, Direction::FromDevice)
         }
         fn host_f32<'a>(&self, h: &'a mut PinnedHostSlice<f32>) -> DeviceResult<&'a mut [f32]> {
             h.as_mut_slice().map_err(call("waiting for a copy"))

@@ -70,7 +70,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", topo.describe());
             println!("job id {}", topo.job_id);
             match ringrec::cuda::probe() {
-                Ok(i) => println!("cuda: {} device(s)", i.devices),
+                Ok(i) => match ringrec::cuda::resolve(ringrec::cuda::DeviceChoice::Cuda, topo.machine_local_rank, topo.machine_local_size, topo.size) {
+                    Ok(Some(g)) => println!("cuda: {} device(s); this rank would train on GPU {g}", i.devices),
+                    Ok(None) => println!("cuda: {} device(s)", i.devices),
+                    Err(e) => println!("cuda: {} device(s), but: {e}", i.devices),
+                },
                 Err(e) => println!("cuda: unavailable: {e}"),
             }
             Ok(())

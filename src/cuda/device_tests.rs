@@ -3,7 +3,7 @@
 //! [`CudaDevice`] (a real GPU: skipped with a printed reason where there is none).
 //! Each kernel and the whole dense model are compared with the CPU implementation.
 
-use super::device::{Device, Direction};
+use super::device::Device;
 use super::mlp::DeviceMlp;
 use super::{CudaDevice, HostDevice};
 use crate::model::input::{fill_row, scatter_key_grads, InputLayout};
@@ -334,7 +334,6 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     assert!(m.step(0.5, &mut |_, _, _| Ok(())).unwrap_err().to_string().contains("no batch was staged"));
     let e = DeviceMlp::new(make(), &shape, LAYOUT, &init.params()[1..], DenseOptimizer::Sgd, 0.1).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
-    let _ = Direction::FromDevice;
 }
 
 #[test]

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use super::board::{Area, HostBoard};
 use super::error::{SparseError, SparseResult};
-use super::list::{self, decode, decode_into, encode_error, view, Decoded, Deduper, KeyRange, ListRef, Piece, SparseList, Viewed};
+use super::dedupe::Deduper;
+use super::list::{self, decode, decode_into, encode_error, view, Decoded, KeyRange, ListRef, Piece, SparseList, Viewed};
 use super::merge::{merge_into, merge_to_wire, merge_views_into, merged_len, Finish};
 use super::{SparseExchange, SparseNormalize};
 use crate::comm::mpi_backend::MpiCollectives;
@@ -484,7 +485,7 @@ impl SparseExchanger {
                 }
                 (_, Ok(views), Some(board)) => {
                     let n = merged_len(&views);
-                    let len = wire_len(n, dim);
+                    let len = list::encoded_len(n, dim, true);
                     let scratch = &mut b.result;
                     let mut written = Ok(());
                     let r = board.publish(Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
@@ -662,18 +663,13 @@ fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyR
     st.host_bytes_sent = (b.own.len() as u64).saturating_sub(mine) * row_bytes;
     let n = merged_len(&views);
     st.keys_host = n as u64;
-    b.wire_len = wire_len(n, dim);
+    b.wire_len = list::encoded_len(n, dim, true);
     let words = b.wire_len.div_ceil(8);
     if b.wire.len() < words {
         b.wire.resize(words, 0);
     }
     let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut b.wire)[..b.wire_len];
     merge_to_wire(&views, dim, Finish::Sum, n, out, &mut b.result)
-}
-
-/// Serialized length of a list of `n` rows of `dim` values with counts.
-fn wire_len(n: usize, dim: usize) -> usize {
-    list::HEADER_LEN + n * (12 + 4 * dim)
 }
 
 /// Key range `l` of every host's list in host order, read in place from `piece_of(h)`

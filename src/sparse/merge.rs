@@ -265,7 +265,7 @@ pub fn merged_len(lists: &[ListRef<'_>]) -> usize {
 /// Where the list cannot be written in place (a big-endian machine, `out` not 8-byte
 /// aligned) it is merged into `scratch`, then serialized.
 pub fn merge_to_wire(lists: &[ListRef<'_>], dim: usize, finish: Finish, n: usize, out: &mut [u8], scratch: &mut SparseList) -> SparseResult<()> {
-    if let Some((keys, counts, rows)) = list::wire_sections(out, n, dim)? {
+    if let Some((keys, counts, rows)) = list::wire_sections(out, n, dim, true)? {
         let mut sink = WireSink { keys, counts, rows, dim, at: 0, finish };
         merge_core(lists, &mut sink);
         debug_assert_eq!(sink.at, n, "merged_len disagrees with the merge");

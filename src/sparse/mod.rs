@@ -6,7 +6,7 @@
 //! leader writes it into the host-shared table.
 //!
 //! # Data flow ([`SparseExchange::Hierarchical`], the default)
-//! 1. **Dedupe** on every rank ([`list::Deduper`]): repeated keys of one batch are summed in
+//! 1. **Dedupe** on every rank ([`Deduper`]): repeated keys of one batch are summed in
 //!    the order they appear (so a key counts once per rank), sorted by key.
 //! 2. **Host stage**: every local rank publishes its serialized list ([`list`] describes the
 //!    wire format) on the host's [`board::HostBoard`], a shared segment the other local
@@ -36,14 +36,17 @@
 //! they are bit-identical, and every host holds a byte-identical table.
 
 pub mod board;
+mod dedupe;
 pub mod error;
 pub mod exchange;
 pub mod list;
 pub mod merge;
+mod radix;
 
 pub use error::{DecodeError, SparseError, SparseResult};
 pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};
-pub use list::{dedupe, normalise, Deduper, KeyRange, ListRef, SparseList};
+pub use dedupe::{dedupe, Deduper};
+pub use list::{normalise, KeyRange, ListRef, SparseList};
 pub use merge::{merge, merge_into, merge_views_into, Finish};
 
 /// How sparse gradients travel between ranks.

@@ -120,7 +120,8 @@ pub type AggregatedGrads = SparseList;
 /// Every list the exchange works on, kept from step to step (see [`SparseList::clear`]).
 #[derive(Default)]
 struct Buffers {
-    /// This rank's deduped list.
+    /// This rank's deduped list (`flat`, and `hier` with one rank per host; else it is
+    /// written onto the host board).
     own: SparseList,
     /// Decoded pieces of other ranks or hosts (in `hier` only where a piece cannot be read
     /// in place).
@@ -345,14 +346,18 @@ impl SparseExchanger {
                 t.table().dim(),
                 self.dim
             ))),
-            _ => self.deduper.run_into(keys, grads, self.dim, &mut self.b.own),
+            _ => self.deduper.index(keys, grads, self.dim).map(|_| ()),
         };
+        // The list goes into `b.own` now, or, in `hier` with a host board, straight onto the
+        // board once its place there is ready.
+        let on_board = self.hier.as_ref().is_some_and(|h| h.board.is_some());
+        let own = if on_board { own } else { own.and_then(|()| self.deduper.write_list(grads, &mut self.b.own)) };
         if own.is_ok() {
-            st.keys_unique = self.b.own.len() as u64;
+            st.keys_unique = self.deduper.len() as u64;
         }
         st.dedupe_s = t0.elapsed().as_secs_f64();
         let out = match self.mode {
-            SparseExchange::Hierarchical => self.hierarchical(own, table, &mut st),
+            SparseExchange::Hierarchical => self.hierarchical(own, grads, table, &mut st),
             SparseExchange::Flat => self.flat(own, table, &mut st),
         };
         st.total_s = t0.elapsed().as_secs_f64();
@@ -415,7 +420,7 @@ impl SparseExchanger {
         }))
     }
 
-    fn hierarchical(&mut self, own: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
+    fn hierarchical(&mut self, own: SparseResult<()>, grads: &[f32], table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
         let Some(hier) = self.hier.as_mut() else {
             return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
         };
@@ -423,13 +428,27 @@ impl SparseExchanger {
         let owns_range = l < hier.ranges;
         let ranks = &self.host_ranks[self.host_id];
         let b = &mut self.b;
-        // 1. Host stage: every local rank publishes its list; rank l merges key range l of
-        //    all of them (local-rank order), serialized with counts, into `b.wire`.
+        // 1. Host stage: every local rank writes its list onto the board (the dedupe's second
+        //    pass); rank l merges key range l of all of them (local-rank order), serialized
+        //    with counts, into `b.wire`.
         let mut host_ok = own;
         if let Some(board) = &mut hier.board {
             let t = Instant::now();
-            host_ok = publish(board, self.rank, dim, host_ok, b.own.view(), Area::Own);
-            st.host_s += t.elapsed().as_secs_f64();
+            let mut written = (Ok(()), 0.0);
+            host_ok = match host_ok {
+                Ok(()) => {
+                    let deduper = &mut self.deduper;
+                    board
+                        .publish(Area::Own, deduper.encoded_len(), |dst| {
+                            let t = Instant::now();
+                            written = (deduper.encode_to(grads, dst), t.elapsed().as_secs_f64());
+                        })
+                        .and(written.0)
+                }
+                Err(e) => publish_error(board, self.rank, dim, e, Area::Own),
+            };
+            st.dedupe_s += written.1;
+            st.host_s += t.elapsed().as_secs_f64() - written.1;
         }
         if owns_range {
             let t = Instant::now();
@@ -479,7 +498,7 @@ impl SparseExchanger {
                 (_, Err(e), Some(board)) => {
                     st.merge_s += t.elapsed().as_secs_f64();
                     let t = Instant::now();
-                    let r = publish(board, self.rank, dim, Err(e), b.result.view(), Area::Range);
+                    let r = publish_error(board, self.rank, dim, e, Area::Range);
                     st.host_s += t.elapsed().as_secs_f64();
                     return self.end_hier(r, table, st);
                 }
@@ -504,10 +523,9 @@ impl SparseExchanger {
             None => global,
             Some(board) => {
                 let t = Instant::now();
-                let published = if l == 0 || global.is_ok() {
-                    board.publish(Area::Range, 0, |_| {}).and(global)
-                } else {
-                    publish(board, self.rank, dim, global, b.result.view(), Area::Range)
+                let published = match global {
+                    Err(e) if l != 0 => publish_error(board, self.rank, dim, e, Area::Range),
+                    _ => board.publish(Area::Range, 0, |_| {}).and(global),
                 };
                 st.host_s += t.elapsed().as_secs_f64();
                 if l == 0 {
@@ -624,43 +642,37 @@ fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scra
     }
 }
 
-/// Publishes `list` in this rank's `area` of the host board (a rank's own list without
-/// counts, a key range of the result with them) or, when `r` is an error (or the list cannot
-/// be serialized), the error piece that replaces it. Returns `r`, or the failure to publish.
-fn publish(board: &mut HostBoard, me: usize, dim: usize, r: SparseResult<()>, list: ListRef<'_>, area: Area) -> SparseResult<()> {
-    let with_counts = area == Area::Range;
-    match r.and_then(|()| list.check_encodable()) {
-        Ok(()) => board.publish(area, list.encoded_len(with_counts), |dst| {
-            let written = list.encode_to(with_counts, dst);
-            debug_assert!(written.is_ok(), "{written:?}");
-        }),
-        Err(e) => {
-            let mut piece = Vec::new();
-            let (origin, message) = e.origin(me);
-            encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
-            board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
-            Err(e)
-        }
-    }
+/// Publishes the error piece that replaces this rank's piece in `area` of the host board;
+/// returns `e` (or the failure to publish).
+fn publish_error(board: &mut HostBoard, me: usize, dim: usize, e: SparseError, area: Area) -> SparseResult<()> {
+    let mut piece = Vec::new();
+    let (origin, message) = e.origin(me);
+    encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
+    board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
+    Err(e)
 }
 
 /// Rank `l` of the host: merges key range `range` of the host's lists (`ranks`, in
-/// local-rank order; this rank's own from `b.own`, the others read in place from the board)
+/// local-rank order, read in place from the board; without one, this rank's own in `b.own`)
 /// into `b.wire`, serialized with counts.
 fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyRange, dim: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
     at_least(&mut b.pieces, ranks.len());
     let mut views = Vec::with_capacity(ranks.len());
+    let mut own_rows = 0;
     for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()) {
         let v = match board {
-            Some(board) if q != l => view_piece(board.piece(q, Area::Own), dim, *r, 1, scratch)?,
-            _ => b.own.view(),
+            Some(board) => view_piece(board.piece(q, Area::Own), dim, *r, 1, scratch)?,
+            None => b.own.view(),
         };
+        if q == l {
+            own_rows = v.len();
+        }
         views.push(v.within(range));
     }
     let row_bytes = (8 + 4 * dim) as u64;
     let mine = views[l].len() as u64;
     st.host_bytes_received = views.iter().map(|v| v.len() as u64).sum::<u64>().saturating_sub(mine) * row_bytes;
-    st.host_bytes_sent = (b.own.len() as u64).saturating_sub(mine) * row_bytes;
+    st.host_bytes_sent = (own_rows as u64).saturating_sub(mine) * row_bytes;
     let n = merged_len(&views);
     st.keys_host = n as u64;
     b.wire_len = list::encoded_len(n, dim, true);

@@ -8,9 +8,9 @@
 //! # Data flow ([`SparseExchange::Hierarchical`], the default)
 //! 1. **Dedupe** on every rank ([`Deduper`]): repeated keys of one batch are summed in
 //!    the order they appear (so a key counts once per rank), sorted by key.
-//! 2. **Host stage**: every local rank publishes its serialized list ([`list`] describes the
-//!    wire format) on the host's [`board::HostBoard`], a shared segment the other local
-//!    ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
+//! 2. **Host stage**: every local rank writes its list, serialized ([`list`] describes the
+//!    wire format), straight onto the host's [`board::HostBoard`] (the dedupe's second pass
+//!    writes it there), a shared segment the other local ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
 //!    R = the smallest number of ranks of a host); local rank l < R merges range l of all
 //!    the host's lists into its host list with a per-key count of contributing ranks, so
 //!    every rank of the host merges, not only the leader.

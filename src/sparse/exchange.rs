@@ -12,11 +12,11 @@ use mpi::datatype::PartitionMut;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use serde::Serialize;
 
-use super::board::{Area, HostBoard};
+use super::board::{Area, HostBoard, Part};
 use super::error::{SparseError, SparseResult};
 use super::dedupe::Deduper;
 use super::list::{self, decode, decode_into, encode_error, view, Decoded, KeyRange, ListRef, Piece, SparseList, Viewed};
-use super::merge::{merge_into, merge_to_wire, merge_views_into, merged_len, Finish};
+use super::merge::{merge_into, merge_to_sections, merge_to_wire, merge_views_into, merged_len, Finish};
 use super::{SparseExchange, SparseNormalize};
 use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::shm::ShmCollectives;
@@ -114,8 +114,9 @@ impl std::fmt::Display for SparseStats {
 }
 
 /// The final sparse gradient of a step: distinct keys in increasing order, one normalised
-/// row each, and in `counts` the number of ranks whose batch held each key.
-pub type AggregatedGrads = SparseList;
+/// row each, and in `counts` the number of ranks whose batch held each key (always
+/// present). Borrowed from the exchanger (in `hier` it lies in the host's shared segment).
+pub type AggregatedGrads<'a> = ListRef<'a>;
 
 /// Every list the exchange works on, kept from step to step (see [`SparseList::clear`]).
 #[derive(Default)]
@@ -128,9 +129,11 @@ struct Buffers {
     pieces: Vec<SparseList>,
     /// Flat mode: every host's list.
     hosts: Vec<SparseList>,
-    /// The final, normalised list (`hier`: of this rank's key range, then, on the leader,
-    /// all of it).
+    /// The final, normalised list (`flat`; `hier` with one rank per host, or where the
+    /// host's result list on the board cannot be read in place).
     result: SparseList,
+    /// `hier`: the leader's result is the host's result list on the board.
+    result_on_board: bool,
     /// What this rank sends.
     send: Vec<u8>,
     /// `hier`: this rank's key range of its host's list, serialized with counts (8-byte
@@ -313,17 +316,17 @@ impl SparseExchanger {
     /// `grads`. Collective over all ranks. Returns the final gradients (sorted by key,
     /// normalised) on host leaders — in `flat` mode on every rank, as each computes them —
     /// and `None` on the other ranks, plus this step's counters. The gradients live in the
-    /// exchanger until the next step (its buffers are reused).
-    pub fn exchange(&mut self, keys: &[u64], grads: &[f32]) -> SparseResult<(Option<&AggregatedGrads>, SparseStats)> {
+    /// exchanger (in `hier`, in the host's shared segment) until the next step.
+    pub fn exchange(&mut self, keys: &[u64], grads: &[f32]) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let (has, st) = self.step(keys, grads, None)?;
-        Ok((has.then_some(&self.b.result), st))
+        Ok((has.then(|| self.result()), st))
     }
 
     /// [`SparseExchanger::exchange`], then the leader applies the result to its host's
     /// table (optimizer step with `lr`) and every local rank passes the host barrier
     /// ([`HostTable::sync`]), so the next lookup sees the update. Every host applies the same
     /// list in the same order: the tables stay byte-identical.
-    pub fn exchange_and_apply(&mut self, topo: &Topology, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<&AggregatedGrads>, SparseStats)> {
+    pub fn exchange_and_apply(&mut self, topo: &Topology, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let (has, mut st) = self.step(keys, grads, Some((&mut *table, lr)))?;
         let t = Instant::now();
         table.sync(topo)?;
@@ -332,14 +335,26 @@ impl SparseExchanger {
         st.total_s += dt;
         self.totals.apply_s += dt;
         self.totals.total_s += dt;
-        Ok((has.then_some(&self.b.result), st))
+        Ok((has.then(|| self.result()), st))
     }
 
-    /// Runs one step; `Ok(true)` when this rank holds the result in `self.b.result`.
+    /// The result of the last step (on a rank that holds one): in `b.result`, or, on a `hier`
+    /// leader, the host's list on the board, which the step checked (and which stays as it
+    /// is until the next step), so reading it again cannot fail.
+    fn result(&self) -> AggregatedGrads<'_> {
+        let on_board = self.hier.as_ref().and_then(|h| h.board.as_ref()).filter(|_| self.b.result_on_board);
+        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.dim)) {
+            Some(l) => l,
+            None => self.b.result.view(),
+        }
+    }
+
+    /// Runs one step; `Ok(true)` when this rank holds the result ([`SparseExchanger::result`]).
     fn step(&mut self, keys: &[u64], grads: &[f32], table: Option<(&mut HostTable, f32)>) -> SparseResult<(bool, SparseStats)> {
         let t0 = Instant::now();
         let mut st = SparseStats { keys_in: keys.len() as u64, ..SparseStats::default() };
         self.b.result.clear(self.dim);
+        self.b.result_on_board = false;
         let own = match &table {
             Some((t, _)) if t.table().dim() != self.dim => Err(SparseError::Invalid(format!(
                 "the host table has rows of dim {} but the exchanger was built for dim {}; build both from the same embedding dim",
@@ -374,13 +389,14 @@ impl SparseExchanger {
     }
 
     /// On a leader given a table, applies the (normalised) `self.b.result`.
-    fn finish(&mut self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
+    fn finish(&self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
         global?;
-        st.keys_global = self.b.result.len() as u64;
+        let result = self.result();
+        st.keys_global = result.len() as u64;
         if let Some((table, lr)) = table {
             if self.local_rank == 0 {
                 let t = Instant::now();
-                table.apply_updates(&self.b.result.keys, &self.b.result.grads, lr)?;
+                table.apply_updates(result.keys, result.grads, lr)?;
                 st.apply_s += t.elapsed().as_secs_f64();
             }
         }
@@ -455,11 +471,10 @@ impl SparseExchanger {
             host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, KeyRange::part(l, hier.ranges), dim, b, st));
             st.merge_s += t.elapsed().as_secs_f64();
         }
-        // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists
-        //    and merge them in host order, normalising each row as it is finished: the leader
-        //    into `b.result`, the others straight into their range area of the board.
-        let global = if !owns_range {
-            host_ok
+        // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists;
+        //    `views` are range l of every host's list, in host order.
+        let views = if !owns_range {
+            host_ok.map(|()| Vec::new())
         } else {
             let gathered = match &host_ok {
                 _ if self.num_hosts == 1 => host_ok,
@@ -482,7 +497,6 @@ impl SparseExchanger {
                     host_ok.and(g)
                 }
             };
-            let t = Instant::now();
             let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
             let received: &[u8] = bytemuck::cast_slice(&b.recv);
             let (spans, cross_of_host, host_id) = (&b.spans, &hier.cross_of_host, self.host_id);
@@ -491,50 +505,60 @@ impl SparseExchanger {
                 Some(span) => Ok(&received[span.clone()]),
                 None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
             };
+            let t = Instant::now();
             let views = gathered.and_then(|()| host_views(&self.host_ranks, l, dim, piece_of, &mut b.pieces));
-            let finish = Finish::normalise(self.normalize, self.world);
-            let out = match (l, views, &mut hier.board) {
-                (0, views, _) => views.map(|v| merge_views_into(&v, dim, finish, &mut b.result)),
-                (_, Err(e), Some(board)) => {
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    let r = publish_error(board, self.rank, dim, e, Area::Range);
-                    st.host_s += t.elapsed().as_secs_f64();
-                    return self.end_hier(r, table, st);
-                }
-                (_, Ok(views), Some(board)) => {
-                    let n = merged_len(&views);
-                    let len = list::encoded_len(n, dim, true);
-                    let scratch = &mut b.result;
-                    let mut written = Ok(());
-                    let r = board.publish(Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
-                    st.host_bytes_sent += len as u64;
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    return self.end_hier(r.and(written), table, st);
-                }
-                (_, _, None) => Err(SparseError::Invalid(format!("local rank {l} of a host without a board"))),
-            };
             st.merge_s += t.elapsed().as_secs_f64();
-            out
+            views
         };
-        // 3. The leader collects the other key ranges after its own; ranks without a range
-        //    publish nothing (or their error).
+        // 3. Each rank merges them in host order, normalising each row as it is finished: with
+        //    one rank per host into `b.result`, else straight into its part of the host's
+        //    result list on the board, where the leader reads it.
+        let finish = Finish::normalise(self.normalize, self.world);
         let global = match &mut hier.board {
-            None => global,
+            None => {
+                let t = Instant::now();
+                let merged = views.map(|v| merge_views_into(&v, dim, finish, &mut b.result));
+                st.merge_s += t.elapsed().as_secs_f64();
+                merged
+            }
             Some(board) => {
                 let t = Instant::now();
-                let published = match global {
-                    Err(e) if l != 0 => publish_error(board, self.rank, dim, e, Area::Range),
-                    _ => board.publish(Area::Range, 0, |_| {}).and(global),
+                let mut piece = Vec::new();
+                let part = match &views {
+                    Ok(v) => Part::Rows(merged_len(v)),
+                    Err(e) => {
+                        let (origin, message) = e.origin(self.rank);
+                        encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
+                        Part::Error(&piece)
+                    }
                 };
-                st.host_s += t.elapsed().as_secs_f64();
-                if l == 0 {
+                let mut merge_s = t.elapsed().as_secs_f64();
+                let published = board.publish_list(part, dim, |sections| {
                     let t = Instant::now();
-                    let collected = published.and_then(|()| collect_ranges(board, ranks, hier.ranges, dim, self.world, b, st));
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    collected
-                } else {
-                    published
+                    if let Ok(v) = &views {
+                        merge_to_sections(v, dim, finish, sections);
+                    }
+                    merge_s += t.elapsed().as_secs_f64();
+                });
+                st.merge_s += merge_s;
+                st.host_s += t.elapsed().as_secs_f64() - merge_s;
+                let own_rows = match part {
+                    Part::Rows(n) => n,
+                    Part::Error(_) => 0,
+                };
+                if l != 0 {
+                    st.host_bytes_sent += (own_rows * (12 + 4 * dim)) as u64;
+                }
+                match (views, published) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    (Ok(_), Ok(_)) if l != 0 => Ok(()),
+                    (Ok(_), Ok(true)) => {
+                        let t = Instant::now();
+                        let r = read_host_list(board, ranks, dim, self.world, own_rows, b, st);
+                        st.merge_s += t.elapsed().as_secs_f64();
+                        r
+                    }
+                    (Ok(_), Ok(false)) => Err(host_error(board, ranks, dim, self.world, &mut b.result)),
                 }
             }
         };
@@ -695,26 +719,29 @@ fn host_views<'a>(host_ranks: &[Vec<usize>], l: usize, dim: usize, piece_of: imp
     Ok(views)
 }
 
-/// Leader: appends the key ranges 1.. of the other local ranks (`ranks`, in local-rank
-/// order) after its own range in `b.result`; ranks without a range publish nothing unless
-/// they failed.
-fn collect_ranges(board: &HostBoard, ranks: &[usize], ranges: usize, dim: usize, world: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
-    at_least(&mut b.pieces, ranks.len());
-    for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()).skip(1) {
+/// Leader: checks the host's result list on the board (every range owner's rows, in
+/// local-rank order: the key ranges in key order; `own_rows` of them its own) and keeps it
+/// there as the step's result.
+fn read_host_list(board: &HostBoard, ranks: &[usize], dim: usize, world: usize, own_rows: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
+    let bytes = board.piece(0, Area::Range);
+    let rows = view_piece(bytes, dim, ranks[0], world as u32, &mut b.result)?.len();
+    b.result_on_board = list::view_checked(bytes, dim).is_some();
+    st.host_bytes_received += rows.saturating_sub(own_rows) as u64 * (12 + 4 * dim) as u64;
+    Ok(())
+}
+
+/// Leader: the error of the first local rank that sent one instead of its part of the host's
+/// list (`scratch` for reading).
+fn host_error(board: &HostBoard, ranks: &[usize], dim: usize, world: usize, scratch: &mut SparseList) -> SparseError {
+    for (q, r) in ranks.iter().enumerate() {
         let bytes = board.piece(q, Area::Range);
-        if q >= ranges && bytes.is_empty() {
-            continue;
-        }
-        let part = view_piece(bytes, dim, *r, world as u32, scratch)?;
-        if let (Some(last), Some(first)) = (b.result.keys.last(), part.keys.first()) {
-            if first <= last {
-                return Err(SparseError::Corrupt { rank: *r, reason: format!("key range {q} starts at key {first}, not after key {last} of the ranges before it") });
+        if !bytes.is_empty() {
+            if let Err(e) = view_piece(bytes, dim, *r, world as u32, scratch) {
+                return e;
             }
         }
-        st.host_bytes_received += bytes.len() as u64;
-        part.append_to(&mut b.result);
     }
-    Ok(())
+    SparseError::Invalid("the host's result list was not written, yet no local rank sent an error".into())
 }
 
 /// Allgatherv of `send` over `comm` into `recv`, reusing its memory, every piece starting

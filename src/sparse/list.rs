@@ -20,6 +20,8 @@
 //! `n` payload bytes follow the header, a u32 world rank where the error happened, then
 //! the UTF-8 message. Receivers turn it into [`SparseError::Peer`].
 
+use std::ops::Range;
+
 use super::error::{DecodeError, SparseError, SparseResult};
 use super::merge::Finish;
 use super::SparseNormalize;
@@ -169,19 +171,8 @@ impl<'a> ListRef<'a> {
         }
         self.encode(with_counts, &mut SliceSink { buf: out, at: 0 })
     }
-    /// Fails when the list cannot be serialized (more than `u32::MAX` rows, or values per
-    /// row).
-    pub fn check_encodable(&self) -> SparseResult<()> {
-        self.header_fields().map(|_| ())
-    }
-    fn header_fields(&self) -> SparseResult<(u32, u32)> {
-        let n = u32::try_from(self.len()).map_err(|_| SparseError::Invalid(format!("{} rows do not fit one sparse list (at most {})", self.len(), u32::MAX)))?;
-        let dim = u32::try_from(self.dim).map_err(|_| SparseError::Invalid(format!("dim {} is too large", self.dim)))?;
-        Ok((n, dim))
-    }
     fn encode(&self, with_counts: bool, out: &mut impl Sink) -> SparseResult<()> {
-        let (n, dim) = self.header_fields()?;
-        put_header(out, if with_counts { FLAG_COUNTS } else { 0 }, dim, n);
+        out.put(&header(self.len(), self.dim, with_counts)?);
         put_le(out, self.keys);
         if with_counts {
             match self.counts {
@@ -239,6 +230,16 @@ impl Sink for SliceSink<'_> {
         self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
         self.at += bytes.len();
     }
+}
+
+/// The header of a list of `n` rows of `dim` values; fails where they do not fit the format
+/// (more than `u32::MAX` rows, or values per row).
+pub(crate) fn header(n: usize, dim: usize, with_counts: bool) -> SparseResult<[u8; HEADER_LEN]> {
+    let n32 = u32::try_from(n).map_err(|_| SparseError::Invalid(format!("{n} rows do not fit one sparse list (at most {})", u32::MAX)))?;
+    let dim32 = u32::try_from(dim).map_err(|_| SparseError::Invalid(format!("dim {dim} is too large")))?;
+    let mut h = [0u8; HEADER_LEN];
+    put_header(&mut SliceSink { buf: &mut h, at: 0 }, if with_counts { FLAG_COUNTS } else { 0 }, dim32, n32);
+    Ok(h)
 }
 
 fn put_header(out: &mut impl Sink, flags: u16, dim: u32, n: u32) {
@@ -373,23 +374,42 @@ pub enum Viewed<'a> {
 /// aligned, the list is read where it lies (validated the same way); otherwise it is
 /// decoded into `scratch` and borrowed from there.
 pub fn view<'a>(bytes: &'a [u8], dim: usize, max_count: u32, scratch: &'a mut SparseList) -> Result<Viewed<'a>, DecodeError> {
+    match in_place_unchecked(bytes, dim)? {
+        Some(Viewed::List(l)) => {
+            check_keys(l.keys)?;
+            if let Some(c) = l.counts {
+                check_counts(c, max_count)?;
+            }
+            Ok(Viewed::List(l))
+        }
+        Some(error) => Ok(error),
+        None => copy_then_view(bytes, dim, max_count, scratch),
+    }
+}
+
+/// A list that [`view`] has read in place and checked before (and nobody has written since),
+/// read in place again without the checks; `None` where [`view`] would not read it in place.
+pub(crate) fn view_checked(bytes: &[u8], dim: usize) -> Option<ListRef<'_>> {
+    match in_place_unchecked(bytes, dim) {
+        Ok(Some(Viewed::List(l))) => Some(l),
+        _ => None,
+    }
+}
+
+/// The piece in `bytes` where it lies, with a valid header and length but its keys and
+/// counts not checked; `None` where it cannot be read in place.
+fn in_place_unchecked(bytes: &[u8], dim: usize) -> Result<Option<Viewed<'_>>, DecodeError> {
     let (keys, counts, rows) = match parse(bytes, dim)? {
-        Parsed::Error { rank, message } => return Ok(Viewed::Error { rank, message }),
+        Parsed::Error { rank, message } => return Ok(Some(Viewed::Error { rank, message })),
         Parsed::List { keys, counts, rows } => (keys, counts, rows),
     };
-    let (Some(keys), Some(grads)) = (in_place::<u64>(keys), in_place::<f32>(rows)) else {
-        return copy_then_view(bytes, dim, max_count, scratch);
-    };
+    let (Some(keys), Some(grads)) = (in_place::<u64>(keys), in_place::<f32>(rows)) else { return Ok(None) };
     let counts = match counts.map(in_place::<u32>) {
-        Some(None) => return copy_then_view(bytes, dim, max_count, scratch),
+        Some(None) => return Ok(None),
         Some(Some(c)) => Some(c),
         None => None,
     };
-    check_keys(keys)?;
-    if let Some(c) = counts {
-        check_counts(c, max_count)?;
-    }
-    Ok(Viewed::List(ListRef { dim, keys, counts, grads }))
+    Ok(Some(Viewed::List(ListRef { dim, keys, counts, grads })))
 }
 
 /// `bytes` as little-endian `T`s where they lie: `None` on a big-endian machine or when
@@ -515,9 +535,19 @@ pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
     }
 }
 
-/// The keys, counts and rows of a serialized list, to be filled in place (counts empty for
-/// a list without them).
-pub(crate) type Sections<'a> = (&'a mut [u64], &'a mut [u32], &'a mut [f32]);
+/// The keys, counts and rows of a serialized list, or of some of its rows, to be filled in
+/// place (counts empty for a list without them).
+pub type Sections<'a> = (&'a mut [u64], &'a mut [u32], &'a mut [f32]);
+
+/// Where rows `rows` of a serialized list of `n` rows of `dim` values lie: the byte ranges
+/// of their keys, counts (empty without counts) and values.
+pub(crate) fn row_spans(n: usize, dim: usize, with_counts: bool, rows: Range<usize>) -> [Range<usize>; 3] {
+    let count_bytes = if with_counts { 4 } else { 0 };
+    let keys = HEADER_LEN;
+    let counts = keys + 8 * n;
+    let values = counts + count_bytes * n;
+    [keys + 8 * rows.start..keys + 8 * rows.end, counts + count_bytes * rows.start..counts + count_bytes * rows.end, values + 4 * dim * rows.start..values + 4 * dim * rows.end]
+}
 
 /// Writes the header of a list of `n` rows of `dim` values, with or without counts, into
 /// `out` (exactly its serialized length) and returns the keys, counts and rows sections to
@@ -528,12 +558,10 @@ pub(crate) fn wire_sections(out: &mut [u8], n: usize, dim: usize, with_counts: b
     if out.len() != want {
         return Err(SparseError::Invalid(format!("{} bytes of room for a list of {want} bytes", out.len())));
     }
-    let n32 = u32::try_from(n).map_err(|_| SparseError::Invalid(format!("{n} rows do not fit one sparse list (at most {})", u32::MAX)))?;
-    let dim32 = u32::try_from(dim).map_err(|_| SparseError::Invalid(format!("dim {dim} is too large")))?;
-    let (header, body) = out.split_at_mut(HEADER_LEN);
-    put_header(&mut SliceSink { buf: header, at: 0 }, if with_counts { FLAG_COUNTS } else { 0 }, dim32, n32);
-    let (keys, rest) = body.split_at_mut(8 * n);
-    let (counts, rows) = rest.split_at_mut(if with_counts { 4 * n } else { 0 });
+    out[..HEADER_LEN].copy_from_slice(&header(n, dim, with_counts)?);
+    let [keys, counts, _] = row_spans(n, dim, with_counts, 0..n);
+    let (keys, rest) = out[keys.start..].split_at_mut(keys.len());
+    let (counts, rows) = rest.split_at_mut(counts.len());
     if cfg!(target_endian = "big") {
         return Ok(None);
     }

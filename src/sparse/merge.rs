@@ -281,14 +281,20 @@ fn distinct_of_two(a: &[u64], b: &[u64]) -> usize {
 /// Where the list cannot be written in place (a big-endian machine, `out` not 8-byte
 /// aligned) it is merged into `scratch`, then serialized.
 pub fn merge_to_wire(lists: &[ListRef<'_>], dim: usize, finish: Finish, n: usize, out: &mut [u8], scratch: &mut SparseList) -> SparseResult<()> {
-    if let Some((keys, counts, rows)) = list::wire_sections(out, n, dim, true)? {
-        let mut sink = WireSink { keys, counts, rows, dim, at: 0, finish };
-        merge_core(lists, &mut sink);
-        debug_assert_eq!(sink.at, n, "merged_len disagrees with the merge");
+    if let Some(sections) = list::wire_sections(out, n, dim, true)? {
+        merge_to_sections(lists, dim, finish, sections);
         return Ok(());
     }
     merge_views_into(lists, dim, finish, scratch);
     scratch.view().encode_to(true, out)
+}
+
+/// Merges `lists` (like [`merge_views_into`]) into the keys, counts and values of exactly the
+/// rows the merge has ([`merged_len`]), laid out like a serialized list's sections.
+pub(crate) fn merge_to_sections(lists: &[ListRef<'_>], dim: usize, finish: Finish, (keys, counts, rows): list::Sections<'_>) {
+    let mut sink = WireSink { keys, counts, rows, dim, at: 0, finish };
+    merge_core(lists, &mut sink);
+    debug_assert_eq!(sink.at, sink.keys.len(), "merged_len disagrees with the merge");
 }
 
 #[cfg(test)]

@@ -18,11 +18,12 @@
 //!    `topo.cross`) allgather their host lists, so each host's rows cross the network once
 //!    instead of once per rank, then merge them in host order into range l of the result,
 //!    normalising each row as it is finished ([`SparseNormalize`], fused into the merge).
-//! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the other local
-//!    ranks write their finished ranges onto the board, the leader appends them after its
-//!    own (the ranges are in key order) and applies the list; every leader applies the same
-//!    list in the same order, then the host barrier ([`crate::embedding::HostTable::sync`])
-//!    publishes the rows to the local ranks.
+//! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the merge in step 3
+//!    writes each range's rows straight into one list on the board
+//!    ([`board::HostBoard::publish_list`]: range l after ranges 0..l, so the list is in key
+//!    order and nobody copies it); the leader reads it in place, returns it and applies it;
+//!    every leader applies the same list in the same order, then the host barrier
+//!    ([`crate::embedding::HostTable::sync`]) publishes the rows to the local ranks.
 //! 5. **Status**: the leader tells its local ranks (through the board) whether the step
 //!    succeeded, so an error anywhere reaches every rank instead of a hang.
 //!

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use mpi::collective::CommunicatorCollectives;
-use mpi::datatype::PartitionMut;
+use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use serde::Serialize;
 
@@ -484,7 +484,7 @@ impl SparseExchanger {
                     let g = allgather_aligned(&hier.cross.comm, sent, &mut b.recv, &mut b.spans);
                     st.cross_s = t.elapsed().as_secs_f64();
                     st.cross_bytes_sent = (sent.len() * (self.num_hosts - 1)) as u64;
-                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>().saturating_sub(sent.len()) as u64;
+                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>() as u64;
                     g
                 }
                 Err(e) => {
@@ -745,32 +745,48 @@ fn host_error(board: &HostBoard, ranks: &[usize], dim: usize, world: usize, scra
 }
 
 /// Allgatherv of `send` over `comm` into `recv`, reusing its memory, every piece starting
-/// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes.
+/// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes (empty for
+/// this rank: its piece stays in `send`). After the lengths, each piece goes straight from
+/// its sender to every other rank (non-blocking sends and receives): the same bytes an MPI
+/// allgatherv moves, without its copy of this rank's own piece into the receive buffer.
 fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>, spans: &mut Vec<std::ops::Range<usize>>) -> SparseResult<()> {
+    let me = comm.rank() as usize;
     let mut lens = vec![0u64; comm.size() as usize];
     let mine = send.len() as u64;
     mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
     spans.clear();
     let mut at = 0usize;
-    for len in &lens {
-        let len = *len as usize;
+    for (r, len) in lens.iter().enumerate() {
+        let len = if r == me { 0 } else { *len as usize };
         spans.push(at..at.saturating_add(len));
         at = at.saturating_add(len.div_ceil(8) * 8);
     }
-    if at > i32::MAX as usize {
+    if at > i32::MAX as usize || send.len() > i32::MAX as usize {
         return Err(SparseError::Invalid(format!("{at} bytes of host lists in one cross-host allgather; MPI takes at most {} (use more hosts or smaller batches)", i32::MAX)));
     }
     let words = at / 8;
     if recv.len() < words {
         recv.resize(words, 0);
     }
-    let counts: Vec<i32> = spans.iter().map(|s| s.len() as i32).collect();
-    let displs: Vec<i32> = spans.iter().map(|s| s.start as i32).collect();
-    // Open MPI reads an empty slice at address 1 as MPI_IN_PLACE; a real address avoids it.
-    let anchor = [0u8; 8];
-    let send = if send.is_empty() { &anchor[..0] } else { send };
-    let mut part = PartitionMut::new(bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]), &counts[..], &displs[..]);
-    mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
+    let mut rest = bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]);
+    let mut slots = Vec::with_capacity(spans.len());
+    let mut end = 0;
+    for span in spans.iter() {
+        let (slot, tail) = std::mem::take(&mut rest)[span.start - end..].split_at_mut(span.len());
+        slots.push(slot);
+        rest = tail;
+        end = span.end;
+    }
+    mpi::request::scope(|scope| {
+        let mut pending = Vec::with_capacity(2 * slots.len());
+        for (r, slot) in slots.into_iter().enumerate().filter(|(r, _)| *r != me) {
+            pending.push(comm.process_at_rank(r as i32).immediate_receive_into(scope, slot));
+        }
+        for r in (0..lens.len()).filter(|r| *r != me) {
+            pending.push(comm.process_at_rank(r as i32).immediate_send(scope, send));
+        }
+        pending.into_iter().for_each(crate::comm::wait_sleeping);
+    });
     Ok(())
 }
 

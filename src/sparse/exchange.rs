@@ -213,15 +213,21 @@ fn describe_config(c: &[u64]) -> String {
     format!("dim {}, exchange {mode}, normalize {norm}", c[0])
 }
 
+/// Replaces `buf` with the error piece of `e` (which happened here, on world rank `me`, or
+/// came from the rank it names), at most `max_len` bytes.
+fn error_piece(me: usize, dim: usize, e: &SparseError, max_len: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    let (origin, message) = e.origin(me);
+    encode_error(origin, dim, &message, max_len, buf);
+}
+
 /// Serializes `list` into `buf`, or, when `r` is an error (or the list is too large to
 /// serialize), the error piece that replaces it. Returns `r` (or the serialization error).
 fn encode_piece(me: usize, dim: usize, r: SparseResult<()>, list: &SparseList, with_counts: bool, buf: &mut Vec<u8>) -> SparseResult<()> {
     buf.clear();
     let r = r.and_then(|()| list.encode_into(with_counts, buf));
     if let Err(e) = &r {
-        buf.clear();
-        let (origin, message) = e.origin(me);
-        encode_error(origin, dim, &message, STATUS_LEN, buf);
+        error_piece(me, dim, e, STATUS_LEN, buf);
     }
     r
 }
@@ -408,9 +414,8 @@ impl SparseExchanger {
     fn host_status(&mut self, leader_err: Option<&SparseError>) -> SparseResult<Option<SparseError>> {
         let mut status = [0u8; STATUS_LEN];
         if let Some(e) = leader_err {
-            let (origin, message) = e.origin(self.rank);
             let mut piece = Vec::new();
-            encode_error(origin, self.dim, &message, STATUS_LEN - 4, &mut piece);
+            error_piece(self.rank, self.dim, e, STATUS_LEN - 4, &mut piece);
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
@@ -488,9 +493,7 @@ impl SparseExchanger {
                     g
                 }
                 Err(e) => {
-                    b.send.clear();
-                    let (origin, message) = e.origin(self.rank);
-                    encode_error(origin, dim, &message, STATUS_LEN, &mut b.send);
+                    error_piece(self.rank, dim, e, STATUS_LEN, &mut b.send);
                     let t = Instant::now();
                     let g = allgather_aligned(&hier.cross.comm, &b.send, &mut b.recv, &mut b.spans);
                     st.cross_s = t.elapsed().as_secs_f64();
@@ -527,8 +530,7 @@ impl SparseExchanger {
                 let part = match &views {
                     Ok(v) => Part::Rows(merged_len(v)),
                     Err(e) => {
-                        let (origin, message) = e.origin(self.rank);
-                        encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
+                        error_piece(self.rank, dim, e, STATUS_LEN, &mut piece);
                         Part::Error(&piece)
                     }
                 };
@@ -670,8 +672,7 @@ fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scra
 /// returns `e` (or the failure to publish).
 fn publish_error(board: &mut HostBoard, me: usize, dim: usize, e: SparseError, area: Area) -> SparseResult<()> {
     let mut piece = Vec::new();
-    let (origin, message) = e.origin(me);
-    encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
+    error_piece(me, dim, &e, STATUS_LEN, &mut piece);
     board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
     Err(e)
 }

@@ -13,7 +13,9 @@ use ringrec::bench::sparse::{key_of, zipf_ids};
 use ringrec::embedding::format::{capacity_for_rows, fnv1a64};
 use ringrec::embedding::init::splitmix64;
 use ringrec::embedding::{HostTable, TableConfig};
-use ringrec::sparse::{AggregatedGrads, SparseError, SparseExchange, SparseExchanger, SparseNormalize};
+use ringrec::sparse::board::{Area, HostBoard, Part};
+use ringrec::sparse::list::{encode_error, view, Viewed};
+use ringrec::sparse::{AggregatedGrads, SparseError, SparseExchange, SparseExchanger, SparseList, SparseNormalize};
 use ringrec::topology::Topology;
 
 const MODES: [SparseExchange; 2] = [SparseExchange::Hierarchical, SparseExchange::Flat];
@@ -21,8 +23,10 @@ const MODES: [SparseExchange; 2] = [SparseExchange::Hierarchical, SparseExchange
 const SMALL_SLOTS: (&str, &str) = ("RINGREC_SHM_CHUNK_BYTES", "4096");
 const TIMEOUT: (&str, &str) = ("RINGREC_COMM_TIMEOUT_SECONDS", "60");
 
-fn under_mpirun() -> bool {
-    std::env::var_os("RINGREC_TEST_WORKER").is_some()
+/// A worker's topology under `mpirun`; `None` when the test runs on its own (it then does
+/// nothing).
+fn worker_topology() -> Option<Topology> {
+    std::env::var_os("RINGREC_TEST_WORKER").map(|_| Topology::init().expect("MPI"))
 }
 
 /// World ranks of every host, in local-rank order.
@@ -41,8 +45,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn same(a: &AggregatedGrads, b: &AggregatedGrads) -> bool {
-    a.keys == b.keys && a.counts == b.counts && bits(&a.grads) == bits(&b.grads)
+fn same(a: AggregatedGrads<'_>, b: AggregatedGrads<'_>) -> bool {
+    a.keys == b.keys && a.counts == b.counts && bits(a.grads) == bits(b.grads)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -70,10 +74,7 @@ fn example_keys(r: usize) -> Vec<u64> {
 #[test]
 #[ignore = "runs under mpirun, launched by the tests below"]
 fn worker_worked_example() {
-    if !under_mpirun() {
-        return;
-    }
-    let topo = Topology::init().expect("MPI");
+    let Some(topo) = worker_topology() else { return };
     assert_eq!(topo.size, 3, "the worked example needs 3 ranks");
     let keys = example_keys(topo.rank);
     let grads: Vec<f32> = keys.iter().flat_map(|k| example_row(topo.rank, *k)).collect();
@@ -86,7 +87,7 @@ fn worker_worked_example() {
                 continue;
             };
             assert_eq!(agg.keys, vec![E, F, G, H, I]);
-            assert_eq!(agg.counts, vec![2, 1, 2, 1, 3], "frequencies e2 f1 g2 h1 i3");
+            assert_eq!(agg.counts, Some(&[2, 1, 2, 1, 3][..]), "frequencies e2 f1 g2 h1 i3");
             let sum = |k: u64, ranks: &[usize]| -> [f32; 2] {
                 let mut s = [0f32; 2];
                 for r in ranks {
@@ -168,7 +169,7 @@ fn random_batch(step: usize, r: usize) -> (Vec<u64>, Vec<f32>) {
 /// The reference, written independently of the library: per key, each rank's occurrences
 /// summed in input order, then the ranks of a host in local-rank order, then the hosts in
 /// host order (first contribution copied, the next ones added), then normalised.
-fn reference(batches: &[(Vec<u64>, Vec<f32>)], hosts: &[Vec<usize>], norm: SparseNormalize, world: usize) -> AggregatedGrads {
+fn reference(batches: &[(Vec<u64>, Vec<f32>)], hosts: &[Vec<usize>], norm: SparseNormalize, world: usize) -> SparseList {
     fn add(into: &mut BTreeMap<u64, (Vec<f32>, u32)>, k: u64, row: &[f32], count: u32) {
         match into.get_mut(&k) {
             Some((acc, c)) => {
@@ -197,7 +198,7 @@ fn reference(batches: &[(Vec<u64>, Vec<f32>)], hosts: &[Vec<usize>], norm: Spars
             add(&mut global, k, &row, c);
         }
     }
-    let mut out = AggregatedGrads { dim: DIM, ..AggregatedGrads::default() };
+    let mut out = SparseList::empty(DIM);
     for (k, (row, c)) in global {
         let d = match norm {
             SparseNormalize::Frequency => c as f32,
@@ -214,10 +215,7 @@ fn reference(batches: &[(Vec<u64>, Vec<f32>)], hosts: &[Vec<usize>], norm: Spars
 #[test]
 #[ignore = "runs under mpirun, launched by the tests below"]
 fn worker_property() {
-    if !under_mpirun() {
-        return;
-    }
-    let topo = Topology::init().expect("MPI");
+    let Some(topo) = worker_topology() else { return };
     let hosts = host_ranks(&topo);
     let ranges = hosts.iter().map(Vec::len).min().unwrap_or(1);
     let mut checked = 0;
@@ -231,7 +229,7 @@ fn worker_property() {
             let (f, fs) = flat.exchange(keys, grads).expect("flat exchange");
             let f = f.expect("flat: every rank holds the result");
             let want = reference(&batches, &hosts, norm, topo.size);
-            assert!(same(f, &want), "flat differs from the reference at step {step} ({norm}) on rank {}", topo.rank);
+            assert!(same(f, want.view()), "flat differs from the reference at step {step} ({norm}) on rank {}", topo.rank);
             match h {
                 Some(h) => {
                     assert!(topo.is_leader(), "hier: only leaders hold the result");
@@ -305,10 +303,7 @@ fn property_3_ranks_as_uneven_hosts() {
 #[test]
 #[ignore = "runs under mpirun, launched by the tests below"]
 fn worker_tables() {
-    if !under_mpirun() {
-        return;
-    }
-    let topo = Topology::init().expect("MPI");
+    let Some(topo) = worker_topology() else { return };
     let dim = 8;
     let lr = 0.05;
     for mode in MODES {
@@ -367,15 +362,84 @@ fn tables_of_two_simulated_hosts_stay_byte_identical_over_50_steps() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The host board's shared list: every local rank writes its rows where they lie.
+
+#[test]
+#[ignore = "runs under mpirun, launched by the tests below"]
+fn worker_board_list() {
+    let Some(topo) = worker_topology() else { return };
+    let (q, dim) = (topo.local_rank, 3);
+    let mut board = HostBoard::new(&topo).expect("board");
+    // Local rank q's part: `rows(q)` rows, key 1,000,000 q + i, count q + 1, values q + i / 4.
+    let part = |q: usize, round: usize| if q == 1 && round == 0 { 0 } else { (q + 1) * (1 + 400 * round) };
+    let expected = |round: usize| {
+        let mut l = SparseList::empty(dim);
+        for p in 0..topo.local_size {
+            for i in 0..part(p, round) {
+                l.keys.push(1_000_000 * p as u64 + i as u64);
+                l.counts.push(p as u32 + 1);
+                l.grads.extend([p as f32 + i as f32 / 4.0; 3]);
+            }
+        }
+        l
+    };
+    let mut scratch = SparseList::default();
+    // Round 0 (a rank with no rows), round 1 (the segment grows), round 2 (an error), round 3.
+    for round in 0..4 {
+        let mut piece = Vec::new();
+        let failing = round == 2 && q == topo.local_size - 1;
+        let r = round.min(2) - usize::from(round == 2);
+        let mine = if failing {
+            encode_error(topo.rank, dim, "no rows this time", 1024, &mut piece);
+            Part::Error(&piece)
+        } else {
+            Part::Rows(part(q, r))
+        };
+        let written = board
+            .publish_list(mine, dim, |(keys, counts, values)| {
+                for (i, ((k, c), row)) in keys.iter_mut().zip(counts.iter_mut()).zip(values.chunks_exact_mut(dim)).enumerate() {
+                    *k = 1_000_000 * q as u64 + i as u64;
+                    *c = q as u32 + 1;
+                    row.fill(q as f32 + i as f32 / 4.0);
+                }
+            })
+            .expect("publish_list");
+        assert_eq!(written, round != 2, "round {round}");
+        if written {
+            // Every local rank reads the whole list in place.
+            let want = expected(r);
+            let Viewed::List(got) = view(board.piece(0, Area::Range), dim, topo.local_size as u32, &mut scratch).expect("a valid list") else {
+                panic!("round {round}: an error piece instead of the list")
+            };
+            assert!(same(got, want.view()), "round {round}: {:?} vs {:?}", got.keys, want.keys);
+        } else {
+            for p in 0..topo.local_size {
+                let bytes = board.piece(p, Area::Range);
+                match view(bytes, dim, 1, &mut scratch) {
+                    Ok(Viewed::Error { rank, message }) if p == topo.local_size - 1 => assert_eq!((rank, message.as_str()), (host_ranks(&topo)[topo.host_id][p], "no rows this time")),
+                    _ if p != topo.local_size - 1 => assert!(bytes.is_empty(), "round {round}: rank {p} sent no error"),
+                    other => panic!("round {round}: {other:?}"),
+                }
+            }
+        }
+        println!("BOARDLIST rank={} round={round} ok", topo.rank);
+    }
+}
+
+#[test]
+fn the_host_list_on_the_board_holds_every_ranks_rows_in_order() {
+    let job = common::run_worker("worker_board_list", 3, &[TIMEOUT], Duration::from_secs(120));
+    job.assert_ok();
+    assert_eq!(job.stdout.matches("BOARDLIST ").count(), 12, "{}", job.all());
+}
+
+// ---------------------------------------------------------------------------------------
 // Errors reach every rank; no hang.
 
 #[test]
 #[ignore = "runs under mpirun, launched by the tests below"]
 fn worker_errors() {
-    if !under_mpirun() {
-        return;
-    }
-    let topo = Topology::init().expect("MPI");
+    let Some(topo) = worker_topology() else { return };
     let bad: usize = std::env::var("RINGREC_TEST_BAD_RANK").ok().and_then(|v| v.parse().ok()).expect("RINGREC_TEST_BAD_RANK");
     let dim = 4;
     let keys = vec![1u64, 2, 2, 3];
@@ -404,7 +468,7 @@ fn worker_errors() {
         let (agg, _) = ex.exchange(&keys, &grads).expect("exchange after errors");
         if let Some(agg) = agg {
             assert_eq!(agg.keys, vec![1, 2, 3]);
-            assert_eq!(agg.counts, vec![topo.size as u32; 3]);
+            assert_eq!(agg.counts, Some(&[topo.size as u32; 3][..]));
             assert_eq!(agg.row(1), &[1.0; 4], "key 2 was twice in every batch: 0.5 + 0.5");
         }
         println!("ERRCASE recovered rank={} mode={mode}", topo.rank);

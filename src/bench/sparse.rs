@@ -221,7 +221,7 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
             let slowest = max_over_ranks(topo, dt);
             if topo.is_leader() {
                 let agg = agg.ok_or_else(|| anyhow::anyhow!("mode {}: a host leader got no result", modes[m]))?;
-                digests.push((fnv(bytemuck::cast_slice(&agg.keys)), fnv(bytemuck::cast_slice(&agg.grads)), fnv(bytemuck::cast_slice(&agg.counts))));
+                digests.push((fnv(bytemuck::cast_slice(agg.keys)), fnv(bytemuck::cast_slice(agg.grads)), fnv(bytemuck::cast_slice(agg.counts.unwrap_or_default()))));
             }
             if step >= args.warmup {
                 let a = &mut acc[m];

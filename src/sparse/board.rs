@@ -1,8 +1,8 @@
 //! [`HostBoard`]: a shared-memory segment where the ranks of one host publish serialized
 //! lists for each other to read where they lie, with no copy into a receive buffer.
 //!
-//! Two segments: a small control block (a barrier, every rank's pid and piece length, the
-//! leader's status) and the data: per local rank two areas of `area_bytes` each
+//! Two segments: a small control block (a barrier, every rank's pid, piece length and rows,
+//! the leader's status) and the data: per local rank two areas of `area_bytes` each
 //! ([`Area::Own`], [`Area::Range`]), rank after rank; a rank writes only its own areas.
 //! [`HostBoard::publish`] is collective over the host:
 //!
@@ -14,7 +14,14 @@
 //! 3. every rank writes its piece into its area, then a barrier: the pieces are readable.
 //!
 //! Segments grow to 5/4 of the largest piece seen and never shrink, so after the first
-//! steps of a job a publish is two barriers and one copy of this rank's piece.
+//! steps of a job a publish is two barriers and one copy of this rank's piece (or none,
+//! where the writer fills its area in place).
+//!
+//! [`HostBoard::publish_list`] is the same collective for one list written by all: every rank
+//! posts how many rows it adds, every rank computes from the same numbers where its rows
+//! lie in one serialized list (in local rank 0's [`Area::Range`]), and writes its keys,
+//! counts and values there; the ranks write disjoint bytes, so the list is whole after the
+//! second barrier without anybody copying it.
 //!
 //! The barrier waits on a futex after a short spin: a waiting rank sleeps instead of
 //! spinning or yielding, so when ranks share cores (more ranks than cores, or a busy
@@ -25,6 +32,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::error::{SparseError, SparseResult};
+use super::list;
 use crate::comm::shm::{pid_alive, timeout_from_env};
 use crate::shm::{segment_path, SharedSegment};
 use crate::topology::{Group, Topology};
@@ -37,6 +45,15 @@ pub enum Area {
     Own = 0,
     /// The rank's part of the step's result (its key range).
     Range = 1,
+}
+
+/// What a local rank puts into the host's list ([`HostBoard::publish_list`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// This many rows, after those of the local ranks before it.
+    Rows(usize),
+    /// An error piece instead of rows.
+    Error(&'a [u8]),
 }
 
 /// Tells apart the segments of one process (every local rank maps them in the same order).
@@ -134,7 +151,8 @@ impl HostBoard {
         unsafe { &*(self.ctrl.as_ptr() as *const Ctrl) }
     }
 
-    /// Word `w` (0: pid, 1: piece length) of local rank `q`'s line.
+    /// Word `w` (0: pid, 1: piece length, 2: rows for the host's list) of local rank `q`'s
+    /// line.
     fn rank_word(&self, q: usize, w: usize) -> &AtomicU64 {
         debug_assert!(q < self.local_size && w < 8);
         // SAFETY: inside the control segment (sized for `local_size` lines), 8-byte aligned,
@@ -244,6 +262,89 @@ impl HostBoard {
             write(dst);
         }
         self.barrier()
+    }
+
+    /// Collective over the host: every local rank puts its part into one list shared by the
+    /// host, serialized with counts in local rank 0's [`Area::Range`]: the rows of local
+    /// rank 0, then those of local rank 1, and so on (so the ranks' parts must follow each
+    /// other in key order). Each rank writes its own rows where they lie in the list:
+    /// `write` gets the keys, counts and values of exactly its rows (it is not called for an
+    /// error or no rows). If any rank sent an error, no list is written and every error piece
+    /// lands in its sender's range area instead.
+    ///
+    /// Returns whether the list was written. Afterwards [`HostBoard::piece`]`(0,
+    /// Area::Range)` reads the whole list (or local rank 0's error piece), and `piece(q,
+    /// Area::Range)` local rank `q`'s error piece (empty if it had none).
+    pub fn publish_list(&mut self, part: Part<'_>, dim: usize, write: impl FnOnce(list::Sections<'_>)) -> SparseResult<bool> {
+        let (rows, error) = match part {
+            Part::Rows(n) => (n, &[][..]),
+            Part::Error(piece) => (0, piece),
+        };
+        self.rank_word(self.local_rank, 1).store(error.len() as u64, Ordering::Release);
+        self.rank_word(self.local_rank, 2).store(rows as u64, Ordering::Release);
+        self.barrier()?;
+        let errors: Vec<usize> = (0..self.local_size).map(|q| self.rank_word(q, 1).load(Ordering::Acquire) as usize).collect();
+        let parts: Vec<usize> = (0..self.local_size).map(|q| self.rank_word(q, 2).load(Ordering::Acquire) as usize).collect();
+        if errors.iter().any(|len| *len > 0) {
+            let most = errors.iter().copied().max().unwrap_or(0);
+            if self.seg.is_none() || most > self.area_bytes {
+                self.grow(most)?;
+            }
+            self.lens[Area::Range as usize] = errors;
+            if let Some(seg) = &self.seg {
+                let off = self.offset(self.local_rank, Area::Range);
+                // SAFETY: as in `publish`: this rank's own area, at least `most` bytes, read by
+                // no peer until the barrier below.
+                let dst = unsafe { std::slice::from_raw_parts_mut(seg.as_ptr().add(off), error.len()) };
+                dst.copy_from_slice(error);
+            }
+            self.barrier()?;
+            return Ok(false);
+        }
+        let total = parts.iter().try_fold(0usize, |a, n| a.checked_add(*n)).unwrap_or(usize::MAX);
+        let header = list::header(total, dim, true)?;
+        let need = list::encoded_len(total, dim, true);
+        if self.seg.is_none() || need > self.area_bytes {
+            self.grow(need)?;
+        }
+        let mut lens = vec![0; self.local_size];
+        lens[0] = need;
+        self.lens[Area::Range as usize] = lens;
+        let first: usize = parts[..self.local_rank].iter().sum();
+        let [keys, counts, values] = list::row_spans(total, dim, true, first..first + rows);
+        if let Some(seg) = &self.seg {
+            let list = seg.as_ptr().wrapping_add(self.offset(0, Area::Range));
+            if self.local_rank == 0 {
+                // SAFETY: the header lies at the start of local rank 0's range area (at least
+                // `need` bytes); only local rank 0 writes it, and no rank reads the area until
+                // the barrier below.
+                unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), list, header.len()) };
+            }
+            if rows > 0 {
+                // SAFETY: the three spans lie inside the list (`row_spans` of `total` rows, the
+                // area holds `need` bytes) and belong to this rank's rows only: every rank
+                // computed the same `total` and offsets from the same posted parts, so no two
+                // ranks write the same bytes, and no rank reads them until the barrier below.
+                // The area is page aligned and the spans start at multiples of 8 (keys) and 4
+                // (counts, values) bytes from it.
+                let sections = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(list.add(keys.start) as *mut u64, rows),
+                        std::slice::from_raw_parts_mut(list.add(counts.start) as *mut u32, rows),
+                        std::slice::from_raw_parts_mut(list.add(values.start) as *mut f32, rows * dim),
+                    )
+                };
+                let (k, c, v) = sections;
+                write((&mut *k, &mut *c, &mut *v));
+                if cfg!(target_endian = "big") {
+                    k.iter_mut().for_each(|x| *x = x.to_le());
+                    c.iter_mut().for_each(|x| *x = x.to_le());
+                    v.iter_mut().for_each(|x| *x = f32::from_bits(x.to_bits().to_le()));
+                }
+            }
+        }
+        self.barrier()?;
+        Ok(true)
     }
 
     /// Maps a segment whose areas hold `need` bytes (collective: every rank calls it with

@@ -8,14 +8,15 @@
 use std::time::Instant;
 
 use mpi::collective::CommunicatorCollectives;
-use mpi::datatype::PartitionMut;
+use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use serde::Serialize;
 
-use super::board::{Area, HostBoard};
+use super::board::{Area, HostBoard, Part};
 use super::error::{SparseError, SparseResult};
-use super::list::{self, decode, decode_into, encode_error, view, Decoded, Deduper, KeyRange, ListRef, Piece, SparseList, Viewed};
-use super::merge::{merge_into, merge_to_wire, merge_views_into, merged_len, Finish};
+use super::dedupe::Deduper;
+use super::list::{self, decode, decode_into, encode_error, view, Decoded, KeyRange, ListRef, Piece, SparseList, Viewed};
+use super::merge::{merge_into, merge_to_sections, merge_to_wire, merge_views_into, merged_len, Finish};
 use super::{SparseExchange, SparseNormalize};
 use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::shm::ShmCollectives;
@@ -113,22 +114,26 @@ impl std::fmt::Display for SparseStats {
 }
 
 /// The final sparse gradient of a step: distinct keys in increasing order, one normalised
-/// row each, and in `counts` the number of ranks whose batch held each key.
-pub type AggregatedGrads = SparseList;
+/// row each, and in `counts` the number of ranks whose batch held each key (always
+/// present). Borrowed from the exchanger (in `hier` it lies in the host's shared segment).
+pub type AggregatedGrads<'a> = ListRef<'a>;
 
 /// Every list the exchange works on, kept from step to step (see [`SparseList::clear`]).
 #[derive(Default)]
 struct Buffers {
-    /// This rank's deduped list.
+    /// This rank's deduped list (`flat`, and `hier` with one rank per host; else it is
+    /// written onto the host board).
     own: SparseList,
     /// Decoded pieces of other ranks or hosts (in `hier` only where a piece cannot be read
     /// in place).
     pieces: Vec<SparseList>,
     /// Flat mode: every host's list.
     hosts: Vec<SparseList>,
-    /// The final, normalised list (`hier`: of this rank's key range, then, on the leader,
-    /// all of it).
+    /// The final, normalised list (`flat`; `hier` with one rank per host, or where the
+    /// host's result list on the board cannot be read in place).
     result: SparseList,
+    /// `hier`: the leader's result is the host's result list on the board.
+    result_on_board: bool,
     /// What this rank sends.
     send: Vec<u8>,
     /// `hier`: this rank's key range of its host's list, serialized with counts (8-byte
@@ -208,15 +213,21 @@ fn describe_config(c: &[u64]) -> String {
     format!("dim {}, exchange {mode}, normalize {norm}", c[0])
 }
 
+/// Replaces `buf` with the error piece of `e` (which happened here, on world rank `me`, or
+/// came from the rank it names), at most `max_len` bytes.
+fn error_piece(me: usize, dim: usize, e: &SparseError, max_len: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    let (origin, message) = e.origin(me);
+    encode_error(origin, dim, &message, max_len, buf);
+}
+
 /// Serializes `list` into `buf`, or, when `r` is an error (or the list is too large to
 /// serialize), the error piece that replaces it. Returns `r` (or the serialization error).
 fn encode_piece(me: usize, dim: usize, r: SparseResult<()>, list: &SparseList, with_counts: bool, buf: &mut Vec<u8>) -> SparseResult<()> {
     buf.clear();
     let r = r.and_then(|()| list.encode_into(with_counts, buf));
     if let Err(e) = &r {
-        buf.clear();
-        let (origin, message) = e.origin(me);
-        encode_error(origin, dim, &message, STATUS_LEN, buf);
+        error_piece(me, dim, e, STATUS_LEN, buf);
     }
     r
 }
@@ -311,17 +322,17 @@ impl SparseExchanger {
     /// `grads`. Collective over all ranks. Returns the final gradients (sorted by key,
     /// normalised) on host leaders — in `flat` mode on every rank, as each computes them —
     /// and `None` on the other ranks, plus this step's counters. The gradients live in the
-    /// exchanger until the next step (its buffers are reused).
-    pub fn exchange(&mut self, keys: &[u64], grads: &[f32]) -> SparseResult<(Option<&AggregatedGrads>, SparseStats)> {
+    /// exchanger (in `hier`, in the host's shared segment) until the next step.
+    pub fn exchange(&mut self, keys: &[u64], grads: &[f32]) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let (has, st) = self.step(keys, grads, None)?;
-        Ok((has.then_some(&self.b.result), st))
+        Ok((has.then(|| self.result()), st))
     }
 
     /// [`SparseExchanger::exchange`], then the leader applies the result to its host's
     /// table (optimizer step with `lr`) and every local rank passes the host barrier
     /// ([`HostTable::sync`]), so the next lookup sees the update. Every host applies the same
     /// list in the same order: the tables stay byte-identical.
-    pub fn exchange_and_apply(&mut self, topo: &Topology, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<&AggregatedGrads>, SparseStats)> {
+    pub fn exchange_and_apply(&mut self, topo: &Topology, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let (has, mut st) = self.step(keys, grads, Some((&mut *table, lr)))?;
         let t = Instant::now();
         table.sync(topo)?;
@@ -330,28 +341,44 @@ impl SparseExchanger {
         st.total_s += dt;
         self.totals.apply_s += dt;
         self.totals.total_s += dt;
-        Ok((has.then_some(&self.b.result), st))
+        Ok((has.then(|| self.result()), st))
     }
 
-    /// Runs one step; `Ok(true)` when this rank holds the result in `self.b.result`.
+    /// The result of the last step (on a rank that holds one): in `b.result`, or, on a `hier`
+    /// leader, the host's list on the board, which the step checked (and which stays as it
+    /// is until the next step), so reading it again cannot fail.
+    fn result(&self) -> AggregatedGrads<'_> {
+        let on_board = self.hier.as_ref().and_then(|h| h.board.as_ref()).filter(|_| self.b.result_on_board);
+        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.dim)) {
+            Some(l) => l,
+            None => self.b.result.view(),
+        }
+    }
+
+    /// Runs one step; `Ok(true)` when this rank holds the result ([`SparseExchanger::result`]).
     fn step(&mut self, keys: &[u64], grads: &[f32], table: Option<(&mut HostTable, f32)>) -> SparseResult<(bool, SparseStats)> {
         let t0 = Instant::now();
         let mut st = SparseStats { keys_in: keys.len() as u64, ..SparseStats::default() };
         self.b.result.clear(self.dim);
+        self.b.result_on_board = false;
         let own = match &table {
             Some((t, _)) if t.table().dim() != self.dim => Err(SparseError::Invalid(format!(
                 "the host table has rows of dim {} but the exchanger was built for dim {}; build both from the same embedding dim",
                 t.table().dim(),
                 self.dim
             ))),
-            _ => self.deduper.run_into(keys, grads, self.dim, &mut self.b.own),
+            _ => self.deduper.index(keys, grads, self.dim).map(|_| ()),
         };
+        // The list goes into `b.own` now, or, in `hier` with a host board, straight onto the
+        // board once its place there is ready.
+        let on_board = self.hier.as_ref().is_some_and(|h| h.board.is_some());
+        let own = if on_board { own } else { own.and_then(|()| self.deduper.write_list(grads, &mut self.b.own)) };
         if own.is_ok() {
-            st.keys_unique = self.b.own.len() as u64;
+            st.keys_unique = self.deduper.len() as u64;
         }
         st.dedupe_s = t0.elapsed().as_secs_f64();
         let out = match self.mode {
-            SparseExchange::Hierarchical => self.hierarchical(own, table, &mut st),
+            SparseExchange::Hierarchical => self.hierarchical(own, grads, table, &mut st),
             SparseExchange::Flat => self.flat(own, table, &mut st),
         };
         st.total_s = t0.elapsed().as_secs_f64();
@@ -368,13 +395,14 @@ impl SparseExchanger {
     }
 
     /// On a leader given a table, applies the (normalised) `self.b.result`.
-    fn finish(&mut self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
+    fn finish(&self, global: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<()> {
         global?;
-        st.keys_global = self.b.result.len() as u64;
+        let result = self.result();
+        st.keys_global = result.len() as u64;
         if let Some((table, lr)) = table {
             if self.local_rank == 0 {
                 let t = Instant::now();
-                table.apply_updates(&self.b.result.keys, &self.b.result.grads, lr)?;
+                table.apply_updates(result.keys, result.grads, lr)?;
                 st.apply_s += t.elapsed().as_secs_f64();
             }
         }
@@ -386,9 +414,8 @@ impl SparseExchanger {
     fn host_status(&mut self, leader_err: Option<&SparseError>) -> SparseResult<Option<SparseError>> {
         let mut status = [0u8; STATUS_LEN];
         if let Some(e) = leader_err {
-            let (origin, message) = e.origin(self.rank);
             let mut piece = Vec::new();
-            encode_error(origin, self.dim, &message, STATUS_LEN - 4, &mut piece);
+            error_piece(self.rank, self.dim, e, STATUS_LEN - 4, &mut piece);
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
@@ -414,7 +441,7 @@ impl SparseExchanger {
         }))
     }
 
-    fn hierarchical(&mut self, own: SparseResult<()>, table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
+    fn hierarchical(&mut self, own: SparseResult<()>, grads: &[f32], table: Option<(&mut HostTable, f32)>, st: &mut SparseStats) -> SparseResult<bool> {
         let Some(hier) = self.hier.as_mut() else {
             return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
         };
@@ -422,24 +449,37 @@ impl SparseExchanger {
         let owns_range = l < hier.ranges;
         let ranks = &self.host_ranks[self.host_id];
         let b = &mut self.b;
-        // 1. Host stage: every local rank publishes its list; rank l merges key range l of
-        //    all of them (local-rank order), serialized with counts, into `b.wire`.
+        // 1. Host stage: every local rank writes its list onto the board (the dedupe's second
+        //    pass); rank l merges key range l of all of them (local-rank order), serialized
+        //    with counts, into `b.wire`.
         let mut host_ok = own;
         if let Some(board) = &mut hier.board {
             let t = Instant::now();
-            host_ok = publish(board, self.rank, dim, host_ok, b.own.view(), Area::Own);
-            st.host_s += t.elapsed().as_secs_f64();
+            let mut written = (Ok(()), 0.0);
+            host_ok = match host_ok {
+                Ok(()) => {
+                    let deduper = &mut self.deduper;
+                    board
+                        .publish(Area::Own, deduper.encoded_len(), |dst| {
+                            let t = Instant::now();
+                            written = (deduper.encode_to(grads, dst), t.elapsed().as_secs_f64());
+                        })
+                        .and(written.0)
+                }
+                Err(e) => publish_error(board, self.rank, dim, e, Area::Own),
+            };
+            st.dedupe_s += written.1;
+            st.host_s += t.elapsed().as_secs_f64() - written.1;
         }
         if owns_range {
             let t = Instant::now();
             host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, KeyRange::part(l, hier.ranges), dim, b, st));
             st.merge_s += t.elapsed().as_secs_f64();
         }
-        // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists
-        //    and merge them in host order, normalising each row as it is finished: the leader
-        //    into `b.result`, the others straight into their range area of the board.
-        let global = if !owns_range {
-            host_ok
+        // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists;
+        //    `views` are range l of every host's list, in host order.
+        let views = if !owns_range {
+            host_ok.map(|()| Vec::new())
         } else {
             let gathered = match &host_ok {
                 _ if self.num_hosts == 1 => host_ok,
@@ -449,20 +489,17 @@ impl SparseExchanger {
                     let g = allgather_aligned(&hier.cross.comm, sent, &mut b.recv, &mut b.spans);
                     st.cross_s = t.elapsed().as_secs_f64();
                     st.cross_bytes_sent = (sent.len() * (self.num_hosts - 1)) as u64;
-                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>().saturating_sub(sent.len()) as u64;
+                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>() as u64;
                     g
                 }
                 Err(e) => {
-                    b.send.clear();
-                    let (origin, message) = e.origin(self.rank);
-                    encode_error(origin, dim, &message, STATUS_LEN, &mut b.send);
+                    error_piece(self.rank, dim, e, STATUS_LEN, &mut b.send);
                     let t = Instant::now();
                     let g = allgather_aligned(&hier.cross.comm, &b.send, &mut b.recv, &mut b.spans);
                     st.cross_s = t.elapsed().as_secs_f64();
                     host_ok.and(g)
                 }
             };
-            let t = Instant::now();
             let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
             let received: &[u8] = bytemuck::cast_slice(&b.recv);
             let (spans, cross_of_host, host_id) = (&b.spans, &hier.cross_of_host, self.host_id);
@@ -471,51 +508,59 @@ impl SparseExchanger {
                 Some(span) => Ok(&received[span.clone()]),
                 None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
             };
+            let t = Instant::now();
             let views = gathered.and_then(|()| host_views(&self.host_ranks, l, dim, piece_of, &mut b.pieces));
-            let finish = Finish::normalise(self.normalize, self.world);
-            let out = match (l, views, &mut hier.board) {
-                (0, views, _) => views.map(|v| merge_views_into(&v, dim, finish, &mut b.result)),
-                (_, Err(e), Some(board)) => {
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    let r = publish(board, self.rank, dim, Err(e), b.result.view(), Area::Range);
-                    st.host_s += t.elapsed().as_secs_f64();
-                    return self.end_hier(r, table, st);
-                }
-                (_, Ok(views), Some(board)) => {
-                    let n = merged_len(&views);
-                    let len = wire_len(n, dim);
-                    let scratch = &mut b.result;
-                    let mut written = Ok(());
-                    let r = board.publish(Area::Range, len, |dst| written = merge_to_wire(&views, dim, finish, n, dst, scratch));
-                    st.host_bytes_sent += len as u64;
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    return self.end_hier(r.and(written), table, st);
-                }
-                (_, _, None) => Err(SparseError::Invalid(format!("local rank {l} of a host without a board"))),
-            };
             st.merge_s += t.elapsed().as_secs_f64();
-            out
+            views
         };
-        // 3. The leader collects the other key ranges after its own; ranks without a range
-        //    publish nothing (or their error).
+        // 3. Each rank merges them in host order, normalising each row as it is finished: with
+        //    one rank per host into `b.result`, else straight into its part of the host's
+        //    result list on the board, where the leader reads it.
+        let finish = Finish::normalise(self.normalize, self.world);
         let global = match &mut hier.board {
-            None => global,
+            None => {
+                let t = Instant::now();
+                let merged = views.map(|v| merge_views_into(&v, dim, finish, &mut b.result));
+                st.merge_s += t.elapsed().as_secs_f64();
+                merged
+            }
             Some(board) => {
                 let t = Instant::now();
-                let published = if l == 0 || global.is_ok() {
-                    board.publish(Area::Range, 0, |_| {}).and(global)
-                } else {
-                    publish(board, self.rank, dim, global, b.result.view(), Area::Range)
+                let mut piece = Vec::new();
+                let part = match &views {
+                    Ok(v) => Part::Rows(merged_len(v)),
+                    Err(e) => {
+                        error_piece(self.rank, dim, e, STATUS_LEN, &mut piece);
+                        Part::Error(&piece)
+                    }
                 };
-                st.host_s += t.elapsed().as_secs_f64();
-                if l == 0 {
+                let mut merge_s = t.elapsed().as_secs_f64();
+                let published = board.publish_list(part, dim, |sections| {
                     let t = Instant::now();
-                    let collected = published.and_then(|()| collect_ranges(board, ranks, hier.ranges, dim, self.world, b, st));
-                    st.merge_s += t.elapsed().as_secs_f64();
-                    collected
-                } else {
-                    published
+                    if let Ok(v) = &views {
+                        merge_to_sections(v, dim, finish, sections);
+                    }
+                    merge_s += t.elapsed().as_secs_f64();
+                });
+                st.merge_s += merge_s;
+                st.host_s += t.elapsed().as_secs_f64() - merge_s;
+                let own_rows = match part {
+                    Part::Rows(n) => n,
+                    Part::Error(_) => 0,
+                };
+                if l != 0 {
+                    st.host_bytes_sent += (own_rows * (12 + 4 * dim)) as u64;
+                }
+                match (views, published) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    (Ok(_), Ok(_)) if l != 0 => Ok(()),
+                    (Ok(_), Ok(true)) => {
+                        let t = Instant::now();
+                        let r = read_host_list(board, ranks, dim, self.world, own_rows, b, st);
+                        st.merge_s += t.elapsed().as_secs_f64();
+                        r
+                    }
+                    (Ok(_), Ok(false)) => Err(host_error(board, ranks, dim, self.world, &mut b.result)),
                 }
             }
         };
@@ -623,57 +668,45 @@ fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scra
     }
 }
 
-/// Publishes `list` in this rank's `area` of the host board (a rank's own list without
-/// counts, a key range of the result with them) or, when `r` is an error (or the list cannot
-/// be serialized), the error piece that replaces it. Returns `r`, or the failure to publish.
-fn publish(board: &mut HostBoard, me: usize, dim: usize, r: SparseResult<()>, list: ListRef<'_>, area: Area) -> SparseResult<()> {
-    let with_counts = area == Area::Range;
-    match r.and_then(|()| list.check_encodable()) {
-        Ok(()) => board.publish(area, list.encoded_len(with_counts), |dst| {
-            let written = list.encode_to(with_counts, dst);
-            debug_assert!(written.is_ok(), "{written:?}");
-        }),
-        Err(e) => {
-            let mut piece = Vec::new();
-            let (origin, message) = e.origin(me);
-            encode_error(origin, dim, &message, STATUS_LEN, &mut piece);
-            board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
-            Err(e)
-        }
-    }
+/// Publishes the error piece that replaces this rank's piece in `area` of the host board;
+/// returns `e` (or the failure to publish).
+fn publish_error(board: &mut HostBoard, me: usize, dim: usize, e: SparseError, area: Area) -> SparseResult<()> {
+    let mut piece = Vec::new();
+    error_piece(me, dim, &e, STATUS_LEN, &mut piece);
+    board.publish(area, piece.len(), |dst| dst.copy_from_slice(&piece))?;
+    Err(e)
 }
 
 /// Rank `l` of the host: merges key range `range` of the host's lists (`ranks`, in
-/// local-rank order; this rank's own from `b.own`, the others read in place from the board)
+/// local-rank order, read in place from the board; without one, this rank's own in `b.own`)
 /// into `b.wire`, serialized with counts.
 fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyRange, dim: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
     at_least(&mut b.pieces, ranks.len());
     let mut views = Vec::with_capacity(ranks.len());
+    let mut own_rows = 0;
     for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()) {
         let v = match board {
-            Some(board) if q != l => view_piece(board.piece(q, Area::Own), dim, *r, 1, scratch)?,
-            _ => b.own.view(),
+            Some(board) => view_piece(board.piece(q, Area::Own), dim, *r, 1, scratch)?,
+            None => b.own.view(),
         };
+        if q == l {
+            own_rows = v.len();
+        }
         views.push(v.within(range));
     }
     let row_bytes = (8 + 4 * dim) as u64;
     let mine = views[l].len() as u64;
     st.host_bytes_received = views.iter().map(|v| v.len() as u64).sum::<u64>().saturating_sub(mine) * row_bytes;
-    st.host_bytes_sent = (b.own.len() as u64).saturating_sub(mine) * row_bytes;
+    st.host_bytes_sent = (own_rows as u64).saturating_sub(mine) * row_bytes;
     let n = merged_len(&views);
     st.keys_host = n as u64;
-    b.wire_len = wire_len(n, dim);
+    b.wire_len = list::encoded_len(n, dim, true);
     let words = b.wire_len.div_ceil(8);
     if b.wire.len() < words {
         b.wire.resize(words, 0);
     }
     let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut b.wire)[..b.wire_len];
     merge_to_wire(&views, dim, Finish::Sum, n, out, &mut b.result)
-}
-
-/// Serialized length of a list of `n` rows of `dim` values with counts.
-fn wire_len(n: usize, dim: usize) -> usize {
-    list::HEADER_LEN + n * (12 + 4 * dim)
 }
 
 /// Key range `l` of every host's list in host order, read in place from `piece_of(h)`
@@ -687,55 +720,74 @@ fn host_views<'a>(host_ranks: &[Vec<usize>], l: usize, dim: usize, piece_of: imp
     Ok(views)
 }
 
-/// Leader: appends the key ranges 1.. of the other local ranks (`ranks`, in local-rank
-/// order) after its own range in `b.result`; ranks without a range publish nothing unless
-/// they failed.
-fn collect_ranges(board: &HostBoard, ranks: &[usize], ranges: usize, dim: usize, world: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
-    at_least(&mut b.pieces, ranks.len());
-    for ((q, r), scratch) in ranks.iter().enumerate().zip(b.pieces.iter_mut()).skip(1) {
-        let bytes = board.piece(q, Area::Range);
-        if q >= ranges && bytes.is_empty() {
-            continue;
-        }
-        let part = view_piece(bytes, dim, *r, world as u32, scratch)?;
-        if let (Some(last), Some(first)) = (b.result.keys.last(), part.keys.first()) {
-            if first <= last {
-                return Err(SparseError::Corrupt { rank: *r, reason: format!("key range {q} starts at key {first}, not after key {last} of the ranges before it") });
-            }
-        }
-        st.host_bytes_received += bytes.len() as u64;
-        part.append_to(&mut b.result);
-    }
+/// Leader: checks the host's result list on the board (every range owner's rows, in
+/// local-rank order: the key ranges in key order; `own_rows` of them its own) and keeps it
+/// there as the step's result.
+fn read_host_list(board: &HostBoard, ranks: &[usize], dim: usize, world: usize, own_rows: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
+    let bytes = board.piece(0, Area::Range);
+    let rows = view_piece(bytes, dim, ranks[0], world as u32, &mut b.result)?.len();
+    b.result_on_board = list::view_checked(bytes, dim).is_some();
+    st.host_bytes_received += rows.saturating_sub(own_rows) as u64 * (12 + 4 * dim) as u64;
     Ok(())
 }
 
+/// Leader: the error of the first local rank that sent one instead of its part of the host's
+/// list (`scratch` for reading).
+fn host_error(board: &HostBoard, ranks: &[usize], dim: usize, world: usize, scratch: &mut SparseList) -> SparseError {
+    for (q, r) in ranks.iter().enumerate() {
+        let bytes = board.piece(q, Area::Range);
+        if !bytes.is_empty() {
+            if let Err(e) = view_piece(bytes, dim, *r, world as u32, scratch) {
+                return e;
+            }
+        }
+    }
+    SparseError::Invalid("the host's result list was not written, yet no local rank sent an error".into())
+}
+
 /// Allgatherv of `send` over `comm` into `recv`, reusing its memory, every piece starting
-/// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes.
+/// 8-byte aligned so lists can be read in place; `spans` gets each rank's bytes (empty for
+/// this rank: its piece stays in `send`). After the lengths, each piece goes straight from
+/// its sender to every other rank (non-blocking sends and receives): the same bytes an MPI
+/// allgatherv moves, without its copy of this rank's own piece into the receive buffer.
 fn allgather_aligned(comm: &SimpleCommunicator, send: &[u8], recv: &mut Vec<u64>, spans: &mut Vec<std::ops::Range<usize>>) -> SparseResult<()> {
+    let me = comm.rank() as usize;
     let mut lens = vec![0u64; comm.size() as usize];
     let mine = send.len() as u64;
     mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_into(scope, &mine, &mut lens[..])));
     spans.clear();
     let mut at = 0usize;
-    for len in &lens {
-        let len = *len as usize;
+    for (r, len) in lens.iter().enumerate() {
+        let len = if r == me { 0 } else { *len as usize };
         spans.push(at..at.saturating_add(len));
         at = at.saturating_add(len.div_ceil(8) * 8);
     }
-    if at > i32::MAX as usize {
+    if at > i32::MAX as usize || send.len() > i32::MAX as usize {
         return Err(SparseError::Invalid(format!("{at} bytes of host lists in one cross-host allgather; MPI takes at most {} (use more hosts or smaller batches)", i32::MAX)));
     }
     let words = at / 8;
     if recv.len() < words {
         recv.resize(words, 0);
     }
-    let counts: Vec<i32> = spans.iter().map(|s| s.len() as i32).collect();
-    let displs: Vec<i32> = spans.iter().map(|s| s.start as i32).collect();
-    // Open MPI reads an empty slice at address 1 as MPI_IN_PLACE; a real address avoids it.
-    let anchor = [0u8; 8];
-    let send = if send.is_empty() { &anchor[..0] } else { send };
-    let mut part = PartitionMut::new(bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]), &counts[..], &displs[..]);
-    mpi::request::scope(|scope| crate::comm::wait_sleeping(comm.immediate_all_gather_varcount_into(scope, send, &mut part)));
+    let mut rest = bytemuck::cast_slice_mut::<u64, u8>(&mut recv[..words]);
+    let mut slots = Vec::with_capacity(spans.len());
+    let mut end = 0;
+    for span in spans.iter() {
+        let (slot, tail) = std::mem::take(&mut rest)[span.start - end..].split_at_mut(span.len());
+        slots.push(slot);
+        rest = tail;
+        end = span.end;
+    }
+    mpi::request::scope(|scope| {
+        let mut pending = Vec::with_capacity(2 * slots.len());
+        for (r, slot) in slots.into_iter().enumerate().filter(|(r, _)| *r != me) {
+            pending.push(comm.process_at_rank(r as i32).immediate_receive_into(scope, slot));
+        }
+        for r in (0..lens.len()).filter(|r| *r != me) {
+            pending.push(comm.process_at_rank(r as i32).immediate_send(scope, send));
+        }
+        pending.into_iter().for_each(crate::comm::wait_sleeping);
+    });
     Ok(())
 }
 

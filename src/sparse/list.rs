@@ -1,5 +1,5 @@
-//! Sparse gradient lists and the pure steps of the exchange: per-rank dedupe, k-way merge,
-//! normalisation, and the wire format. No communication here, so everything is unit-tested.
+//! Sparse gradient lists, their normalisation and the wire format. No communication here,
+//! so everything is unit-tested.
 //!
 //! # Wire format (version 1, little-endian)
 //!
@@ -20,10 +20,11 @@
 //! `n` payload bytes follow the header, a u32 world rank where the error happened, then
 //! the UTF-8 message. Receivers turn it into [`SparseError::Peer`].
 
+use std::ops::Range;
+
 use super::error::{DecodeError, SparseError, SparseResult};
-use super::merge::{add_row, Finish};
+use super::merge::Finish;
 use super::SparseNormalize;
-use crate::embedding::init::home_slot;
 use crate::embedding::EMPTY_KEY;
 
 /// The first four bytes of every serialized list.
@@ -155,7 +156,7 @@ impl<'a> ListRef<'a> {
     }
     /// Serialized length with or without counts.
     pub fn encoded_len(&self, with_counts: bool) -> usize {
-        HEADER_LEN + self.len() * (8 + if with_counts { 4 } else { 0 } + 4 * self.dim)
+        encoded_len(self.len(), self.dim, with_counts)
     }
     /// Appends the serialized list to `out` (see [`SparseList::encode_into`]).
     pub fn encode_into(&self, with_counts: bool, out: &mut Vec<u8>) -> SparseResult<()> {
@@ -170,19 +171,8 @@ impl<'a> ListRef<'a> {
         }
         self.encode(with_counts, &mut SliceSink { buf: out, at: 0 })
     }
-    /// Fails when the list cannot be serialized (more than `u32::MAX` rows, or values per
-    /// row).
-    pub fn check_encodable(&self) -> SparseResult<()> {
-        self.header_fields().map(|_| ())
-    }
-    fn header_fields(&self) -> SparseResult<(u32, u32)> {
-        let n = u32::try_from(self.len()).map_err(|_| SparseError::Invalid(format!("{} rows do not fit one sparse list (at most {})", self.len(), u32::MAX)))?;
-        let dim = u32::try_from(self.dim).map_err(|_| SparseError::Invalid(format!("dim {} is too large", self.dim)))?;
-        Ok((n, dim))
-    }
     fn encode(&self, with_counts: bool, out: &mut impl Sink) -> SparseResult<()> {
-        let (n, dim) = self.header_fields()?;
-        put_header(out, if with_counts { FLAG_COUNTS } else { 0 }, dim, n);
+        out.put(&header(self.len(), self.dim, with_counts)?);
         put_le(out, self.keys);
         if with_counts {
             match self.counts {
@@ -193,6 +183,11 @@ impl<'a> ListRef<'a> {
         put_le(out, self.grads);
         Ok(())
     }
+}
+
+/// Serialized length of a list of `n` rows of `dim` values, with or without counts.
+pub fn encoded_len(n: usize, dim: usize, with_counts: bool) -> usize {
+    HEADER_LEN + n * (8 + if with_counts { 4 } else { 0 } + 4 * dim)
 }
 
 /// A part of the key space, `start..end` (`None`: up to and including `u64::MAX - 1`).
@@ -235,6 +230,16 @@ impl Sink for SliceSink<'_> {
         self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
         self.at += bytes.len();
     }
+}
+
+/// The header of a list of `n` rows of `dim` values; fails where they do not fit the format
+/// (more than `u32::MAX` rows, or values per row).
+pub(crate) fn header(n: usize, dim: usize, with_counts: bool) -> SparseResult<[u8; HEADER_LEN]> {
+    let n32 = u32::try_from(n).map_err(|_| SparseError::Invalid(format!("{n} rows do not fit one sparse list (at most {})", u32::MAX)))?;
+    let dim32 = u32::try_from(dim).map_err(|_| SparseError::Invalid(format!("dim {dim} is too large")))?;
+    let mut h = [0u8; HEADER_LEN];
+    put_header(&mut SliceSink { buf: &mut h, at: 0 }, if with_counts { FLAG_COUNTS } else { 0 }, dim32, n32);
+    Ok(h)
 }
 
 fn put_header(out: &mut impl Sink, flags: u16, dim: u32, n: u32) {
@@ -369,23 +374,42 @@ pub enum Viewed<'a> {
 /// aligned, the list is read where it lies (validated the same way); otherwise it is
 /// decoded into `scratch` and borrowed from there.
 pub fn view<'a>(bytes: &'a [u8], dim: usize, max_count: u32, scratch: &'a mut SparseList) -> Result<Viewed<'a>, DecodeError> {
+    match in_place_unchecked(bytes, dim)? {
+        Some(Viewed::List(l)) => {
+            check_keys(l.keys)?;
+            if let Some(c) = l.counts {
+                check_counts(c, max_count)?;
+            }
+            Ok(Viewed::List(l))
+        }
+        Some(error) => Ok(error),
+        None => copy_then_view(bytes, dim, max_count, scratch),
+    }
+}
+
+/// A list that [`view`] has read in place and checked before (and nobody has written since),
+/// read in place again without the checks; `None` where [`view`] would not read it in place.
+pub(crate) fn view_checked(bytes: &[u8], dim: usize) -> Option<ListRef<'_>> {
+    match in_place_unchecked(bytes, dim) {
+        Ok(Some(Viewed::List(l))) => Some(l),
+        _ => None,
+    }
+}
+
+/// The piece in `bytes` where it lies, with a valid header and length but its keys and
+/// counts not checked; `None` where it cannot be read in place.
+fn in_place_unchecked(bytes: &[u8], dim: usize) -> Result<Option<Viewed<'_>>, DecodeError> {
     let (keys, counts, rows) = match parse(bytes, dim)? {
-        Parsed::Error { rank, message } => return Ok(Viewed::Error { rank, message }),
+        Parsed::Error { rank, message } => return Ok(Some(Viewed::Error { rank, message })),
         Parsed::List { keys, counts, rows } => (keys, counts, rows),
     };
-    let (Some(keys), Some(grads)) = (in_place::<u64>(keys), in_place::<f32>(rows)) else {
-        return copy_then_view(bytes, dim, max_count, scratch);
-    };
+    let (Some(keys), Some(grads)) = (in_place::<u64>(keys), in_place::<f32>(rows)) else { return Ok(None) };
     let counts = match counts.map(in_place::<u32>) {
-        Some(None) => return copy_then_view(bytes, dim, max_count, scratch),
+        Some(None) => return Ok(None),
         Some(Some(c)) => Some(c),
         None => None,
     };
-    check_keys(keys)?;
-    if let Some(c) = counts {
-        check_counts(c, max_count)?;
-    }
-    Ok(Viewed::List(ListRef { dim, keys, counts, grads }))
+    Ok(Some(Viewed::List(ListRef { dim, keys, counts, grads })))
 }
 
 /// `bytes` as little-endian `T`s where they lie: `None` on a big-endian machine or when
@@ -495,169 +519,6 @@ pub fn check_input(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<()> 
     Ok(())
 }
 
-/// How many keys ahead the dedupe prefetches hash slots and rows.
-const PREFETCH_AHEAD: usize = 8;
-
-/// Hints the CPU to fetch the cache line of `v[i]` (nothing when `i` is out of bounds or
-/// on other architectures).
-#[inline(always)]
-fn prefetch<T>(v: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if i < v.len() {
-        let p = v.as_ptr().wrapping_add(i) as *const i8;
-        // SAFETY: a prefetch is a hint that never faults; `p` points into `v` anyway.
-        unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (v, i);
-}
-
-/// Sums the rows of repeated keys of one rank's batch (in the order they appear) and sorts
-/// by key. Keeps its hash table between calls, sized from the previous batch's distinct
-/// keys (batches of one job look alike), so it stays cache-sized and nothing is allocated.
-///
-/// Two passes: the first gives every key the index of its distinct key (first-seen order)
-/// through an open-addressing table; after sorting the distinct keys, the second writes each
-/// row straight into its sorted place (copy on a key's first occurrence, add afterwards).
-#[derive(Debug, Default)]
-pub struct Deduper {
-    /// Open-addressing table: key (`EMPTY_KEY` = free) and index into `unique`.
-    slot_keys: Vec<u64>,
-    slot_index: Vec<u32>,
-    /// Distinct keys in first-seen order, and the slot each one sits in.
-    unique: Vec<u64>,
-    unique_slot: Vec<u32>,
-    /// Per input key: the index of its distinct key.
-    index: Vec<u32>,
-    /// Per distinct key (first-seen order): its place in key order.
-    place: Vec<u32>,
-    order: Vec<(u64, u32)>,
-}
-
-impl Deduper {
-    /// A deduper with no memory reserved yet.
-    pub fn new() -> Deduper {
-        Deduper::default()
-    }
-
-    /// One row per distinct key of `keys` (sum of its rows, in input order), sorted by key,
-    /// every count 1. Fails on a bad shape or the reserved key.
-    pub fn run(&mut self, keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseList> {
-        let mut out = SparseList::empty(dim);
-        self.run_into(keys, grads, dim, &mut out)?;
-        Ok(out)
-    }
-
-    /// Empties the table (only the slots in use) and makes sure it has room for
-    /// `2 * expected` keys.
-    fn reset(&mut self, expected: usize) {
-        for s in &self.unique_slot {
-            self.slot_keys[*s as usize] = EMPTY_KEY;
-        }
-        self.unique.clear();
-        self.unique_slot.clear();
-        let cap = (2 * expected).next_power_of_two().max(1024);
-        if self.slot_keys.len() < cap {
-            self.slot_keys = vec![EMPTY_KEY; cap];
-            self.slot_index = vec![0; cap];
-        }
-    }
-
-    /// Doubles the table and re-inserts the distinct keys seen so far.
-    fn grow(&mut self) {
-        let cap = self.slot_keys.len() * 2;
-        self.slot_keys = vec![EMPTY_KEY; cap];
-        self.slot_index = vec![0; cap];
-        let shift = 64 - cap.trailing_zeros();
-        for (u, k) in self.unique.iter().enumerate() {
-            let mut s = home_slot(*k, shift);
-            while self.slot_keys[s] != EMPTY_KEY {
-                s = (s + 1) & (cap - 1);
-            }
-            self.slot_keys[s] = *k;
-            self.slot_index[s] = u as u32;
-            self.unique_slot[u] = s as u32;
-        }
-    }
-
-    /// [`Deduper::run`] into `out`, reusing its memory.
-    pub fn run_into(&mut self, keys: &[u64], grads: &[f32], dim: usize, out: &mut SparseList) -> SparseResult<()> {
-        out.clear(dim);
-        check_input(keys, grads, dim)?;
-        if u32::try_from(keys.len()).is_err() {
-            return Err(SparseError::Invalid(format!("{} keys in one batch; at most {} per step", keys.len(), u32::MAX)));
-        }
-        // Pass 1: the distinct-key index of every key (load <= 1/2).
-        let expected = self.unique.len().min(keys.len());
-        self.reset(expected);
-        let mut cap = self.slot_keys.len();
-        let mut shift = 64 - cap.trailing_zeros();
-        self.index.clear();
-        for (i, &k) in keys.iter().enumerate() {
-            if let Some(next) = keys.get(i + PREFETCH_AHEAD) {
-                prefetch(&self.slot_keys, home_slot(*next, shift));
-            }
-            let mut s = home_slot(k, shift);
-            let u = loop {
-                let sk = self.slot_keys[s];
-                if sk == k {
-                    break self.slot_index[s];
-                }
-                if sk == EMPTY_KEY {
-                    let u = self.unique.len() as u32;
-                    self.slot_keys[s] = k;
-                    self.slot_index[s] = u;
-                    self.unique.push(k);
-                    self.unique_slot.push(s as u32);
-                    if 2 * self.unique.len() > cap {
-                        self.grow();
-                        cap = self.slot_keys.len();
-                        shift = 64 - cap.trailing_zeros();
-                    }
-                    break u;
-                }
-                s = (s + 1) & (cap - 1);
-            };
-            self.index.push(u);
-        }
-        // The distinct keys in key order.
-        let m = self.unique.len();
-        self.order.clear();
-        self.order.extend(self.unique.iter().enumerate().map(|(u, k)| (*k, u as u32)));
-        self.order.sort_unstable_by_key(|(k, _)| *k);
-        self.place.clear();
-        self.place.resize(m, 0);
-        for (p, (k, u)) in self.order.iter().enumerate() {
-            out.keys.push(*k);
-            self.place[*u as usize] = p as u32;
-        }
-        out.counts.resize(m, 1);
-        // Pass 2: rows into their sorted place, in input order. Distinct indices were handed
-        // out in first-seen order, so `u == seen` marks a key's first occurrence.
-        out.grads.resize(m * dim, 0.0);
-        let mut seen = 0u32;
-        for (i, (u, row)) in self.index.iter().zip(grads.chunks_exact(dim.max(1))).enumerate() {
-            if let Some(next) = self.index.get(i + PREFETCH_AHEAD) {
-                prefetch(&out.grads, self.place[*next as usize] as usize * dim);
-            }
-            let p = self.place[*u as usize] as usize;
-            let dst = &mut out.grads[p * dim..(p + 1) * dim];
-            if *u == seen {
-                dst.copy_from_slice(row);
-                seen += 1;
-            } else {
-                add_row(dst, row);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// [`Deduper::run`] with a fresh deduper.
-pub fn dedupe(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseList> {
-    Deduper::new().run(keys, grads, dim)
-}
-
 /// Turns summed rows into the final gradient: `/ count` (frequency), `/ world` (Horovod's
 /// average) or unchanged (`none`). One f32 division per value, the same on every rank.
 pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
@@ -674,24 +535,33 @@ pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
     }
 }
 
-/// The keys, counts and rows of a serialized list, to be filled in place.
-pub(crate) type Sections<'a> = (&'a mut [u64], &'a mut [u32], &'a mut [f32]);
+/// The keys, counts and rows of a serialized list, or of some of its rows, to be filled in
+/// place (counts empty for a list without them).
+pub type Sections<'a> = (&'a mut [u64], &'a mut [u32], &'a mut [f32]);
 
-/// Writes the header of a list of `n` rows of `dim` values with counts into `out` (exactly
-/// its serialized length) and returns the keys, counts and rows sections to fill in place;
-/// `None` where they cannot be written in place (a big-endian machine, `out` not 8-byte
-/// aligned).
-pub(crate) fn wire_sections(out: &mut [u8], n: usize, dim: usize) -> SparseResult<Option<Sections<'_>>> {
-    let want = ListRef { dim, keys: &[], counts: None, grads: &[] }.encoded_len(true) + n * (12 + 4 * dim);
+/// Where rows `rows` of a serialized list of `n` rows of `dim` values lie: the byte ranges
+/// of their keys, counts (empty without counts) and values.
+pub(crate) fn row_spans(n: usize, dim: usize, with_counts: bool, rows: Range<usize>) -> [Range<usize>; 3] {
+    let count_bytes = if with_counts { 4 } else { 0 };
+    let keys = HEADER_LEN;
+    let counts = keys + 8 * n;
+    let values = counts + count_bytes * n;
+    [keys + 8 * rows.start..keys + 8 * rows.end, counts + count_bytes * rows.start..counts + count_bytes * rows.end, values + 4 * dim * rows.start..values + 4 * dim * rows.end]
+}
+
+/// Writes the header of a list of `n` rows of `dim` values, with or without counts, into
+/// `out` (exactly its serialized length) and returns the keys, counts and rows sections to
+/// fill in place; `None` where they cannot be written in place (a big-endian machine, `out`
+/// not 8-byte aligned).
+pub(crate) fn wire_sections(out: &mut [u8], n: usize, dim: usize, with_counts: bool) -> SparseResult<Option<Sections<'_>>> {
+    let want = encoded_len(n, dim, with_counts);
     if out.len() != want {
         return Err(SparseError::Invalid(format!("{} bytes of room for a list of {want} bytes", out.len())));
     }
-    let n32 = u32::try_from(n).map_err(|_| SparseError::Invalid(format!("{n} rows do not fit one sparse list (at most {})", u32::MAX)))?;
-    let dim32 = u32::try_from(dim).map_err(|_| SparseError::Invalid(format!("dim {dim} is too large")))?;
-    let (header, body) = out.split_at_mut(HEADER_LEN);
-    put_header(&mut SliceSink { buf: header, at: 0 }, FLAG_COUNTS, dim32, n32);
-    let (keys, rest) = body.split_at_mut(8 * n);
-    let (counts, rows) = rest.split_at_mut(4 * n);
+    out[..HEADER_LEN].copy_from_slice(&header(n, dim, with_counts)?);
+    let [keys, counts, _] = row_spans(n, dim, with_counts, 0..n);
+    let (keys, rest) = out[keys.start..].split_at_mut(keys.len());
+    let (counts, rows) = rest.split_at_mut(counts.len());
     if cfg!(target_endian = "big") {
         return Ok(None);
     }
@@ -707,46 +577,6 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    #[test]
-    fn dedupe_sums_repeats_in_input_order_and_sorts() {
-        let keys = [30u64, 10, 30, 20, 30];
-        let grads = [1.0f32, 2.0, 10.0, 20.0, 100.0, 200.0, 5.0, 6.0, 0.5, 0.25];
-        let l = dedupe(&keys, &grads, 2).unwrap();
-        assert_eq!(l.keys, vec![10, 20, 30]);
-        assert_eq!(l.counts, vec![1, 1, 1]);
-        assert_eq!(l.grads, vec![10.0, 20.0, 5.0, 6.0, 1.0 + 100.0 + 0.5, 2.0 + 200.0 + 0.25]);
-        // Order of summation is the input order: (a + b) + c, not a + (b + c).
-        let big = [1e8f32, 1.0, -1e8];
-        let l = dedupe(&[7, 7, 7], &big, 1).unwrap();
-        assert_eq!(l.grads[0].to_bits(), ((1e8f32 + 1.0) + -1e8).to_bits());
-        // Empty input and dim-0 rows.
-        assert!(dedupe(&[], &[], 4).unwrap().is_empty());
-        assert_eq!(dedupe(&[5, 3, 5], &[], 0).unwrap().keys, vec![3, 5]);
-    }
-
-    #[test]
-    fn dedupe_reuses_its_table_across_batches() {
-        let mut d = Deduper::new();
-        for round in 0..5u64 {
-            let keys: Vec<u64> = (0..1000).map(|i| (i * 7 + round) % 97).collect();
-            let grads: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-            let l = d.run(&keys, &grads, 1).unwrap();
-            assert_eq!(l.len(), 97);
-            assert!(l.keys.windows(2).all(|w| w[0] < w[1]));
-            let total: f32 = l.grads.iter().sum();
-            assert_eq!(total, (0..1000).sum::<i32>() as f32);
-        }
-    }
-
-    #[test]
-    fn dedupe_rejects_bad_shape_and_reserved_key() {
-        match dedupe(&[1, 2], &[0.0; 5], 2) {
-            Err(e @ SparseError::Shape { keys: 2, dim: 2, expected: 4, grads: 5 }) => assert!(e.to_string().contains("keys.len() * dim"), "{e}"),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(dedupe(&[1, u64::MAX], &[0.0; 2], 1), Err(SparseError::ReservedKey { key: u64::MAX })));
     }
 
     fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {

@@ -255,9 +255,25 @@ pub fn merge_views_into(lists: &[ListRef<'_>], dim: usize, finish: Finish, out: 
 
 /// The number of rows the merge of `lists` has (the distinct keys of them all).
 pub fn merged_len(lists: &[ListRef<'_>]) -> usize {
+    if let [a, b] = lists {
+        return distinct_of_two(a.keys, b.keys);
+    }
     let mut n = Counter(0);
     merge_core(lists, &mut n);
     n.0
+}
+
+/// The distinct keys of two increasing key lists, with no branch per key: where hashed keys
+/// of two lists interleave at random, a branch is mispredicted about every other key.
+fn distinct_of_two(a: &[u64], b: &[u64]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        i += usize::from(x <= y);
+        j += usize::from(y <= x);
+        n += 1;
+    }
+    n + (a.len() - i) + (b.len() - j)
 }
 
 /// Merges `lists` (like [`merge_views_into`]) straight into `out`, serialized with counts:
@@ -265,14 +281,20 @@ pub fn merged_len(lists: &[ListRef<'_>]) -> usize {
 /// Where the list cannot be written in place (a big-endian machine, `out` not 8-byte
 /// aligned) it is merged into `scratch`, then serialized.
 pub fn merge_to_wire(lists: &[ListRef<'_>], dim: usize, finish: Finish, n: usize, out: &mut [u8], scratch: &mut SparseList) -> SparseResult<()> {
-    if let Some((keys, counts, rows)) = list::wire_sections(out, n, dim)? {
-        let mut sink = WireSink { keys, counts, rows, dim, at: 0, finish };
-        merge_core(lists, &mut sink);
-        debug_assert_eq!(sink.at, n, "merged_len disagrees with the merge");
+    if let Some(sections) = list::wire_sections(out, n, dim, true)? {
+        merge_to_sections(lists, dim, finish, sections);
         return Ok(());
     }
     merge_views_into(lists, dim, finish, scratch);
     scratch.view().encode_to(true, out)
+}
+
+/// Merges `lists` (like [`merge_views_into`]) into the keys, counts and values of exactly the
+/// rows the merge has ([`merged_len`]), laid out like a serialized list's sections.
+pub(crate) fn merge_to_sections(lists: &[ListRef<'_>], dim: usize, finish: Finish, (keys, counts, rows): list::Sections<'_>) {
+    let mut sink = WireSink { keys, counts, rows, dim, at: 0, finish };
+    merge_core(lists, &mut sink);
+    debug_assert_eq!(sink.at, sink.keys.len(), "merged_len disagrees with the merge");
 }
 
 #[cfg(test)]
@@ -334,6 +356,18 @@ mod tests {
                 assert_eq!(bits(&got.grads), bits(&want.grads), "{k} lists, {how}");
                 assert_eq!(merged_len(&views), want.len());
             }
+        }
+    }
+
+    #[test]
+    fn merged_len_of_two_lists_counts_shared_keys_once() {
+        let l = |keys: &[u64]| list(keys, &vec![0.0; keys.len()], &vec![1; keys.len()], 1);
+        let cases: [(&[u64], &[u64], usize); 6] =
+            [(&[], &[], 0), (&[1, 2], &[], 2), (&[], &[0, u64::MAX - 1], 2), (&[1, 5, 9], &[1, 5, 9], 3), (&[1, 3, 5], &[2, 3, 4, 6], 6), (&[0, 10], &[1, 2, 3, 10, 11], 6)];
+        for (a, b, want) in cases {
+            let (a, b) = (l(a), l(b));
+            assert_eq!(merged_len(&[a.view(), b.view()]), want, "{:?} {:?}", a.keys, b.keys);
+            assert_eq!(merged_len(&[a.view(), b.view(), SparseList::empty(1).view()]), want, "the k-list count agrees");
         }
     }
 

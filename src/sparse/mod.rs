@@ -6,11 +6,11 @@
 //! leader writes it into the host-shared table.
 //!
 //! # Data flow ([`SparseExchange::Hierarchical`], the default)
-//! 1. **Dedupe** on every rank ([`list::Deduper`]): repeated keys of one batch are summed in
+//! 1. **Dedupe** on every rank ([`Deduper`]): repeated keys of one batch are summed in
 //!    the order they appear (so a key counts once per rank), sorted by key.
-//! 2. **Host stage**: every local rank publishes its serialized list ([`list`] describes the
-//!    wire format) on the host's [`board::HostBoard`], a shared segment the other local
-//!    ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
+//! 2. **Host stage**: every local rank writes its list, serialized ([`list`] describes the
+//!    wire format), straight onto the host's [`board::HostBoard`] (the dedupe's second pass
+//!    writes it there), a shared segment the other local ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
 //!    R = the smallest number of ranks of a host); local rank l < R merges range l of all
 //!    the host's lists into its host list with a per-key count of contributing ranks, so
 //!    every rank of the host merges, not only the leader.
@@ -18,11 +18,12 @@
 //!    `topo.cross`) allgather their host lists, so each host's rows cross the network once
 //!    instead of once per rank, then merge them in host order into range l of the result,
 //!    normalising each row as it is finished ([`SparseNormalize`], fused into the merge).
-//! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the other local
-//!    ranks write their finished ranges onto the board, the leader appends them after its
-//!    own (the ranges are in key order) and applies the list; every leader applies the same
-//!    list in the same order, then the host barrier ([`crate::embedding::HostTable::sync`])
-//!    publishes the rows to the local ranks.
+//! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the merge in step 3
+//!    writes each range's rows straight into one list on the board
+//!    ([`board::HostBoard::publish_list`]: range l after ranges 0..l, so the list is in key
+//!    order and nobody copies it); the leader reads it in place, returns it and applies it;
+//!    every leader applies the same list in the same order, then the host barrier
+//!    ([`crate::embedding::HostTable::sync`]) publishes the rows to the local ranks.
 //! 5. **Status**: the leader tells its local ranks (through the board) whether the step
 //!    succeeded, so an error anywhere reaches every rank instead of a hang.
 //!
@@ -36,14 +37,17 @@
 //! they are bit-identical, and every host holds a byte-identical table.
 
 pub mod board;
+mod dedupe;
 pub mod error;
 pub mod exchange;
 pub mod list;
 pub mod merge;
+mod radix;
 
 pub use error::{DecodeError, SparseError, SparseResult};
 pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};
-pub use list::{dedupe, normalise, Deduper, KeyRange, ListRef, SparseList};
+pub use dedupe::{dedupe, Deduper};
+pub use list::{normalise, KeyRange, ListRef, SparseList};
 pub use merge::{merge, merge_into, merge_views_into, Finish};
 
 /// How sparse gradients travel between ranks.

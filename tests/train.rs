@@ -325,13 +325,7 @@ fn device_cuda_without_a_gpu_says_what_is_missing() {
 
 #[test]
 fn gpu_training_matches_the_cpu_path_for_50_steps() {
-    let devices = match ringrec::cuda::probe() {
-        Ok(i) => i.devices,
-        Err(e) => {
-            eprintln!("skipped: no GPU path here ({e})");
-            return;
-        }
-    };
+    let Some(devices) = common::gpus() else { return };
     // One rank per GPU (NCCL refuses two ranks on one GPU).
     let np = devices.min(2);
     let (cpu, dev) = against_cpu(np, &[], "cuda", &[]);

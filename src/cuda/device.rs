@@ -130,7 +130,7 @@ pub trait Device {
         self.fits("gather_input: dense", self.len_f32(dense), batch * ndense)?;
         let width = fields * dim + ndense;
         self.fits("gather_input: x", self.len_f32(x), batch * width)?;
-        let _ = emb; // rows named by inverse: the caller checks inverse < rows (DeviceMlp::stage)
+        // emb's rows are named by inverse's values: DeviceMlp checks them when it uploads a batch.
         self.launch(Kernel::GatherInput, batch * width, &mut [KernelArg::In(emb, 0), KernelArg::InU32(inverse), KernelArg::In(dense, 0), KernelArg::Out(x, 0), i32a(batch)?, i32a(fields)?, i32a(dim)?, i32a(ndense)?])
     }
 

@@ -92,6 +92,8 @@ pub struct DeviceMlp<D: Device> {
     fill: usize,
     /// Samples and keys of the batch `step` ran last (what `key_grads` and `predict` refer to).
     last: (usize, usize),
+    /// Scratch of the CSR build: each key's next free slot.
+    csr_next: Vec<u32>,
 }
 
 impl<D: Device> DeviceMlp<D> {
@@ -145,6 +147,7 @@ impl<D: Device> DeviceMlp<D> {
             stages,
             fill: 0,
             last: (0, 0),
+            csr_next: Vec::new(),
             cap: (0, 0),
             params: p,
             grads,
@@ -260,7 +263,9 @@ impl<D: Device> DeviceMlp<D> {
                 offsets[u + 1] += offsets[u];
             }
             let slots = &mut dev.host_u32(&mut st.slots)?[..batch * fields];
-            let mut next: Vec<u32> = offsets[..keys].to_vec();
+            let next = &mut self.csr_next;
+            next.clear();
+            next.extend_from_slice(&offsets[..keys]);
             for (p, u) in inverse.iter().enumerate() {
                 let at = &mut next[*u as usize];
                 slots[*at as usize] = p as u32;

@@ -141,3 +141,14 @@ pub fn to_bytes(dtype: ringrec::dtype::DType, v: &[f64]) -> Vec<u8> {
         DType::U8 => v.iter().map(|x| *x as u8).collect(),
     }
 }
+
+/// GPUs the GPU path can use here, or `None` after printing why the GPU test is skipped.
+pub fn gpus() -> Option<usize> {
+    match ringrec::cuda::probe() {
+        Ok(i) => Some(i.devices),
+        Err(e) => {
+            eprintln!("skipped: no GPU path here ({e})");
+            None
+        }
+    }
+}

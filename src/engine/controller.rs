@@ -392,7 +392,10 @@ impl Controller {
             add(&self.stats.negotiations, 1);
             let list = self.negotiate()?;
             if !list.stall_warning.is_empty() {
-                eprintln!("ringrec rank {}: {}", self.rank, list.stall_warning);
+                // One write of the whole line: every rank warns at about the same moment, and
+                // eprintln! writes a line in pieces that interleave with the other ranks'.
+                let line = format!("ringrec rank {}: {}\n", self.rank, list.stall_warning);
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             }
             if !list.shutdown.is_empty() {
                 return Ok(Flow::Stop(EngineError::Stalled(list.shutdown)));

@@ -49,8 +49,6 @@ pub trait DenseModel {
     fn params(&self) -> anyhow::Result<Vec<f32>>;
     /// The optimizer state.
     fn optim_state(&self) -> anyhow::Result<DenseOptimState>;
-    /// Replaces parameters and optimizer state (resume).
-    fn restore(&mut self, params: &[f32], opt: &DenseOptimState) -> anyhow::Result<()>;
 }
 
 /// Where the dense model runs.
@@ -175,12 +173,6 @@ impl DenseModel for CpuDense {
     fn optim_state(&self) -> anyhow::Result<DenseOptimState> {
         Ok(self.opt.clone())
     }
-
-    fn restore(&mut self, params: &[f32], opt: &DenseOptimState) -> anyhow::Result<()> {
-        self.mlp.params_mut().copy_from_slice(params);
-        self.opt = opt.clone();
-        Ok(())
-    }
 }
 
 /// The device path: [`DeviceMlp`] on `D`, gradients reduced by `R` (optionally through
@@ -267,11 +259,6 @@ impl<D: Device, R: DeviceReducer<D>> DenseModel for DeviceDense<D, R> {
     fn optim_state(&self) -> anyhow::Result<DenseOptimState> {
         Ok(self.mlp.optim_state()?)
     }
-
-    fn restore(&mut self, params: &[f32], opt: &DenseOptimState) -> anyhow::Result<()> {
-        self.mlp.set_params(params)?;
-        Ok(self.mlp.set_optim_state(opt)?)
-    }
 }
 
 /// Builds the dense model for `placement` from the initial CPU model (parameters already
@@ -281,28 +268,32 @@ impl<D: Device, R: DeviceReducer<D>> DenseModel for DeviceDense<D, R> {
 /// `engine.compression` says.
 pub fn build(placement: Placement, topo: &Topology, mlp: Mlp, opt: DenseOptimState, engine: &EngineConfig, dim: usize) -> anyhow::Result<Box<dyn DenseModel>> {
     let layout = InputLayout { fields: NUM_SPARSE, dim, ndense: NUM_DENSE };
-    let shape = mlp.shape().clone();
     let compression = engine.compression;
     let model: Box<dyn DenseModel> = match placement {
         Placement::Cpu => Box::new(CpuDense::new(mlp, opt, Engine::start(topo, engine)?, dim)),
         Placement::Host => {
             let dev = topo.agree(HostDevice::new().map_err(|e| format!("rank {}: {e}", topo.rank)))?;
-            let m = DeviceMlp::new(dev, &shape, layout, mlp.params(), opt.kind, opt.lr)?;
             let backend = engine.backend.unwrap_or_else(|| Backend::auto(topo));
-            Box::new(DeviceDense::new(m, HostReducer::new(comm::build_tagged(backend, topo, "device")?), compression)?)
+            Box::new(DeviceDense::new(on_device(dev, &mlp, &opt, layout)?, HostReducer::new(comm::build_tagged(backend, topo, "device")?), compression)?)
         }
         Placement::Gpu(ordinal) => {
             // Every rank has its GPU before any waits in NCCL's start-up.
             let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
             if topo.size == 1 {
                 // One rank: nothing to reduce, so no NCCL (nor libnccl) needed.
-                let m = DeviceMlp::new(dev, &shape, layout, mlp.params(), opt.kind, opt.lr)?;
-                return Ok(Box::new(DeviceDense::new(m, SingleRank, compression)?));
+                Box::new(DeviceDense::new(on_device(dev, &mlp, &opt, layout)?, SingleRank, compression)?)
+            } else {
+                let nccl = NcclComm::new(topo, &dev).with_context(|| format!("rank {} joining the NCCL communicator", topo.rank))?;
+                Box::new(DeviceDense::new(on_device(dev, &mlp, &opt, layout)?, nccl, compression)?)
             }
-            let nccl = NcclComm::new(topo, &dev).with_context(|| format!("rank {} joining the NCCL communicator", topo.rank))?;
-            let m = DeviceMlp::new(dev, &shape, layout, mlp.params(), opt.kind, opt.lr)?;
-            Box::new(DeviceDense::new(m, nccl, compression)?)
         }
     };
     Ok(model)
+}
+
+/// The CPU model `mlp` and its optimizer state `opt` (fresh or resumed) moved to `dev`.
+fn on_device<D: Device>(dev: D, mlp: &Mlp, opt: &DenseOptimState, layout: InputLayout) -> anyhow::Result<DeviceMlp<D>> {
+    let mut m = DeviceMlp::new(dev, mlp.shape(), layout, mlp.params(), opt.kind, opt.lr)?;
+    m.set_optim_state(opt)?;
+    Ok(m)
 }

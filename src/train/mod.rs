@@ -279,6 +279,8 @@ fn open_data(topo: &Topology, args: &TrainArgs) -> anyhow::Result<(Dataset, Path
         let ds = if is_cache { Dataset::open(&source)? } else { Dataset::from_tsv_cached(&source, &dir.join("cache"), args.max_bad_lines)? };
         Ok((ds, source))
     })();
+    // Leaders prepare first (one parse per host, under the file lock), then the others open
+    // the cache; every rank learns whether all succeeded.
     Ok(topo.agree(attempt.map_err(|e| format!("{e:#}")))?)
 }
 
@@ -454,11 +456,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
 
     // The dense model on this rank's device (every rank agrees before NCCL starts).
     let placement = topo.agree(dense::place(args.device, topo).map_err(|e| format!("rank {}: {e:#}", topo.rank)))?;
-    let resumed = args.resume.then(|| (mlp.params().to_vec(), opt.clone()));
     let mut model = dense::build(placement, topo, mlp, opt, &engine_config, dim)?;
-    if let Some((p, o)) = &resumed {
-        model.restore(p, o)?;
-    }
     if root && placement != Placement::Cpu {
         eprintln!("ringrec: dense model on {}", model.describe());
     }
@@ -557,8 +555,7 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<TrainSummary> {
         unread = Some((global_len, epoch));
         if let Some(dir) = &args.checkpoint_dir {
             if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) || step == total_steps {
-                let ck = if topo.rank == 0 { DenseCheckpoint::new(step, epoch, in_epoch, fp.clone(), &model.params()?, &model.optim_state()?) } else { DenseCheckpoint::new(0, 0, 0, String::new(), &[], &DenseOptimState::new(args.dense_optimizer, args.lr, 0)) };
-                save_checkpoint(topo, dir, &table, ck)?;
+                save_checkpoint(topo, dir, &table, || Ok(DenseCheckpoint::new(step, epoch, in_epoch, fp.clone(), &model.params()?, &model.optim_state()?)))?;
             }
         }
     }
@@ -652,11 +649,14 @@ fn fault_injection() -> anyhow::Result<Option<(usize, u64)>> {
     }
 }
 
-fn save_checkpoint(topo: &Topology, dir: &Path, table: &HostTable, ck: DenseCheckpoint) -> anyhow::Result<()> {
+/// Rank 0 writes the table and the dense checkpoint that `dense` makes (called on rank 0
+/// only: on a GPU it copies the parameters to the host); every rank learns the outcome.
+fn save_checkpoint(topo: &Topology, dir: &Path, table: &HostTable, dense: impl FnOnce() -> anyhow::Result<DenseCheckpoint>) -> anyhow::Result<()> {
     // World rank 0 is the leader of host 0 (local rank 0, cross rank 0): it writes both
     // halves, table first, so dense.json (renamed last) only ever names a complete step.
     let mine = if topo.rank == 0 {
         (|| -> anyhow::Result<()> {
+            let ck = dense()?;
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let tp = checkpoint::table_path(dir, ck.step);
             table.table().save(&tp)?;
@@ -673,7 +673,6 @@ fn save_checkpoint(topo: &Topology, dir: &Path, table: &HostTable, ck: DenseChec
 
 /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0 and
 /// computes the exact global log loss and AUC there.
-#[allow(clippy::too_many_arguments)]
 fn evaluate(topo: &Topology, coll: &mut dyn Collectives, ds: &Dataset, table: &HostTable, model: &mut dyn DenseModel, test: std::ops::Range<usize>, batch: usize) -> anyhow::Result<(Option<f64>, Option<f64>)> {
     let mine = shard::rank_slice(test, topo.rank, topo.size);
     let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());

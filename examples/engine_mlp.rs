@@ -12,7 +12,7 @@
 
 use ringrec::dtype::ReduceOp;
 use ringrec::engine::{Handle, Tensor};
-use ringrec::model::mlp::splitmix64;
+use ringrec::hash::splitmix64;
 
 const WIDTHS: [usize; 7] = [16, 64, 64, 64, 32, 16, 1];
 const BATCH: usize = 64; // per rank

@@ -1,24 +1,27 @@
-// Kernels of the dense CTR model on the GPU (src/cuda/mlp.rs). Row-major matrices; one
-// sample per row. Reductions run in a fixed order (one thread owns one output and walks
-// its inputs in order), so results do not depend on scheduling.
+// The generic tensor kernels of the device layer (src/device/ops.rs: Op). Row-major
+// matrices. Reductions run in a fixed order (one thread owns one output and walks its
+// inputs in order), so results do not depend on scheduling.
 
-// x[s, f*dim + d] = emb[inverse[s*fields + f]*dim + d]; x[s, fields*dim + j] = dense[s*ndense + j].
-extern "C" __global__ void gather_input(const float* __restrict__ emb, const u32* __restrict__ inverse,
-                                        const float* __restrict__ dense, float* __restrict__ x,
-                                        int batch, int fields, int dim, int ndense) {
-    long long width = (long long)fields * dim + ndense;
-    for (long long i = RR_TID; i < batch * width; i += RR_STRIDE) {
-        long long s = i / width, c = i % width;
-        if (c < (long long)fields * dim) {
-            long long f = c / dim, d = c % dim;
-            x[i] = emb[(long long)inverse[s * fields + f] * dim + d];
-        } else {
-            x[i] = dense[s * ndense + (c - (long long)fields * dim)];
-        }
+// Embedding lookup into row blocks: for i < rows * per_row, row index[i] of table (dim values)
+// goes to out[(i / per_row) * stride + (i % per_row) * dim ..]; one thread per output value.
+extern "C" __global__ void gather_rows(const float* __restrict__ table, const u32* __restrict__ index,
+                                       float* __restrict__ out, int rows, int per_row, int dim, int stride) {
+    long long n = (long long)rows * per_row * dim;
+    for (long long t = RR_TID; t < n; t += RR_STRIDE) {
+        long long i = t / dim, d = t % dim;
+        out[(i / per_row) * stride + (i % per_row) * dim + d] = table[(long long)index[i] * dim + d];
     }
 }
 
-// z[r, c] += bias[c], then max(z, 0) when relu != 0 (hidden layers).
+// Columns appended to rows: out[r * stride + col + c] = src[r * cols + c].
+extern "C" __global__ void copy_columns(const float* __restrict__ src, float* __restrict__ out, int rows, int cols, int stride, int col) {
+    for (long long i = RR_TID; i < (long long)rows * cols; i += RR_STRIDE) {
+        long long r = i / cols, c = i % cols;
+        out[r * stride + col + c] = src[i];
+    }
+}
+
+// z[r, c] = act(z[r, c] + bias[c]); act is max(., 0) when relu != 0.
 extern "C" __global__ void bias_act(float* __restrict__ z, const float* __restrict__ bias, int rows, int cols, int relu) {
     for (long long i = RR_TID; i < (long long)rows * cols; i += RR_STRIDE) {
         float v = z[i] + bias[i % cols];
@@ -27,25 +30,25 @@ extern "C" __global__ void bias_act(float* __restrict__ z, const float* __restri
 }
 
 // The ReLU's backward: delta = 0 where the layer's output was not positive.
-extern "C" __global__ void relu_backward(float* __restrict__ delta, const float* __restrict__ act, long long n) {
+extern "C" __global__ void relu_grad(float* __restrict__ delta, const float* __restrict__ act, long long n) {
     for (long long i = RR_TID; i < n; i += RR_STRIDE) {
         if (act[i] <= 0.0f) delta[i] = 0.0f;
     }
 }
 
-// db[c] = sum over rows of delta[r, c], rows in order (one thread per column).
-extern "C" __global__ void bias_grad(const float* __restrict__ delta, float* __restrict__ db, int rows, int cols) {
+// out[c] = sum over rows of x[r, c], rows in order (one thread per column).
+extern "C" __global__ void column_sum(const float* __restrict__ x, float* __restrict__ out, int rows, int cols) {
     for (long long c = RR_TID; c < cols; c += RR_STRIDE) {
         float acc = 0.0f;
-        for (long long r = 0; r < rows; r++) acc += delta[r * cols + c];
-        db[c] = acc;
+        for (long long r = 0; r < rows; r++) acc += x[r * cols + c];
+        out[c] = acc;
     }
 }
 
 // Binary cross-entropy with logits, numerically stable: loss[i] = max(z,0) - z*y + log1p(exp(-|z|));
-// delta[i] = (sigmoid(z) - y) * scale, the output gradient of scale * sum(loss).
-extern "C" __global__ void bce_loss(const float* __restrict__ z, const float* __restrict__ y,
-                                    float* __restrict__ loss, float* __restrict__ delta, int n, float scale) {
+// delta[i] = (sigmoid(z) - y) * scale, the gradient of scale * sum(loss).
+extern "C" __global__ void bce_with_logits(const float* __restrict__ z, const float* __restrict__ y,
+                                           float* __restrict__ loss, float* __restrict__ delta, int n, float scale) {
     for (long long i = RR_TID; i < n; i += RR_STRIDE) {
         float v = z[i], t = y[i];
         loss[i] = fmaxf(v, 0.0f) - v * t + log1pf(expf(-fabsf(v)));
@@ -53,28 +56,28 @@ extern "C" __global__ void bce_loss(const float* __restrict__ z, const float* __
     }
 }
 
-// Per-key reduction of embedding-row gradients: out[u, d] = sum of dx[s, f*dim + d] over the
-// (sample, field) slots p = s*fields + f listed in slots[offsets[u] .. offsets[u+1]], in
-// list order (the host lists them in sample order, as the CPU path sums them).
-extern "C" __global__ void key_grad_reduce(const float* __restrict__ dx, const u32* __restrict__ offsets,
-                                           const u32* __restrict__ slots, float* __restrict__ out,
-                                           int keys, int fields, int dim, int width) {
-    for (long long i = RR_TID; i < (long long)keys * dim; i += RR_STRIDE) {
+// Segmented sum, the backward of gather_rows: out[u, d] = sum of src[(p / per_row) * stride +
+// (p % per_row) * dim + d] over the blocks p listed in slots[offsets[u] .. offsets[u+1]], in
+// list order (the host lists a key's slots in sample order, as the CPU sums them).
+extern "C" __global__ void segment_sum(const float* __restrict__ src, const u32* __restrict__ offsets,
+                                       const u32* __restrict__ slots, float* __restrict__ out,
+                                       int segments, int per_row, int dim, int stride) {
+    for (long long i = RR_TID; i < (long long)segments * dim; i += RR_STRIDE) {
         long long u = i / dim, d = i % dim;
         float acc = 0.0f;
         for (u32 j = offsets[u]; j < offsets[u + 1]; j++) {
             long long p = slots[j];
-            acc += dx[(p / fields) * width + (p % fields) * dim + d];
+            acc += src[(p / per_row) * stride + (p % per_row) * dim + d];
         }
         out[i] = acc;
     }
 }
 
-// out[0] = the sum of loss[0..n) in order, accumulated in double (one thread: the batch's
-// loss is a few thousand values), so the allreduced loss rides in the gradient buffer.
-extern "C" __global__ void loss_sum(const float* __restrict__ loss, float* __restrict__ out, int n) {
+// out[0] = the sum of x[0..n) in order, accumulated in double (one thread: a batch's loss is
+// a few thousand values).
+extern "C" __global__ void sum(const float* __restrict__ x, float* __restrict__ out, int n) {
     if (RR_TID != 0) return;
     double acc = 0.0;
-    for (int i = 0; i < n; i++) acc += (double)loss[i];
+    for (int i = 0; i < n; i++) acc += (double)x[i];
     out[0] = (float)acc;
 }

@@ -1,4 +1,4 @@
-// Compiles the CUDA C kernels of this folder as host C++ (tests: src/cuda/host.rs).
+// Compiles the CUDA C kernels of this folder as host C++ (tests: src/device/host_kernels.rs).
 // The launch geometry is a set of globals the caller sets before calling a kernel once per
 // (block, thread); kernels are grid-stride loops without shared memory, so a sequential
 // walk over the threads computes exactly what the GPU does.

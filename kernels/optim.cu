@@ -1,4 +1,4 @@
-// Dense optimizer updates on the GPU, the same arithmetic as src/model/optim.rs.
+// Dense optimizer updates, the same arithmetic as the CPU device (src/device/cpu.rs).
 
 // SGD: p -= lr * g.
 extern "C" __global__ void sgd_update(float* __restrict__ p, const float* __restrict__ g, float lr, long long n) {

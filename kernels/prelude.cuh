@@ -1,4 +1,4 @@
-// Prelude of every ringrec kernel source (prepended by src/cuda/kernels.rs before NVRTC
+// Prelude of every ringrec kernel source (prepended by src/device/kernels.rs before NVRTC
 // compiles it). Kernels are plain CUDA C with no #include, so NVRTC needs no header
 // search path, and grid-stride loops with no shared memory or __syncthreads, so the same
 // sources also compile as C++ on the host (kernels/host_shim.h) where the tests run them

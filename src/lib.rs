@@ -11,15 +11,17 @@
 
 pub mod bench;
 pub mod comm;
-pub mod cuda;
 pub mod data;
+pub mod device;
 pub mod dtype;
 pub mod embedding;
 pub mod engine;
 pub mod error;
+pub mod hash;
 pub mod model;
 pub mod shm;
 pub mod sparse;
+pub mod tensor;
 pub mod topology;
 pub mod train;
 

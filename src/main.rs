@@ -1,5 +1,7 @@
 //! The `ringrec` command line: clap definitions and dispatch only.
 
+mod cli;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
@@ -19,7 +21,7 @@ enum Command {
     Demo,
     /// Train the CTR model (data-parallel; run under mpirun for several ranks). Without
     /// --data it trains on a synthetic Criteo-format set that it generates once.
-    Train(ringrec::train::TrainArgs),
+    Train(cli::train::TrainArgs),
     /// Print this rank's topology and whether a GPU path is available.
     Info,
     /// Prepare, generate and inspect training data (Criteo format).
@@ -60,19 +62,15 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo => demo(),
-        Command::Train(args) => {
-            let topo = Topology::init().context("starting MPI")?;
-            ringrec::train::run(&topo, &args)?;
-            Ok(())
-        }
+        Command::Train(args) => cli::train::run(&args),
         Command::Info => {
             let topo = Topology::init()?;
             println!("{}", topo.describe());
             println!("job id {}", topo.job_id);
-            match ringrec::cuda::probe() {
-                Ok(i) => match ringrec::cuda::resolve(ringrec::cuda::DeviceChoice::Cuda, topo.machine_local_rank, topo.machine_local_size, topo.size) {
-                    Ok(Some(g)) => println!("cuda: {} device(s); this rank would train on GPU {g}", i.devices),
-                    Ok(None) => println!("cuda: {} device(s)", i.devices),
+            match ringrec::device::probe() {
+                Ok(i) => match ringrec::device::Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size) {
+                    Ok(ringrec::device::Placement::Cuda(Some(g))) => println!("cuda: {} device(s); this rank would train on GPU {g}", i.devices),
+                    Ok(_) => println!("cuda: {} device(s)", i.devices),
                     Err(e) => println!("cuda: {} device(s), but: {e}", i.devices),
                 },
                 Err(e) => println!("cuda: unavailable: {e}"),
@@ -112,7 +110,7 @@ fn demo() -> anyhow::Result<()> {
             println!("  {}", String::from_utf8_lossy(&bytes[at..at + c]));
             at += c;
         }
-        match ringrec::cuda::probe() {
+        match ringrec::device::probe() {
             Ok(i) => println!("cuda: {} device(s) visible", i.devices),
             Err(e) => println!("cuda: {e}"),
         }

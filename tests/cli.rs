@@ -82,7 +82,7 @@ fn bad_flags_say_what_to_do() {
 
 #[test]
 fn bench_allreduce_nccl_row_is_skipped_with_the_reason_without_a_gpu() {
-    if ringrec::cuda::probe().is_ok() {
+    if ringrec::device::probe().is_ok() {
         eprintln!("skipped: this machine has a GPU; the NCCL rows are measured instead");
         return;
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use half::{bf16, f16};
 use ringrec::dtype::{DType, ReduceOp};
 use ringrec::engine::{Compression, EngineError, Handle, Tensor};
-use ringrec::model::mlp::splitmix64;
+use ringrec::hash::splitmix64;
 
 /// One splitmix64 output for seed `z`.
 fn mix(mut z: u64) -> u64 {
@@ -233,7 +233,7 @@ fn worker_interleavings() {
         noisy.sort_by_key(|(i, _)| *i);
         if let Some(f) = dump.as_mut() {
             for (_, t) in &noisy {
-                f.write_all(t.bytes()).expect("dump");
+                f.write_all(t.host_bytes().expect("host tensor")).expect("dump");
             }
         }
     }
@@ -469,4 +469,94 @@ fn the_example_trains_identical_replicas() {
     job.assert_ok();
     let out = job.all();
     assert!(out.contains("engine_mlp: 3 rank(s), 12 parameter tensors, 80 steps") && out.contains("replicas identical: true"), "{out}");
+}
+
+/// The engine started with a device executor on the host-kernels device (the GPU code path
+/// on the CPU: device buffers, a fusion buffer on the device, the cast kernels, CPU
+/// collectives in place of NCCL).
+fn device_engine() -> (ringrec::topology::Topology, ringrec::device::HostKernels, ringrec::engine::Engine) {
+    use ringrec::comm::{self, HostCollectives};
+    use ringrec::device::{Device, HostKernels};
+    use ringrec::engine::{DeviceExecutor, Engine, EngineConfig};
+    let topo = ringrec::topology::Topology::init().expect("MPI");
+    let dev = HostKernels::new().expect("host kernels");
+    let config = EngineConfig::from_env().expect("settings");
+    let coll = HostCollectives::new(comm::build_tagged(comm::Backend::auto(&topo), &topo, "device").expect("backend"));
+    let engine = Engine::start_with_device(&topo, &config, Some(Box::new(DeviceExecutor::new(dev.fork().expect("fork"), coll)))).expect("engine");
+    (topo, dev, engine)
+}
+
+#[test]
+#[ignore = "runs under mpirun, launched by the tests below"]
+fn worker_device_tensors() {
+    use ringrec::device::Device;
+    let (topo, dev, engine) = device_engine();
+    let (me, n) = (topo.rank, topo.size);
+    let sizes = [1000usize, 7, 333, 1, 4096];
+    for step in 0..4 {
+        // Device tensors (small integers: every summation order is exact), submitted in an
+        // order that differs per rank, beside host tensors; waited for all at once, so the
+        // engine fuses them.
+        let mut order: Vec<usize> = (0..sizes.len()).collect();
+        order.rotate_left((me + step) % sizes.len());
+        let mut hs = Vec::new();
+        for i in order {
+            let v: Vec<f32> = values(&format!("d{i}"), me, step, sizes[i], false).iter().map(|x| *x as f32).collect();
+            hs.push((i, engine.allreduce_async(&format!("dev.{i}"), dev.lend(dev.buffer_from(&v).unwrap()), ReduceOp::Sum)));
+        }
+        let host = engine.allreduce_async("host.0", Tensor::from_vec(vec![me as i64; 5]), ReduceOp::Sum);
+        for (i, h) in hs {
+            let t = h.wait().expect("device allreduce");
+            assert!(t.host_bytes().is_none(), "a device tensor comes back on the device");
+            let got = dev.to_vec(&dev.take_back::<f32>(t).unwrap(), sizes[i]).unwrap();
+            let want: Vec<f32> = (0..sizes[i]).map(|j| (0..n).map(|r| values(&format!("d{i}"), r, step, sizes[i], false)[j]).sum::<f64>() as f32).collect();
+            assert_eq!(got, want, "dev.{i} step {step}");
+        }
+        assert_eq!(host.wait().unwrap().as_slice::<i64>().unwrap(), &[(0..n as i64).sum::<i64>(); 5]);
+    }
+    // fp16 on the wire: the cast kernels round like the half crate; small integers are exact.
+    let v: Vec<f32> = (0..300).map(|i| (i % 9) as f32 - 4.0).collect();
+    let t = engine.allreduce_async_with("dev.fp16", dev.lend(dev.buffer_from(&v).unwrap()), ReduceOp::Average, Compression::Fp16).wait().expect("fp16");
+    assert_eq!(dev.to_vec(&dev.take_back::<f32>(t).unwrap(), 300).unwrap(), v, "the average of equal values");
+    // Broadcast from rank 1 on the device.
+    let v = vec![me as f32 + 0.5; 17];
+    let t = engine.broadcast_async("dev.bcast", dev.lend(dev.buffer_from(&v).unwrap()), 1).wait().expect("broadcast");
+    assert_eq!(dev.to_vec(&dev.take_back::<f32>(t).unwrap(), 17).unwrap(), vec![1.5f32; 17]);
+    // A name on a device on one rank and in host memory on another: a mismatch everywhere.
+    let t = if me == 0 { Tensor::from_vec(vec![1.0f32; 4]) } else { dev.lend(dev.buffer_from(&[1.0f32; 4]).unwrap()) };
+    match engine.allreduce_async("dev.where", t, ReduceOp::Sum).wait() {
+        Err(EngineError::Mismatch { detail, .. }) => assert!(detail.contains("on a device"), "{detail}"),
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+    // 1-bit and allgather on device tensors are refused with what to do instead.
+    let e = engine.allreduce_async_with("dev.1bit", dev.lend(dev.buffer_from(&[1.0f32; 4]).unwrap()), ReduceOp::Sum, Compression::OneBit).wait().unwrap_err();
+    assert!(e.to_string().contains("use fp16, bf16 or none"), "{e}");
+    let e = engine.allgather_async("dev.gather", dev.lend(dev.buffer_from(&[1.0f32; 4]).unwrap())).wait().unwrap_err();
+    assert!(e.to_string().contains("allgather a host copy"), "{e}");
+    println!("DEVICE DONE rank={me} device={}", engine.device().unwrap_or("none"));
+}
+
+#[test]
+fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
+    let path = std::env::temp_dir().join(format!("ringrec-timeline-device-{}.json", std::process::id()));
+    let p = path.display().to_string();
+    for (np, hosts) in [(3, "3"), (4, "2")] {
+        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000")];
+        let job = common::run_worker("worker_device_tensors", np, &env, Duration::from_secs(180));
+        job.assert_ok();
+        assert_eq!(job.all().matches("DEVICE DONE").count(), np, "{}", job.all());
+        assert!(job.all().contains("device=shm on host-kernels") || job.all().contains("device=hier on host-kernels"), "{}", job.all());
+        let ev: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("timeline")).expect("JSON");
+        let ev = ev.as_array().unwrap();
+        // Negotiated, then fused through the device fusion buffer: copy in, reduce, copy out.
+        let p = phases(ev, "dev.0");
+        for phase in ["NEGOTIATE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"] {
+            assert!(p.iter().any(|x| x == phase), "{np} ranks: missing {phase}: {p:?}");
+        }
+        let fused = ev.iter().filter(|e| e["cat"] == "dev.0" && e["name"] == "ALLREDUCE").map(|e| e["args"]["fused"].as_u64().unwrap()).max().unwrap();
+        assert!(fused >= 5, "{np} ranks: the five device tensors of a step are reduced as one: {fused}");
+        let p = phases(ev, "dev.fp16");
+        assert!(p.iter().any(|x| x == "COMPRESS") && p.iter().any(|x| x == "DECOMPRESS"), "{p:?}");
+    }
+    let _ = std::fs::remove_file(&path);
 }

@@ -253,9 +253,10 @@ fn assert_losses_close(cpu: &serde_json::Value, dev: &serde_json::Value, rel: f6
 
 #[test]
 fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
-    // --device host runs the GPU path's code (DeviceMlp: batch staging, the kernels of
-    // kernels/*.cu compiled for the CPU, per-layer gradient reduction, the loss sum in
-    // layer 0's buffer) with the CPU collectives in place of NCCL: 4 ranks as 2 hosts.
+    // --device host runs the GPU path's code (the dense model on the host-kernels device:
+    // batch staging, the kernels of kernels/*.cu compiled for the CPU, device tensors
+    // reduced by the engine's device executor) with the CPU collectives in place of NCCL:
+    // 4 ranks as 2 hosts.
     let (cpu, dev) = against_cpu(4, &[("RINGREC_RANKS_PER_HOST", "2")], "host", &[]);
     assert!(dev["device"].as_str().unwrap().starts_with("host"), "{dev}");
     assert_eq!(cpu["device"], "cpu");
@@ -308,7 +309,7 @@ fn gradient_compression_on_the_gpu_code_path() {
 
 #[test]
 fn device_cuda_without_a_gpu_says_what_is_missing() {
-    if ringrec::cuda::probe().is_ok() {
+    if ringrec::device::probe().is_ok() {
         eprintln!("skipped: this machine has a GPU (the GPU test below runs instead)");
         return;
     }
@@ -331,4 +332,30 @@ fn gpu_training_matches_the_cpu_path_for_50_steps() {
     let (cpu, dev) = against_cpu(np, &[], "cuda", &[]);
     assert!(!dev["device"].as_str().unwrap().starts_with("cpu"), "{dev}");
     assert_losses_close(&cpu, &dev, 1e-3, "cuda");
+}
+
+#[test]
+fn the_gpu_code_path_reduces_through_the_engine() {
+    // --device host: the layers' gradients are device tensors; the engine negotiates them,
+    // fuses them through its device fusion buffer and records them in the timeline, as it
+    // does host tensors on the CPU path. A long cycle time: every step's tensors are pending
+    // when the trainer waits, so they are reduced as one.
+    let dir = tmpdir("dev-engine");
+    let tl = dir.join("timeline.json");
+    let t = tl.display().to_string();
+    let job = train(2, &[("RINGREC_TIMELINE", t.as_str()), ("RINGREC_CYCLE_TIME", "1000")], &["--hidden", "16,8", "--max-steps", "4", "--device", "host"]);
+    job.assert_ok();
+    assert!(summary(&job)["device"].as_str().unwrap().starts_with("host-kernels"), "{}", job.all());
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tl).expect("timeline")).expect("timeline JSON");
+    let ev = v.as_array().unwrap();
+    for tensor in ["dense.layer0", "dense.layer1", "dense.layer2", "dense.loss"] {
+        let phases: Vec<&str> = ev.iter().filter(|e| e["cat"] == tensor && e["ph"] == "X").map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(phases.iter().filter(|p| **p == "NEGOTIATE").count(), 4, "{tensor}: one submission per step: {phases:?}");
+        for phase in ["MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"] {
+            assert_eq!(phases.iter().filter(|p| **p == phase).count(), 4, "{tensor}: {phase} every step: {phases:?}");
+        }
+    }
+    let fused: Vec<u64> = ev.iter().filter(|e| e["cat"] == "dense.layer0" && e["name"] == "ALLREDUCE").map(|e| e["args"]["fused"].as_u64().unwrap()).collect();
+    assert_eq!(fused, vec![4; 4], "three layers and the loss in one fused allreduce per step");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,8 +11,10 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
-use crate::comm::{self, Backend, Collectives};
-use crate::dtype::{DType, ReduceOp};
+use crate::comm::nccl::NcclComm;
+use crate::comm::{self, Backend, DeviceCollectives, HostCollectives};
+use crate::device::{CpuDevice, CudaDevice, Device, Placement, Scalar};
+use crate::dtype::{DType, Element, ReduceOp};
 use crate::topology::Topology;
 
 /// Flags of `ringrec bench allreduce`.
@@ -99,21 +101,6 @@ pub struct Report {
     pub skipped: Vec<(String, String)>,
 }
 
-/// Buffer of `bytes` bytes aligned to 64.
-struct Aligned {
-    v: Vec<u64>,
-    bytes: usize,
-}
-impl Aligned {
-    fn new(bytes: usize) -> Aligned {
-        Aligned { v: vec![0u64; bytes.div_ceil(8)], bytes }
-    }
-    fn bytes(&mut self) -> &mut [u8] {
-        let n = self.bytes;
-        &mut bytemuck::cast_slice_mut(&mut self.v)[..n]
-    }
-}
-
 /// Rank r's value at index i: small integers, so every summation order is exact in every dtype.
 pub fn pattern(i: usize, rank: usize) -> f64 {
     ((i.wrapping_mul(7) + rank * 3) % 8) as f64 - 3.0
@@ -197,105 +184,80 @@ pub fn iterations(iters: usize, size: usize) -> usize {
     iters.max(small).min(large.max(1)).max(1)
 }
 
-/// What one table measures: an in-place allreduce of a buffer on some backend.
-pub trait Target {
-    /// The backend's name in the table.
-    fn name(&self) -> String;
-    /// Makes the buffer `bytes` long and sets it to `bytes` (untimed).
-    fn load(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
-    /// Starts (GPU) or runs (CPU) one allreduce of the buffer.
-    fn allreduce(&mut self, dtype: DType, op: ReduceOp) -> anyhow::Result<()>;
-    /// Waits for the allreduces started so far.
-    fn sync(&mut self) -> anyhow::Result<()>;
-    /// Copies the buffer into `out`.
-    fn read(&mut self, out: &mut [u8]) -> anyhow::Result<()>;
-}
-
-/// A CPU backend on a host buffer.
-struct HostTarget {
-    coll: Box<dyn Collectives>,
-    buf: Aligned,
-}
-
-impl Target for HostTarget {
-    fn name(&self) -> String {
-        self.coll.name().to_string()
-    }
-    fn load(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        if self.buf.bytes != bytes.len() {
-            self.buf = Aligned::new(bytes.len());
-        }
-        self.buf.bytes().copy_from_slice(bytes);
-        Ok(())
-    }
-    fn allreduce(&mut self, dtype: DType, op: ReduceOp) -> anyhow::Result<()> {
-        Ok(self.coll.allreduce_raw(self.buf.bytes(), dtype, op)?)
-    }
-    fn sync(&mut self) -> anyhow::Result<()> {
-        Ok(())
-    }
-    fn read(&mut self, out: &mut [u8]) -> anyhow::Result<()> {
-        out.copy_from_slice(self.buf.bytes());
-        Ok(())
-    }
-}
-
-fn measure(topo: &Topology, target: &mut dyn Target, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
-    let world = &topo.world.comm;
-    let n = topo.size;
+/// One row: an in-place allreduce of `size` bytes of `T` on `dev`'s memory with `coll`
+/// (the mean over the timed iterations, the slowest rank's), validated afterwards.
+fn measure<D: Device, C: DeviceCollectives<D>, T: Scalar + Element>(topo: &Topology, dev: &D, coll: &mut C, args: &AllreduceBenchArgs, op: ReduceOp, size: usize) -> anyhow::Result<Row> {
+    let (world, n, dtype) = (&topo.world.comm, topo.size, T::DTYPE);
     let count = size / dtype.size();
-    let mut host = Aligned::new(size);
-    fill(host.bytes(), dtype, topo.rank);
-    target.load(host.bytes())?;
+    let mut host = vec![T::zeroed(); count];
+    fill(bytemuck::cast_slice_mut(&mut host), dtype, topo.rank);
+    let mut buf = dev.buffer_from(&host)?;
     let iters = iterations(args.iters, size);
     for _ in 0..args.warmup.min(iters) {
-        target.allreduce(dtype, op)?;
+        coll.allreduce(dev, &mut buf, 0, count, op)?;
     }
-    target.sync()?;
+    coll.wait(dev)?;
     world.barrier();
     let t0 = Instant::now();
     for _ in 0..iters {
-        target.allreduce(dtype, op)?;
+        coll.allreduce(dev, &mut buf, 0, count, op)?;
     }
-    target.sync()?;
+    coll.wait(dev)?;
     let local = t0.elapsed().as_secs_f64() / iters as f64;
     let mut slowest = 0f64;
     world.all_reduce_into(&local, &mut slowest, SystemOperation::max());
     // Validation on fresh input.
-    target.load(host.bytes())?;
-    target.allreduce(dtype, op)?;
-    target.sync()?;
-    target.read(host.bytes())?;
-    let wrong_here = count_wrong(host.bytes(), dtype, op, n);
+    dev.write(&host, &mut buf, 0)?;
+    coll.allreduce(dev, &mut buf, 0, count, op)?;
+    coll.wait(dev)?;
+    dev.read(&buf, 0, &mut host)?;
+    let wrong_here = count_wrong(bytemuck::cast_slice(&host), dtype, op, n);
     let mut wrong = 0u64;
     world.all_reduce_into(&wrong_here, &mut wrong, SystemOperation::sum());
     let algbw = size as f64 / slowest / 1e9;
     let busbw = if n > 1 { algbw * 2.0 * (n - 1) as f64 / n as f64 } else { 0.0 };
-    Ok(Row {
-        backend: target.name(),
-        size,
-        count,
-        dtype: dtype.name().to_string(),
-        redop: op.name().to_string(),
-        time_us: slowest * 1e6,
-        algbw,
-        busbw,
-        wrong,
-    })
+    Ok(Row { backend: coll.name().to_string(), size, count, dtype: dtype.name().to_string(), redop: op.name().to_string(), time_us: slowest * 1e6, algbw, busbw, wrong })
 }
 
-/// A backend to measure: a CPU one or NCCL.
+/// Every size of the run on one backend; prints the rows on rank 0.
+fn table<D: Device, C: DeviceCollectives<D>>(topo: &Topology, dev: &D, coll: &mut C, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let print = topo.rank == 0 && !args.json;
+    if print {
+        println!("\n# backend: {}", coll.name());
+        println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong");
+        println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+    }
+    for size in sizes(args, dtype.size()) {
+        let row = match dtype {
+            DType::F32 => measure::<D, C, f32>(topo, dev, coll, args, op, size),
+            DType::F64 => measure::<D, C, f64>(topo, dev, coll, args, op, size),
+            DType::F16 => measure::<D, C, half::f16>(topo, dev, coll, args, op, size),
+            DType::BF16 => measure::<D, C, half::bf16>(topo, dev, coll, args, op, size),
+            DType::I32 => measure::<D, C, i32>(topo, dev, coll, args, op, size),
+            DType::I64 => measure::<D, C, i64>(topo, dev, coll, args, op, size),
+            DType::U8 => anyhow::bail!("uint8 is not reducible"),
+        }?;
+        if print {
+            println!("{:>12} {:>12} {:>8} {:>6} {:>10.2} {:>8.3} {:>8.3} {:>7}", row.size, row.count, row.dtype, row.redop, row.time_us, row.algbw, row.busbw, row.wrong);
+        }
+        rows.push(row);
+    }
+    Ok(())
+}
+
+/// A backend to measure: a CPU one (on the CPU device's memory) or NCCL (on the rank's GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Choice {
     Cpu(Backend),
     Nccl,
 }
 
-fn target(topo: &Topology, choice: Choice) -> anyhow::Result<Box<dyn Target>> {
-    Ok(match choice {
-        Choice::Cpu(b) => Box::new(HostTarget { coll: comm::build(b, topo)?, buf: Aligned::new(0) }),
-        Choice::Nccl => super::nccl::target(topo)?,
-    })
+/// The rank's GPU (`machine_local_rank % visible GPUs`).
+fn gpu(topo: &Topology) -> Result<CudaDevice, crate::device::DeviceError> {
+    match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size)? {
+        Placement::Cuda(Some(ordinal)) => CudaDevice::new(ordinal),
+        _ => Err(crate::device::DeviceError::NoDevice("no GPU was chosen".into())),
+    }
 }
 
 /// Runs the benchmark; prints on rank 0. Returns the report (on every rank).
@@ -323,32 +285,19 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
             Choice::Cpu(b) => b.to_string(),
             Choice::Nccl => "nccl".to_string(),
         };
-        let made = target(topo, choice).map_err(|e| format!("{e:#}"));
-        // NCCL's start-up is collective: every rank has its GPU and communicator or all skip.
-        let mut coll = match topo.agree(made) {
-            Ok(c) => c,
+        // Start-up is collective (NCCL's especially): every rank has its backend or all skip.
+        let ran = match choice {
+            Choice::Cpu(b) => topo.agree(comm::build(b, topo).map_err(|e| e.to_string())).map(|c| table(topo, &CpuDevice::new(1), &mut HostCollectives::new(c), args, dtype, op, &mut report.rows)),
+            Choice::Nccl => topo.agree(gpu(topo).map_err(|e| format!("rank {}: {e}", topo.rank))).map(|dev| NcclComm::new(topo, &dev).map_err(anyhow::Error::from).and_then(|mut nccl| table(topo, &dev, &mut nccl, args, dtype, op, &mut report.rows))),
+        };
+        match ran {
+            Ok(done) => done?,
             Err(e) => {
                 if root && !args.json {
                     println!("\n# backend {backend}: skipped ({e})");
                 }
                 report.skipped.push((backend, e.to_string()));
-                continue;
             }
-        };
-        if root && !args.json {
-            println!("\n# backend: {backend}");
-            println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong");
-            println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-        }
-        for size in sizes(args, dtype.size()) {
-            let row = measure(topo, coll.as_mut(), args, dtype, op, size)?;
-            if root && !args.json {
-                println!(
-                    "{:>12} {:>12} {:>8} {:>6} {:>10.2} {:>8.3} {:>8.3} {:>7}",
-                    row.size, row.count, row.dtype, row.redop, row.time_us, row.algbw, row.busbw, row.wrong
-                );
-            }
-            report.rows.push(row);
         }
     }
     if root {

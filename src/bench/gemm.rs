@@ -5,7 +5,8 @@
 
 use std::time::Instant;
 
-use crate::model::gemm::sgemm;
+use crate::device::sgemm::sgemm;
+use crate::device::{CpuDevice, Device, Op};
 use crate::model::{Mlp, MlpShape};
 
 /// Flags of `ringrec bench gemm`.
@@ -136,15 +137,29 @@ pub fn run(args: &GemmBenchArgs) -> anyhow::Result<()> {
     let gemm_rate = total_flops / t_gemm / 1e9;
     println!("# all step SGEMMs: gemm crate {gemm_rate:.1} GFLOP/s{}", if t_blas > 0.0 { format!(", OpenBLAS {:.1} GFLOP/s ({:.2}x)", total_flops / t_blas / 1e9, t_blas / t_gemm) } else { ", OpenBLAS not installed (apt-get install libopenblas0)".to_string() });
     // The MLP itself: forward + backward incl. bias, ReLU, loss.
-    let mut mlp = Mlp::new(shape.clone(), 1, args.threads);
+    let dev = CpuDevice::new(args.threads);
+    let mut mlp = Mlp::new(&dev, shape.clone(), &shape.init_params(1))?;
     let x: Vec<f32> = (0..args.batch * args.input).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
     let y: Vec<f32> = (0..args.batch).map(|i| (i % 3 == 0) as u8 as f32).collect();
-    let mut g = vec![0f32; mlp.num_params()];
-    let mut dx = vec![0f32; x.len()];
-    mlp.forward_backward(&x, &y, args.batch, 1.0, &mut g, &mut dx);
+    let (mut loss, mut dx) = (vec![0f32; args.batch], vec![0f32; x.len()]);
+    let mut step = |mlp: &mut Mlp<CpuDevice>| -> anyhow::Result<()> {
+        mlp.forward(&dev, &x, args.batch)?;
+        let (z, delta) = mlp.output_and_delta();
+        dev.exec(Op::BceWithLogits { z, y: &y, loss: &mut loss, delta, n: args.batch, scale: 1.0 })?;
+        let mut grads = Vec::new();
+        mlp.backward(&dev, &x, &mut dx, args.batch, &mut |l, g| {
+            grads.push((l, g));
+            Ok(())
+        })?;
+        for (l, g) in grads {
+            mlp.put_grad(l, g);
+        }
+        Ok(())
+    };
+    step(&mut mlp)?;
     let t = Instant::now();
     for _ in 0..args.reps {
-        mlp.forward_backward(&x, &y, args.batch, 1.0, &mut g, &mut dx);
+        step(&mut mlp)?;
     }
     let s = t.elapsed().as_secs_f64();
     let mlp_rate = shape.flops_per_sample() * args.batch as f64 * args.reps as f64 / s / 1e9;

@@ -6,4 +6,3 @@ pub mod embedding;
 pub mod engine;
 pub mod sparse;
 pub mod gemm;
-pub mod nccl;

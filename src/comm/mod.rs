@@ -12,14 +12,17 @@
 //! or an overrun. `shm` carries the check inside its own synchronisation; the MPI-based
 //! backends exchange a 32-byte header first, unless `RINGREC_VERIFY=0`.
 
+pub mod device;
 pub mod hier;
 pub mod mpi_backend;
+pub mod nccl;
 pub mod ring;
 pub mod scattered;
 pub mod shm;
 pub mod verify;
 
 use crate::dtype::{DType, Element, ReduceOp};
+pub use device::{DeviceCollectives, HostCollectives};
 pub use scattered::Scattered;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};

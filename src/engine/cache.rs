@@ -119,7 +119,7 @@ mod tests {
     use crate::dtype::{DType, ReduceOp};
 
     fn req(name: &str, n: usize) -> Request {
-        Request { name: name.into(), kind: OpKind::Allreduce, dtype: DType::F32, shape: vec![n], op: ReduceOp::Sum, root: 0, compression: Compression::None, group: None, age_us: 5 }
+        Request { name: name.into(), kind: OpKind::Allreduce, dtype: DType::F32, location: crate::tensor::Location::Host, shape: vec![n], op: ReduceOp::Sum, root: 0, compression: Compression::None, group: None, age_us: 5 }
     }
 
     #[test]

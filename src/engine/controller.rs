@@ -23,9 +23,10 @@ use super::cache::{Bits, Lookup, ResponseCache};
 use super::coordinator::Coordinator;
 use super::error::{EngineError, EngineResult};
 use super::fusion::{fuse, Executor};
+use super::device::ExecuteDevice;
 use super::message::{Reader, Request, Response, ResponseList, Writer};
-use super::tensor::Tensor;
 use super::timeline::Timeline;
+use crate::tensor::{Location, Tensor};
 use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::topology::Group;
@@ -45,7 +46,7 @@ pub struct Submission {
 /// Messages to the background thread.
 pub enum Msg {
     /// A new tensor.
-    Submit(Submission),
+    Submit(Box<Submission>),
     /// This rank leaves; every rank's engine stops in the same cycle.
     Shutdown,
     /// Start the next cycle now instead of at the end of the cycle time (sent when a
@@ -152,6 +153,8 @@ pub struct LoopConfig {
     pub autotune: bool,
     /// The search itself (rank 0 only).
     pub autotuner: Option<Autotuner>,
+    /// The executor of tensors in a device's memory (none: host tensors only).
+    pub device: Option<Box<dyn ExecuteDevice>>,
 }
 
 /// The background thread's state.
@@ -161,6 +164,7 @@ pub struct Controller {
     control: Group,
     ctl: MpiCollectives,
     exec: Executor,
+    device: Option<Box<dyn ExecuteDevice>>,
     rx: Receiver<Msg>,
     pending: HashMap<String, Pending>,
     order: Vec<String>,
@@ -204,6 +208,7 @@ impl Controller {
             control,
             ctl,
             exec: Executor::new(backend),
+            device: cfg.device,
             rx,
             pending: HashMap::new(),
             order: Vec::new(),
@@ -255,6 +260,7 @@ impl Controller {
     fn take(&mut self, m: Msg) -> bool {
         match m {
             Msg::Submit(s) => {
+                let s = *s;
                 if self.pending.contains_key(&s.req.name) {
                     let _ = s.reply.send(Err(EngineError::Duplicate(s.req.name.clone())));
                 } else {
@@ -312,8 +318,9 @@ impl Controller {
         mpi::request::scope(|scope| crate::comm::wait_sleeping(self.control.comm.immediate_all_reduce_into(scope, &send[..], &mut words[..], SystemOperation::bitwise_and())));
     }
 
-    fn cycle(&mut self) -> EngineResult<Flow> {
-        let now = Instant::now();
+    /// Routes the pending tensors (cache hit, stale entry, or to the coordinator): this
+    /// rank's cache hits, stale bits, and whether it has uncached requests.
+    fn classify(&mut self, now: Instant) -> (Bits, Bits, bool) {
         let cap = self.cache.capacity();
         let mut hits = Bits::zeros(cap);
         let mut stale = Bits::zeros(cap);
@@ -345,6 +352,12 @@ impl Controller {
         if let Some(c) = &self.coordinator {
             uncached |= c.has_pending() || self.tuning || !self.synced;
         }
+        (hits, stale, uncached)
+    }
+
+    /// One bit-vector allreduce: the flags ORed, cache hits ANDed, stale bits ORed over the
+    /// ranks. Returns (flags, bits every rank has ready, stale bits).
+    fn agree_bits(&self, hits: Bits, stale: Bits, uncached: bool) -> (u64, Bits, Bits) {
         let mut flags = 0;
         if uncached {
             flags |= FLAG_UNCACHED;
@@ -358,12 +371,17 @@ impl Controller {
         words.extend_from_slice(&hits.0);
         words.extend(stale.0.iter().map(|w| !w));
         self.band(&mut words);
-        let flags = !words[0];
+        let stale = Bits(words[1 + nw..].iter().map(|w| !w).collect());
+        let ready = Bits(words[1..1 + nw].iter().zip(&stale.0).map(|(h, s)| h & !s).collect());
+        (!words[0], ready, stale)
+    }
+
+    fn cycle(&mut self) -> EngineResult<Flow> {
+        let (hits, stale, uncached) = self.classify(Instant::now());
+        let (flags, ready, stale) = self.agree_bits(hits, stale, uncached);
         if flags & FLAG_SHUTDOWN != 0 {
             return Ok(Flow::Stop(EngineError::ShutDown("a rank shut its engine down (its Runtime was dropped or shutdown() called)".into())));
         }
-        let stale = Bits(words[1 + nw..].iter().map(|w| !w).collect());
-        let ready = Bits(words[1..1 + nw].iter().zip(&stale.0).map(|(h, s)| h & !s).collect());
         let stale_bits = stale.ones();
         for bit in &stale_bits {
             self.cache.remove(*bit);
@@ -499,7 +517,12 @@ impl Controller {
             }
             let start = Instant::now();
             let mut tensors: Vec<Tensor> = subs.iter_mut().map(|s| std::mem::replace(&mut s.tensor, Tensor::from_vec(Vec::<u8>::new()))).collect();
-            let steps = match self.exec.execute(&resp, &mut tensors) {
+            let result = match (resp.location, self.device.as_mut()) {
+                (Location::Host, _) => self.exec.execute(&resp, &mut tensors),
+                (Location::Device, Some(d)) => d.execute(&resp, &mut tensors),
+                (Location::Device, None) => Err(EngineError::Comm("device tensors reached an engine started without a device executor (engine bug)".into())),
+            };
+            let steps = match result {
                 Ok(steps) => steps,
                 Err(e) => {
                     for s in subs {

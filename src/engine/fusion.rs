@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::compression::{self, Compression, OneBit};
 use super::error::{EngineError, EngineResult};
 use super::message::{OpKind, Response};
-use super::tensor::Tensor;
+use crate::tensor::Tensor;
 use crate::comm::scattered::aligned_bytes;
 use crate::comm::{Collectives, Scattered};
 use crate::dtype::{DType, ReduceOp};
@@ -32,7 +32,7 @@ pub fn fuse(responses: Vec<Response>, threshold: usize) -> Vec<Response> {
             let mut bytes = f.bytes();
             for j in i + 1..responses.len() {
                 let r = &responses[j];
-                if !taken[j] && fusable(r) && r.dtype == f.dtype && r.op == f.op && r.compression == f.compression && bytes + r.bytes() <= threshold {
+                if !taken[j] && fusable(r) && r.dtype == f.dtype && r.location == f.location && r.op == f.op && r.compression == f.compression && bytes + r.bytes() <= threshold {
                     bytes += r.bytes();
                     f.entries.extend(r.entries.iter().cloned());
                     taken[j] = true;
@@ -47,7 +47,12 @@ pub fn fuse(responses: Vec<Response>, threshold: usize) -> Vec<Response> {
 /// One timed step of a collective, for the timeline.
 pub type Step = (&'static str, Instant, Instant);
 
-/// Runs responses on a backend.
+/// The host bytes of a tensor the host executor was handed.
+fn host(t: &mut Tensor) -> EngineResult<&mut [u8]> {
+    t.host_bytes_mut().ok_or_else(|| EngineError::Comm("a device tensor reached the host executor (engine bug)".into()))
+}
+
+/// Runs responses over tensors in host memory on a CPU backend.
 pub struct Executor {
     /// The data backend.
     pub backend: Box<dyn Collectives>,
@@ -74,7 +79,7 @@ impl Executor {
             OpKind::Broadcast => {
                 let t0 = Instant::now();
                 for t in tensors.iter_mut() {
-                    self.backend.broadcast_raw(t.bytes_mut(), resp.root as usize)?;
+                    self.backend.broadcast_raw(host(t)?, resp.root as usize)?;
                 }
                 Ok(vec![("BROADCAST", t0, Instant::now())])
             }
@@ -91,10 +96,10 @@ impl Executor {
     fn allreduce(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
         if let [t] = tensors {
-            self.backend.allreduce_raw(t.bytes_mut(), resp.dtype, resp.op)?;
+            self.backend.allreduce_raw(host(t)?, resp.dtype, resp.op)?;
             return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
         }
-        let mut view = Scattered::new(tensors.iter_mut().map(|t| t.bytes_mut()).collect());
+        let mut view = Scattered::new(tensors.iter_mut().map(host).collect::<EngineResult<Vec<_>>>()?);
         if self.backend.zero_copy_fusion() {
             self.backend.allreduce_scattered(&mut view, resp.dtype, resp.op)?;
             return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
@@ -176,7 +181,7 @@ impl Executor {
     }
 
     fn allgather(&mut self, t: &Tensor) -> EngineResult<Tensor> {
-        let g = self.backend.allgatherv_raw(t.bytes())?;
+        let g = self.backend.allgatherv_raw(t.host_bytes().ok_or_else(|| EngineError::Comm("a device tensor reached the host executor (engine bug)".into()))?)?;
         let row: usize = t.shape().iter().skip(1).product::<usize>() * t.dtype().size();
         let mut shape = t.shape().to_vec();
         if shape.is_empty() {
@@ -194,7 +199,7 @@ mod tests {
     use super::*;
 
     fn resp(name: &str, count: u64, dtype: DType) -> Response {
-        Response { kind: OpKind::Allreduce, dtype, op: ReduceOp::Sum, root: 0, compression: Compression::None, entries: vec![Entry { name: name.into(), count }], error: None }
+        Response { kind: OpKind::Allreduce, dtype, location: crate::tensor::Location::Host, op: ReduceOp::Sum, root: 0, compression: Compression::None, entries: vec![Entry { name: name.into(), count }], error: None }
     }
 
     #[test]
@@ -204,6 +209,9 @@ mod tests {
         assert_eq!(names(&fuse(rs.clone(), 100)), vec!["a+c+e", "b", "d"]);
         assert_eq!(names(&fuse(rs.clone(), 0)), vec!["a", "b", "c", "d", "e"]);
         assert_eq!(names(&fuse(rs.clone(), 1 << 20)), vec!["a+c+d+e", "b"]);
+        // Tensors on a device are never fused with tensors in host memory.
+        let on_device = Response { location: crate::tensor::Location::Device, ..resp("g", 10, DType::F32) };
+        assert_eq!(names(&fuse(vec![resp("f", 10, DType::F32), on_device, resp("h", 10, DType::F32)], 100)), vec!["f+h", "g"]);
         let mut err = resp("x", 1, DType::F32);
         err.error = Some("bad".into());
         assert_eq!(names(&fuse(vec![err, resp("y", 1, DType::F32)], 100)), vec!["x", "y"]);

@@ -3,6 +3,22 @@
 
 use super::compression::Compression;
 use crate::dtype::{DType, ReduceOp};
+use crate::tensor::Location;
+
+fn location_code(l: Location) -> u8 {
+    match l {
+        Location::Host => 0,
+        Location::Device => 1,
+    }
+}
+
+fn location_from(c: u8) -> Option<Location> {
+    match c {
+        0 => Some(Location::Host),
+        1 => Some(Location::Device),
+        _ => None,
+    }
+}
 
 /// The collective a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +74,8 @@ pub struct Request {
     pub kind: OpKind,
     /// Element type.
     pub dtype: DType,
+    /// Where the tensor lives (host memory or a device).
+    pub location: Location,
     /// Shape.
     pub shape: Vec<usize>,
     /// Reduction (allreduce).
@@ -84,12 +102,15 @@ impl Request {
             OpKind::Allgather => self.shape.len() == o.shape.len() && self.shape.get(1..) == o.shape.get(1..),
             _ => self.shape == o.shape,
         };
-        self.name == o.name && self.kind == o.kind && self.dtype == o.dtype && shapes && self.op == o.op && self.root == o.root && self.compression == o.compression && self.group == o.group
+        self.name == o.name && self.kind == o.kind && self.dtype == o.dtype && self.location == o.location && shapes && self.op == o.op && self.root == o.root && self.compression == o.compression && self.group == o.group
     }
 
     /// `allreduce float32 [4, 5] sum`.
     pub fn describe(&self) -> String {
         let mut s = format!("{} {} {:?}", self.kind.name(), self.dtype, self.shape);
+        if self.location == Location::Device {
+            s.push_str(" on a device");
+        }
         match self.kind {
             OpKind::Allreduce => s.push_str(&format!(" {}", self.op)),
             OpKind::Broadcast => s.push_str(&format!(" root {}", self.root)),
@@ -122,6 +143,8 @@ pub struct Response {
     pub kind: OpKind,
     /// Element type.
     pub dtype: DType,
+    /// Where the tensors live.
+    pub location: Location,
     /// Reduction.
     pub op: ReduceOp,
     /// Broadcast root.
@@ -140,6 +163,7 @@ impl Response {
         Response {
             kind: r.kind,
             dtype: r.dtype,
+            location: r.location,
             op: r.op,
             root: r.root,
             compression: r.compression,
@@ -195,6 +219,7 @@ impl Writer {
         self.str(&r.name);
         self.u8(r.kind.code());
         self.u32(r.dtype.code());
+        self.u8(location_code(r.location));
         self.u32(r.shape.len() as u32);
         for d in &r.shape {
             self.u64(*d as u64);
@@ -224,6 +249,7 @@ impl Writer {
         for r in &l.responses {
             self.u8(r.kind.code());
             self.u32(r.dtype.code());
+            self.u8(location_code(r.location));
             self.u32(r.op.code());
             self.u32(r.root);
             self.u8(r.compression.code());
@@ -277,6 +303,7 @@ impl<'a> Reader<'a> {
         let name = self.str()?;
         let kind = OpKind::from_code(self.u8()?)?;
         let dtype = DType::from_code(self.u32()?)?;
+        let location = location_from(self.u8()?)?;
         let dims = self.u32()? as usize;
         if dims > 64 {
             return None;
@@ -290,7 +317,7 @@ impl<'a> Reader<'a> {
             _ => Some(GroupTag { id: self.str()?, size: self.u32()? }),
         };
         let age_us = self.u64()?;
-        Some(Request { name, kind, dtype, shape, op, root, compression, group, age_us })
+        Some(Request { name, kind, dtype, location, shape, op, root, compression, group, age_us })
     }
 
     /// Reads a response list.
@@ -305,6 +332,7 @@ impl<'a> Reader<'a> {
         for _ in 0..n {
             let kind = OpKind::from_code(self.u8()?)?;
             let dtype = DType::from_code(self.u32()?)?;
+            let location = location_from(self.u8()?)?;
             let op = ReduceOp::from_code(self.u32()?)?;
             let root = self.u32()?;
             let compression = Compression::from_code(self.u8()?)?;
@@ -312,7 +340,7 @@ impl<'a> Reader<'a> {
             let error = (self.u8()? != 0).then_some(err);
             let m = self.u32()? as usize;
             let entries = (0..m).map(|_| Some(Entry { name: self.str()?, count: self.u64()? })).collect::<Option<Vec<_>>>()?;
-            responses.push(Response { kind, dtype, op, root, compression, entries, error });
+            responses.push(Response { kind, dtype, location, op, root, compression, entries, error });
         }
         Some(ResponseList { responses, fusion_threshold, cycle_time_us, tuning, stall_warning, shutdown })
     }
@@ -327,6 +355,7 @@ mod tests {
             name: name.into(),
             kind: OpKind::Allreduce,
             dtype: DType::F32,
+            location: Location::Host,
             shape: vec![3, 4],
             op: ReduceOp::Average,
             root: 0,
@@ -340,14 +369,16 @@ mod tests {
     fn requests_and_responses_round_trip() {
         let mut w = Writer::default();
         w.request(&req("a"));
-        w.request(&Request { group: None, kind: OpKind::Broadcast, root: 3, ..req("b") });
+        w.request(&Request { group: None, kind: OpKind::Broadcast, root: 3, location: Location::Device, ..req("b") });
         let mut r = Reader::new(&w.0);
         assert_eq!(r.request(), Some(req("a")));
-        assert_eq!(r.request().unwrap().root, 3);
+        let b = r.request().unwrap();
+        assert_eq!((b.root, b.location), (3, Location::Device));
         assert!(r.at_end());
         let mut resp = Response::for_request(&req("a"));
         resp.error = Some("bad".into());
-        let l = ResponseList { responses: vec![resp, Response::for_request(&req("c"))], fusion_threshold: 9, cycle_time_us: 1000, tuning: true, stall_warning: "w".into(), shutdown: String::new() };
+        let on_device = Response::for_request(&Request { location: Location::Device, ..req("c") });
+        let l = ResponseList { responses: vec![resp, on_device], fusion_threshold: 9, cycle_time_us: 1000, tuning: true, stall_warning: "w".into(), shutdown: String::new() };
         let mut w = Writer::default();
         w.response_list(&l);
         assert_eq!(Reader::new(&w.0).response_list(), Some(l));
@@ -364,5 +395,7 @@ mod tests {
         assert!(!a.same_call(&Request { shape: vec![5, 3], ..a.clone() }));
         assert!(!req("x").same_call(&Request { shape: vec![4, 3], ..req("x") }));
         assert!(req("x").same_call(&Request { age_us: 99, ..req("x") }));
+        // A tensor on a device is not the same call as one in host memory.
+        assert!(!req("x").same_call(&Request { location: Location::Device, ..req("x") }));
     }
 }

@@ -31,10 +31,10 @@ pub mod cache;
 pub mod compression;
 pub mod controller;
 pub mod coordinator;
+pub mod device;
 pub mod error;
 pub mod fusion;
 pub mod message;
-pub mod tensor;
 pub mod timeline;
 
 use std::path::PathBuf;
@@ -45,8 +45,9 @@ use std::time::{Duration, Instant};
 
 pub use compression::Compression;
 pub use error::{EngineError, EngineResult};
+pub use device::{DeviceExecutor, ExecuteDevice};
 pub use message::OpKind;
-pub use tensor::Tensor;
+pub use crate::tensor::{DeviceTensor, Location, Tensor};
 
 use self::autotune::{Autotuner, Params};
 pub use self::controller::StatsSnapshot;
@@ -239,13 +240,24 @@ pub struct Engine {
     stats: Arc<Stats>,
     compression: Compression,
     backend_name: &'static str,
+    device: Option<String>,
     rank: usize,
     size: usize,
 }
 
 impl Engine {
-    /// Starts the engine over all ranks of `topo` (collective: every rank calls it).
+    /// Starts the engine over all ranks of `topo` for tensors in host memory (collective:
+    /// every rank calls it).
     pub fn start(topo: &Topology, config: &EngineConfig) -> EngineResult<Engine> {
+        Engine::start_with_device(topo, config, None)
+    }
+
+    /// Starts the engine over all ranks of `topo`; tensors in a device's memory go to
+    /// `device` (every rank passes one, or none).
+    pub fn start_with_device(topo: &Topology, config: &EngineConfig, device: Option<Box<dyn ExecuteDevice>>) -> EngineResult<Engine> {
+        if device.is_some() && config.compression == Compression::OneBit {
+            return Err(EngineError::Config(device::ONEBIT_ON_DEVICE.into()));
+        }
         if !topo.thread_multiple && topo.size > 1 {
             return Err(EngineError::Config(
                 "the MPI library did not grant MPI_THREAD_MULTIPLE, which the engine's background thread needs; use an MPI built with thread support (Open MPI and MPICH are by default)".into(),
@@ -273,7 +285,8 @@ impl Engine {
         };
         let (tx, rx) = mpsc::channel();
         let stop: StopReason = Arc::new(Mutex::new(None));
-        let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner };
+        let device_name = device.as_ref().map(|d| d.describe());
+        let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));
@@ -284,12 +297,17 @@ impl Engine {
                 c.0.run()
             })
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Some(thread), stop, stats, compression: config.compression, backend_name, rank: topo.rank, size: topo.size })
+        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Some(thread), stop, stats, compression: config.compression, backend_name, device: device_name, rank: topo.rank, size: topo.size })
     }
 
-    /// The data backend's name.
+    /// The host backend's name.
     pub fn backend_name(&self) -> &'static str {
         self.backend_name
+    }
+
+    /// The device executor, in words (`nccl on <GPU>`), when the engine has one.
+    pub fn device(&self) -> Option<&str> {
+        self.device.as_deref()
     }
 
     fn submit(&self, req: Request, tensor: Tensor) -> Handle {
@@ -300,8 +318,18 @@ impl Engine {
         if req.kind == OpKind::Allreduce && req.dtype == DType::U8 {
             return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason: "uint8 tensors cannot be reduced; use int32 or float".into() });
         }
+        if req.location == Location::Device {
+            let reason = match (&self.device, req.compression) {
+                (None, _) => Some("a device tensor was submitted to an engine started without a device executor; start it with Engine::start_with_device".to_string()),
+                (Some(_), Compression::OneBit) => Some(device::ONEBIT_ON_DEVICE.to_string()),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason });
+            }
+        }
         let (reply, rx) = mpsc::channel();
-        let msg = Msg::Submit(Submission { req, tensor, reply, submitted: Instant::now() });
+        let msg = Msg::Submit(Box::new(Submission { req, tensor, reply, submitted: Instant::now() }));
         let tx = self.tx.lock().ok().and_then(|g| g.clone());
         let sent = tx.as_ref().is_some_and(|tx| tx.send(msg).is_ok());
         let h = Handle { name, rx, done: None, stop: self.stop.clone(), kick: tx };
@@ -317,6 +345,7 @@ impl Engine {
             name: name.to_string(),
             kind,
             dtype: t.dtype(),
+            location: t.location(),
             shape: t.shape().to_vec(),
             op,
             root: root as u32,

@@ -1,11 +1,14 @@
-//! The CTR model's dense part: an MLP over [embeddings of the 26 fields, 13 dense features]
-//! to one logit, binary cross-entropy; SGEMM; dense optimizers. The sparse part (embedding
-//! rows) lives in the host-shared table (`embedding`).
+//! The CTR model's dense part, written once over [`crate::device::Device`]: the input
+//! assembled from embedding rows and dense features, an MLP to one logit, binary
+//! cross-entropy, and the dense optimizers. The sparse part (embedding rows) lives in the
+//! host-shared table ([`crate::embedding`]).
 
-pub mod gemm;
+pub mod dense;
 pub mod input;
 pub mod mlp;
 pub mod optim;
 
+pub use dense::{DenseModel, Part, StageMut};
+pub use input::InputLayout;
 pub use mlp::{Mlp, MlpShape};
-pub use optim::{DenseOptimState, DenseOptimizer};
+pub use optim::{DenseOptimState, DenseOptimizer, Optimizer};

@@ -161,7 +161,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.01, 3);
-        opt.step(&mut [1.0, 2.0, 3.0], &[0.1, -0.2, 0.3]);
+        (opt.step, opt.m, opt.v) = (1, vec![0.01, -0.02, 0.03], vec![1e-5, 4e-5, 9e-5]);
         let ck = DenseCheckpoint::new(7, 1, 2, "cfg".into(), &[1.5, -2.0, 0.25], &opt);
         ck.save(&dir).unwrap();
         let back = DenseCheckpoint::load(&dir).unwrap();

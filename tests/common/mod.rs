@@ -144,7 +144,7 @@ pub fn to_bytes(dtype: ringrec::dtype::DType, v: &[f64]) -> Vec<u8> {
 
 /// GPUs the GPU path can use here, or `None` after printing why the GPU test is skipped.
 pub fn gpus() -> Option<usize> {
-    match ringrec::cuda::probe() {
+    match ringrec::device::probe() {
         Ok(i) => Some(i.devices),
         Err(e) => {
             eprintln!("skipped: no GPU path here ({e})");

@@ -1,10 +1,12 @@
-//! [`NcclComm`]: NCCL collectives on device memory, one communicator per rank over the MPI
-//! world (feature `cuda`; an uninhabited stand-in without it).
+//! [`NcclComm`]: the NCCL backend of [`DeviceCollectives`] — collectives on GPU memory, one
+//! communicator per rank over the MPI world (feature `cuda`; an uninhabited stand-in
+//! without it).
 //!
 //! Start-up as in Horovod and nccl-tests: rank 0 creates the NCCL unique id, MPI broadcasts
 //! it, every rank joins with `ncclCommInitRank` on its own GPU. Collectives run on the
-//! communicator's own stream, so the dense gradient allreduce overlaps the compute stream
-//! and the host-side sparse exchange; cudarc's per-buffer events order them.
+//! stream of the device queue the communicator was made with (the engine's fork of the
+//! model's device), so the dense gradient allreduce overlaps backward on the compute
+//! stream and the host-side sparse exchange; cudarc's per-buffer events order them.
 //!
 //! **Agreement before data**, like the CPU backends: unless `RINGREC_VERIFY=0`, every
 //! collective first allgathers a 32-byte header over MPI ([`crate::comm::verify`]), so
@@ -12,7 +14,7 @@
 //! every rank instead of a hang or a silent overrun.
 //!
 //! **A dead or stuck peer.** NCCL waits forever for a peer that never arrives.
-//! [`NcclComm::wait`] polls the queued work with a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`,
+//! [`DeviceCollectives::wait`] polls the queued work with a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`,
 //! default 300) and NCCL's asynchronous error state; on either it aborts the communicator
 //! and returns an error that says what happened, so the rank exits with a message.
 
@@ -22,6 +24,7 @@ pub use imp::NcclComm;
 #[cfg(not(feature = "cuda"))]
 pub use dummy::NcclComm;
 
+use super::device::DeviceCollectives;
 use crate::dtype::{DType, ReduceOp};
 
 /// NCCL's name of a [`ReduceOp`] and whether NCCL has it (all four: `ncclAvg` since 2.10).
@@ -56,11 +59,12 @@ mod imp {
     use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
     use mpi::traits::{Communicator, Root};
 
+    use super::DeviceCollectives;
     use crate::comm::{verify, Header};
-    use crate::cuda::gpu::CudaDevice;
-    use crate::cuda::CudaError;
-    use crate::dtype::{DType, ReduceOp};
+    use crate::device::{CudaDevice, Scalar};
+    use crate::dtype::{DType, Element, ReduceOp};
     use crate::topology::{Group, Topology};
+    use crate::{CommError, CommResult};
 
     /// One rank's NCCL communicator over the world (see the module docs).
     pub struct NcclComm {
@@ -74,8 +78,12 @@ mod imp {
         aborted: bool,
     }
 
-    fn nccl_err(what: &str, e: impl std::fmt::Debug) -> CudaError {
-        CudaError::call(what, e)
+    // SAFETY: the communicator is used by one thread at a time (the engine's, which owns
+    // it); NCCL communicators may be used from any thread, one call at a time.
+    unsafe impl Send for NcclComm {}
+
+    fn nccl_err(what: &str, e: impl std::fmt::Debug) -> CommError {
+        CommError::Failed(format!("{what} failed: {e:?}"))
     }
 
     fn nccl_dtype(d: DType) -> ncclDataType_t {
@@ -100,9 +108,10 @@ mod imp {
     }
 
     impl NcclComm {
-        /// Joins the world's NCCL communicator on `dev`'s GPU (collective over the world).
-        pub fn new(topo: &Topology, dev: &CudaDevice) -> Result<NcclComm, CudaError> {
-            crate::cuda::probe_nccl()?;
+        /// Joins the world's NCCL communicator on `dev`'s GPU, queueing on `dev`'s stream
+        /// (collective over the world).
+        pub fn new(topo: &Topology, dev: &CudaDevice) -> CommResult<NcclComm> {
+            crate::device::probe_nccl().map_err(|e| CommError::Failed(e.to_string()))?;
             let mpi = topo.world.duplicate();
             let mut id = [0u8; 128];
             let made = if topo.rank == 0 {
@@ -123,7 +132,7 @@ mod imp {
             mpi.comm.process_at_rank(0).broadcast_into(&mut ok[..]);
             made?;
             if ok[0] == 0 {
-                return Err(CudaError::Collective("rank 0 could not create the NCCL unique id (see its error)".into()));
+                return Err(CommError::Failed("rank 0 could not create the NCCL unique id (see its error)".into()));
             }
             mpi.comm.process_at_rank(0).broadcast_into(&mut id[..]);
             let mut internal = [0 as std::ffi::c_char; 128];
@@ -131,80 +140,74 @@ mod imp {
                 *d = *s as std::ffi::c_char;
             }
             let unique = cudarc::nccl::sys::ncclUniqueId { internal };
-            let stream = dev.context().new_stream().map_err(|e| CudaError::call("creating the NCCL stream", e))?;
-            dev.context().bind_to_thread().map_err(|e| CudaError::call("binding the CUDA context", e))?;
+            dev.context().bind_to_thread().map_err(|e| nccl_err("binding the CUDA context", e))?;
             let mut comm: ncclComm_t = std::ptr::null_mut();
             // SAFETY: `comm` receives the new communicator; the id is the one every rank got
             // from rank 0; rank and size are this world's.
             unsafe { cudarc::nccl::result::comm_init_rank(&mut comm, topo.size as i32, unique, topo.rank as i32) }.map_err(|e| nccl_err("ncclCommInitRank", e))?;
-            Ok(NcclComm { comm, stream, mpi, rank: topo.rank, size: topo.size, verify: crate::comm::verify_from_env(), timeout: crate::comm::shm::timeout_from_env(), aborted: false })
+            Ok(NcclComm { comm, stream: dev.stream().clone(), mpi, rank: topo.rank, size: topo.size, verify: crate::comm::verify_from_env(), timeout: crate::comm::shm::timeout_from_env(), aborted: false })
         }
 
-        /// This rank.
-        pub fn rank(&self) -> usize {
-            self.rank
-        }
-        /// Ranks in the communicator.
-        pub fn size(&self) -> usize {
-            self.size
-        }
-        /// The communicator's stream.
-        pub fn stream(&self) -> &Arc<CudaStream> {
-            &self.stream
-        }
-
-        fn agree(&self, h: Header) -> Result<(), CudaError> {
+        fn agree(&self, h: Header) -> CommResult<()> {
             if self.aborted {
-                return Err(CudaError::Collective("the NCCL communicator was aborted after an earlier failure; restart the job".into()));
+                return Err(CommError::Poisoned("the NCCL communicator was aborted after an earlier failure".into()));
             }
             if self.verify && self.size > 1 {
-                verify::agree(&self.mpi.comm, &h).map_err(|e| CudaError::Collective(e.to_string()))?;
+                verify::agree(&self.mpi.comm, &h)?;
             }
             Ok(())
         }
 
-        /// Queues an in-place allreduce of the buffer's bytes read as elements of `dtype`
-        /// (any element type `T` whose size divides the buffer: bytes for the benchmark,
-        /// u16 for f16/bf16, f32) on the communicator's stream. [`NcclComm::wait`] waits.
-        pub fn allreduce<T>(&mut self, buf: &mut CudaSlice<T>, dtype: DType, op: ReduceOp) -> Result<(), CudaError> {
-            let bytes = buf.num_bytes();
-            let count = bytes / dtype.size();
-            if count * dtype.size() != bytes {
-                return Err(CudaError::Collective(format!("buffer of {bytes} bytes is not a whole array of {}", dtype.name())));
-            }
-            self.agree(Header::allreduce(count, dtype, op))?;
-            if count == 0 {
+        /// Agrees on `h` with the other ranks, then queues `call` (an in-place NCCL
+        /// collective over elements `at..at + n` of `buf`) on the communicator's stream.
+        fn in_place<T: Scalar>(&mut self, buf: &mut CudaSlice<T>, at: usize, n: usize, h: Header, what: &str, call: impl FnOnce(*mut std::ffi::c_void, ncclComm_t, cudarc::nccl::sys::cudaStream_t) -> Result<(), cudarc::nccl::result::NcclError>) -> CommResult<()> {
+            self.agree(h)?;
+            if n == 0 {
                 return Ok(());
             }
             let stream = self.stream.clone();
-            let (ptr, _record) = buf.device_ptr_mut(&stream);
-            // SAFETY: in-place allreduce of `count` elements of `dtype` that `buf` holds
-            // (checked above), on the communicator's stream; `_record` records the
-            // buffer's write event after it, so other streams wait for the result.
-            unsafe { cudarc::nccl::result::all_reduce(ptr as *const _, ptr as *mut _, count, nccl_dtype(dtype), nccl_op(op), self.comm, stream.cu_stream() as _) }.map_err(|e| nccl_err("ncclAllReduce", e))?;
-            Ok(())
+            let len = buf.len();
+            let mut view = buf.try_slice_mut(at..at + n).ok_or_else(|| CommError::Invalid(format!("elements {at}..{} of a buffer of {len}", at + n)))?;
+            // `_record` records the buffer's write event after the call is queued, so other
+            // streams wait for the result.
+            let (ptr, _record) = view.device_ptr_mut(&stream);
+            call(ptr as *mut std::ffi::c_void, self.comm, stream.cu_stream() as _).map_err(|e| nccl_err(what, e))
         }
 
-        /// Queues an in-place allreduce of f32 values (the dense gradients).
-        pub fn allreduce_f32(&mut self, buf: &mut CudaSlice<f32>, op: ReduceOp) -> Result<(), CudaError> {
-            self.allreduce(buf, DType::F32, op)
+        fn abort(&mut self, why: String) -> CommError {
+            if !self.aborted {
+                self.aborted = true;
+                // SAFETY: aborting a live communicator once; it is not used afterwards.
+                let _ = unsafe { cudarc::nccl::result::comm_abort(self.comm) };
+            }
+            CommError::Failed(why)
         }
+    }
 
-        /// Queues an in-place broadcast of f32 values from `root`.
-        pub fn broadcast_f32(&mut self, buf: &mut CudaSlice<f32>, root: usize) -> Result<(), CudaError> {
-            let count = buf.len();
-            self.agree(Header::broadcast(count * 4, root))?;
-            let stream = self.stream.clone();
-            let (ptr, _record) = buf.device_ptr_mut(&stream);
-            // SAFETY: in-place broadcast of the buffer's `count` f32 on the comm's stream.
-            unsafe { cudarc::nccl::result::broadcast(ptr as *const _, ptr as *mut _, count, ncclDataType_t::ncclFloat32, root as i32, self.comm, stream.cu_stream() as _) }.map_err(|e| nccl_err("ncclBroadcast", e))?;
-            Ok(())
+    impl DeviceCollectives<CudaDevice> for NcclComm {
+        fn name(&self) -> &'static str {
+            "nccl"
         }
-
-        /// Waits for every collective queued so far, with the deadline and NCCL's error
-        /// state checked while waiting; aborts the communicator on failure.
-        pub fn wait(&mut self) -> Result<(), CudaError> {
-            let event = self.stream.record_event(None).map_err(|e| CudaError::call("recording an event on the NCCL stream", e))?;
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn allreduce<T: Scalar + Element>(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()> {
+            self.in_place(buf, at, n, Header::allreduce(n, T::DTYPE, op), "ncclAllReduce", |ptr, comm, stream| {
+                // SAFETY: in place over the `n` elements of `T` at `ptr`, on the stream.
+                unsafe { cudarc::nccl::result::all_reduce(ptr as *const _, ptr, n, nccl_dtype(T::DTYPE), nccl_op(op), comm, stream) }.map(|_| ())
+            })
+        }
+        fn broadcast<T: Scalar + Element>(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<T>, at: usize, n: usize, root: usize) -> CommResult<()> {
+            self.in_place(buf, at, n, Header::broadcast(n * T::DTYPE.size(), root), "ncclBroadcast", |ptr, comm, stream| {
+                // SAFETY: in place over the `n` elements of `T` at `ptr`, on the stream.
+                unsafe { cudarc::nccl::result::broadcast(ptr as *const _, ptr, n, nccl_dtype(T::DTYPE), root as i32, comm, stream) }.map(|_| ())
+            })
+        }
+        fn wait(&mut self, _dev: &CudaDevice) -> CommResult<()> {
+            let event = self.stream.record_event(None).map_err(|e| nccl_err("recording an event on the NCCL stream", e))?;
             let start = Instant::now();
             let mut polls = 0u32;
             loop {
@@ -229,27 +232,6 @@ mod imp {
                 }
             }
         }
-
-        fn abort(&mut self, why: String) -> CudaError {
-            if !self.aborted {
-                self.aborted = true;
-                // SAFETY: aborting a live communicator once; it is not used afterwards.
-                let _ = unsafe { cudarc::nccl::result::comm_abort(self.comm) };
-            }
-            CudaError::Collective(why)
-        }
-    }
-
-    impl crate::cuda::device::DeviceReducer<CudaDevice> for NcclComm {
-        fn allreduce_sum(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-            self.allreduce(buf, DType::F32, ReduceOp::Sum)
-        }
-        fn allreduce_half_sum(&mut self, _dev: &CudaDevice, buf: &mut CudaSlice<u16>, bf16: bool) -> Result<(), CudaError> {
-            self.allreduce(buf, if bf16 { DType::BF16 } else { DType::F16 }, ReduceOp::Sum)
-        }
-        fn wait(&mut self) -> Result<(), CudaError> {
-            NcclComm::wait(self)
-        }
     }
 
     impl Drop for NcclComm {
@@ -264,51 +246,40 @@ mod imp {
 
 #[cfg(not(feature = "cuda"))]
 mod dummy {
-    use crate::cuda::device::Device;
-    use crate::cuda::gpu::CudaDevice;
-    use crate::dtype::ReduceOp;
-    use crate::cuda::CudaError;
+    use super::DeviceCollectives;
+    use crate::device::{CudaDevice, Device, Scalar};
+    use crate::dtype::{Element, ReduceOp};
     use crate::topology::Topology;
+    use crate::CommResult;
 
     /// Stands in for the NCCL communicator in builds without the `cuda` feature; it cannot
     /// be constructed.
     pub enum NcclComm {}
 
-    impl crate::cuda::device::DeviceReducer<CudaDevice> for NcclComm {
-        fn allreduce_sum(&mut self, _dev: &CudaDevice, _buf: &mut ()) -> Result<(), CudaError> {
-            match *self {}
-        }
-        fn allreduce_half_sum(&mut self, _dev: &CudaDevice, _buf: &mut (), _bf16: bool) -> Result<(), CudaError> {
-            match *self {}
-        }
-        fn wait(&mut self) -> Result<(), CudaError> {
-            match *self {}
+    impl NcclComm {
+        /// Unreachable without a [`CudaDevice`], which cannot be built here either.
+        pub fn new(_topo: &Topology, dev: &CudaDevice) -> CommResult<NcclComm> {
+            match *dev {}
         }
     }
 
-    impl NcclComm {
-        /// Unreachable without a [`CudaDevice`], which cannot be built here either.
-        pub fn new(_topo: &Topology, dev: &CudaDevice) -> Result<NcclComm, CudaError> {
-            match *dev {}
-        }
-        /// This rank.
-        pub fn rank(&self) -> usize {
+    impl DeviceCollectives<CudaDevice> for NcclComm {
+        fn name(&self) -> &'static str {
             match *self {}
         }
-        /// Ranks in the communicator.
-        pub fn size(&self) -> usize {
+        fn rank(&self) -> usize {
             match *self {}
         }
-        /// See the `cuda` build.
-        pub fn allreduce_f32(&mut self, _buf: &mut <CudaDevice as Device>::F32, _op: ReduceOp) -> Result<(), CudaError> {
+        fn size(&self) -> usize {
             match *self {}
         }
-        /// See the `cuda` build.
-        pub fn broadcast_f32(&mut self, _buf: &mut <CudaDevice as Device>::F32, _root: usize) -> Result<(), CudaError> {
+        fn allreduce<T: Scalar + Element>(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<T>, _: usize, _: usize, _: ReduceOp) -> CommResult<()> {
             match *self {}
         }
-        /// See the `cuda` build.
-        pub fn wait(&mut self) -> Result<(), CudaError> {
+        fn broadcast<T: Scalar + Element>(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<T>, _: usize, _: usize, _: usize) -> CommResult<()> {
+            match *self {}
+        }
+        fn wait(&mut self, _: &CudaDevice) -> CommResult<()> {
             match *self {}
         }
     }

@@ -3,9 +3,9 @@
 //! compilation.
 //!
 //! Every source gets [`PRELUDE`] prepended. The kernels are written so the same text also
-//! compiles as host C++ with kernels/host_shim.h ([`host_source`]): [`super::host`] runs
-//! them thread by thread on the CPU, so the kernels' logic is tested on machines without a
-//! GPU too.
+//! compiles as host C++ with kernels/host_shim.h ([`host_source`]): [`super::HostKernels`]
+//! runs them thread by thread on the CPU, so the kernels' logic is tested on machines
+//! without a GPU too.
 
 /// Prepended to every kernel source.
 pub const PRELUDE: &str = include_str!("../../kernels/prelude.cuh");
@@ -23,20 +23,22 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// Every kernel of kernels/*.cu.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// Builds the MLP input from embedding rows and dense features.
-    GatherInput,
-    /// Bias, then ReLU on hidden layers.
+    /// Row gather into row blocks.
+    GatherRows,
+    /// Columns appended to rows.
+    CopyColumns,
+    /// Bias, then an activation.
     BiasAct,
     /// Zeroes deltas where the ReLU was off.
-    ReluBackward,
-    /// Column sums of a delta (bias gradient).
-    BiasGrad,
+    ReluGrad,
+    /// Column sums.
+    ColumnSum,
     /// Sigmoid + binary cross-entropy and its gradient.
-    BceLoss,
-    /// The loss sum of a batch.
-    LossSum,
-    /// Per-key sum of embedding-row gradients.
-    KeyGradReduce,
+    BceWithLogits,
+    /// The sum of a vector.
+    Sum,
+    /// Segmented sum of row blocks (the backward of the gather).
+    SegmentSum,
     /// SGD update.
     SgdUpdate,
     /// Adam update.
@@ -53,14 +55,15 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 13] = [
-        Kernel::GatherInput,
+    pub const ALL: [Kernel; 14] = [
+        Kernel::GatherRows,
+        Kernel::CopyColumns,
         Kernel::BiasAct,
-        Kernel::ReluBackward,
-        Kernel::BiasGrad,
-        Kernel::BceLoss,
-        Kernel::LossSum,
-        Kernel::KeyGradReduce,
+        Kernel::ReluGrad,
+        Kernel::ColumnSum,
+        Kernel::BceWithLogits,
+        Kernel::Sum,
+        Kernel::SegmentSum,
         Kernel::SgdUpdate,
         Kernel::AdamUpdate,
         Kernel::F32ToF16,
@@ -72,13 +75,14 @@ impl Kernel {
     /// The function's name in its source.
     pub fn name(self) -> &'static str {
         match self {
-            Kernel::GatherInput => "gather_input",
+            Kernel::GatherRows => "gather_rows",
+            Kernel::CopyColumns => "copy_columns",
             Kernel::BiasAct => "bias_act",
-            Kernel::ReluBackward => "relu_backward",
-            Kernel::BiasGrad => "bias_grad",
-            Kernel::BceLoss => "bce_loss",
-            Kernel::LossSum => "loss_sum",
-            Kernel::KeyGradReduce => "key_grad_reduce",
+            Kernel::ReluGrad => "relu_grad",
+            Kernel::ColumnSum => "column_sum",
+            Kernel::BceWithLogits => "bce_with_logits",
+            Kernel::Sum => "sum",
+            Kernel::SegmentSum => "segment_sum",
             Kernel::SgdUpdate => "sgd_update",
             Kernel::AdamUpdate => "adam_update",
             Kernel::F32ToF16 => "f32_to_f16",
@@ -131,7 +135,7 @@ mod loaded {
     use cudarc::nvrtc::{CompileError, CompileOptions};
 
     use super::{device_source, Kernel, SOURCES};
-    use crate::cuda::CudaError;
+    use crate::device::DeviceError;
 
     /// Every kernel, compiled by NVRTC for the context's device and loaded.
     pub struct Kernels {
@@ -140,18 +144,18 @@ mod loaded {
 
     impl Kernels {
         /// Compiles and loads every source. A source that fails to compile is reported with
-        /// NVRTC's log ([`CudaError::Kernel`]).
-        pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, CudaError> {
-            let (major, minor) = ctx.compute_capability().map_err(|e| CudaError::call("reading the device's compute capability", e))?;
+        /// NVRTC's log ([`DeviceError::Kernel`]).
+        pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, DeviceError> {
+            let (major, minor) = ctx.compute_capability().map_err(|e| DeviceError::call("reading the device's compute capability", e))?;
             // PTX for the device's virtual architecture; the driver JIT-compiles it.
             let arch = format!("--gpu-architecture=compute_{major}{minor}");
             let mut functions = HashMap::new();
             for (name, _) in SOURCES {
-                let src = device_source(name).ok_or_else(|| CudaError::Kernel { name: name.to_string(), log: "no such source".into() })?;
+                let src = device_source(name).ok_or_else(|| DeviceError::Kernel { name: name.to_string(), log: "no such source".into() })?;
                 let ptx = compile(name, &src, &arch)?;
-                let module = ctx.load_module(ptx).map_err(|e| CudaError::call(format!("loading the module of kernels/{name}.cu"), e))?;
+                let module = ctx.load_module(ptx).map_err(|e| DeviceError::call(format!("loading the module of kernels/{name}.cu"), e))?;
                 for k in Kernel::ALL.into_iter().filter(|k| k.source() == *name) {
-                    let func = module.load_function(k.name()).map_err(|e| CudaError::call(format!("loading kernel {} of kernels/{name}.cu", k.name()), e))?;
+                    let func = module.load_function(k.name()).map_err(|e| DeviceError::call(format!("loading kernel {} of kernels/{name}.cu", k.name()), e))?;
                     functions.insert(k, func);
                 }
             }
@@ -159,18 +163,18 @@ mod loaded {
         }
 
         /// The loaded function of `k`.
-        pub fn get(&self, k: Kernel) -> Result<&CudaFunction, CudaError> {
-            self.functions.get(&k).ok_or_else(|| CudaError::Kernel { name: k.name().to_string(), log: "no kernel of that name was loaded".into() })
+        pub fn get(&self, k: Kernel) -> Result<&CudaFunction, DeviceError> {
+            self.functions.get(&k).ok_or_else(|| DeviceError::Kernel { name: k.name().to_string(), log: "no kernel of that name was loaded".into() })
         }
     }
 
     /// Compiles one source to PTX; a failure carries NVRTC's log.
-    pub fn compile(name: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    pub fn compile(name: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, DeviceError> {
         // fmad off: the kernels' arithmetic rounds like the CPU path's.
         let opts = CompileOptions { fmad: Some(false), options: vec![arch.to_string()], name: Some(format!("{name}.cu")), ..Default::default() };
         cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
-            CompileError::CompileError { log, .. } => CudaError::Kernel { name: name.to_string(), log: log.to_string_lossy().into_owned() },
-            other => CudaError::Kernel { name: name.to_string(), log: format!("{other:?}") },
+            CompileError::CompileError { log, .. } => DeviceError::Kernel { name: name.to_string(), log: log.to_string_lossy().into_owned() },
+            other => DeviceError::Kernel { name: name.to_string(), log: format!("{other:?}") },
         })
     }
 }

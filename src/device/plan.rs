@@ -3,7 +3,9 @@
 //! A row-major `r x c` matrix is, read column-major, its `c x r` transpose. So the row-major
 //! product `C = op(A) op(B)` is the column-major `C^T = op(B)^T op(A)^T`: cuBLAS is called
 //! with the operands swapped, `m` and `n` swapped, and each operand's transpose flag kept.
-//! Pure arithmetic, checked on the CPU against [`crate::model::gemm::sgemm`].
+//! Pure arithmetic, checked on the CPU against [`super::sgemm::sgemm`].
+
+use super::ops::Gemm;
 
 /// One `cublasSgemm` call: `C = op(first) op(second)`, column-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,10 +28,11 @@ pub struct ColumnMajorGemm {
     pub ld_c: usize,
 }
 
-/// The call computing row-major `c (m x n) = op(a) (m x k) * op(b) (k x n)` with the
-/// conventions of [`crate::model::gemm::sgemm`] (`a_t`: `a` stored k x m; `b_t`: `b` stored
-/// n x k). cuBLAS's `first` operand is `b`, its `second` is `a`.
-pub fn row_major(m: usize, n: usize, k: usize, a_t: bool, b_t: bool) -> ColumnMajorGemm {
+/// The call computing the row-major [`Gemm`] `c (m x n) = op(a) (m x k) * op(b) (k x n)`
+/// (`a_t`: `a` stored k x m; `b_t`: `b` stored n x k). cuBLAS's `first` operand is `b`,
+/// its `second` is `a`.
+pub fn row_major(g: &Gemm) -> ColumnMajorGemm {
+    let Gemm { m, n, k, a_t, b_t } = *g;
     ColumnMajorGemm {
         trans_first: b_t,
         trans_second: a_t,
@@ -52,18 +55,8 @@ impl ColumnMajorGemm {
         self
     }
 
-    /// Elements each operand spans from its start (first, second, c): what its buffer must
-    /// hold past the operand's offset.
-    pub fn extents(&self) -> (usize, usize, usize) {
-        // A column-major rows x cols matrix with leading dimension ld.
-        let span = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { ld * (cols - 1) + rows };
-        let first = if self.trans_first { span(self.k, self.m, self.ld_first) } else { span(self.m, self.k, self.ld_first) };
-        let second = if self.trans_second { span(self.n, self.k, self.ld_second) } else { span(self.k, self.n, self.ld_second) };
-        (first, second, span(self.m, self.n, self.ld_c))
-    }
-
     /// Runs the call on the CPU with column-major semantics, as cuBLAS would (tests, and
-    /// [`super::host::HostDevice`]).
+    /// [`super::HostKernels`]).
     pub fn reference(&self, first: &[f32], second: &[f32], c: &mut [f32]) {
         let at = |x: &[f32], ld: usize, t: bool, r: usize, col: usize| if t { x[col + r * ld] } else { x[r + col * ld] };
         for j in 0..self.n {
@@ -81,8 +74,8 @@ impl ColumnMajorGemm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::gemm::sgemm;
-    use crate::model::mlp::splitmix64;
+    use crate::device::sgemm::sgemm;
+    use crate::hash::splitmix64;
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
@@ -99,19 +92,13 @@ mod tests {
             let b = random(b_len, 10 + i as u64);
             let mut want = vec![0f32; m * n];
             sgemm(m, n, k, &a, a_t, &b, b_t, &mut want, false, 1);
-            let call = row_major(m, n, k, a_t, b_t);
+            let call = row_major(&Gemm { m, n, k, a_t, b_t });
             let mut got = vec![0f32; m * n];
             call.reference(&b, &a, &mut got);
             for (w, g) in want.iter().zip(&got) {
                 assert!((w - g).abs() < 1e-5, "case {i}: {want:?} vs {got:?}");
             }
         }
-        assert_eq!(row_major(0, 3, 0, false, false).ld_second, 1);
-        // Extents are exactly the row-major operands' sizes.
-        let (m, n, k) = (7, 3, 5);
-        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-            assert_eq!(row_major(m, n, k, a_t, b_t).extents(), (k * n, m * k, m * n), "{a_t} {b_t}");
-        }
-        assert_eq!(row_major(0, 3, 4, false, false).extents(), (12, 0, 0));
+        assert_eq!(row_major(&Gemm { m: 0, n: 3, k: 0, a_t: false, b_t: false }).ld_second, 1);
     }
 }

@@ -1,0 +1,100 @@
+//! Collectives on device memory: [`DeviceCollectives`], the counterpart of
+//! [`super::Collectives`] for buffers of a [`Device`]. NCCL implements it on GPUs
+//! ([`super::nccl::NcclComm`]); [`HostCollectives`] implements it with any CPU backend
+//! for devices whose memory is the host's (the host-kernels device of the tests, and the
+//! CPU device in the allreduce benchmark).
+//!
+//! Calls may only queue the work (NCCL runs on the device queue's stream);
+//! [`DeviceCollectives::wait`] waits for all of it, with the deadline
+//! `RINGREC_COMM_TIMEOUT_SECONDS`, and reports a failed or stuck peer.
+
+use super::{Collectives, CollectivesExt};
+use crate::device::{Device, Scalar};
+use crate::dtype::{Element, ReduceOp};
+use crate::{CommError, CommResult};
+
+/// Collective operations on device buffers among the ranks of the world (every rank makes
+/// the same sequence of calls).
+pub trait DeviceCollectives<D: Device>: Send {
+    /// The backend's name.
+    fn name(&self) -> &'static str;
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// Queues an in-place allreduce of `n` elements of `buf` from element `at`.
+    fn allreduce<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()>;
+    /// Queues a copy of `n` elements of rank `root`'s `buf` (from `at`) into every rank's.
+    fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()>;
+    /// Waits for everything queued (with a deadline where a peer could hang it).
+    fn wait(&mut self, dev: &D) -> CommResult<()>;
+}
+
+/// [`DeviceCollectives`] over a CPU backend, for devices whose memory is the host's.
+pub struct HostCollectives {
+    coll: Box<dyn Collectives>,
+}
+
+impl HostCollectives {
+    /// Reduces over `coll`'s ranks.
+    pub fn new(coll: Box<dyn Collectives>) -> HostCollectives {
+        HostCollectives { coll }
+    }
+}
+
+// SAFETY: the backend (communicators, mappings) is moved whole into the one thread that
+// uses it from then on (the engine's); MPI runs at MPI_THREAD_MULTIPLE.
+unsafe impl Send for HostCollectives {}
+
+fn host_slice<'a, D: Device, T: Scalar>(dev: &D, buf: &'a mut D::Buf<T>, at: usize, n: usize) -> CommResult<&'a mut [T]> {
+    let kind = dev.kind();
+    let all = dev.host_memory(buf).ok_or_else(|| CommError::Unsupported { backend: "host collectives", reason: format!("the memory of a {kind} device is not host memory; use its own collectives (NCCL on GPUs)") })?;
+    let len = all.len();
+    all.get_mut(at..at + n).ok_or_else(|| CommError::Invalid(format!("elements {at}..{} of a buffer of {len}", at + n)))
+}
+
+impl<D: Device> DeviceCollectives<D> for HostCollectives {
+    fn name(&self) -> &'static str {
+        self.coll.name()
+    }
+    fn rank(&self) -> usize {
+        self.coll.rank()
+    }
+    fn size(&self) -> usize {
+        self.coll.size()
+    }
+    fn allreduce<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()> {
+        self.coll.allreduce(host_slice(dev, buf, at, n)?, op)
+    }
+    fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()> {
+        self.coll.broadcast(host_slice(dev, buf, at, n)?, root)
+    }
+    fn wait(&mut self, _dev: &D) -> CommResult<()> {
+        Ok(())
+    }
+}
+
+/// [`DeviceCollectives`] of a world of one rank: nothing to reduce, no library needed (a
+/// single GPU trains without NCCL).
+pub struct Alone;
+
+impl<D: Device> DeviceCollectives<D> for Alone {
+    fn name(&self) -> &'static str {
+        "none (one rank)"
+    }
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn allreduce<T: Scalar + Element>(&mut self, _dev: &D, _buf: &mut D::Buf<T>, _at: usize, _n: usize, _op: ReduceOp) -> CommResult<()> {
+        Ok(())
+    }
+    fn broadcast<T: Scalar + Element>(&mut self, _dev: &D, _buf: &mut D::Buf<T>, _at: usize, _n: usize, _root: usize) -> CommResult<()> {
+        Ok(())
+    }
+    fn wait(&mut self, _dev: &D) -> CommResult<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! The device layer: one trait, [`Device`], for what a compute device does with tensors —
+//! memory, copies, a GEMM with epilogues and a small set of element-wise, reduction and
+//! gather/scatter kernels ([`Op`]) — shaped like candle's backends. Nothing in it is
+//! about one model: the dense model ([`crate::model`]) is written once over it.
+//!
+//! | backend | memory | kernels |
+//! |---|---|---|
+//! | [`CpuDevice`] | `Vec<T>` | Rust loops and the `gemm` crate, split over the rank's threads |
+//! | [`CudaDevice`] | `cudarc` device buffers, page-locked staging | cuBLAS and kernels/*.cu compiled by NVRTC; an uninhabited stand-in without the `cuda` feature |
+//! | [`HostKernels`] | `Vec<T>` | the same kernels/*.cu compiled as host C++ (tests of the GPU code path on machines without a GPU) |
+//!
+//! Every operation is checked before it runs: [`Device::gemm`] and [`Device::exec`] verify
+//! that each buffer holds what the operation touches (an out-of-bounds write on a GPU
+//! corrupts silently), then call the backend's unchecked implementation. On a GPU
+//! operations are asynchronous and ordered on the device's stream; [`Device::host`] views
+//! of staging memory wait for the copies that use it.
+
+pub mod cpu;
+pub mod cuda;
+pub mod host_kernels;
+pub mod kernels;
+pub mod ops;
+pub mod plan;
+pub mod select;
+pub mod sgemm;
+#[cfg(test)]
+mod tests;
+
+use half::{bf16, f16};
+
+pub use cpu::CpuDevice;
+pub use cuda::CudaDevice;
+pub use host_kernels::HostKernels;
+pub use ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
+pub use select::{probe, probe_device, probe_nccl, DeviceInfo, Placement};
+
+use crate::dtype::Element;
+use crate::tensor::Tensor;
+
+/// Results of device operations.
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// Why a device (or the GPU path) cannot do what was asked.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    /// ringrec was built without `--features cuda`.
+    #[error("this ringrec was built without CUDA support; rebuild with `cargo build --release --features cuda`, or use --device cpu")]
+    NotBuilt,
+    /// A CUDA library could not be loaded.
+    #[error("{0} not found (is the NVIDIA driver / CUDA toolkit installed and on the library path?); use --device cpu")]
+    MissingLibrary(&'static str),
+    /// The driver loaded but reports no usable device.
+    #[error("no CUDA device available ({0}); use --device cpu")]
+    NoDevice(String),
+    /// More ranks on a host than visible GPUs.
+    #[error(
+        "{local_size} ranks on this host but {devices} visible GPU(s): NCCL cannot run two ranks on one GPU; start at most {devices} rank(s) per host (e.g. mpirun --map-by ppr:{devices}:node), make more GPUs visible (CUDA_VISIBLE_DEVICES), or use --device cpu"
+    )]
+    SharedGpu {
+        /// Ranks on this host.
+        local_size: usize,
+        /// Visible GPUs.
+        devices: usize,
+    },
+    /// A kernel source failed to compile; the compiler's log follows.
+    #[error("NVRTC could not compile kernels/{name}.cu:\n{log}")]
+    Kernel {
+        /// The source's name.
+        name: String,
+        /// The compiler's log.
+        log: String,
+    },
+    /// A driver, cuBLAS or kernel call failed, or an operation was refused.
+    #[error("{what} failed: {detail}")]
+    Call {
+        /// What was being done.
+        what: String,
+        /// The library's error, or why it was refused.
+        detail: String,
+    },
+}
+
+impl DeviceError {
+    /// A failed call, from any of the libraries' error types.
+    pub fn call(what: impl Into<String>, e: impl std::fmt::Debug) -> DeviceError {
+        DeviceError::Call { what: what.into(), detail: format!("{e:?}") }
+    }
+    /// A refused request (`detail` says why and what to do).
+    pub fn refused(what: impl Into<String>, detail: impl Into<String>) -> DeviceError {
+        DeviceError::Call { what: what.into(), detail: detail.into() }
+    }
+}
+
+/// What a GPU build needs of an element type to hold it in device memory (cudarc's traits);
+/// nothing without the `cuda` feature.
+#[cfg(feature = "cuda")]
+pub trait CudaRepr: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
+#[cfg(feature = "cuda")]
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> CudaRepr for T {}
+/// What a GPU build needs of an element type (nothing without the `cuda` feature).
+#[cfg(not(feature = "cuda"))]
+pub trait CudaRepr {}
+#[cfg(not(feature = "cuda"))]
+impl<T> CudaRepr for T {}
+
+/// An element type device memory holds.
+pub trait Scalar: bytemuck::Pod + Send + Sync + std::fmt::Debug + CudaRepr + 'static {}
+impl Scalar for f32 {}
+impl Scalar for f64 {}
+impl Scalar for u32 {}
+impl Scalar for i32 {}
+impl Scalar for i64 {}
+impl Scalar for u8 {}
+impl Scalar for f16 {}
+impl Scalar for bf16 {}
+
+/// A half-precision dtype the cast kernels convert f32 to and from.
+pub trait Half: Scalar + Element {
+    /// The nearest value (ties to even), as the cast kernels round.
+    fn from_f32(v: f32) -> Self;
+    /// The value, widened exactly.
+    fn to_f32(self) -> f32;
+    /// `b` as a cast destination.
+    fn as_mut<D: Device>(b: &mut D::Buf<Self>) -> HalfMut<'_, D>;
+    /// `b` as a cast source.
+    fn as_ref<D: Device>(b: &D::Buf<Self>) -> HalfRef<'_, D>;
+}
+impl Half for f16 {
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn as_mut<D: Device>(b: &mut D::Buf<f16>) -> HalfMut<'_, D> {
+        HalfMut::F16(b)
+    }
+    fn as_ref<D: Device>(b: &D::Buf<f16>) -> HalfRef<'_, D> {
+        HalfRef::F16(b)
+    }
+}
+impl Half for bf16 {
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn as_mut<D: Device>(b: &mut D::Buf<bf16>) -> HalfMut<'_, D> {
+        HalfMut::Bf16(b)
+    }
+    fn as_ref<D: Device>(b: &D::Buf<bf16>) -> HalfRef<'_, D> {
+        HalfRef::Bf16(b)
+    }
+}
+
+/// Which way a staging buffer's copies go (a GPU allocates write-combined page-locked memory
+/// for uploads, which the CPU writes fast but reads slowly, and plain page-locked memory for
+/// downloads and for what the host reads back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Host writes, device reads.
+    ToDevice,
+    /// Device writes (or the host reads back what it wrote).
+    FromDevice,
+}
+
+/// A compute device: memory, copies, a GEMM and the kernels of [`Op`] (see the module docs).
+/// Buffers are zero-initialised; a device's operations run in the order they are queued.
+pub trait Device: Send + Sync + Sized + 'static {
+    /// Device memory holding elements of `T`.
+    type Buf<T: Scalar>: Send + Sync + 'static;
+    /// Host memory for asynchronous copies (page-locked on a GPU).
+    type Staging<T: Scalar>: Send + 'static;
+
+    /// The device, in words (model, ordinal).
+    fn describe(&self) -> String;
+    /// The device type's short name (`cpu`, `cuda`, `host-kernels`).
+    fn kind(&self) -> &'static str;
+    /// Another queue on the same device (a second stream on a GPU): work queued on it runs
+    /// concurrently with this queue's, ordered by the buffers both touch. The engine moves
+    /// gradients on a fork while backward continues on the original.
+    fn fork(&self) -> DeviceResult<Self>;
+
+    /// A zeroed buffer of `n` elements.
+    fn alloc<T: Scalar>(&self, n: usize) -> DeviceResult<Self::Buf<T>>;
+    /// Elements of a buffer.
+    fn len<T: Scalar>(&self, b: &Self::Buf<T>) -> usize;
+    /// A staging buffer of `n` elements.
+    fn staging<T: Scalar>(&self, n: usize, dir: Direction) -> DeviceResult<Self::Staging<T>>;
+    /// The staging buffer's memory, once every copy that uses it has finished.
+    fn host<'a, T: Scalar>(&self, h: &'a mut Self::Staging<T>) -> DeviceResult<&'a mut [T]>;
+    /// Starts moving the first `n` values of `src` to the start of `dst`. `src`'s contents
+    /// are unspecified afterwards (host memory devices swap the buffers) until written again.
+    fn upload_unchecked<T: Scalar>(&self, src: &mut Self::Staging<T>, n: usize, dst: &mut Self::Buf<T>) -> DeviceResult<()>;
+    /// Starts moving the first `n` values of `src` into `dst` (read it with
+    /// [`Device::host`]). `src`'s contents are unspecified afterwards (host memory devices
+    /// swap the buffers) until written again.
+    fn download_unchecked<T: Scalar>(&self, src: &mut Self::Buf<T>, n: usize, dst: &mut Self::Staging<T>) -> DeviceResult<()>;
+    /// Copies `src` into `dst` from element `at`, and waits (parameters, checkpoints).
+    fn write_unchecked<T: Scalar>(&self, src: &[T], dst: &mut Self::Buf<T>, at: usize) -> DeviceResult<()>;
+    /// Copies `dst.len()` values of `src` from element `at` into `dst`, and waits.
+    fn read_unchecked<T: Scalar>(&self, src: &Self::Buf<T>, at: usize, dst: &mut [T]) -> DeviceResult<()>;
+    /// Queues a copy of `n` elements between device buffers.
+    fn copy_unchecked<T: Scalar>(&self, src: (&Self::Buf<T>, usize), dst: (&mut Self::Buf<T>, usize), n: usize) -> DeviceResult<()>;
+    /// Waits for everything queued on this queue.
+    fn synchronize(&self) -> DeviceResult<()>;
+    /// The buffer's elements when the device's memory is the host's (CPU, host kernels).
+    fn host_memory<'a, T: Scalar>(&self, b: &'a mut Self::Buf<T>) -> Option<&'a mut [T]>;
+
+    /// `c = op(a) op(b)` (row-major, see [`Gemm`]), then the epilogue. Called through
+    /// [`Device::gemm`], which checks bounds.
+    fn gemm_unchecked(&self, g: &Gemm, a: (&Self::Buf<f32>, usize), b: (&Self::Buf<f32>, usize), c: (&mut Self::Buf<f32>, usize), epi: Epilogue<'_, Self>) -> DeviceResult<()>;
+    /// Runs `op`. Called through [`Device::exec`], which checks bounds.
+    fn exec_unchecked(&self, op: Op<'_, Self>) -> DeviceResult<()>;
+
+    /// Lends a buffer to the engine as a tensor: host memory for the CPU device (the
+    /// engine's host collectives reduce it in place), a [`crate::tensor::DeviceTensor`]
+    /// elsewhere (the engine's device executor reduces it).
+    fn lend<T: Scalar + Element>(&self, b: Self::Buf<T>) -> Tensor;
+    /// Takes a buffer back from the engine tensor [`Device::lend`] made of it.
+    fn take_back<T: Scalar + Element>(&self, t: Tensor) -> DeviceResult<Self::Buf<T>>;
+
+    /// Checked [`Device::gemm_unchecked`].
+    fn gemm(&self, g: &Gemm, a: (&Self::Buf<f32>, usize), b: (&Self::Buf<f32>, usize), c: (&mut Self::Buf<f32>, usize), epi: Epilogue<'_, Self>) -> DeviceResult<()> {
+        let (na, nb, nc) = g.extents();
+        fits("gemm: a", self.len(a.0), a.1 + na)?;
+        fits("gemm: b", self.len(b.0), b.1 + nb)?;
+        fits("gemm: c", self.len(c.0), c.1 + nc)?;
+        epi.check(self, g, (self.len(c.0), c.1))?;
+        self.gemm_unchecked(g, a, b, c, epi)
+    }
+    /// Checked [`Device::exec_unchecked`].
+    fn exec(&self, op: Op<'_, Self>) -> DeviceResult<()> {
+        op.check(self)?;
+        self.exec_unchecked(op)
+    }
+    /// Checked [`Device::upload_unchecked`].
+    fn upload<T: Scalar>(&self, src: &mut Self::Staging<T>, n: usize, dst: &mut Self::Buf<T>) -> DeviceResult<()> {
+        fits("upload: source", self.host(src)?.len(), n)?;
+        fits("upload: destination", self.len(dst), n)?;
+        self.upload_unchecked(src, n, dst)
+    }
+    /// Checked [`Device::download_unchecked`].
+    fn download<T: Scalar>(&self, src: &mut Self::Buf<T>, n: usize, dst: &mut Self::Staging<T>) -> DeviceResult<()> {
+        fits("download: source", self.len(src), n)?;
+        fits("download: destination", self.host(dst)?.len(), n)?;
+        self.download_unchecked(src, n, dst)
+    }
+    /// Checked [`Device::write_unchecked`].
+    fn write<T: Scalar>(&self, src: &[T], dst: &mut Self::Buf<T>, at: usize) -> DeviceResult<()> {
+        fits("write", self.len(dst), at + src.len())?;
+        self.write_unchecked(src, dst, at)
+    }
+    /// Checked [`Device::read_unchecked`].
+    fn read<T: Scalar>(&self, src: &Self::Buf<T>, at: usize, dst: &mut [T]) -> DeviceResult<()> {
+        fits("read", self.len(src), at + dst.len())?;
+        self.read_unchecked(src, at, dst)
+    }
+    /// Checked [`Device::copy_unchecked`].
+    fn copy<T: Scalar>(&self, src: (&Self::Buf<T>, usize), dst: (&mut Self::Buf<T>, usize), n: usize) -> DeviceResult<()> {
+        fits("copy: source", self.len(src.0), src.1 + n)?;
+        fits("copy: destination", self.len(dst.0), dst.1 + n)?;
+        self.copy_unchecked(src, dst, n)
+    }
+    /// A buffer holding a copy of `v` (waits).
+    fn buffer_from<T: Scalar>(&self, v: &[T]) -> DeviceResult<Self::Buf<T>> {
+        let mut b = self.alloc(v.len())?;
+        self.write(v, &mut b, 0)?;
+        Ok(b)
+    }
+    /// The first `n` elements of `b`, copied to the host (waits).
+    fn to_vec<T: Scalar>(&self, b: &Self::Buf<T>, n: usize) -> DeviceResult<Vec<T>> {
+        let mut v = vec![T::zeroed(); n];
+        self.read(b, 0, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// The memory methods of a [`Device`] whose buffers and staging are `Vec<T>` in host
+/// memory (the CPU device and the host-kernels device), inside its `impl Device`.
+macro_rules! vec_memory {
+    () => {
+        fn alloc<T: Scalar>(&self, n: usize) -> DeviceResult<Vec<T>> {
+            Ok(vec![T::zeroed(); n])
+        }
+        fn len<T: Scalar>(&self, b: &Vec<T>) -> usize {
+            b.len()
+        }
+        fn staging<T: Scalar>(&self, n: usize, _dir: Direction) -> DeviceResult<Vec<T>> {
+            self.alloc(n)
+        }
+        fn host<'a, T: Scalar>(&self, h: &'a mut Vec<T>) -> DeviceResult<&'a mut [T]> {
+            Ok(h)
+        }
+        fn write_unchecked<T: Scalar>(&self, src: &[T], dst: &mut Vec<T>, at: usize) -> DeviceResult<()> {
+            dst[at..at + src.len()].copy_from_slice(src);
+            Ok(())
+        }
+        fn read_unchecked<T: Scalar>(&self, src: &Vec<T>, at: usize, dst: &mut [T]) -> DeviceResult<()> {
+            dst.copy_from_slice(&src[at..at + dst.len()]);
+            Ok(())
+        }
+        fn copy_unchecked<T: Scalar>(&self, src: (&Vec<T>, usize), dst: (&mut Vec<T>, usize), n: usize) -> DeviceResult<()> {
+            dst.0[dst.1..dst.1 + n].copy_from_slice(&src.0[src.1..src.1 + n]);
+            Ok(())
+        }
+        fn synchronize(&self) -> DeviceResult<()> {
+            Ok(())
+        }
+        fn host_memory<'a, T: Scalar>(&self, b: &'a mut Vec<T>) -> Option<&'a mut [T]> {
+            Some(b)
+        }
+    };
+}
+pub(crate) use vec_memory;
+
+/// An error unless a buffer of `have` elements holds the `need` an operation touches.
+pub fn fits(what: &str, have: usize, need: usize) -> DeviceResult<()> {
+    if have < need {
+        return Err(DeviceError::refused(what, format!("buffer of {have} elements, the launch needs {need} (a bug in ringrec: please report it)")));
+    }
+    Ok(())
+}

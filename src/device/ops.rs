@@ -1,0 +1,341 @@
+//! The operations of a [`Device`]: a row-major GEMM with epilogues ([`Gemm`],
+//! [`Epilogue`]) and the kernels of [`Op`], with the bounds each one touches
+//! ([`Op::check`]), and their mapping onto the CUDA C kernels of kernels/*.cu for the
+//! backends that launch those ([`launch`]).
+
+use half::{bf16, f16};
+
+use super::kernels::Kernel;
+use super::{fits, Device, DeviceError, DeviceResult};
+
+/// `c (m x n) = op(a) (m x k) * op(b) (k x n)`, all row-major: `a_t` means `a` is stored
+/// k x m and used transposed, `b_t` that `b` is stored n x k.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    /// Rows of c.
+    pub m: usize,
+    /// Columns of c.
+    pub n: usize,
+    /// The inner dimension.
+    pub k: usize,
+    /// `a` is stored transposed.
+    pub a_t: bool,
+    /// `b` is stored transposed.
+    pub b_t: bool,
+}
+
+impl Gemm {
+    /// Elements each operand spans from its offset: (a, b, c).
+    pub fn extents(&self) -> (usize, usize, usize) {
+        (self.m * self.k, self.k * self.n, self.m * self.n)
+    }
+}
+
+/// What follows a layer's GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Nothing.
+    Identity,
+    /// `max(x, 0)`.
+    Relu,
+}
+
+/// Work fused after a GEMM (as cuBLASLt's epilogues): the CPU runs it on each part of the
+/// product while it is in cache; kernel backends launch it after the GEMM.
+pub enum Epilogue<'a, D: Device> {
+    /// Nothing.
+    None,
+    /// `c[r, j] = act(c[r, j] + bias[at + j])`.
+    Bias {
+        /// The bias buffer.
+        bias: &'a D::Buf<f32>,
+        /// Offset of the bias.
+        at: usize,
+        /// The activation after it.
+        act: Activation,
+    },
+    /// `c[i] = 0` where `act[i] <= 0` (the ReLU's backward on the product).
+    ReluGrad {
+        /// The layer's forward output.
+        act: &'a D::Buf<f32>,
+    },
+    /// `c_buffer[at + j] = sum over the k rows of b[r, j]` (`b` not transposed): a bias
+    /// gradient beside the weight gradient `a^T b`, in the same buffer as the product
+    /// (outside its extent).
+    BiasGrad {
+        /// Offset of the column sums in c's buffer.
+        at: usize,
+    },
+}
+
+impl<D: Device> Epilogue<'_, D> {
+    /// Checks the epilogue's buffers against the GEMM's shape and `c` (its buffer's
+    /// length, the product's offset in it).
+    pub fn check(&self, dev: &D, g: &Gemm, c: (usize, usize)) -> DeviceResult<()> {
+        match self {
+            Epilogue::None => Ok(()),
+            Epilogue::Bias { bias, at, .. } => fits("gemm bias", dev.len(*bias), at + g.n),
+            Epilogue::ReluGrad { act } => fits("gemm relu grad", dev.len(*act), g.m * g.n),
+            Epilogue::BiasGrad { at } => {
+                if g.b_t {
+                    return Err(DeviceError::refused("gemm bias grad", "the column sums need b stored k x n (not transposed)"));
+                }
+                if *at < c.1 + g.m * g.n && c.1 < at + g.n {
+                    return Err(DeviceError::refused("gemm bias grad", format!("the column sums at {at} overlap the product at {}", c.1)));
+                }
+                fits("gemm bias grad", c.0, at + g.n)
+            }
+        }
+    }
+}
+
+/// A half-precision buffer as a cast destination.
+pub enum HalfMut<'a, D: Device> {
+    /// IEEE binary16.
+    F16(&'a mut D::Buf<f16>),
+    /// bfloat16.
+    Bf16(&'a mut D::Buf<bf16>),
+}
+
+/// A half-precision buffer as a cast source.
+pub enum HalfRef<'a, D: Device> {
+    /// IEEE binary16.
+    F16(&'a D::Buf<f16>),
+    /// bfloat16.
+    Bf16(&'a D::Buf<bf16>),
+}
+
+impl<D: Device> HalfMut<'_, D> {
+    fn len(&self, dev: &D) -> usize {
+        match self {
+            HalfMut::F16(b) => dev.len(&**b),
+            HalfMut::Bf16(b) => dev.len(&**b),
+        }
+    }
+}
+
+impl<D: Device> HalfRef<'_, D> {
+    fn len(&self, dev: &D) -> usize {
+        match self {
+            HalfRef::F16(b) => dev.len(*b),
+            HalfRef::Bf16(b) => dev.len(*b),
+        }
+    }
+}
+
+/// One kernel: element-wise maps, reductions, gathers and scatters, optimizer steps and
+/// casts. Reductions run in a fixed order on every backend (one output's inputs are summed
+/// in index order), so results do not depend on scheduling. `at` fields are element
+/// offsets into the buffer before them.
+#[allow(missing_docs)]
+pub enum Op<'a, D: Device> {
+    /// `z[r, c] = act(z[r, c] + bias[at + c])` over `rows x cols`, in place.
+    BiasAct { z: &'a mut D::Buf<f32>, bias: &'a D::Buf<f32>, at: usize, rows: usize, cols: usize, act: Activation },
+    /// `delta[i] = 0` where `act[i] <= 0`, for `n` elements (the ReLU's backward).
+    ReluGrad { delta: &'a mut D::Buf<f32>, act: &'a D::Buf<f32>, n: usize },
+    /// `out[at + c] = sum over rows r of x[r, c]` (rows in order).
+    ColumnSum { x: &'a D::Buf<f32>, rows: usize, cols: usize, out: &'a mut D::Buf<f32>, at: usize },
+    /// Binary cross-entropy of `n` logits `z` against 0/1 labels `y`: `loss[i]`, and the
+    /// gradient of `scale * sum(loss)`, `delta[i] = (sigmoid(z[i]) - y[i]) * scale`.
+    BceWithLogits { z: &'a D::Buf<f32>, y: &'a D::Buf<f32>, loss: &'a mut D::Buf<f32>, delta: &'a mut D::Buf<f32>, n: usize, scale: f32 },
+    /// `out[at] = sum of x[0..n)`, accumulated in f64.
+    Sum { x: &'a D::Buf<f32>, n: usize, out: &'a mut D::Buf<f32>, at: usize },
+    /// Embedding lookup into row blocks: for `i < rows * per_row`, row `index[i]` of
+    /// `table` (`dim` values each) goes to `out[(i / per_row) * stride + (i % per_row) * dim ..]`
+    /// (output rows of `stride` values).
+    GatherRows { table: &'a D::Buf<f32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// Columns appended to rows: `out[r * stride + col + c] = src[r * cols + c]`.
+    CopyColumns { src: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, cols: usize, stride: usize, col: usize },
+    /// The backward of [`Op::GatherRows`] as a segmented sum: for segment `u`, the
+    /// `dim`-value blocks of `src` (`rows` rows of `stride` values) named by
+    /// `slots[offsets[u]..offsets[u+1]]` (slot `p` is block `p % per_row` of row
+    /// `p / per_row`) summed in list order into `out[u * dim ..]`.
+    SegmentSum { src: &'a D::Buf<f32>, offsets: &'a D::Buf<u32>, slots: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, segments: usize, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// SGD: `p[at + i] -= lr * g[i]` for `n` elements.
+    Sgd { p: &'a mut D::Buf<f32>, at: usize, g: &'a D::Buf<f32>, lr: f32, n: usize },
+    /// Adam over `n` parameters from `at` (moments `m`, `v` at the same offset); `alpha`
+    /// and `eps_hat` carry the bias correction ([`crate::model::optim::adam_factors`]).
+    Adam { p: &'a mut D::Buf<f32>, at: usize, g: &'a D::Buf<f32>, m: &'a mut D::Buf<f32>, v: &'a mut D::Buf<f32>, alpha: f32, beta1: f32, beta2: f32, eps_hat: f32, n: usize },
+    /// `dst[dst_at + i] = half(src[src_at + i])` for `n` elements, round to nearest even.
+    ToHalf { src: &'a D::Buf<f32>, src_at: usize, dst: HalfMut<'a, D>, dst_at: usize, n: usize },
+    /// `dst[dst_at + i] = f32(src[src_at + i])` for `n` elements.
+    FromHalf { src: HalfRef<'a, D>, src_at: usize, dst: &'a mut D::Buf<f32>, dst_at: usize, n: usize },
+}
+
+impl<D: Device> Op<'_, D> {
+    /// The kernel's name (errors, traces).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::BiasAct { .. } => "bias_act",
+            Op::ReluGrad { .. } => "relu_grad",
+            Op::ColumnSum { .. } => "column_sum",
+            Op::BceWithLogits { .. } => "bce_with_logits",
+            Op::Sum { .. } => "sum",
+            Op::GatherRows { .. } => "gather_rows",
+            Op::CopyColumns { .. } => "copy_columns",
+            Op::SegmentSum { .. } => "segment_sum",
+            Op::Sgd { .. } => "sgd",
+            Op::Adam { .. } => "adam",
+            Op::ToHalf { .. } => "to_half",
+            Op::FromHalf { .. } => "from_half",
+        }
+    }
+
+    /// Checks that every buffer holds what the operation touches. Row numbers read from
+    /// `index` and `slots` are data: the caller checks them where it builds them.
+    pub fn check(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
+        match self {
+            Op::BiasAct { z, bias, at, rows, cols, .. } => {
+                f("z", dev.len(&**z), rows * cols)?;
+                f("bias", dev.len(*bias), at + cols)
+            }
+            Op::ReluGrad { delta, act, n } => {
+                f("delta", dev.len(&**delta), *n)?;
+                f("act", dev.len(*act), *n)
+            }
+            Op::ColumnSum { x, rows, cols, out, at } => {
+                f("x", dev.len(*x), rows * cols)?;
+                f("out", dev.len(&**out), at + cols)
+            }
+            Op::BceWithLogits { z, y, loss, delta, n, .. } => {
+                f("z", dev.len(*z), *n)?;
+                f("labels", dev.len(*y), *n)?;
+                f("loss", dev.len(&**loss), *n)?;
+                f("delta", dev.len(&**delta), *n)
+            }
+            Op::Sum { x, n, out, at } => {
+                f("x", dev.len(*x), *n)?;
+                f("out", dev.len(&**out), at + 1)
+            }
+            Op::GatherRows { index, out, rows, per_row, dim, stride, .. } => {
+                if per_row * dim > *stride {
+                    return Err(DeviceError::refused("gather_rows", format!("{per_row} rows of {dim} do not fit an output row of {stride}")));
+                }
+                f("index", dev.len(*index), rows * per_row)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::CopyColumns { src, out, rows, cols, stride, col } => {
+                if col + cols > *stride {
+                    return Err(DeviceError::refused("copy_columns", format!("columns {col}..{} do not fit an output row of {stride}", col + cols)));
+                }
+                f("src", dev.len(*src), rows * cols)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::SegmentSum { src, offsets, slots, out, segments, rows, per_row, dim, stride } => {
+                if per_row * dim > *stride {
+                    return Err(DeviceError::refused("segment_sum", format!("{per_row} blocks of {dim} do not fit a row of {stride}")));
+                }
+                f("src", dev.len(*src), rows * stride)?;
+                f("offsets", dev.len(*offsets), segments + 1)?;
+                f("slots", dev.len(*slots), rows * per_row)?;
+                f("out", dev.len(&**out), segments * dim)
+            }
+            Op::Sgd { p, at, g, n, .. } => {
+                f("params", dev.len(&**p), at + n)?;
+                f("grad", dev.len(*g), *n)
+            }
+            Op::Adam { p, at, g, m, v, n, .. } => {
+                f("params", dev.len(&**p), at + n)?;
+                f("grad", dev.len(*g), *n)?;
+                f("m", dev.len(&**m), at + n)?;
+                f("v", dev.len(&**v), at + n)
+            }
+            Op::ToHalf { src, src_at, dst, dst_at, n } => {
+                f("src", dev.len(*src), src_at + n)?;
+                f("dst", dst.len(dev), dst_at + n)
+            }
+            Op::FromHalf { src, src_at, dst, dst_at, n } => {
+                f("src", src.len(dev), src_at + n)?;
+                f("dst", dev.len(&**dst), dst_at + n)
+            }
+        }
+    }
+}
+
+/// One kernel argument, in the kernel's parameter order, as `cuLaunchKernel` takes them.
+pub enum KernelArg<'a, D: Device> {
+    /// A `const float*` into a buffer, at an element offset.
+    In(&'a D::Buf<f32>, usize),
+    /// A `float*` into a buffer, at an element offset.
+    Out(&'a mut D::Buf<f32>, usize),
+    /// A `const u32*` to a whole buffer.
+    InU32(&'a D::Buf<u32>),
+    /// A `const u16*` into an f16 buffer, at an element offset.
+    InF16(&'a D::Buf<f16>, usize),
+    /// A `u16*` into an f16 buffer, at an element offset.
+    OutF16(&'a mut D::Buf<f16>, usize),
+    /// A `const u16*` into a bf16 buffer, at an element offset.
+    InBf16(&'a D::Buf<bf16>, usize),
+    /// A `u16*` into a bf16 buffer, at an element offset.
+    OutBf16(&'a mut D::Buf<bf16>, usize),
+    /// An `int`.
+    I32(i32),
+    /// A `long long`.
+    I64(i64),
+    /// A `float`.
+    F32(f32),
+}
+
+/// A device that runs [`Op`]s by launching the kernels of kernels/*.cu.
+pub trait LaunchKernels: Device {
+    /// Runs `kernel` over `work` independent outputs (the grid-stride loop's extent).
+    fn launch(&self, kernel: Kernel, work: usize, args: &mut [KernelArg<'_, Self>]) -> DeviceResult<()>;
+}
+
+/// An `int` kernel argument; sizes past `i32::MAX` are refused rather than wrapped.
+fn int<'a, D: Device>(v: usize) -> DeviceResult<KernelArg<'a, D>> {
+    i32::try_from(v).map(KernelArg::I32).map_err(|_| DeviceError::refused("kernel launch", format!("size {v} does not fit the kernel's int argument; use a smaller --batch")))
+}
+
+/// A `long long` kernel argument.
+fn long<'a, D: Device>(v: usize) -> KernelArg<'a, D> {
+    KernelArg::I64(v as i64)
+}
+
+/// Runs `op` with the kernels of kernels/*.cu (bounds already checked).
+pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
+    use KernelArg::{In, InU32, Out, F32};
+    match op {
+        Op::BiasAct { z, bias, at, rows, cols, act } => dev.launch(Kernel::BiasAct, rows * cols, &mut [Out(z, 0), In(bias, at), int(rows)?, int(cols)?, KernelArg::I32((act == Activation::Relu) as i32)]),
+        Op::ReluGrad { delta, act, n } => dev.launch(Kernel::ReluGrad, n, &mut [Out(delta, 0), In(act, 0), long(n)]),
+        Op::ColumnSum { x, rows, cols, out, at } => dev.launch(Kernel::ColumnSum, cols, &mut [In(x, 0), Out(out, at), int(rows)?, int(cols)?]),
+        Op::BceWithLogits { z, y, loss, delta, n, scale } => dev.launch(Kernel::BceWithLogits, n, &mut [In(z, 0), In(y, 0), Out(loss, 0), Out(delta, 0), int(n)?, F32(scale)]),
+        Op::Sum { x, n, out, at } => dev.launch(Kernel::Sum, 1, &mut [In(x, 0), Out(out, at), int(n)?]),
+        Op::GatherRows { table, index, out, rows, per_row, dim, stride } => dev.launch(Kernel::GatherRows, rows * per_row * dim, &mut [In(table, 0), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?]),
+        Op::CopyColumns { src, out, rows, cols, stride, col } => dev.launch(Kernel::CopyColumns, rows * cols, &mut [In(src, 0), Out(out, 0), int(rows)?, int(cols)?, int(stride)?, int(col)?]),
+        Op::SegmentSum { src, offsets, slots, out, segments, per_row, dim, stride, .. } => {
+            dev.launch(Kernel::SegmentSum, segments * dim, &mut [In(src, 0), InU32(offsets), InU32(slots), Out(out, 0), int(segments)?, int(per_row)?, int(dim)?, int(stride)?])
+        }
+        Op::Sgd { p, at, g, lr, n } => dev.launch(Kernel::SgdUpdate, n, &mut [Out(p, at), In(g, 0), F32(lr), long(n)]),
+        Op::Adam { p, at, g, m, v, alpha, beta1, beta2, eps_hat, n } => {
+            dev.launch(Kernel::AdamUpdate, n, &mut [Out(p, at), In(g, 0), Out(m, at), Out(v, at), F32(alpha), F32(beta1), F32(beta2), F32(eps_hat), long(n)])
+        }
+        Op::ToHalf { src, src_at, dst, dst_at, n } => match dst {
+            HalfMut::F16(d) => dev.launch(Kernel::F32ToF16, n, &mut [In(src, src_at), KernelArg::OutF16(d, dst_at), long(n)]),
+            HalfMut::Bf16(d) => dev.launch(Kernel::F32ToBf16, n, &mut [In(src, src_at), KernelArg::OutBf16(d, dst_at), long(n)]),
+        },
+        Op::FromHalf { src, src_at, dst, dst_at, n } => match src {
+            HalfRef::F16(s) => dev.launch(Kernel::F16ToF32, n, &mut [KernelArg::InF16(s, src_at), Out(dst, dst_at), long(n)]),
+            HalfRef::Bf16(s) => dev.launch(Kernel::Bf16ToF32, n, &mut [KernelArg::InBf16(s, src_at), Out(dst, dst_at), long(n)]),
+        },
+    }
+}
+
+/// The epilogue of a GEMM on a kernel device: launched after the product.
+pub fn launch_epilogue<D: LaunchKernels>(dev: &D, g: &Gemm, b: (&D::Buf<f32>, usize), c: &mut D::Buf<f32>, c_at: usize, epi: Epilogue<'_, D>) -> DeviceResult<()> {
+    if c_at != 0 && matches!(epi, Epilogue::Bias { .. } | Epilogue::ReluGrad { .. }) {
+        return Err(DeviceError::refused("gemm epilogue", "an epilogue needs c at offset 0"));
+    }
+    match epi {
+        Epilogue::None => Ok(()),
+        Epilogue::Bias { bias, at, act } => dev.exec(Op::BiasAct { z: c, bias, at, rows: g.m, cols: g.n, act }),
+        Epilogue::ReluGrad { act } => dev.exec(Op::ReluGrad { delta: c, act, n: g.m * g.n }),
+        Epilogue::BiasGrad { at } => {
+            if b.1 != 0 {
+                return Err(DeviceError::refused("gemm bias grad", "b must start at offset 0"));
+            }
+            dev.exec(Op::ColumnSum { x: b.0, rows: g.k, cols: g.n, out: c, at })
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! Tests of the device layer, written once over [`Device`] and run on [`CpuDevice`] (one
+//! and three threads), on [`HostKernels`] (the kernel sources compiled for the CPU: every
+//! machine) and on [`CudaDevice`] (a real GPU: skipped with a printed reason where there is
+//! none). Every operation is compared with a plain reference, and the dense model on each
+//! device with the model on the CPU device.
+
+use half::{bf16, f16};
+
+use super::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostKernels, Op};
+use crate::hash::splitmix64;
+use crate::model::input::reference::{fill_row, scatter_key_grads};
+use crate::model::input::{build_csr, InputLayout};
+use crate::model::optim::{adam_factors, BETA1, BETA2};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
+use crate::tensor::Tensor;
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n).map(|_| (splitmix64(&mut s) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+/// Asserts `got == want` exactly, or within 1e-6 relative when `exact` is false (a device
+/// that sums in another order).
+fn same(got: &[f32], want: &[f32], exact: bool, what: &str) {
+    if exact {
+        assert_eq!(got, want, "{what}");
+    } else {
+        assert!(close(got, want, 1e-6), "{what}: {got:?} vs {want:?}");
+    }
+}
+
+fn naive_gemm(g: &Gemm, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut c = vec![0f32; g.m * g.n];
+    for i in 0..g.m {
+        for j in 0..g.n {
+            let mut s = 0f64;
+            for p in 0..g.k {
+                let av = if g.a_t { a[p * g.m + i] } else { a[i * g.k + p] };
+                let bv = if g.b_t { b[j * g.k + p] } else { b[p * g.n + j] };
+                s += av as f64 * bv as f64;
+            }
+            c[i * g.n + j] = s as f32;
+        }
+    }
+    c
+}
+
+/// Every GEMM transpose combination and epilogue against a plain loop.
+fn gemms_match_a_plain_loop<D: Device>(dev: &D) {
+    let (m, n, k) = (23, 9, 31);
+    for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+        let g = Gemm { m, n, k, a_t, b_t };
+        let (a, b) = (random(m * k, 1), random(k * n, 2));
+        let want = naive_gemm(&g, &a, &b);
+        // The product at an offset of its buffer, after 3 untouched values.
+        let mut c = dev.alloc(3 + m * n).unwrap();
+        dev.gemm(&g, (&dev.buffer_from(&a).unwrap(), 0), (&dev.buffer_from(&b).unwrap(), 0), (&mut c, 3), Epilogue::None).unwrap();
+        let got = dev.to_vec(&c, 3 + m * n).unwrap();
+        assert_eq!(&got[..3], &[0.0; 3], "a_t {a_t} b_t {b_t}: before the offset");
+        assert!(close(&got[3..], &want, 1e-5), "a_t {a_t} b_t {b_t}");
+    }
+    let (a, b, bias) = (random(m * k, 3), random(k * n, 4), random(n + 2, 5));
+    let (ad, bd, biasd) = (dev.buffer_from(&a).unwrap(), dev.buffer_from(&b).unwrap(), dev.buffer_from(&bias).unwrap());
+    let g = Gemm { m, n, k, a_t: false, b_t: false };
+    let plain = naive_gemm(&g, &a, &b);
+    for act in [Activation::Identity, Activation::Relu] {
+        let mut c = dev.alloc(m * n).unwrap();
+        dev.gemm(&g, (&ad, 0), (&bd, 0), (&mut c, 0), Epilogue::Bias { bias: &biasd, at: 2, act }).unwrap();
+        let want: Vec<f32> = plain.iter().enumerate().map(|(i, v)| v + bias[2 + i % n]).map(|v| if act == Activation::Relu { v.max(0.0) } else { v }).collect();
+        assert!(close(&dev.to_vec(&c, m * n).unwrap(), &want, 1e-5), "bias {act:?}");
+    }
+    let act = random(m * n, 6);
+    let mut c = dev.alloc(m * n).unwrap();
+    dev.gemm(&g, (&ad, 0), (&bd, 0), (&mut c, 0), Epilogue::ReluGrad { act: &dev.buffer_from(&act).unwrap() }).unwrap();
+    let want: Vec<f32> = plain.iter().zip(&act).map(|(v, a)| if *a <= 0.0 { 0.0 } else { *v }).collect();
+    assert!(close(&dev.to_vec(&c, m * n).unwrap(), &want, 1e-5), "relu grad");
+    // Weight and bias gradient in one buffer: a^T b, then the column sums of b.
+    let g = Gemm { m: k, n, k: m, a_t: true, b_t: false };
+    let a2 = random(m * k, 7);
+    let b2 = random(m * n, 8);
+    let mut c = dev.alloc(k * n + n).unwrap();
+    dev.gemm(&g, (&dev.buffer_from(&a2).unwrap(), 0), (&dev.buffer_from(&b2).unwrap(), 0), (&mut c, 0), Epilogue::BiasGrad { at: k * n }).unwrap();
+    let got = dev.to_vec(&c, k * n + n).unwrap();
+    assert!(close(&got[..k * n], &naive_gemm(&g, &a2, &b2), 1e-5), "weight gradient");
+    let sums: Vec<f32> = (0..n).map(|j| (0..m).map(|r| b2[r * n + j] as f64).sum::<f64>() as f32).collect();
+    assert!(close(&got[k * n..], &sums, 1e-5), "bias gradient");
+    let e = dev.gemm(&g, (&dev.buffer_from(&a2).unwrap(), 0), (&dev.buffer_from(&b2).unwrap(), 0), (&mut c, 0), Epilogue::BiasGrad { at: 4 }).unwrap_err().to_string();
+    assert!(e.contains("overlap the product"), "{e}");
+}
+
+/// Every kernel against a plain reference on random inputs (exactly where the device sums
+/// in the reference's order).
+fn ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
+    let (batch, fields, dim, ndense, keys) = (37, 5, 4, 3, 29);
+    let width = fields * dim + ndense;
+    let mut s = 7u64;
+    let inverse: Vec<u32> = (0..batch * fields).map(|_| (splitmix64(&mut s) % keys as u64) as u32).collect();
+    let emb = random(keys * dim, 1);
+    let dense = random(batch * ndense, 2);
+
+    // Gather + copy == the input row fill.
+    let mut want = vec![0f32; batch * width];
+    for (s, row) in want.chunks_mut(width).enumerate() {
+        fill_row(row, &emb, &inverse[s * fields..(s + 1) * fields], &dense[s * ndense..(s + 1) * ndense], dim);
+    }
+    let (emb_d, inv_d, dense_d) = (dev.buffer_from(&emb).unwrap(), dev.buffer_from(&inverse).unwrap(), dev.buffer_from(&dense).unwrap());
+    let mut x = dev.alloc(batch * width).unwrap();
+    dev.exec(Op::GatherRows { table: &emb_d, index: &inv_d, out: &mut x, rows: batch, per_row: fields, dim, stride: width }).unwrap();
+    dev.exec(Op::CopyColumns { src: &dense_d, out: &mut x, rows: batch, cols: ndense, stride: width, col: fields * dim }).unwrap();
+    assert_eq!(dev.to_vec(&x, batch * width).unwrap(), want, "gather_rows + copy_columns");
+
+    // Segmented sum over the CSR lists == the sequential scatter, bit for bit (same order).
+    let dx = random(batch * width, 3);
+    let mut want = vec![0f32; keys * dim];
+    scatter_key_grads(&dx, &inverse, batch, fields, dim, width, &mut want);
+    let (mut offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; inverse.len()], Vec::new());
+    build_csr(&inverse, keys, &mut offsets, &mut slots, &mut next).unwrap();
+    let mut out = dev.alloc(keys * dim).unwrap();
+    dev.exec(Op::SegmentSum { src: &dev.buffer_from(&dx).unwrap(), offsets: &dev.buffer_from(&offsets).unwrap(), slots: &dev.buffer_from(&slots).unwrap(), out: &mut out, segments: keys, rows: batch, per_row: fields, dim, stride: width }).unwrap();
+    assert_eq!(dev.to_vec(&out, keys * dim).unwrap(), want, "segment_sum");
+
+    // Bias + activation, ReLU backward, column sums.
+    let (rows, cols) = (9, 7);
+    let z0 = random(rows * cols, 4);
+    let bias = random(cols + 3, 5); // used at offset 3
+    for act in [Activation::Relu, Activation::Identity] {
+        let mut z = dev.buffer_from(&z0).unwrap();
+        dev.exec(Op::BiasAct { z: &mut z, bias: &dev.buffer_from(&bias).unwrap(), at: 3, rows, cols, act }).unwrap();
+        let want: Vec<f32> = z0.iter().enumerate().map(|(i, v)| v + bias[3 + i % cols]).map(|v| if act == Activation::Relu { v.max(0.0) } else { v }).collect();
+        assert_eq!(dev.to_vec(&z, rows * cols).unwrap(), want, "bias_act {act:?}");
+    }
+    let act = random(rows * cols, 6);
+    let mut delta = dev.buffer_from(&z0).unwrap();
+    dev.exec(Op::ReluGrad { delta: &mut delta, act: &dev.buffer_from(&act).unwrap(), n: rows * cols }).unwrap();
+    let want: Vec<f32> = z0.iter().zip(&act).map(|(d, a)| if *a <= 0.0 { 0.0 } else { *d }).collect();
+    assert_eq!(dev.to_vec(&delta, rows * cols).unwrap(), want, "relu_grad");
+    let mut db = dev.alloc(cols + 2).unwrap();
+    dev.exec(Op::ColumnSum { x: &dev.buffer_from(&z0).unwrap(), rows, cols, out: &mut db, at: 2 }).unwrap();
+    let mut want = vec![0f32; cols + 2];
+    for row in z0.chunks(cols) {
+        for (c, v) in row.iter().enumerate() {
+            want[2 + c] += v;
+        }
+    }
+    same(&dev.to_vec(&db, cols + 2).unwrap(), &want, exact, "column_sum");
+
+    // Binary cross-entropy, its gradient, the sum.
+    let n = 53;
+    let logits: Vec<f32> = random(n, 7).iter().map(|v| v * 30.0).collect();
+    let labels: Vec<f32> = (0..n).map(|i| (i % 3 == 0) as u8 as f32).collect();
+    let (mut loss, mut d) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
+    dev.exec(Op::BceWithLogits { z: &dev.buffer_from(&logits).unwrap(), y: &dev.buffer_from(&labels).unwrap(), loss: &mut loss, delta: &mut d, n, scale: 0.25 }).unwrap();
+    let want_loss: Vec<f32> = logits.iter().zip(&labels).map(|(z, y)| z.max(0.0) - z * y + (-z.abs()).exp().ln_1p()).collect();
+    let want_d: Vec<f32> = logits.iter().zip(&labels).map(|(z, y)| (1.0 / (1.0 + (-z).exp()) - y) * 0.25).collect();
+    assert!(close(&dev.to_vec(&loss, n).unwrap(), &want_loss, 1e-6), "bce loss");
+    assert!(close(&dev.to_vec(&d, n).unwrap(), &want_d, 1e-6), "bce delta");
+    let mut sum = dev.alloc(4).unwrap();
+    dev.exec(Op::Sum { x: &loss, n, out: &mut sum, at: 3 }).unwrap();
+    let want_sum = want_loss.iter().map(|v| *v as f64).sum::<f64>() as f32;
+    let got = dev.to_vec(&sum, 4).unwrap();
+    assert_eq!(&got[..3], &[0.0; 3]);
+    assert!((got[3] - want_sum).abs() <= 1e-5 * want_sum.abs(), "sum {} vs {want_sum}", got[3]);
+
+    // SGD and three Adam steps, parameters (and moments) at an offset.
+    let (np, at) = (41, 5);
+    let p0 = random(at + np, 8);
+    for kind in [DenseOptimizer::Sgd, DenseOptimizer::Adam] {
+        let (mut want, mut wm, mut wv) = (p0[at..].to_vec(), vec![0f32; np], vec![0f32; np]);
+        let (mut p, mut m, mut v) = (dev.buffer_from(&p0).unwrap(), dev.alloc(at + np).unwrap(), dev.alloc(at + np).unwrap());
+        for t in 1..=3u64 {
+            let g = random(np, 100 + t);
+            let gd = dev.buffer_from(&g).unwrap();
+            match kind {
+                DenseOptimizer::Sgd => {
+                    want.iter_mut().zip(&g).for_each(|(p, g)| *p -= 0.01 * g);
+                    dev.exec(Op::Sgd { p: &mut p, at, g: &gd, lr: 0.01, n: np }).unwrap();
+                }
+                DenseOptimizer::Adam => {
+                    let (alpha, eps_hat) = adam_factors(0.01, t);
+                    for i in 0..np {
+                        wm[i] = BETA1 * wm[i] + (1.0 - BETA1) * g[i];
+                        wv[i] = BETA2 * wv[i] + (1.0 - BETA2) * g[i] * g[i];
+                        want[i] -= alpha * wm[i] / (wv[i].sqrt() + eps_hat);
+                    }
+                    dev.exec(Op::Adam { p: &mut p, at, g: &gd, m: &mut m, v: &mut v, alpha, beta1: BETA1, beta2: BETA2, eps_hat, n: np }).unwrap();
+                }
+            }
+        }
+        let got = dev.to_vec(&p, at + np).unwrap();
+        assert_eq!(&got[..at], &p0[..at], "{kind:?}: parameters before the offset untouched");
+        assert!(close(&got[at..], &want, 1e-6), "{kind:?}: {:?} vs {want:?}", &got[at..]);
+    }
+    casts_match_the_half_crate::<D, f16>(dev);
+    casts_match_the_half_crate::<D, bf16>(dev);
+}
+
+/// f32 -> half -> f32 at offsets == the `half` crate (round to nearest even), specials too.
+fn casts_match_the_half_crate<D: Device, H: Half>(dev: &D) {
+    let mut vals = random(200, 9).iter().map(|v| v * 70000.0).collect::<Vec<f32>>();
+    vals.extend([0.0, -0.0, 1e-8, -6.1e-5, 65504.0, 65520.0, 1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0e-39]);
+    let n = vals.len();
+    let src = dev.buffer_from(&vals).unwrap();
+    let mut h = dev.alloc::<H>(n + 1).unwrap();
+    dev.exec(Op::ToHalf { src: &src, src_at: 0, dst: H::as_mut::<D>(&mut h), dst_at: 1, n }).unwrap();
+    let bits = dev.to_vec(&h, n + 1).unwrap();
+    for (i, v) in vals.iter().enumerate() {
+        let want = H::from_f32(*v);
+        let got = bits[i + 1];
+        assert!(bytemuck::bytes_of(&got) == bytemuck::bytes_of(&want) || (got.to_f32().is_nan() && want.to_f32().is_nan()), "{}: {v}: {got:?} vs {want:?}", H::DTYPE);
+    }
+    let mut back = dev.alloc::<f32>(n).unwrap();
+    dev.exec(Op::FromHalf { src: H::as_ref::<D>(&h), src_at: 1, dst: &mut back, dst_at: 0, n }).unwrap();
+    for (g, w) in dev.to_vec(&back, n).unwrap().iter().zip(&bits[1..]) {
+        let w = w.to_f32();
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{} widen: {g} vs {w}", H::DTYPE);
+    }
+}
+
+/// One synthetic batch: inverse map over `keys` rows, rows, dense features, labels.
+struct Batch {
+    inverse: Vec<u32>,
+    emb: Vec<f32>,
+    dense: Vec<f32>,
+    labels: Vec<f32>,
+    keys: usize,
+}
+
+fn batch(seed: u64, batch: usize, layout: InputLayout) -> Batch {
+    let mut s = seed;
+    let keys = 1 + (splitmix64(&mut s) % (batch * layout.fields) as u64) as usize;
+    let inverse: Vec<u32> = (0..batch * layout.fields).map(|i| if i < keys { i as u32 } else { (splitmix64(&mut s) % keys as u64) as u32 }).collect();
+    Batch { inverse, emb: random(keys * layout.dim, seed ^ 1), dense: random(batch * layout.ndense, seed ^ 2), labels: (0..batch).map(|_| (splitmix64(&mut s) % 4 == 0) as u8 as f32).collect(), keys }
+}
+
+/// Stages `b` in `m`'s next staging slot (host only).
+fn fill<D: Device>(m: &mut DenseModel<D>, b: &Batch) {
+    let st = m.stage(b.labels.len(), b.keys).unwrap();
+    st.emb.copy_from_slice(&b.emb);
+    st.inverse.copy_from_slice(&b.inverse);
+    st.dense.copy_from_slice(&b.dense);
+    st.labels.copy_from_slice(&b.labels);
+}
+
+/// Stages `b` and loads it on the device.
+fn stage<D: Device>(m: &mut DenseModel<D>, b: &Batch) {
+    fill(m, b);
+    m.load().unwrap();
+}
+
+/// A step of `m` whose gradients, summed over one rank, come straight back.
+fn step_alone<D: Device>(m: &mut DenseModel<D>, scale: f32) -> Vec<Part> {
+    let mut out: Vec<(Part, Tensor)> = Vec::new();
+    m.step(scale, &mut |p, t| out.push((p, t))).unwrap();
+    let parts = out.iter().map(|(p, _)| *p).collect();
+    for (p, t) in out {
+        m.give_back(p, t).unwrap();
+    }
+    parts
+}
+
+const LAYOUT: InputLayout = InputLayout { fields: 4, dim: 3, ndense: 2 };
+
+fn model<D: Device>(dev: D, opt: DenseOptimizer, hidden: Vec<usize>, seed: u64) -> DenseModel<D> {
+    let shape = MlpShape { input: LAYOUT.width(), hidden };
+    let params = shape.init_params(seed);
+    let n = params.len();
+    DenseModel::new(dev, shape, LAYOUT, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
+}
+
+/// 50 training steps of the model on `dev` against the model on the CPU device (the same
+/// parameters, batches and optimizer): losses within 1e-3 relative, key gradients and final
+/// parameters close; the next batch is staged before the current step's loss is read.
+fn model_matches_the_cpu_device<D: Device>(dev: D) {
+    let n = 12;
+    let mut gpu = model(dev, DenseOptimizer::Adam, vec![8, 5], 11);
+    let mut cpu = model(CpuDevice::new(1), DenseOptimizer::Adam, vec![8, 5], 11);
+    let scale = 1.0 / n as f32;
+    let batches: Vec<Batch> = (0..51).map(|t| batch(1000 + t, n, LAYOUT)).collect();
+    let mut worst = 0f64;
+    fill(&mut gpu, &batches[0]);
+    for (t, b) in batches[..50].iter().enumerate() {
+        gpu.load().unwrap();
+        stage(&mut cpu, b);
+        assert_eq!(step_alone(&mut gpu, scale), vec![Part::Layer(2), Part::Layer(1), Part::Layer(0), Part::Loss], "layers handed out last first, then the loss");
+        step_alone(&mut cpu, scale);
+        // Double buffering: the next batch is staged while this step's results are pending.
+        fill(&mut gpu, &batches[t + 1]);
+        assert!(close(gpu.key_grads().unwrap(), cpu.key_grads().unwrap(), 1e-4), "key gradients");
+        let (lg, lc) = (gpu.loss_sum().unwrap(), cpu.loss_sum().unwrap());
+        let rel = (lg - lc).abs() / lc.abs().max(1e-12);
+        worst = worst.max(rel);
+        assert!(rel <= 1e-3, "loss {lg} vs cpu {lc}");
+        gpu.apply().unwrap();
+        cpu.apply().unwrap();
+    }
+    eprintln!("{}: 50 steps, worst relative loss difference {worst:.2e}", gpu.device().describe());
+    assert!(close(&gpu.params().unwrap(), &cpu.params().unwrap(), 1e-3), "parameters after 50 steps");
+    let (sg, sc) = (gpu.optim_state().unwrap(), cpu.optim_state().unwrap());
+    assert_eq!(sg.step, 50);
+    assert!(close(&sg.m, &sc.m, 1e-3) && close(&sg.v, &sc.v, 1e-3), "Adam moments");
+    // Inference on the staged batch equals the CPU device's.
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    stage(&mut cpu, &batches[50]);
+    cpu.predict(&mut want).unwrap();
+    gpu.load().unwrap();
+    gpu.predict(&mut got).unwrap();
+    assert_eq!(got.len(), n);
+    assert!(close(&got, &want, 1e-3), "predict");
+}
+
+/// Two "ranks" with half a batch each, their gradients and loss sums summed as an allreduce
+/// would, give the one-rank model's losses and parameters.
+fn halves_summed_equal_the_whole<D: Device>(make: impl Fn() -> D) {
+    let n = 10;
+    let layout = InputLayout { fields: 3, dim: 2, ndense: 1 };
+    let shape = MlpShape { input: layout.width(), hidden: vec![6] };
+    let params = shape.init_params(5);
+    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, params.len());
+    let mk = || DenseModel::new(make(), shape.clone(), layout, &params, &opt).unwrap();
+    let (mut whole, mut a, mut b) = (mk(), mk(), mk());
+    for t in 0..5 {
+        let full = batch(77 + t, n, layout);
+        // Rank 0 takes samples 0..4, rank 1 samples 4..10, with their own key numbering.
+        let split = |lo: usize, hi: usize| {
+            let inv = &full.inverse[lo * layout.fields..hi * layout.fields];
+            let mut uniq: Vec<u32> = Vec::new();
+            let inverse: Vec<u32> = inv
+                .iter()
+                .map(|u| match uniq.iter().position(|v| v == u) {
+                    Some(i) => i as u32,
+                    None => {
+                        uniq.push(*u);
+                        (uniq.len() - 1) as u32
+                    }
+                })
+                .collect();
+            let emb = uniq.iter().flat_map(|u| full.emb[*u as usize * layout.dim..(*u as usize + 1) * layout.dim].to_vec()).collect();
+            Batch { inverse, emb, dense: full.dense[lo * layout.ndense..hi * layout.ndense].to_vec(), labels: full.labels[lo..hi].to_vec(), keys: uniq.len() }
+        };
+        let scale = 1.0 / n as f32;
+        stage(&mut whole, &full);
+        step_alone(&mut whole, scale);
+        let mut halves = Vec::new();
+        for (m, (lo, hi)) in [(&mut a, (0, 4)), (&mut b, (4, n))] {
+            stage(m, &split(lo, hi));
+            let mut out = Vec::new();
+            m.step(scale, &mut |p, t| out.push((p, t))).unwrap();
+            halves.push(out);
+        }
+        let (ha, hb) = (halves.remove(0), halves.remove(0));
+        for ((pa, ta), (pb, tb)) in ha.into_iter().zip(hb) {
+            assert_eq!(pa, pb);
+            let (va, vb) = (a.device().take_back::<f32>(ta).unwrap(), b.device().take_back::<f32>(tb).unwrap());
+            let sum: Vec<f32> = a.device().to_vec(&va, a.device().len(&va)).unwrap().iter().zip(b.device().to_vec(&vb, b.device().len(&vb)).unwrap()).map(|(x, y)| x + y).collect();
+            for m in [&mut a, &mut b] {
+                let t = m.device().lend(m.device().buffer_from(&sum).unwrap());
+                m.give_back(pa, t).unwrap();
+            }
+        }
+        let (lw, la, lb) = (whole.loss_sum().unwrap(), a.loss_sum().unwrap(), b.loss_sum().unwrap());
+        assert_eq!(la, lb, "step {t}: every rank holds the same global loss");
+        assert!((lw - la).abs() <= 1e-5 * lw.abs(), "step {t}: loss {la} vs {lw}");
+        for m in [&mut whole, &mut a, &mut b] {
+            m.apply().unwrap();
+        }
+        assert_eq!(a.params().unwrap(), b.params().unwrap(), "replicas stay identical");
+        assert!(close(&a.params().unwrap(), &whole.params().unwrap(), 1e-5));
+    }
+}
+
+/// Buffers too small for an operation, and a staged inverse naming a missing row, are errors.
+fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
+    let dev = make();
+    let mut z = dev.alloc(10).unwrap();
+    let bias = dev.alloc(4).unwrap();
+    let e = dev.exec(Op::BiasAct { z: &mut z, bias: &bias, at: 1, rows: 3, cols: 4, act: Activation::Relu }).unwrap_err().to_string();
+    assert!(e.contains("bias_act: z") && e.contains("buffer of 10 elements, the launch needs 12"), "{e}");
+    let e = dev.exec(Op::BiasAct { z: &mut dev.alloc(12).unwrap(), bias: &bias, at: 1, rows: 3, cols: 4, act: Activation::Relu }).unwrap_err().to_string();
+    assert!(e.contains("bias_act: bias") && e.contains("needs 5"), "{e}");
+    let e = dev.gemm(&Gemm { m: 2, n: 3, k: 4, a_t: false, b_t: false }, (&dev.alloc(8).unwrap(), 1), (&dev.alloc(12).unwrap(), 0), (&mut dev.alloc(6).unwrap(), 0), Epilogue::None).unwrap_err().to_string();
+    assert!(e.contains("gemm: a") && e.contains("needs 9"), "{e}");
+    let mut m = model(make(), DenseOptimizer::Sgd, vec![4], 1);
+    let st = m.stage(2, 3).unwrap();
+    st.inverse.copy_from_slice(&[0, 1, 2, 0, 3, 1, 2, 2]);
+    let e = m.load().unwrap_err().to_string();
+    assert!(e.contains("inverse names row 3 of 3 unique keys"), "{e}");
+    assert!(m.load().unwrap_err().to_string().contains("no batch was staged"));
+    let shape = MlpShape { input: LAYOUT.width(), hidden: vec![4] };
+    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, shape.num_params());
+    let e = DenseModel::new(make(), shape.clone(), LAYOUT, &shape.init_params(1)[1..], &opt).err().unwrap().to_string();
+    assert!(e.contains("parameters given"), "{e}");
+}
+
+#[test]
+fn cpu_gemms_and_ops_match_the_references() {
+    for threads in [1, 3] {
+        let dev = CpuDevice::new(threads);
+        gemms_match_a_plain_loop(&dev);
+        ops_match_the_reference(&dev, threads == 1);
+    }
+}
+
+#[test]
+fn cpu_halves_summed_equal_the_whole_batch() {
+    halves_summed_equal_the_whole(|| CpuDevice::new(1));
+}
+
+#[test]
+fn cpu_bad_launches_are_refused() {
+    bad_launches_are_refused(|| CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_match_the_references() {
+    let dev = HostKernels::new().unwrap();
+    gemms_match_a_plain_loop(&dev);
+    ops_match_the_reference(&dev, true);
+}
+
+#[test]
+fn host_kernels_model_matches_the_cpu_device_for_50_steps() {
+    model_matches_the_cpu_device(HostKernels::new().unwrap());
+}
+
+#[test]
+fn host_kernels_halves_summed_equal_the_whole_batch() {
+    halves_summed_equal_the_whole(|| HostKernels::new().unwrap());
+}
+
+#[test]
+fn host_kernels_bad_launches_are_refused() {
+    bad_launches_are_refused(|| HostKernels::new().unwrap());
+}
+
+/// The GPU, or the printed reason why the GPU tests are skipped.
+fn gpu() -> Option<CudaDevice> {
+    match CudaDevice::new(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("skipped: no GPU here ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn gpu_ops_match_the_references() {
+    if let Some(d) = gpu() {
+        gemms_match_a_plain_loop(&d);
+        ops_match_the_reference(&d, true);
+    }
+}
+
+#[test]
+fn gpu_model_matches_the_cpu_device_for_50_steps() {
+    if let Some(d) = gpu() {
+        model_matches_the_cpu_device(d);
+    }
+}
+
+#[test]
+fn gpu_halves_summed_equal_the_whole_batch() {
+    if gpu().is_some() {
+        halves_summed_equal_the_whole(|| CudaDevice::new(0).unwrap());
+    }
+}
+
+#[test]
+fn gpu_bad_launches_are_refused() {
+    if gpu().is_some() {
+        bad_launches_are_refused(|| CudaDevice::new(0).unwrap());
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_a_kernel_that_does_not_compile_reports_nvrtcs_log() {
+    if gpu().is_none() {
+        return;
+    }
+    let e = super::kernels::compile_source("broken", "extern \"C\" __global__ void f(float* x) { x[0] = undefined_name; }", "--gpu-architecture=compute_70").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("NVRTC could not compile kernels/broken.cu") && msg.contains("undefined_name"), "{msg}");
+}

@@ -1,0 +1,186 @@
+//! The executor of responses whose tensors live in a device's memory (horovod/common's
+//! `ops/nccl_operations` in ringrec's shape): negotiation, fusion planning, the response
+//! cache, the timeline and stall checks are the engine's, written once; this file moves the
+//! bytes — fused tensors through a fusion buffer on the device, fp16/bf16 compression with
+//! the device's cast kernels — and reduces them with the device's collectives
+//! ([`DeviceCollectives`]: NCCL on GPUs, a CPU backend for the host-kernels test device).
+//!
+//! It runs on its own queue of the device (a [`Device::fork`]: a second stream on a GPU),
+//! so a layer's allreduce overlaps the backward of the layers below; a response counts as
+//! done once its collective and copies have finished (waited with the collectives'
+//! deadline), and the handles are answered then.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::time::Instant;
+
+use half::{bf16, f16};
+
+use super::compression::Compression;
+use super::error::{EngineError, EngineResult};
+use super::fusion::Step;
+use super::message::{OpKind, Response};
+use crate::comm::device::DeviceCollectives;
+use crate::device::{Device, DeviceError, Half, Op, Scalar};
+use crate::dtype::{DType, Element};
+use crate::tensor::Tensor;
+
+/// What the engine's background thread needs from a device executor (object-safe, so the
+/// engine does not depend on the device type).
+pub trait ExecuteDevice: Send {
+    /// The collectives and the device, in words (`nccl on <GPU>`).
+    fn describe(&self) -> String;
+    /// Runs `resp` over `tensors` (device tensors, in the response's entry order) in place;
+    /// returns the steps it took, with their times.
+    fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>>;
+}
+
+/// Runs responses on device `D` with collectives `C` (see the module docs).
+pub struct DeviceExecutor<D: Device, C: DeviceCollectives<D>> {
+    dev: D,
+    coll: C,
+    /// One fusion buffer per dtype (a `D::Buf<T>`), grown as needed and reused.
+    fusion: HashMap<DType, Box<dyn Any + Send>>,
+}
+
+fn device_err(e: DeviceError) -> EngineError {
+    EngineError::Comm(e.to_string())
+}
+
+impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
+    /// An executor queueing on `dev` (a fork of the model's device) and reducing with `coll`.
+    pub fn new(dev: D, coll: C) -> Self {
+        DeviceExecutor { dev, coll, fusion: HashMap::new() }
+    }
+
+    fn buffers<T: Scalar>(tensors: &mut [Tensor]) -> EngineResult<Vec<&mut D::Buf<T>>> {
+        tensors
+            .iter_mut()
+            .map(|t| {
+                let dtype = t.dtype();
+                t.device_mut().and_then(|d| d.buffer_mut::<D::Buf<T>>()).ok_or_else(|| EngineError::Comm(format!("a {dtype} tensor of this response is not a buffer of this rank's device")))
+            })
+            .collect()
+    }
+
+    /// The fusion buffer of `T`, holding at least `n` elements (taken out; put it back).
+    fn take_fusion<T: Scalar>(&mut self, dtype: DType, n: usize) -> EngineResult<D::Buf<T>> {
+        match self.fusion.remove(&dtype).and_then(|b| b.downcast::<D::Buf<T>>().ok()) {
+            Some(b) if self.dev.len(&*b) >= n => Ok(*b),
+            _ => self.dev.alloc(n).map_err(device_err),
+        }
+    }
+
+    fn put_fusion<T: Scalar>(&mut self, dtype: DType, b: D::Buf<T>) {
+        self.fusion.insert(dtype, Box::new(b));
+    }
+
+    fn wait(&mut self) -> EngineResult<()> {
+        self.coll.wait(&self.dev)?;
+        self.dev.synchronize().map_err(device_err)
+    }
+
+    fn allreduce<T: Scalar + Element>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        let mut bufs = Self::buffers::<T>(tensors)?;
+        let lens: Vec<usize> = resp.entries.iter().map(|e| e.count as usize).collect();
+        if let [b] = bufs.as_mut_slice() {
+            self.coll.allreduce(&self.dev, b, 0, lens[0], resp.op)?;
+            self.wait()?;
+            return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
+        }
+        let total: usize = lens.iter().sum();
+        let mut fused = self.take_fusion::<T>(T::DTYPE, total)?;
+        let mut at = 0;
+        for (b, n) in bufs.iter().zip(&lens) {
+            self.dev.copy((&**b, 0), (&mut fused, at), *n).map_err(device_err)?;
+            at += n;
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        let t1 = Instant::now();
+        self.coll.allreduce(&self.dev, &mut fused, 0, total, resp.op)?;
+        self.wait()?;
+        let t2 = Instant::now();
+        let mut at = 0;
+        for (b, n) in bufs.iter_mut().zip(&lens) {
+            self.dev.copy((&fused, at), (&mut **b, 0), *n).map_err(device_err)?;
+            at += n;
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        self.put_fusion(T::DTYPE, fused);
+        Ok(vec![("MEMCPY_IN_FUSION_BUFFER", t0, t1), ("ALLREDUCE", t1, t2), ("MEMCPY_OUT_FUSION_BUFFER", t2, Instant::now())])
+    }
+
+    /// Allreduce of f32 tensors through half-precision copies of them (`H` on the wire).
+    fn allreduce_cast<H: Half>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        let mut bufs = Self::buffers::<f32>(tensors)?;
+        let lens: Vec<usize> = resp.entries.iter().map(|e| e.count as usize).collect();
+        let total: usize = lens.iter().sum();
+        let mut wire = self.take_fusion::<H>(H::DTYPE, total)?;
+        let mut at = 0;
+        for (b, n) in bufs.iter().zip(&lens) {
+            self.dev.exec(Op::ToHalf { src: &**b, src_at: 0, dst: H::as_mut::<D>(&mut wire), dst_at: at, n: *n }).map_err(device_err)?;
+            at += n;
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        let t1 = Instant::now();
+        self.coll.allreduce(&self.dev, &mut wire, 0, total, resp.op)?;
+        self.wait()?;
+        let t2 = Instant::now();
+        let mut at = 0;
+        for (b, n) in bufs.iter_mut().zip(&lens) {
+            self.dev.exec(Op::FromHalf { src: H::as_ref::<D>(&wire), src_at: at, dst: &mut **b, dst_at: 0, n: *n }).map_err(device_err)?;
+            at += n;
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        self.put_fusion(H::DTYPE, wire);
+        Ok(vec![("COMPRESS", t0, t1), ("ALLREDUCE", t1, t2), ("DECOMPRESS", t2, Instant::now())])
+    }
+
+    fn broadcast<T: Scalar + Element>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        for (b, e) in Self::buffers::<T>(tensors)?.into_iter().zip(&resp.entries) {
+            self.coll.broadcast(&self.dev, b, 0, e.count as usize, resp.root as usize)?;
+        }
+        self.wait()?;
+        Ok(vec![("BROADCAST", t0, Instant::now())])
+    }
+}
+
+/// Runs `$f::<T>` for the element type of `$dtype`.
+macro_rules! by_dtype {
+    ($self:ident, $f:ident, $dtype:expr, $($arg:expr),*) => {
+        match $dtype {
+            DType::F32 => $self.$f::<f32>($($arg),*),
+            DType::F64 => $self.$f::<f64>($($arg),*),
+            DType::F16 => $self.$f::<f16>($($arg),*),
+            DType::BF16 => $self.$f::<bf16>($($arg),*),
+            DType::I32 => $self.$f::<i32>($($arg),*),
+            DType::I64 => $self.$f::<i64>($($arg),*),
+            DType::U8 => $self.$f::<u8>($($arg),*),
+        }
+    };
+}
+
+impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> {
+    fn describe(&self) -> String {
+        format!("{} on {}", self.coll.name(), self.dev.describe())
+    }
+
+    fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        match resp.kind {
+            OpKind::Allreduce => match resp.compression {
+                Compression::None => by_dtype!(self, allreduce, resp.dtype, resp, tensors),
+                Compression::Fp16 => self.allreduce_cast::<f16>(resp, tensors),
+                Compression::Bf16 => self.allreduce_cast::<bf16>(resp, tensors),
+                Compression::OneBit => Err(EngineError::Invalid { name: resp.entries[0].name.clone(), reason: ONEBIT_ON_DEVICE.into() }),
+            },
+            OpKind::Broadcast => by_dtype!(self, broadcast, resp.dtype, resp, tensors),
+            OpKind::Allgather => Err(EngineError::Invalid { name: resp.entries[0].name.clone(), reason: "allgather of device tensors is not supported; allgather a host copy".into() }),
+        }
+    }
+}
+
+/// Why 1-bit compression is refused for device tensors.
+pub const ONEBIT_ON_DEVICE: &str = "RINGREC_COMPRESSION=1bit is not available on the GPU path; use fp16, bf16 or none";

@@ -1,0 +1,316 @@
+//! [`DenseModel`]: the dense half of the CTR model on a [`Device`] — the input assembled
+//! from embedding rows and dense features, the [`Mlp`], binary cross-entropy, the
+//! per-key gradient of the embedding rows, and the dense optimizer — written once for the
+//! CPU, the GPU and the host-kernels test device.
+//!
+//! **A batch crosses to the device through staging.** The trainer looks the batch's unique
+//! keys' rows up from the host-shared table straight into a staging slot
+//! ([`DenseModel::stage`]), with the batch's `inverse` map, labels and dense features.
+//! [`DenseModel::load`] moves it to the device (asynchronously on a GPU; a swap of vectors
+//! on the CPU) and gathers the input there; [`DenseModel::step`] runs forward and backward;
+//! [`DenseModel::key_grads`] sums the input gradient per unique key and moves those rows
+//! back. Two staging slots are used in turn, so the next batch is staged while a GPU
+//! still works on the current one.
+//!
+//! **Gradients leave as tensors.** Each layer's gradient (last layer first, as soon as
+//! backward finished it) and the batch's loss sum are handed to the caller as engine
+//! [`Tensor`]s ([`Device::lend`]: host memory for the CPU device, device tensors
+//! elsewhere) to be summed over the ranks; [`DenseModel::give_back`] takes the reduced
+//! ones back before [`DenseModel::apply`] runs the optimizer.
+
+use super::input::{build_csr, InputLayout};
+use super::mlp::{Mlp, MlpShape};
+use super::optim::{DenseOptimState, Optimizer};
+use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
+use crate::tensor::Tensor;
+
+/// What a tensor handed out by [`DenseModel::step`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Layer `l`'s gradient (its W, then its b).
+    Layer(usize),
+    /// The batch's loss sum (one value).
+    Loss,
+}
+
+impl Part {
+    /// The tensor's name in the engine (`dense.layer<l>`, `dense.loss`).
+    pub fn name(self) -> String {
+        match self {
+            Part::Layer(l) => format!("dense.layer{l}"),
+            Part::Loss => "dense.loss".into(),
+        }
+    }
+}
+
+/// The arrays of a batch as the host stages them, in staging memory (`F`/`U` are a
+/// device's staging types) or, once loaded, in device memory (its buffer types).
+struct Arrays<F, U> {
+    emb: F,
+    inverse: U,
+    dense: F,
+    labels: F,
+    offsets: U,
+    slots: U,
+}
+
+/// One staging slot: a batch in (page-locked) host memory.
+struct Stage<D: Device> {
+    arrays: Arrays<D::Staging<f32>, D::Staging<u32>>,
+    /// (samples, unique keys) staged here and not yet loaded.
+    staged: Option<(usize, usize)>,
+}
+
+impl<D: Device> Stage<D> {
+    fn new(dev: &D) -> DeviceResult<Stage<D>> {
+        let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
+        let (to, from) = (Direction::ToDevice, Direction::FromDevice);
+        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, staged: None })
+    }
+}
+
+/// Host views of a staging slot, sized for the batch, for the caller to fill.
+pub struct StageMut<'a> {
+    /// Rows of the batch's unique keys (keys x dim): look them up into this.
+    pub emb: &'a mut [f32],
+    /// `inverse[s * fields + f]`: the row in `emb` of sample s's field f.
+    pub inverse: &'a mut [u32],
+    /// Dense features (batch x ndense).
+    pub dense: &'a mut [f32],
+    /// Labels (batch).
+    pub labels: &'a mut [f32],
+}
+
+/// The batch on the device: its arrays, the input, and what a step computes.
+struct Batch<D: Device> {
+    arrays: Arrays<D::Buf<f32>, D::Buf<u32>>,
+    x: D::Buf<f32>,
+    dx: D::Buf<f32>,
+    loss: D::Buf<f32>,
+    key_grads: D::Buf<f32>,
+}
+
+impl<D: Device> Batch<D> {
+    /// Empty buffers.
+    fn new(dev: &D) -> DeviceResult<Batch<D>> {
+        let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
+        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()? })
+    }
+
+    /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
+    /// keys need. Lengths are checked one by one: the CPU device moves batches in by
+    /// swapping buffers with the staging slots, so they need not share a capacity.
+    fn fit(&mut self, dev: &D, layout: &InputLayout, batch: usize, keys: usize) -> DeviceResult<()> {
+        let (width, a) = (layout.width(), &mut self.arrays);
+        grow(dev, &mut a.emb, keys * layout.dim)?;
+        grow(dev, &mut a.inverse, batch * layout.fields)?;
+        grow(dev, &mut a.dense, batch * layout.ndense)?;
+        grow(dev, &mut a.labels, batch)?;
+        grow(dev, &mut a.offsets, keys + 1)?;
+        grow(dev, &mut a.slots, batch * layout.fields)?;
+        grow(dev, &mut self.x, batch * width)?;
+        grow(dev, &mut self.dx, batch * width)?;
+        grow(dev, &mut self.loss, batch)?;
+        grow(dev, &mut self.key_grads, keys * layout.dim)
+    }
+}
+
+/// Replaces device buffer `b` with a zeroed one of `n` elements when it holds fewer.
+fn grow<D: Device, T: Scalar>(dev: &D, b: &mut D::Buf<T>, n: usize) -> DeviceResult<()> {
+    if dev.len(b) < n {
+        *b = dev.alloc(n)?;
+    }
+    Ok(())
+}
+
+/// Replaces staging buffer `h` with one of `n` elements when it holds fewer; its first `n`
+/// elements.
+fn grow_staging<'h, D: Device, T: Scalar>(dev: &D, h: &'h mut D::Staging<T>, n: usize, dir: Direction) -> DeviceResult<&'h mut [T]> {
+    if dev.host(h)?.len() < n {
+        *h = dev.staging(n, dir)?;
+    }
+    Ok(&mut dev.host(h)?[..n])
+}
+
+/// The dense model on device `D` (see the module docs).
+pub struct DenseModel<D: Device> {
+    dev: D,
+    layout: InputLayout,
+    mlp: Mlp<D>,
+    opt: Optimizer<D>,
+    batch: Batch<D>,
+    stages: [Stage<D>; 2],
+    /// The slot `stage` fills next.
+    fill: usize,
+    /// (samples, keys) of the batch on the device, once [`DenseModel::load`]ed.
+    loaded: Option<(usize, usize)>,
+    /// The loss sum's one-value buffer; `None` while handed out.
+    loss_sum: Option<D::Buf<f32>>,
+    key_grads_host: D::Staging<f32>,
+    /// Scratch of the CSR build.
+    csr_next: Vec<u32>,
+}
+
+impl<D: Device> DenseModel<D> {
+    /// The model of `shape` over inputs laid out as `layout`, with parameters `params` (the
+    /// flat layout of [`Mlp`]) and optimizer state `opt` (fresh or resumed), on `dev`.
+    pub fn new(dev: D, shape: MlpShape, layout: InputLayout, params: &[f32], opt: &DenseOptimState) -> DeviceResult<DenseModel<D>> {
+        if shape.input != layout.width() {
+            return Err(DeviceError::refused("building the model", format!("input width {} is not {} fields x dim {} + {} dense", shape.input, layout.fields, layout.dim, layout.ndense)));
+        }
+        let mlp = Mlp::new(&dev, shape, params)?;
+        let opt = Optimizer::new(&dev, opt, mlp.num_params())?;
+        Ok(DenseModel {
+            batch: Batch::new(&dev)?,
+            stages: [Stage::new(&dev)?, Stage::new(&dev)?],
+            loss_sum: Some(dev.alloc(1)?),
+            key_grads_host: dev.staging(0, Direction::FromDevice)?,
+            fill: 0,
+            loaded: None,
+            csr_next: Vec::new(),
+            layout,
+            mlp,
+            opt,
+            dev,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+    /// The MLP.
+    pub fn mlp(&self) -> &Mlp<D> {
+        &self.mlp
+    }
+
+    /// The staging slot for the next batch of `batch` samples and `keys` unique keys, to
+    /// fill. On a GPU it waits only for copies out of this slot two batches ago.
+    pub fn stage(&mut self, batch: usize, keys: usize) -> DeviceResult<StageMut<'_>> {
+        let InputLayout { fields, dim, ndense } = self.layout;
+        let dev = &self.dev;
+        let st = &mut self.stages[self.fill];
+        st.staged = Some((batch, keys));
+        let a = &mut st.arrays;
+        let (to, from) = (Direction::ToDevice, Direction::FromDevice);
+        grow_staging(dev, &mut a.offsets, keys + 1, to)?;
+        grow_staging(dev, &mut a.slots, batch * fields, to)?;
+        Ok(StageMut {
+            emb: grow_staging(dev, &mut a.emb, keys * dim, to)?,
+            inverse: grow_staging(dev, &mut a.inverse, batch * fields, from)?,
+            dense: grow_staging(dev, &mut a.dense, batch * ndense, to)?,
+            labels: grow_staging(dev, &mut a.labels, batch, to)?,
+        })
+    }
+
+    /// Moves the staged batch to the device (checking its inverse map and building the
+    /// per-key CSR lists on the host), gathers the input and flips to the other staging
+    /// slot. Returns (samples, keys).
+    pub fn load(&mut self) -> DeviceResult<(usize, usize)> {
+        let slot = self.fill;
+        let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
+        let InputLayout { fields, dim, ndense } = self.layout;
+        let dev = &self.dev;
+        self.batch.fit(dev, &self.layout, batch, keys)?;
+        grow_staging(dev, &mut self.key_grads_host, keys * dim, Direction::FromDevice)?;
+        let st = &mut self.stages[slot].arrays;
+        {
+            let inverse = &dev.host(&mut st.inverse)?[..batch * fields];
+            let offsets = &mut dev.host(&mut st.offsets)?[..keys + 1];
+            let slots = &mut dev.host(&mut st.slots)?[..batch * fields];
+            build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
+        }
+        let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
+        dev.upload(&mut st.emb, keys * dim, &mut b.emb)?;
+        dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
+        dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
+        dev.upload(&mut st.labels, batch, &mut b.labels)?;
+        dev.upload(&mut st.offsets, keys + 1, &mut b.offsets)?;
+        dev.upload(&mut st.slots, batch * fields, &mut b.slots)?;
+        // x = [embedding rows of the sample's fields, dense features].
+        let stride = self.layout.width();
+        dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
+        dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: fields * dim })?;
+        self.fill = 1 - slot;
+        self.loaded = Some((batch, keys));
+        Ok((batch, keys))
+    }
+
+    fn loaded(&self) -> DeviceResult<(usize, usize)> {
+        self.loaded.ok_or_else(|| DeviceError::refused("a dense step", "no batch was loaded (call stage() and load() first)"))
+    }
+
+    /// One training step on the loaded batch: forward, the loss (its gradient scaled by
+    /// `loss_scale`: the trainer passes 1 / global batch, so the sum over ranks is the
+    /// gradient of the global mean loss), backward. Hands each layer's gradient to `out` as
+    /// soon as it is final, last layer first, then the loss sum.
+    pub fn step(&mut self, loss_scale: f32, out: &mut dyn FnMut(Part, Tensor)) -> DeviceResult<()> {
+        let (batch, _) = self.loaded()?;
+        let (dev, mlp, b) = (&self.dev, &mut self.mlp, &mut self.batch);
+        mlp.forward(dev, &b.x, batch)?;
+        let (z, delta) = mlp.output_and_delta();
+        dev.exec(Op::BceWithLogits { z, y: &b.arrays.labels, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?;
+        let mut sum = self.loss_sum.take().ok_or_else(|| DeviceError::refused("a dense step", "the last step's loss sum was not given back"))?;
+        dev.exec(Op::Sum { x: &b.loss, n: batch, out: &mut sum, at: 0 })?;
+        mlp.backward(dev, &b.x, &mut b.dx, batch, &mut |l, g| {
+            out(Part::Layer(l), dev.lend(g));
+            Ok(())
+        })?;
+        out(Part::Loss, dev.lend(sum));
+        Ok(())
+    }
+
+    /// Takes back a tensor [`DenseModel::step`] handed out (reduced over the ranks).
+    pub fn give_back(&mut self, part: Part, t: Tensor) -> DeviceResult<()> {
+        let buf = self.dev.take_back::<f32>(t)?;
+        match part {
+            Part::Layer(l) if l < self.mlp.num_layers() => self.mlp.put_grad(l, buf),
+            Part::Loss => self.loss_sum = Some(buf),
+            Part::Layer(l) => return Err(DeviceError::refused("taking a gradient back", format!("the model has no layer {l}"))),
+        }
+        Ok(())
+    }
+
+    /// The last step's gradient rows of its unique keys (keys x dim, in the staged key
+    /// order): the input gradient summed per key on the device, moved to the host.
+    pub fn key_grads(&mut self) -> DeviceResult<&[f32]> {
+        let (batch, keys) = self.loaded()?;
+        let InputLayout { fields, dim, .. } = self.layout;
+        let (dev, b) = (&self.dev, &mut self.batch);
+        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride: self.layout.width() })?;
+        dev.download(&mut b.key_grads, keys * dim, &mut self.key_grads_host)?;
+        Ok(&dev.host(&mut self.key_grads_host)?[..keys * dim])
+    }
+
+    /// The optimizer step with the (reduced, given back) gradients, on every rank.
+    pub fn apply(&mut self) -> DeviceResult<()> {
+        self.mlp.update(&self.dev, &mut self.opt)
+    }
+
+    /// The last step's loss sum as its buffer holds it now: the batch's own before the
+    /// reduction, the global one after it was given back. Waits for the device.
+    pub fn loss_sum(&self) -> DeviceResult<f64> {
+        let sum = self.loss_sum.as_ref().ok_or_else(|| DeviceError::refused("reading the loss", "the loss sum is still being reduced"))?;
+        let mut v = [0f32];
+        self.dev.read(sum, 0, &mut v)?;
+        Ok(v[0] as f64)
+    }
+
+    /// Logits of the loaded batch (inference: no gradients), written into `out`.
+    pub fn predict(&mut self, out: &mut Vec<f32>) -> DeviceResult<()> {
+        let (batch, _) = self.loaded()?;
+        self.mlp.forward(&self.dev, &self.batch.x, batch)?;
+        out.resize(batch, 0.0);
+        self.dev.read(self.mlp.output(), 0, out)
+    }
+
+    /// The parameters, copied to the host (waits).
+    pub fn params(&self) -> DeviceResult<Vec<f32>> {
+        self.dev.to_vec(self.mlp.params(), self.mlp.num_params())
+    }
+
+    /// The optimizer state with its moments copied to the host (checkpoints).
+    pub fn optim_state(&self) -> DeviceResult<DenseOptimState> {
+        self.opt.state(&self.dev)
+    }
+}

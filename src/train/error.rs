@@ -1,0 +1,47 @@
+//! Errors of a training run.
+
+use crate::data::DataError;
+use crate::device::DeviceError;
+use crate::embedding::TableError;
+use crate::engine::EngineError;
+use crate::sparse::SparseError;
+use crate::CommError;
+
+/// Why a training run stopped. Every variant says what to do; wrapped errors print as
+/// themselves (no repeated sentences).
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A setting no run can use.
+    #[error("{0}")]
+    Config(String),
+    /// The data set.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The host-shared embedding table.
+    #[error("host-shared embedding table: {0}")]
+    Table(TableError),
+    /// The sparse gradient exchange.
+    #[error(transparent)]
+    Sparse(#[from] SparseError),
+    /// A collective, or a step every rank had to take.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The engine that reduces the dense gradients.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The device the dense model runs on.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A checkpoint could not be read, written or used.
+    #[error("{0}")]
+    Checkpoint(String),
+}
+
+impl From<TableError> for TrainError {
+    fn from(e: TableError) -> Self {
+        TrainError::Table(e)
+    }
+}
+
+/// Result alias of training.
+pub type TrainResult<T> = Result<T, TrainError>;

@@ -1,0 +1,429 @@
+//! [`Trainer`]: a training run on one rank, step by step — [`Trainer::new`] (data, model,
+//! table, resume), [`Trainer::step`], [`Trainer::evaluate`], [`Trainer::finish`] (the
+//! summary). See the module docs of [`crate::train`] for what a step does.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
+
+use super::batch::Batch;
+use super::checkpoint::{self, DenseCheckpoint};
+use super::data::{self, TrainData};
+use super::embedding::EmbeddingStage;
+use super::phases::PhaseTimer;
+use super::{metrics, TrainConfig, TrainError, TrainResult, TrainSummary};
+use crate::comm::{self, Collectives, CollectivesExt};
+use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::data::shard;
+use crate::device::cpu::sigmoid;
+use crate::device::Device;
+use crate::dtype::ReduceOp;
+use crate::engine::{Engine, Handle};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape, Part};
+use crate::topology::Topology;
+
+/// Where a run is: global steps done, and the epoch and step within it of the next step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// Global steps completed (resumed steps included).
+    pub step: u64,
+    /// Epoch of the next step.
+    pub epoch: u64,
+    /// Step within that epoch.
+    pub in_epoch: u64,
+}
+
+/// What the progress display shows after a step (rank 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// Global steps completed.
+    pub step: u64,
+    /// Steps the run will have completed at its end.
+    pub total_steps: u64,
+    /// Epoch of the last recorded loss.
+    pub epoch: u64,
+    /// The last recorded global mean loss.
+    pub loss: Option<f64>,
+    /// Samples per second so far (all ranks).
+    pub samples_per_sec: f64,
+}
+
+/// A step whose loss is still to be read: read after the next batch is staged, so on a
+/// device the staging overlaps the step's tail.
+#[derive(Clone, Copy)]
+struct Unread {
+    global_batch: usize,
+    epoch: u64,
+}
+
+/// Losses of the run.
+#[derive(Default)]
+struct Losses {
+    /// (sum, steps, epoch) of the current epoch's losses.
+    epoch: (f64, u64, u64),
+    /// Every step's loss (with `record_losses`).
+    all: Vec<f64>,
+}
+
+/// Totals over the steps this run took on this rank.
+#[derive(Default)]
+struct Counters {
+    steps: u64,
+    samples: u64,
+    intra_bytes: f64,
+    cross_bytes: f64,
+}
+
+/// A training run on one rank (see the module docs).
+pub struct Trainer<'a, D: Device> {
+    topo: &'a Topology,
+    cfg: &'a TrainConfig,
+    data: TrainData,
+    fingerprint: String,
+    /// Start-up broadcasts and evaluation's gather.
+    coll: Box<dyn Collectives>,
+    engine: Engine,
+    model: DenseModel<D>,
+    embedding: EmbeddingStage,
+    batch: Batch,
+    position: Position,
+    steps_per_epoch: u64,
+    total_steps: u64,
+    order: Option<(u64, Vec<u32>)>,
+    unread: Option<Unread>,
+    losses: Losses,
+    progress: Progress,
+    phases: PhaseTimer,
+    counters: Counters,
+    started: Instant,
+    fault: Option<(usize, u64)>,
+}
+
+/// The checkpoint a run resumes from, as every rank gets it.
+struct Resumed {
+    position: Position,
+    params: Vec<f32>,
+    opt: DenseOptimState,
+    table: PathBuf,
+}
+
+fn fingerprint(cfg: &TrainConfig, source: &Path, rows: usize) -> String {
+    format!(
+        "data={} rows={} batch={} dim={} hidden={:?} lr={} dense={:?} sparse_lr={} sparse={:?} seed={} shuffle={} test={} normalize={} cap={}",
+        source.display(),
+        rows,
+        cfg.batch,
+        cfg.dim,
+        cfg.hidden,
+        cfg.lr,
+        cfg.dense_optimizer,
+        cfg.sparse_lr,
+        cfg.sparse_optimizer,
+        cfg.seed,
+        cfg.shuffle,
+        cfg.test_fraction,
+        cfg.sparse_normalize.name(),
+        cfg.table_capacity
+    )
+}
+
+/// Rank 0 reads the checkpoint in `dir`; every rank gets its position, parameters and
+/// optimizer state (collective).
+fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, fp: &str, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<Resumed> {
+    let n = params.len();
+    let loaded = if topo.rank == 0 {
+        DenseCheckpoint::load(dir).and_then(|ck| {
+            if ck.fingerprint != fp {
+                Err(format!("{}: the checkpoint was written by a run configured as\n  {}\nnot as this one:\n  {}\nresume with the same flags", dir.display(), ck.fingerprint, fp))
+            } else if ck.params.len() != n {
+                Err(format!("{}: {} dense parameters, the model has {n}", dir.display(), ck.params.len()))
+            } else {
+                Ok(ck)
+            }
+        })
+    } else {
+        Ok(DenseCheckpoint::new(0, 0, 0, String::new(), &[], opt))
+    };
+    let ck = topo.agree(loaded)?;
+    let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.optim_step as i64];
+    coll.broadcast(&mut head, 0)?;
+    let position = Position { step: head[0] as u64, epoch: head[1] as u64, in_epoch: head[2] as u64 };
+    if topo.rank == 0 {
+        params.copy_from_slice(&ck.params);
+        *opt = ck.optim_state();
+    }
+    opt.step = head[3] as u64;
+    coll.broadcast(params.as_mut_slice(), 0)?;
+    if opt.kind == DenseOptimizer::Adam {
+        coll.broadcast(&mut opt.m, 0)?;
+        coll.broadcast(&mut opt.v, 0)?;
+    }
+    Ok(Resumed { position, params: std::mem::take(params), opt: opt.clone(), table: checkpoint::table_path(dir, position.step) })
+}
+
+/// `RINGREC_FAULT_EXIT=rank:step` makes that rank exit abruptly before that step (tests
+/// of failure handling: the other ranks must stop with a message, not hang).
+fn fault_injection() -> TrainResult<Option<(usize, u64)>> {
+    match std::env::var("RINGREC_FAULT_EXIT") {
+        Ok(s) if !s.is_empty() => {
+            let bad = || TrainError::Config(format!("RINGREC_FAULT_EXIT={s:?}: expected RANK:STEP"));
+            let (r, st) = s.split_once(':').ok_or_else(bad)?;
+            Ok(Some((r.trim().parse().map_err(|_| bad())?, st.trim().parse().map_err(|_| bad())?)))
+        }
+        _ => Ok(None),
+    }
+}
+
+impl<'a, D: Device> Trainer<'a, D> {
+    /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
+    /// its gradients reduced by `engine`, the host table; from the checkpoint when
+    /// `cfg.resume`.
+    pub fn new(topo: &'a Topology, cfg: &'a TrainConfig, dev: D, engine: Engine) -> TrainResult<Trainer<'a, D>> {
+        cfg.validate()?;
+        let data = data::open(topo, cfg)?;
+        let layout = InputLayout { fields: NUM_SPARSE, dim: cfg.dim, ndense: NUM_DENSE };
+        let shape = MlpShape { input: layout.width(), hidden: cfg.hidden.clone() };
+        let mut params = shape.init_params(cfg.seed);
+        let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
+        let mut coll = comm::build(cfg.backend(topo), topo)?;
+        let fp = fingerprint(cfg, &data.source, data.ds.len());
+        let (position, saved) = match &cfg.checkpoint_dir {
+            Some(dir) if cfg.resume => {
+                let r = resume(topo, coll.as_mut(), dir, &fp, &mut params, &mut opt)?;
+                params = r.params;
+                opt = r.opt;
+                (r.position, Some(r.table))
+            }
+            _ => {
+                // Identical start on every rank: rank 0's initial parameters.
+                coll.broadcast(params.as_mut_slice(), 0)?;
+                (Position::default(), None)
+            }
+        };
+        let embedding = EmbeddingStage::open(topo, cfg, saved.as_deref())?;
+        let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
+        let steps_per_epoch = shard::steps_per_epoch(data.train.len(), cfg.batch) as u64;
+        let total_steps = (cfg.epochs * steps_per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX));
+        let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0 };
+        topo.world.comm.barrier();
+        Ok(Trainer {
+            topo,
+            cfg,
+            data,
+            fingerprint: fp,
+            coll,
+            engine,
+            model,
+            embedding,
+            batch: Batch::default(),
+            position,
+            steps_per_epoch,
+            total_steps,
+            order: None,
+            unread: None,
+            losses: Losses { epoch: (0.0, 0, position.epoch), all: Vec::new() },
+            progress,
+            phases: PhaseTimer::default(),
+            counters: Counters::default(),
+            started: Instant::now(),
+            fault: fault_injection()?,
+        })
+    }
+
+    /// Where the run is.
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
+    /// What the progress display shows now.
+    pub fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// Records the global loss sum of a step once it is read.
+    fn record(&mut self, loss_sum: f64, u: Unread) {
+        let loss = loss_sum / u.global_batch as f64;
+        if self.losses.epoch.2 != u.epoch {
+            self.losses.epoch = (0.0, 0, u.epoch);
+        }
+        self.losses.epoch.0 += loss;
+        self.losses.epoch.1 += 1;
+        if self.cfg.record_losses {
+            self.losses.all.push(loss);
+        }
+        let rate = self.counters.steps as f64 * self.cfg.batch as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
+        self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate };
+    }
+
+    /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
+    /// map, dense features and labels; then moves it to the device.
+    fn stage(&mut self) -> TrainResult<()> {
+        let b = &self.batch;
+        let st = self.model.stage(b.len(), b.uniq.len())?;
+        self.embedding.lookup(&b.uniq, st.emb)?;
+        st.inverse.copy_from_slice(&b.inverse);
+        st.dense.copy_from_slice(&b.dense);
+        st.labels.copy_from_slice(&b.labels);
+        Ok(())
+    }
+
+    /// Takes the next step; false (doing nothing) once the run has taken all its steps.
+    pub fn step(&mut self) -> TrainResult<bool> {
+        let (topo, cfg) = (self.topo, self.cfg);
+        if self.position.step >= self.total_steps {
+            return Ok(false);
+        }
+        if self.fault == Some((topo.rank, self.position.step)) {
+            eprintln!("ringrec: fault injection: rank {} exits at step {}", topo.rank, self.position.step);
+            std::process::exit(3);
+        }
+        if self.position.in_epoch >= self.steps_per_epoch {
+            self.position.epoch += 1;
+            self.position.in_epoch = 0;
+        }
+        let epoch = self.position.epoch;
+        if self.order.as_ref().map(|o| o.0) != Some(epoch) {
+            self.order = Some((epoch, shard::epoch_order(self.data.train.len(), epoch, cfg.shuffle.then_some(cfg.seed))?));
+        }
+        let order = &self.order.as_ref().ok_or_else(|| TrainError::Config("epoch order missing".into()))?.1;
+        let global = shard::global_batch_range(self.position.in_epoch as usize, cfg.batch, self.data.train.len());
+        let global_batch = global.len();
+        let first = self.data.train.start as u32;
+
+        self.phases.enter("batch");
+        self.batch.load(&self.data.ds, order[shard::rank_slice(global, topo.rank, topo.size)].iter().map(|p| first + p))?;
+        self.stage()?;
+        self.model.load()?;
+        if let Some(u) = self.unread.take() {
+            self.record(self.model.loss_sum()?, u);
+        }
+        self.phases.enter("mlp");
+        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        let engine = &self.engine;
+        self.model.step(1.0 / global_batch as f32, &mut |part, t| pending.push((part, engine.allreduce_async(&part.name(), t, ReduceOp::Sum))))?;
+        self.phases.enter("scatter");
+        let key_grads = self.model.key_grads()?;
+        self.phases.enter("sparse");
+        let st = self.embedding.exchange_and_apply(topo, &self.batch.uniq, key_grads)?;
+        self.phases.enter("allreduce");
+        for (part, h) in pending {
+            self.model.give_back(part, h.wait()?)?;
+        }
+        self.phases.enter("optimizer");
+        self.model.apply()?;
+        self.phases.stop();
+
+        self.counters.samples += self.batch.len() as u64;
+        self.counters.intra_bytes += (st.host_bytes_sent + st.host_bytes_received) as f64;
+        self.counters.cross_bytes += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
+        self.counters.steps += 1;
+        self.position.step += 1;
+        self.position.in_epoch += 1;
+        self.unread = Some(Unread { global_batch, epoch });
+        if let Some(dir) = &cfg.checkpoint_dir {
+            if (cfg.checkpoint_every > 0 && self.position.step % cfg.checkpoint_every == 0) || self.position.step == self.total_steps {
+                self.save_checkpoint(dir)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Rank 0 writes the table and the dense checkpoint (rank 0 alone copies the model off
+    /// its device); every rank learns the outcome.
+    fn save_checkpoint(&self, dir: &Path) -> TrainResult<()> {
+        // World rank 0 is the leader of host 0 (local rank 0, cross rank 0): it writes both
+        // halves, table first, so dense.json (renamed last) only ever names a complete step.
+        let mine = if self.topo.rank == 0 {
+            (|| -> Result<(), String> {
+                let p = self.position;
+                let ck = DenseCheckpoint::new(p.step, p.epoch, p.in_epoch, self.fingerprint.clone(), &self.model.params().map_err(|e| e.to_string())?, &self.model.optim_state().map_err(|e| e.to_string())?);
+                std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                self.embedding.table().table().save(&checkpoint::table_path(dir, ck.step)).map_err(|e| e.to_string())?;
+                ck.save(dir).map_err(|e| format!("writing the checkpoint in {}: {e}", dir.display()))?;
+                checkpoint::remove_older_tables(dir, ck.step);
+                Ok(())
+            })()
+        } else {
+            Ok(())
+        };
+        self.topo.agree(mine).map_err(|e| TrainError::Checkpoint(e.to_string()))
+    }
+
+    /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0
+    /// and computes the exact global log loss and AUC there (`None` elsewhere).
+    pub fn evaluate(&mut self) -> TrainResult<Option<(f64, f64)>> {
+        let mine = shard::rank_slice(self.data.test.clone(), self.topo.rank, self.topo.size);
+        let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());
+        let mut logits = Vec::new();
+        let mut at = mine.start;
+        while at < mine.end {
+            let end = (at + self.cfg.batch).min(mine.end);
+            self.batch.load(&self.data.ds, (at..end).map(|r| r as u32))?;
+            self.stage()?;
+            self.model.load()?;
+            self.model.predict(&mut logits)?;
+            for (z, y) in logits.iter().zip(&self.batch.labels) {
+                pairs.push(sigmoid(*z));
+                pairs.push(*y);
+            }
+            at = end;
+        }
+        Ok(self.coll.gatherv(&pairs, 0)?.map(|(v, _)| {
+            let scores: Vec<f32> = v.iter().step_by(2).copied().collect();
+            let labels: Vec<f32> = v.iter().skip(1).step_by(2).copied().collect();
+            (metrics::logloss(&scores, &labels), metrics::auc(&scores, &labels))
+        }))
+    }
+
+    /// Ends the run on every rank (collective): the last loss, the held-out evaluation
+    /// (unless disabled) and the summary (the same on every rank but the evaluation,
+    /// which rank 0 holds).
+    pub fn finish(mut self) -> TrainResult<TrainSummary> {
+        if let Some(u) = self.unread.take() {
+            self.record(self.model.loss_sum()?, u);
+        }
+        let topo = self.topo;
+        topo.world.comm.barrier();
+        let train_seconds = self.started.elapsed().as_secs_f64();
+        if std::env::var_os("RINGREC_LOG_SPARSE").is_some() {
+            let x = self.embedding.exchanger();
+            eprintln!("rank {} sparse exchange over {} steps: {}", topo.rank, x.steps(), x.totals());
+        }
+        let mut samples = 0u64;
+        topo.world.comm.all_reduce_into(&self.counters.samples, &mut samples, SystemOperation::sum());
+        let eval = if self.cfg.eval && !self.data.test.is_empty() { self.evaluate()? } else { None };
+        let mut peak = 0f64;
+        topo.world.comm.all_reduce_into(&metrics::peak_rss_mib(), &mut peak, SystemOperation::max());
+        let mlp = self.phases.seconds("mlp");
+        let steps = self.counters.steps.max(1) as f64;
+        let on_cpu = self.model.device().kind() == "cpu";
+        Ok(TrainSummary {
+            ranks: topo.size,
+            hosts: topo.num_hosts,
+            threads_per_rank: self.cfg.threads_per_rank(topo),
+            backend: self.coll.name().to_string(),
+            device: self.model.device().describe(),
+            sparse_exchange: self.cfg.sparse_exchange.name().to_string(),
+            sparse_normalize: self.cfg.sparse_normalize.name().to_string(),
+            train_rows: self.data.train.len(),
+            test_rows: self.data.test.len(),
+            steps: self.counters.steps,
+            global_step: self.position.step,
+            samples,
+            train_seconds,
+            samples_per_sec: samples as f64 / train_seconds.max(1e-9),
+            train_loss: if self.losses.epoch.1 > 0 { self.losses.epoch.0 / self.losses.epoch.1 as f64 } else { 0.0 },
+            test_logloss: eval.map(|e| e.0),
+            test_auc: eval.map(|e| e.1),
+            peak_rss_mib: peak,
+            mlp_gflops: if mlp > 0.0 && on_cpu { self.model.mlp().shape().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
+            table_rows: self.embedding.table().table().live_rows(),
+            sparse_bytes_intra_host_per_step: self.counters.intra_bytes / steps,
+            sparse_bytes_cross_host_per_step: self.counters.cross_bytes / steps,
+            params_fnv: crate::hash::fnv_hex(bytemuck::cast_slice(&self.model.params()?)),
+            phase_seconds: self.phases.totals(),
+            losses: std::mem::take(&mut self.losses.all),
+        })
+    }
+}

@@ -23,8 +23,6 @@ pub mod ops;
 pub mod plan;
 pub mod select;
 pub mod sgemm;
-#[cfg(test)]
-mod tests;
 
 use half::{bf16, f16};
 

@@ -6,13 +6,13 @@
 
 use half::{bf16, f16};
 
-use super::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostKernels, Op};
-use crate::hash::splitmix64;
-use crate::model::input::reference::{fill_row, scatter_key_grads};
-use crate::model::input::{build_csr, InputLayout};
-use crate::model::optim::{adam_factors, BETA1, BETA2};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
-use crate::tensor::Tensor;
+use reference::{fill_row, scatter_key_grads};
+use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostKernels, Op};
+use ringrec::hash::splitmix64;
+use ringrec::model::input::{build_csr, InputLayout};
+use ringrec::model::optim::{adam_factors, BETA1, BETA2};
+use ringrec::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
+use ringrec::tensor::Tensor;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -482,7 +482,66 @@ fn gpu_a_kernel_that_does_not_compile_reports_nvrtcs_log() {
     if gpu().is_none() {
         return;
     }
-    let e = super::kernels::compile_source("broken", "extern \"C\" __global__ void f(float* x) { x[0] = undefined_name; }", "--gpu-architecture=compute_70").unwrap_err();
+    let e = ringrec::device::kernels::compile_source("broken", "extern \"C\" __global__ void f(float* x) { x[0] = undefined_name; }", "--gpu-architecture=compute_70").unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("NVRTC could not compile kernels/broken.cu") && msg.contains("undefined_name"), "{msg}");
+}
+
+/// Reference implementations of the input and its backward on plain slices (tests).
+mod reference {
+    /// Fills one sample's input row from the unique keys' rows `emb`, the sample's
+    /// `inverse` entries (one per field) and its dense features.
+    pub fn fill_row(row: &mut [f32], emb: &[f32], inverse: &[u32], dense: &[f32], dim: usize) {
+        let fields = inverse.len();
+        for (f, u) in inverse.iter().enumerate() {
+            let u = *u as usize;
+            row[f * dim..(f + 1) * dim].copy_from_slice(&emb[u * dim..(u + 1) * dim]);
+        }
+        row[fields * dim..].copy_from_slice(dense);
+    }
+
+    /// Sums the input gradient `dx` (batch x width) of each (sample, field) slot into its
+    /// key's row of `key_grads` (keys x dim, overwritten), in sample order then field order.
+    pub fn scatter_key_grads(dx: &[f32], inverse: &[u32], batch: usize, fields: usize, dim: usize, width: usize, key_grads: &mut [f32]) {
+        key_grads.fill(0.0);
+        for s in 0..batch {
+            let row = &dx[s * width..(s + 1) * width];
+            for f in 0..fields {
+                let u = inverse[s * fields + f] as usize;
+                for (g, d) in key_grads[u * dim..(u + 1) * dim].iter_mut().zip(&row[f * dim..(f + 1) * dim]) {
+                    *g += d;
+                }
+            }
+        }
+    }
+}
+
+mod input {
+    use super::reference::*;
+    use super::build_csr;
+
+    #[test]
+    fn rows_and_key_gradients_by_hand() {
+        // 2 samples, 2 fields, dim 2, 1 dense; keys: sample 0 = (k0, k1), sample 1 = (k1, k1).
+        let emb = [1.0, 2.0, 3.0, 4.0];
+        let inverse = [0u32, 1, 1, 1];
+        let mut row = [0f32; 5];
+        fill_row(&mut row, &emb, &inverse[2..], &[9.0], 2);
+        assert_eq!(row, [3.0, 4.0, 3.0, 4.0, 9.0]);
+        let dx = [1.0, 1.0, 2.0, 2.0, 0.5, /* sample 1 */ 10.0, 10.0, 20.0, 20.0, 0.5];
+        let mut g = [7f32; 4];
+        scatter_key_grads(&dx, &inverse, 2, 2, 2, 5, &mut g);
+        assert_eq!(g, [1.0, 1.0, 32.0, 32.0]);
+    }
+
+    #[test]
+    fn csr_lists_each_keys_slots_in_order_and_refuses_a_missing_key() {
+        let inverse = [2u32, 0, 2, 1, 0, 2];
+        let (mut offsets, mut slots, mut next) = ([9u32; 4], [9u32; 6], Vec::new());
+        build_csr(&inverse, 3, &mut offsets, &mut slots, &mut next).unwrap();
+        assert_eq!(offsets, [0, 2, 3, 6]);
+        assert_eq!(slots, [1, 4, 3, 0, 2, 5]);
+        let e = build_csr(&[0, 3], 3, &mut offsets, &mut slots, &mut next).unwrap_err();
+        assert_eq!(e, "inverse names row 3 of 3 unique keys");
+    }
 }

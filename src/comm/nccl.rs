@@ -27,29 +27,6 @@ pub use dummy::NcclComm;
 use super::device::DeviceCollectives;
 use crate::dtype::{DType, ReduceOp};
 
-/// NCCL's name of a [`ReduceOp`] and whether NCCL has it (all four: `ncclAvg` since 2.10).
-pub fn op_name(op: ReduceOp) -> &'static str {
-    match op {
-        ReduceOp::Sum => "ncclSum",
-        ReduceOp::Average => "ncclAvg",
-        ReduceOp::Min => "ncclMin",
-        ReduceOp::Max => "ncclMax",
-    }
-}
-
-/// NCCL's name of a [`DType`] (all of ringrec's dtypes exist in NCCL).
-pub fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "ncclFloat32",
-        DType::F64 => "ncclFloat64",
-        DType::F16 => "ncclFloat16",
-        DType::BF16 => "ncclBfloat16",
-        DType::I32 => "ncclInt32",
-        DType::I64 => "ncclInt64",
-        DType::U8 => "ncclUint8",
-    }
-}
-
 #[cfg(feature = "cuda")]
 mod imp {
     use std::sync::Arc;

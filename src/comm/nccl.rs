@@ -25,7 +25,6 @@ pub use imp::NcclComm;
 pub use dummy::NcclComm;
 
 use super::device::DeviceCollectives;
-use crate::dtype::{DType, ReduceOp};
 
 #[cfg(feature = "cuda")]
 mod imp {

@@ -1,5 +1,5 @@
 //! Synchronous data-parallel training of the CTR model (design 003): [`run`] with a
-//! [`TrainConfig`], or a [`Trainer`] step by step.
+//! [`TrainConfig`], or a [`Trainer`] step by step (`new`, `step`, `evaluate`, `summary`).
 //!
 //! One step on every rank ([`Trainer::step`]):
 //! 1. this rank's slice of the global batch (the same global batches at any rank count),
@@ -44,7 +44,7 @@ use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
 
 pub use error::{TrainError, TrainResult};
-pub use trainer::{Progress, Trainer};
+pub use trainer::{Evaluation, Progress, Trainer};
 
 /// What a training run does (the flags of `ringrec train`).
 #[derive(Clone, Debug)]
@@ -272,5 +272,5 @@ fn drive<D: Device>(topo: &Topology, cfg: &TrainConfig, dev: D, engine: Engine, 
             progress(&t.progress());
         }
     }
-    t.finish()
+    t.summary()
 }

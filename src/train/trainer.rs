@@ -1,6 +1,5 @@
 //! [`Trainer`]: a training run on one rank, step by step — [`Trainer::new`] (data, model,
-//! table, resume), [`Trainer::step`], [`Trainer::evaluate`], [`Trainer::finish`] (the
-//! summary). See the module docs of [`crate::train`] for what a step does.
+//! table, resume), [`Trainer::step`], [`Trainer::evaluate`], [`Trainer::summary`]. See the module docs of [`crate::train`] for what a step does.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -60,10 +59,23 @@ struct Unread {
 /// Losses of the run.
 #[derive(Default)]
 struct Losses {
-    /// (sum, steps, epoch) of the current epoch's losses.
-    epoch: (f64, u64, u64),
+    /// The epoch `epoch` is summed over.
+    epoch: u64,
+    /// Sum of the epoch's step losses.
+    sum: f64,
+    /// Steps summed.
+    steps: u64,
     /// Every step's loss (with `record_losses`).
     all: Vec<f64>,
+}
+
+/// The held-out evaluation (rank 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Mean log loss.
+    pub logloss: f64,
+    /// Area under the ROC curve over all ranks' predictions.
+    pub auc: f64,
 }
 
 /// Totals over the steps this run took on this rank.
@@ -222,7 +234,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             total_steps,
             order: None,
             unread: None,
-            losses: Losses { epoch: (0.0, 0, position.epoch), all: Vec::new() },
+            losses: Losses { epoch: position.epoch, ..Losses::default() },
             progress,
             phases: PhaseTimer::default(),
             counters: Counters::default(),
@@ -244,11 +256,12 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Records the global loss sum of a step once it is read.
     fn record(&mut self, loss_sum: f64, u: Unread) {
         let loss = loss_sum / u.global_batch as f64;
-        if self.losses.epoch.2 != u.epoch {
-            self.losses.epoch = (0.0, 0, u.epoch);
+        let l = &mut self.losses;
+        if l.epoch != u.epoch {
+            (l.epoch, l.sum, l.steps) = (u.epoch, 0.0, 0);
         }
-        self.losses.epoch.0 += loss;
-        self.losses.epoch.1 += 1;
+        l.sum += loss;
+        l.steps += 1;
         if self.cfg.record_losses {
             self.losses.all.push(loss);
         }
@@ -352,7 +365,7 @@ impl<'a, D: Device> Trainer<'a, D> {
 
     /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0
     /// and computes the exact global log loss and AUC there (`None` elsewhere).
-    pub fn evaluate(&mut self) -> TrainResult<Option<(f64, f64)>> {
+    pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let mine = shard::rank_slice(self.data.test.clone(), self.topo.rank, self.topo.size);
         let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());
         let mut logits = Vec::new();
@@ -372,14 +385,14 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(self.coll.gatherv(&pairs, 0)?.map(|(v, _)| {
             let scores: Vec<f32> = v.iter().step_by(2).copied().collect();
             let labels: Vec<f32> = v.iter().skip(1).step_by(2).copied().collect();
-            (metrics::logloss(&scores, &labels), metrics::auc(&scores, &labels))
+            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
         }))
     }
 
     /// Ends the run on every rank (collective): the last loss, the held-out evaluation
     /// (unless disabled) and the summary (the same on every rank but the evaluation,
     /// which rank 0 holds).
-    pub fn finish(mut self) -> TrainResult<TrainSummary> {
+    pub fn summary(mut self) -> TrainResult<TrainSummary> {
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u);
         }
@@ -413,9 +426,9 @@ impl<'a, D: Device> Trainer<'a, D> {
             samples,
             train_seconds,
             samples_per_sec: samples as f64 / train_seconds.max(1e-9),
-            train_loss: if self.losses.epoch.1 > 0 { self.losses.epoch.0 / self.losses.epoch.1 as f64 } else { 0.0 },
-            test_logloss: eval.map(|e| e.0),
-            test_auc: eval.map(|e| e.1),
+            train_loss: self.losses.sum / self.losses.steps.max(1) as f64,
+            test_logloss: eval.map(|e| e.logloss),
+            test_auc: eval.map(|e| e.auc),
             peak_rss_mib: peak,
             mlp_gflops: if mlp > 0.0 && on_cpu { self.model.mlp().shape().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
             table_rows: self.embedding.table().table().live_rows(),

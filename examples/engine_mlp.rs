@@ -12,7 +12,7 @@
 
 use ringrec::dtype::ReduceOp;
 use ringrec::engine::{Handle, Tensor};
-use ringrec::hash::splitmix64;
+use ringrec::hash::splitmix64_next;
 
 const WIDTHS: [usize; 7] = [16, 64, 64, 64, 32, 16, 1];
 const BATCH: usize = 64; // per rank
@@ -20,7 +20,7 @@ const LR: f32 = 0.05;
 
 /// Uniform in [-1, 1).
 fn rng(state: &mut u64) -> f32 {
-    (splitmix64(state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    (splitmix64_next(state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
 }
 
 /// The target every rank learns: a fixed smooth function of the 16 inputs.

@@ -1,12 +1,54 @@
-//! Hashes and generators shared by the modules.
+//! The hashes and the random stream every module shares: deterministic and the same on
+//! every platform (data keys, initial rows and parameters, shuffles and checksums depend
+//! on them).
 
-/// splitmix64: a small, fast, well-mixed generator for deterministic initialisation.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
+/// 2^64 / golden ratio: splitmix64's increment, and the multiplier of multiply-shift hashing.
+pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// splitmix64's finaliser of `z + GOLDEN` (Steele, Lea, Flood 2014): a bijection of u64.
+#[inline]
+pub fn splitmix64(z: u64) -> u64 {
+    let mut z = z.wrapping_add(GOLDEN);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The splitmix64 generator: the next value of the stream whose state is `state`.
+#[inline]
+pub fn splitmix64_next(state: &mut u64) -> u64 {
+    let z = splitmix64(*state);
+    *state = state.wrapping_add(GOLDEN);
+    z
+}
+
+/// A seeded random stream: value `i` (from 1) is `splitmix64(seed + i * GOLDEN)`.
+pub struct Stream(pub u64);
+
+impl Stream {
+    /// The next value.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(GOLDEN);
+        splitmix64(self.0)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in `0..n` without bias (Lemire's multiply with rejection).
+    pub fn below(&mut self, n: u64) -> u64 {
+        let mut m = self.next_u64() as u128 * n as u128;
+        if (m as u64) < n {
+            let threshold = n.wrapping_neg() % n;
+            while (m as u64) < threshold {
+                m = self.next_u64() as u128 * n as u128;
+            }
+        }
+        (m >> 64) as u64
+    }
 }
 
 /// FNV-1a 64 of `bytes`.

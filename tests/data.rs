@@ -11,7 +11,7 @@ use ringrec::data::criteo::{category_key, missing_key, read_tsv, DEFAULT_MAX_BAD
 use ringrec::data::{
     epoch_order, global_batch_range, prepare, rank_slice, split, steps_per_epoch, synth, BadLineKind, DataError, Dataset, Sample, NUM_DENSE, NUM_SPARSE,
 };
-use ringrec::embedding::format::fnv1a64;
+use ringrec::hash::fnv1a64;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);

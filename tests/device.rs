@@ -8,7 +8,7 @@ use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
 use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostKernels, Op};
-use ringrec::hash::splitmix64;
+use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
 use ringrec::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
@@ -16,7 +16,7 @@ use ringrec::tensor::Tensor;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
-    (0..n).map(|_| (splitmix64(&mut s) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+    (0..n).map(|_| (splitmix64_next(&mut s) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
@@ -98,7 +98,7 @@ fn ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
     let (batch, fields, dim, ndense, keys) = (37, 5, 4, 3, 29);
     let width = fields * dim + ndense;
     let mut s = 7u64;
-    let inverse: Vec<u32> = (0..batch * fields).map(|_| (splitmix64(&mut s) % keys as u64) as u32).collect();
+    let inverse: Vec<u32> = (0..batch * fields).map(|_| (splitmix64_next(&mut s) % keys as u64) as u32).collect();
     let emb = random(keys * dim, 1);
     let dense = random(batch * ndense, 2);
 
@@ -231,9 +231,9 @@ struct Batch {
 
 fn batch(seed: u64, batch: usize, layout: InputLayout) -> Batch {
     let mut s = seed;
-    let keys = 1 + (splitmix64(&mut s) % (batch * layout.fields) as u64) as usize;
-    let inverse: Vec<u32> = (0..batch * layout.fields).map(|i| if i < keys { i as u32 } else { (splitmix64(&mut s) % keys as u64) as u32 }).collect();
-    Batch { inverse, emb: random(keys * layout.dim, seed ^ 1), dense: random(batch * layout.ndense, seed ^ 2), labels: (0..batch).map(|_| (splitmix64(&mut s) % 4 == 0) as u8 as f32).collect(), keys }
+    let keys = 1 + (splitmix64_next(&mut s) % (batch * layout.fields) as u64) as usize;
+    let inverse: Vec<u32> = (0..batch * layout.fields).map(|i| if i < keys { i as u32 } else { (splitmix64_next(&mut s) % keys as u64) as u32 }).collect();
+    Batch { inverse, emb: random(keys * layout.dim, seed ^ 1), dense: random(batch * layout.ndense, seed ^ 2), labels: (0..batch).map(|_| (splitmix64_next(&mut s) % 4 == 0) as u8 as f32).collect(), keys }
 }
 
 /// Stages `b` in `m`'s next staging slot (host only).

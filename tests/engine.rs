@@ -13,11 +13,11 @@ use std::time::Duration;
 use half::{bf16, f16};
 use ringrec::dtype::{DType, ReduceOp};
 use ringrec::engine::{Compression, EngineError, Handle, Tensor};
-use ringrec::hash::splitmix64;
+use ringrec::hash::splitmix64_next;
 
 /// One splitmix64 output for seed `z`.
 fn mix(mut z: u64) -> u64 {
-    splitmix64(&mut z)
+    splitmix64_next(&mut z)
 }
 
 fn seed_of(s: &str) -> u64 {

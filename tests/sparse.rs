@@ -10,8 +10,9 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use std::time::Duration;
 
 use ringrec::bench::sparse::{key_of, zipf_ids};
-use ringrec::embedding::format::{capacity_for_rows, fnv1a64};
-use ringrec::embedding::init::splitmix64;
+use ringrec::embedding::format::capacity_for_rows;
+use ringrec::hash::fnv1a64;
+use ringrec::hash::splitmix64;
 use ringrec::embedding::{HostTable, TableConfig};
 use ringrec::sparse::board::{Area, HostBoard, Part};
 use ringrec::sparse::list::{encode_error, view, Viewed};

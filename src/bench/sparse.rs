@@ -13,7 +13,7 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
-use crate::embedding::init::splitmix64;
+use crate::hash::{fnv1a64, splitmix64};
 use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize, SparseStats};
 use crate::topology::Topology;
 
@@ -153,10 +153,6 @@ pub fn batch(rank: usize, step: usize, len: usize, dim: usize, vocab: u64, s: f6
     (keys, grads)
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
-}
-
 #[derive(Default)]
 struct Acc {
     steps: usize,
@@ -221,7 +217,7 @@ pub fn run(topo: &Topology, args: &SparseBenchArgs) -> anyhow::Result<SparseRepo
             let slowest = max_over_ranks(topo, dt);
             if topo.is_leader() {
                 let agg = agg.ok_or_else(|| anyhow::anyhow!("mode {}: a host leader got no result", modes[m]))?;
-                digests.push((fnv(bytemuck::cast_slice(agg.keys)), fnv(bytemuck::cast_slice(agg.grads)), fnv(bytemuck::cast_slice(agg.counts.unwrap_or_default()))));
+                digests.push((fnv1a64(bytemuck::cast_slice(agg.keys)), fnv1a64(bytemuck::cast_slice(agg.grads)), fnv1a64(bytemuck::cast_slice(agg.counts.unwrap_or_default()))));
             }
             if step >= args.warmup {
                 let a = &mut acc[m];

@@ -52,7 +52,7 @@ use memmap2::Mmap;
 
 use super::criteo::{BadLineReport, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
-use crate::embedding::format::fnv1a64;
+use crate::hash::fnv1a64;
 
 /// First 8 bytes of every dataset cache.
 pub const MAGIC: [u8; 8] = *b"RRDATA\0\0";

@@ -38,7 +38,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::error::{DataError, DataResult};
-use crate::embedding::init::splitmix64;
+use crate::hash::splitmix64;
 use crate::embedding::EMPTY_KEY;
 
 /// Integer features per line (I1..I13).

@@ -21,7 +21,7 @@
 use std::ops::Range;
 
 use super::error::{DataError, DataResult};
-use crate::embedding::init::splitmix64;
+use crate::hash::{splitmix64, Stream};
 
 /// Global batches in an epoch of `n_rows` rows, counting the last, partial one.
 /// Panics when `global_batch` is 0.
@@ -49,28 +49,6 @@ pub fn rank_slice(range: Range<usize>, rank: usize, size: usize) -> Range<usize>
     let (base, rem) = (len / size, len % size);
     let start = range.start + rank * base + rank.min(rem);
     start..start + base + usize::from(rank < rem)
-}
-
-/// A deterministic random stream (splitmix64) for shuffles.
-struct Stream(u64);
-
-impl Stream {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        splitmix64(self.0)
-    }
-
-    /// Uniform in `0..n` without bias (Lemire's multiply with rejection).
-    fn below(&mut self, n: u64) -> u64 {
-        let mut m = self.next() as u128 * n as u128;
-        if (m as u64) < n {
-            let threshold = n.wrapping_neg() % n;
-            while (m as u64) < threshold {
-                m = self.next() as u128 * n as u128;
-            }
-        }
-        (m >> 64) as u64
-    }
 }
 
 /// The order in which epoch `epoch` visits rows `0..n_rows`: a Fisher-Yates shuffle seeded

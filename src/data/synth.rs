@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use super::cache::TempFile;
 use super::criteo::{dense_value, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
-use crate::embedding::init::splitmix64;
+use crate::hash::{splitmix64, Stream, GOLDEN};
 
 /// Target click-through rate of the calibrated bias.
 pub const TARGET_CTR: f64 = 0.25;
@@ -46,7 +46,6 @@ const CHUNK_ROWS: u64 = 4096;
 /// Bins of the probability histogram of the Bayes AUC.
 const AUC_BINS: usize = 1 << 16;
 const ROW_SALT: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// What [`synth`] wrote.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -66,19 +65,6 @@ pub struct SynthSummary {
     pub bytes: u64,
     /// The seed.
     pub seed: u64,
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(GOLDEN);
-        splitmix64(self.0)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
 }
 
 /// Roughly standard normal from one 64-bit hash: four 16-bit uniforms (Irwin-Hall).
@@ -156,11 +142,11 @@ impl Planted {
     }
 
     fn row(&self, r: u64) -> Row {
-        let mut rng = Rng(splitmix64(self.seed ^ splitmix64(r.wrapping_add(ROW_SALT))));
+        let mut rng = Stream(splitmix64(self.seed ^ splitmix64(r.wrapping_add(ROW_SALT))));
         let mut logit = 0.0;
         let ints = std::array::from_fn(|k| {
             let missing = rng.unit() < self.dense_missing[k];
-            let z = gauss(rng.next());
+            let z = gauss(rng.next_u64());
             if missing {
                 return None;
             }

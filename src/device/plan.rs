@@ -75,11 +75,11 @@ impl ColumnMajorGemm {
 mod tests {
     use super::*;
     use crate::device::sgemm::sgemm;
-    use crate::hash::splitmix64;
+    use crate::hash::splitmix64_next;
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
-        (0..n).map(|_| (splitmix64(&mut s) >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect()
+        (0..n).map(|_| (splitmix64_next(&mut s) >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect()
     }
 
     #[test]

@@ -11,12 +11,13 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
-use super::format::{capacity_for_rows, fnv1a64, OptimizerKind, StorageDtype};
+use super::format::{capacity_for_rows, OptimizerKind, StorageDtype};
 use super::host::HostTable;
 use super::init;
 use super::params::read_params_header;
 use super::table::{EmbeddingTable, TableConfig};
 use super::TableError;
+use crate::hash::fnv1a64;
 use crate::topology::Topology;
 
 /// Shape and initialisation flags of a new table.

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use super::error::{TableError, TableResult};
+use crate::hash::fnv1a64;
 
 /// First 8 bytes of every table file.
 pub const MAGIC: [u8; 8] = *b"RRTABLE\0";
@@ -243,15 +244,6 @@ pub struct Header {
     pub layout: Layout,
 }
 
-/// 64-bit FNV-1a.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
 
 fn rd_u32(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];

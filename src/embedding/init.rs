@@ -17,16 +17,7 @@
 use half::{bf16, f16};
 use half::slice::HalfFloatSliceExt;
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// The splitmix64 finaliser (Steele, Lea, Flood 2014).
-#[inline]
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(GOLDEN);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use crate::hash::{splitmix64, GOLDEN};
 
 /// Home slot of `key` in a table of `2^(64 - shift)` slots: multiply-shift hashing (the
 /// high bits of `(key ^ key >> 32) * golden`), one multiply per lookup.

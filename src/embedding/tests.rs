@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 
-use super::format::{fnv1a64, CHECKSUM_AT, HEADER_LEN};
+use super::format::{CHECKSUM_AT, HEADER_LEN};
+use crate::hash::fnv1a64;
 use super::*;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);

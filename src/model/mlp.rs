@@ -9,7 +9,7 @@
 
 use super::optim::Optimizer;
 use crate::device::{Activation, Device, DeviceError, DeviceResult, Epilogue, Gemm};
-use crate::hash::splitmix64;
+use crate::hash::splitmix64_next;
 
 /// Shape of the MLP.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl MlpShape {
         for ((w, _), p) in self.offsets().into_iter().zip(widths.windows(2)) {
             let limit = (6.0 / (p[0] + p[1]) as f64).sqrt();
             for x in &mut params[w..w + p[0] * p[1]] {
-                let u = (splitmix64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+                let u = (splitmix64_next(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
                 *x = ((2.0 * u - 1.0) * limit) as f32;
             }
         }
@@ -232,7 +232,7 @@ mod tests {
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut rng = seed;
-        (0..n).map(|_| (splitmix64(&mut rng) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+        (0..n).map(|_| (splitmix64_next(&mut rng) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
     }
 
     #[test]

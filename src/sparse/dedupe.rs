@@ -255,7 +255,7 @@ pub fn dedupe(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<SparseLis
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedding::init::splitmix64;
+    use crate::hash::splitmix64;
     use crate::sparse::list::{view, Viewed};
 
     #[test]

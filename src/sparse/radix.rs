@@ -82,7 +82,7 @@ fn insertion_sort(run: &mut [(u64, u32)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedding::init::splitmix64;
+    use crate::hash::splitmix64;
 
     /// What `sort_indexed` must produce.
     fn reference(keys: &[u64]) -> Vec<(u64, u32)> {

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ringrec::fileio::IoError;
+use ringrec::header::FormatError;
 use ringrec::data::cache::{cache_path, CacheHeader, CHECKSUM_AT};
 use ringrec::data::criteo::{category_key, missing_key, read_tsv, DEFAULT_MAX_BAD_LINES};
 use ringrec::data::{
@@ -332,49 +334,49 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
 
     // Cut short in the data.
     let e = try_open("cut.rrdata", &bytes[..bytes.len() - 4096]);
-    assert!(matches!(e, DataError::Truncated { len, need, .. } if need == header.layout.file_len && len == need - 4096), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::Truncated { len, need, .. }) if need == header.layout.file_len && len == need - 4096), "{e:?}");
     assert!(e.to_string().contains("is truncated"), "{e}");
     // Cut short in the header.
     let e = try_open("short.rrdata", &bytes[..100]);
-    assert!(matches!(e, DataError::Truncated { need: 4096, .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::Truncated { need: 4096, .. })), "{e:?}");
     // Empty file.
     let e = try_open("empty.rrdata", b"");
-    assert!(matches!(e, DataError::Truncated { len: 0, .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::Truncated { len: 0, .. })), "{e:?}");
     // A TSV given where a cache is expected.
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
-    assert!(matches!(e, DataError::BadMagic { .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
     // A future version.
     let mut b = bytes.clone();
     b[8] = 2;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::BadVersion { found: 2, supported: 1, .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 2, supported: 1, .. })), "{e:?}");
     // A damaged header field (row count) without a matching checksum.
     let mut b = bytes.clone();
     b[32] ^= 1;
     let e = try_open("checksum.rrdata", &b);
-    assert!(matches!(e, DataError::BadChecksum { .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadChecksum { .. })), "{e:?}");
     // A header that is self-consistent in its checksum but claims more rows than lines.
     let mut b = bytes.clone();
     b[32..40].copy_from_slice(&(header.rows + 1).to_le_bytes());
     fix_checksum(&mut b);
     let e = try_open("field.rrdata", &b);
-    assert!(matches!(e, DataError::BadHeader { .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadHeader { .. })), "{e:?}");
     // Sections moved.
     let mut b = bytes.clone();
     b[96..104].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
     fix_checksum(&mut b);
     let e = try_open("layout.rrdata", &b);
-    assert!(matches!(e, DataError::BadLayout { .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e:?}");
     // Trailing garbage.
     let mut b = bytes.clone();
     b.extend_from_slice(&[0u8; 4096]);
     let e = try_open("long.rrdata", &b);
-    assert!(matches!(e, DataError::BadLayout { .. }), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e:?}");
     // A missing file.
     let e = Dataset::open(&d.path("absent.rrdata")).unwrap_err();
-    assert!(matches!(e, DataError::Io { op: "open", .. }), "{e:?}");
+    assert!(matches!(e, DataError::Io(IoError { op: "open", .. })), "{e:?}");
 
     // The original still opens.
     assert_eq!(Dataset::open(&good_file).unwrap().len(), 300);

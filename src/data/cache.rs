@@ -33,10 +33,9 @@
 //! | 136 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order) |
 //! | 184 | 8 | FNV-1a 64 checksum of bytes 0..184 |
 //!
-//! Opening checks, each with its own error: magic ([`DataError::BadMagic`]), length
-//! ([`DataError::Truncated`]), version ([`DataError::BadVersion`]), checksum
-//! ([`DataError::BadChecksum`]), field values ([`DataError::BadHeader`]) and the section
-//! layout ([`DataError::BadLayout`], or `Truncated` when the file is shorter than the header
+//! Opening checks the header's frame, fields and section layout with the shared header
+//! codec ([`crate::header`]), each failure its own [`crate::header::FormatError`] variant (or
+//! `Truncated` when the file is shorter than the header
 //! says). After that every access is a bounds-checked slice of the mapping.
 //!
 //! Files are written atomically (temporary file in the same directory, fsync, rename, fsync
@@ -46,13 +45,14 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::Mmap;
 
 use super::criteo::{BadLineReport, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
+use crate::fileio::AtomicFile;
 use crate::hash::fnv1a64;
+use crate::header::{rd_u32, rd_u64, wr_u32, wr_u64, Format};
 
 /// First 8 bytes of every dataset cache.
 pub const MAGIC: [u8; 8] = *b"RRDATA\0\0";
@@ -64,6 +64,18 @@ pub const HEADER_LEN: u64 = 4096;
 pub const HEADER_FIELDS: usize = 192;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
 pub const CHECKSUM_AT: usize = 184;
+/// The dataset cache format.
+pub static FORMAT: Format = Format {
+    magic: MAGIC,
+    version: VERSION,
+    header_len: HEADER_LEN,
+    checksum_at: CHECKSUM_AT,
+    noun: "dataset cache",
+    this: "this dataset",
+    not_this: "a Criteo TSV is converted with `ringrec data prepare`",
+    on_version: "run `ringrec data prepare` on the TSV again",
+    restore: "run `ringrec data prepare` again",
+};
 /// Sections start at multiples of this (a page).
 pub const SECTION_ALIGN: u64 = 4096;
 /// File name extension of caches made by [`Dataset::from_tsv_cached`].
@@ -145,30 +157,10 @@ pub struct CacheHeader {
     pub layout: CacheLayout,
 }
 
-fn rd_u32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-fn rd_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-fn wr_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn wr_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 impl CacheHeader {
     /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`).
     pub fn encode(&self) -> [u8; HEADER_FIELDS] {
         let mut b = [0u8; HEADER_FIELDS];
-        b[0..8].copy_from_slice(&MAGIC);
-        wr_u32(&mut b, 8, VERSION);
-        wr_u32(&mut b, 12, HEADER_LEN as u32);
         wr_u32(&mut b, 16, NUM_DENSE as u32);
         wr_u32(&mut b, 20, NUM_SPARSE as u32);
         for (i, v) in [self.rows, self.row_capacity, self.lines, self.bad_lines, self.source_size, self.source_mtime_ns].into_iter().enumerate() {
@@ -181,35 +173,15 @@ impl CacheHeader {
         for (i, v) in self.bad_counts.into_iter().enumerate() {
             wr_u64(&mut b, 136 + 8 * i, v);
         }
-        let sum = fnv1a64(&b[..CHECKSUM_AT]);
-        wr_u64(&mut b, CHECKSUM_AT, sum);
+        FORMAT.seal(&mut b);
         b
     }
 
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` its
     /// real length. Arbitrary bytes give an error, never a panic.
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
-        let p = || path.to_path_buf();
-        if let Some(m) = bytes.get(0..8) {
-            let mut magic = [0u8; 8];
-            magic.copy_from_slice(m);
-            if magic != MAGIC {
-                return Err(DataError::BadMagic { path: p(), found: magic });
-            }
-        }
-        if bytes.len() < HEADER_FIELDS || file_len < HEADER_LEN {
-            return Err(DataError::Truncated { path: p(), len: file_len.min(bytes.len() as u64), need: HEADER_LEN });
-        }
-        let version = rd_u32(bytes, 8);
-        if version != VERSION {
-            return Err(DataError::BadVersion { path: p(), found: version, supported: VERSION });
-        }
-        let stored = rd_u64(bytes, CHECKSUM_AT);
-        let computed = fnv1a64(&bytes[..CHECKSUM_AT]);
-        if stored != computed {
-            return Err(DataError::BadChecksum { path: p(), stored, computed });
-        }
-        let bad = |field: &'static str, detail: String| DataError::BadHeader { path: p(), field, detail };
+        FORMAT.check(path, bytes, file_len)?;
+        let bad = |field: &'static str, detail: String| DataError::from(FORMAT.bad(path, field, detail));
         let expect_u32 = |at: usize, field: &'static str, want: u32| {
             let v = rd_u32(bytes, at);
             if v == want {
@@ -218,7 +190,6 @@ impl CacheHeader {
                 Err(bad(field, format!("{v}, expected {want}")))
             }
         };
-        expect_u32(12, "header_len", HEADER_LEN as u32)?;
         expect_u32(16, "num_dense", NUM_DENSE as u32)?;
         expect_u32(20, "num_sparse", NUM_SPARSE as u32)?;
         if rd_u64(bytes, 24) != 0 {
@@ -242,68 +213,18 @@ impl CacheHeader {
         let g = |i: usize| rd_u64(bytes, 80 + 8 * i);
         let stored_layout =
             CacheLayout { labels_offset: g(0), labels_len: g(1), dense_offset: g(2), dense_len: g(3), keys_offset: g(4), keys_len: g(5), file_len: g(6) };
-        let bad_layout = |detail: String| DataError::BadLayout { path: p(), detail };
+        let bad_layout = |detail: String| DataError::from(FORMAT.layout(path, detail));
         let want = CacheLayout::compute(rows, row_capacity).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
         if stored_layout != want {
             return Err(bad_layout(format!("sections {stored_layout:?} differ from the layout of {rows} rows in room for {row_capacity}: {want:?}")));
         }
         if file_len < want.file_len {
-            return Err(DataError::Truncated { path: p(), len: file_len, need: want.file_len });
+            return Err(FORMAT.truncated(path, file_len, want.file_len).into());
         }
         if file_len > want.file_len {
             return Err(bad_layout(format!("file is {file_len} bytes, the header says {}", want.file_len)));
         }
         Ok(CacheHeader { rows, row_capacity, lines, bad_lines, bad_counts, source_size, source_mtime_ns, layout: want })
-    }
-}
-
-/// A file written under a temporary name in the destination's directory and renamed over
-/// it by [`TempFile::commit`]; dropped uncommitted, it is removed.
-pub(crate) struct TempFile {
-    tmp: PathBuf,
-    dest: PathBuf,
-    file: File,
-    committed: bool,
-}
-
-impl TempFile {
-    /// Creates the temporary file next to `dest` (mode 0644).
-    pub(crate) fn create(dest: &Path) -> DataResult<TempFile> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into());
-        let tmp = dest.with_file_name(format!(".{name}.tmp-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-        let file = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map_err(|e| DataError::io(&tmp, "create", e))?;
-        Ok(TempFile { tmp, dest: dest.to_path_buf(), file, committed: false })
-    }
-
-    /// The open temporary file.
-    pub(crate) fn file(&self) -> &File {
-        &self.file
-    }
-
-    /// The temporary path (for error messages).
-    pub(crate) fn path(&self) -> &Path {
-        &self.tmp
-    }
-
-    /// fsync, rename over the destination, fsync of the directory.
-    pub(crate) fn commit(mut self) -> DataResult<()> {
-        self.file.sync_all().map_err(|e| DataError::io(&self.tmp, "fsync", e))?;
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| DataError::io(&self.dest, "rename into place", e))?;
-        self.committed = true;
-        let dir = match self.dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| DataError::io(&dir, "fsync directory", e))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
     }
 }
 
@@ -356,7 +277,7 @@ pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<Prepare
     let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
     let layout0 = CacheLayout::compute(0, capacity).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
 
-    let tmp = TempFile::create(out)?;
+    let tmp = AtomicFile::create(out, 0o644)?;
     let file = tmp.file();
     let werr = |e| DataError::io(tmp.path(), "write", e);
     file.set_len(layout0.file_len).map_err(werr)?;
@@ -618,6 +539,7 @@ impl FileLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::header::FormatError;
 
     fn header() -> CacheHeader {
         CacheHeader {
@@ -655,11 +577,11 @@ mod tests {
         let mut h = header();
         h.bad_counts = [0, 2, 0, 0, 0, 0];
         let e = CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap_err();
-        assert!(matches!(e, DataError::BadHeader { field: "bad_counts", .. }), "{e}");
+        assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: "bad_counts", .. })), "{e}");
         let mut h = header();
         h.layout.keys_len += 208;
         let e = CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap_err();
-        assert!(matches!(e, DataError::BadLayout { .. }), "{e}");
+        assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
     }
 
     #[test]

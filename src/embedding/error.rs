@@ -2,81 +2,24 @@
 
 use std::path::PathBuf;
 
+use crate::fileio::IoError;
+use crate::header::FormatError;
+
 /// Errors of [`crate::embedding`].
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// An operating-system call on a table or parameter file failed.
-    #[error("{path}: cannot {op}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What was being done (`open`, `map`, `write`...).
-        op: &'static str,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// An operating-system call on a file failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// `create` found a file already there (tables are created exclusively).
     #[error("{path} already exists and tables are created exclusively; choose another path or remove it (under /dev/shm: a leftover of a crashed job with the same RINGREC_JOB_ID)")]
     Exists {
         /// The file.
         path: PathBuf,
     },
-    /// The file is shorter than its header says (or shorter than a header).
-    #[error("{path} is truncated: {len} bytes, but a table of this shape needs {need}; the copy is incomplete, restore it from a saved table")]
-    Truncated {
-        /// The file.
-        path: PathBuf,
-        /// Its length.
-        len: u64,
-        /// The length it needs.
-        need: u64,
-    },
-    /// The file does not start with the table magic.
-    #[error("{path} is not a ringrec embedding table (magic {found:02x?}, expected \"RRTABLE\\0\"); check the path, a sparse-parameter file is loaded with `ringrec table import`")]
-    BadMagic {
-        /// The file.
-        path: PathBuf,
-        /// The first 8 bytes.
-        found: [u8; 8],
-    },
-    /// The file was written by an unsupported format version.
-    #[error("{path} has table format version {found}, this build reads version {supported}; export it with the ringrec that wrote it and import it here")]
-    BadVersion {
-        /// The file.
-        path: PathBuf,
-        /// Version in the file.
-        found: u32,
-        /// Version this build reads.
-        supported: u32,
-    },
-    /// The header checksum does not match the header bytes.
-    #[error("{path}: header checksum mismatch (stored {stored:#018x}, computed {computed:#018x}); the header was damaged, restore the table from a saved copy")]
-    BadChecksum {
-        /// The file.
-        path: PathBuf,
-        /// Checksum stored in the header.
-        stored: u64,
-        /// Checksum of the header bytes.
-        computed: u64,
-    },
-    /// A header field has a value no valid table has.
-    #[error("{path}: invalid header field {field}: {detail}; the file is damaged or was not written by ringrec")]
-    BadHeader {
-        /// The file.
-        path: PathBuf,
-        /// The field.
-        field: &'static str,
-        /// What is wrong with it.
-        detail: String,
-    },
-    /// Section offsets or lengths are inconsistent with the table shape or the file length.
-    #[error("{path}: bad section layout: {detail}; the file is damaged or was not written by ringrec")]
-    BadLayout {
-        /// The file.
-        path: PathBuf,
-        /// Which section and how.
-        detail: String,
-    },
+    /// The file is not a valid table file (truncated, foreign, another version, damaged).
+    #[error(transparent)]
+    Format(#[from] FormatError),
     /// The index does not agree with the header (e.g. live row count).
     #[error("{path}: corrupt index: {detail}; restore the table from a saved copy")]
     CorruptIndex {
@@ -159,6 +102,6 @@ pub type TableResult<T> = Result<T, TableError>;
 impl TableError {
     /// Wraps an I/O error with the file and the operation.
     pub(crate) fn io(path: &std::path::Path, op: &'static str, source: std::io::Error) -> TableError {
-        TableError::Io { path: path.to_path_buf(), op, source }
+        TableError::Io(IoError::new(path, op, source))
     }
 }

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::error::{TableError, TableResult};
-use crate::hash::fnv1a64;
+use crate::header::{rd_u32, rd_u64, wr_u32, wr_u64, Format};
 
 /// First 8 bytes of every table file.
 pub const MAGIC: [u8; 8] = *b"RRTABLE\0";
@@ -20,6 +20,18 @@ pub const HEADER_LEN: u64 = 4096;
 pub const HEADER_FIELDS: usize = 144;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
 pub const CHECKSUM_AT: usize = 136;
+/// The table file format.
+pub static FORMAT: Format = Format {
+    magic: MAGIC,
+    version: VERSION,
+    header_len: HEADER_LEN,
+    checksum_at: CHECKSUM_AT,
+    noun: "embedding table",
+    this: "a table of this shape",
+    not_this: "check the path, a sparse-parameter file is loaded with `ringrec table import`",
+    on_version: "export it with the ringrec that wrote it and import it here",
+    restore: "restore it from a saved copy",
+};
 /// The index value of an empty slot; the one key a table cannot hold.
 pub const EMPTY_KEY: u64 = u64::MAX;
 /// Sections start at multiples of this (a page), so every section is aligned for its type.
@@ -245,30 +257,10 @@ pub struct Header {
 }
 
 
-fn rd_u32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-fn rd_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-fn wr_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn wr_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 impl Header {
     /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`).
     pub fn encode(&self) -> [u8; HEADER_FIELDS] {
         let mut b = [0u8; HEADER_FIELDS];
-        b[0..8].copy_from_slice(&MAGIC);
-        wr_u32(&mut b, 8, VERSION);
-        wr_u32(&mut b, 12, HEADER_LEN as u32);
         wr_u32(&mut b, 16, self.dim);
         wr_u32(&mut b, 20, self.dtype.code());
         wr_u32(&mut b, 24, self.optimizer.code());
@@ -285,8 +277,7 @@ impl Header {
         for (i, v) in [l.index_offset, l.index_len, l.rows_offset, l.rows_len, l.state_offset, l.state_len, l.file_len].into_iter().enumerate() {
             wr_u64(&mut b, 80 + 8 * i, v);
         }
-        let sum = fnv1a64(&b[..CHECKSUM_AT]);
-        wr_u64(&mut b, CHECKSUM_AT, sum);
+        FORMAT.seal(&mut b);
         b
     }
 
@@ -301,37 +292,11 @@ impl Header {
     }
 
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` the
-    /// file's real length. Checks, in order, each with its own error: magic (BadMagic),
-    /// length (Truncated), version (BadVersion), checksum (BadChecksum), field values
-    /// (BadHeader), section layout (BadLayout / Truncated).
+    /// file's real length. Checks the frame ([`Format::check`]), then the field values
+    /// (BadHeader) and the section layout (BadLayout / Truncated).
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> TableResult<Header> {
-        let p = || path.to_path_buf();
-        // Magic first (when there are 8 bytes): a short file of another kind is "not a
-        // table" rather than "a truncated table".
-        if let Some(m) = bytes.get(0..8) {
-            let mut magic = [0u8; 8];
-            magic.copy_from_slice(m);
-            if magic != MAGIC {
-                return Err(TableError::BadMagic { path: p(), found: magic });
-            }
-        }
-        if bytes.len() < HEADER_FIELDS || file_len < HEADER_LEN {
-            return Err(TableError::Truncated { path: p(), len: file_len.min(bytes.len() as u64), need: HEADER_LEN });
-        }
-        let version = rd_u32(bytes, 8);
-        if version != VERSION {
-            return Err(TableError::BadVersion { path: p(), found: version, supported: VERSION });
-        }
-        let stored = rd_u64(bytes, CHECKSUM_AT);
-        let computed = fnv1a64(&bytes[..CHECKSUM_AT]);
-        if stored != computed {
-            return Err(TableError::BadChecksum { path: p(), stored, computed });
-        }
-        let bad = |field: &'static str, detail: String| TableError::BadHeader { path: p(), field, detail };
-        let header_len = rd_u32(bytes, 12);
-        if header_len as u64 != HEADER_LEN {
-            return Err(bad("header_len", format!("{header_len}, expected {HEADER_LEN}")));
-        }
+        FORMAT.check(path, bytes, file_len)?;
+        let bad = |field: &'static str, detail: String| TableError::from(FORMAT.bad(path, field, detail));
         let dim = rd_u32(bytes, 16);
         if dim == 0 || dim > MAX_DIM {
             return Err(bad("dim", format!("{dim}, expected 1..={MAX_DIM}")));
@@ -375,7 +340,7 @@ impl Header {
 /// Every section must lie inside the file and sit exactly where a table of this shape puts
 /// it; the stored file length must be the real one.
 fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, file_len: u64) -> TableResult<Layout> {
-    let bad = |detail: String| TableError::BadLayout { path: path.to_path_buf(), detail };
+    let bad = |detail: String| TableError::from(FORMAT.layout(path, detail));
     for (name, off, len) in [("index", s.index_offset, s.index_len), ("rows", s.rows_offset, s.rows_len), ("state", s.state_offset, s.state_len)] {
         match off.checked_add(len) {
             Some(end) if end <= s.file_len => {}
@@ -388,7 +353,7 @@ fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity
         return Err(bad(format!("sections {s:?} differ from the layout of a {capacity}-slot dim-{dim} {dtype} {opt} table {want:?}")));
     }
     if file_len < want.file_len {
-        return Err(TableError::Truncated { path: path.to_path_buf(), len: file_len, need: want.file_len });
+        return Err(FORMAT.truncated(path, file_len, want.file_len).into());
     }
     if file_len > want.file_len {
         return Err(bad(format!("file is {file_len} bytes, the header says {}", want.file_len)));
@@ -399,6 +364,7 @@ fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::fnv1a64;
 
     #[test]
     fn load_limit_is_four_fifths() {

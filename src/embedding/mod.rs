@@ -43,10 +43,8 @@
 //! capacity and the `--table-capacity` flag.
 //!
 //! **Validation.** Opening checks, each with its own error: the owner is this user
-//! ([`TableError::WrongOwner`]), the length holds a header ([`TableError::Truncated`]), magic
-//! ([`TableError::BadMagic`]), version ([`TableError::BadVersion`]), checksum
-//! ([`TableError::BadChecksum`]), field values ([`TableError::BadHeader`]), every section lies
-//! inside the file exactly where a table of that shape puts it ([`TableError::BadLayout`],
+//! ([`TableError::WrongOwner`]), the header's frame and fields and the section layout (the
+//! shared header codec, [`crate::header`]: one [`crate::header::FormatError`] variant each,
 //! or `Truncated` when the file is short), and the index holds exactly `live rows` keys
 //! ([`TableError::CorruptIndex`]), which also guarantees every probe ends. After that every
 //! access is a bounds-checked slice: a hostile file gives an error, never a panic or an

@@ -13,10 +13,9 @@
 //! The file length must be exactly `24 + count * (8 + 4 * dim)`. Keys are in any order; a
 //! key given twice takes its last record. Export writes keys in ascending order.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::error::{TableError, TableResult};
 use super::format::{self, EMPTY_KEY};
@@ -84,29 +83,9 @@ pub fn read_params_header(path: &Path) -> TableResult<(ParamsHeader, BufReader<F
     Ok((ph, r))
 }
 
-/// Writes `path` atomically: temp file in the same directory (mode 0600), fsync, rename,
-/// fsync of the directory. On error the temp file is removed and `path` is untouched.
+/// Writes `path` atomically (mode 0600, [`crate::fileio::write_atomic`]).
 pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>) -> TableResult<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "table".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(|e| TableError::io(&tmp, "create", e))?;
-        {
-            let mut w = BufWriter::with_capacity(1 << 20, &file);
-            fill(&mut w).and_then(|_| w.flush()).map_err(|e| TableError::io(&tmp, "write", e))?;
-        }
-        file.sync_all().map_err(|e| TableError::io(&tmp, "fsync", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| TableError::io(path, "rename into place", e))?;
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| TableError::io(&dir, "fsync directory", e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    Ok(crate::fileio::write_atomic(path, 0o600, fill)?)
 }
 
 impl EmbeddingTable {

@@ -11,7 +11,7 @@ use memmap2::{Mmap, MmapMut};
 use rayon::prelude::*;
 
 use super::error::{TableError, TableResult};
-use super::format::{self, Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY, HEADER_FIELDS, HEADER_LEN};
+use super::format::{self, Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
 use super::init::{self, home_slot, Elem};
 
 /// Batches at least this long are gathered with rayon; shorter ones on the calling thread.
@@ -259,15 +259,15 @@ impl<T: Elem> View<'_, T> {
 
 /// Sub-slice `[off, off + len)` of `b`, or a layout error instead of a panic.
 fn sub<'a>(path: &Path, b: &'a [u8], off: u64, len: u64) -> TableResult<&'a [u8]> {
-    b.get(range(off, len)).ok_or_else(|| TableError::BadLayout { path: path.to_path_buf(), detail: format!("section [{off}, +{len}) outside the mapping") })
+    b.get(range(off, len)).ok_or_else(|| TableError::from(FORMAT.layout(path, format!("section [{off}, +{len}) outside the mapping"))))
 }
 
 fn cast<'a, T: bytemuck::Pod>(path: &Path, b: &'a [u8]) -> TableResult<&'a [T]> {
-    bytemuck::try_cast_slice(b).map_err(|e| TableError::BadLayout { path: path.to_path_buf(), detail: format!("misaligned section: {e:?}") })
+    bytemuck::try_cast_slice(b).map_err(|e| TableError::from(FORMAT.layout(path, format!("misaligned section: {e:?}"))))
 }
 
 fn cast_mut<'a, T: bytemuck::Pod>(path: &Path, b: &'a mut [u8]) -> TableResult<&'a mut [T]> {
-    bytemuck::try_cast_slice_mut(b).map_err(|e| TableError::BadLayout { path: path.to_path_buf(), detail: format!("misaligned section: {e:?}") })
+    bytemuck::try_cast_slice_mut(b).map_err(|e| TableError::from(FORMAT.layout(path, format!("misaligned section: {e:?}"))))
 }
 
 /// `b.split_at_mut(n)` without the panic.
@@ -345,7 +345,7 @@ impl EmbeddingTable {
         let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(file) }.map_err(|e| TableError::io(path, "map", e))?;
         let ok = map.len() as u64 == l.file_len;
         if !ok {
-            return Err(TableError::Truncated { path: path.to_path_buf(), len: map.len() as u64, need: l.file_len });
+            return Err(TableError::from(FORMAT.truncated(path, map.len() as u64, l.file_len)));
         }
         map[..HEADER_FIELDS].copy_from_slice(&header.encode());
         map[range(l.index_offset, l.index_len)].fill(0xff);
@@ -370,7 +370,7 @@ impl EmbeddingTable {
         let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| TableError::io(path, "open", e))?;
         let meta = file.metadata().map_err(|e| TableError::io(path, "stat", e))?;
         if !meta.is_file() {
-            return Err(TableError::BadLayout { path: path.to_path_buf(), detail: "not a regular file".into() });
+            return Err(TableError::from(FORMAT.layout(path, "not a regular file")));
         }
         let me = euid();
         if meta.uid() != me {
@@ -380,7 +380,7 @@ impl EmbeddingTable {
         if len < HEADER_LEN {
             let mut head = Vec::with_capacity(HEADER_LEN as usize);
             let _ = std::io::Read::read_to_end(&mut std::io::Read::take(&file, HEADER_LEN), &mut head);
-            return Err(Header::parse(path, &head, len).err().unwrap_or(TableError::Truncated { path: path.to_path_buf(), len, need: HEADER_LEN }));
+            return Err(Header::parse(path, &head, len).err().unwrap_or(TableError::from(FORMAT.truncated(path, len, HEADER_LEN))));
         }
         let map = if writable {
             // SAFETY: the file is ours (owner checked); the protocol of the host table is that
@@ -484,7 +484,7 @@ impl EmbeddingTable {
     pub fn refresh(&mut self) -> TableResult<()> {
         let h = Header::parse(&self.path, self.as_bytes(), self.as_bytes().len() as u64)?;
         if h.layout != self.header.layout {
-            return Err(TableError::BadLayout { path: self.path.clone(), detail: "the layout changed under this handle".into() });
+            return Err(TableError::from(FORMAT.layout(&self.path, "the layout changed under this handle")));
         }
         self.header = h;
         Ok(())
@@ -693,7 +693,7 @@ impl EmbeddingTable {
         let l = self.header.layout;
         let path = self.path.clone();
         let Mapping::Rw(map) = &mut self.map else { return Err(TableError::ReadOnly) };
-        let bad = || TableError::BadLayout { path: path.clone(), detail: "section outside the mapping".into() };
+        let bad = || TableError::from(FORMAT.layout(&path, "section outside the mapping"));
         let b: &mut [u8] = map;
         let (header, rest) = split_mut(b, l.index_offset as usize).ok_or_else(bad)?;
         let (index, rest) = split_mut(rest, l.index_len as usize).ok_or_else(bad)?;
@@ -749,7 +749,7 @@ impl EmbeddingTable {
             let Some((slot, insert)) = found else {
                 return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
             };
-            let row = p.rows.get_mut(slot * d..slot * d + d).ok_or_else(|| TableError::BadLayout { path: path.clone(), detail: "row outside the rows section".into() })?;
+            let row = p.rows.get_mut(slot * d..slot * d + d).ok_or_else(|| TableError::from(FORMAT.layout(&path, "row outside the rows section")))?;
             if insert {
                 p.index[slot] = *key;
                 h.live_rows += 1;
@@ -763,7 +763,7 @@ impl EmbeddingTable {
             }
             let acc = match (op, h.optimizer) {
                 (RowOp::Step(_), OptimizerKind::Adagrad) => {
-                    Some(p.state.get_mut(slot).ok_or_else(|| TableError::BadLayout { path: path.clone(), detail: "state outside its section".into() })?)
+                    Some(p.state.get_mut(slot).ok_or_else(|| TableError::from(FORMAT.layout(&path, "state outside its section")))?)
                 }
                 _ => None,
             };
@@ -823,7 +823,7 @@ impl EmbeddingTable {
         }
         let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
         if slots.iter().any(|s| (s + 1) * d > p.rows.len() || (adagrad && *s >= p.state.len())) {
-            return Err(TableError::BadLayout { path, detail: "row or state outside its section".into() });
+            return Err(TableError::from(FORMAT.layout(&path, "row or state outside its section")));
         }
         // Pass 2 (parallel): one optimizer step per row.
         struct Shared<T>(*mut T, *mut f32);

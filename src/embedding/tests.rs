@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 
+use crate::header::FormatError;
 use super::format::{CHECKSUM_AT, HEADER_LEN};
 use crate::hash::fnv1a64;
 use super::*;
@@ -315,39 +316,39 @@ fn every_corruption_kind_has_its_own_error() {
     assert!(open_bytes(&dir, "ok", &good).is_ok());
 
     let e = open_bytes(&dir, "trunc", &good[..good.len() - 4096]).unwrap_err();
-    assert!(matches!(e, TableError::Truncated { .. }) && e.to_string().contains("truncated"), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::Truncated { .. })) && e.to_string().contains("truncated"), "{e}");
     let e = open_bytes(&dir, "tiny", &good[..100]).unwrap_err();
-    assert!(matches!(e, TableError::Truncated { need: HEADER_LEN, .. }), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::Truncated { need: HEADER_LEN, .. })), "{e}");
 
     let mut b = good.clone();
     b[0] = b'X';
     let e = open_bytes(&dir, "magic", &b).unwrap_err();
-    assert!(matches!(e, TableError::BadMagic { .. }) && e.to_string().contains("not a ringrec embedding table"), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadMagic { .. })) && e.to_string().contains("not a ringrec embedding table"), "{e}");
 
     let mut b = good.clone();
     b[8] = 7;
     let e = open_bytes(&dir, "version", &b).unwrap_err();
-    assert!(matches!(e, TableError::BadVersion { found: 7, supported: 1, .. }), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadVersion { found: 7, supported: 1, .. })), "{e}");
 
     let mut b = good.clone();
     b[48] ^= 1; // generation, checksum not fixed
     let e = open_bytes(&dir, "checksum", &b).unwrap_err();
-    assert!(matches!(e, TableError::BadChecksum { .. }) && e.to_string().contains("checksum"), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadChecksum { .. })) && e.to_string().contains("checksum"), "{e}");
 
     let mut b = good.clone();
     b[96..104].copy_from_slice(&(1u64 << 40).to_le_bytes()); // rows offset far outside
     fix_checksum(&mut b);
     let e = open_bytes(&dir, "offsets", &b).unwrap_err();
-    assert!(matches!(e, TableError::BadLayout { .. }) && e.to_string().contains("layout"), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadLayout { .. })) && e.to_string().contains("layout"), "{e}");
     let mut b = good.clone();
     b[96..104].copy_from_slice(&(4096u64).to_le_bytes()); // rows overlapping the index
     fix_checksum(&mut b);
-    assert!(matches!(open_bytes(&dir, "overlap", &b), Err(TableError::BadLayout { .. })));
+    assert!(matches!(open_bytes(&dir, "overlap", &b), Err(TableError::Format(FormatError::BadLayout { .. }))));
 
     let mut b = good.clone();
     b[16..20].copy_from_slice(&0u32.to_le_bytes()); // dim 0
     fix_checksum(&mut b);
-    assert!(matches!(open_bytes(&dir, "dim", &b), Err(TableError::BadHeader { field: "dim", .. })));
+    assert!(matches!(open_bytes(&dir, "dim", &b), Err(TableError::Format(FormatError::BadHeader { field: "dim", .. }))));
 
     let mut b = good.clone();
     b[40..48].copy_from_slice(&41u64.to_le_bytes()); // live rows off by one
@@ -357,7 +358,7 @@ fn every_corruption_kind_has_its_own_error() {
 
     let mut b = good.clone();
     b.extend_from_slice(&[0u8; 4096]);
-    assert!(matches!(open_bytes(&dir, "long", &b), Err(TableError::BadLayout { .. })));
+    assert!(matches!(open_bytes(&dir, "long", &b), Err(TableError::Format(FormatError::BadLayout { .. }))));
 }
 
 #[test]

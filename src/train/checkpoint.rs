@@ -13,6 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::fileio::{write_atomic, IoError};
 use crate::model::{DenseOptimState, DenseOptimizer};
 
 /// The dense half of a checkpoint.
@@ -44,19 +45,6 @@ pub struct DenseCheckpoint {
 }
 
 const BIN_MAGIC: &[u8; 8] = b"RRDENSE1";
-
-/// Writes `bytes` to `path` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("ckpt"), std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
 
 fn push_f32s(out: &mut Vec<u8>, v: &[f32]) {
     out.extend_from_slice(&(v.len() as u64).to_le_bytes());
@@ -95,17 +83,16 @@ impl DenseCheckpoint {
     }
 
     /// Writes `dense.bin` then `dense.json` into `dir` (created if needed).
-    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
+    pub fn save(&self, dir: &Path) -> Result<(), IoError> {
+        std::fs::create_dir_all(dir).map_err(|e| IoError::new(dir, "create the directory", e))?;
         let mut bin = Vec::with_capacity(16 + 4 * (self.params.len() + self.m.len() + self.v.len()) + 24);
         bin.extend_from_slice(BIN_MAGIC);
         bin.extend_from_slice(&self.step.to_le_bytes());
         push_f32s(&mut bin, &self.params);
         push_f32s(&mut bin, &self.m);
         push_f32s(&mut bin, &self.v);
-        write_atomic(&dir.join("dense.bin"), &bin)?;
-        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        write_atomic(&dir.join("dense.json"), &json)
+        write_atomic(&dir.join("dense.bin"), 0o644, |w| w.write_all(&bin))?;
+        write_atomic(&dir.join("dense.json"), 0o644, |w| serde_json::to_writer_pretty(w, self).map_err(std::io::Error::other))
     }
 
     /// Reads a checkpoint written by [`DenseCheckpoint::save`].

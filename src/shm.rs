@@ -30,14 +30,9 @@ unsafe impl Send for SharedSegment {}
 // SAFETY: as above; `&SharedSegment` only hands out raw pointers.
 unsafe impl Sync for SharedSegment {}
 
-/// Directory for shared segments: `RINGREC_SHM_DIR`, else `/dev/shm`.
-pub fn shm_dir() -> PathBuf {
-    std::env::var_os("RINGREC_SHM_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/dev/shm"))
-}
-
 /// `<dir>/ringrec-<job>-h<host>-<tag>`.
-pub fn segment_path(job_id: &str, host_id: usize, tag: &str) -> PathBuf {
-    shm_dir().join(format!("ringrec-{}-h{}-{}", crate::topology::sanitize(job_id), host_id, crate::topology::sanitize(tag)))
+pub fn segment_path(dir: &Path, job_id: &str, host_id: usize, tag: &str) -> PathBuf {
+    dir.join(format!("ringrec-{}-h{}-{}", crate::topology::sanitize(job_id), host_id, crate::topology::sanitize(tag)))
 }
 
 fn shm_err(path: &Path, source: std::io::Error) -> CommError {

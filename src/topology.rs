@@ -13,6 +13,7 @@ use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::Root;
 
+use crate::config::RuntimeConfig;
 use crate::{CommError, CommResult};
 
 /// Keeps MPI initialised while anything that holds a communicator is alive.
@@ -82,6 +83,8 @@ pub struct Topology {
     pub simulated_ranks_per_host: Option<usize>,
     /// True when MPI granted `MPI_THREAD_MULTIPLE` (several threads may call MPI at once).
     pub thread_multiple: bool,
+    /// The runtime configuration (`RINGREC_*`), read once here.
+    pub config: RuntimeConfig,
     /// host_id of every world rank.
     pub host_of_rank: Vec<usize>,
     /// local_rank of every world rank.
@@ -100,19 +103,6 @@ impl std::fmt::Debug for Topology {
     }
 }
 
-/// Reads `RINGREC_RANKS_PER_HOST`; 0, empty or unset means "real hosts only".
-pub fn ranks_per_host_from_env() -> CommResult<Option<usize>> {
-    match std::env::var("RINGREC_RANKS_PER_HOST") {
-        Err(_) => Ok(None),
-        Ok(s) if s.trim().is_empty() => Ok(None),
-        Ok(s) => match s.trim().parse::<usize>() {
-            Ok(0) => Ok(None),
-            Ok(k) => Ok(Some(k)),
-            Err(_) => Err(CommError::Invalid(format!("RINGREC_RANKS_PER_HOST={s:?} is not a positive integer"))),
-        },
-    }
-}
-
 impl Topology {
     /// Initialises MPI, asking for thread level `MPI_THREAD_MULTIPLE` (the engine's
     /// background thread calls MPI while the training thread does too, on other
@@ -128,7 +118,8 @@ impl Topology {
     fn from_world(world_comm: SimpleCommunicator, ctx: Arc<MpiContext>, thread_multiple: bool) -> CommResult<Topology> {
         let rank = world_comm.rank() as usize;
         let size = world_comm.size() as usize;
-        let per_host = ranks_per_host_from_env()?;
+        let config = RuntimeConfig::from_env()?;
+        let per_host = config.ranks_per_host;
 
         // Real hosts: shared-memory split. Then simulated hosts inside them.
         let shared = world_comm.split_shared(rank as i32);
@@ -163,9 +154,9 @@ impl Topology {
         // Job id: RINGREC_JOB_ID, else made by rank 0 and broadcast.
         let mut id = [0u8; 48];
         if rank == 0 {
-            let s = match std::env::var("RINGREC_JOB_ID") {
-                Ok(s) if !s.is_empty() => sanitize(&s),
-                _ => {
+            let s = match &config.job_id {
+                Some(s) => sanitize(s),
+                None => {
                     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
                     format!("{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
                 }
@@ -193,6 +184,7 @@ impl Topology {
             job_id,
             simulated_ranks_per_host: per_host,
             thread_multiple,
+            config,
             host_of_rank,
             local_rank_of_rank,
             world: Group { comm: world_comm, ctx: ctx.clone() },
@@ -238,6 +230,11 @@ impl Topology {
             counts[*h] += 1;
         }
         counts.iter().all(|c| *c == self.local_size)
+    }
+
+    /// This host's shared segment `tag`: `<shm_dir>/ringrec-<job>-h<host>-<tag>`.
+    pub fn segment_path(&self, tag: &str) -> std::path::PathBuf {
+        crate::shm::segment_path(&self.config.shm_dir, &self.job_id, self.host_id, tag)
     }
 
     /// One line: `rank 1/4 local 1/2 cross 0/2 host 0 (name)`.

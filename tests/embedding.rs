@@ -34,6 +34,39 @@ fn worker_selftest() {
     }
 }
 
+/// Worker: local rank 1 never reaches the table's host barrier; the others must get an
+/// error naming it after the comm timeout, not hang.
+#[test]
+#[ignore]
+fn worker_sync_with_a_stuck_peer() {
+    if std::env::var_os("RINGREC_TEST_WORKER").is_none() {
+        return;
+    }
+    let topo = ringrec::topology::Topology::init().expect("topology");
+    let mut ht = ringrec::embedding::HostTable::open(&topo, &ringrec::embedding::TableConfig::new(4, 1024), None).expect("open");
+    if topo.local_rank == 1 {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    let started = std::time::Instant::now();
+    match ht.sync() {
+        Ok(()) => println!("rank {} sync returned", topo.rank),
+        Err(e) => println!("rank {} sync error after {:.1}s: {e}", topo.rank, started.elapsed().as_secs_f64()),
+    }
+    std::process::exit(1);
+}
+
+#[test]
+fn a_stuck_rank_fails_the_table_sync_after_the_timeout() {
+    let job = job_id("stuck");
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_COMM_TIMEOUT_SECONDS", "1")];
+    let out = common::run_worker("worker_sync_with_a_stuck_peer", 3, &env, Duration::from_secs(60));
+    assert!(!out.timed_out, "a stuck rank must not hang the others:\n{}", out.all());
+    let errors: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" sync error after ")).collect();
+    assert_eq!(errors.len(), 2, "ranks 0 and 2 report it:\n{}", out.all());
+    assert!(errors.iter().all(|l| l.contains("host table sync: timed out after 1s waiting for rank(s) [1]")), "{errors:#?}");
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}
+
 /// One rank's report line, as field -> value.
 fn reports(out: &str) -> Vec<BTreeMap<String, String>> {
     out.lines()

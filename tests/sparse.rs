@@ -317,7 +317,7 @@ fn worker_tables() {
             let len = 200 + (seed % 800) as usize;
             let keys: Vec<u64> = zipf_ids(5000, len, 1.05, seed).into_iter().map(key_of).collect();
             let grads: Vec<f32> = (0..len * dim).map(|i| ((splitmix64(seed + i as u64) % 1000) as f32 - 500.0) * 1e-3).collect();
-            let (agg, _) = ex.exchange_and_apply(&topo, &mut table, &keys, &grads, lr).expect("exchange and apply");
+            let (agg, _) = ex.exchange_and_apply(&mut table, &keys, &grads, lr).expect("exchange and apply");
             if step == 0 && topo.is_leader() {
                 if let Some(agg) = agg {
                     // The first update is one SGD step from the initial row: w - lr * g.
@@ -479,7 +479,7 @@ fn worker_errors() {
     let mut table = HostTable::open(&topo, &TableConfig::new(dim as u32, 1024), None).expect("host table");
     for mode in MODES {
         let mut ex = SparseExchanger::new(&topo, mode, SparseNormalize::Frequency, dim).expect("exchanger");
-        match ex.exchange_and_apply(&topo, &mut table, &keys, &grads, f32::NAN) {
+        match ex.exchange_and_apply(&mut table, &keys, &grads, f32::NAN) {
             Err(SparseError::Table(e)) if topo.is_leader() => assert!(e.to_string().contains("learning rate"), "{e}"),
             Err(SparseError::Peer { rank, message }) if !topo.is_leader() => {
                 assert_eq!(topo.host_of_rank[rank], topo.host_id, "the error comes from this host's leader");
@@ -487,7 +487,7 @@ fn worker_errors() {
             }
             other => panic!("rank {} {mode}: unexpected {other:?}", topo.rank),
         }
-        ex.exchange_and_apply(&topo, &mut table, &keys, &grads, 0.1).expect("apply after a failed apply");
+        ex.exchange_and_apply(&mut table, &keys, &grads, 0.1).expect("apply after a failed apply");
         println!("ERRCASE apply rank={} mode={mode}", topo.rank);
     }
     // A rank configured with another dim: every rank fails at construction.

@@ -254,7 +254,7 @@ enum Choice {
 
 /// The rank's GPU (`machine_local_rank % visible GPUs`).
 fn gpu(topo: &Topology) -> Result<CudaDevice, crate::device::DeviceError> {
-    match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size)? {
+    match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu)? {
         Placement::Cuda(Some(ordinal)) => CudaDevice::new(ordinal),
         _ => Err(crate::device::DeviceError::NoDevice("no GPU was chosen".into())),
     }

@@ -117,7 +117,10 @@ fn map_gather(map: &HashMap<u64, Vec<f32>>, keys: &[u64], out: &mut [f32], dim: 
 
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(args: EmbeddingBenchArgs) -> anyhow::Result<()> {
-    let dir = args.dir.clone().unwrap_or_else(crate::shm::shm_dir);
+    let dir = match args.dir.clone() {
+        Some(d) => d,
+        None => crate::config::RuntimeConfig::from_env()?.shm_dir,
+    };
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().context("building a 1-thread pool")?;
     let mut results = Vec::new();
     if !args.json {

@@ -158,7 +158,7 @@ fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [
 /// Runs the benchmark (collective over the world).
 pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineReport> {
     let backend = if args.backend == "auto" { Backend::auto(topo) } else { Backend::parse(&args.backend).ok_or_else(|| anyhow::anyhow!("--backend {}: expected auto, mpi, ring, shm or hier", args.backend))? };
-    let threshold = crate::engine::parse_bytes(&args.fusion_threshold).ok_or_else(|| anyhow::anyhow!("--fusion-threshold {}: expected bytes such as 134217728 or 128M", args.fusion_threshold))?;
+    let threshold = crate::config::parse_bytes(&args.fusion_threshold).ok_or_else(|| anyhow::anyhow!("--fusion-threshold {}: expected bytes such as 134217728 or 128M", args.fusion_threshold))?;
     let shapes = resnet50_shapes();
     let params: usize = shapes.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     let fill = |rank: usize| -> Vec<Tensor> { shapes.iter().map(|(_, s)| Tensor::new(vec![rank as f32 + 0.5; s.iter().product()], s).expect("shape")).collect() };

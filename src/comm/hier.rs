@@ -41,7 +41,7 @@ impl HierCollectives {
         Ok(HierCollectives {
             local: ShmCollectives::on_host(topo, &format!("hier-{tag}"))?,
             cross: topo.cross.duplicate(),
-            world: MpiCollectives::new(topo.world.duplicate(), super::verify_from_env()),
+            world: MpiCollectives::new(topo.world.duplicate(), topo.config.verify),
             local_rank: topo.local_rank,
             local_size: topo.local_size,
             host_id: topo.host_id,

@@ -288,12 +288,6 @@ pub fn check_headers(mine: &Header, all: &[Header]) -> CommResult<()> {
     Err(CommError::Mismatch { collective: mine.kind_name(), detail, ranks: bad })
 }
 
-/// Whether MPI-based backends exchange headers before each collective (`RINGREC_VERIFY`,
-/// default on).
-pub fn verify_from_env() -> bool {
-    !matches!(std::env::var("RINGREC_VERIFY").as_deref(), Ok("0") | Ok("off") | Ok("false"))
-}
-
 /// Builds a backend over all ranks of the world.
 pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collectives>> {
     build_tagged(backend, topo, "world")
@@ -303,8 +297,8 @@ pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collective
 /// several backends (the trainer's, the engine's) live side by side in one job.
 pub fn build_tagged(backend: Backend, topo: &Topology, tag: &str) -> CommResult<Box<dyn Collectives>> {
     Ok(match backend {
-        Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), verify_from_env())),
-        Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), verify_from_env())),
+        Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), topo.config.verify)),
+        Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), topo.config.verify, topo.config.ring_chunk_bytes)),
         Backend::Shm => {
             if topo.num_hosts > 1 {
                 return Err(CommError::Unsupported {

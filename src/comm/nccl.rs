@@ -121,7 +121,7 @@ mod imp {
             // SAFETY: `comm` receives the new communicator; the id is the one every rank got
             // from rank 0; rank and size are this world's.
             unsafe { cudarc::nccl::result::comm_init_rank(&mut comm, topo.size as i32, unique, topo.rank as i32) }.map_err(|e| nccl_err("ncclCommInitRank", e))?;
-            Ok(NcclComm { comm, stream: dev.stream().clone(), mpi, rank: topo.rank, size: topo.size, verify: crate::comm::verify_from_env(), timeout: crate::comm::shm::timeout_from_env(), aborted: false })
+            Ok(NcclComm { comm, stream: dev.stream().clone(), mpi, rank: topo.rank, size: topo.size, verify: topo.config.verify, timeout: topo.config.comm_timeout, aborted: false })
         }
 
         fn agree(&self, h: Header) -> CommResult<()> {

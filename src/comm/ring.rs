@@ -32,14 +32,10 @@ pub struct RingCollectives {
     scratch: Vec<u8>,
 }
 
-fn chunk_from_env() -> usize {
-    std::env::var("RINGREC_RING_CHUNK_BYTES").ok().and_then(|s| s.parse::<usize>().ok()).filter(|c| *c >= 64).unwrap_or(DEFAULT_CHUNK_BYTES)
-}
-
 impl RingCollectives {
-    /// Over `group`; `verify` exchanges headers first.
-    pub fn new(group: Group, verify: bool) -> RingCollectives {
-        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes: chunk_from_env(), scratch: Vec::new() }
+    /// Over `group`; `verify` exchanges headers first; pipeline chunks of `chunk_bytes`.
+    pub fn new(group: Group, verify: bool, chunk_bytes: usize) -> RingCollectives {
+        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new() }
     }
 }
 

@@ -28,7 +28,8 @@ use mpi::collective::CommunicatorCollectives;
 use super::scattered::{aligned_bytes, ByteView};
 use super::{check_headers, part, Collectives, Gathered, Header, Scattered};
 use crate::dtype::{self, DType, ReduceOp};
-use crate::shm::{segment_path, SharedSegment};
+use crate::hostsync::PeerWatch;
+use crate::shm::SharedSegment;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
 
@@ -69,29 +70,9 @@ pub struct ShmCollectives {
     slot_bytes: usize,
     data_off: usize,
     iter: u64,
-    timeout: Duration,
-    pids: Vec<i32>,
-    poisoned: Option<String>,
+    watch: PeerWatch,
     /// Reduction target for pieces of a scattered buffer that straddle its parts.
     scratch: Vec<u64>,
-}
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|s| s.trim().parse::<usize>().ok())
-}
-
-/// `RINGREC_COMM_TIMEOUT_SECONDS`, default 300.
-pub fn timeout_from_env() -> Duration {
-    Duration::from_secs_f64(std::env::var("RINGREC_COMM_TIMEOUT_SECONDS").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(300.0))
-}
-
-/// True while process `pid` exists and is neither a zombie nor dead (read from /proc).
-pub(crate) fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // state is the first field after the parenthesised command name
-        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z') | Some('X')),
-        Err(_) => false,
-    }
 }
 
 impl ShmCollectives {
@@ -99,11 +80,11 @@ impl ShmCollectives {
     /// `tag` tells apart several segments of one job.
     pub fn on_host(topo: &Topology, tag: &str) -> CommResult<ShmCollectives> {
         let size = topo.local_size;
-        let slot_bytes = (env_usize("RINGREC_SHM_CHUNK_BYTES").unwrap_or(DEFAULT_SLOT_BYTES).max(256) + 63) & !63;
+        let slot_bytes = (topo.config.shm_chunk_bytes + 63) & !63;
         let ctrl_bytes = size * std::mem::size_of::<Ctrl>();
         let data_off = (ctrl_bytes + 4095) & !4095;
         let len = data_off + size * 2 * slot_bytes;
-        let path = segment_path(&topo.job_id, topo.host_id, &format!("coll-{tag}"));
+        let path = topo.segment_path(&format!("coll-{tag}"));
         let seg = SharedSegment::on_host(&topo.local, &path, len)?;
         let mut me = ShmCollectives {
             seg,
@@ -112,15 +93,13 @@ impl ShmCollectives {
             slot_bytes,
             data_off,
             iter: 0,
-            timeout: timeout_from_env(),
-            pids: vec![0; size],
-            poisoned: None,
+            watch: PeerWatch::new(size, topo.config.comm_timeout),
             scratch: Vec::new(),
         };
         me.ctrl(me.rank).pid.v.store(std::process::id() as u64, Ordering::Release);
         topo.local.comm.barrier();
         for q in 0..size {
-            me.pids[q] = me.ctrl(q).pid.v.load(Ordering::Acquire) as i32;
+            me.watch.pids[q] = me.ctrl(q).pid.v.load(Ordering::Acquire) as i32;
         }
         Ok(me)
     }
@@ -175,27 +154,13 @@ impl ShmCollectives {
             if now.duration_since(last_check) > Duration::from_millis(200) {
                 last_check = now;
                 let late: Vec<usize> = (0..self.size).filter(|q| *q != self.rank && self.line(*q, phase).v.load(Ordering::Acquire) < target).collect();
-                for q in &late {
-                    if !pid_alive(self.pids[*q]) {
-                        let e = CommError::PeerDied { collective: what, rank: *q, pid: self.pids[*q] };
-                        self.poisoned = Some(e.to_string());
-                        return Err(e);
-                    }
-                }
-                if now.duration_since(start) > self.timeout {
-                    let e = CommError::Timeout { collective: what, seconds: self.timeout.as_secs_f64(), ranks: late };
-                    self.poisoned = Some(e.to_string());
-                    return Err(e);
-                }
+                self.watch.check(what, start, &late)?;
             }
         }
     }
 
     fn check_usable(&self) -> CommResult<()> {
-        match &self.poisoned {
-            Some(p) => Err(CommError::Poisoned(p.clone())),
-            None => Ok(()),
-        }
+        self.watch.usable()
     }
 
     /// Round start: waits until this round's buffer is free everywhere; returns it.
@@ -341,10 +306,7 @@ impl ShmCollectives {
                 let r = Self::reduce_range(&mut scratch, buf, mine.clone(), &srcs, dtype, op, scale);
                 drop(srcs);
                 self.scratch = scratch;
-                if let Err(e) = r {
-                    self.poisoned = Some(e.to_string());
-                    return Err(e);
-                }
+                r.map_err(|e| self.watch.poison(e))?;
             }
             if scatter_only {
                 self.finish();

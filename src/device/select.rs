@@ -10,10 +10,6 @@
 
 use super::DeviceError;
 
-/// Environment variable that lets several ranks share one GPU (tests only: NCCL refuses
-/// two ranks on one device, so only single-rank communicators work then).
-pub const ALLOW_SHARED_GPU_ENV: &str = "RINGREC_ALLOW_SHARED_GPU";
-
 /// What the GPU probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -55,8 +51,9 @@ impl Placement {
     /// Resolves the request for a rank (`local_rank` of `local_size` ranks on its machine,
     /// `world` ranks in all): the GPU is `local_rank % visible GPUs`. `Auto` falls back to
     /// the CPU only when the build, driver or device is absent; `Cuda` reports every missing
-    /// piece. NCCL is required with more than one rank.
-    pub fn resolve(self, local_rank: usize, local_size: usize, world: usize) -> Result<Placement, DeviceError> {
+    /// piece. NCCL is required with more than one rank. `allow_shared`: see
+    /// [`select_ordinal`].
+    pub fn resolve(self, local_rank: usize, local_size: usize, world: usize, allow_shared: bool) -> Result<Placement, DeviceError> {
         if matches!(self, Placement::Cpu | Placement::HostKernels | Placement::Cuda(Some(_))) {
             return Ok(self);
         }
@@ -68,7 +65,7 @@ impl Placement {
         if world > 1 {
             probe_nccl()?;
         }
-        select_ordinal(local_rank, local_size, info.devices, shared_gpu_allowed()).map(|o| Placement::Cuda(Some(o)))
+        select_ordinal(local_rank, local_size, info.devices, allow_shared).map(|o| Placement::Cuda(Some(o)))
     }
 }
 
@@ -94,11 +91,6 @@ pub fn select_ordinal(local_rank: usize, local_size: usize, devices: usize, allo
         return Err(DeviceError::SharedGpu { local_size, devices });
     }
     Ok(local_rank % devices)
-}
-
-/// True when [`ALLOW_SHARED_GPU_ENV`] is set to 1.
-pub fn shared_gpu_allowed() -> bool {
-    std::env::var(ALLOW_SHARED_GPU_ENV).is_ok_and(|v| v.trim() == "1")
 }
 
 /// Checks the driver, NVRTC and cuBLAS libraries (what one GPU needs) and counts devices.
@@ -183,15 +175,15 @@ mod tests {
 
     #[test]
     fn cpu_choice_never_probes_and_auto_falls_back_without_a_gpu() {
-        assert_eq!(Placement::Cpu.resolve(0, 1, 1), Ok(Placement::Cpu));
+        assert_eq!(Placement::Cpu.resolve(0, 1, 1, false), Ok(Placement::Cpu));
         match probe_device() {
             // No GPU here (CI): auto picks the CPU, cuda explains what is missing.
             Err(_) => {
-                assert_eq!(Placement::Auto.resolve(0, 1, 1), Ok(Placement::Cpu));
-                let e = Placement::Cuda(None).resolve(0, 1, 1).unwrap_err();
+                assert_eq!(Placement::Auto.resolve(0, 1, 1, false), Ok(Placement::Cpu));
+                let e = Placement::Cuda(None).resolve(0, 1, 1, false).unwrap_err();
                 assert!(e.to_string().contains("--device cpu"), "{e}");
             }
-            Ok(info) => assert_eq!(Placement::Cuda(None).resolve(0, 1, 1), Ok(Placement::Cuda(Some(0))), "{info:?}"),
+            Ok(info) => assert_eq!(Placement::Cuda(None).resolve(0, 1, 1, false), Ok(Placement::Cuda(Some(0))), "{info:?}"),
         }
         for name in Placement::NAMES {
             assert_eq!(Placement::parse(name).map(|p| p.to_string()).as_deref(), Some(name));

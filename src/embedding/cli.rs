@@ -253,7 +253,7 @@ pub fn hold(a: &HoldArgs) -> anyhow::Result<()> {
                 ht.apply_updates(c, &zeros[..c.len() * d], 0.0)?;
             }
         }
-        ht.sync(&topo)?;
+        ht.sync()?;
         for c in keys.chunks(BATCH) {
             let o = &mut out[..c.len() * d];
             ht.lookup(c, o)?;
@@ -348,7 +348,7 @@ pub fn selftest(a: &SelftestArgs) -> anyhow::Result<()> {
             Ok(_) => bail!("rank {}: a non-leader write succeeded", topo.rank),
         }
     };
-    ht.sync(&topo)?;
+    ht.sync()?;
 
     let mut rows = vec![0f32; keys.len() * d];
     ht.lookup(&keys, &mut rows)?;

@@ -91,6 +91,9 @@ pub enum TableError {
     /// The host leader failed to create the host table; every local rank gets this.
     #[error("the host leader could not set up the shared table: {0}")]
     Leader(String),
+    /// A wait on the other ranks of the host failed (a dead or stuck rank).
+    #[error(transparent)]
+    Comm(#[from] crate::CommError),
     /// A local rank other than the leader failed to open the host table.
     #[error("{0}")]
     Peer(String),

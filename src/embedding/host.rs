@@ -21,12 +21,12 @@ use mpi::traits::Root;
 
 use super::error::{TableError, TableResult};
 use super::table::{EmbeddingTable, TableConfig, UpdateStats};
+use crate::hostsync::HostBarrier;
 use crate::topology::Topology;
 
-/// Path of the host-shared table of `job_id` on host `host_id`:
-/// `<RINGREC_SHM_DIR or /dev/shm>/ringrec-<job>-h<host>-table`.
-pub fn host_table_path(job_id: &str, host_id: usize) -> PathBuf {
-    crate::shm::segment_path(job_id, host_id, "table")
+/// Path of this host's shared table: `<shm dir>/ringrec-<job>-h<host>-table`.
+pub fn host_table_path(topo: &Topology) -> PathBuf {
+    topo.segment_path("table")
 }
 
 /// Removes a file when dropped, unless disarmed: the leader holds one for the table it
@@ -73,6 +73,8 @@ pub struct HostTable {
     table: EmbeddingTable,
     path: PathBuf,
     leader: bool,
+    /// The host barrier of [`HostTable::sync`].
+    barrier: HostBarrier,
     _guard: Option<SegmentGuard>,
 }
 
@@ -120,7 +122,7 @@ impl HostTable {
 
     /// [`HostTable::open`] from any [`TableSource`].
     pub fn open_from(topo: &Topology, source: TableSource<'_>) -> TableResult<HostTable> {
-        let path = host_table_path(&topo.job_id, topo.host_id);
+        let path = host_table_path(topo);
         let comm = &topo.local.comm;
         let leader = topo.is_leader();
 
@@ -192,7 +194,8 @@ impl HostTable {
                 )),
             });
         }
-        Ok(HostTable { table, path, leader, _guard: guard })
+        let barrier = HostBarrier::new(topo, "table-barrier", "host table sync")?;
+        Ok(HostTable { table, path, leader, barrier, _guard: guard })
     }
 
     /// Whether this rank is the host leader (holds the read-write handle).
@@ -224,9 +227,10 @@ impl HostTable {
         self.table_mut()?.apply_updates(keys, grads, lr)
     }
     /// Host barrier that publishes the leader's writes: after it, every local rank reads the
-    /// updated rows, and non-leaders refresh their view of the header.
-    pub fn sync(&mut self, topo: &Topology) -> TableResult<()> {
-        topo.local.comm.barrier();
+    /// updated rows, and non-leaders refresh their view of the header. A dead or stuck local
+    /// rank is an error after the comm timeout, not a hang.
+    pub fn sync(&mut self) -> TableResult<()> {
+        self.barrier.wait()?;
         if !self.leader {
             self.table.refresh()?;
         }

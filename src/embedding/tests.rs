@@ -482,7 +482,7 @@ fn segment_guard_removes_on_drop() {
     g.disarm();
     drop(g);
     assert!(p.exists());
-    assert!(host_table_path("job 1", 3).to_string_lossy().ends_with("ringrec-job_1-h3-table"));
+    assert!(crate::shm::segment_path(Path::new("/dev/shm"), "job 1", 3, "table").to_string_lossy().ends_with("/dev/shm/ringrec-job_1-h3-table"));
 }
 
 /// Child half of `readonly_mapping_faults_on_write`.

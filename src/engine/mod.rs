@@ -56,6 +56,7 @@ use self::message::{GroupTag, Request};
 use self::timeline::Timeline;
 use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::{self, Backend};
+use crate::config;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::topology::Topology;
 
@@ -107,70 +108,42 @@ impl Default for EngineConfig {
     }
 }
 
-/// Parses `128M`, `64K`, `1G` or plain bytes.
-pub fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last()? {
-        (i, 'k' | 'K') => (&s[..i], 1usize << 10),
-        (i, 'm' | 'M') => (&s[..i], 1 << 20),
-        (i, 'g' | 'G') => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    num.trim().parse::<usize>().ok()?.checked_mul(mul)
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
-}
-
 fn bad(name: &str, value: &str, expected: &str) -> EngineError {
     EngineError::Config(format!("{name}={value:?} is not valid: expected {expected}"))
-}
-
-fn seconds(name: &str) -> EngineResult<Option<Option<Duration>>> {
-    let Some(v) = env(name) else { return Ok(None) };
-    let s: f64 = v.trim().parse().ok().filter(|s: &f64| *s >= 0.0 && s.is_finite()).ok_or_else(|| bad(name, &v, "a number of seconds >= 0 (0 disables)"))?;
-    Ok(Some((s > 0.0).then(|| Duration::from_secs_f64(s))))
 }
 
 impl EngineConfig {
     /// The defaults overridden by the `RINGREC_*` environment variables.
     pub fn from_env() -> EngineResult<EngineConfig> {
         let mut c = EngineConfig::default();
-        if let Some(v) = env("RINGREC_ENGINE_BACKEND") {
+        if let Some(v) = config::var("RINGREC_ENGINE_BACKEND") {
             if v != "auto" {
                 c.backend = Some(Backend::parse(&v).ok_or_else(|| bad("RINGREC_ENGINE_BACKEND", &v, "auto, mpi, ring, shm or hier"))?);
             }
         }
-        if let Some(v) = env("RINGREC_FUSION_THRESHOLD") {
-            c.fusion_threshold = parse_bytes(&v).ok_or_else(|| bad("RINGREC_FUSION_THRESHOLD", &v, "bytes, e.g. 67108864 or 64M (0 disables fusion)"))?;
+        if let Some(v) = config::var("RINGREC_FUSION_THRESHOLD") {
+            c.fusion_threshold = config::parse_bytes(&v).ok_or_else(|| bad("RINGREC_FUSION_THRESHOLD", &v, "bytes, e.g. 67108864 or 64M (0 disables fusion)"))?;
         }
-        if let Some(v) = env("RINGREC_CYCLE_TIME") {
+        if let Some(v) = config::var("RINGREC_CYCLE_TIME") {
             let ms: f64 = v.trim().parse().ok().filter(|m: &f64| *m >= 0.0 && *m <= 10_000.0).ok_or_else(|| bad("RINGREC_CYCLE_TIME", &v, "milliseconds between 0 and 10000, e.g. 1 or 2.5"))?;
             c.cycle_time = Duration::from_secs_f64(ms / 1000.0);
         }
-        if let Some(v) = env("RINGREC_CACHE_CAPACITY") {
+        if let Some(v) = config::var("RINGREC_CACHE_CAPACITY") {
             c.cache_capacity = v.trim().parse().ok().filter(|n| *n <= 1 << 20).ok_or_else(|| bad("RINGREC_CACHE_CAPACITY", &v, "a number of entries up to 1048576 (0 disables the cache)"))?;
         }
-        if let Some(v) = env("RINGREC_COMPRESSION") {
+        if let Some(v) = config::var("RINGREC_COMPRESSION") {
             c.compression = Compression::parse(&v).ok_or_else(|| bad("RINGREC_COMPRESSION", &v, "none, fp16, bf16 or 1bit"))?;
         }
-        c.timeline = env("RINGREC_TIMELINE").map(PathBuf::from);
-        if let Some(s) = seconds("RINGREC_STALL_CHECK_TIME_SECONDS")? {
+        c.timeline = config::var("RINGREC_TIMELINE").map(PathBuf::from);
+        if let Some(s) = config::seconds("RINGREC_STALL_CHECK_TIME_SECONDS").map_err(EngineError::Config)? {
             c.stall_check = s;
         }
-        if let Some(s) = seconds("RINGREC_STALL_SHUTDOWN_TIME_SECONDS")? {
+        if let Some(s) = config::seconds("RINGREC_STALL_SHUTDOWN_TIME_SECONDS").map_err(EngineError::Config)? {
             c.stall_shutdown = s;
         }
-        if let Some(v) = env("RINGREC_AUTOTUNE") {
-            c.autotune = match v.trim() {
-                "1" | "true" | "on" => true,
-                "0" | "false" | "off" => false,
-                _ => return Err(bad("RINGREC_AUTOTUNE", &v, "1 or 0")),
-            };
-        }
-        c.autotune_log = env("RINGREC_AUTOTUNE_LOG").map(PathBuf::from);
-        if let Some(Some(s)) = seconds("RINGREC_AUTOTUNE_SAMPLE_SECONDS")? {
+        c.autotune = config::flag("RINGREC_AUTOTUNE").map_err(EngineError::Config)?.unwrap_or(false);
+        c.autotune_log = config::var("RINGREC_AUTOTUNE_LOG").map(PathBuf::from);
+        if let Some(Some(s)) = config::seconds("RINGREC_AUTOTUNE_SAMPLE_SECONDS").map_err(EngineError::Config)? {
             c.autotune_sample = s;
         }
         Ok(c)
@@ -527,19 +500,4 @@ pub fn init() -> EngineResult<Runtime> {
     let config = EngineConfig::from_env()?;
     let topo = Topology::init()?;
     Runtime::new(topo, &config)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_sizes_parse() {
-        assert_eq!(parse_bytes("128M"), Some(128 << 20));
-        assert_eq!(parse_bytes("64k"), Some(64 << 10));
-        assert_eq!(parse_bytes("0"), Some(0));
-        assert_eq!(parse_bytes("12345"), Some(12345));
-        assert_eq!(parse_bytes("1.5G"), None);
-        assert_eq!(parse_bytes(""), None);
-    }
 }

@@ -1,9 +1,10 @@
 //! [`HostBoard`]: a shared-memory segment where the ranks of one host publish serialized
 //! lists for each other to read where they lie, with no copy into a receive buffer.
 //!
-//! Two segments: a small control block (a barrier, every rank's pid, piece length and rows,
-//! the leader's status) and the data: per local rank two areas of `area_bytes` each
-//! ([`Area::Own`], [`Area::Range`]), rank after rank; a rank writes only its own areas.
+//! Three segments: a [`HostBarrier`], a small control block (every rank's piece length and
+//! rows on a cache line of its own, then the leader's status) and the data: per local rank
+//! two areas of `area_bytes` each ([`Area::Own`], [`Area::Range`]), rank after rank; a rank
+//! writes only its own areas.
 //! [`HostBoard::publish`] is collective over the host:
 //!
 //! 1. every rank posts the length of its piece and passes the barrier (so every rank has
@@ -23,20 +24,17 @@
 //! counts and values there; the ranks write disjoint bytes, so the list is whole after the
 //! second barrier without anybody copying it.
 //!
-//! The barrier waits on a futex after a short spin: a waiting rank sleeps instead of
-//! spinning or yielding, so when ranks share cores (more ranks than cores, or a busy
-//! host) the core goes to the ranks that still work. Waits end with an error after
-//! `RINGREC_COMM_TIMEOUT_SECONDS` or when a peer process is gone.
+//! The barrier is a [`HostBarrier`]: a waiting rank sleeps on a futex, and a wait ends
+//! with an error after `RINGREC_COMM_TIMEOUT_SECONDS` or when a peer process is gone.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{SparseError, SparseResult};
 use super::list;
-use crate::comm::shm::{pid_alive, timeout_from_env};
-use crate::shm::{segment_path, SharedSegment};
+use crate::hostsync::HostBarrier;
+use crate::shm::SharedSegment;
 use crate::topology::{Group, Topology};
-use crate::CommError;
 
 /// The two areas of every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,40 +60,15 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Bytes of the leader's status in the control block.
 pub const STATUS_BYTES: usize = 1024;
 
-/// A value on a cache line of its own.
-#[repr(C, align(64))]
-struct Padded<T>(T);
-
-/// The control block at the start of the control segment (all zero at creation).
-#[repr(C)]
-struct Ctrl {
-    /// Barrier arrivals, ever (wrapping).
-    arrived: Padded<AtomicU32>,
-    /// Barriers completed, ever (wrapping): the futex word.
-    generation: Padded<AtomicU32>,
-}
-
-/// Offsets in the control segment: the block, then per rank a line (pid, piece length),
-/// then the status.
-const RANK_LINES: usize = std::mem::size_of::<Ctrl>();
-
-/// Spins on the barrier before sleeping on the futex.
-const SPINS: u32 = 256;
-
 /// Shared areas of the ranks of one host (see the module docs).
 pub struct HostBoard {
     /// The host's ranks, to map segments.
     local: Group,
-    /// The control block.
+    /// The rank lines and the status.
     ctrl: SharedSegment,
-    /// Barriers this rank has passed.
-    round: u32,
-    timeout: Duration,
-    pids: Vec<i32>,
-    /// Set when a wait failed: the board is unusable from then on.
-    poisoned: Option<String>,
-    job_id: String,
-    host_id: usize,
+    barrier: HostBarrier,
+    /// This host's segment path up to the generation number.
+    seg_prefix: PathBuf,
     local_rank: usize,
     local_size: usize,
     seg: Option<SharedSegment>,
@@ -119,99 +92,34 @@ impl HostBoard {
     pub fn new(topo: &Topology) -> SparseResult<HostBoard> {
         let local = topo.local.duplicate();
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let path = segment_path(&topo.job_id, topo.host_id, &format!("sparse-ctrl-{generation}"));
-        let ctrl_len = (RANK_LINES + 64 * topo.local_size + STATUS_BYTES).div_ceil(PAGE) * PAGE;
+        let path = topo.segment_path(&format!("sparse-ctrl-{generation}"));
+        let ctrl_len = (64 * topo.local_size + STATUS_BYTES).div_ceil(PAGE) * PAGE;
         let ctrl = SharedSegment::on_host(&local, &path, ctrl_len)?;
-        let mut board = HostBoard {
+        let barrier = HostBarrier::new(topo, &format!("sparse-barrier-{generation}"), "sparse host board")?;
+        Ok(HostBoard {
             local,
             ctrl,
-            round: 0,
-            timeout: timeout_from_env(),
-            pids: vec![0; topo.local_size],
-            poisoned: None,
-            job_id: topo.job_id.clone(),
-            host_id: topo.host_id,
+            barrier,
+            seg_prefix: topo.segment_path("sparse-"),
             local_rank: topo.local_rank,
             local_size: topo.local_size,
             seg: None,
             area_bytes: 0,
             lens: [vec![0; topo.local_size], vec![0; topo.local_size]],
-        };
-        board.rank_word(board.local_rank, 0).store(u64::from(std::process::id()), Ordering::Release);
-        board.barrier()?;
-        for q in 0..board.local_size {
-            board.pids[q] = board.rank_word(q, 0).load(Ordering::Acquire) as i32;
-        }
-        Ok(board)
+        })
     }
 
-    fn block(&self) -> &Ctrl {
-        // SAFETY: the control segment starts with a zero-initialised `Ctrl` (page aligned, so
-        // 64-byte aligned); all-zero bytes are valid atomics.
-        unsafe { &*(self.ctrl.as_ptr() as *const Ctrl) }
-    }
-
-    /// Word `w` (0: pid, 1: piece length, 2: rows for the host's list) of local rank `q`'s
-    /// line.
+    /// Word `w` (1: piece length, 2: rows for the host's list) of local rank `q`'s line.
     fn rank_word(&self, q: usize, w: usize) -> &AtomicU64 {
         debug_assert!(q < self.local_size && w < 8);
         // SAFETY: inside the control segment (sized for `local_size` lines), 8-byte aligned,
         // zero-initialised: a valid atomic.
-        unsafe { &*(self.ctrl.as_ptr().add(RANK_LINES + 64 * q + 8 * w) as *const AtomicU64) }
+        unsafe { &*(self.ctrl.as_ptr().add(64 * q + 8 * w) as *const AtomicU64) }
     }
 
     /// Returns once every local rank has entered it (the `n`-th call on every rank).
     pub fn barrier(&mut self) -> SparseResult<()> {
-        if let Some(p) = &self.poisoned {
-            return Err(CommError::Poisoned(p.clone()).into());
-        }
-        let target = self.round.wrapping_add(1);
-        // The last of the `local_size` arrivals of this barrier completes it (an earlier one
-        // of them cannot match: it is short of a multiple of `local_size`).
-        let arrived = self.block().arrived.0.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
-        if arrived == target.wrapping_mul(self.local_size as u32) {
-            let word = &self.block().generation.0;
-            word.store(target, Ordering::Release);
-            futex_wake(word);
-        } else {
-            self.wait_for(target)?;
-        }
-        self.round = target;
-        Ok(())
-    }
-
-    /// Sleeps until the barrier generation reaches `target`.
-    fn wait_for(&mut self, target: u32) -> SparseResult<()> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            let now = self.block().generation.0.load(Ordering::Acquire);
-            if now == target {
-                return Ok(());
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            futex_wait(&self.block().generation.0, now, Duration::from_millis(100));
-            if start.elapsed() > Duration::from_millis(100) {
-                if let Some(e) = self.check_peers(start) {
-                    self.poisoned = Some(e.to_string());
-                    return Err(e.into());
-                }
-            }
-        }
-    }
-
-    /// A dead peer or a wait past the deadline, as the error to return.
-    fn check_peers(&self, start: Instant) -> Option<CommError> {
-        for (q, pid) in self.pids.iter().enumerate() {
-            if q != self.local_rank && *pid > 0 && !pid_alive(*pid) {
-                return Some(CommError::PeerDied { collective: "sparse host board", rank: q, pid: *pid });
-            }
-        }
-        (start.elapsed() > self.timeout).then(|| CommError::Timeout { collective: "sparse host board", seconds: self.timeout.as_secs_f64(), ranks: (0..self.local_size).filter(|q| *q != self.local_rank).collect() })
+        Ok(self.barrier.wait()?)
     }
 
     /// The leader posts `status` (at most [`STATUS_BYTES`]) and every local rank gets it
@@ -220,7 +128,7 @@ impl HostBoard {
         if status.len() > STATUS_BYTES {
             return Err(SparseError::Invalid(format!("a status of {} bytes; the host board holds {STATUS_BYTES}", status.len())));
         }
-        let at = RANK_LINES + 64 * self.local_size;
+        let at = 64 * self.local_size;
         if self.local_rank == 0 {
             // SAFETY: the status lies inside the control segment; only the leader writes it,
             // between the barrier that ended the previous status read (every rank read it
@@ -358,7 +266,9 @@ impl HostBoard {
             .checked_mul(2 * self.local_size)
             .ok_or_else(|| SparseError::Invalid(format!("a host board of {} local ranks with {need}-byte pieces overflows the address space", self.local_size)))?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let path = segment_path(&self.job_id, self.host_id, &format!("sparse-{generation}"));
+        let mut path = self.seg_prefix.clone().into_os_string();
+        path.push(generation.to_string());
+        let path = PathBuf::from(path);
         self.seg = Some(SharedSegment::on_host(&self.local, &path, len)?);
         self.area_bytes = area;
         Ok(())
@@ -373,18 +283,4 @@ impl HostBoard {
         // every rank (this one included, which needs `&mut self`) enters the next publish.
         unsafe { std::slice::from_raw_parts(seg.as_ptr().add(self.offset(q, area)), *len) }
     }
-}
-
-/// Sleeps while `word` holds `expected`, at most `timeout` (or until woken).
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: `word` is a live, aligned u32 (in memory shared between processes, hence no
-    // FUTEX_PRIVATE_FLAG); FUTEX_WAIT only reads it and `ts` outlives the call.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec) };
-}
-
-/// Wakes every process sleeping on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not touch memory.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }

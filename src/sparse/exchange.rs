@@ -273,7 +273,7 @@ impl SparseExchanger {
             ranks.sort_by_key(|r| topo.local_rank_of_rank[*r]);
         }
         let (net, hier) = match mode {
-            SparseExchange::Flat => (Some(MpiCollectives::new(topo.world.duplicate(), comm::verify_from_env())), None),
+            SparseExchange::Flat => (Some(MpiCollectives::new(topo.world.duplicate(), topo.config.verify)), None),
             SparseExchange::Hierarchical => (None, Some(Hier::new(topo, &host_ranks)?)),
         };
         Ok(SparseExchanger {
@@ -332,10 +332,10 @@ impl SparseExchanger {
     /// table (optimizer step with `lr`) and every local rank passes the host barrier
     /// ([`HostTable::sync`]), so the next lookup sees the update. Every host applies the same
     /// list in the same order: the tables stay byte-identical.
-    pub fn exchange_and_apply(&mut self, topo: &Topology, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
+    pub fn exchange_and_apply(&mut self, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let (has, mut st) = self.step(keys, grads, Some((&mut *table, lr)))?;
         let t = Instant::now();
-        table.sync(topo)?;
+        table.sync()?;
         let dt = t.elapsed().as_secs_f64();
         st.apply_s += dt;
         st.total_s += dt;

@@ -50,8 +50,8 @@ impl EmbeddingStage {
     /// Exchanges the gradient rows `grads` of `keys` (this rank's unique keys) with every
     /// rank, applies the normalised result to the host table (on its leader) and waits in
     /// the host barrier; returns what the exchange moved.
-    pub fn exchange_and_apply(&mut self, topo: &Topology, keys: &[u64], grads: &[f32]) -> TrainResult<SparseStats> {
-        let (_, stats) = self.exchanger.exchange_and_apply(topo, &mut self.table, keys, grads, self.lr)?;
+    pub fn exchange_and_apply(&mut self, keys: &[u64], grads: &[f32]) -> TrainResult<SparseStats> {
+        let (_, stats) = self.exchanger.exchange_and_apply(&mut self.table, keys, grads, self.lr)?;
         Ok(stats)
     }
 }

@@ -234,7 +234,7 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
-    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.machine_local_size, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
     let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
     match placement {
         Placement::HostKernels => {

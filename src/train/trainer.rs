@@ -109,7 +109,6 @@ pub struct Trainer<'a, D: Device> {
     phases: PhaseTimer,
     counters: Counters,
     started: Instant,
-    fault: Option<(usize, u64)>,
 }
 
 /// The checkpoint a run resumes from, as every rank gets it.
@@ -174,19 +173,6 @@ fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, fp: &str, par
     Ok(Resumed { position, params: std::mem::take(params), opt: opt.clone(), table: checkpoint::table_path(dir, position.step) })
 }
 
-/// `RINGREC_FAULT_EXIT=rank:step` makes that rank exit abruptly before that step (tests
-/// of failure handling: the other ranks must stop with a message, not hang).
-fn fault_injection() -> TrainResult<Option<(usize, u64)>> {
-    match std::env::var("RINGREC_FAULT_EXIT") {
-        Ok(s) if !s.is_empty() => {
-            let bad = || TrainError::Config(format!("RINGREC_FAULT_EXIT={s:?}: expected RANK:STEP"));
-            let (r, st) = s.split_once(':').ok_or_else(bad)?;
-            Ok(Some((r.trim().parse().map_err(|_| bad())?, st.trim().parse().map_err(|_| bad())?)))
-        }
-        _ => Ok(None),
-    }
-}
-
 impl<'a, D: Device> Trainer<'a, D> {
     /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
     /// its gradients reduced by `engine`, the host table; from the checkpoint when
@@ -239,7 +225,6 @@ impl<'a, D: Device> Trainer<'a, D> {
             phases: PhaseTimer::default(),
             counters: Counters::default(),
             started: Instant::now(),
-            fault: fault_injection()?,
         })
     }
 
@@ -287,7 +272,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         if self.position.step >= self.total_steps {
             return Ok(false);
         }
-        if self.fault == Some((topo.rank, self.position.step)) {
+        if topo.config.fault_exit == Some((topo.rank, self.position.step)) {
             eprintln!("ringrec: fault injection: rank {} exits at step {}", topo.rank, self.position.step);
             std::process::exit(3);
         }
@@ -318,7 +303,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("scatter");
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");
-        let st = self.embedding.exchange_and_apply(topo, &self.batch.uniq, key_grads)?;
+        let st = self.embedding.exchange_and_apply(&self.batch.uniq, key_grads)?;
         self.phases.enter("allreduce");
         for (part, h) in pending {
             self.model.give_back(part, h.wait()?)?;
@@ -399,7 +384,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let topo = self.topo;
         topo.world.comm.barrier();
         let train_seconds = self.started.elapsed().as_secs_f64();
-        if std::env::var_os("RINGREC_LOG_SPARSE").is_some() {
+        if topo.config.log_sparse {
             let x = self.embedding.exchanger();
             eprintln!("rank {} sparse exchange over {} steps: {}", topo.rank, x.steps(), x.totals());
         }

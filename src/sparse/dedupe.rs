@@ -86,13 +86,31 @@ impl Deduper {
 
     /// The first pass over the batch: finds its distinct keys and sorts them; returns their
     /// number. [`Deduper::encode_to`] or [`Deduper::write_list`] then writes the list (given
-    /// the same `grads`). Fails
-    /// on a bad shape or the reserved key (the deduper then holds no list).
+    /// the same `grads`). Keys already sorted and distinct (a batch deduplicated upstream,
+    /// [`Deduper::index_keys`]) are taken as they are, with no hashing or sorting. Fails on
+    /// a bad shape or the reserved key (the deduper then holds no list).
     pub fn index(&mut self, keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<usize> {
+        self.dim = dim;
+        if let Err(e) = check_input(keys, grads, dim) {
+            self.reset(0);
+            return Err(e);
+        }
+        if keys.windows(2).all(|w| w[0] < w[1]) {
+            self.reset(0);
+            self.index.extend(0..keys.len() as u32);
+            self.order.extend(keys.iter().zip(0u32..).map(|(k, u)| (*k, u)));
+            self.place.extend(0..keys.len() as u32);
+            return Ok(keys.len());
+        }
+        self.index_keys(keys)
+    }
+
+    /// The key pass alone: the distinct keys of `keys` ([`Deduper::sorted_keys`]) and each
+    /// key's place among them ([`Deduper::places`]); returns their number.
+    pub fn index_keys(&mut self, keys: &[u64]) -> SparseResult<usize> {
         let expected = self.unique.len().min(keys.len());
         self.reset(expected);
-        self.dim = dim;
-        check_input(keys, grads, dim)?;
+        check_input(keys, &[], 0)?;
         if u32::try_from(keys.len()).is_err() {
             return Err(SparseError::Invalid(format!("{} keys in one batch; at most {} per step", keys.len(), u32::MAX)));
         }
@@ -133,6 +151,16 @@ impl Deduper {
             self.place[*u as usize] = p as u32;
         }
         Ok(self.order.len())
+    }
+
+    /// The distinct keys of the last batch, in key order.
+    pub fn sorted_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.order.iter().map(|(k, _)| *k)
+    }
+
+    /// Per key of the last batch, in input order: its distinct key's place in key order.
+    pub fn places(&self) -> impl Iterator<Item = u32> + '_ {
+        self.index.iter().map(|u| self.place[*u as usize])
     }
 
     /// Distinct keys of the last batch ([`Deduper::index`]).
@@ -273,6 +301,21 @@ mod tests {
         // Empty input and dim-0 rows.
         assert!(dedupe(&[], &[], 4).unwrap().is_empty());
         assert_eq!(dedupe(&[5, 3, 5], &[], 0).unwrap().keys, vec![3, 5]);
+    }
+
+    #[test]
+    fn a_batch_deduplicated_once_upstream_gives_the_same_list() {
+        let keys = [9u64, 4, 9, 7, 4, 4];
+        let mut d = Deduper::new();
+        assert_eq!(d.index_keys(&keys).unwrap(), 3);
+        let uniq: Vec<u64> = d.sorted_keys().collect();
+        assert_eq!((uniq.as_slice(), d.places().collect::<Vec<u32>>()), ([4, 7, 9].as_slice(), vec![2, 0, 2, 1, 0, 0]));
+        // The per-key sums, already sorted and distinct: the exchanger's dedupe passes them on.
+        let grads = [0.5f32, -1.0, 3.0];
+        assert_eq!(d.index(&uniq, &grads, 1).unwrap(), 3);
+        let list = d.run(&uniq, &grads, 1).unwrap();
+        assert_eq!((list.keys.as_slice(), list.grads.as_slice()), (uniq.as_slice(), grads.as_slice()));
+        assert!(matches!(d.index_keys(&[1, u64::MAX]), Err(SparseError::ReservedKey { .. })));
     }
 
     #[test]

@@ -1,30 +1,11 @@
 //! [`Batch`]: one batch of this rank on the host — its rows' labels, dense features and
-//! keys, with the keys deduplicated: `uniq` (first-seen order) and `inverse[s * 26 + f]`
-//! naming sample s's field f among them. Reused from step to step.
-
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+//! keys, with the keys deduplicated once for the whole step: `uniq` (sorted by key, as the
+//! sparse exchange wants them: it takes them as they are) and `inverse[s * 26 + f]` naming
+//! sample s's field f among them. Reused from step to step.
 
 use crate::data::cache::Dataset;
-use crate::data::DataResult;
-
-/// A fast hasher for u64 keys that are already well mixed (field-salted hashes).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+use crate::data::{DataError, DataResult};
+use crate::sparse::Deduper;
 
 /// A batch with its keys deduplicated (see the module docs).
 #[derive(Default)]
@@ -36,11 +17,11 @@ pub struct Batch {
     /// Dense features, 13 per sample.
     pub dense: Vec<f32>,
     keys: Vec<u64>,
-    /// The batch's distinct keys.
+    /// The batch's distinct keys, in key order.
     pub uniq: Vec<u64>,
     /// Per (sample, field): the position of its key in `uniq`.
     pub inverse: Vec<u32>,
-    index: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+    deduper: Deduper,
 }
 
 impl Batch {
@@ -58,17 +39,11 @@ impl Batch {
         self.rows.clear();
         self.rows.extend(rows);
         ds.fill_batch(&self.rows, &mut self.labels, &mut self.dense, &mut self.keys)?;
+        self.deduper.index_keys(&self.keys).map_err(|e| DataError::InvalidArgument(e.to_string()))?;
         self.uniq.clear();
-        self.index.clear();
+        self.uniq.extend(self.deduper.sorted_keys());
         self.inverse.clear();
-        for k in &self.keys {
-            let next = self.uniq.len() as u32;
-            let i = *self.index.entry(*k).or_insert(next);
-            if i == next {
-                self.uniq.push(*k);
-            }
-            self.inverse.push(i);
-        }
+        self.inverse.extend(self.deduper.places());
         Ok(())
     }
 }

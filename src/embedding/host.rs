@@ -20,7 +20,8 @@ use mpi::topology::Communicator;
 use mpi::traits::Root;
 
 use super::error::{TableError, TableResult};
-use super::table::{EmbeddingTable, TableConfig, UpdateStats};
+use super::table::{EmbeddingTable, TableConfig};
+use super::update::UpdateStats;
 use crate::hostsync::HostBarrier;
 use crate::topology::Topology;
 

@@ -65,15 +65,18 @@ pub mod cli;
 pub mod error;
 pub mod format;
 pub mod host;
+pub mod index;
 pub mod init;
 pub mod params;
 pub mod table;
+pub mod update;
 
 pub use error::{TableError, TableResult};
 pub use format::{Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY};
 pub use host::{host_table_path, HostTable, SegmentGuard, TableSource};
 pub use params::{read_params_header, write_params, ParamsHeader};
-pub use table::{EmbeddingTable, TableConfig, TableInfo, UpdateStats};
+pub use table::{EmbeddingTable, TableConfig, TableInfo};
+pub use update::UpdateStats;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,5 @@
 //! [`EmbeddingTable`]: one memory-mapped table file, read in place.
 
-use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -12,16 +11,17 @@ use rayon::prelude::*;
 
 use super::error::{TableError, TableResult};
 use super::format::{self, Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
-use super::init::{self, home_slot, Elem};
+use super::index;
+use super::init::{self, Elem};
 
 /// Batches at least this long are gathered with rayon; shorter ones on the calling thread.
 pub const PAR_MIN_KEYS: usize = 16 * 1024;
 /// Keys per rayon task in a parallel gather.
-const PAR_CHUNK_KEYS: usize = 2048;
+pub(super) const PAR_CHUNK_KEYS: usize = 2048;
 /// Distinct, sorted update lists at least this long are applied in parallel.
 pub const PAR_MIN_UPDATES: usize = 2048;
 /// How many keys ahead a gather prefetches the index slot and row.
-const PREFETCH_AHEAD: usize = 8;
+pub(super) const PREFETCH_AHEAD: usize = 8;
 
 /// The shape and initialisation of a new table.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,7 +103,7 @@ impl Default for TableConfig {
     }
 }
 
-enum Mapping {
+pub(super) enum Mapping {
     /// `PROT_READ` only: a stray write through a bug faults instead of corrupting the table.
     Ro(Mmap),
     /// The host leader's writable mapping.
@@ -115,10 +115,10 @@ enum Mapping {
 /// Readers and the writer may live in different processes; the caller separates update
 /// phases from lookup phases (a host barrier), the table itself takes no locks.
 pub struct EmbeddingTable {
-    map: Mapping,
-    header: Header,
-    path: PathBuf,
-    shift: u32,
+    pub(super) map: Mapping,
+    pub(super) header: Header,
+    pub(super) path: PathBuf,
+    pub(super) shift: u32,
 }
 
 impl std::fmt::Debug for EmbeddingTable {
@@ -175,17 +175,6 @@ impl std::fmt::Display for TableInfo {
     }
 }
 
-/// What an update batch did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UpdateStats {
-    /// Keys inserted by this batch.
-    pub inserted: u64,
-    /// Row updates applied (one per key occurrence).
-    pub updated: u64,
-    /// The table's generation after the batch.
-    pub generation: u64,
-}
-
 fn range(off: u64, len: u64) -> std::ops::Range<usize> {
     off as usize..(off + len) as usize
 }
@@ -196,12 +185,11 @@ fn euid() -> u32 {
 }
 
 /// Read-side view of a table's sections, typed by the storage element.
-struct View<'a, T> {
-    index: &'a [u64],
-    rows: &'a [T],
-    dim: usize,
-    mask: usize,
-    shift: u32,
+pub(super) struct View<'a, T> {
+    pub(super) index: &'a [u64],
+    pub(super) rows: &'a [T],
+    pub(super) dim: usize,
+    pub(super) shift: u32,
     seed: u64,
     scale: f32,
 }
@@ -209,36 +197,13 @@ struct View<'a, T> {
 impl<T> View<'_, T> {
     /// Slot of `key`, or `None`. Terminates even on a full (hostile) index.
     #[inline(always)]
-    fn find(&self, key: u64) -> Option<usize> {
-        let mut i = home_slot(key, self.shift) & self.mask;
-        for _ in 0..self.index.len() {
-            let k = *self.index.get(i)?;
-            if k == key {
-                return Some(i);
-            }
-            if k == EMPTY_KEY {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
-        None
+    pub(super) fn find(&self, key: u64) -> Option<usize> {
+        index::probe(self.index, key, self.shift).and_then(|(s, vacant)| (!vacant).then_some(s))
     }
 
     #[inline(always)]
-    fn prefetch(&self, key: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let i = home_slot(key, self.shift) & self.mask;
-            let p = self.index.as_ptr().wrapping_add(i) as *const i8;
-            // SAFETY: prefetch is a hint that never faults, whatever the address; `p` is in
-            // bounds of the index anyway (i <= mask < len).
-            unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) };
-            let r = self.rows.as_ptr().wrapping_add(i * self.dim) as *const i8;
-            // SAFETY: as above; the home slot's row is where the key's row most likely is.
-            unsafe { std::arch::x86_64::_mm_prefetch(r, std::arch::x86_64::_MM_HINT_T0) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = key;
+    pub(super) fn prefetch(&self, key: u64) {
+        index::prefetch_slot(self.index, self.rows, self.dim, key, self.shift);
     }
 }
 
@@ -266,55 +231,8 @@ fn cast<'a, T: bytemuck::Pod>(path: &Path, b: &'a [u8]) -> TableResult<&'a [T]> 
     bytemuck::try_cast_slice(b).map_err(|e| TableError::from(FORMAT.layout(path, format!("misaligned section: {e:?}"))))
 }
 
-fn cast_mut<'a, T: bytemuck::Pod>(path: &Path, b: &'a mut [u8]) -> TableResult<&'a mut [T]> {
+pub(super) fn cast_mut<'a, T: bytemuck::Pod>(path: &Path, b: &'a mut [u8]) -> TableResult<&'a mut [T]> {
     bytemuck::try_cast_slice_mut(b).map_err(|e| TableError::from(FORMAT.layout(path, format!("misaligned section: {e:?}"))))
-}
-
-/// `b.split_at_mut(n)` without the panic.
-fn split_mut(b: &mut [u8], n: usize) -> Option<(&mut [u8], &mut [u8])> {
-    if n <= b.len() {
-        Some(b.split_at_mut(n))
-    } else {
-        None
-    }
-}
-
-/// Mutable sections of a writable table.
-struct Parts<'a, T> {
-    header: &'a mut [u8],
-    index: &'a mut [u64],
-    rows: &'a mut [T],
-    state: &'a mut [f32],
-}
-
-/// One row's change in f32: assignment, an SGD step, or (with `acc`, the row's Adagrad
-/// accumulator) a row-wise Adagrad step. The sequential and parallel update paths share it,
-/// so they compute every row identically.
-fn step_row(w: &mut [f32], v: &[f32], op: RowOp, acc: Option<&mut f32>, eps: f32) {
-    match (op, acc) {
-        (RowOp::Assign, _) => w.copy_from_slice(v),
-        (RowOp::Step(lr), None) => {
-            for (x, g) in w.iter_mut().zip(v) {
-                *x -= lr * g;
-            }
-        }
-        (RowOp::Step(lr), Some(acc)) => {
-            *acc += v.iter().map(|g| g * g).sum::<f32>() / v.len() as f32;
-            let denom = acc.sqrt() + eps;
-            for (x, g) in w.iter_mut().zip(v) {
-                *x -= lr * g / denom;
-            }
-        }
-    }
-}
-
-/// How `write_rows` changes a row.
-#[derive(Clone, Copy)]
-enum RowOp {
-    /// Apply an optimizer step with this learning rate to the given gradient.
-    Step(f32),
-    /// Overwrite the row with the given values.
-    Assign,
 }
 
 impl EmbeddingTable {
@@ -507,28 +425,27 @@ impl EmbeddingTable {
         }
     }
 
-    fn view<T: bytemuck::Pod>(&self) -> TableResult<View<'_, T>> {
+    pub(super) fn view<T: bytemuck::Pod>(&self) -> TableResult<View<'_, T>> {
         let l = self.header.layout;
         let b = self.as_bytes();
         Ok(View {
             index: cast(&self.path, sub(&self.path, b, l.index_offset, l.index_len)?)?,
             rows: cast(&self.path, sub(&self.path, b, l.rows_offset, l.rows_len)?)?,
             dim: self.dim(),
-            mask: (self.header.capacity - 1) as usize,
             shift: self.shift,
             seed: self.header.seed,
             scale: self.header.init_scale,
         })
     }
 
-    fn check_keys(keys: &[u64]) -> TableResult<()> {
+    pub(super) fn check_keys(keys: &[u64]) -> TableResult<()> {
         match keys.iter().find(|k| **k == EMPTY_KEY) {
             Some(k) => Err(TableError::ReservedKey { key: *k }),
             None => Ok(()),
         }
     }
 
-    fn check_len(&self, what: &'static str, keys: usize, got: usize) -> TableResult<()> {
+    pub(super) fn check_len(&self, what: &'static str, keys: usize, got: usize) -> TableResult<()> {
         let dim = self.dim();
         let expected = keys.saturating_mul(dim);
         if got != expected {
@@ -597,266 +514,6 @@ impl EmbeddingTable {
         let mut out: Vec<(u64, usize)> = v.index.iter().enumerate().filter(|(_, k)| **k != EMPTY_KEY).map(|(s, k)| (*k, s)).collect();
         out.sort_unstable();
         out
-    }
-
-    /// Number of distinct keys of `keys` not yet in the table.
-    /// The slot of every key already in the table (`usize::MAX` for absent ones) and the
-    /// number of distinct absent keys. Prefetches the index `PREFETCH_AHEAD` keys ahead:
-    /// updates are bound by memory latency, not arithmetic.
-    fn resolve_slots(&self, keys: &[u64]) -> TableResult<(Vec<usize>, u64)> {
-        let v = self.view::<u8>()?;
-        let find_all = |chunk: &[u64], out: &mut Vec<usize>| {
-            for (n, k) in chunk.iter().enumerate() {
-                if let Some(next) = chunk.get(n + PREFETCH_AHEAD) {
-                    v.prefetch(*next);
-                }
-                out.push(v.find(*k).unwrap_or(usize::MAX));
-            }
-        };
-        let mut slots = Vec::with_capacity(keys.len());
-        if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 {
-            // Read-only lookups: independent, so split over the pool (order kept).
-            use rayon::prelude::*;
-            let parts: Vec<Vec<usize>> = keys
-                .par_chunks(PAR_CHUNK_KEYS)
-                .map(|c| {
-                    let mut out = Vec::with_capacity(c.len());
-                    find_all(c, &mut out);
-                    out
-                })
-                .collect();
-            for p in parts {
-                slots.extend(p);
-            }
-        } else {
-            find_all(keys, &mut slots);
-        }
-        let mut new: Option<HashSet<u64>> = None;
-        for (k, s) in keys.iter().zip(&slots) {
-            if *s == usize::MAX {
-                new.get_or_insert_with(HashSet::new).insert(*k);
-            }
-        }
-        Ok((slots, new.map_or(0, |n| n.len() as u64)))
-    }
-
-    /// Applies one optimizer step per `(key, gradient row)` in the given order (a key given
-    /// twice is stepped twice), inserting keys not yet present; a new row starts from the
-    /// key's initial row, so it reads the same before and after insertion. Deterministic:
-    /// every host applying the same list gets a byte-identical file. Bumps the generation.
-    ///
-    /// Fails without changing anything on a read-only handle ([`TableError::ReadOnly`]), on
-    /// the reserved key, on a wrong `grads` length, or when the new keys would exceed the
-    /// load limit ([`TableError::Full`]).
-    pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
-        if !lr.is_finite() {
-            return Err(TableError::Config(format!("learning rate {lr} is not finite")));
-        }
-        self.write_rows(keys, grads, RowOp::Step(lr))
-    }
-
-    /// Sets the rows of `keys` to `values` (inserting absent keys; the Adagrad accumulator of a
-    /// new row starts at its initial value, that of an existing row is kept). Values are
-    /// rounded to the storage dtype. Same rules and errors as [`EmbeddingTable::apply_updates`].
-    pub fn put_rows(&mut self, keys: &[u64], values: &[f32]) -> TableResult<UpdateStats> {
-        self.write_rows(keys, values, RowOp::Assign)
-    }
-
-    fn write_rows(&mut self, keys: &[u64], vals: &[f32], op: RowOp) -> TableResult<UpdateStats> {
-        if !self.is_writable() {
-            return Err(TableError::ReadOnly);
-        }
-        self.check_len(if matches!(op, RowOp::Assign) { "row values" } else { "gradients" }, keys.len(), vals.len())?;
-        Self::check_keys(keys)?;
-        let (slots, new) = self.resolve_slots(keys)?;
-        let h = self.header;
-        let max_rows = h.max_rows();
-        if h.live_rows + new > max_rows {
-            return Err(TableError::Full {
-                capacity: h.capacity,
-                live: h.live_rows,
-                new,
-                max_rows,
-                load: format::LOAD_NUM as f64 / format::LOAD_DEN as f64,
-                suggest: format::capacity_for_rows(h.live_rows + new),
-            });
-        }
-        let stats = match h.dtype {
-            StorageDtype::F32 => self.write_rows_t::<f32>(keys, vals, op, &slots),
-            StorageDtype::F16 => self.write_rows_t::<f16>(keys, vals, op, &slots),
-            StorageDtype::Bf16 => self.write_rows_t::<bf16>(keys, vals, op, &slots),
-        }?;
-        Ok(stats)
-    }
-
-    fn parts_mut<T: Elem>(&mut self) -> TableResult<Parts<'_, T>> {
-        let l = self.header.layout;
-        let path = self.path.clone();
-        let Mapping::Rw(map) = &mut self.map else { return Err(TableError::ReadOnly) };
-        let bad = || TableError::from(FORMAT.layout(&path, "section outside the mapping"));
-        let b: &mut [u8] = map;
-        let (header, rest) = split_mut(b, l.index_offset as usize).ok_or_else(bad)?;
-        let (index, rest) = split_mut(rest, l.index_len as usize).ok_or_else(bad)?;
-        let rest = rest.get_mut((l.rows_offset - l.index_offset - l.index_len) as usize..).ok_or_else(bad)?;
-        let (rows, rest) = split_mut(rest, l.rows_len as usize).ok_or_else(bad)?;
-        let rest = rest.get_mut((l.state_offset - l.rows_offset - l.rows_len) as usize..).ok_or_else(bad)?;
-        let state = rest.get_mut(..l.state_len as usize).ok_or_else(bad)?;
-        Ok(Parts { header, index: cast_mut(&path, index)?, rows: cast_mut(&path, rows)?, state: cast_mut(&path, state)? })
-    }
-
-    /// `slots[n]`: the slot of `keys[n]` if it was present before this call (keys never
-    /// move, so it stays valid while other keys are inserted), `usize::MAX` otherwise.
-    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
-        // Strictly increasing keys (what the sparse exchange hands the leader) are distinct,
-        // so their rows are disjoint and can be stepped in parallel with the same result.
-        if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 && keys.windows(2).all(|w| w[0] < w[1]) {
-            return self.write_rows_par::<T>(keys, vals, op, slots);
-        }
-        let mut h = self.header;
-        let d = h.dim as usize;
-        let mask = (h.capacity - 1) as usize;
-        let shift = self.shift;
-        let path = self.path.clone();
-        let p = self.parts_mut::<T>()?;
-        let mut w = vec![0f32; d];
-        let mut stats = UpdateStats::default();
-        for (n, (key, v)) in keys.iter().zip(vals.chunks_exact(d)).enumerate() {
-            #[cfg(target_arch = "x86_64")]
-            if let Some(&ahead) = slots.get(n + PREFETCH_AHEAD) {
-                if ahead != usize::MAX {
-                    let r = p.rows.as_ptr().wrapping_add(ahead * d) as *const i8;
-                    // SAFETY: prefetch is a hint that never faults, whatever the address.
-                    unsafe { std::arch::x86_64::_mm_prefetch(r, std::arch::x86_64::_MM_HINT_T0) };
-                }
-            }
-            // The known slot, or find the key (inserted earlier in this list) or the empty
-            // slot that ends its probe sequence.
-            let mut found = match slots.get(n) {
-                Some(&s) if s != usize::MAX && p.index.get(s) == Some(key) => Some((s, false)),
-                _ => None,
-            };
-            if found.is_none() {
-                let mut i = home_slot(*key, shift) & mask;
-                for _ in 0..p.index.len() {
-                    let k = p.index[i];
-                    if k == *key || k == EMPTY_KEY {
-                        found = Some((i, k == EMPTY_KEY));
-                        break;
-                    }
-                    i = (i + 1) & mask;
-                }
-            }
-            let Some((slot, insert)) = found else {
-                return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
-            };
-            let row = p.rows.get_mut(slot * d..slot * d + d).ok_or_else(|| TableError::from(FORMAT.layout(&path, "row outside the rows section")))?;
-            if insert {
-                p.index[slot] = *key;
-                h.live_rows += 1;
-                stats.inserted += 1;
-                init::init_row::<T>(*key, h.seed, h.init_scale, &mut w);
-                if let Some(a) = p.state.get_mut(slot) {
-                    *a = h.adagrad_init;
-                }
-            } else {
-                T::load(row, &mut w);
-            }
-            let acc = match (op, h.optimizer) {
-                (RowOp::Step(_), OptimizerKind::Adagrad) => {
-                    Some(p.state.get_mut(slot).ok_or_else(|| TableError::from(FORMAT.layout(&path, "state outside its section")))?)
-                }
-                _ => None,
-            };
-            step_row(&mut w, v, op, acc, h.adagrad_eps);
-            T::store(&w, row);
-            stats.updated += 1;
-        }
-        h.generation = h.generation.wrapping_add(1);
-        stats.generation = h.generation;
-        p.header[..HEADER_FIELDS].copy_from_slice(&h.encode());
-        self.header = h;
-        Ok(stats)
-    }
-
-    /// [`EmbeddingTable::write_rows_t`] for distinct keys: inserts the new keys sequentially in
-    /// list order (so slots, and the file, are the same as the sequential path's), then steps
-    /// every row in parallel, each row computed exactly as the sequential path computes it.
-    fn write_rows_par<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
-        use rayon::prelude::*;
-        let mut h = self.header;
-        let d = h.dim as usize;
-        let mask = (h.capacity - 1) as usize;
-        let shift = self.shift;
-        let path = self.path.clone();
-        let p = self.parts_mut::<T>()?;
-        let mut slots = slots.to_vec();
-        let mut inserted = vec![false; keys.len()];
-        let mut stats = UpdateStats::default();
-        // Pass 1 (sequential): insert absent keys in list order.
-        for (n, key) in keys.iter().enumerate() {
-            if slots[n] != usize::MAX && p.index.get(slots[n]) == Some(key) {
-                continue;
-            }
-            let mut i = home_slot(*key, shift) & mask;
-            let mut found = None;
-            for _ in 0..p.index.len() {
-                let k = p.index[i];
-                if k == *key || k == EMPTY_KEY {
-                    found = Some((i, k == EMPTY_KEY));
-                    break;
-                }
-                i = (i + 1) & mask;
-            }
-            let Some((slot, insert)) = found else {
-                return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
-            };
-            if insert {
-                p.index[slot] = *key;
-                h.live_rows += 1;
-                stats.inserted += 1;
-                inserted[n] = true;
-                if let Some(a) = p.state.get_mut(slot) {
-                    *a = h.adagrad_init;
-                }
-            }
-            slots[n] = slot;
-        }
-        let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
-        if slots.iter().any(|s| (s + 1) * d > p.rows.len() || (adagrad && *s >= p.state.len())) {
-            return Err(TableError::from(FORMAT.layout(&path, "row or state outside its section")));
-        }
-        // Pass 2 (parallel): one optimizer step per row.
-        struct Shared<T>(*mut T, *mut f32);
-        // SAFETY: the pointers are only used for rows/states of distinct slots (below).
-        unsafe impl<T> Sync for Shared<T> {}
-        let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr());
-        let shared = &shared;
-        let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
-        (0..keys.len()).into_par_iter().with_min_len(256).for_each_init(
-            || vec![0f32; d],
-            |w, n| {
-                let slot = slots[n];
-                // SAFETY: keys are strictly increasing, hence distinct, hence their slots are
-                // distinct: no two tasks touch the same row or state; bounds checked above.
-                let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
-                if inserted[n] {
-                    init::init_row::<T>(keys[n], seed, scale, w);
-                } else {
-                    T::load(row, w);
-                }
-                let v = &vals[n * d..(n + 1) * d];
-                // SAFETY: as for the row; slot < state.len() checked above.
-                let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
-                step_row(w, v, op, acc, eps);
-                T::store(w, row);
-            },
-        );
-        stats.updated = keys.len() as u64;
-        h.generation = h.generation.wrapping_add(1);
-        stats.generation = h.generation;
-        p.header[..HEADER_FIELDS].copy_from_slice(&h.encode());
-        self.header = h;
-        Ok(stats)
     }
 
     /// Flushes the mapping to its file (only matters for tables on disk, not in /dev/shm).

@@ -9,7 +9,6 @@
 //! collectives with fusion). Lower level: [`topology::Topology::init`] and [`comm::build`].
 //! See ARCHITECTURE.md.
 
-pub mod bench;
 pub mod comm;
 pub mod config;
 pub mod data;

@@ -26,10 +26,10 @@ enum Command {
     Info,
     /// Prepare, generate and inspect training data (Criteo format).
     #[command(subcommand)]
-    Data(ringrec::data::cli::DataCommand),
+    Data(cli::data::DataCommand),
     /// Create, import, export and inspect embedding table files.
     #[command(subcommand)]
-    Table(ringrec::embedding::cli::TableCommand),
+    Table(cli::table::TableCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -38,15 +38,15 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// nccl-tests style allreduce table for every CPU backend, `mpi` as the reference.
-    Allreduce(ringrec::bench::allreduce::AllreduceBenchArgs),
+    Allreduce(cli::bench::allreduce::AllreduceBenchArgs),
     /// The engine on ResNet-50-shaped gradients: fused vs one flat allreduce vs unfused.
-    Engine(ringrec::bench::engine::EngineBenchArgs),
+    Engine(cli::bench::engine::EngineBenchArgs),
     /// Embedding table lookups/updates vs a per-rank HashMap.
-    Embedding(ringrec::bench::embedding::EmbeddingBenchArgs),
+    Embedding(cli::bench::embedding::EmbeddingBenchArgs),
     /// The MLP's SGEMMs: the gemm crate vs OpenBLAS, and the MLP vs plain SGEMM.
-    Gemm(ringrec::bench::gemm::GemmBenchArgs),
+    Gemm(cli::bench::gemm::GemmBenchArgs),
     /// Hierarchical vs flat sparse gradient exchange (time and cross-host bytes).
-    Sparse(ringrec::bench::sparse::SparseBenchArgs),
+    Sparse(cli::bench::sparse::SparseBenchArgs),
 }
 
 fn main() {
@@ -77,23 +77,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Table(cmd) => ringrec::embedding::cli::run(cmd),
-        Command::Data(cmd) => ringrec::data::cli::run(cmd),
-        Command::Bench(BenchCommand::Embedding(args)) => ringrec::bench::embedding::run(args),
+        Command::Table(cmd) => cli::table::run(cmd),
+        Command::Data(cmd) => cli::data::run(cmd),
+        Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
         Command::Bench(BenchCommand::Engine(args)) => {
             let topo = Topology::init()?;
-            ringrec::bench::engine::run(&topo, &args)?;
+            cli::bench::engine::run(&topo, &args)?;
             Ok(())
         }
-        Command::Bench(BenchCommand::Gemm(args)) => ringrec::bench::gemm::run(&args),
+        Command::Bench(BenchCommand::Gemm(args)) => cli::bench::gemm::run(&args),
         Command::Bench(BenchCommand::Sparse(args)) => {
             let topo = Topology::init()?;
-            ringrec::bench::sparse::run(&topo, &args)?;
+            cli::bench::sparse::run(&topo, &args)?;
             Ok(())
         }
         Command::Bench(BenchCommand::Allreduce(args)) => {
             let topo = Topology::init()?;
-            ringrec::bench::allreduce::run(&topo, &args)?;
+            cli::bench::allreduce::run(&topo, &args)?;
             Ok(())
         }
     }

@@ -1,7 +1,6 @@
 //! Multi-process tests of the host-shared embedding table: real `mpirun`, one host and two
-//! simulated hosts. Each test runs the ignored `worker_selftest` of this binary on every
-//! rank (it calls `ringrec::embedding::cli::selftest`) and asserts on the lines the ranks
-//! print: `rank R local_rank L host H rows_ok B rows_digest X unseen_ok B unseen_digest X
+//! simulated hosts. Each test runs the binary's hidden `ringrec table selftest` on every
+//! rank and asserts on the lines the ranks print: `rank R local_rank L host H rows_ok B rows_digest X unseen_ok B unseen_digest X
 //! write W live_rows N generation G segment PATH`.
 
 mod common;
@@ -9,29 +8,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ringrec::embedding::cli::{selftest, SelftestArgs};
-use ringrec::embedding::{OptimizerKind, StorageDtype};
 
-/// Worker: the per-rank checks, configured by `RINGREC_SELFTEST_*` variables.
-#[test]
-#[ignore]
-fn worker_selftest() {
-    if std::env::var_os("RINGREC_TEST_WORKER").is_none() {
-        return;
-    }
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let args = SelftestArgs {
-        rows: var("RINGREC_SELFTEST_ROWS").and_then(|v| v.parse().ok()).unwrap_or(1000),
-        dim: var("RINGREC_SELFTEST_DIM").and_then(|v| v.parse().ok()).unwrap_or(8),
-        dtype: var("RINGREC_SELFTEST_DTYPE").and_then(|v| v.parse().ok()).unwrap_or(StorageDtype::F32),
-        optimizer: var("RINGREC_SELFTEST_OPTIMIZER").and_then(|v| v.parse().ok()).unwrap_or(OptimizerKind::Sgd),
-        import: var("RINGREC_SELFTEST_IMPORT").map(Into::into),
-        fail_rank: var("RINGREC_SELFTEST_FAIL_RANK").and_then(|v| v.parse().ok()),
-    };
-    if let Err(e) = selftest(&args) {
-        eprintln!("selftest failed: {e:#}");
-        std::process::exit(1);
-    }
+/// Runs `ringrec table selftest ARGS` (the per-rank checks) on `np` ranks under mpirun.
+fn selftest(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
+    let mut a = vec!["table", "selftest"];
+    a.extend_from_slice(args);
+    common::mpirun_exe(std::path::Path::new(env!("CARGO_BIN_EXE_ringrec")), np, env, &a, Duration::from_secs(120))
 }
 
 /// Worker: local rank 1 never reaches the table's host barrier; the others must get an
@@ -71,7 +53,6 @@ fn a_stuck_rank_fails_the_table_sync_after_the_timeout() {
 fn reports(out: &str) -> Vec<BTreeMap<String, String>> {
     out.lines()
         .filter(|l| l.contains(" rows_ok "))
-        // The test harness may print `test worker_selftest ... ` before a rank's line.
         .filter_map(|l| l.find("rank ").map(|i| &l[i..]))
         .map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
@@ -91,7 +72,7 @@ fn distinct<'a>(rs: &'a [BTreeMap<String, String>], field: &str) -> BTreeSet<&'a
 #[test]
 fn one_host_four_ranks_share_one_table() {
     let job = job_id("one");
-    let out = common::run_worker("worker_selftest", 4, &[("RINGREC_JOB_ID", &job)], Duration::from_secs(120));
+    let out = selftest(4, &[("RINGREC_JOB_ID", &job)], &[]);
     out.assert_ok();
     let rs = reports(&out.stdout);
     assert_eq!(rs.len(), 4, "{}", out.all());
@@ -111,13 +92,8 @@ fn one_host_four_ranks_share_one_table() {
 #[test]
 fn two_simulated_hosts_have_one_table_each() {
     let job = job_id("two");
-    let env = [
-        ("RINGREC_JOB_ID", job.as_str()),
-        ("RINGREC_RANKS_PER_HOST", "2"),
-        ("RINGREC_SELFTEST_DTYPE", "bf16"),
-        ("RINGREC_SELFTEST_OPTIMIZER", "adagrad"),
-    ];
-    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2")];
+    let out = selftest(4, &env, &["--dtype", "bf16", "--optimizer", "adagrad"]);
     out.assert_ok();
     let rs = reports(&out.stdout);
     assert_eq!(rs.len(), 4, "{}", out.all());
@@ -137,8 +113,8 @@ fn leader_failure_reaches_every_rank_without_a_hang() {
     let job = job_id("fail");
     let bad = std::env::temp_dir().join(format!("{job}-corrupt.params"));
     std::fs::write(&bad, b"RRSPARAM\x01\0\0\0\x08\0\0\0\xff\xff\xff\xff\0\0\0\0truncated").unwrap();
-    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_SELFTEST_IMPORT", bad.to_str().unwrap())];
-    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2")];
+    let out = selftest(4, &env, &["--import", bad.to_str().unwrap()]);
     let _ = std::fs::remove_file(&bad);
     assert!(!out.timed_out, "a leader failure must not hang the job:\n{}", out.all());
     assert_ne!(out.code, Some(0), "{}", out.all());
@@ -152,8 +128,8 @@ fn leader_failure_reaches_every_rank_without_a_hang() {
 #[test]
 fn a_rank_crashing_leaves_no_segment() {
     let job = job_id("crash");
-    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_SELFTEST_FAIL_RANK", "0")];
-    let out = common::run_worker("worker_selftest", 4, &env, Duration::from_secs(120));
+    let env = [("RINGREC_JOB_ID", job.as_str())];
+    let out = selftest(4, &env, &["--fail-rank", "0"]);
     assert!(!out.timed_out, "{}", out.all());
     assert_ne!(out.code, Some(0), "{}", out.all());
     assert!(out.all().contains("exiting on purpose"), "{}", out.all());

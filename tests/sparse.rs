@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use std::time::Duration;
 
-use ringrec::bench::sparse::{key_of, zipf_ids};
+use ringrec::sparse::workload::{key_of, zipf_ids};
 use ringrec::embedding::format::capacity_for_rows;
 use ringrec::hash::fnv1a64;
 use ringrec::hash::splitmix64;

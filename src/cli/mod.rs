@@ -1,3 +1,6 @@
 //! The binary's commands: flags (clap), printing and progress; the work is the library's.
 
+pub mod bench;
+pub mod data;
+pub mod table;
 pub mod train;

@@ -20,7 +20,6 @@
 //! - [`cli`]: `ringrec data prepare | synth | inspect`.
 
 pub mod cache;
-pub mod cli;
 pub mod criteo;
 pub mod error;
 pub mod shard;

@@ -61,7 +61,6 @@
 //!
 //! The sparse-parameter file (import/export) is described in [`params`].
 
-pub mod cli;
 pub mod error;
 pub mod format;
 pub mod host;

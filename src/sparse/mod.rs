@@ -43,6 +43,7 @@ pub mod exchange;
 pub mod list;
 pub mod merge;
 mod radix;
+pub mod workload;
 
 pub use error::{DecodeError, SparseError, SparseResult};
 pub use exchange::{AggregatedGrads, SparseExchanger, SparseStats};

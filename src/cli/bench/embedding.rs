@@ -13,9 +13,9 @@ use std::time::Instant;
 use anyhow::Context;
 use rayon::prelude::*;
 
-use crate::embedding::format::capacity_for_rows;
-use crate::embedding::init::init_row_f32;
-use crate::embedding::{EmbeddingTable, OptimizerKind, SegmentGuard, StorageDtype, TableConfig};
+use ringrec::embedding::format::capacity_for_rows;
+use ringrec::embedding::init::init_row_f32;
+use ringrec::embedding::{EmbeddingTable, OptimizerKind, SegmentGuard, StorageDtype, TableConfig};
 
 /// Key distributions of the benchmark batches.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -88,13 +88,13 @@ pub struct EmbeddingBenchRow {
     pub check: bool,
 }
 
-use super::sparse::key_of;
+use ringrec::sparse::workload::{key_of, uniform_ids, zipf_ids};
 
 /// A batch of keys of ids `0..n`: uniform, or Zipf by inverting the continuous power-law CDF.
 fn draw(n: u64, len: usize, dist: KeyDist, s: f64, seed: u64) -> Vec<u64> {
     let ids = match dist {
-        KeyDist::Uniform => super::sparse::uniform_ids(n, len, seed),
-        KeyDist::Zipf => super::sparse::zipf_ids(n, len, s, seed),
+        KeyDist::Uniform => uniform_ids(n, len, seed),
+        KeyDist::Zipf => zipf_ids(n, len, s, seed),
     };
     ids.into_iter().map(key_of).collect()
 }
@@ -119,7 +119,7 @@ fn map_gather(map: &HashMap<u64, Vec<f32>>, keys: &[u64], out: &mut [f32], dim: 
 pub fn run(args: EmbeddingBenchArgs) -> anyhow::Result<()> {
     let dir = match args.dir.clone() {
         Some(d) => d,
-        None => crate::config::RuntimeConfig::from_env()?.shm_dir,
+        None => ringrec::config::RuntimeConfig::from_env()?.shm_dir,
     };
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().context("building a 1-thread pool")?;
     let mut results = Vec::new();

@@ -13,9 +13,10 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
-use crate::hash::{fnv1a64, splitmix64};
-use crate::sparse::{SparseExchange, SparseExchanger, SparseNormalize, SparseStats};
-use crate::topology::Topology;
+use ringrec::hash::fnv1a64;
+use ringrec::sparse::workload::batch;
+use ringrec::sparse::{SparseExchange, SparseExchanger, SparseNormalize, SparseStats};
+use ringrec::topology::Topology;
 
 /// Flags of `ringrec bench sparse`.
 #[derive(clap::Args, Debug, Clone)]
@@ -103,54 +104,6 @@ pub struct SparseReport {
     pub cross_bytes_ratio: f64,
     /// Both modes gave bit-identical gradients on every leader in every step.
     pub identical: bool,
-}
-
-/// `len` Zipf-distributed ids in `0..n` (id r drawn with probability ~ 1/(r+1)^s, by
-/// inverting the continuous power-law CDF), from `seed`.
-pub fn zipf_ids(n: u64, len: usize, s: f64, seed: u64) -> Vec<u64> {
-    let nf = n.max(1) as f64;
-    let a = nf.powf(1.0 - s) - 1.0;
-    unit_stream(seed)
-        .take(len)
-        .map(|u| {
-            let r = if (s - 1.0).abs() < 1e-9 { nf.powf(u) - 1.0 } else { (a * u + 1.0).powf(1.0 / (1.0 - s)) - 1.0 };
-            (r.max(0.0) as u64).min(n.max(1) - 1)
-        })
-        .collect()
-}
-
-/// `len` uniformly distributed ids in `0..n`, from `seed` (the same stream as [`zipf_ids`]).
-pub fn uniform_ids(n: u64, len: usize, seed: u64) -> Vec<u64> {
-    let nf = n.max(1) as f64;
-    unit_stream(seed).take(len).map(|u| ((u * nf) as u64).min(n.max(1) - 1)).collect()
-}
-
-/// Uniform numbers in [0, 1) from a xorshift stream seeded by `seed`.
-fn unit_stream(seed: u64) -> impl Iterator<Item = f64> {
-    let mut x = splitmix64(seed) | 1;
-    std::iter::repeat_with(move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    })
-}
-
-/// The key of id `i`: scrambled so hot keys are not neighbours, never the reserved u64::MAX.
-pub fn key_of(i: u64) -> u64 {
-    splitmix64(i).min(u64::MAX - 1)
-}
-
-/// A rank's batch for `step`: `len` Zipf keys and one row of `dim` values per key.
-pub fn batch(rank: usize, step: usize, len: usize, dim: usize, vocab: u64, s: f64) -> (Vec<u64>, Vec<f32>) {
-    let seed = ((step as u64) << 20) ^ rank as u64 ^ 0x5EED;
-    let keys: Vec<u64> = zipf_ids(vocab, len, s, seed).into_iter().map(key_of).collect();
-    let mut grads = Vec::with_capacity(len * dim);
-    for (i, k) in keys.iter().enumerate() {
-        let h = splitmix64(k ^ seed.wrapping_add(i as u64));
-        grads.extend((0..dim).map(|j| (((h >> (j % 48)) & 0xffff) as f32 / 65536.0 - 0.5) * 0.01));
-    }
-    (keys, grads)
 }
 
 #[derive(Default)]
@@ -308,23 +261,4 @@ pub fn table(r: &SparseReport) -> Vec<String> {
         if r.identical { "yes" } else { "NO" }
     ));
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zipf_ids_are_skewed_in_range_and_deterministic() {
-        let ids = zipf_ids(1000, 20_000, 1.05, 7);
-        assert!(ids.iter().all(|i| *i < 1000));
-        assert_eq!(ids, zipf_ids(1000, 20_000, 1.05, 7));
-        let hot = ids.iter().filter(|i| **i < 10).count();
-        let cold = ids.iter().filter(|i| (500..510).contains(*i)).count();
-        assert!(hot > 20 * cold.max(1), "hot {hot} cold {cold}");
-        assert!(zipf_ids(1, 10, 1.0, 1).iter().all(|i| *i == 0));
-        let (k, g) = batch(0, 0, 100, 4, 1000, 1.05);
-        assert_eq!((k.len(), g.len()), (100, 400));
-        assert!(k.iter().all(|k| *k != u64::MAX));
-    }
 }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::comm::{self, Backend, CollectivesExt};
-use crate::dtype::ReduceOp;
-use crate::engine::{Engine, EngineConfig, Tensor};
-use crate::topology::Topology;
+use ringrec::comm::{self, Backend, CollectivesExt};
+use ringrec::dtype::ReduceOp;
+use ringrec::engine::{Engine, EngineConfig, Tensor};
+use ringrec::topology::Topology;
 
 /// Flags of `ringrec bench engine`.
 #[derive(clap::Args, Debug, Clone)]
@@ -121,7 +121,7 @@ fn slowest(c: &mut dyn comm::Collectives, v: f64) -> anyhow::Result<f64> {
     Ok(x[0])
 }
 
-fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [Tensor], steps: usize, warmup: usize) -> anyhow::Result<(Vec<f64>, crate::engine::StatsSnapshot)> {
+fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [Tensor], steps: usize, warmup: usize) -> anyhow::Result<(Vec<f64>, ringrec::engine::StatsSnapshot)> {
     let mut times = Vec::new();
     let mut before = engine.stats();
     for s in 0..warmup + steps {
@@ -143,7 +143,7 @@ fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [
         }
     }
     let after = engine.stats();
-    let d = crate::engine::StatsSnapshot {
+    let d = ringrec::engine::StatsSnapshot {
         cycles: after.cycles - before.cycles,
         negotiations: after.negotiations - before.negotiations,
         cached: after.cached - before.cached,
@@ -158,7 +158,7 @@ fn time_engine(engine: &Engine, shapes: &[(String, Vec<usize>)], tensors: &mut [
 /// Runs the benchmark (collective over the world).
 pub fn run(topo: &Topology, args: &EngineBenchArgs) -> anyhow::Result<EngineReport> {
     let backend = if args.backend == "auto" { Backend::auto(topo) } else { Backend::parse(&args.backend).ok_or_else(|| anyhow::anyhow!("--backend {}: expected auto, mpi, ring, shm or hier", args.backend))? };
-    let threshold = crate::config::parse_bytes(&args.fusion_threshold).ok_or_else(|| anyhow::anyhow!("--fusion-threshold {}: expected bytes such as 134217728 or 128M", args.fusion_threshold))?;
+    let threshold = ringrec::config::parse_bytes(&args.fusion_threshold).ok_or_else(|| anyhow::anyhow!("--fusion-threshold {}: expected bytes such as 134217728 or 128M", args.fusion_threshold))?;
     let shapes = resnet50_shapes();
     let params: usize = shapes.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     let fill = |rank: usize| -> Vec<Tensor> { shapes.iter().map(|(_, s)| Tensor::new(vec![rank as f32 + 0.5; s.iter().product()], s).expect("shape")).collect() };

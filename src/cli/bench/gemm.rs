@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use crate::device::sgemm::sgemm;
-use crate::device::{CpuDevice, Device, Op};
-use crate::model::{Mlp, MlpShape};
+use ringrec::device::sgemm::sgemm;
+use ringrec::device::{CpuDevice, Device, Op};
+use ringrec::model::{Mlp, MlpShape};
 
 /// Flags of `ringrec bench gemm`.
 #[derive(clap::Args, Debug, Clone)]

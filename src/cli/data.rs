@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::cache::{prepare, Dataset};
-use super::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
-use super::synth::synth;
+use ringrec::data::cache::{prepare, Dataset};
+use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
+use ringrec::data::synth::synth;
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]

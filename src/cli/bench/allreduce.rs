@@ -11,11 +11,11 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
-use crate::comm::nccl::NcclComm;
-use crate::comm::{self, Backend, DeviceCollectives, HostCollectives};
-use crate::device::{CpuDevice, CudaDevice, Device, Placement, Scalar};
-use crate::dtype::{DType, Element, ReduceOp};
-use crate::topology::Topology;
+use ringrec::comm::nccl::NcclComm;
+use ringrec::comm::{self, Backend, DeviceCollectives, HostCollectives};
+use ringrec::device::{CpuDevice, CudaDevice, Device, Placement, Scalar};
+use ringrec::dtype::{DType, Element, ReduceOp};
+use ringrec::topology::Topology;
 
 /// Flags of `ringrec bench allreduce`.
 #[derive(clap::Args, Debug, Clone)]
@@ -253,10 +253,10 @@ enum Choice {
 }
 
 /// The rank's GPU (`machine_local_rank % visible GPUs`).
-fn gpu(topo: &Topology) -> Result<CudaDevice, crate::device::DeviceError> {
+fn gpu(topo: &Topology) -> Result<CudaDevice, ringrec::device::DeviceError> {
     match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu)? {
         Placement::Cuda(Some(ordinal)) => CudaDevice::new(ordinal),
-        _ => Err(crate::device::DeviceError::NoDevice("no GPU was chosen".into())),
+        _ => Err(ringrec::device::DeviceError::NoDevice("no GPU was chosen".into())),
     }
 }
 

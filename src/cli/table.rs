@@ -11,14 +11,14 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
-use super::format::{capacity_for_rows, OptimizerKind, StorageDtype};
-use super::host::HostTable;
-use super::init;
-use super::params::read_params_header;
-use super::table::{EmbeddingTable, TableConfig};
-use super::TableError;
-use crate::hash::fnv1a64;
-use crate::topology::Topology;
+use ringrec::embedding::format::{capacity_for_rows, OptimizerKind, StorageDtype};
+use ringrec::embedding::host::HostTable;
+use ringrec::embedding::init;
+use ringrec::embedding::params::read_params_header;
+use ringrec::embedding::table::{EmbeddingTable, TableConfig};
+use ringrec::embedding::TableError;
+use ringrec::hash::fnv1a64;
+use ringrec::topology::Topology;
 
 /// Shape and initialisation flags of a new table.
 #[derive(clap::Args, Clone, Debug)]
@@ -402,7 +402,7 @@ pub fn selftest(a: &SelftestArgs) -> anyhow::Result<()> {
 }
 
 fn round_to(dtype: StorageDtype, v: &mut [f32]) {
-    use super::init::Elem;
+    use ringrec::embedding::init::Elem;
     match dtype {
         StorageDtype::F32 => {}
         StorageDtype::F16 => half::f16::round(v),

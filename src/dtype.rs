@@ -53,14 +53,6 @@ impl DType {
             DType::U8 => "uint8",
         }
     }
-    /// Stable code used in collective headers.
-    pub fn code(self) -> u32 {
-        DType::ALL.iter().position(|d| *d == self).unwrap_or(0) as u32
-    }
-    /// Inverse of [`DType::code`].
-    pub fn from_code(code: u32) -> Option<DType> {
-        DType::ALL.get(code as usize).copied()
-    }
     /// Parses `f32`, `float`, `bf16`, ... as accepted on the command line.
     pub fn parse(s: &str) -> Option<DType> {
         Some(match s.to_ascii_lowercase().as_str() {
@@ -79,6 +71,24 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16)
     }
 }
+
+/// `code` (the position in `ALL`, the stable code of collective headers) and its inverse
+/// `from_code`, for an enum with an `ALL` list.
+macro_rules! wire_code {
+    ($($t:ident),*) => {$(
+        impl $t {
+            /// Stable code used in collective headers (the position in `ALL`).
+            pub fn code(self) -> u32 {
+                $t::ALL.iter().position(|v| *v == self).unwrap_or(0) as u32
+            }
+            /// Inverse of [`Self::code`].
+            pub fn from_code(code: u32) -> Option<$t> {
+                $t::ALL.get(code as usize).copied()
+            }
+        }
+    )*};
+}
+wire_code!(DType, ReduceOp);
 
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,14 +121,6 @@ impl ReduceOp {
             ReduceOp::Max => "max",
         }
     }
-    /// Stable code used in collective headers.
-    pub fn code(self) -> u32 {
-        ReduceOp::ALL.iter().position(|o| *o == self).unwrap_or(0) as u32
-    }
-    /// Inverse of [`ReduceOp::code`].
-    pub fn from_code(code: u32) -> Option<ReduceOp> {
-        ReduceOp::ALL.get(code as usize).copied()
-    }
     /// Parses `sum`, `avg`/`average`, `min`, `max`.
     pub fn parse(s: &str) -> Option<ReduceOp> {
         Some(match s.to_ascii_lowercase().as_str() {
@@ -149,27 +151,27 @@ impl std::fmt::Display for ReduceOp {
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     /// Its dtype.
     const DTYPE: DType;
+    /// `v` as this type (`as` for integers, round to nearest for floats).
+    fn from_f64(v: f64) -> Self;
 }
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
+macro_rules! element {
+    ($($t:ty => $d:ident, $conv:expr;)*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn from_f64(v: f64) -> $t {
+                $conv(v)
+            }
+        }
+    )*};
 }
-impl Element for f64 {
-    const DTYPE: DType = DType::F64;
-}
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-}
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-}
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-}
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-}
-impl Element for u8 {
-    const DTYPE: DType = DType::U8;
+element! {
+    f32 => F32, |v| v as f32;
+    f64 => F64, |v| v;
+    f16 => F16, f16::from_f64;
+    bf16 => BF16, bf16::from_f64;
+    i32 => I32, |v| v as i32;
+    i64 => I64, |v| v as i64;
+    u8 => U8, |v| v as u8;
 }
 
 /// Number arithmetic the kernels need (f32, f64, i32, i64).

@@ -14,6 +14,16 @@ use std::path::{Path, PathBuf};
 
 use crate::hash::fnv1a64;
 
+/// Bytes reserved for the header of every mapped-file format; the first section starts here.
+pub const HEADER_LEN: u64 = 4096;
+/// Sections start at multiples of this (a page), so every section is aligned for its type.
+pub const SECTION_ALIGN: u64 = 4096;
+
+/// `x` rounded up to the next section boundary; `None` on overflow.
+pub fn align_up(x: u64) -> Option<u64> {
+    x.checked_add(SECTION_ALIGN - 1).map(|v| v / SECTION_ALIGN * SECTION_ALIGN)
+}
+
 /// A mapped-file format: its frame and the words its errors use.
 #[derive(Debug)]
 pub struct Format {
@@ -189,4 +199,32 @@ pub fn wr_u32(b: &mut [u8], at: usize, v: u32) {
 /// Writes `v` little-endian at `at`.
 pub fn wr_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Feeds `cases` random and mutated headers of `format` (from `valid`, the encoded fields)
+/// with random file lengths to `parse`, which must never panic (tests of the formats).
+#[cfg(test)]
+pub(crate) fn fuzz_headers(format: &Format, valid: &[u8], cases: u64, parse: impl Fn(&[u8], u64)) {
+    let mut x: u64 = 0x1234_5678_9abc_def1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (fields, at) = (valid.len(), format.checksum_at);
+    for case in 0..cases {
+        let len = (next() % (fields as u64 + 30)) as usize;
+        let mut b: Vec<u8> = if case % 2 == 0 { (0..len).map(|_| next() as u8).collect() } else { valid[..len.min(fields)].to_vec() };
+        if case % 2 == 1 && !b.is_empty() {
+            let i = (next() as usize) % b.len();
+            b[i] ^= (next() as u8) | 1;
+            if b.len() >= fields && case % 4 == 1 {
+                // Keep the checksum valid so the field checks are reached too.
+                let s = fnv1a64(&b[..at]);
+                b[at..at + 8].copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        parse(&b, next() % (1 << 40));
+    }
 }

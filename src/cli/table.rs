@@ -1,13 +1,12 @@
-//! `ringrec table ...`: create, import, export and inspect table files, plus two hidden
-//! multi-rank commands, `hold` (memory measurement) and `selftest` (the checks the
-//! multi-process tests assert on).
+//! `ringrec table ...`: create, import, export and inspect table files, plus a hidden
+//! multi-rank command, `hold` (memory measurement).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::collective::CommunicatorCollectives;
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
@@ -16,8 +15,6 @@ use ringrec::embedding::host::HostTable;
 use ringrec::embedding::init;
 use ringrec::embedding::params::read_params_header;
 use ringrec::embedding::table::{EmbeddingTable, TableConfig};
-use ringrec::embedding::TableError;
-use ringrec::hash::fnv1a64;
 use ringrec::topology::Topology;
 
 /// Shape and initialisation flags of a new table.
@@ -101,9 +98,6 @@ pub enum TableCommand {
     /// report each rank's Pss, gathered to rank 0 as one JSON line. Run under mpirun.
     #[command(hide = true)]
     Hold(HoldArgs),
-    /// (Testing) Per-rank checks of the host table under mpirun; prints one line per rank.
-    #[command(hide = true)]
-    Selftest(SelftestArgs),
 }
 
 /// Arguments of `ringrec table hold`.
@@ -123,29 +117,6 @@ pub struct HoldArgs {
     pub per_rank_copy: bool,
 }
 
-/// Arguments of `ringrec table selftest`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct SelftestArgs {
-    /// Rows the leader writes.
-    #[arg(long, default_value_t = 1000)]
-    pub rows: u64,
-    /// Values per row.
-    #[arg(long, default_value_t = 8)]
-    pub dim: u32,
-    /// Row storage.
-    #[arg(long, default_value = "f32")]
-    pub dtype: StorageDtype,
-    /// Optimizer.
-    #[arg(long, default_value = "sgd")]
-    pub optimizer: OptimizerKind,
-    /// Have the leader import this sparse-parameter file first (a corrupt one tests the
-    /// failure path).
-    #[arg(long)]
-    pub import: Option<PathBuf>,
-    /// This world rank exits abruptly (status 3) right after the table is set up.
-    #[arg(long)]
-    pub fail_rank: Option<usize>,
-}
 
 /// Runs a `ringrec table` command.
 pub fn run(cmd: TableCommand) -> anyhow::Result<()> {
@@ -193,7 +164,6 @@ pub fn run(cmd: TableCommand) -> anyhow::Result<()> {
             print_out(&text)
         }
         TableCommand::Hold(a) => hold(&a),
-        TableCommand::Selftest(a) => selftest(&a),
     }
 }
 
@@ -293,119 +263,3 @@ pub fn hold(a: &HoldArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Gradient the self test's leader applies to element `j` of `key`'s row.
-fn selftest_grad(key: u64, j: usize) -> f32 {
-    ((key.wrapping_mul(31).wrapping_add(j as u64)) % 17) as f32 / 17.0 - 0.5
-}
-
-/// `ringrec table selftest`: the per-rank checks of the multi-process tests. Prints
-/// `rank R local_rank L host H rows_ok .. rows_digest .. unseen_ok .. unseen_digest .. write ..`
-/// and fails (non-zero exit) when a check does not hold.
-pub fn selftest(a: &SelftestArgs) -> anyhow::Result<()> {
-    let topo = Topology::init()?;
-    let d = a.dim as usize;
-    let mut cfg = TableConfig::new(a.dim, capacity_for_rows(a.rows * 2));
-    cfg.dtype = a.dtype;
-    cfg.optimizer = a.optimizer;
-    cfg.seed = 20240601;
-    let mut ht = match HostTable::open(&topo, &cfg, a.import.as_deref()) {
-        Ok(t) => t,
-        Err(e) => {
-            // Every local rank gets the error together, so all can report it before any exits.
-            println!("rank {} local_rank {} host {} error: {e}", topo.rank, topo.local_rank, topo.host_id);
-            let _ = std::io::stdout().flush();
-            topo.world.comm.barrier();
-            return Err(e).with_context(|| format!("rank {}: opening the host table", topo.rank));
-        }
-    };
-    if a.fail_rank == Some(topo.rank) {
-        // An abrupt exit (no destructors, no MPI_Finalize), like a crash.
-        eprintln!("rank {}: exiting on purpose (--fail-rank)", topo.rank);
-        std::process::exit(3);
-    }
-    let lr = 0.1f32;
-    let keys: Vec<u64> = (1..=a.rows).collect();
-    let grads: Vec<f32> = keys.iter().flat_map(|k| (0..d).map(move |j| selftest_grad(*k, j))).collect();
-
-    // Unseen keys read the same on every rank, before any write.
-    let unseen: Vec<u64> = (0..100u64).map(|i| 1_000_000_000 + i * 7919).collect();
-    let mut u = vec![0f32; unseen.len() * d];
-    ht.lookup(&unseen, &mut u)?;
-    let mut unseen_ok = true;
-    let mut want = vec![0f32; d];
-    for (k, row) in unseen.iter().zip(u.chunks_exact(d)) {
-        ht.table().init_row(*k, &mut want);
-        unseen_ok &= row.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
-    }
-
-    let write = if ht.is_leader() {
-        ht.apply_updates(&keys, &grads, lr)?;
-        "leader_wrote"
-    } else {
-        match ht.apply_updates(&keys, &grads, lr) {
-            Err(TableError::ReadOnly) => "write_refused",
-            Err(e) => bail!("rank {}: a non-leader write failed with the wrong error: {e}", topo.rank),
-            Ok(_) => bail!("rank {}: a non-leader write succeeded", topo.rank),
-        }
-    };
-    ht.sync()?;
-
-    let mut rows = vec![0f32; keys.len() * d];
-    ht.lookup(&keys, &mut rows)?;
-    // Expected: the initial row, one step, rounded to storage (SGD); Adagrad is checked for
-    // equality across ranks through the digest.
-    let mut rows_ok = ht.table().live_rows() == a.rows && ht.table().generation() >= 1;
-    if a.optimizer == OptimizerKind::Sgd && a.import.is_none() {
-        let mut w = vec![0f32; d];
-        for (k, row) in keys.iter().zip(rows.chunks_exact(d)) {
-            ht.table().init_row(*k, &mut w);
-            for (j, x) in w.iter_mut().enumerate() {
-                *x -= lr * selftest_grad(*k, j);
-            }
-            round_to(a.dtype, &mut w);
-            rows_ok &= row.iter().zip(&w).all(|(x, y)| x.to_bits() == y.to_bits());
-        }
-    }
-    let rows_digest = fnv1a64(bytemuck::cast_slice(&rows));
-    let unseen_digest = fnv1a64(bytemuck::cast_slice(&u));
-    println!(
-        "rank {} local_rank {} host {} rows_ok {} rows_digest {:016x} unseen_ok {} unseen_digest {:016x} write {} live_rows {} generation {} segment {}",
-        topo.rank,
-        topo.local_rank,
-        topo.host_id,
-        rows_ok,
-        rows_digest,
-        unseen_ok,
-        unseen_digest,
-        write,
-        ht.table().live_rows(),
-        ht.table().generation(),
-        ht.path().display()
-    );
-    let _ = std::io::stdout().flush();
-    let ok = u8::from(rows_ok && unseen_ok);
-    let mut all_ok = 0u8;
-    topo.world.comm.all_reduce_into(&ok, &mut all_ok, SystemOperation::min());
-    let path = ht.path().to_path_buf();
-    drop(ht);
-    topo.world.comm.barrier();
-    if topo.rank == 0 && all_ok == 1 {
-        println!("selftest ok: {} ranks on {} hosts", topo.size, topo.num_hosts);
-    }
-    if topo.is_leader() && path.exists() {
-        bail!("rank {}: {} still exists after the table was dropped", topo.rank, path.display());
-    }
-    if all_ok == 0 {
-        bail!("rank {}: host table checks failed (rows_ok {rows_ok}, unseen_ok {unseen_ok})", topo.rank);
-    }
-    Ok(())
-}
-
-fn round_to(dtype: StorageDtype, v: &mut [f32]) {
-    use ringrec::embedding::init::Elem;
-    match dtype {
-        StorageDtype::F32 => {}
-        StorageDtype::F16 => half::f16::round(v),
-        StorageDtype::Bf16 => half::bf16::round(v),
-    }
-}

@@ -52,22 +52,16 @@ use super::criteo::{BadLineReport, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
 use crate::fileio::AtomicFile;
 use crate::hash::fnv1a64;
-use crate::header::{rd_u32, rd_u64, wr_u32, wr_u64, Format};
+use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format, HEADER_LEN};
 
-/// First 8 bytes of every dataset cache.
-pub const MAGIC: [u8; 8] = *b"RRDATA\0\0";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
-/// Bytes reserved for the header; the first section starts here.
-pub const HEADER_LEN: u64 = 4096;
 /// Bytes of the header that carry fields (the rest of the header page is zero).
 pub const HEADER_FIELDS: usize = 192;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
 pub const CHECKSUM_AT: usize = 184;
-/// The dataset cache format.
+/// The dataset cache format (magic `RRDATA`, version 1).
 pub static FORMAT: Format = Format {
-    magic: MAGIC,
-    version: VERSION,
+    magic: *b"RRDATA\0\0",
+    version: 1,
     header_len: HEADER_LEN,
     checksum_at: CHECKSUM_AT,
     noun: "dataset cache",
@@ -76,8 +70,6 @@ pub static FORMAT: Format = Format {
     on_version: "run `ringrec data prepare` on the TSV again",
     restore: "run `ringrec data prepare` again",
 };
-/// Sections start at multiples of this (a page).
-pub const SECTION_ALIGN: u64 = 4096;
 /// File name extension of caches made by [`Dataset::from_tsv_cached`].
 pub const CACHE_EXT: &str = "rrdata";
 
@@ -86,10 +78,6 @@ const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
 const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
 /// Rows parsed before their columns are written out.
 const WRITE_CHUNK: usize = 16 * 1024;
-
-fn align_up(x: u64) -> Option<u64> {
-    x.checked_add(SECTION_ALIGN - 1).map(|v| v / SECTION_ALIGN * SECTION_ALIGN)
-}
 
 /// Byte offsets and lengths of the sections of a cache file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -505,7 +493,7 @@ pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
     let mut id = canonical.as_os_str().as_encoded_bytes().to_vec();
     id.extend_from_slice(&size.to_le_bytes());
     id.extend_from_slice(&mtime.to_le_bytes());
-    id.extend_from_slice(&VERSION.to_le_bytes());
+    id.extend_from_slice(&FORMAT.version.to_le_bytes());
     let stem: String = tsv
         .file_stem()
         .map(|s| s.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect())
@@ -586,26 +574,8 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let mut x: u64 = 0x1234_5678_9abc_def1;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let valid = header().encode();
-        for case in 0..50_000u64 {
-            let len = (next() % 220) as usize;
-            let mut b: Vec<u8> = if case % 2 == 0 { (0..len).map(|_| next() as u8).collect() } else { valid[..len.min(HEADER_FIELDS)].to_vec() };
-            if case % 2 == 1 && !b.is_empty() {
-                let i = (next() as usize) % b.len();
-                b[i] ^= (next() as u8) | 1;
-                if b.len() >= HEADER_FIELDS && case % 4 == 1 {
-                    let s = fnv1a64(&b[..CHECKSUM_AT]);
-                    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
-                }
-            }
-            let _ = CacheHeader::parse(Path::new("fuzz"), &b, next() % (1 << 40));
-        }
+        crate::header::fuzz_headers(&FORMAT, &header().encode(), 50_000, |b, len| {
+            let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
+        });
     }
 }

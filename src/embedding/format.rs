@@ -8,22 +8,17 @@
 use std::path::Path;
 
 use super::error::{TableError, TableResult};
-use crate::header::{rd_u32, rd_u64, wr_u32, wr_u64, Format};
+pub use crate::header::HEADER_LEN;
+use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format};
 
-/// First 8 bytes of every table file.
-pub const MAGIC: [u8; 8] = *b"RRTABLE\0";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
-/// Bytes reserved for the header; the index starts here.
-pub const HEADER_LEN: u64 = 4096;
 /// Bytes of the header that carry fields (the rest of the header page is zero).
 pub const HEADER_FIELDS: usize = 144;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
 pub const CHECKSUM_AT: usize = 136;
-/// The table file format.
+/// The table file format (magic `RRTABLE`, version 1).
 pub static FORMAT: Format = Format {
-    magic: MAGIC,
-    version: VERSION,
+    magic: *b"RRTABLE\0",
+    version: 1,
     header_len: HEADER_LEN,
     checksum_at: CHECKSUM_AT,
     noun: "embedding table",
@@ -34,8 +29,6 @@ pub static FORMAT: Format = Format {
 };
 /// The index value of an empty slot; the one key a table cannot hold.
 pub const EMPTY_KEY: u64 = u64::MAX;
-/// Sections start at multiples of this (a page), so every section is aligned for its type.
-pub const SECTION_ALIGN: u64 = 4096;
 /// Largest embedding dimension accepted.
 pub const MAX_DIM: u32 = 1 << 16;
 /// Smallest capacity in slots.
@@ -208,20 +201,16 @@ pub struct Layout {
     pub file_len: u64,
 }
 
-fn align_up(x: u64, a: u64) -> Option<u64> {
-    x.checked_add(a - 1).map(|v| v / a * a)
-}
-
 impl Layout {
     /// The one layout a table of this shape has; `None` on arithmetic overflow.
     pub fn compute(dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind) -> Option<Layout> {
         let index_offset = HEADER_LEN;
         let index_len = capacity.checked_mul(8)?;
-        let rows_offset = align_up(index_offset.checked_add(index_len)?, SECTION_ALIGN)?;
+        let rows_offset = align_up(index_offset.checked_add(index_len)?)?;
         let rows_len = capacity.checked_mul(dim as u64)?.checked_mul(dtype.size())?;
-        let state_offset = align_up(rows_offset.checked_add(rows_len)?, SECTION_ALIGN)?;
+        let state_offset = align_up(rows_offset.checked_add(rows_len)?)?;
         let state_len = capacity.checked_mul(opt.state_bytes_per_row())?;
-        let file_len = align_up(state_offset.checked_add(state_len)?, SECTION_ALIGN)?;
+        let file_len = align_up(state_offset.checked_add(state_len)?)?;
         if file_len > isize::MAX as u64 {
             return None;
         }
@@ -364,7 +353,6 @@ fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hash::fnv1a64;
 
     #[test]
     fn load_limit_is_four_fifths() {
@@ -400,13 +388,6 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let mut x: u64 = 0x1234_5678_9abc_def1;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
         let valid = Header {
             dim: 4,
             dtype: StorageDtype::F32,
@@ -421,19 +402,8 @@ mod tests {
             layout: Layout::compute(4, StorageDtype::F32, 16, OptimizerKind::Sgd).unwrap(),
         }
         .encode();
-        for case in 0..100_000u64 {
-            let len = (next() % 200) as usize;
-            let mut b: Vec<u8> = if case % 2 == 0 { (0..len).map(|_| next() as u8).collect() } else { valid[..len.min(HEADER_FIELDS)].to_vec() };
-            if case % 2 == 1 && !b.is_empty() {
-                let i = (next() as usize) % b.len();
-                b[i] ^= (next() as u8) | 1;
-                if b.len() >= HEADER_FIELDS && case % 4 == 1 {
-                    // Keep the checksum valid so the field checks are reached too.
-                    let s = fnv1a64(&b[..CHECKSUM_AT]);
-                    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
-                }
-            }
-            let _ = Header::parse(Path::new("fuzz"), &b, next() % (1 << 40));
-        }
+        crate::header::fuzz_headers(&FORMAT, &valid, 100_000, |b, len| {
+            let _ = Header::parse(Path::new("fuzz"), b, len);
+        });
     }
 }

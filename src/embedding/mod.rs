@@ -77,5 +77,3 @@ pub use params::{read_params_header, write_params, ParamsHeader};
 pub use table::{EmbeddingTable, TableConfig, TableInfo};
 pub use update::UpdateStats;
 
-#[cfg(test)]
-mod tests;

@@ -413,7 +413,7 @@ impl EmbeddingTable {
         let h = self.header;
         TableInfo {
             path: self.path.clone(),
-            version: format::VERSION,
+            version: format::FORMAT.version,
             header: h,
             max_rows: h.max_rows(),
             load_factor: h.live_rows as f64 / h.capacity as f64,

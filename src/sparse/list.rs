@@ -73,13 +73,6 @@ impl SparseList {
         self.grads.clear();
         self.counts.clear();
     }
-    /// Makes this list a copy of `other`, keeping its memory.
-    pub fn copy_from(&mut self, other: &SparseList) {
-        self.clear(other.dim);
-        self.keys.extend_from_slice(&other.keys);
-        self.grads.extend_from_slice(&other.grads);
-        self.counts.extend_from_slice(&other.counts);
-    }
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.grads[i * self.dim..(i + 1) * self.dim]
@@ -289,16 +282,6 @@ pub enum Piece {
         /// Message.
         message: String,
     },
-}
-
-impl Piece {
-    /// The list, or the error as [`SparseError::Peer`].
-    pub fn into_list(self) -> SparseResult<SparseList> {
-        match self {
-            Piece::List(l) => Ok(l),
-            Piece::Error { rank, message } => Err(SparseError::Peer { rank, message }),
-        }
-    }
 }
 
 fn corrupt(reason: impl Into<String>) -> DecodeError {
@@ -572,14 +555,16 @@ pub(crate) fn wire_sections(out: &mut [u8], n: usize, dim: usize, with_counts: b
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn bits(v: &[f32]) -> Vec<u32> {
+    /// The bit patterns of `v` (exact comparisons, -0.0 included).
+    pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {
+    /// A list of `dim`-wide rows.
+    pub(crate) fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {
         SparseList { dim, keys: keys.to_vec(), grads: rows.to_vec(), counts: counts.to_vec() }
     }
 

@@ -300,15 +300,8 @@ pub(crate) fn merge_to_sections(lists: &[ListRef<'_>], dim: usize, finish: Finis
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sparse::list::tests::{bits, list};
     use crate::sparse::list::{normalise, view, KeyRange, Viewed};
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    fn list(keys: &[u64], rows: &[f32], counts: &[u32], dim: usize) -> SparseList {
-        SparseList { dim, keys: keys.to_vec(), grads: rows.to_vec(), counts: counts.to_vec() }
-    }
 
     #[test]
     fn merge_sums_in_list_order_and_adds_counts() {

@@ -106,25 +106,9 @@ pub fn pattern(i: usize, rank: usize) -> f64 {
     ((i.wrapping_mul(7) + rank * 3) % 8) as f64 - 3.0
 }
 
-/// Writes the pattern of `rank` into `buf` as `dtype`.
-pub fn fill(buf: &mut [u8], dtype: DType, rank: usize) {
-    macro_rules! go {
-        ($t:ty, $conv:expr) => {{
-            let v: &mut [$t] = bytemuck::cast_slice_mut(buf);
-            for (i, x) in v.iter_mut().enumerate() {
-                *x = $conv(pattern(i, rank));
-            }
-        }};
-    }
-    match dtype {
-        DType::F32 => go!(f32, |x: f64| x as f32),
-        DType::F64 => go!(f64, |x: f64| x),
-        DType::F16 => go!(half::f16, half::f16::from_f64),
-        DType::BF16 => go!(half::bf16, half::bf16::from_f64),
-        DType::I32 => go!(i32, |x: f64| x as i32),
-        DType::I64 => go!(i64, |x: f64| x as i64),
-        DType::U8 => {}
-    }
+/// Writes the pattern of `rank` into `buf`.
+pub fn fill<T: Element>(buf: &mut [T], rank: usize) {
+    buf.iter_mut().enumerate().for_each(|(i, x)| *x = T::from_f64(pattern(i, rank)));
 }
 
 /// The exact expected result at index i of an allreduce of the pattern over `n` ranks,
@@ -147,22 +131,8 @@ pub fn expected(i: usize, n: usize, dtype: DType, op: ReduceOp) -> f64 {
 }
 
 /// Counts elements of `buf` that differ from [`expected`].
-pub fn count_wrong(buf: &[u8], dtype: DType, op: ReduceOp, n: usize) -> u64 {
-    macro_rules! go {
-        ($t:ty, $conv:expr) => {{
-            let v: &[$t] = bytemuck::cast_slice(buf);
-            v.iter().enumerate().filter(|(i, x)| **x != $conv(expected(*i, n, dtype, op))).count() as u64
-        }};
-    }
-    match dtype {
-        DType::F32 => go!(f32, |x: f64| x as f32),
-        DType::F64 => go!(f64, |x: f64| x),
-        DType::F16 => go!(half::f16, half::f16::from_f64),
-        DType::BF16 => go!(half::bf16, half::bf16::from_f64),
-        DType::I32 => go!(i32, |x: f64| x as i32),
-        DType::I64 => go!(i64, |x: f64| x as i64),
-        DType::U8 => 0,
-    }
+pub fn count_wrong<T: Element>(buf: &[T], op: ReduceOp, n: usize) -> u64 {
+    buf.iter().enumerate().filter(|(i, x)| **x != T::from_f64(expected(*i, n, T::DTYPE, op))).count() as u64
 }
 
 fn sizes(args: &AllreduceBenchArgs, esz: usize) -> Vec<usize> {
@@ -190,7 +160,7 @@ fn measure<D: Device, C: DeviceCollectives<D>, T: Scalar + Element>(topo: &Topol
     let (world, n, dtype) = (&topo.world.comm, topo.size, T::DTYPE);
     let count = size / dtype.size();
     let mut host = vec![T::zeroed(); count];
-    fill(bytemuck::cast_slice_mut(&mut host), dtype, topo.rank);
+    fill(&mut host, topo.rank);
     let mut buf = dev.buffer_from(&host)?;
     let iters = iterations(args.iters, size);
     for _ in 0..args.warmup.min(iters) {
@@ -211,7 +181,7 @@ fn measure<D: Device, C: DeviceCollectives<D>, T: Scalar + Element>(topo: &Topol
     coll.allreduce(dev, &mut buf, 0, count, op)?;
     coll.wait(dev)?;
     dev.read(&buf, 0, &mut host)?;
-    let wrong_here = count_wrong(bytemuck::cast_slice(&host), dtype, op, n);
+    let wrong_here = count_wrong(&host, op, n);
     let mut wrong = 0u64;
     world.all_reduce_into(&wrong_here, &mut wrong, SystemOperation::sum());
     let algbw = size as f64 / slowest / 1e9;
@@ -376,9 +346,9 @@ mod tests {
         assert_eq!(expected(0, 4, DType::F32, ReduceOp::Max), 3.0);
         assert_eq!(expected(0, 4, DType::I32, ReduceOp::Average), 0.0);
         assert_eq!(expected(0, 4, DType::F32, ReduceOp::Average), -0.5);
-        let mut buf = vec![0u8; 40];
-        fill(&mut buf, DType::F32, 0);
-        assert_eq!(count_wrong(&buf, DType::F32, ReduceOp::Sum, 1), 0);
-        assert_eq!(count_wrong(&buf, DType::F32, ReduceOp::Sum, 2), 10 - bytemuck::cast_slice::<u8, f32>(&buf).iter().enumerate().filter(|(i, _)| pattern(*i, 1) == 0.0).count() as u64);
+        let mut buf = vec![0f32; 10];
+        fill(&mut buf, 0);
+        assert_eq!(count_wrong(&buf, ReduceOp::Sum, 1), 0);
+        assert_eq!(count_wrong(&buf, ReduceOp::Sum, 2), 10 - buf.iter().enumerate().filter(|(i, _)| pattern(*i, 1) == 0.0).count() as u64);
     }
 }

@@ -99,13 +99,6 @@ fn draw(n: u64, len: usize, dist: KeyDist, s: f64, seed: u64) -> Vec<u64> {
     ids.into_iter().map(key_of).collect()
 }
 
-fn rate(items: usize, f: impl FnMut()) -> f64 {
-    let mut f = f;
-    let t = Instant::now();
-    f();
-    items as f64 / t.elapsed().as_secs_f64()
-}
-
 fn map_gather(map: &HashMap<u64, Vec<f32>>, keys: &[u64], out: &mut [f32], dim: usize, scale: f32) {
     for (k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
         match map.get(k) {
@@ -113,6 +106,84 @@ fn map_gather(map: &HashMap<u64, Vec<f32>>, keys: &[u64], out: &mut [f32], dim: 
             None => init_row_f32(*k, 0, scale, o),
         }
     }
+}
+
+/// Runs `f` `iters` times over the four batches in turn; keys per second.
+fn timed(iters: usize, per: usize, mut f: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    for i in 0..iters {
+        f(i % 4)?;
+    }
+    Ok((iters * per) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// A table of `rows` rows of `dim` at `path` and a HashMap holding the same rows.
+fn filled(path: &std::path::Path, rows: u64, dim: u32, dtype: StorageDtype) -> anyhow::Result<(EmbeddingTable, HashMap<u64, Vec<f32>>)> {
+    let d = dim as usize;
+    let mut cfg = TableConfig::new(dim, capacity_for_rows(rows));
+    cfg.dtype = dtype;
+    cfg.optimizer = OptimizerKind::Sgd;
+    let mut table = EmbeddingTable::create(path, &cfg)?;
+    let mut map: HashMap<u64, Vec<f32>> = HashMap::with_capacity(rows as usize);
+    let chunk = 65536u64;
+    let mut vals = Vec::with_capacity(chunk as usize * d);
+    for start in (0..rows).step_by(chunk as usize) {
+        let keys: Vec<u64> = (start..(start + chunk).min(rows)).map(key_of).collect();
+        vals.resize(keys.len() * d, 0.0);
+        table.lookup(&keys, &mut vals)?; // initial rows, rounded to storage
+        table.put_rows(&keys, &vals)?;
+        for (k, r) in keys.iter().zip(vals.chunks_exact(d)) {
+            map.insert(*k, r.to_vec());
+        }
+    }
+    Ok((table, map))
+}
+
+/// One line: lookups and updates of batches drawn from `dist`, on both sides.
+fn measure(args: &EmbeddingBenchArgs, one: &rayon::ThreadPool, table: &mut EmbeddingTable, map: &mut HashMap<u64, Vec<f32>>, rows: u64, dim: u32, dist: KeyDist) -> anyhow::Result<EmbeddingBenchRow> {
+    let (d, scale, iters) = (dim as usize, table.header().init_scale, args.iters);
+    let batches: Vec<Vec<u64>> = (0..4).map(|b| draw(rows, args.batch, dist, args.zipf_s, b * 7 + dim as u64)).collect();
+    let (mut out_t, mut out_m) = (vec![0f32; args.batch * d], vec![0f32; args.batch * d]);
+    // Warm up, and check both sides agree.
+    let mut check = true;
+    for b in &batches {
+        table.lookup(b, &mut out_t)?;
+        map_gather(map, b, &mut out_m, d, scale);
+        check &= out_t.iter().zip(&out_m).all(|(x, y)| x.to_bits() == y.to_bits());
+    }
+    let table_1t = one.install(|| timed(iters, args.batch, |b| Ok(table.lookup(&batches[b], &mut out_t)?)))?;
+    let map_1t = timed(iters, args.batch, |b| {
+        map_gather(map, &batches[b], &mut out_m, d, scale);
+        Ok(())
+    })?;
+    let table_par = timed(iters, args.batch, |b| Ok(table.lookup(&batches[b], &mut out_t)?))?;
+    let map_par = timed(iters, args.batch, |b| {
+        out_m.par_chunks_mut(2048 * d).zip(batches[b].par_chunks(2048)).for_each(|(o, k)| map_gather(map, k, o, d, scale));
+        Ok(())
+    })?;
+    // Updates: the distinct keys of a batch, as a host applies them after aggregation.
+    let uniq: Vec<Vec<u64>> = batches.iter().map(|b| b.iter().copied().collect::<std::collections::BTreeSet<u64>>().into_iter().collect()).collect();
+    let grads: Vec<f32> = (0..uniq.iter().map(Vec::len).max().unwrap_or(0) * d).map(|i| (i % 13) as f32 * 1e-3 - 6e-3).collect();
+    let upd_iters = iters.div_ceil(4).max(1);
+    let per = (0..upd_iters).map(|i| uniq[i % 4].len()).sum::<usize>() / upd_iters;
+    let lr = 0.01f32;
+    let table_updates = timed(upd_iters, per, |b| {
+        table.apply_updates(&uniq[b], &grads[..uniq[b].len() * d], lr)?;
+        Ok(())
+    })?;
+    let hashmap_updates = timed(upd_iters, per, |b| {
+        for (k, g) in uniq[b].iter().zip(grads.chunks_exact(d)) {
+            let row = map.entry(*k).or_insert_with(|| {
+                let mut r = vec![0f32; d];
+                init_row_f32(*k, 0, scale, &mut r);
+                r
+            });
+            row.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g);
+        }
+        Ok(())
+    })?;
+    let unique = uniq[0].len();
+    Ok(EmbeddingBenchRow { dim, rows, dist, batch: args.batch, unique, table_lookups_1t: table_1t, hashmap_lookups_1t: map_1t, table_lookups_par: table_par, hashmap_lookups_par: map_par, table_updates, hashmap_updates, check })
 }
 
 /// Runs the benchmark and prints the table (or JSON).
@@ -124,157 +195,21 @@ pub fn run(args: EmbeddingBenchArgs) -> anyhow::Result<()> {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().context("building a 1-thread pool")?;
     let mut results = Vec::new();
     if !args.json {
-        println!(
-            "# ringrec bench embedding: batch {} keys, {} iters, storage {}, zipf s={}, {} rayon threads; rates in M rows/s",
-            args.batch,
-            args.iters,
-            args.dtype,
-            args.zipf_s,
-            rayon::current_num_threads()
-        );
-        println!(
-            "{:>4} {:>9} {:>8} {:>7} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | check",
-            "dim", "rows", "dist", "unique", "tbl 1t", "map 1t", "ratio", "tbl par", "map par", "ratio", "tbl upd", "map upd", "ratio"
-        );
+        println!("# ringrec bench embedding: batch {} keys, {} iters, storage {}, zipf s={}, {} rayon threads; rates in M rows/s", args.batch, args.iters, args.dtype, args.zipf_s, rayon::current_num_threads());
+        println!("{:>4} {:>9} {:>8} {:>7} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | {:>8} {:>8} {:>6} | check", "dim", "rows", "dist", "unique", "tbl 1t", "map 1t", "ratio", "tbl par", "map par", "ratio", "tbl upd", "map upd", "ratio");
     }
     for &rows in &args.rows {
         for &dim in &args.dims {
-            let d = dim as usize;
             let path = dir.join(format!("ringrec-bench-{}-table", std::process::id()));
             let _ = std::fs::remove_file(&path);
-            let mut cfg = TableConfig::new(dim, capacity_for_rows(rows));
-            cfg.dtype = args.dtype;
-            cfg.optimizer = OptimizerKind::Sgd;
-            let mut table = EmbeddingTable::create(&path, &cfg)?;
             let _guard = SegmentGuard::new(&path);
-            let scale = table.header().init_scale;
-            // Fill both with the same rows.
-            let mut map: HashMap<u64, Vec<f32>> = HashMap::with_capacity(rows as usize);
-            let chunk = 65536u64;
-            let mut vals = Vec::with_capacity(chunk as usize * d);
-            let mut keys = Vec::with_capacity(chunk as usize);
-            for start in (0..rows).step_by(chunk as usize) {
-                keys.clear();
-                keys.extend((start..(start + chunk).min(rows)).map(key_of));
-                vals.resize(keys.len() * d, 0.0);
-                table.lookup(&keys, &mut vals)?; // initial rows, rounded to storage
-                table.put_rows(&keys, &vals)?;
-                for (k, r) in keys.iter().zip(vals.chunks_exact(d)) {
-                    map.insert(*k, r.to_vec());
-                }
-            }
+            let (mut table, mut map) = filled(&path, rows, dim, args.dtype)?;
             for &dist in &args.dist {
-                let batches: Vec<Vec<u64>> = (0..4).map(|b| draw(rows, args.batch, dist, args.zipf_s, b * 7 + dim as u64)).collect();
-                let mut out_t = vec![0f32; args.batch * d];
-                let mut out_m = vec![0f32; args.batch * d];
-                let total = args.batch * args.iters;
-                // Warm up, and check both sides agree.
-                let mut check = true;
-                for b in &batches {
-                    table.lookup(b, &mut out_t)?;
-                    map_gather(&map, b, &mut out_m, d, scale);
-                    check &= out_t.iter().zip(&out_m).all(|(x, y)| x.to_bits() == y.to_bits());
-                }
-                let mut err = Ok(());
-                let table_1t = one.install(|| {
-                    rate(total, || {
-                        for i in 0..args.iters {
-                            if let Err(e) = table.lookup(&batches[i % 4], &mut out_t) {
-                                err = Err(e);
-                            }
-                        }
-                    })
-                });
-                let map_1t = rate(total, || {
-                    for i in 0..args.iters {
-                        map_gather(&map, &batches[i % 4], &mut out_m, d, scale);
-                    }
-                });
-                let table_par = rate(total, || {
-                    for i in 0..args.iters {
-                        if let Err(e) = table.lookup(&batches[i % 4], &mut out_t) {
-                            err = Err(e);
-                        }
-                    }
-                });
-                let map_par = rate(total, || {
-                    for i in 0..args.iters {
-                        out_m.par_chunks_mut(2048 * d).zip(batches[i % 4].par_chunks(2048)).for_each(|(o, k)| map_gather(&map, k, o, d, scale));
-                    }
-                });
-                err?;
-                // Updates: the distinct keys of a batch, as a host applies them after aggregation.
-                let uniq: Vec<Vec<u64>> = batches
-                    .iter()
-                    .map(|b| {
-                        let mut u = b.clone();
-                        u.sort_unstable();
-                        u.dedup();
-                        u
-                    })
-                    .collect();
-                let grads: Vec<f32> = (0..uniq.iter().map(Vec::len).max().unwrap_or(0) * d).map(|i| (i % 13) as f32 * 1e-3 - 6e-3).collect();
-                let upd_iters = args.iters.div_ceil(4).max(1);
-                let n_upd: usize = (0..upd_iters).map(|i| uniq[i % 4].len()).sum();
-                let lr = 0.01f32;
-                let mut uerr = Ok(());
-                let table_upd = rate(n_upd, || {
-                    for i in 0..upd_iters {
-                        let u = &uniq[i % 4];
-                        if let Err(e) = table.apply_updates(u, &grads[..u.len() * d], lr) {
-                            uerr = Err(e);
-                        }
-                    }
-                });
-                uerr?;
-                let map_upd = rate(n_upd, || {
-                    for i in 0..upd_iters {
-                        let u = &uniq[i % 4];
-                        for (k, g) in u.iter().zip(grads.chunks_exact(d)) {
-                            let row = map.entry(*k).or_insert_with(|| {
-                                let mut r = vec![0f32; d];
-                                init_row_f32(*k, 0, scale, &mut r);
-                                r
-                            });
-                            for (w, g) in row.iter_mut().zip(g) {
-                                *w -= lr * g;
-                            }
-                        }
-                    }
-                });
-                let r = EmbeddingBenchRow {
-                    dim,
-                    rows,
-                    dist,
-                    batch: args.batch,
-                    unique: uniq[0].len(),
-                    table_lookups_1t: table_1t,
-                    hashmap_lookups_1t: map_1t,
-                    table_lookups_par: table_par,
-                    hashmap_lookups_par: map_par,
-                    table_updates: table_upd,
-                    hashmap_updates: map_upd,
-                    check,
-                };
+                let r = measure(&args, &one, &mut table, &mut map, rows, dim, dist)?;
                 if !args.json {
-                    let m = 1e6;
-                    println!(
-                        "{:>4} {:>9} {:>8} {:>7} | {:>8.2} {:>8.2} {:>5.2}x | {:>8.2} {:>8.2} {:>5.2}x | {:>8.2} {:>8.2} {:>5.2}x | {}",
-                        dim,
-                        rows,
-                        format!("{dist:?}").to_lowercase(),
-                        r.unique,
-                        table_1t / m,
-                        map_1t / m,
-                        table_1t / map_1t,
-                        table_par / m,
-                        map_par / m,
-                        table_par / map_par,
-                        table_upd / m,
-                        map_upd / m,
-                        table_upd / map_upd,
-                        if check { "ok" } else { "MISMATCH" }
-                    );
+                    let cols = [(r.table_lookups_1t, r.hashmap_lookups_1t), (r.table_lookups_par, r.hashmap_lookups_par), (r.table_updates, r.hashmap_updates)];
+                    let cols: Vec<String> = cols.iter().map(|(t, m)| format!("{:>8.2} {:>8.2} {:>5.2}x", t / 1e6, m / 1e6, t / m)).collect();
+                    println!("{:>4} {:>9} {:>8} {:>7} | {} | {}", dim, rows, format!("{dist:?}").to_lowercase(), r.unique, cols.join(" | "), if r.check { "ok" } else { "MISMATCH" });
                 }
                 results.push(r);
             }

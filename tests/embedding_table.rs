@@ -1,4 +1,4 @@
-//! Unit tests of the table file, its validation and its arithmetic.
+//! Tests of the table file, its validation and its arithmetic.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 
-use crate::header::FormatError;
-use super::format::{CHECKSUM_AT, HEADER_LEN};
-use crate::hash::fnv1a64;
-use super::*;
+use ringrec::header::FormatError;
+use ringrec::embedding::format::{CHECKSUM_AT, HEADER_LEN};
+use ringrec::hash::fnv1a64;
+use ringrec::embedding::*;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -482,7 +482,7 @@ fn segment_guard_removes_on_drop() {
     g.disarm();
     drop(g);
     assert!(p.exists());
-    assert!(crate::shm::segment_path(Path::new("/dev/shm"), "job 1", 3, "table").to_string_lossy().ends_with("/dev/shm/ringrec-job_1-h3-table"));
+    assert!(ringrec::shm::segment_path(Path::new("/dev/shm"), "job 1", 3, "table").to_string_lossy().ends_with("/dev/shm/ringrec-job_1-h3-table"));
 }
 
 /// Child half of `readonly_mapping_faults_on_write`.
@@ -503,7 +503,7 @@ fn readonly_mapping_faults_on_write() {
     let dir = TempDir::new();
     let (p, _) = sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "embedding::tests::readonly_fault_child", "--nocapture", "--test-threads=1"])
+        .args(["--ignored", "--exact", "readonly_fault_child", "--nocapture", "--test-threads=1"])
         .env("RINGREC_FAULT_TABLE", &p)
         .output()
         .unwrap();

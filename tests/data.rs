@@ -2,9 +2,11 @@
 //! binary cache out and back, batches cut among ranks, synthetic data with a known optimum.
 //! No MPI: everything here is single-process.
 
+mod common;
+
+use common::TempDir;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ringrec::fileio::IoError;
 use ringrec::header::FormatError;
@@ -15,26 +17,6 @@ use ringrec::data::{
 };
 use ringrec::hash::fnv1a64;
 
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!("ringrec-data-{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A well-formed line: label, I1..I13 = i, i+1, ..., C1..C26 = 8 hex digits `(k + 1) << 24 ^ i`.
 fn good(label: u8, i: i64) -> String {

@@ -1,36 +1,17 @@
 //! Tests of the table file, its validation and its arithmetic.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 
-use ringrec::header::FormatError;
+use common::TempDir;
 use ringrec::embedding::format::{CHECKSUM_AT, HEADER_LEN};
-use ringrec::hash::fnv1a64;
 use ringrec::embedding::*;
-
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh directory removed on drop.
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new() -> TempDir {
-        let p = std::env::temp_dir().join(format!("ringrec-emb-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use ringrec::hash::fnv1a64;
+use ringrec::header::FormatError;
 
 fn cfg(dim: u32, cap: u64, dtype: StorageDtype, opt: OptimizerKind) -> TableConfig {
     let mut c = TableConfig::new(dim, cap);
@@ -63,7 +44,7 @@ fn sample_file(dir: &TempDir, dtype: StorageDtype, opt: OptimizerKind) -> (PathB
 
 #[test]
 fn create_is_exclusive_private_and_empty() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let p = dir.path("t");
     let t = EmbeddingTable::create(&p, &cfg(8, 100, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
     assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
@@ -77,7 +58,7 @@ fn create_is_exclusive_private_and_empty() {
 
 #[test]
 fn sgd_step_matches_hand_computation() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
     let w0 = row(&t, 5);
     t.apply_updates(&[5], &[1.0, -2.0], 0.25).unwrap();
@@ -91,7 +72,7 @@ fn sgd_step_matches_hand_computation() {
 
 #[test]
 fn adagrad_step_matches_hand_computation() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut c = cfg(2, 16, StorageDtype::F32, OptimizerKind::Adagrad);
     c.adagrad_init = 0.5;
     c.adagrad_eps = 1e-6;
@@ -112,7 +93,7 @@ fn adagrad_step_matches_hand_computation() {
 
 #[test]
 fn unseen_keys_read_their_initial_row_before_and_after_insertion() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
         let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg(16, 64, dtype, OptimizerKind::Sgd)).unwrap();
         let before = row(&t, 424242);
@@ -134,7 +115,7 @@ fn unseen_keys_read_their_initial_row_before_and_after_insertion() {
 
 #[test]
 fn half_storage_rounds_values_and_halves_the_rows() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut t16 = EmbeddingTable::create(&dir.path("f16"), &cfg(4, 16, StorageDtype::F16, OptimizerKind::Sgd)).unwrap();
     let mut tb = EmbeddingTable::create(&dir.path("bf16"), &cfg(4, 16, StorageDtype::Bf16, OptimizerKind::Sgd)).unwrap();
     let v = [1.0f32 / 3.0, 1e-3, -7.77, 65504.0];
@@ -151,7 +132,7 @@ fn half_storage_rounds_values_and_halves_the_rows() {
 
 #[test]
 fn full_table_error_names_capacity_and_flag_and_changes_nothing() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
     let keys: Vec<u64> = (0..12).collect();
     t.apply_updates(&keys, &grads(&keys, 2, 0), 0.1).unwrap();
@@ -167,7 +148,7 @@ fn full_table_error_names_capacity_and_flag_and_changes_nothing() {
 
 #[test]
 fn reserved_key_and_bad_shapes_are_rejected() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(2, 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
     let mut out = [0f32; 2];
     assert!(matches!(t.lookup(&[u64::MAX], &mut out), Err(TableError::ReservedKey { .. })));
@@ -181,7 +162,7 @@ fn reserved_key_and_bad_shapes_are_rejected() {
 
 #[test]
 fn read_only_handle_refuses_writes_and_sees_leader_updates() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let p = dir.path("t");
     let mut w = EmbeddingTable::create(&p, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Adagrad)).unwrap();
     let mut r = EmbeddingTable::open_readonly(&p).unwrap();
@@ -198,7 +179,7 @@ fn read_only_handle_refuses_writes_and_sees_leader_updates() {
 
 #[test]
 fn same_updates_give_byte_identical_files() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let c = cfg(8, 256, StorageDtype::Bf16, OptimizerKind::Adagrad);
     let mut a = EmbeddingTable::create(&dir.path("a"), &c).unwrap();
     let mut b = EmbeddingTable::create(&dir.path("b"), &c).unwrap();
@@ -213,7 +194,7 @@ fn same_updates_give_byte_identical_files() {
 
 #[test]
 fn save_and_load_round_trip_byte_identical() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
         let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg(8, 128, dtype, OptimizerKind::Adagrad)).unwrap();
         let keys: Vec<u64> = (0..90).map(|k| k * 0x1234_5678_9abc).collect();
@@ -236,7 +217,7 @@ fn save_and_load_round_trip_byte_identical() {
 
 #[test]
 fn params_export_import_round_trip_is_bit_exact() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     for (i, dtype) in [StorageDtype::F32, StorageDtype::F16, StorageDtype::Bf16].into_iter().enumerate() {
         let c = cfg(6, 256, dtype, OptimizerKind::Sgd);
         let mut t = EmbeddingTable::create(&dir.path(&format!("t{i}")), &c).unwrap();
@@ -269,7 +250,7 @@ fn params_export_import_round_trip_is_bit_exact() {
 
 #[test]
 fn import_rejects_bad_params_files_and_leaves_no_table() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let params = dir.path("p.bin");
     write_params(&params, 4, &[1, 2, 3], &[0.5; 12]).unwrap();
     let mut bytes = std::fs::read(&params).unwrap();
@@ -311,7 +292,7 @@ fn open_bytes(dir: &TempDir, name: &str, bytes: &[u8]) -> Result<EmbeddingTable,
 
 #[test]
 fn every_corruption_kind_has_its_own_error() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let (_, good) = sample_file(&dir, StorageDtype::F16, OptimizerKind::Adagrad);
     assert!(open_bytes(&dir, "ok", &good).is_ok());
 
@@ -368,7 +349,7 @@ fn another_users_table_is_refused() {
         eprintln!("skipped: chown to another uid needs root");
         return;
     }
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let (p, _) = sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd);
     std::os::unix::fs::chown(&p, Some(12345), None).unwrap();
     let e = EmbeddingTable::open_readonly(&p).unwrap_err();
@@ -391,10 +372,10 @@ impl Rng {
 
 #[test]
 fn mutated_files_never_panic() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let samples = [sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd).1, {
-        let d2 = TempDir::new();
+        let d2 = TempDir::new("emb");
         sample_file(&d2, StorageDtype::Bf16, OptimizerKind::Adagrad).1
     }];
     let p = dir.path("fuzz");
@@ -456,7 +437,7 @@ fn mutated_files_never_panic() {
 
 #[test]
 fn large_batches_gather_in_parallel_and_agree_with_small_ones() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let mut t = EmbeddingTable::create(&dir.path("t"), &cfg(16, 1 << 16, StorageDtype::F32, OptimizerKind::Sgd)).unwrap();
     let keys: Vec<u64> = (0..40_000).map(|k| k * 3).collect();
     t.apply_updates(&keys, &grads(&keys, 16, 2), 0.1).unwrap();
@@ -470,7 +451,7 @@ fn large_batches_gather_in_parallel_and_agree_with_small_ones() {
 
 #[test]
 fn segment_guard_removes_on_drop() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let p = dir.path("seg");
     std::fs::write(&p, b"x").unwrap();
     {
@@ -500,7 +481,7 @@ fn readonly_fault_child() {
 #[test]
 fn readonly_mapping_faults_on_write() {
     use std::os::unix::process::ExitStatusExt;
-    let dir = TempDir::new();
+    let dir = TempDir::new("emb");
     let (p, _) = sample_file(&dir, StorageDtype::F32, OptimizerKind::Sgd);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "readonly_fault_child", "--nocapture", "--test-threads=1"])
@@ -513,7 +494,7 @@ fn readonly_mapping_faults_on_write() {
 #[test]
 fn parallel_updates_of_distinct_keys_equal_the_sequential_path_byte_for_byte() {
     for (dtype, optimizer) in [(StorageDtype::F32, OptimizerKind::Sgd), (StorageDtype::F16, OptimizerKind::Adagrad), (StorageDtype::Bf16, OptimizerKind::Sgd)] {
-        let dir = TempDir::new();
+        let dir = TempDir::new("emb");
         let mut cfg = TableConfig::new(8, 1 << 14);
         cfg.dtype = dtype;
         cfg.optimizer = optimizer;

@@ -1,8 +1,9 @@
-//! Launching real `mpirun` jobs from tests.
+//! Launching real `mpirun` jobs from tests; temporary directories.
 #![allow(dead_code)]
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -150,5 +151,29 @@ pub fn gpus() -> Option<usize> {
             eprintln!("skipped: no GPU path here ({e})");
             None
         }
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `ringrec-<name>-<pid>-<n>`, empty.
+    pub fn new(name: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!("ringrec-{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    /// A path inside it.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -9,6 +9,33 @@ use std::time::Duration;
 
 use crate::error::{CommError, CommResult};
 
+/// For an option enum: `ALL`, `name()` (the word on the command line and in logs),
+/// `FromStr` (that word, any case; else an error listing the choices) and `Display`.
+macro_rules! named_enum {
+    ($t:ident { $($v:ident => $n:literal),+ $(,)? }) => {
+        impl $t {
+            /// Every choice.
+            pub const ALL: &'static [$t] = &[$($t::$v),+];
+            /// Its name on the command line and in logs.
+            pub fn name(self) -> &'static str {
+                match self { $($t::$v => $n),+ }
+            }
+        }
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<$t, String> {
+                $t::ALL.iter().copied().find(|v| v.name().eq_ignore_ascii_case(s)).ok_or_else(|| format!("`{s}` is not one of {}", [$($n),+].join(", ")))
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+pub(crate) use named_enum;
+
 /// The process-level settings (see the README's table of knobs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {

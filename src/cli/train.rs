@@ -59,7 +59,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.001)]
     pub lr: f32,
     /// Dense optimizer.
-    #[arg(long, value_enum, default_value = "adam")]
+    #[arg(long, default_value = "adam")]
     pub dense_optimizer: DenseOptimizer,
     /// Embedding learning rate.
     #[arg(long, default_value_t = 0.05)]
@@ -85,10 +85,10 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_parser = placement)]
     pub device: Placement,
     /// Sparse exchange: hierarchical (per-host pre-aggregation) or flat (every rank allgathers).
-    #[arg(long, value_enum, default_value = "hier")]
+    #[arg(long, default_value = "hier")]
     pub sparse_exchange: SparseExchange,
     /// What a key's summed gradient is divided by: frequency (ranks holding it), world, none.
-    #[arg(long, value_enum, default_value = "frequency")]
+    #[arg(long, default_value = "frequency")]
     pub sparse_normalize: SparseNormalize,
     /// Threads per rank (default: cores / ranks on this host).
     #[arg(long, env = "RINGREC_THREADS")]

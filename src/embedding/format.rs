@@ -133,14 +133,9 @@ pub enum OptimizerKind {
     Adagrad,
 }
 
+crate::config::named_enum!(OptimizerKind { Sgd => "sgd", Adagrad => "adagrad" });
+
 impl OptimizerKind {
-    /// Its name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            OptimizerKind::Sgd => "sgd",
-            OptimizerKind::Adagrad => "adagrad",
-        }
-    }
     /// Its code in the header.
     pub fn code(self) -> u32 {
         match self {
@@ -162,23 +157,6 @@ impl OptimizerKind {
             OptimizerKind::Sgd => 0,
             OptimizerKind::Adagrad => 4,
         }
-    }
-}
-
-impl std::str::FromStr for OptimizerKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "sgd" => Ok(OptimizerKind::Sgd),
-            "adagrad" => Ok(OptimizerKind::Adagrad),
-            _ => Err(format!("unknown optimizer {s:?}; use sgd or adagrad")),
-        }
-    }
-}
-
-impl std::fmt::Display for OptimizerKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -5,13 +5,14 @@
 use crate::device::{Device, DeviceError, DeviceResult, Op};
 
 /// Which dense optimizer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DenseOptimizer {
     /// Plain SGD: `w -= lr * g`.
     Sgd,
     /// Adam (Kingma & Ba) with bias correction.
     Adam,
 }
+crate::config::named_enum!(DenseOptimizer { Sgd => "sgd", Adam => "adam" });
 
 /// Optimizer state.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

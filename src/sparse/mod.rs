@@ -52,40 +52,18 @@ pub use list::{normalise, KeyRange, ListRef, SparseList};
 pub use merge::{merge, merge_into, merge_views_into, Finish};
 
 /// How sparse gradients travel between ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SparseExchange {
     /// Pre-aggregate per host through shared memory; only host leaders exchange across hosts.
     #[default]
-    #[value(name = "hier")]
     Hierarchical,
     /// Every rank allgathers every rank's list over the world (the seed's literal scheme).
     Flat,
 }
-
-impl SparseExchange {
-    /// Its name on the command line and in logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            SparseExchange::Hierarchical => "hier",
-            SparseExchange::Flat => "flat",
-        }
-    }
-    fn code(self) -> u64 {
-        match self {
-            SparseExchange::Hierarchical => 1,
-            SparseExchange::Flat => 2,
-        }
-    }
-}
-
-impl std::fmt::Display for SparseExchange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::config::named_enum!(SparseExchange { Hierarchical => "hier", Flat => "flat" });
 
 /// What a key's summed gradient is divided by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SparseNormalize {
     /// By the number of ranks whose batch held the key (design 003).
     #[default]
@@ -95,27 +73,4 @@ pub enum SparseNormalize {
     /// Not at all: the plain sum.
     None,
 }
-
-impl SparseNormalize {
-    /// Its name on the command line and in logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            SparseNormalize::Frequency => "frequency",
-            SparseNormalize::World => "world",
-            SparseNormalize::None => "none",
-        }
-    }
-    fn code(self) -> u64 {
-        match self {
-            SparseNormalize::Frequency => 1,
-            SparseNormalize::World => 2,
-            SparseNormalize::None => 3,
-        }
-    }
-}
-
-impl std::fmt::Display for SparseNormalize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::config::named_enum!(SparseNormalize { Frequency => "frequency", World => "world", None => "none" });

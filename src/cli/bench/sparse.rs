@@ -37,7 +37,7 @@ pub struct SparseBenchArgs {
     #[arg(long, default_value_t = 1.05)]
     pub zipf_s: f64,
     /// Normalisation of the summed gradients.
-    #[arg(long, value_enum, default_value_t = SparseNormalize::Frequency)]
+    #[arg(long, default_value = "frequency")]
     pub normalize: SparseNormalize,
     /// Timed steps per mode.
     #[arg(short = 'n', long, default_value_t = 20)]

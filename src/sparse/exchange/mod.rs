@@ -198,18 +198,14 @@ impl std::fmt::Debug for SparseExchanger {
 }
 
 fn describe_config(c: &[u64]) -> String {
-    let mode = match c[1] {
-        1 => "hier",
-        2 => "flat",
-        _ => "?",
-    };
-    let norm = match c[2] {
-        1 => "frequency",
-        2 => "world",
-        3 => "none",
-        _ => "?",
-    };
+    let mode = SparseExchange::ALL.get(c[1] as usize).map_or("?", |m| m.name());
+    let norm = SparseNormalize::ALL.get(c[2] as usize).map_or("?", |n| n.name());
     format!("dim {}, exchange {mode}, normalize {norm}", c[0])
+}
+
+/// `v`'s position in `all` (the same on every rank).
+fn code_of<T: PartialEq>(all: &[T], v: &T) -> u64 {
+    all.iter().position(|x| x == v).unwrap_or(usize::MAX) as u64
 }
 
 /// Replaces `buf` with the error piece of `e` (which happened here, on world rank `me`, or
@@ -251,7 +247,7 @@ impl SparseExchanger {
     /// same `mode`, `normalize` and `dim`, else every rank gets [`SparseError::Mismatch`]).
     /// Maps a shared-memory segment per host and duplicates an MPI communicator.
     pub fn new(topo: &Topology, mode: SparseExchange, normalize: SparseNormalize, dim: usize) -> SparseResult<SparseExchanger> {
-        let mine = [dim as u64, mode.code(), normalize.code()];
+        let mine = [dim as u64, code_of(SparseExchange::ALL, &mode), code_of(SparseNormalize::ALL, &normalize)];
         let mut all = vec![0u64; 3 * topo.size];
         topo.world.comm.all_gather_into(&mine[..], &mut all[..]);
         let reference = &all[..3];

@@ -1,4 +1,5 @@
-"""busbw vs message size for every backend of one `ringrec bench allreduce --json` run."""
+"""busbw vs message size for every backend of one `ringrec bench allreduce --json` run
+(with the independent C reference's rows, backend mpi-c, when the run had --reference)."""
 import json
 import sys
 
@@ -13,8 +14,8 @@ fig, ax = plt.subplots(figsize=(8, 5))
 for backend in dict.fromkeys(r["backend"] for r in report["rows"]):
     rows = [r for r in report["rows"] if r["backend"] == backend]
     ax.plot([r["size"] for r in rows], [r["busbw"] for r in rows], marker="o", ms=3,
-            label=backend + (" (reference)" if backend == "mpi" else ""),
-            linestyle="--" if backend == "mpi" else "-")
+            label=backend + (" (reference)" if backend in ("mpi", "mpi-c") else ""),
+            linestyle="--" if backend in ("mpi", "mpi-c") else "-")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("message size (bytes)")
 ax.set_ylabel("busbw (GB/s)")

@@ -1,10 +1,12 @@
 //! `mpi`: the MPI library's own collectives, the reference every other backend is measured
-//! against. f16/bf16 are widened to f32 (MPI has no half types) and narrowed back.
+//! against. Allreduce is `MPI_Allreduce(MPI_IN_PLACE, ...)` on the caller's buffer, as an
+//! MPI user writes it: no copy, no allocation. f16/bf16 are widened to f32 (MPI has no half
+//! types) and narrowed back.
 
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::datatype::PartitionMut;
 use mpi::topology::Communicator;
-use mpi::traits::{Equivalence, Root};
+use mpi::traits::{AsRaw, Equivalence, Root};
 
 use super::{verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
@@ -40,10 +42,27 @@ fn system_op(op: ReduceOp) -> SystemOperation {
     }
 }
 
+extern "C" {
+    /// `MPI_IN_PLACE` of the linked MPI (src/comm/mpi_shim.c).
+    fn ringrec_mpi_in_place() -> *mut std::ffi::c_void;
+}
+
+/// `MPI_Allreduce(MPI_IN_PLACE, buf, ...)`, in pieces of at most `i32::MAX` elements (MPI's
+/// count is an int).
 fn typed_allreduce<T: Equivalence + bytemuck::Pod>(comm: &mpi::topology::SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
     let vals: &mut [T] = bytemuck::try_cast_slice_mut(buf).map_err(|_| CommError::BadBuffer { len: 0, dtype: dtype.name() })?;
-    let send = vals.to_vec();
-    comm.all_reduce_into(&send[..], vals, system_op(op));
+    let (datatype, op) = (T::equivalent_datatype().as_raw(), system_op(op).as_raw());
+    for piece in vals.chunks_mut(i32::MAX as usize) {
+        // SAFETY: `piece` is a live, exclusively borrowed buffer of `piece.len()` elements of
+        // `T`, whose MPI datatype is `datatype`; with MPI_IN_PLACE MPI reads and writes only
+        // that buffer, and returns before the borrow ends (a blocking call). The count fits
+        // an int (chunks of at most i32::MAX). Every rank calls with the same count, dtype
+        // and op (the header agreement before it, or the caller's contract).
+        let rc = unsafe { mpi::ffi::MPI_Allreduce(ringrec_mpi_in_place(), piece.as_mut_ptr().cast(), piece.len() as i32, datatype, op, comm.as_raw()) };
+        if rc != 0 {
+            return Err(CommError::Invalid(format!("MPI_Allreduce failed with error code {rc}")));
+        }
+    }
     Ok(())
 }
 

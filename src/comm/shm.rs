@@ -1,17 +1,23 @@
 //! `shm`: collectives among the ranks of one host through a shared-memory segment.
 //!
-//! Layout: one control block per rank (cache-line separated `arrive`, `reduced`, `done`
-//! counters, the rank's pid and two [`Header`] lines), then two data slots per rank (double
-//! buffering). Every collective is a sequence of *rounds*, the same number on every rank;
-//! round `it` uses slot buffer `it % 2`:
+//! Layout: one control block per rank (two cache-line `arrive` words, one per round
+//! parity, each carrying the round's [`Header`] in the same line; a `reduced` word; the
+//! rank's pid), then two data slots per rank (double buffering). Every collective is a
+//! sequence of *rounds*, the same number on every rank; round `it` uses slot buffer `it % 2`
+//! and arrive line `it % 2`:
 //!
-//! 1. wait until every peer finished round `it-2` (`done >= it-1`): the buffer is free;
-//! 2. write this rank's input piece into its slot (+ its header in round 0), `arrive = it+1`;
-//! 3. wait for every peer's `arrive`; in round 0 compare headers (a mismatch ends the
-//!    collective with the same error on every rank, after the same number of rounds);
-//! 4. consume peers' slots (allreduce: rank r reduces the r-th 1/P slice straight from every
-//!    peer's slot, publishes it, `reduced = it+1`, waits, copies the others' slices);
-//! 5. `done = it+1`.
+//! 1. write this rank's input piece into its slot, its header into its arrive line, then
+//!    `arrive = it+1` (release);
+//! 2. wait for every peer's `arrive`; compare headers (a mismatch ends the collective with
+//!    the same error on every rank, after the same number of rounds);
+//! 3. consume peers' slots (allreduce: rank r reduces the r-th 1/P slice straight from every
+//!    peer's slot, publishes it, `reduced = it+1`, waits, copies the others' slices).
+//!
+//! No "done" handshake is needed before a buffer is reused: a peer arrives at round it+1
+//! only after it finished round it, so once we have seen every peer arrive at round it+1
+//! (step 2 of that round) the buffers and header line of round it are free for round it+2.
+//! A small allreduce therefore costs one cache-line transfer each way (arrive + header) plus
+//! its data lines.
 //!
 //! Allreduce cuts the buffer into P parts (part r is reduced by rank r, summing ranks in
 //! order 0..P, so every rank gets bit-identical results) and moves them through the slots
@@ -46,20 +52,18 @@ struct Line {
 
 #[repr(C)]
 struct Ctrl {
-    arrive: Line,
+    /// By round parity: the arrival counter (`v`) and the round's header (`words[..4]`),
+    /// double-buffered like the data slots: a peer may already be one round ahead (and
+    /// write its next header) while we read this round's.
+    arrive: [Line; 2],
     reduced: Line,
-    done: Line,
     pid: Line,
-    /// Header of the round, double-buffered like the data slots: a peer may already be
-    /// one round ahead (and write its next header) while we read this round's.
-    headers: [Line; 2],
 }
 
 #[derive(Clone, Copy)]
 enum Phase {
     Arrive,
     Reduced,
-    Done,
 }
 
 /// Shared-memory collectives among the ranks of one host.
@@ -111,12 +115,12 @@ impl ShmCollectives {
         unsafe { &*(self.seg.as_ptr().add(q * std::mem::size_of::<Ctrl>()) as *const Ctrl) }
     }
 
+    /// Peer q's line of `phase` in the current round.
     fn line(&self, q: usize, phase: Phase) -> &Line {
         let c = self.ctrl(q);
         match phase {
-            Phase::Arrive => &c.arrive,
+            Phase::Arrive => &c.arrive[(self.iter % 2) as usize],
             Phase::Reduced => &c.reduced,
-            Phase::Done => &c.done,
         }
     }
 
@@ -163,13 +167,10 @@ impl ShmCollectives {
         self.watch.usable()
     }
 
-    /// Round start: waits until this round's buffer is free everywhere; returns it.
-    fn begin(&mut self, what: &'static str) -> CommResult<usize> {
-        let it = self.iter;
-        if it >= 2 {
-            self.wait_all(Phase::Done, it - 1, what)?;
-        }
-        Ok((it % 2) as usize)
+    /// Round start: this round's slot buffer. It is free on every rank: each peer arrived
+    /// at the previous round, so it finished the one before (see the module docs).
+    fn begin(&self) -> usize {
+        (self.iter % 2) as usize
     }
 
     fn publish(&self, phase: Phase) {
@@ -177,34 +178,43 @@ impl ShmCollectives {
     }
 
     fn finish(&mut self) {
-        self.publish(Phase::Done);
         self.iter += 1;
     }
 
-    /// Publishes our header with our arrival, waits for everyone, compares headers.
-    fn arrive_with_header(&mut self, h: Option<&Header>, what: &'static str) -> CommResult<Option<Vec<Header>>> {
-        let hb = (self.iter % 2) as usize;
-        if let Some(h) = h {
-            let w = h.to_words();
-            let line = &self.ctrl(self.rank).headers[hb];
+    /// Peer q's header of this round (valid between every peer's arrival and `finish`).
+    fn header_words(&self, q: usize) -> [u64; 4] {
+        let w = &self.line(q, Phase::Arrive).words;
+        [w[0].load(Ordering::Relaxed), w[1].load(Ordering::Relaxed), w[2].load(Ordering::Relaxed), w[3].load(Ordering::Relaxed)]
+    }
+
+    /// Every rank's header of this round.
+    fn headers(&self) -> Vec<Header> {
+        (0..self.size).map(|q| Header::from_words(&self.header_words(q))).collect()
+    }
+
+    /// Publishes our arrival (with our header when `h` is given), waits for everyone,
+    /// compares headers.
+    fn arrive_with_header(&mut self, h: Option<&Header>, what: &'static str) -> CommResult<()> {
+        let mine = h.map(Header::to_words);
+        if let Some(w) = mine {
+            let line = self.line(self.rank, Phase::Arrive);
             for (i, x) in w.iter().enumerate() {
                 line.words[i].store(*x, Ordering::Relaxed);
             }
         }
         self.publish(Phase::Arrive);
         self.wait_all(Phase::Arrive, self.iter + 1, what)?;
-        let Some(h) = h else { return Ok(None) };
-        let all: Vec<Header> = (0..self.size)
-            .map(|q| {
-                let l = &self.ctrl(q).headers[hb];
-                Header::from_words(&[l.words[0].load(Ordering::Relaxed), l.words[1].load(Ordering::Relaxed), l.words[2].load(Ordering::Relaxed), l.words[3].load(Ordering::Relaxed)])
-            })
-            .collect();
-        if let Err(e) = check_headers(h, &all) {
+        let (Some(h), Some(w)) = (h, mine) else { return Ok(()) };
+        // Identical headers agree; otherwise the full comparison decides (gathers allow
+        // different counts) and names the ranks.
+        if (0..self.size).all(|q| self.header_words(q) == w) {
+            return Ok(());
+        }
+        if let Err(e) = check_headers(h, &self.headers()) {
             self.finish();
             return Err(e);
         }
-        Ok(Some(all))
+        Ok(())
     }
 
     /// Copies `src` into slot (me, b) at `off`.
@@ -248,15 +258,21 @@ impl ShmCollectives {
 
     fn allreduce_direct<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: &Header) -> CommResult<()> {
         let len = buf.view_len();
-        let b = self.begin("allreduce")?;
+        let b = self.begin();
         self.put_from(b, 0, buf, 0..len);
         self.arrive_with_header(Some(h), "allreduce")?;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, 0, len)).collect();
         let scale = (op == ReduceOp::Average).then_some(self.size);
         // reduce_into only fails on ragged buffers, excluded by the header check.
-        let r = Self::reduce_range(&mut scratch, buf, 0..len, &srcs, dtype, op, scale);
-        drop(srcs);
+        let r = if self.size <= 8 {
+            // No allocation on the latency path.
+            let mut srcs: [&[u8]; 8] = [&[]; 8];
+            (0..self.size).for_each(|q| srcs[q] = self.peer(q, b, 0, len));
+            Self::reduce_range(&mut scratch, buf, 0..len, &srcs[..self.size], dtype, op, scale)
+        } else {
+            let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, 0, len)).collect();
+            Self::reduce_range(&mut scratch, buf, 0..len, &srcs, dtype, op, scale)
+        };
         self.scratch = scratch;
         self.finish();
         r
@@ -292,7 +308,7 @@ impl ShmCollectives {
         let pb = piece * esz;
         let scale = (op == ReduceOp::Average && !scatter_only).then_some(self.size);
         for k in 0..rounds {
-            let b = self.begin("allreduce")?;
+            let b = self.begin();
             for l in 0..self.size {
                 let r = self.piece_range(n, l, k, piece, esz);
                 self.put_from(b, l * pb, buf, r);
@@ -343,7 +359,7 @@ impl ShmCollectives {
         let (piece, rounds) = self.plan(n, dtype);
         let h = Header::allgatherv(n * esz);
         for k in 0..rounds {
-            let b = self.begin("allgather")?;
+            let b = self.begin();
             let mine = self.piece_range(n, self.rank, k, piece, esz);
             self.put(b, 0, &buf[mine]);
             self.arrive_with_header((k == 0).then_some(&h), "allgather")?;
@@ -362,10 +378,11 @@ impl ShmCollectives {
     /// Gathers variable pieces to `root` (`Some(root)`) or to all (`None`).
     fn gather_impl(&mut self, send: &[u8], root: Option<usize>, h: &Header, what: &'static str) -> CommResult<Option<Gathered>> {
         let slot = self.slot_bytes;
-        let b = self.begin(what)?;
+        let b = self.begin();
         let first = send.len().min(slot);
         self.put(b, 0, &send[..first]);
-        let all = self.arrive_with_header(Some(h), what)?.unwrap_or_default();
+        self.arrive_with_header(Some(h), what)?;
+        let all = self.headers();
         if let Some(r) = root {
             if r >= self.size {
                 self.finish();
@@ -383,7 +400,7 @@ impl ShmCollectives {
         let rounds = counts.iter().copied().max().unwrap_or(0).div_ceil(slot).max(1);
         for k in 0..rounds {
             if k > 0 {
-                let b = self.begin(what)?;
+                let b = self.begin();
                 let s = (k * slot).min(send.len());
                 let e = ((k + 1) * slot).min(send.len());
                 self.put(b, 0, &send[s..e]);
@@ -471,7 +488,7 @@ impl Collectives for ShmCollectives {
         let slot = self.slot_bytes;
         let rounds = buf.len().div_ceil(slot).max(1);
         for k in 0..rounds {
-            let b = self.begin("broadcast")?;
+            let b = self.begin();
             let r = (k * slot).min(buf.len())..((k + 1) * slot).min(buf.len());
             if root == self.rank {
                 self.put(b, 0, &buf[r.clone()]);
@@ -496,7 +513,6 @@ impl Collectives for ShmCollectives {
     }
     fn barrier(&mut self) -> CommResult<()> {
         self.check_usable()?;
-        self.begin("barrier")?;
         self.arrive_with_header(Some(&Header::barrier()), "barrier")?;
         self.finish();
         Ok(())

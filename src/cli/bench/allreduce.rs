@@ -5,10 +5,16 @@
 //! algbw = size / time; busbw = algbw * 2(n-1)/n (the bytes each rank must move in a ring,
 //! so figures are comparable across rank counts). #wrong validates every element of a
 //! fresh allreduce per size against the exact expected value, summed over ranks.
+//!
+//! `--reference FILE` adds the rows of an independent reference measured by the same rules
+//! (scripts/bench/allreduce_ref.c: in-place MPI_Allreduce in C, sharing no code with
+//! ringrec; run by scripts/bench/allreduce.sh right before and after this command). The
+//! summary compares the best ringrec backend with the better of the two MPI references.
 
 use std::time::Instant;
 
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use anyhow::Context;
 use serde::Serialize;
 
 use ringrec::comm::nccl::NcclComm;
@@ -50,6 +56,13 @@ pub struct AllreduceBenchArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the report (every row, the reference's too) as JSON to this file.
+    #[arg(long)]
+    pub json_out: Option<std::path::PathBuf>,
+    /// Rows of an independent reference (JSON, one row per line, e.g. from
+    /// scripts/bench/allreduce_ref.c), printed in the table and used in the summary.
+    #[arg(long)]
+    pub reference: Option<std::path::PathBuf>,
 }
 
 /// Parses `8`, `4K`, `16M`, `1G` (powers of 1024).
@@ -65,7 +78,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// One row of the table.
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, serde::Deserialize, Debug, Clone)]
 pub struct Row {
     /// Backend name.
     pub backend: String,
@@ -193,9 +206,7 @@ fn measure<D: Device, C: DeviceCollectives<D>, T: Scalar + Element>(topo: &Topol
 fn table<D: Device, C: DeviceCollectives<D>>(topo: &Topology, dev: &D, coll: &mut C, args: &AllreduceBenchArgs, dtype: DType, op: ReduceOp, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let print = topo.rank == 0 && !args.json;
     if print {
-        println!("\n# backend: {}", coll.name());
-        println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong");
-        println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+        print_head(coll.name());
     }
     for size in sizes(args, dtype.size()) {
         let row = match dtype {
@@ -208,11 +219,27 @@ fn table<D: Device, C: DeviceCollectives<D>>(topo: &Topology, dev: &D, coll: &mu
             DType::U8 => anyhow::bail!("uint8 is not reducible"),
         }?;
         if print {
-            println!("{:>12} {:>12} {:>8} {:>6} {:>10.2} {:>8.3} {:>8.3} {:>7}", row.size, row.count, row.dtype, row.redop, row.time_us, row.algbw, row.busbw, row.wrong);
+            print_row(&row);
         }
         rows.push(row);
     }
     Ok(())
+}
+
+fn print_head(backend: &str) {
+    println!("\n# backend: {backend}");
+    println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong");
+    println!("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>7}", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+fn print_row(row: &Row) {
+    println!("{:>12} {:>12} {:>8} {:>6} {:>10.2} {:>8.3} {:>8.3} {:>7}", row.size, row.count, row.dtype, row.redop, row.time_us, row.algbw, row.busbw, row.wrong);
+}
+
+/// The reference rows in `path` (one JSON row per line), on rank 0.
+fn reference_rows(path: &std::path::Path) -> anyhow::Result<Vec<Row>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the reference rows {}", path.display()))?;
+    text.lines().filter(|l| !l.trim().is_empty()).enumerate().map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}: not a row", path.display(), i + 1))).collect()
 }
 
 /// A backend to measure: a CPU one (on the CPU device's memory) or NCCL (on the rank's GPU).
@@ -270,6 +297,17 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
             }
         }
     }
+    if let (true, Some(path)) = (root, &args.reference) {
+        let rows = reference_rows(path)?;
+        if !args.json {
+            print_head(&format!("{} (independent reference: {})", rows.first().map_or("?", |r| r.backend.as_str()), path.display()));
+            rows.iter().for_each(print_row);
+        }
+        report.rows.extend(rows);
+    }
+    if let (true, Some(path)) = (root, &args.json_out) {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+    }
     if root {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
@@ -282,45 +320,35 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
     Ok(report)
 }
 
-/// Ratio lines: best ringrec backend vs mpi at 16 and 64 MiB, and for small messages.
+/// The MPI references: ringrec's `mpi` backend and the independent C program's rows.
+const REFERENCES: [&str; 2] = ["mpi", "mpi-c"];
+
+/// Ratio lines: best ringrec backend vs the better MPI reference at 16 and 64 MiB, and for
+/// small messages.
 pub fn summary(report: &Report) -> Vec<String> {
-    let mut out = vec![String::new(), "# summary (ratios against mpi, same run)".to_string()];
-    let find = |b: &str, s: usize| report.rows.iter().find(|r| r.backend == b && r.size == s);
-    let others: Vec<String> = report.rows.iter().map(|r| r.backend.clone()).filter(|b| b != "mpi").fold(Vec::new(), |mut v, b| {
-        if !v.contains(&b) {
-            v.push(b);
-        }
-        v
-    });
+    let mut out = vec![String::new(), "# summary (ratios against the better of mpi and mpi-c at each size, same run)".to_string()];
+    let at = |s: usize| report.rows.iter().filter(move |r| r.size == s);
+    let best_ref = |s: usize| at(s).filter(|r| REFERENCES.contains(&r.backend.as_str())).max_by(|a, b| a.busbw.total_cmp(&b.busbw).then(b.time_us.total_cmp(&a.time_us)));
+    let best_ours = |s: usize| at(s).filter(|r| !REFERENCES.contains(&r.backend.as_str())).min_by(|a, b| a.time_us.total_cmp(&b.time_us));
     for s in [16usize << 20, 64 << 20] {
-        let Some(m) = find("mpi", s) else { continue };
-        let best = others.iter().filter_map(|b| find(b, s)).max_by(|a, b| a.busbw.total_cmp(&b.busbw));
-        if let Some(best) = best {
-            out.push(format!("#   {:>4} MiB: best {} busbw {:.3} GB/s vs mpi {:.3} GB/s = {:.2}x", s >> 20, best.backend, best.busbw, m.busbw, best.busbw / m.busbw));
+        if let (Some(m), Some(best)) = (best_ref(s), best_ours(s)) {
+            out.push(format!("#   {:>4} MiB: best {} busbw {:.3} GB/s vs {} {:.3} GB/s = {:.2}x", s >> 20, best.backend, best.busbw, m.backend, m.busbw, best.busbw / m.busbw));
         }
     }
-    let small: Vec<usize> = report.rows.iter().filter(|r| r.backend == "mpi" && r.size <= 4096).map(|r| r.size).collect();
-    let best_small: Vec<f64> = small
-        .iter()
-        .filter_map(|s| {
-            let m = find("mpi", *s)?;
-            let best = others.iter().filter_map(|b| find(b, *s)).min_by(|a, b| a.time_us.total_cmp(&b.time_us))?;
-            Some(m.time_us / best.time_us)
-        })
-        .collect();
-    if !best_small.is_empty() {
-        out.push(format!(
-            "#   <= 4 KiB: best backend per size vs mpi (mpi time / best time): worst {:.2}x, best {:.2}x over {} sizes",
-            best_small.iter().copied().fold(f64::INFINITY, f64::min),
-            best_small.iter().copied().fold(0.0, f64::max),
-            best_small.len()
-        ));
+    let mut small: Vec<usize> = report.rows.iter().filter(|r| r.size <= 4096).map(|r| r.size).collect();
+    small.sort_unstable();
+    small.dedup();
+    let ratios: Vec<(usize, f64)> = small.iter().filter_map(|s| Some((*s, best_ref(*s)?.time_us / best_ours(*s)?.time_us))).collect();
+    if let Some((worst_at, worst)) = ratios.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)) {
+        let best = ratios.iter().map(|r| r.1).fold(0.0, f64::max);
+        out.push(format!("#   <= 4 KiB: best backend per size vs the better MPI (its time / ours): worst {worst:.2}x (at {worst_at} B), best {best:.2}x over {} sizes", ratios.len()));
     }
-    for b in &others {
-        let ratios: Vec<f64> = small.iter().filter_map(|s| Some(find("mpi", *s)?.time_us / find(b, *s)?.time_us)).collect();
-        if !ratios.is_empty() {
-            let worst = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            out.push(format!("#   <= 4 KiB: {b} speed vs mpi (mpi time / {b} time): worst {:.2}x over {} sizes", worst, ratios.len()));
+    let mut names: Vec<&str> = report.rows.iter().map(|r| r.backend.as_str()).filter(|b| !REFERENCES.contains(b)).collect();
+    names.dedup();
+    for b in names {
+        let r: Vec<f64> = small.iter().filter_map(|s| Some(best_ref(*s)?.time_us / at(*s).find(|r| r.backend == b)?.time_us)).collect();
+        if let Some(worst) = r.iter().copied().reduce(f64::min) {
+            out.push(format!("#   <= 4 KiB: {b} vs the better MPI (its time / {b} time): worst {worst:.2}x over {} sizes", r.len()));
         }
     }
     let wrong: u64 = report.rows.iter().map(|r| r.wrong).sum();

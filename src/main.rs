@@ -47,6 +47,9 @@ enum BenchCommand {
     Gemm(cli::bench::gemm::GemmBenchArgs),
     /// Hierarchical vs flat sparse gradient exchange (time and cross-host bytes).
     Sparse(cli::bench::sparse::SparseBenchArgs),
+    /// The host-side work of a training step without the dense model (the GPU path's
+    /// ceiling): samples/s per host, phases, and the memcpy roofline.
+    Step(cli::bench::step::StepBenchArgs),
 }
 
 fn main() {
@@ -89,6 +92,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Sparse(args)) => {
             let topo = Topology::init()?;
             cli::bench::sparse::run(&topo, &args)?;
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Step(args)) => {
+            let topo = Topology::init()?;
+            cli::bench::step::run(&topo, &args)?;
             Ok(())
         }
         Command::Bench(BenchCommand::Allreduce(args)) => {

@@ -516,3 +516,29 @@ fn parallel_updates_of_distinct_keys_equal_the_sequential_path_byte_for_byte() {
         assert!(seq.as_bytes() == par.as_bytes(), "{dtype:?} {optimizer:?}: files differ");
     }
 }
+
+#[test]
+fn one_batch_of_colliding_new_keys_lands_where_key_by_key_insertion_puts_them() {
+    // A small table (64 slots) and 40 new keys, repeats included and in no order: the
+    // batch resolves every absent key's free slot first, then inserts; the result must be
+    // the slots a key-by-key insertion (each probe from the key's home) gives.
+    let dir = TempDir::new("emb");
+    let c = cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd);
+    let mut batch = EmbeddingTable::create(&dir.path("batch"), &c).unwrap();
+    let mut one_by_one = EmbeddingTable::create(&dir.path("single"), &c).unwrap();
+    let mut keys: Vec<u64> = (0..36u64).map(|i| (i * 0x9E37_79B9_7F4A_7C15) >> 3).collect();
+    keys.extend([keys[3], keys[17], keys[3], keys[30]]);
+    keys.swap(5, 29);
+    let grads: Vec<f32> = (0..keys.len() * 4).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
+    batch.apply_updates(&keys, &grads, 0.1).unwrap();
+    for (n, k) in keys.iter().enumerate() {
+        one_by_one.apply_updates(&[*k], &grads[n * 4..n * 4 + 4], 0.1).unwrap();
+    }
+    for k in &keys {
+        assert_eq!(batch.slot_of(*k), one_by_one.slot_of(*k), "key {k:#x}");
+    }
+    let l = batch.header().layout;
+    let body = |t: &EmbeddingTable| t.as_bytes()[l.index_offset as usize..(l.rows_offset + l.rows_len) as usize].to_vec();
+    assert!(body(&batch) == body(&one_by_one), "index and rows must be byte-identical");
+    assert_eq!(batch.live_rows(), 36);
+}

@@ -123,7 +123,7 @@ pub struct TrainArgs {
 }
 
 /// `~/.cache/ringrec` (or `$XDG_CACHE_HOME/ringrec`, or a per-user temporary directory).
-fn default_data_dir() -> PathBuf {
+pub fn default_data_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(h).join("ringrec");
     }

@@ -76,6 +76,9 @@ pub struct HostTable {
     leader: bool,
     /// The host barrier of [`HostTable::sync`].
     barrier: HostBarrier,
+    /// The leader's pool for updates: the threads of every local rank (they wait in the
+    /// host barrier while the leader applies), when the host has several ranks.
+    pool: Option<rayon::ThreadPool>,
     _guard: Option<SegmentGuard>,
 }
 
@@ -196,7 +199,9 @@ impl HostTable {
             });
         }
         let barrier = HostBarrier::new(topo, "table-barrier", "host table sync")?;
-        Ok(HostTable { table, path, leader, barrier, _guard: guard })
+        let threads = rayon::current_num_threads() * topo.local_size;
+        let pool = (leader && topo.local_size > 1).then(|| rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ringrec-apply-{i}")).build().ok()).flatten();
+        Ok(HostTable { table, path, leader, barrier, pool, _guard: guard })
     }
 
     /// Whether this rank is the host leader (holds the read-write handle).
@@ -223,9 +228,16 @@ impl HostTable {
     pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> TableResult<()> {
         self.table.lookup(keys, out)
     }
-    /// Applies updates on the leader; [`TableError::ReadOnly`] on other ranks.
+    /// Applies updates on the leader, with the threads of every local rank (the others
+    /// wait for it in [`HostTable::sync`]); [`TableError::ReadOnly`] on other ranks.
     pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
-        self.table_mut()?.apply_updates(keys, grads, lr)
+        let pool = self.pool.take();
+        let r = match &pool {
+            Some(p) => p.install(|| self.table_mut()?.apply_updates(keys, grads, lr)),
+            None => self.table_mut()?.apply_updates(keys, grads, lr),
+        };
+        self.pool = pool;
+        r
     }
     /// Host barrier that publishes the leader's writes: after it, every local rank reads the
     /// updated rows, and non-leaders refresh their view of the header. A dead or stuck local

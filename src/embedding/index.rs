@@ -10,8 +10,16 @@ use super::init::home_slot;
 /// inserted, or `None` when it visits every slot (a full, hostile index).
 #[inline(always)]
 pub fn probe(index: &[u64], key: u64, shift: u32) -> Option<(usize, bool)> {
+    probe_from(index, key, home_slot(key, shift))
+}
+
+/// [`probe`] resumed at slot `start` (taken modulo the length): what the probe from the
+/// key's home slot finds when every slot from home to `start` holds another key — as a
+/// probe of the same key earlier left them, since keys are never deleted.
+#[inline(always)]
+pub fn probe_from(index: &[u64], key: u64, start: usize) -> Option<(usize, bool)> {
     let mask = index.len().wrapping_sub(1);
-    let mut i = home_slot(key, shift) & mask;
+    let mut i = start & mask;
     for _ in 0..index.len() {
         let k = index[i];
         if k == key || k == EMPTY_KEY {

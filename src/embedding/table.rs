@@ -198,7 +198,13 @@ impl<T> View<'_, T> {
     /// Slot of `key`, or `None`. Terminates even on a full (hostile) index.
     #[inline(always)]
     pub(super) fn find(&self, key: u64) -> Option<usize> {
-        index::probe(self.index, key, self.shift).and_then(|(s, vacant)| (!vacant).then_some(s))
+        self.probe(key).and_then(|(s, vacant)| (!vacant).then_some(s))
+    }
+
+    /// [`index::probe`] of `key`.
+    #[inline(always)]
+    pub(super) fn probe(&self, key: u64) -> Option<(usize, bool)> {
+        index::probe(self.index, key, self.shift)
     }
 
     #[inline(always)]

@@ -14,6 +14,21 @@ use super::index;
 use super::init::{self, Elem};
 use super::table::{cast_mut, EmbeddingTable, Mapping, PAR_CHUNK_KEYS, PAR_MIN_UPDATES, PREFETCH_AHEAD};
 
+/// Hints the CPU to fetch the cache line at `p` (updates are bound by memory latency).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Marks a key absent from the table in `resolve_slots`' output.
+const ABSENT: usize = 1 << (usize::BITS - 1);
+
 /// What an update batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UpdateStats {
@@ -73,7 +88,8 @@ enum RowOp {
 }
 
 impl EmbeddingTable {
-    /// The slot of every key already in the table (`usize::MAX` for absent ones) and the
+    /// Per key: its slot when it is in the table, else [`ABSENT`] | the free slot where
+    /// its probe ended (where it goes unless this batch fills that slot first); and the
     /// number of distinct absent keys. Prefetches the index `PREFETCH_AHEAD` keys ahead:
     /// updates are bound by memory latency, not arithmetic.
     fn resolve_slots(&self, keys: &[u64]) -> TableResult<(Vec<usize>, u64)> {
@@ -83,13 +99,16 @@ impl EmbeddingTable {
                 if let Some(next) = chunk.get(n + PREFETCH_AHEAD) {
                     v.prefetch(*next);
                 }
-                out.push(v.find(*k).unwrap_or(usize::MAX));
+                out.push(match v.probe(*k) {
+                    Some((s, false)) => s,
+                    Some((s, true)) => ABSENT | s,
+                    None => ABSENT, // a full (hostile) index: pass 1 reports it
+                });
             }
         };
         let mut slots = Vec::with_capacity(keys.len());
         if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 {
             // Read-only lookups: independent, so split over the pool (order kept).
-            use rayon::prelude::*;
             let parts: Vec<Vec<usize>> = keys
                 .par_chunks(PAR_CHUNK_KEYS)
                 .map(|c| {
@@ -104,13 +123,13 @@ impl EmbeddingTable {
         } else {
             find_all(keys, &mut slots);
         }
-        let mut new: Option<HashSet<u64>> = None;
-        for (k, s) in keys.iter().zip(&slots) {
-            if *s == usize::MAX {
-                new.get_or_insert_with(HashSet::new).insert(*k);
-            }
+        let absent = slots.iter().filter(|s| **s & ABSENT != 0).count() as u64;
+        if absent == 0 || keys.windows(2).all(|w| w[0] < w[1]) {
+            // Distinct keys (what the sparse exchange hands the leader): no set needed.
+            return Ok((slots, absent));
         }
-        Ok((slots, new.map_or(0, |n| n.len() as u64)))
+        let new: HashSet<u64> = keys.iter().zip(&slots).filter(|(_, s)| **s & ABSENT != 0).map(|(k, _)| *k).collect();
+        Ok((slots, new.len() as u64))
     }
 
     /// Applies one optimizer step per `(key, gradient row)` in the given order (a key given
@@ -177,8 +196,10 @@ impl EmbeddingTable {
         Ok(Parts { header, index: cast_mut(&path, index)?, rows: cast_mut(&path, rows)?, state: cast_mut(&path, state)? })
     }
 
-    /// `slots[n]`: the slot of `keys[n]` if it was present before this call (keys never
-    /// move, so it stays valid while other keys are inserted), `usize::MAX` otherwise.
+    /// `slots` as [`EmbeddingTable::resolve_slots`] made them: a present key's slot stays
+    /// valid while others are inserted (keys never move); an absent key's probe resumes at
+    /// the free slot where it ended, which gives the slot a probe from its home would give
+    /// (the slots before it still hold other keys), at one cache line per new key.
     ///
     /// Pass 1 (sequential, list order) finds or inserts every key's slot, so the slots — and
     /// the file — do not depend on how pass 2 is split. Pass 2 steps each occurrence's row
@@ -187,17 +208,16 @@ impl EmbeddingTable {
     fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
         let mut h = self.header;
         let d = h.dim as usize;
-        let shift = self.shift;
         let path = self.path.clone();
         let p = self.parts_mut::<T>()?;
         let mut slots = slots.to_vec();
         let mut inserted = vec![false; keys.len()];
         let mut stats = UpdateStats { updated: keys.len() as u64, ..UpdateStats::default() };
         for (n, key) in keys.iter().enumerate() {
-            if slots[n] != usize::MAX && p.index.get(slots[n]) == Some(key) {
-                continue;
+            if slots[n] & ABSENT == 0 {
+                continue; // found by resolve_slots; keys never move
             }
-            let Some((slot, insert)) = index::probe(p.index, *key, shift) else {
+            let Some((slot, insert)) = index::probe_from(p.index, *key, slots[n] & !ABSENT) else {
                 return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
             };
             if insert {
@@ -222,6 +242,10 @@ impl EmbeddingTable {
         let shared = &shared;
         let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
         let step = |w: &mut Vec<f32>, n: usize| {
+            if let Some(ahead) = slots.get(n + PREFETCH_AHEAD) {
+                // The row PREFETCH_AHEAD keys ahead (random slots: latency-bound).
+                prefetch(shared.0.wrapping_add(ahead * d));
+            }
             let slot = slots[n];
             // SAFETY: bounds checked above; the row and state of `slot` are touched by this
             // call only (sequentially, or in parallel for distinct keys, hence distinct slots).

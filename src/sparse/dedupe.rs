@@ -43,9 +43,9 @@ fn prefetch<T>(v: &[T], i: usize) {
 /// (or [`Deduper::write_list`]).
 #[derive(Debug, Default)]
 pub struct Deduper {
-    /// Open-addressing table: key (`EMPTY_KEY` = free) and index into `unique`.
-    slot_keys: Vec<u64>,
-    slot_index: Vec<u32>,
+    /// Open-addressing table: per slot, a key (`EMPTY_KEY` = free) and its index into
+    /// `unique`, side by side so a probe touches one cache line.
+    slots: Vec<[u64; 2]>,
     /// Distinct keys in first-seen order, and the slot each one sits in.
     unique: Vec<u64>,
     unique_slot: Vec<u32>,
@@ -115,27 +115,26 @@ impl Deduper {
             return Err(SparseError::Invalid(format!("{} keys in one batch; at most {} per step", keys.len(), u32::MAX)));
         }
         // The distinct-key index of every key (load <= 1/2).
-        let mut cap = self.slot_keys.len();
+        let mut cap = self.slots.len();
         let mut shift = 64 - cap.trailing_zeros();
         for (i, &k) in keys.iter().enumerate() {
             if let Some(next) = keys.get(i + PREFETCH_AHEAD) {
-                prefetch(&self.slot_keys, home_slot(*next, shift));
+                prefetch(&self.slots, home_slot(*next, shift));
             }
             let mut s = home_slot(k, shift);
             let u = loop {
-                let sk = self.slot_keys[s];
+                let [sk, si] = self.slots[s];
                 if sk == k {
-                    break self.slot_index[s];
+                    break si as u32;
                 }
                 if sk == EMPTY_KEY {
                     let u = self.unique.len() as u32;
-                    self.slot_keys[s] = k;
-                    self.slot_index[s] = u;
+                    self.slots[s] = [k, u as u64];
                     self.unique.push(k);
                     self.unique_slot.push(s as u32);
                     if 2 * self.unique.len() > cap {
                         self.grow();
-                        cap = self.slot_keys.len();
+                        cap = self.slots.len();
                         shift = 64 - cap.trailing_zeros();
                     }
                     break u;
@@ -243,7 +242,7 @@ impl Deduper {
     /// has room for `2 * expected` keys.
     fn reset(&mut self, expected: usize) {
         for s in &self.unique_slot {
-            self.slot_keys[*s as usize] = EMPTY_KEY;
+            self.slots[*s as usize][0] = EMPTY_KEY;
         }
         self.unique.clear();
         self.unique_slot.clear();
@@ -251,25 +250,22 @@ impl Deduper {
         self.order.clear();
         self.place.clear();
         let cap = (2 * expected).next_power_of_two().max(1024);
-        if self.slot_keys.len() < cap {
-            self.slot_keys = vec![EMPTY_KEY; cap];
-            self.slot_index = vec![0; cap];
+        if self.slots.len() < cap {
+            self.slots = vec![[EMPTY_KEY, 0]; cap];
         }
     }
 
     /// Doubles the table and re-inserts the distinct keys seen so far.
     fn grow(&mut self) {
-        let cap = self.slot_keys.len() * 2;
-        self.slot_keys = vec![EMPTY_KEY; cap];
-        self.slot_index = vec![0; cap];
+        let cap = self.slots.len() * 2;
+        self.slots = vec![[EMPTY_KEY, 0]; cap];
         let shift = 64 - cap.trailing_zeros();
         for (u, k) in self.unique.iter().enumerate() {
             let mut s = home_slot(*k, shift);
-            while self.slot_keys[s] != EMPTY_KEY {
+            while self.slots[s][0] != EMPTY_KEY {
                 s = (s + 1) & (cap - 1);
             }
-            self.slot_keys[s] = *k;
-            self.slot_index[s] = u as u32;
+            self.slots[s] = [*k, u as u64];
             self.unique_slot[u] = s as u32;
         }
     }

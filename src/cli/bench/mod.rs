@@ -4,5 +4,6 @@
 pub mod allreduce;
 pub mod embedding;
 pub mod engine;
-pub mod sparse;
 pub mod gemm;
+pub mod sparse;
+pub mod step;

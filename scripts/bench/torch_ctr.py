@@ -25,9 +25,12 @@ allgathers its indices and values) and the MLP's dense gradient in buckets. Ever
 takes a disjoint slice of every global batch (per-process batch = global batch / N), so the
 global batch and the gradient (the mean over the global batch) are those of one process.
 
-Threads: --threads sets torch.set_num_threads per process (default: cores / processes);
---interop-threads sets torch.set_num_interop_threads (default: PyTorch's own). The
-benchmark (scripts/bench/train.sh) sweeps the thread counts and takes the best.
+Threads: --threads sets torch.set_num_threads per process (default: cores / processes),
+which sets both the OpenMP and the MKL thread counts, so OMP_NUM_THREADS / MKL_NUM_THREADS
+are not needed; --interop-threads sets torch.set_num_interop_threads (default: PyTorch's
+own; eager training has no inter-op parallelism, and 1 vs 2 made no difference on a 2-core
+VM; neither did OMP_NUM_THREADS, while OMP_WAIT_POLICY=passive was slower). The benchmark
+(scripts/bench/train.sh) sweeps the thread counts and takes the best.
 
 This file imports nothing from ringrec (numpy and torch only): it is an independent
 cross-check of ringrec's training, data parsing and metrics.
@@ -39,6 +42,7 @@ samples/s counts the training loop only (no parsing, no evaluation).
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --embedding-grad dense --json
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -307,6 +311,9 @@ def worker(rank, world, args, data):
             for k, v in result.items():
                 print(f"{k:>18}: {v}")
     if ddp:
+        # The DDP reducer (it holds the process group's pending work) goes before the group.
+        model = net = dense_opt = sparse_opt = None
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return result

@@ -11,17 +11,38 @@ Data: first (1 - test_fraction) of the rows train, the rest test, in file order 
 --shuffle); global batch 1024, last partial batch kept. Test metrics: logloss and exact AUC
 (Mann-Whitney, ties as average ranks).
 
+Embedding gradients are sparse by default (nn.Embedding(sparse=True), --embedding-grad
+sparse), as PyTorch users train CTR models: a step touches only the rows of its batch, and
+torch.optim.SGD / Adagrad apply the sparse gradient to those rows. --embedding-grad dense
+(the whole table's gradient materialised, and under DDP allreduced, every step) is kept
+for comparison only: its results carry "embedding_grad": "dense" and the benchmark report
+lists them as informational, never as the reference.
+
 --ddp N runs N processes (torch.multiprocessing.spawn, gloo on 127.0.0.1) with the whole
-model (embedding with dense gradients + MLP) inside DistributedDataParallel, as a plain
-PyTorch DDP user would; every process takes a disjoint slice of every global batch, so the
+model (embedding + MLP) inside DistributedDataParallel, as a plain PyTorch DDP user would;
+with sparse embedding gradients DDP allreduces the embedding's sparse gradient (gloo
+allgathers its indices and values) and the MLP's dense gradient in buckets. Every process
+takes a disjoint slice of every global batch (per-process batch = global batch / N), so the
 global batch and the gradient (the mean over the global batch) are those of one process.
+
+Threads: --threads sets torch.set_num_threads per process (default: cores / processes),
+which sets both the OpenMP and the MKL thread counts, so OMP_NUM_THREADS / MKL_NUM_THREADS
+are not needed; --interop-threads sets torch.set_num_interop_threads (default: PyTorch's
+own; eager training has no inter-op parallelism, and 1 vs 2 made no difference on a 2-core
+VM; neither did OMP_NUM_THREADS, while OMP_WAIT_POLICY=passive was slower). The benchmark
+(scripts/bench/train.sh) sweeps the thread counts and takes the best.
+
+This file imports nothing from ringrec (numpy and torch only): it is an independent
+cross-check of ringrec's training, data parsing and metrics.
 
 samples/s counts the training loop only (no parsing, no evaluation).
 
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --json
-    python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --ddp 2 --json
+    python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --ddp 2 --threads 1 --json
+    python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --embedding-grad dense --json
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -157,6 +178,8 @@ def worker(rank, world, args, data):
     ddp = world > 0
     nproc = max(world, 1)
     torch.set_num_threads(args.threads)
+    if args.interop_threads > 0:
+        torch.set_num_interop_threads(args.interop_threads)
     if ddp:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(args.port)
@@ -252,7 +275,8 @@ def worker(rank, world, args, data):
             "test_logloss": test_logloss,
             "test_auc": test_auc,
             "steps": step,
-            "threads": args.threads,
+            "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
             "train_rows": n_train,
             "test_rows": n_test,
             "samples": seen,
@@ -266,6 +290,8 @@ def worker(rank, world, args, data):
             "sparse_lr": args.sparse_lr,
             "sparse_optimizer": args.sparse_optimizer,
             "embedding_grad": args.embedding_grad,
+            "ddp_backend": "gloo" if ddp else None,
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "vocab_rows": vocab_rows,
             "seed": args.seed,
             "torch": torch.__version__,
@@ -274,6 +300,9 @@ def worker(rank, world, args, data):
             "loadavg_before": load_before,
             "loadavg_after": load_after,
         }
+        if args.save_params:
+            np.savez(args.save_params, **{k: v.detach().numpy()
+                                          for k, v in net.state_dict().items()})
         log(f"done: {step} steps, {result['samples_per_sec']:,.0f} samples/s, train loss "
             f"{train_loss:.5f}, test logloss {test_logloss:.5f}, test AUC {test_auc:.5f}")
         if args.json:
@@ -282,6 +311,9 @@ def worker(rank, world, args, data):
             for k, v in result.items():
                 print(f"{k:>18}: {v}")
     if ddp:
+        # The DDP reducer (it holds the process group's pending work) goes before the group.
+        model = net = dense_opt = sparse_opt = None
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return result
@@ -306,8 +338,13 @@ def main():
     ap.add_argument("--port", type=int, default=29517, help="gloo rendezvous port on 127.0.0.1")
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--shuffle", action="store_true", help="shuffle the training rows each epoch")
-    ap.add_argument("--embedding-grad", choices=["dense", "sparse"], default="dense",
-                    help="nn.Embedding(sparse=...): dense is what DDP users run by default")
+    ap.add_argument("--embedding-grad", choices=["dense", "sparse"], default="sparse",
+                    help="nn.Embedding(sparse=...); dense (the whole table's gradient every "
+                    "step) is for comparison only")
+    ap.add_argument("--interop-threads", type=int, default=0,
+                    help="torch.set_num_interop_threads per process (0: PyTorch's default)")
+    ap.add_argument("--save-params", default="",
+                    help="write the trained parameters (rank 0) to this .npz")
     ap.add_argument("--progress-every", type=int, default=50, help="steps; 0 = quiet")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
     default_cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target",

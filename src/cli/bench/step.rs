@@ -80,10 +80,16 @@ pub struct StepRow {
     pub unique_per_rank: f64,
     /// Distinct keys per host per step.
     pub unique_per_host: f64,
-    /// Bytes a step must touch on a host, per sample.
+    /// Keys inserted into the host table per step (rows new to it).
+    pub inserted_per_step: f64,
+    /// Bytes a step must stream on a host, per sample.
     pub bytes_per_sample: f64,
+    /// Random cache lines a step must fetch on a host, per sample.
+    pub lines_per_sample: f64,
     /// The host's memcpy bandwidth, bytes read + written per second.
     pub memcpy_bytes_per_sec: f64,
+    /// The host's random 64-byte line reads per second.
+    pub random_lines_per_sec: f64,
     /// Samples per second of a host at that bandwidth (the roofline bound).
     pub roofline_samples_per_sec: f64,
     /// samples_per_sec_host / roofline_samples_per_sec.
@@ -136,6 +142,38 @@ fn memcpy_bandwidth(topo: &Topology) -> f64 {
     max_over(topo, best)
 }
 
+/// The host's random cache-line rate: every local rank reads 4M random 64-byte lines of
+/// 256 MiB at once (prefetched 16 ahead, as the table's lookups are); lines per second
+/// of all of them over the slowest one's time (best of three).
+fn random_line_rate(topo: &Topology) -> f64 {
+    let lines = (256usize << 20) / 64;
+    let buf: Vec<u64> = (0..lines * 8).map(|i| i as u64).collect();
+    let idx: Vec<usize> = (0..4usize << 20).map(|i| (ringrec::hash::splitmix64(i as u64 ^ topo.rank as u64) % lines as u64) as usize * 8).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        topo.local.comm.barrier();
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for (n, i) in idx.iter().enumerate() {
+            if let Some(j) = idx.get(n + 16) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch is a hint that never faults; `j` indexes `buf` anyway.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch(buf.as_ptr().wrapping_add(*j) as *const i8, std::arch::x86_64::_MM_HINT_T0)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = j;
+            }
+            sum = sum.wrapping_add(buf[*i]);
+        }
+        std::hint::black_box(sum);
+        let mut slowest = 0f64;
+        topo.local.comm.all_reduce_into(&t.elapsed().as_secs_f64(), &mut slowest, SystemOperation::max());
+        best = best.max((idx.len() * topo.local_size) as f64 / slowest);
+    }
+    max_over(topo, best)
+}
+
 /// Runs the benchmark; prints on rank 0.
 pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> {
     let mut cfg = TrainConfig::new(args.data_dir.clone().unwrap_or_else(crate::cli::train::default_data_dir));
@@ -144,12 +182,12 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let data = data::open(topo, &cfg)?;
     let mut stage = EmbeddingStage::open(topo, &cfg, None)?;
-    let bandwidth = memcpy_bandwidth(topo);
+    let (bandwidth, line_rate) = (memcpy_bandwidth(topo), random_line_rate(topo));
     let root = topo.rank == 0;
     if root && !args.json {
         println!("# ringrec bench step: {} ranks on {} host(s), {} threads per rank, dim {}, {} rows of {}", topo.size, topo.num_hosts, threads, args.dim, data.train.len(), data.source.display());
-        println!("# host memcpy bandwidth {:.1} GB/s (read + write, all local ranks at once); time = mean of the slowest rank over {} steps", bandwidth / 1e9, args.steps);
-        println!("{:>8} {:>9} {:>12} | {:>7} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) | {:>8} {:>9} | {:>6} {:>11} {:>6}", "batch", "step ms", "samples/s/h", "batch", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "uniq/rk", "uniq/host", "B/smp", "roofline/s", "of it");
+        println!("# host: memcpy {:.1} GB/s (read + write), random 64-byte reads {:.0} M/s (all local ranks at once); time = mean of the slowest rank over {} steps", bandwidth / 1e9, line_rate / 1e6, args.steps);
+        println!("{:>8} {:>9} {:>12} | {:>7} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}", "batch", "step ms", "samples/s/h", "batch", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "uniq/rk", "uniq/host", "new/step", "B/smp", "lines/smp", "roofline/s", "of it");
     }
     let (mut batch, mut emb, mut inverse, mut dense, mut labels, mut grads) = (Batch::default(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut rows = Vec::new();
@@ -158,7 +196,11 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
         let global = b * topo.size;
         let mut phases = std::collections::BTreeMap::<String, f64>::new();
         let (mut total, mut uniq, mut host_uniq) = (0f64, 0f64, 0f64);
+        let mut rows_before = 0;
         for step in 0..args.warmup + args.steps {
+            if step == args.warmup {
+                rows_before = stage.table().table().live_rows();
+            }
             let timed = step >= args.warmup;
             let start = (step * global) % n;
             let mine = shard::rank_slice(0..global, topo.rank, topo.size);
@@ -195,6 +237,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
             }
         }
         let steps = args.steps.max(1) as f64;
+        let inserted_per_step = max_over(topo, (stage.table().table().live_rows() - rows_before) as f64 / steps);
         for v in phases.values_mut() {
             *v = max_over(topo, *v / steps);
         }
@@ -204,15 +247,18 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
         let unique_per_host = sum_over(&topo.world.comm, host_uniq / steps) / topo.num_hosts as f64;
         let per_host = b * topo.local_size;
         let row_bytes = (4 * args.dim) as f64;
-        // Per sample: its cache row (label, dense, keys) read and written into the batch,
-        // read again by the dedupe, its inverse written and staged, labels and dense staged.
+        // Streamed per sample: its cache row read and written into the batch, its keys read
+        // by the dedupe, its inverse written and staged, labels and dense staged. Per rank
+        // and unique key: its row staged, its gradient written, published (key + row) and
+        // read by the merge; per host key: the merged row written and read by the update.
         let sample = 2.0 * (4 + 4 * NUM_DENSE + 8 * NUM_SPARSE) as f64 + 8.0 * NUM_SPARSE as f64 + 2.0 * 4.0 * NUM_SPARSE as f64 + 2.0 * (4 + 4 * NUM_DENSE) as f64;
-        // Per rank and unique key: the table row read, staged, its gradient written and
-        // published (key, row); per host key: merged (read + written) and applied (row
-        // read + written).
-        let host_bytes = per_host as f64 * sample + topo.local_size as f64 * unique_per_rank * (4.0 * row_bytes + 8.0) + unique_per_host * (4.0 * row_bytes + 16.0);
+        let host_bytes = per_host as f64 * sample + topo.local_size as f64 * unique_per_rank * (4.0 * row_bytes + 8.0) + unique_per_host * (2.0 * row_bytes + 16.0);
         let bytes_per_sample = host_bytes / per_host as f64;
-        let roofline = bandwidth / bytes_per_sample;
+        // Random lines: a unique key's index slot and row per rank (lookup), a host key's
+        // slot and row (update), a new key's free slot.
+        let lines = topo.local_size as f64 * unique_per_rank * 2.0 + unique_per_host * 2.0 + inserted_per_step;
+        let lines_per_sample = lines / per_host as f64;
+        let roofline = 1.0 / (bytes_per_sample / bandwidth).max(lines_per_sample / line_rate);
         let host_rate = per_host as f64 / step_s;
         let row = StepRow {
             batch_per_rank: b,
@@ -222,15 +268,18 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
             phases_ms: phases,
             unique_per_rank,
             unique_per_host,
+            inserted_per_step,
             bytes_per_sample,
+            lines_per_sample,
             memcpy_bytes_per_sec: bandwidth,
+            random_lines_per_sec: line_rate,
             roofline_samples_per_sec: roofline,
             of_roofline: host_rate / roofline,
         };
         if root && !args.json {
             let p = |k: &str| row.phases_ms.get(k).copied().unwrap_or(0.0);
             println!(
-                "{:>8} {:>9.2} {:>12.0} | {:>7.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) | {:>8.0} {:>9.0} | {:>6.0} {:>11.0} {:>5.0}%",
+                "{:>8} {:>9.2} {:>12.0} | {:>7.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
                 b,
                 row.step_ms,
                 row.samples_per_sec_host,
@@ -245,7 +294,9 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
                 p("apply"),
                 row.unique_per_rank,
                 row.unique_per_host,
+                row.inserted_per_step,
                 row.bytes_per_sample,
+                row.lines_per_sample,
                 row.roofline_samples_per_sec,
                 100.0 * row.of_roofline
             );

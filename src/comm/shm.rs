@@ -23,7 +23,7 @@
 //! order 0..P, so every rank gets bit-identical results) and moves them through the slots
 //! in cache-sized pieces, so peers' data is read from the shared L3 rather than DRAM.
 //! Small buffers take a one-sync direct path: every rank reduces the whole buffer itself.
-//! Waits spin, then yield, check a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`, default 300)
+//! Waits spin, then yield, then sleep in short naps, check a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`, default 300)
 //! and that peer processes are still alive.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,8 +150,14 @@ impl ShmCollectives {
                 std::hint::spin_loop();
                 continue;
             }
-            std::thread::yield_now();
-            if spins % 256 != 0 {
+            // Then give the core away: a few yields, then short sleeps (a peer that is
+            // still computing should not have to share its core with this wait).
+            if spins < 4256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            if spins % 64 != 0 {
                 continue;
             }
             let now = Instant::now();

@@ -90,6 +90,9 @@ impl std::fmt::Debug for HostTable {
 
 const STATUS_LEN: usize = 1024;
 
+/// Updates of at least this many keys use the leader's host-wide pool.
+pub const POOL_MIN_UPDATES: usize = 32 * 1024;
+
 fn encode_status(msg: &str) -> [u8; STATUS_LEN] {
     let mut buf = [0u8; STATUS_LEN];
     let b = msg.as_bytes();
@@ -228,13 +231,15 @@ impl HostTable {
     pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> TableResult<()> {
         self.table.lookup(keys, out)
     }
-    /// Applies updates on the leader, with the threads of every local rank (the others
-    /// wait for it in [`HostTable::sync`]); [`TableError::ReadOnly`] on other ranks.
+    /// Applies updates on the leader — a large batch (at least [`POOL_MIN_UPDATES`] keys)
+    /// with the threads of every local rank, which wait for it in [`HostTable::sync`];
+    /// waking a pool costs more than it saves on small ones — and
+    /// [`TableError::ReadOnly`] on other ranks.
     pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
         let pool = self.pool.take();
         let r = match &pool {
-            Some(p) => p.install(|| self.table_mut()?.apply_updates(keys, grads, lr)),
-            None => self.table_mut()?.apply_updates(keys, grads, lr),
+            Some(p) if keys.len() >= POOL_MIN_UPDATES => p.install(|| self.table_mut()?.apply_updates(keys, grads, lr)),
+            _ => self.table_mut()?.apply_updates(keys, grads, lr),
         };
         self.pool = pool;
         r

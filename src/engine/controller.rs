@@ -31,6 +31,9 @@ use crate::comm::mpi_backend::MpiCollectives;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::topology::Group;
 
+/// An idle engine's pause between cycles grows to at most 2^IDLE_BACKOFF cycle times.
+const IDLE_BACKOFF: u32 = 4;
+
 /// A submitted tensor on its way to the background thread.
 pub struct Submission {
     /// The request.
@@ -226,18 +229,26 @@ impl Controller {
         }
     }
 
-    /// Runs cycles until every rank's engine stops.
+    /// Runs cycles until every rank's engine stops. While this rank has nothing pending,
+    /// the pause between cycles doubles each idle cycle, up to 2^[`IDLE_BACKOFF`] cycle
+    /// times: an idle engine (a forward pass, batch assembly) then costs its peers' cores
+    /// little. A submission ends the idle pause at once (the cadence is the cycle time
+    /// again); a peer that submitted meanwhile waits in its cycle's allreduce, without
+    /// burning a core, until this one joins.
     pub fn run(mut self) {
-        let mut next = Instant::now();
+        let mut last = Instant::now();
+        let mut idle = 0u32;
         let reason = loop {
-            self.wait_for_cycle(next);
-            next = Instant::now() + self.params.cycle_time;
+            let active = last + self.params.cycle_time;
+            self.wait_for_cycle(active, last + self.params.cycle_time * (1 << idle.min(IDLE_BACKOFF)));
+            last = Instant::now();
             self.drain();
             match self.cycle() {
                 Ok(Flow::Go) => {}
                 Ok(Flow::Stop(e)) => break e,
                 Err(e) => break e,
             }
+            idle = if self.pending.is_empty() { idle + 1 } else { 0 };
         };
         if let Ok(mut s) = self.stop.lock() {
             *s = Some(reason.to_string());
@@ -277,11 +288,12 @@ impl Controller {
         }
     }
 
-    /// Sleeps until `until`, taking submissions as they come; a flush (or a shutdown)
-    /// ends the wait early.
-    fn wait_for_cycle(&mut self, until: Instant) {
+    /// Sleeps until `active` (or `idle`, while nothing is pending here), taking
+    /// submissions as they come; a flush (or a shutdown) ends the wait early.
+    fn wait_for_cycle(&mut self, active: Instant, idle: Instant) {
         loop {
             let now = Instant::now();
+            let until = if self.pending.is_empty() { idle } else { active };
             if now >= until || self.leaving {
                 return;
             }

@@ -262,6 +262,31 @@ fn combine_slice<T: Num>(dst: &mut [T], src: &[T], op: ReduceOp) {
     }
 }
 
+/// `dst[i] = src[i] op dst[i]`: [`combine_slice`] with the operands the other way round
+/// (so a reduction that holds its own input in `dst` keeps the left-to-right order).
+#[inline(always)]
+fn combine_rev<T: Num>(dst: &mut [T], src: &[T], op: ReduceOp) {
+    let n = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..n], &src[..n]);
+    match op.combine() {
+        ReduceOp::Sum | ReduceOp::Average => {
+            for i in 0..n {
+                dst[i] = src[i].add(dst[i]);
+            }
+        }
+        ReduceOp::Min => {
+            for i in 0..n {
+                dst[i] = src[i].min(dst[i]);
+            }
+        }
+        ReduceOp::Max => {
+            for i in 0..n {
+                dst[i] = src[i].max(dst[i]);
+            }
+        }
+    }
+}
+
 #[inline(always)]
 fn scale_slice<T: Num>(buf: &mut [T], n: usize) {
     for x in buf.iter_mut() {
@@ -366,19 +391,29 @@ impl Half for bf16 {
 
 const HALF_BLOCK: usize = 2048;
 
-/// dst = op(src[0], src[1], ...), all in f32, for a half type.
-fn reduce_half<H: Half + bytemuck::Pod>(dst: &mut [H], srcs: &[&[H]], op: ReduceOp, scale: Option<usize>) {
+/// dst = op(src[0], src[1], ...), all in f32, for a half type. With `own = Some(r)`, dst
+/// holds the input at position r and `srcs` the others, in order.
+fn reduce_half<H: Half + bytemuck::Pod>(dst: &mut [H], srcs: &[&[H]], own: Option<usize>, op: ReduceOp, scale: Option<usize>) {
     let mut acc = [0f32; HALF_BLOCK];
     let mut tmp = [0f32; HALF_BLOCK];
     let n = dst.len();
+    let inputs = srcs.len() + usize::from(own.is_some());
     let mut start = 0;
     while start < n {
         let len = HALF_BLOCK.min(n - start);
         let (acc, tmp) = (&mut acc[..len], &mut tmp[..len]);
-        H::widen(&srcs[0][start..start + len], acc);
-        for s in &srcs[1..] {
-            H::widen(&s[start..start + len], tmp);
-            combine_slice(acc, tmp, op);
+        for q in 0..inputs {
+            let src: &[H] = match own {
+                Some(r) if q == r => &dst[start..start + len],
+                Some(r) if q > r => &srcs[q - 1][start..start + len],
+                _ => &srcs[q][start..start + len],
+            };
+            if q == 0 {
+                H::widen(src, acc);
+            } else {
+                H::widen(src, tmp);
+                combine_slice(acc, tmp, op);
+            }
         }
         if let Some(k) = scale {
             scale_slice(acc, k);
@@ -388,9 +423,35 @@ fn reduce_half<H: Half + bytemuck::Pod>(dst: &mut [H], srcs: &[&[H]], op: Reduce
     }
 }
 
-fn reduce_num<T: Num + bytemuck::Pod>(dst: &mut [T], srcs: &[&[T]], op: ReduceOp, scale: Option<usize>) {
-    dst.copy_from_slice(&srcs[0][..dst.len()]);
-    for s in &srcs[1..] {
+/// Elements per block of the prefix sum in [`reduce_num`].
+const NUM_BLOCK: usize = 1024;
+
+/// dst = op(src[0], src[1], ...) left to right. With `own = Some(r)`, dst holds the input
+/// at position r and `srcs` the others, in order: the inputs before it are combined block
+/// by block on the stack, then with dst, then the rest into dst.
+fn reduce_num<T: Num + bytemuck::Pod>(dst: &mut [T], srcs: &[&[T]], own: Option<usize>, op: ReduceOp, scale: Option<usize>) {
+    let n = dst.len();
+    let rest = match own {
+        None => {
+            dst.copy_from_slice(&srcs[0][..n]);
+            &srcs[1..]
+        }
+        Some(0) => srcs,
+        Some(r) => {
+            let mut tmp = [T::zeroed(); NUM_BLOCK];
+            for start in (0..n).step_by(NUM_BLOCK) {
+                let end = (start + NUM_BLOCK).min(n);
+                let tmp = &mut tmp[..end - start];
+                tmp.copy_from_slice(&srcs[0][start..end]);
+                for s in &srcs[1..r] {
+                    combine_slice(tmp, &s[start..end], op);
+                }
+                combine_rev(&mut dst[start..end], tmp, op);
+            }
+            &srcs[r..]
+        }
+    };
+    for s in rest {
         combine_slice(dst, s, op);
     }
     if let Some(k) = scale {
@@ -411,7 +472,15 @@ fn cast_mut<T: bytemuck::Pod>(b: &mut [u8], dtype: DType) -> Result<&mut [T], cr
 /// bit-identical results). With `scale = Some(n)` the result is divided by `n` (Average).
 /// Sources must be at least as long as `dst`; `srcs` may not be empty.
 pub fn reduce_into(dst: &mut [u8], srcs: &[&[u8]], dtype: DType, op: ReduceOp, scale: Option<usize>) -> Result<(), crate::CommError> {
-    if srcs.is_empty() || srcs.iter().any(|s| s.len() < dst.len()) {
+    reduce_with_own(dst, srcs, None, dtype, op, scale)
+}
+
+/// [`reduce_into`] where `dst` itself holds the input at position `own` (`Some(r)`: the
+/// inputs are `srcs[..r]`, dst, `srcs[r..]`, combined in that order, so the result is
+/// bit-identical to [`reduce_into`] with dst's input copied to position r). Spares the
+/// copy of a rank's own input in the shared-memory allreduce.
+pub fn reduce_with_own(dst: &mut [u8], srcs: &[&[u8]], own: Option<usize>, dtype: DType, op: ReduceOp, scale: Option<usize>) -> Result<(), crate::CommError> {
+    if (srcs.is_empty() && own.is_none()) || own.is_some_and(|r| r > srcs.len()) || srcs.iter().any(|s| s.len() < dst.len()) {
         return Err(crate::CommError::Invalid("reduce_into: missing or short source".into()));
     }
     if dst.is_empty() {
@@ -424,7 +493,7 @@ pub fn reduce_into(dst: &mut [u8], srcs: &[&[u8]], dtype: DType, op: ReduceOp, s
             for s in srcs {
                 ss.push(cast::<$t>(s, dtype)?);
             }
-            $f(d, &ss, op, scale);
+            $f(d, &ss, own, op, scale);
         }};
     }
     match dtype {
@@ -456,8 +525,7 @@ pub fn accumulate(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) -> Res
         DType::I64 => go!(i64),
         DType::F16 | DType::BF16 => {
             // Two-operand half reduce: widen both, combine in f32.
-            let copy = dst.to_vec();
-            return reduce_into(dst, &[&copy, src], dtype, op, None);
+            return reduce_with_own(dst, &[src], Some(0), dtype, op, None);
         }
         DType::U8 => return Err(crate::CommError::Invalid("uint8 buffers cannot be reduced".into())),
     }
@@ -476,10 +544,7 @@ pub fn scale(buf: &mut [u8], dtype: DType, n: usize) -> Result<(), crate::CommEr
         DType::F64 => go!(f64),
         DType::I32 => go!(i32),
         DType::I64 => go!(i64),
-        DType::F16 | DType::BF16 => {
-            let copy = buf.to_vec();
-            return reduce_into(buf, &[&copy], dtype, ReduceOp::Sum, Some(n));
-        }
+        DType::F16 | DType::BF16 => return reduce_with_own(buf, &[], Some(0), dtype, ReduceOp::Sum, Some(n)),
         DType::U8 => return Err(crate::CommError::Invalid("uint8 buffers cannot be reduced".into())),
     }
     Ok(())
@@ -556,6 +621,29 @@ mod tests {
                         want = naive(&vals, ReduceOp::Sum).iter().map(|s| (*s as i64 / 3) as f64).collect();
                     }
                     assert_eq!(dst, to_bytes(dtype, &want), "{dtype} {op} n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reducing_into_an_own_input_is_bit_identical_to_reducing_a_copy() {
+        // Values that round differently depending on the order (so a changed order shows),
+        // ±0 and ties for min/max, 4 inputs of 3000 elements (several prefix blocks).
+        let n = 3000;
+        let vals: Vec<Vec<f64>> = (0..4).map(|r| (0..n).map(|i| match (i * 7 + r * 5) % 11 { 0 => 0.0, 1 => -0.0, k => (k as f64 - 5.5) * 1e7 + (i as f64) * 0.1 + r as f64 * 1e-3 }).collect()).collect();
+        for dtype in DType::REDUCIBLE {
+            for op in ReduceOp::ALL {
+                let bytes: Vec<Vec<u8>> = vals.iter().map(|v| to_bytes(dtype, v)).collect();
+                let all: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
+                let scale = (op == ReduceOp::Average).then_some(4);
+                let mut want = vec![0u8; bytes[0].len()];
+                reduce_into(&mut want, &all, dtype, op, scale).unwrap();
+                for r in 0..4 {
+                    let mut dst = bytes[r].clone();
+                    let others: Vec<&[u8]> = (0..4).filter(|q| *q != r).map(|q| &bytes[q][..]).collect();
+                    reduce_with_own(&mut dst, &others, Some(r), dtype, op, scale).unwrap();
+                    assert!(dst == want, "{dtype} {op:?} own at {r}");
                 }
             }
         }

@@ -306,7 +306,9 @@ impl ShmCollectives {
     }
 
     /// Sliced allreduce (`scatter_only`: stop after the reduce-scatter, leaving only this
-    /// rank's part reduced; used by `hier`). `h` is checked in round 0.
+    /// rank's part reduced; used by `hier`). `h` is checked in round 0. A rank reduces its
+    /// own part in place in its buffer, reading only the peers' pieces from their slots
+    /// (its own piece is not copied through its slot), when that piece is contiguous.
     fn allreduce_sliced<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
         let esz = dtype.size();
         let n = buf.view_len() / esz;
@@ -315,18 +317,28 @@ impl ShmCollectives {
         let scale = (op == ReduceOp::Average && !scatter_only).then_some(self.size);
         for k in 0..rounds {
             let b = self.begin();
+            let mine = self.piece_range(n, self.rank, k, piece, esz);
+            let in_place = buf.range_mut(mine.clone()).is_some();
             for l in 0..self.size {
-                let r = self.piece_range(n, l, k, piece, esz);
-                self.put_from(b, l * pb, buf, r);
+                if l != self.rank || !in_place {
+                    let r = self.piece_range(n, l, k, piece, esz);
+                    self.put_from(b, l * pb, buf, r);
+                }
             }
             self.arrive_with_header((k == 0).then_some(h), "allreduce")?;
-            let mine = self.piece_range(n, self.rank, k, piece, esz);
             let len = mine.len();
             {
                 let mut scratch = std::mem::take(&mut self.scratch);
-                let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, self.rank * pb, len)).collect();
-                let r = Self::reduce_range(&mut scratch, buf, mine.clone(), &srcs, dtype, op, scale);
-                drop(srcs);
+                let r = if in_place {
+                    let srcs: Vec<&[u8]> = (0..self.size).filter(|q| *q != self.rank).map(|q| self.peer(q, b, self.rank * pb, len)).collect();
+                    match buf.range_mut(mine.clone()) {
+                        Some(dst) => dtype::reduce_with_own(dst, &srcs, Some(self.rank), dtype, op, scale),
+                        None => Err(CommError::Invalid("shm: a contiguous piece became scattered".into())),
+                    }
+                } else {
+                    let srcs: Vec<&[u8]> = (0..self.size).map(|q| self.peer(q, b, self.rank * pb, len)).collect();
+                    Self::reduce_range(&mut scratch, buf, mine.clone(), &srcs, dtype, op, scale)
+                };
                 self.scratch = scratch;
                 r.map_err(|e| self.watch.poison(e))?;
             }

@@ -71,7 +71,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", topo.describe());
             println!("job id {}", topo.job_id);
             match ringrec::device::probe() {
-                Ok(i) => match ringrec::device::Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu) {
+                Ok(i) => match ringrec::device::Placement::Cuda(None).resolve(topo.machine_local_rank, topo.size) {
                     Ok(ringrec::device::Placement::Cuda(Some(g))) => println!("cuda: {} device(s); this rank would train on GPU {g}", i.devices),
                     Ok(_) => println!("cuda: {} device(s)", i.devices),
                     Err(e) => println!("cuda: {} device(s), but: {e}", i.devices),

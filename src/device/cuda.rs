@@ -73,6 +73,16 @@ mod imp {
             Ok(CudaDevice { ctx, stream, blas, kernels, name })
         }
 
+        /// The PCI bus id of the GPU (`0000:3b:00.0`): what tells two ranks' GPUs apart
+        /// whatever `CUDA_VISIBLE_DEVICES` each rank sees.
+        pub fn pci_bus_id(&self) -> DeviceResult<String> {
+            let mut buf = [0 as std::ffi::c_char; 64];
+            // SAFETY: the buffer holds `len` bytes; the device handle comes from a live context.
+            unsafe { cudarc::driver::sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.ctx.cu_device()) }.result().map_err(call("reading the GPU's PCI bus id"))?;
+            // SAFETY: the driver wrote a NUL-terminated string into `buf`.
+            Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        }
+
         /// The context.
         pub fn context(&self) -> &Arc<CudaContext> {
             &self.ctx
@@ -285,6 +295,10 @@ mod dummy {
         /// Always [`DeviceError::NotBuilt`].
         pub fn new(_ordinal: usize) -> Result<CudaDevice, DeviceError> {
             Err(DeviceError::NotBuilt)
+        }
+        /// Unreachable: no `CudaDevice` exists without the feature.
+        pub fn pci_bus_id(&self) -> DeviceResult<String> {
+            match *self {}
         }
     }
 

@@ -50,15 +50,17 @@ pub enum DeviceError {
     /// The driver loaded but reports no usable device.
     #[error("no CUDA device available ({0}); use --device cpu")]
     NoDevice(String),
-    /// More ranks on a host than visible GPUs.
+    /// Ranks of one machine would share a GPU (same PCI bus id).
     #[error(
-        "{local_size} ranks on this host but {devices} visible GPU(s): NCCL cannot run two ranks on one GPU; start at most {devices} rank(s) per host (e.g. mpirun --map-by ppr:{devices}:node), make more GPUs visible (CUDA_VISIBLE_DEVICES), or use --device cpu"
+        "ranks {ranks:?} on {host} would share GPU {bus_id}: NCCL cannot run two ranks of a job on one GPU; start at most as many ranks per host as GPUs (e.g. mpirun --map-by ppr:<GPUs>:node), give each rank its own GPU (CUDA_VISIBLE_DEVICES per rank, srun --gpus-per-task=1), or use --device cpu"
     )]
     SharedGpu {
-        /// Ranks on this host.
-        local_size: usize,
-        /// Visible GPUs.
-        devices: usize,
+        /// The machine.
+        host: String,
+        /// The GPU's PCI bus id.
+        bus_id: String,
+        /// World ranks that picked it.
+        ranks: Vec<usize>,
     },
     /// A kernel source failed to compile; the compiler's log follows.
     #[error("NVRTC could not compile kernels/{name}.cu:\n{log}")]

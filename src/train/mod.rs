@@ -234,7 +234,7 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
-    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
     let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
     match placement {
         Placement::HostKernels => {
@@ -247,6 +247,9 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
             let ordinal = ordinal.unwrap_or(0);
             // Every rank has its GPU before any waits in NCCL's start-up.
             let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
+            // Two ranks of a machine on one physical GPU are refused on every rank.
+            let bus = dev.pci_bus_id().unwrap_or_else(|e| format!("unknown to rank {} ({e})", topo.rank));
+            crate::device::select::check_distinct(topo, &bus, topo.config.allow_shared_gpu).map_err(|e| TrainError::Config(e.to_string()))?;
             let queue = dev.fork()?;
             let exec: Box<dyn ExecuteDevice> = if topo.size == 1 {
                 // One rank: nothing to reduce, so no NCCL (nor libnccl) needed.

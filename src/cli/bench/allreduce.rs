@@ -251,7 +251,7 @@ enum Choice {
 
 /// The rank's GPU (`machine_local_rank % visible GPUs`).
 fn gpu(topo: &Topology) -> Result<CudaDevice, ringrec::device::DeviceError> {
-    match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.machine_local_size, topo.size, topo.config.allow_shared_gpu)? {
+    match Placement::Cuda(None).resolve(topo.machine_local_rank, topo.size)? {
         Placement::Cuda(Some(ordinal)) => CudaDevice::new(ordinal),
         _ => Err(ringrec::device::DeviceError::NoDevice("no GPU was chosen".into())),
     }
@@ -285,7 +285,12 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
         // Start-up is collective (NCCL's especially): every rank has its backend or all skip.
         let ran = match choice {
             Choice::Cpu(b) => topo.agree(comm::build(b, topo).map_err(|e| e.to_string())).map(|c| table(topo, &CpuDevice::new(1), &mut HostCollectives::new(c), args, dtype, op, &mut report.rows)),
-            Choice::Nccl => topo.agree(gpu(topo).map_err(|e| format!("rank {}: {e}", topo.rank))).map(|dev| NcclComm::new(topo, &dev).map_err(anyhow::Error::from).and_then(|mut nccl| table(topo, &dev, &mut nccl, args, dtype, op, &mut report.rows))),
+            Choice::Nccl => topo.agree(gpu(topo).map_err(|e| format!("rank {}: {e}", topo.rank))).map(|dev| {
+                let bus = dev.pci_bus_id().unwrap_or_else(|e| format!("unknown to rank {} ({e})", topo.rank));
+                ringrec::device::select::check_distinct(topo, &bus, topo.config.allow_shared_gpu)?;
+                let mut nccl = NcclComm::new(topo, &dev)?;
+                table(topo, &dev, &mut nccl, args, dtype, op, &mut report.rows)
+            }),
         };
         match ran {
             Ok(done) => done?,

@@ -526,7 +526,7 @@ fn one_batch_of_colliding_new_keys_lands_where_key_by_key_insertion_puts_them() 
     let c = cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd);
     let mut batch = EmbeddingTable::create(&dir.path("batch"), &c).unwrap();
     let mut one_by_one = EmbeddingTable::create(&dir.path("single"), &c).unwrap();
-    let mut keys: Vec<u64> = (0..36u64).map(|i| (i * 0x9E37_79B9_7F4A_7C15) >> 3).collect();
+    let mut keys: Vec<u64> = (0..36u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 3).collect();
     keys.extend([keys[3], keys[17], keys[3], keys[30]]);
     keys.swap(5, 29);
     let grads: Vec<f32> = (0..keys.len() * 4).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();

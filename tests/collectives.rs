@@ -333,3 +333,40 @@ fn a_dead_rank_stops_the_job_shm() {
 fn a_dead_rank_stops_the_job_ring() {
     rank_dies("ring");
 }
+
+/// Worker: rank 1 announces its arrival 3 s late; the others, waiting at most 1 s, name
+/// it. Then everyone announces at once and the wait ends as soon as all have arrived.
+#[test]
+#[ignore]
+fn worker_arrivals() {
+    if std::env::var_os("RINGREC_TEST_WORKER").is_none() {
+        return;
+    }
+    let topo = Topology::init().expect("topology");
+    let group = topo.world.duplicate();
+    if topo.rank == 1 {
+        std::thread::sleep(Duration::from_secs(3));
+        ringrec::comm::arrival::Arrivals::announce(group).finish();
+    } else {
+        let mut a = ringrec::comm::arrival::Arrivals::announce(group);
+        let t = Instant::now();
+        let r = a.wait_until(Duration::from_secs(1), || false);
+        println!("rank {} late {:?} after {:.1}s", topo.rank, r.unwrap_err(), t.elapsed().as_secs_f64());
+    }
+    let mut all = ringrec::comm::arrival::Arrivals::announce(topo.world.duplicate());
+    let t = Instant::now();
+    let r = all.wait_all(Duration::from_secs(20));
+    println!("rank {} all arrived {:?} in {:.1}s", topo.rank, r, t.elapsed().as_secs_f64());
+    all.finish();
+}
+
+#[test]
+fn a_late_rank_is_named_by_the_others_after_the_deadline() {
+    let out = common::run_worker("worker_arrivals", 3, &[], Duration::from_secs(60));
+    out.assert_ok();
+    for r in [0, 2] {
+        let line = out.stdout.lines().find(|l| l.contains(&format!("rank {r} late"))).unwrap_or_else(|| panic!("rank {r} reports:\n{}", out.all()));
+        assert!(line.contains("late [1] after 1."), "{line}");
+    }
+    assert_eq!(out.stdout.matches("all arrived Ok(())").count(), 3, "{}", out.all());
+}

@@ -12,6 +12,7 @@
 //! or an overrun. `shm` carries the check inside its own synchronisation; the MPI-based
 //! backends exchange a 32-byte header first, unless `RINGREC_VERIFY=0`.
 
+pub mod arrival;
 pub mod device;
 pub mod hier;
 pub mod mpi_backend;

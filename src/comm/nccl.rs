@@ -83,6 +83,58 @@ mod imp {
         }
     }
 
+    /// A communicator handle moved from the thread that made it.
+    struct Made(ncclComm_t);
+    // SAFETY: an NCCL communicator may be used from any thread, one call at a time; the
+    // handle is only moved, never used by two threads.
+    unsafe impl Send for Made {}
+
+    /// `ncclCommInitRank` with a deadline. NCCL's initialisation waits for every rank and
+    /// never gives up, so it runs on a helper thread while this one waits at most
+    /// `timeout`, watching which ranks announced (over MPI) that they reached it; past the
+    /// deadline the error names the ranks that never came (the helper thread is left
+    /// blocked: the rank reports the error and exits).
+    fn init_with_deadline(topo: &Topology, dev: &CudaDevice, unique: cudarc::nccl::sys::ncclUniqueId, timeout: Duration) -> CommResult<ncclComm_t> {
+        let (size, rank, ctx) = (topo.size, topo.rank, dev.context().clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut arrivals = crate::comm::arrival::Arrivals::announce(topo.world.duplicate());
+        std::thread::Builder::new()
+            .name("ringrec-nccl-init".into())
+            .spawn(move || {
+                let made = ctx.bind_to_thread().map_err(|e| nccl_err("binding the CUDA context", e)).and_then(|_| {
+                    let mut comm: ncclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` receives the new communicator; the id is the one every
+                    // rank got from rank 0; rank and size are this world's.
+                    unsafe { cudarc::nccl::result::comm_init_rank(&mut comm, size as i32, unique, rank as i32) }.map(|_| Made(comm)).map_err(|e| nccl_err("ncclCommInitRank", e))
+                });
+                let _ = tx.send(made);
+            })
+            .map_err(|e| CommError::Failed(format!("starting the NCCL initialisation thread: {e}")))?;
+        let mut result = None;
+        let waited = arrivals.wait_until(timeout, || {
+            if result.is_none() {
+                result = rx.try_recv().ok();
+            }
+            result.is_some()
+        });
+        match (waited, result) {
+            (Ok(()), Some(made)) => {
+                let comm = made?.0;
+                arrivals.finish();
+                Ok(comm)
+            }
+            (Err(missing), _) => {
+                let secs = timeout.as_secs_f64();
+                Err(CommError::Failed(if missing.is_empty() {
+                    format!("rank {rank}: NCCL's initialisation did not finish in {secs:.0}s although every rank reached it (a network or NCCL problem: NCCL_DEBUG=INFO shows where it waits)")
+                } else {
+                    format!("rank {rank}: NCCL's initialisation did not finish in {secs:.0}s: rank(s) {missing:?} never reached it (dead or stuck; see their output); raise RINGREC_COMM_TIMEOUT_SECONDS if they are just slow")
+                }))
+            }
+            (Ok(()), None) => Err(CommError::Failed("the NCCL initialisation thread ended without a result".into())),
+        }
+    }
+
     impl NcclComm {
         /// Joins the world's NCCL communicator on `dev`'s GPU, queueing on `dev`'s stream
         /// (collective over the world).
@@ -116,11 +168,7 @@ mod imp {
                 *d = *s as std::ffi::c_char;
             }
             let unique = cudarc::nccl::sys::ncclUniqueId { internal };
-            dev.context().bind_to_thread().map_err(|e| nccl_err("binding the CUDA context", e))?;
-            let mut comm: ncclComm_t = std::ptr::null_mut();
-            // SAFETY: `comm` receives the new communicator; the id is the one every rank got
-            // from rank 0; rank and size are this world's.
-            unsafe { cudarc::nccl::result::comm_init_rank(&mut comm, topo.size as i32, unique, topo.rank as i32) }.map_err(|e| nccl_err("ncclCommInitRank", e))?;
+            let comm = init_with_deadline(topo, dev, unique, topo.config.comm_timeout)?;
             Ok(NcclComm { comm, stream: dev.stream().clone(), mpi, rank: topo.rank, size: topo.size, verify: topo.config.verify, timeout: topo.config.comm_timeout, aborted: false })
         }
 
@@ -188,19 +236,23 @@ mod imp {
             let mut polls = 0u32;
             loop {
                 match event.try_is_complete() {
-                    Ok(true) => return Ok(()),
+                    // Errors cudarc recorded while ordering streams (event waits) surface here.
+                    Ok(true) => return self.stream.context().check_err().map_err(|e| self.abort(format!("rank {}: a CUDA stream operation failed: {e:?}", self.rank))),
                     Ok(false) => {}
-                    Err(e) => return Err(self.abort(format!("the NCCL stream failed: {e:?}"))),
+                    Err(e) => return Err(self.abort(format!("rank {}: the NCCL stream failed: {e:?}", self.rank))),
                 }
                 let mut async_err = ncclResult_t::ncclSuccess;
                 // SAFETY: the communicator is live (not aborted); async_err receives its state.
-                unsafe { cudarc::nccl::sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
+                let rc = unsafe { cudarc::nccl::sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
+                if rc != ncclResult_t::ncclSuccess {
+                    return Err(self.abort(format!("rank {}: ncclCommGetAsyncError failed with {rc:?}", self.rank)));
+                }
                 if async_err != ncclResult_t::ncclSuccess && async_err != ncclResult_t::ncclInProgress {
-                    return Err(self.abort(format!("NCCL reported {async_err:?} (a peer rank failed or the network broke); look at the other ranks' output")));
+                    return Err(self.abort(format!("rank {}: NCCL reported {async_err:?} (a peer rank failed or the network broke); look at the other ranks' output", self.rank)));
                 }
                 if start.elapsed() > self.timeout {
                     let secs = self.timeout.as_secs_f64();
-                    return Err(self.abort(format!("an NCCL collective did not finish in {secs:.0}s (a peer rank died or is stuck); raise RINGREC_COMM_TIMEOUT_SECONDS if it is just slow")));
+                    return Err(self.abort(format!("rank {}: an NCCL collective did not finish in {secs:.0}s (a peer rank died or is stuck); raise RINGREC_COMM_TIMEOUT_SECONDS if it is just slow", self.rank)));
                 }
                 polls = polls.saturating_add(1);
                 if polls > 64 {

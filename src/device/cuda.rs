@@ -83,6 +83,13 @@ mod imp {
             Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
         }
 
+        /// Errors cudarc recorded while ordering this context's streams (the event waits it
+        /// queues when a buffer moves between streams report failures there, not to their
+        /// caller).
+        fn checked(&self) -> DeviceResult<()> {
+            self.ctx.check_err().map_err(call("an earlier stream-ordering call (event record or wait)"))
+        }
+
         /// The context.
         pub fn context(&self) -> &Arc<CudaContext> {
             &self.ctx
@@ -130,6 +137,7 @@ mod imp {
             self.pinned(n, dir)
         }
         fn host<'a, T: Scalar>(&self, h: &'a mut PinnedHostSlice<T>) -> DeviceResult<&'a mut [T]> {
+            self.checked()?;
             h.as_mut_slice().map_err(call("waiting for a copy"))
         }
         fn upload_unchecked<T: Scalar>(&self, src: &mut PinnedHostSlice<T>, n: usize, dst: &mut CudaSlice<T>) -> DeviceResult<()> {
@@ -162,7 +170,8 @@ mod imp {
             }
             let mut view = dst.slice_mut(at..at + src.len());
             self.stream.memcpy_htod(src, &mut view).map_err(call("copying to the GPU"))?;
-            self.stream.synchronize().map_err(call("waiting for the GPU"))
+            self.stream.synchronize().map_err(call("waiting for the GPU"))?;
+            self.checked()
         }
         fn read_unchecked<T: Scalar>(&self, src: &CudaSlice<T>, at: usize, dst: &mut [T]) -> DeviceResult<()> {
             if dst.is_empty() {
@@ -170,7 +179,8 @@ mod imp {
             }
             let view = src.slice(at..at + dst.len());
             self.stream.memcpy_dtoh(&view, dst).map_err(call("copying from the GPU"))?;
-            self.stream.synchronize().map_err(call("waiting for the GPU"))
+            self.stream.synchronize().map_err(call("waiting for the GPU"))?;
+            self.checked()
         }
         fn copy_unchecked<T: Scalar>(&self, src: (&CudaSlice<T>, usize), dst: (&mut CudaSlice<T>, usize), n: usize) -> DeviceResult<()> {
             if n == 0 {
@@ -181,7 +191,8 @@ mod imp {
             self.stream.memcpy_dtod(&from, &mut to).map_err(call("copying on the GPU"))
         }
         fn synchronize(&self) -> DeviceResult<()> {
-            self.stream.synchronize().map_err(call("waiting for the GPU"))
+            self.stream.synchronize().map_err(call("waiting for the GPU"))?;
+            self.checked()
         }
         fn host_memory<'a, T: Scalar>(&self, _b: &'a mut CudaSlice<T>) -> Option<&'a mut [T]> {
             None

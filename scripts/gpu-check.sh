@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One command for whoever has an NVIDIA GPU host (bare metal, or inside the Docker image):
+# proves the GPU path and measures it, then writes one report to attach to
+# docs/BENCHMARKS.md.
+#
+#   scripts/gpu-check.sh                 # from the repository (builds with --features cuda)
+#   RINGREC=/usr/local/bin/ringrec scripts/gpu-check.sh   # an installed binary (Docker image)
+#
+# What it does, each step recorded (pass / fail / skipped, with its output):
+#   1. the machine: nvidia-smi (GPUs, driver), `ringrec info` (every CUDA library ringrec
+#      found, where, and its version);
+#   2. every GPU test: `cargo test --release --features cuda -- gpu` (kernels vs the CPU,
+#      50 training steps vs the CPU device, NCCL sums; skipped without a source tree);
+#   3. the NCCL allreduce table on all GPUs: `ringrec bench allreduce --backends nccl,shm`
+#      (mpi is always measured too), nccl-tests style (busbw, #wrong);
+#   4. GPU vs CPU training on the default data set: `ringrec train --device cuda` and
+#      `--device cpu`, same flags, per-step losses and samples/s, 1 rank and one rank per GPU.
+# Output: target/gpu-check/report.json (machine-readable) and target/gpu-check/report.txt
+# (the same, readable), plus each step's raw output beside them. Exit status 0 when every
+# step that ran passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-target/gpu-check}
+mkdir -p "$OUT"
+RINGREC=${RINGREC:-}
+STEPS=${STEPS:-300}
+status=0
+declare -a names results
+
+step() { # name, then the command; output to $OUT/<name>.txt
+  local name=$1; shift
+  echo "== $name: $*"
+  if "$@" > "$OUT/$name.txt" 2>&1; then results+=("pass"); else results+=("FAIL"); status=1; fi
+  names+=("$name")
+  tail -n 5 "$OUT/$name.txt" | sed 's/^/   /'
+}
+skip() { names+=("$1"); results+=("skipped: $2"); echo "== $1: skipped ($2)"; }
+
+if [ -z "$RINGREC" ]; then
+  if [ -f Cargo.toml ]; then
+    step build cargo build --release --locked --features cuda
+    RINGREC=target/release/ringrec
+  else
+    RINGREC=$(command -v ringrec || true)
+  fi
+fi
+[ -x "$RINGREC" ] || { echo "gpu-check: no ringrec binary (set RINGREC=...)" >&2; exit 2; }
+
+mpirun_args=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && mpirun_args+=(--allow-run-as-root)
+if command -v nvidia-smi >/dev/null 2>&1; then
+  step nvidia-smi nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,memory.total --format=csv
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+else
+  skip nvidia-smi "nvidia-smi not found (no NVIDIA driver?)"
+  GPUS=0
+fi
+step info "$RINGREC" info
+
+if [ -f Cargo.toml ]; then
+  step gpu-tests cargo test --release --locked --features cuda -- gpu --test-threads=1
+else
+  skip gpu-tests "no source tree here (run from the repository for the tests)"
+fi
+
+if [ "$GPUS" -ge 1 ]; then
+  step nccl-allreduce mpirun "${mpirun_args[@]}" -np "$GPUS" "$RINGREC" bench allreduce --backends nccl,shm -b 8 -e 1G
+  step train-gpu-1 "$RINGREC" train --device cuda --max-steps "$STEPS" --record-losses --json --no-progress
+  step train-cpu-1 "$RINGREC" train --device cpu --max-steps "$STEPS" --record-losses --json --no-progress
+  if [ "$GPUS" -ge 2 ]; then
+    step train-gpu-n mpirun "${mpirun_args[@]}" -np "$GPUS" "$RINGREC" train --device cuda --max-steps "$STEPS" --record-losses --json --no-progress
+    step train-cpu-n mpirun "${mpirun_args[@]}" -np "$GPUS" "$RINGREC" train --device cpu --max-steps "$STEPS" --record-losses --json --no-progress
+  fi
+else
+  skip nccl-allreduce "no GPU"
+  skip train "no GPU"
+fi
+
+# The report: every step's result, the machine, and the training summaries side by side.
+json_line() { grep -h '^{' "$OUT/$1.txt" 2>/dev/null | tail -n 1; }
+{
+  printf '{"date":"%s","host":"%s","gpus":%s,"steps":{' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "$GPUS"
+  for i in "${!names[@]}"; do
+    [ "$i" -gt 0 ] && printf ','
+    printf '"%s":"%s"' "${names[$i]}" "${results[$i]//\"/\'}"
+  done
+  printf '},"train":{'
+  first=1
+  for t in train-gpu-1 train-cpu-1 train-gpu-n train-cpu-n; do
+    line=$(json_line "$t")
+    [ -n "$line" ] || continue
+    [ $first -eq 1 ] || printf ','
+    printf '"%s":%s' "$t" "$line"
+    first=0
+  done
+  printf '}}\n'
+} > "$OUT/report.json"
+{
+  echo "# ringrec gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname), $GPUS GPU(s)"
+  for i in "${!names[@]}"; do printf '%-16s %s\n' "${names[$i]}" "${results[$i]}"; done
+  echo
+  [ -f "$OUT/nvidia-smi.txt" ] && cat "$OUT/nvidia-smi.txt"
+  echo; cat "$OUT/info.txt"
+  if [ -f "$OUT/nccl-allreduce.txt" ]; then echo; grep -E '^#|^ +[0-9]' "$OUT/nccl-allreduce.txt"; fi
+  echo
+  printf '%-12s %12s %10s %10s %10s\n' run samples/s train_loss test_auc params_fnv
+  for t in train-gpu-1 train-cpu-1 train-gpu-n train-cpu-n; do
+    line=$(json_line "$t")
+    [ -n "$line" ] || continue
+    field() { echo "$line" | grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
+    printf '%-12s %12.0f %10s %10s %10s\n' "$t" "$(field samples_per_sec)" "$(field train_loss)" "$(field test_auc)" "$(field params_fnv)"
+  done
+} > "$OUT/report.txt"
+cat "$OUT/report.txt"
+echo "gpu-check: report in $OUT/report.json and $OUT/report.txt"
+exit $status

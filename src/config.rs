@@ -58,6 +58,9 @@ pub struct RuntimeConfig {
     /// `RINGREC_FAULT_EXIT=rank:step`: that rank exits abruptly before that step (tests of
     /// failure handling).
     pub fault_exit: Option<(usize, u64)>,
+    /// `RINGREC_FAULT_ONCE=path`: the fault fires only while `path` does not exist, and
+    /// creates it (a relaunched job runs on: tests of `ringrec launch --restarts`).
+    pub fault_once: Option<PathBuf>,
     /// `RINGREC_LOG_SPARSE`: every rank prints its sparse-exchange totals at the end.
     pub log_sparse: bool,
 }
@@ -74,6 +77,7 @@ impl Default for RuntimeConfig {
             ring_chunk_bytes: 512 << 10,
             allow_shared_gpu: false,
             fault_exit: None,
+            fault_once: None,
             log_sparse: false,
         }
     }
@@ -100,6 +104,7 @@ impl RuntimeConfig {
             Some((r.trim().parse().ok()?, st.trim().parse().ok()?))
         })
         .map_err(invalid)?;
+        c.fault_once = std::env::var_os("RINGREC_FAULT_ONCE").filter(|v| !v.is_empty()).map(PathBuf::from);
         c.log_sparse = flag("RINGREC_LOG_SPARSE").map_err(invalid)?.unwrap_or(false);
         Ok(c)
     }

@@ -23,19 +23,47 @@ pub fn pid_alive(pid: i32) -> bool {
     }
 }
 
+/// When a wait started, and how long this process had been stopped by then (see
+/// [`crate::watchdog::stalled_total`]): time this process itself spends stopped is not
+/// counted against the peers it waits for.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitStart {
+    at: Instant,
+    stalled: Duration,
+}
+
+impl WaitStart {
+    /// Now.
+    pub fn now() -> WaitStart {
+        WaitStart { at: Instant::now(), stalled: crate::watchdog::stalled_total() }
+    }
+    /// Time waited, less the time this process was stopped meanwhile.
+    pub fn waited(&self) -> Duration {
+        self.at.elapsed().saturating_sub(crate::watchdog::own_stall_since(self.stalled))
+    }
+    /// Wall time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.at.elapsed()
+    }
+}
+
 /// Watches the peers a rank waits for: their processes and the deadline.
 #[derive(Debug)]
 pub struct PeerWatch {
     /// Process ids by local rank (0: not known yet).
     pub pids: Vec<i32>,
+    /// World rank of each local rank (what errors name).
+    world: Vec<usize>,
     timeout: Duration,
     poisoned: Option<String>,
 }
 
 impl PeerWatch {
-    /// A watch of `size` local ranks with deadline `timeout`.
-    pub fn new(size: usize, timeout: Duration) -> PeerWatch {
-        PeerWatch { pids: vec![0; size], timeout, poisoned: None }
+    /// A watch of the local ranks of `topo` with deadline `RINGREC_COMM_TIMEOUT_SECONDS`.
+    pub fn new(topo: &Topology) -> PeerWatch {
+        let mut world: Vec<usize> = (0..topo.size).filter(|r| topo.host_of_rank[*r] == topo.host_id).collect();
+        world.sort_by_key(|r| topo.local_rank_of_rank[*r]);
+        PeerWatch { pids: vec![0; topo.local_size], world, timeout: topo.config.comm_timeout, poisoned: None }
     }
 
     /// An error once a wait failed: the waiter's state is unknown from then on.
@@ -50,13 +78,15 @@ impl PeerWatch {
     }
 
     /// The error of a wait in `what` that started at `start` for the local ranks `late`:
-    /// one of them died, or the deadline passed.
-    pub fn check(&mut self, what: &'static str, start: Instant, late: &[usize]) -> CommResult<()> {
+    /// one of them died, or the deadline passed. Errors name world ranks.
+    pub fn check(&mut self, what: &'static str, start: &WaitStart, late: &[usize]) -> CommResult<()> {
+        let world = |q: usize| self.world.get(q).copied().unwrap_or(q);
         if let Some(q) = late.iter().copied().find(|q| self.pids[*q] > 0 && !pid_alive(self.pids[*q])) {
-            return Err(self.poison(CommError::PeerDied { collective: what, rank: q, pid: self.pids[q] }));
+            return Err(self.poison(CommError::PeerDied { collective: what, rank: world(q), pid: self.pids[q] }));
         }
-        if start.elapsed() > self.timeout {
-            return Err(self.poison(CommError::Timeout { collective: what, seconds: self.timeout.as_secs_f64(), ranks: late.to_vec() }));
+        if start.waited() > self.timeout {
+            let ranks = late.iter().map(|q| world(*q)).collect();
+            return Err(self.poison(CommError::Timeout { collective: what, seconds: self.timeout.as_secs_f64(), ranks }));
         }
         Ok(())
     }
@@ -95,7 +125,7 @@ impl HostBarrier {
     pub fn new(topo: &Topology, tag: &str, what: &'static str) -> CommResult<HostBarrier> {
         let len = std::mem::size_of::<Block>() + 16 * topo.local_size;
         let seg = SharedSegment::on_host(&topo.local, &topo.segment_path(tag), len.div_ceil(4096) * 4096)?;
-        let mut b = HostBarrier { seg, round: 0, local_rank: topo.local_rank, local_size: topo.local_size, what, watch: PeerWatch::new(topo.local_size, topo.config.comm_timeout) };
+        let mut b = HostBarrier { seg, round: 0, local_rank: topo.local_rank, local_size: topo.local_size, what, watch: PeerWatch::new(topo) };
         b.word(b.local_rank, 0).store(u64::from(std::process::id()), Ordering::Release);
         b.wait()?;
         for q in 0..b.local_size {
@@ -139,7 +169,7 @@ impl HostBarrier {
 
     /// Sleeps until the generation reaches `target`.
     fn wait_for(&mut self, target: u32) -> CommResult<()> {
-        let start = Instant::now();
+        let start = WaitStart::now();
         let mut spins = 0u32;
         loop {
             let now = self.block().generation.0.load(Ordering::Acquire);
@@ -155,7 +185,7 @@ impl HostBarrier {
             if start.elapsed() > Duration::from_millis(100) {
                 // Late: the ranks that have not entered this barrier (rounds wrap).
                 let late: Vec<usize> = (0..self.local_size).filter(|q| ((self.word(*q, 1).load(Ordering::Acquire) as u32).wrapping_sub(target) as i32) < 0).collect();
-                self.watch.check(self.what, start, &late)?;
+                self.watch.check(self.what, &start, &late)?;
             }
         }
     }

@@ -23,10 +23,22 @@ pub mod header;
 pub mod hostsync;
 pub mod model;
 pub mod shm;
+pub mod signals;
 pub mod sparse;
 pub mod tensor;
 pub mod topology;
+pub mod watchdog;
 pub mod train;
 
 pub use engine::{init, Runtime};
 pub use error::{CommError, CommResult};
+
+/// Writes `line` and a newline to stderr in one write (`eprintln!` may write a line in
+/// pieces, which interleave with other ranks' lines on a shared terminal).
+pub fn eprint_line(line: &str) {
+    use std::io::Write;
+    let mut s = String::with_capacity(line.len() + 1);
+    s.push_str(line);
+    s.push('\n');
+    let _ = std::io::stderr().lock().write_all(s.as_bytes());
+}

@@ -19,6 +19,9 @@ struct Cli {
 enum Command {
     /// Print every rank's topology and run an allreduce on each backend (the quick-start job).
     Demo,
+    /// Run a ringrec command on N ranks with mpirun (binding, signals, restarts):
+    /// `ringrec launch -np 4 --restarts 2 -- train --checkpoint-dir ckpt ...`.
+    Launch(cli::launch::LaunchArgs),
     /// Train the CTR model (data-parallel; run under mpirun for several ranks). Without
     /// --data it trains on a synthetic Criteo-format set that it generates once.
     Train(cli::train::TrainArgs),
@@ -53,21 +56,41 @@ enum BenchCommand {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::launch::mpirun_spelling(std::env::args().collect()));
     if let Err(e) = run(cli) {
-        eprintln!("ringrec: error: {e:#}");
-        // Exit without MPI_Finalize: a failed rank must not wait for peers that may be
-        // stuck; mpirun then stops the job and reports which rank failed.
-        std::process::exit(1);
+        cli::fail(&e, None);
+    }
+}
+
+/// Runs `f` with MPI up; an error is printed while MPI still is, and ends the job at once
+/// (`MPI_Abort`), so no rank waits in MPI_Finalize for a peer that already failed.
+fn with_mpi(f: impl FnOnce(&Topology) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let topo = Topology::init().context("starting MPI")?;
+    // After MPI_Init, which may install handlers of its own.
+    ringrec::signals::install();
+    match f(&topo) {
+        Ok(()) => Ok(()),
+        // A signal stopped every rank after the same step: an orderly end, status 128+sig.
+        Err(e) => match e.downcast_ref::<ringrec::train::TrainError>() {
+            Some(ringrec::train::TrainError::Stopped { signal, .. }) => {
+                if topo.rank == 0 {
+                    ringrec::eprint_line(&format!("ringrec: {e}"));
+                }
+                let code = 128 + signal;
+                drop(topo);
+                std::process::exit(code)
+            }
+            _ => cli::fail(&e, Some(&topo)),
+        },
     }
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Demo => demo(),
-        Command::Train(args) => cli::train::run(&args),
-        Command::Info => {
-            let topo = Topology::init()?;
+        Command::Demo => with_mpi(demo),
+        Command::Launch(args) => std::process::exit(cli::launch::run(&args)?),
+        Command::Train(args) => with_mpi(|topo| cli::train::run(topo, &args)),
+        Command::Info => with_mpi(|topo| {
             println!("{}", topo.describe());
             println!("job id {}", topo.job_id);
             match ringrec::device::probe() {
@@ -79,37 +102,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Err(e) => println!("cuda: unavailable: {e}"),
             }
             Ok(())
-        }
+        }),
+        Command::Table(cli::table::TableCommand::Hold(a)) => with_mpi(|topo| cli::table::hold(topo, &a)),
         Command::Table(cmd) => cli::table::run(cmd),
         Command::Data(cmd) => cli::data::run(cmd),
         Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
-        Command::Bench(BenchCommand::Engine(args)) => {
-            let topo = Topology::init()?;
-            cli::bench::engine::run(&topo, &args)?;
-            Ok(())
-        }
+        Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),
         Command::Bench(BenchCommand::Gemm(args)) => cli::bench::gemm::run(&args),
-        Command::Bench(BenchCommand::Sparse(args)) => {
-            let topo = Topology::init()?;
-            cli::bench::sparse::run(&topo, &args)?;
-            Ok(())
-        }
-        Command::Bench(BenchCommand::Step(args)) => {
-            let topo = Topology::init()?;
-            cli::bench::step::run(&topo, &args)?;
-            Ok(())
-        }
-        Command::Bench(BenchCommand::Allreduce(args)) => {
-            let topo = Topology::init()?;
-            cli::bench::allreduce::run(&topo, &args)?;
-            Ok(())
-        }
+        Command::Bench(BenchCommand::Sparse(args)) => with_mpi(|topo| cli::bench::sparse::run(topo, &args).map(|_| ())),
+        Command::Bench(BenchCommand::Step(args)) => with_mpi(|topo| cli::bench::step::run(topo, &args).map(|_| ())),
+        Command::Bench(BenchCommand::Allreduce(args)) => with_mpi(|topo| cli::bench::allreduce::run(topo, &args).map(|_| ())),
     }
 }
 
-fn demo() -> anyhow::Result<()> {
-    let topo = Topology::init().context("starting MPI")?;
-    let mut world = comm::build(Backend::Mpi, &topo)?;
+fn demo(topo: &Topology) -> anyhow::Result<()> {
+    let mut world = comm::build(Backend::Mpi, topo)?;
     let lines = world.gatherv(topo.describe().as_bytes(), 0)?;
     if let Some((bytes, counts)) = lines {
         println!("ringrec demo: {} rank(s) on {} host(s), job {}", topo.size, topo.num_hosts, topo.job_id);
@@ -126,7 +133,7 @@ fn demo() -> anyhow::Result<()> {
     let n = topo.size as f32;
     let want = n * (n + 1.0) / 2.0;
     for backend in Backend::ALL {
-        match comm::build(backend, &topo) {
+        match comm::build(backend, topo) {
             Ok(mut c) => {
                 let mut v = vec![topo.rank as f32 + 1.0; 1 << 20];
                 let t = std::time::Instant::now();

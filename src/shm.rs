@@ -83,6 +83,9 @@ impl SharedSegment {
     /// local rank, then removes the name. Collective over `local`; every rank gets the same
     /// success or failure.
     pub fn on_host(local: &Group, path: &Path, len: usize) -> CommResult<SharedSegment> {
+        let _w = crate::watchdog::waiting("the host's ranks mapping a shared segment");
+        // The name exists from here until the leader unlinks it below.
+        let _tracked = (local.rank() == 0).then(|| crate::signals::track(path));
         let leader = local.comm.process_at_rank(0);
         let mut status = [0u8; 256];
         let mut seg = None;

@@ -54,6 +54,9 @@ impl Group {
 
 /// Where this rank sits: world, host and cross-host coordinates.
 pub struct Topology {
+    /// This process' watchdog (see [`crate::watchdog`]); dropped first, before the
+    /// communicators and MPI itself.
+    watchdog: Option<crate::watchdog::Watchdog>,
     /// Rank in the world.
     pub rank: usize,
     /// Number of ranks in the world.
@@ -169,7 +172,8 @@ impl Topology {
         let job_id = String::from_utf8_lossy(&id).trim_end_matches('\0').to_string();
 
         let hostname = mpi::environment::processor_name().unwrap_or_else(|_| "unknown".into());
-        Ok(Topology {
+        let mut topo = Topology {
+            watchdog: None,
             rank,
             size,
             local_rank,
@@ -190,7 +194,13 @@ impl Topology {
             world: Group { comm: world_comm, ctx: ctx.clone() },
             local: Group { comm: local_comm, ctx: ctx.clone() },
             cross: Group { comm: cross_comm, ctx },
-        })
+        };
+        // The world rank of every rank of this host, in local-rank order.
+        let mut local_world: Vec<usize> = (0..size).filter(|r| topo.host_of_rank[*r] == host_id).collect();
+        local_world.sort_by_key(|r| topo.local_rank_of_rank[*r]);
+        let beats = topo.segment_path("heartbeat");
+        topo.watchdog = Some(crate::watchdog::Watchdog::start(&topo.world.comm, &topo.local, &beats, local_world, topo.config.comm_timeout));
+        Ok(topo)
     }
 
     /// Every rank learns whether all ranks succeeded at something each did alone (opening
@@ -199,6 +209,7 @@ impl Topology {
     /// ([`CommError::RankFailed`]). Collective over the world; use it before a collective
     /// that a failed rank would never join.
     pub fn agree<T>(&self, mine: Result<T, String>) -> CommResult<T> {
+        let _w = crate::watchdog::waiting("every rank's agreement on a start-up step");
         let failing = if mine.is_err() { self.rank as i32 } else { i32::MAX };
         let mut first = 0i32;
         self.world.comm.all_reduce_into(&failing, &mut first, SystemOperation::min());
@@ -235,6 +246,51 @@ impl Topology {
     /// This host's shared segment `tag`: `<shm_dir>/ringrec-<job>-h<host>-<tag>`.
     pub fn segment_path(&self, tag: &str) -> std::path::PathBuf {
         crate::shm::segment_path(&self.config.shm_dir, &self.job_id, self.host_id, tag)
+    }
+
+    /// Every rank checks that every other runs with the same `settings` (name, value) —
+    /// the ones that must match for ranks to work together (a model's shape, the data, the
+    /// backends). A mismatch is the same error on every rank, naming each differing setting
+    /// and every rank's value. Collective over the world; a digest of the list travels
+    /// first, the lists themselves only when the digests differ.
+    pub fn agree_settings(&self, settings: &[(&str, String)]) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("every rank comparing its settings");
+        let text: String = settings.iter().map(|(k, v)| format!("{k}\t{}\n", v.replace(['\t', '\n'], " "))).collect();
+        let digest = crate::hash::fnv1a64(text.as_bytes());
+        let mut all = vec![0u64; self.size];
+        self.world.comm.all_gather_into(&digest, &mut all[..]);
+        if all.iter().all(|d| *d == digest) {
+            return Ok(());
+        }
+        let g = crate::comm::mpi_backend::mpi_allgatherv(&self.world.comm, text.as_bytes())?;
+        let mut by_rank: Vec<std::collections::BTreeMap<String, String>> = Vec::new();
+        let mut at = 0;
+        for c in &g.counts {
+            let t = String::from_utf8_lossy(&g.data[at..at + c]);
+            by_rank.push(t.lines().filter_map(|l| l.split_once('\t')).map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            at += c;
+        }
+        let mut names: Vec<&String> = by_rank.iter().flat_map(|m| m.keys()).collect();
+        names.sort();
+        names.dedup();
+        let missing = String::from("(not set)");
+        let mut parts = Vec::new();
+        for name in names {
+            let values: Vec<&String> = by_rank.iter().map(|m| m.get(name).unwrap_or(&missing)).collect();
+            if values.iter().all(|v| *v == values[0]) {
+                continue;
+            }
+            let shown: Vec<String> = values.iter().enumerate().take(8).map(|(r, v)| format!("rank {r} has {v}")).collect();
+            let more = if values.len() > 8 { format!(" and {} more ranks", values.len() - 8) } else { String::new() };
+            parts.push(format!("{name}: {}{more}", shown.join(", ")));
+        }
+        Err(CommError::Failed(format!("the ranks were started with different settings that must match: {}; start every rank with the same command and environment", parts.join("; "))))
+    }
+
+    /// Ends the whole job now (`MPI_Abort` with `code`): for a rank that failed while its
+    /// peers may wait for it. Never returns.
+    pub fn abort(&self, code: i32) -> ! {
+        crate::watchdog::end_job(&self.world.comm, code)
     }
 
     /// One line: `rank 1/4 local 1/2 cross 0/2 host 0 (name)`.

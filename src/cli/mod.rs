@@ -2,5 +2,40 @@
 
 pub mod bench;
 pub mod data;
+pub mod launch;
 pub mod table;
 pub mod train;
+
+/// The message of `e` and its causes, each cause once: a cause whose text its parent
+/// already contains (typed errors often quote their source) is not repeated.
+pub fn render(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
+/// Prints `e` (once, with the rank when several run) and ends the process: with MPI up
+/// and peers, the whole job (`MPI_Abort`, after a moment so that peers failing the same
+/// way print theirs), never through MPI_Finalize, which could wait for a stuck peer.
+pub fn fail(e: &anyhow::Error, topo: Option<&ringrec::topology::Topology>) -> ! {
+    use std::io::Write;
+    match topo {
+        Some(t) if t.size > 1 => ringrec::eprint_line(&format!("ringrec rank {}: error: {}", t.rank, render(e))),
+        _ => ringrec::eprint_line(&format!("ringrec: error: {}", render(e))),
+    }
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    match topo {
+        Some(t) if t.size > 1 => {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            t.abort(1)
+        }
+        _ => std::process::exit(1),
+    }
+}

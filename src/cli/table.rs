@@ -163,7 +163,7 @@ pub fn run(cmd: TableCommand) -> anyhow::Result<()> {
             let text = if json { format!("{}\n", serde_json::to_string_pretty(&info)?) } else { info.to_string() };
             print_out(&text)
         }
-        TableCommand::Hold(a) => hold(&a),
+        TableCommand::Hold(_) => bail!("`table hold` runs under MPI (main dispatches it)"),
     }
 }
 
@@ -188,8 +188,7 @@ pub fn pss_kib() -> anyhow::Result<u64> {
 }
 
 /// `ringrec table hold`: see [`TableCommand::Hold`].
-pub fn hold(a: &HoldArgs) -> anyhow::Result<()> {
-    let topo = Topology::init()?;
+pub fn hold(topo: &Topology, a: &HoldArgs) -> anyhow::Result<()> {
     let world = &topo.world.comm;
     let before = pss_kib()?;
     let d = a.dim as usize;
@@ -216,7 +215,7 @@ pub fn hold(a: &HoldArgs) -> anyhow::Result<()> {
     } else {
         let mut cfg = TableConfig::new(a.dim, capacity_for_rows(a.rows));
         cfg.dtype = a.dtype;
-        let mut ht = HostTable::open(&topo, &cfg, None)?;
+        let mut ht = HostTable::open(topo, &cfg, None)?;
         if ht.is_leader() {
             let zeros = vec![0f32; BATCH * d];
             for c in keys.chunks(BATCH) {

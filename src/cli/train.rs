@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use ringrec::comm::Backend;
 use ringrec::device::Placement;
 use ringrec::embedding::OptimizerKind;
@@ -191,8 +190,7 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
 }
 
 /// Trains; rank 0 shows progress and prints the summary.
-pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    let topo = Topology::init().context("starting MPI")?;
+pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<()> {
     let cfg = args.config();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut show = |p: &Progress| {
@@ -209,7 +207,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         pb.set_position(p.step);
     };
-    let summary = train::run(&topo, &cfg, &mut show)?;
+    let summary = train::run(topo, &cfg, &mut show)?;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }

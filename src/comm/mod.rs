@@ -294,9 +294,57 @@ pub fn build(backend: Backend, topo: &Topology) -> CommResult<Box<dyn Collective
     build_tagged(backend, topo, "world")
 }
 
+/// A backend whose every call is registered with the watchdog ([`crate::watchdog`]): a
+/// collective that a peer never joins ends the job after the deadline instead of hanging.
+struct Watched(Box<dyn Collectives>);
+
+impl Collectives for Watched {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("an allreduce");
+        self.0.allreduce_raw(buf, dtype, op)
+    }
+    fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
+        let _w = crate::watchdog::waiting("an allgatherv");
+        self.0.allgatherv_raw(send)
+    }
+    fn broadcast_raw(&mut self, buf: &mut [u8], root: usize) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("a broadcast");
+        self.0.broadcast_raw(buf, root)
+    }
+    fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>> {
+        let _w = crate::watchdog::waiting("a gatherv");
+        self.0.gatherv_raw(send, root)
+    }
+    fn barrier(&mut self) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("a barrier");
+        self.0.barrier()
+    }
+    fn allreduce_scattered(&mut self, bufs: &mut Scattered<'_>, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("a fused allreduce");
+        self.0.allreduce_scattered(bufs, dtype, op)
+    }
+    fn zero_copy_fusion(&self) -> bool {
+        self.0.zero_copy_fusion()
+    }
+}
+
 /// Builds a backend over all ranks of the world; `tag` names its shared segments so that
-/// several backends (the trainer's, the engine's) live side by side in one job.
+/// several backends (the trainer's, the engine's) live side by side in one job. Every
+/// call is watched ([`crate::watchdog`]).
 pub fn build_tagged(backend: Backend, topo: &Topology, tag: &str) -> CommResult<Box<dyn Collectives>> {
+    build_unwatched(backend, topo, tag).map(|c| Box::new(Watched(c)) as Box<dyn Collectives>)
+}
+
+fn build_unwatched(backend: Backend, topo: &Topology, tag: &str) -> CommResult<Box<dyn Collectives>> {
     Ok(match backend {
         Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), topo.config.verify)),
         Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), topo.config.verify, topo.config.ring_chunk_bytes)),

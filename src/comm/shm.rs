@@ -97,7 +97,7 @@ impl ShmCollectives {
             slot_bytes,
             data_off,
             iter: 0,
-            watch: PeerWatch::new(size, topo.config.comm_timeout),
+            watch: PeerWatch::new(topo),
             scratch: Vec::new(),
         };
         me.ctrl(me.rank).pid.v.store(std::process::id() as u64, Ordering::Release);
@@ -131,8 +131,8 @@ impl ShmCollectives {
 
     /// Waits until every peer's `phase` counter reached `target`.
     fn wait_all(&mut self, phase: Phase, target: u64, what: &'static str) -> CommResult<()> {
-        let start = Instant::now();
-        let mut last_check = start;
+        let start = crate::hostsync::WaitStart::now();
+        let mut last_check = Instant::now();
         let mut spins: u32 = 0;
         loop {
             let mut ready = true;
@@ -164,7 +164,7 @@ impl ShmCollectives {
             if now.duration_since(last_check) > Duration::from_millis(200) {
                 last_check = now;
                 let late: Vec<usize> = (0..self.size).filter(|q| *q != self.rank && self.line(*q, phase).v.load(Ordering::Acquire) < target).collect();
-                self.watch.check(what, start, &late)?;
+                self.watch.check(what, &start, &late)?;
             }
         }
     }

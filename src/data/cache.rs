@@ -509,6 +509,8 @@ impl FileLock {
     pub fn exclusive(path: &Path) -> DataResult<FileLock> {
         use std::os::fd::AsRawFd;
         let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o644).open(path).map_err(|e| DataError::io(path, "create lock file", e))?;
+        // Another rank may hold it for minutes (preparing a cache); ended only if it stops.
+        let _w = crate::watchdog::waiting_on_work("a lock another rank holds (preparing a data file)");
         loop {
             // SAFETY: flock on a file descriptor this function owns and keeps open; it touches
             // no memory.

@@ -30,3 +30,26 @@ pub use criteo::{BadLine, BadLineKind, BadLineReport, CriteoReader, Sample, NUM_
 pub use error::{DataError, DataResult};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};
 pub use synth::{synth, SynthSummary};
+
+/// A data file's identity for comparing ranks' inputs: its size and an FNV-1a digest of
+/// its first and last 64 KiB (a copy of the file on another host gets the same one;
+/// a file of another length or content almost surely not), or why it cannot be read.
+pub fn identity(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const EDGE: u64 = 64 << 10;
+    let digest = (|| -> std::io::Result<(u64, u64)> {
+        let mut f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        let mut buf = Vec::with_capacity(2 * EDGE as usize);
+        (&mut f).take(EDGE).read_to_end(&mut buf)?;
+        if len > EDGE {
+            f.seek(SeekFrom::Start(len.saturating_sub(EDGE).max(EDGE)))?;
+            f.take(EDGE).read_to_end(&mut buf)?;
+        }
+        Ok((len, crate::hash::fnv1a64(&buf)))
+    })();
+    match digest {
+        Ok((len, h)) => format!("{len} bytes, digest {h:016x}"),
+        Err(e) => format!("unreadable: {e}"),
+    }
+}

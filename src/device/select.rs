@@ -114,6 +114,7 @@ pub fn shared_gpus(picks: &[(String, String)]) -> Vec<(String, String, Vec<usize
 /// tests) lets them. Collective over the world.
 pub fn check_distinct(topo: &crate::topology::Topology, bus_id: &str, allow_shared: bool) -> Result<(), DeviceError> {
     use mpi::collective::CommunicatorCollectives;
+    let _w = crate::watchdog::waiting("every rank reporting its GPU");
     let mut mine = [0u8; PICK_BYTES];
     let (host_part, bus_part) = mine.split_at_mut(PICK_BYTES / 2);
     for (dst, src) in [(host_part, topo.hostname.as_bytes()), (bus_part, bus_id.as_bytes())] {

@@ -35,15 +35,18 @@ pub fn host_table_path(topo: &Topology) -> PathBuf {
 #[derive(Debug)]
 pub struct SegmentGuard {
     path: Option<PathBuf>,
+    /// Unlinked by a second SIGTERM/SIGINT while armed ([`crate::signals`]).
+    _tracked: Option<crate::signals::Tracked>,
 }
 
 impl SegmentGuard {
     /// Guards `path`.
     pub fn new(path: &Path) -> SegmentGuard {
-        SegmentGuard { path: Some(path.to_path_buf()) }
+        SegmentGuard { path: Some(path.to_path_buf()), _tracked: crate::signals::track(path) }
     }
     /// Removes the file now (ignoring "not found") and disarms the guard.
     pub fn remove_now(&mut self) -> std::io::Result<()> {
+        self._tracked = None;
         match self.path.take() {
             Some(p) => match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -55,6 +58,7 @@ impl SegmentGuard {
     /// Keeps the file: the guard will not remove it.
     pub fn disarm(&mut self) {
         self.path = None;
+        self._tracked = None;
     }
     /// The guarded path, while armed.
     pub fn path(&self) -> Option<&Path> {
@@ -129,6 +133,8 @@ impl HostTable {
 
     /// [`HostTable::open`] from any [`TableSource`].
     pub fn open_from(topo: &Topology, source: TableSource<'_>) -> TableResult<HostTable> {
+        // The leader may fill a big table first: a peer still answering is working on it.
+        let _w = crate::watchdog::waiting_on_work("the host leader setting up the host table");
         let path = host_table_path(topo);
         let comm = &topo.local.comm;
         let leader = topo.is_leader();

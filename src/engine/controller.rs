@@ -389,6 +389,8 @@ impl Controller {
     }
 
     fn cycle(&mut self) -> EngineResult<Flow> {
+        // Every rank takes part in every cycle: past the deadline the watchdog ends the job.
+        let _w = crate::watchdog::waiting("the engine's cycle (negotiation and collectives)");
         let (hits, stale, uncached) = self.classify(Instant::now());
         let (flags, ready, stale) = self.agree_bits(hits, stale, uncached);
         if flags & FLAG_SHUTDOWN != 0 {

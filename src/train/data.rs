@@ -47,18 +47,19 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         Ok((ds, source))
     })();
     let (ds, source) = topo.agree(attempt.map_err(|e| e.to_string()))?;
+    topo.agree_settings(&[("rows of --data (after skipping malformed lines)", ds.len().to_string())])?;
     let (train, test) = shard::split(ds.len(), cfg.test_fraction)?;
     if train.is_empty() {
         return Err(TrainError::Config(format!("{}: no training rows (the data set has {} rows, --test-fraction {})", source.display(), ds.len(), cfg.test_fraction)));
     }
     if topo.rank == 0 && ds.header().bad_lines > 0 {
-        eprintln!(
+        crate::eprint_line(&format!(
             "ringrec: {}: {} malformed line(s) were skipped when the cache was prepared (run `ringrec data prepare {} OUT` to list them; --max-bad-lines {} stops beyond that)",
             source.display(),
             ds.header().bad_lines,
             source.display(),
             cfg.max_bad_lines
-        );
+        ));
     }
     Ok(TrainData { ds, source, train, test })
 }

@@ -35,6 +35,16 @@ pub enum TrainError {
     /// A checkpoint could not be read, written or used.
     #[error("{0}")]
     Checkpoint(String),
+    /// A SIGTERM/SIGINT stopped the run after a step, every rank at the same one.
+    #[error("stopped by {} after step {step}{}", crate::signals::name(*signal), match checkpoint { Some(d) => format!("; checkpoint of step {step} written in {} (continue with --resume)", d.display()), None => "; no checkpoint (no --checkpoint-dir): the steps since the start are lost".into() })]
+    Stopped {
+        /// The signal.
+        signal: i32,
+        /// Global steps completed.
+        step: u64,
+        /// Where the checkpoint was written.
+        checkpoint: Option<std::path::PathBuf>,
+    },
 }
 
 impl From<TableError> for TrainError {

@@ -165,6 +165,54 @@ impl TrainConfig {
     pub fn backend(&self, topo: &Topology) -> Backend {
         self.backend.unwrap_or_else(|| Backend::auto(topo))
     }
+
+    /// Every setting that must be the same on every rank (`Topology::agree_settings`),
+    /// by its flag or variable: what shapes the model, the data and their order, the
+    /// optimizers, checkpoints, the backends, and the engine's and the runtime's knobs
+    /// that are part of a protocol. Free to differ: `--threads`, `--json`,
+    /// `--no-progress`, `--record-losses`, `--data-dir` (each host's cache location),
+    /// `RINGREC_TIMELINE` and the engine's fusion threshold and cycle time (rank 0's are
+    /// used), `RINGREC_COMM_TIMEOUT_SECONDS`, `RINGREC_LOG_SPARSE`, `RINGREC_FAULT_EXIT`.
+    pub fn settings(&self, topo: &Topology, engine: &EngineConfig) -> Vec<(&'static str, String)> {
+        let rc = &topo.config;
+        vec![
+            ("--data", self.data.as_ref().map_or_else(|| format!("(the synthetic set of {} rows)", self.synth_rows), |p| format!("{} ({})", p.display(), crate::data::identity(p)))),
+            ("--synth-rows", self.synth_rows.to_string()),
+            ("--epochs", self.epochs.to_string()),
+            ("--max-steps", format!("{:?}", self.max_steps)),
+            ("--batch", self.batch.to_string()),
+            ("--dim", self.dim.to_string()),
+            ("--hidden", format!("{:?}", self.hidden)),
+            ("--lr", self.lr.to_string()),
+            ("--dense-optimizer", self.dense_optimizer.to_string()),
+            ("--sparse-lr", self.sparse_lr.to_string()),
+            ("--sparse-optimizer", self.sparse_optimizer.to_string()),
+            ("--test-fraction", self.test_fraction.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--shuffle", self.shuffle.to_string()),
+            ("--backend", self.backend(topo).to_string()),
+            ("--device", self.device.to_string()),
+            ("--sparse-exchange", self.sparse_exchange.to_string()),
+            ("--sparse-normalize", self.sparse_normalize.to_string()),
+            ("--table-capacity", self.table_capacity.to_string()),
+            ("--max-bad-lines", self.max_bad_lines.to_string()),
+            ("--checkpoint-dir", format!("{:?}", self.checkpoint_dir)),
+            ("--checkpoint-every", self.checkpoint_every.to_string()),
+            ("--resume", self.resume.to_string()),
+            ("--no-eval", (!self.eval).to_string()),
+            ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
+            ("RINGREC_VERIFY", rc.verify.to_string()),
+            ("RINGREC_SHM_CHUNK_BYTES", rc.shm_chunk_bytes.to_string()),
+            ("RINGREC_RING_CHUNK_BYTES", rc.ring_chunk_bytes.to_string()),
+            ("RINGREC_RANKS_PER_HOST", format!("{:?}", rc.ranks_per_host)),
+            ("RINGREC_ALLOW_SHARED_GPU", rc.allow_shared_gpu.to_string()),
+            ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
+            ("RINGREC_COMPRESSION", format!("{:?}", engine.compression)),
+            ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
+            ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),
+            ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", format!("{:?}", engine.stall_shutdown)),
+        ]
+    }
 }
 
 /// What a run reports (rank 0 prints it).
@@ -231,11 +279,12 @@ pub struct TrainSummary {
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on rank
 /// 0 after each step; returns the summary.
 pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progress)) -> TrainResult<TrainSummary> {
+    let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
+    topo.agree_settings(&cfg.settings(topo, &engine))?;
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
-    let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
     match placement {
         Placement::HostKernels => {
             let dev = topo.agree(HostKernels::new().map_err(|e| format!("rank {}: {e}", topo.rank)))?;
@@ -259,7 +308,7 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
                 Box::new(DeviceExecutor::new(queue, nccl))
             };
             if topo.rank == 0 {
-                eprintln!("ringrec: dense model on {}", dev.describe());
+                crate::eprint_line(&format!("ringrec: dense model on {}", dev.describe()));
             }
             drive(topo, cfg, dev, Engine::start_with_device(topo, &engine, Some(exec))?, progress)
         }
@@ -287,13 +336,28 @@ fn on_pool<R: Send>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Steps a trainer on `dev` to the end, checkpointing as configured, then evaluates.
+///
+/// A failed step leaves its trainer undropped: dropping it would shut the engine down,
+/// which waits for every rank's engine — and after a failure a peer may be dead or stuck,
+/// so the error must reach the caller first. The process is expected to end after an
+/// error (the shared segments' names are already gone, nothing is left behind).
 fn drive<D: Device>(topo: &Topology, cfg: &TrainConfig, dev: D, engine: Engine, progress: &mut dyn FnMut(&Progress)) -> TrainResult<TrainSummary> {
     let mut t = Trainer::new(topo, cfg, dev, engine)?;
     progress(&t.progress());
-    while t.step()? {
-        if topo.rank == 0 {
-            progress(&t.progress());
+    loop {
+        match t.step() {
+            Ok(true) => {
+                if topo.rank == 0 {
+                    progress(&t.progress());
+                }
+            }
+            Ok(false) => return t.summary(),
+            // Every rank stops after the same step: the normal teardown is safe.
+            Err(e @ TrainError::Stopped { .. }) => return Err(e),
+            Err(e) => {
+                std::mem::forget(t);
+                return Err(e);
+            }
         }
     }
-    t.summary()
 }

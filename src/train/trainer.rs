@@ -204,7 +204,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         let steps_per_epoch = shard::steps_per_epoch(data.train.len(), cfg.batch) as u64;
         let total_steps = (cfg.epochs * steps_per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX));
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0 };
-        topo.world.comm.barrier();
+        {
+            let _w = crate::watchdog::waiting("the ranks' barrier");
+            topo.world.comm.barrier();
+        }
         Ok(Trainer {
             topo,
             cfg,
@@ -272,8 +275,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         if self.position.step >= self.total_steps {
             return Ok(false);
         }
-        if topo.config.fault_exit == Some((topo.rank, self.position.step)) {
-            eprintln!("ringrec: fault injection: rank {} exits at step {}", topo.rank, self.position.step);
+        let fires = || topo.config.fault_once.as_ref().is_none_or(|p| std::fs::OpenOptions::new().write(true).create_new(true).open(p).is_ok());
+        if topo.config.fault_exit == Some((topo.rank, self.position.step)) && fires() {
+            crate::eprint_line(&format!("ringrec: fault injection: rank {} exits at step {}", topo.rank, self.position.step));
             std::process::exit(3);
         }
         if self.position.in_epoch >= self.steps_per_epoch {
@@ -319,10 +323,31 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.position.step += 1;
         self.position.in_epoch += 1;
         self.unread = Some(Unread { global_batch, epoch });
+        let mut saved = false;
         if let Some(dir) = &cfg.checkpoint_dir {
             if (cfg.checkpoint_every > 0 && self.position.step % cfg.checkpoint_every == 0) || self.position.step == self.total_steps {
                 self.save_checkpoint(dir)?;
+                saved = true;
             }
+        }
+        // A SIGTERM/SIGINT on any rank stops every rank after this same step.
+        let mine = crate::signals::requested().unwrap_or(0);
+        let mut signal = 0i32;
+        {
+            let _w = crate::watchdog::waiting("the ranks' check for a stop signal");
+            topo.world.comm.all_reduce_into(&mine, &mut signal, SystemOperation::max());
+        }
+        if signal != 0 {
+            let checkpoint = match &cfg.checkpoint_dir {
+                Some(dir) => {
+                    if !saved {
+                        self.save_checkpoint(dir)?;
+                    }
+                    Some(dir.clone())
+                }
+                None => None,
+            };
+            return Err(TrainError::Stopped { signal, step: self.position.step, checkpoint });
         }
         Ok(true)
     }
@@ -382,12 +407,16 @@ impl<'a, D: Device> Trainer<'a, D> {
             self.record(self.model.loss_sum()?, u);
         }
         let topo = self.topo;
-        topo.world.comm.barrier();
+        {
+            let _w = crate::watchdog::waiting("the ranks' barrier");
+            topo.world.comm.barrier();
+        }
         let train_seconds = self.started.elapsed().as_secs_f64();
         if topo.config.log_sparse {
             let x = self.embedding.exchanger();
-            eprintln!("rank {} sparse exchange over {} steps: {}", topo.rank, x.steps(), x.totals());
+            crate::eprint_line(&format!("rank {} sparse exchange over {} steps: {}", topo.rank, x.steps(), x.totals()));
         }
+        let _w = crate::watchdog::waiting("the run's summary");
         let mut samples = 0u64;
         topo.world.comm.all_reduce_into(&self.counters.samples, &mut samples, SystemOperation::sum());
         let eval = if self.cfg.eval && !self.data.test.is_empty() { self.evaluate()? } else { None };

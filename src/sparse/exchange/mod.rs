@@ -328,6 +328,7 @@ impl SparseExchanger {
     /// ([`HostTable::sync`]), so the next lookup sees the update. Every host applies the same
     /// list in the same order: the tables stay byte-identical.
     pub fn exchange_and_apply(&mut self, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
+        let _w = crate::watchdog::waiting("the sparse exchange");
         let dim = table.table().dim();
         let mut update = |g: AggregatedGrads<'_>| table.apply_updates(g.keys, g.grads, lr).map(|_| ()).map_err(SparseError::from);
         let (has, mut st) = self.step(keys, grads, Some(Apply { dim, f: &mut update }))?;

@@ -78,6 +78,10 @@ pub enum DeviceError {
         /// The compiler's log.
         log: String,
     },
+    /// The driver refused the compiled kernels (an NVRTC newer than the driver, a GPU it
+    /// does not know); says which NVRTC and driver, and what to install.
+    #[error("{0}")]
+    KernelLoad(Box<KernelLoadError>),
     /// A driver, cuBLAS or kernel call failed, or an operation was refused.
     #[error("{what} failed: {detail}")]
     Call {
@@ -86,6 +90,24 @@ pub enum DeviceError {
         /// The library's error, or why it was refused.
         detail: String,
     },
+}
+
+/// The driver refused a module NVRTC compiled ([`DeviceError::KernelLoad`]).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("the driver could not load kernels/{name}.cu ({target} from NVRTC {nvrtc}; driver {driver}): {error}. {advice}")]
+pub struct KernelLoadError {
+    /// The source's name.
+    pub name: String,
+    /// What NVRTC produced (`SASS for sm_90`, `PTX for compute_90`).
+    pub target: String,
+    /// NVRTC's version and file.
+    pub nvrtc: String,
+    /// The driver's CUDA version and file.
+    pub driver: String,
+    /// The driver's error.
+    pub error: String,
+    /// What to do.
+    pub advice: String,
 }
 
 impl DeviceError {

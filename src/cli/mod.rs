@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod data;
+pub mod info;
 pub mod table;
 pub mod train;

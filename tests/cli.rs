@@ -133,6 +133,13 @@ fn info_lists_every_cuda_library_with_where_it_was_found_or_looked_for() {
     let out = run(&["--compile-kernels", "sm_80,ampere"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("`ampere` is not an architecture"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["--libs", "--require", "nvrtc,gpu"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`gpu` is not one of driver, nvrtc, cublas, nccl"));
+    if ringrec::device::probe_nccl().is_err() {
+        let out = run(&["--libs", "--require", "nccl"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && (err.contains("--require: libnccl (NCCL) is not available: looked for libnccl.so.2") || err.contains("without CUDA support")), "{err}");
+    }
     if ringrec::device::probe_nvrtc().is_err() {
         let out = run(&["--compile-kernels", "sm_80"]);
         let err = String::from_utf8_lossy(&out.stderr);

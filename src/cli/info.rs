@@ -19,11 +19,26 @@ pub struct InfoArgs {
     /// implies --libs.
     #[arg(long, value_delimiter = ',', value_name = "ARCHS")]
     pub compile_kernels: Vec<String>,
+    /// Exit with an error unless these libraries are usable (comma-separated: driver,
+    /// nvrtc, cublas, nccl); for scripts and image builds.
+    #[arg(long, value_delimiter = ',', value_name = "LIBS")]
+    pub require: Vec<String>,
+}
+
+fn lib_named(s: &str) -> Option<CudaLib> {
+    match s.trim() {
+        "driver" | "cuda" | "libcuda" => Some(CudaLib::Driver),
+        "nvrtc" | "libnvrtc" => Some(CudaLib::Nvrtc),
+        "cublas" | "libcublas" => Some(CudaLib::Cublas),
+        "nccl" | "libnccl" => Some(CudaLib::Nccl),
+        _ => None,
+    }
 }
 
 /// Runs `ringrec info`.
 pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     let archs: Vec<Arch> = args.compile_kernels.iter().filter(|s| !s.trim().is_empty()).map(|s| Arch::parse(s).with_context(|| format!("--compile-kernels: `{s}` is not an architecture (sm_80, sm_90, ...)"))).collect::<anyhow::Result<_>>()?;
+    let required: Vec<CudaLib> = args.require.iter().filter(|s| !s.trim().is_empty()).map(|s| lib_named(s).with_context(|| format!("--require: `{s}` is not one of driver, nvrtc, cublas, nccl"))).collect::<anyhow::Result<_>>()?;
     let topo = if args.libs || !archs.is_empty() {
         None
     } else {
@@ -45,6 +60,13 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         },
         (Ok(i), None) => println!("cuda: {} device(s)", i.devices),
         (Err(e), _) => println!("cuda: unavailable: {e}"),
+    }
+    let missing: Vec<String> = required.iter().filter_map(|l| libs.require(*l).err()).map(|e| e.to_string()).collect();
+    if !required.is_empty() && !cfg!(feature = "cuda") {
+        anyhow::bail!("--require: {}", ringrec::device::DeviceError::NotBuilt);
+    }
+    if !missing.is_empty() {
+        anyhow::bail!("--require: {}", missing.join("\n"));
     }
     if !archs.is_empty() {
         compile(&archs)?;

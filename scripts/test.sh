@@ -8,7 +8,9 @@
 #   4. runs every unit and multi-process (real mpirun) test with the CUDA feature (GPU tests
 #      print `skipped: <reason>` without a GPU; tests/cuda_libs.rs finds the wheels and
 #      compiles every kernel to SASS with their NVRTC), then the tests whose behaviour
-#      differs without it (unit tests, the command line).
+#      differs without it (unit tests, the command line),
+#   5. lists what `ringrec info` finds in the Docker image's stages (scripts/docker-libs.sh;
+#      skipped, with the reason, without a Docker engine or RINGREC_DOCKER_CHECK=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -34,4 +36,6 @@ step "cargo test --features cuda"
 RINGREC_CUDA_WHEELS="$target/cuda-wheels" cargo test --locked --features cuda
 step "cargo test --lib --bins --test cli (without the cuda feature)"
 cargo test --locked --lib --bins --test cli
+step "scripts/docker-libs.sh (the Docker image's libraries, where a Docker engine exists)"
+scripts/docker-libs.sh
 step "done"

@@ -289,7 +289,8 @@ impl Search {
         if self.lib_dirs.is_empty() {
             parts.push(format!("{LIB_DIR_VAR} (not set)"));
         } else {
-            parts.push(format!("{LIB_DIR_VAR} ({})", join_paths(&self.lib_dirs)));
+            let dirs: Vec<String> = self.lib_dirs.iter().map(|d| if d.is_dir() { d.display().to_string() } else { format!("{}: no such directory", d.display()) }).collect();
+            parts.push(format!("{LIB_DIR_VAR} ({})", dirs.join(", ")));
         }
         if self.linker {
             let ld = std::env::var("LD_LIBRARY_PATH").ok().filter(|v| !v.is_empty());
@@ -954,7 +955,7 @@ mod tests {
         std::fs::write(d.join("cuda/stubs/libnccl.so"), b"").unwrap();
         let s = Search { lib_dirs: vec![d.join("empty")], linker: false, site_packages: vec![d.join("site")], conda_lib: None, toolkit_dirs: vec![d.join("cuda/stubs")] };
         let why = find(CudaLib::Nccl, &s, None).unwrap_err();
-        for want in ["libnccl.so.2", "cudarc's names libnccl.so", "RINGREC_CUDA_LIB_DIR (", "nvidia/nccl/lib under", "did not load", "link-time stub", "pip install nvidia-nccl-cu12", "libnccl2"] {
+        for want in ["libnccl.so.2", "cudarc's names libnccl.so", "empty: no such directory", "nvidia/nccl/lib under", "did not load", "link-time stub", "pip install nvidia-nccl-cu12", "libnccl2"] {
             assert!(why.contains(want), "{want:?} missing from: {why}");
         }
         let e = DeviceError::MissingLibrary { lib: CudaLib::Nccl, detail: why };

@@ -208,6 +208,23 @@ pub fn target_for(device: Arch, supported: &[u32]) -> Result<Target, String> {
     }
 }
 
+/// What to do when the driver (of CUDA `driver`) refused what NVRTC `nvrtc` compiled.
+pub fn load_advice(nvrtc: Option<super::libs::Version>, driver: Option<super::libs::Version>) -> String {
+    // The pip requirement of the NVRTC of CUDA `v` (CUDA 13's wheels dropped the suffix).
+    let pip = |v: super::libs::Version| {
+        let package = if v.major >= 13 { "nvidia-cuda-nvrtc".to_string() } else { format!("nvidia-cuda-nvrtc-cu{}", v.major) };
+        format!("`pip install \"{package}=={}.{}.*\"`", v.major, v.minor)
+    };
+    match (nvrtc, driver) {
+        (Some(n), Some(d)) if (n.major, n.minor) > (d.major, d.minor) => format!(
+            "NVRTC {n} is newer than the driver (CUDA {d}): install an NVRTC of CUDA {d} or older ({}) and set RINGREC_CUDA_LIB_DIR to its directory, or update the NVIDIA driver to one for CUDA {n} or newer",
+            pip(d)
+        ),
+        (_, Some(d)) => format!("update the NVIDIA driver, or install the NVRTC of the driver's CUDA {d} ({}) and set RINGREC_CUDA_LIB_DIR to its directory", pip(d)),
+        _ => "update the NVIDIA driver, or install the NVRTC of the driver's CUDA version and set RINGREC_CUDA_LIB_DIR to its directory".into(),
+    }
+}
+
 /// The functions of a CUBIN (an ELF file) and their code sizes in bytes, from its symbol
 /// table; empty for anything else (PTX).
 pub fn cubin_functions(image: &[u8]) -> Vec<(String, u64)> {
@@ -307,8 +324,8 @@ mod loaded {
     use cudarc::driver::{CudaContext, CudaFunction, DriverError};
     use cudarc::nvrtc::{result, sys, Ptx};
 
-    use super::{device_source, target_for, Arch, Kernel, Target, SOURCES};
-    use crate::device::libs::{libraries, CudaLib, Version};
+    use super::{device_source, load_advice, target_for, Arch, Kernel, Target, SOURCES};
+    use crate::device::libs::{libraries, CudaLib};
     use crate::device::{DeviceError, KernelLoadError};
 
     /// Every kernel, compiled by NVRTC for the context's device and loaded.
@@ -349,21 +366,8 @@ mod loaded {
     fn load_error(name: &str, target: Target, e: DriverError) -> DeviceError {
         let libs = libraries();
         let version = |lib| libs.get(lib).found.as_ref().ok().and_then(|f| f.version);
-        let advice = match (version(CudaLib::Nvrtc), version(CudaLib::Driver)) {
-            (Some(n), Some(d)) if (n.major, n.minor) > (d.major, d.minor) => format!(
-                "NVRTC {n} is newer than the driver (CUDA {d}): install an NVRTC of CUDA {d} or older ({}) and set RINGREC_CUDA_LIB_DIR to its directory, or update the NVIDIA driver to one for CUDA {n} or newer",
-                nvrtc_pip(d)
-            ),
-            (_, Some(d)) => format!("update the NVIDIA driver, or install the NVRTC of the driver's CUDA {d} ({}) and set RINGREC_CUDA_LIB_DIR to its directory", nvrtc_pip(d)),
-            _ => "update the NVIDIA driver, or install the NVRTC of the driver's CUDA version and set RINGREC_CUDA_LIB_DIR to its directory".into(),
-        };
+        let advice = load_advice(version(CudaLib::Nvrtc), version(CudaLib::Driver));
         DeviceError::KernelLoad(Box::new(KernelLoadError { name: name.to_string(), target: target.to_string(), nvrtc: libs.describe(CudaLib::Nvrtc), driver: libs.describe(CudaLib::Driver), error: format!("{e:?}"), advice }))
-    }
-
-    /// The pip requirement of the NVRTC of CUDA `v`.
-    fn nvrtc_pip(v: Version) -> String {
-        let package = if v.major >= 13 { "nvidia-cuda-nvrtc".to_string() } else { format!("nvidia-cuda-nvrtc-cu{}", v.major) };
-        format!("`pip install \"{package}=={}.{}.*\"`", v.major, v.minor)
     }
 
     /// Destroys the program when dropped.
@@ -451,6 +455,28 @@ mod tests {
         assert!(e.contains("sm_75 to sm_120") && e.contains("not for sm_70") && e.contains("RINGREC_CUDA_LIB_DIR"), "{e}");
         // An NVRTC that cannot list its architectures is asked for SASS.
         assert_eq!(target_for(Arch(80), &[]), Ok(Target::Sass(Arch(80))));
+    }
+
+    #[test]
+    fn a_refused_module_says_which_nvrtc_to_install() {
+        use crate::device::libs::Version;
+        let v = |major, minor| Some(Version { major, minor, patch: None });
+        let a = load_advice(v(12, 8), v(12, 4));
+        assert!(a.starts_with("NVRTC 12.8 is newer than the driver (CUDA 12.4)") && a.contains("pip install \"nvidia-cuda-nvrtc-cu12==12.4.*\"") && a.contains("RINGREC_CUDA_LIB_DIR"), "{a}");
+        let a = load_advice(v(13, 0), v(12, 8));
+        assert!(a.contains("nvidia-cuda-nvrtc-cu12==12.8.*") && a.contains("update the NVIDIA driver to one for CUDA 13.0"), "{a}");
+        assert!(load_advice(v(13, 1), v(13, 0)).contains("`pip install \"nvidia-cuda-nvrtc==13.0.*\"`"));
+        assert!(load_advice(v(12, 4), v(12, 8)).starts_with("update the NVIDIA driver, or install the NVRTC of the driver's CUDA 12.8"));
+        let e = crate::device::DeviceError::KernelLoad(Box::new(crate::device::KernelLoadError {
+            name: "dense".into(),
+            target: Target::Ptx(Arch(90)).to_string(),
+            nvrtc: "12.8 (/x/libnvrtc.so.12)".into(),
+            driver: "12.4 (/usr/lib/libcuda.so.1)".into(),
+            error: "DriverError(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, \"the provided PTX was compiled with an unsupported toolchain.\")".into(),
+            advice: load_advice(v(12, 8), v(12, 4)),
+        }));
+        let msg = e.to_string();
+        assert!(msg.starts_with("the driver could not load kernels/dense.cu (PTX for compute_90 from NVRTC 12.8 (/x/libnvrtc.so.12); driver for CUDA 12.4 (/usr/lib/libcuda.so.1)): DriverError(CUDA_ERROR_UNSUPPORTED_PTX_VERSION"), "{msg}");
     }
 
     #[test]

@@ -402,8 +402,9 @@ fn candidates(lib: CudaLib, search: &Search, driver_major: Option<u32>) -> Vec<C
 #[derive(Debug)]
 struct Handle(*mut c_void);
 
-// SAFETY: a dlopen handle is a process-wide token that any thread may pass to dlsym; it is
-// never closed, so it stays valid.
+// SAFETY: a dlopen handle is a process-wide token that any thread may pass to dlsym; a
+// Handle that is kept is never closed (close() consumes the ones passed over), so it stays
+// valid.
 unsafe impl Send for Handle {}
 // SAFETY: as above; dlsym and dladdr are thread-safe.
 unsafe impl Sync for Handle {}

@@ -94,7 +94,7 @@ pub enum DeviceError {
 
 /// The driver refused a module NVRTC compiled ([`DeviceError::KernelLoad`]).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[error("the driver could not load kernels/{name}.cu ({target} from NVRTC {nvrtc}; driver {driver}): {error}. {advice}")]
+#[error("the driver could not load kernels/{name}.cu ({target} from NVRTC {nvrtc}; driver for CUDA {driver}): {error}. {advice}")]
 pub struct KernelLoadError {
     /// The source's name.
     pub name: String,

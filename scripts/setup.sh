@@ -4,6 +4,8 @@
 #   Open MPI (mpirun + headers + pkg-config file) -- the launcher and the `mpi` crate's C side
 #   libclang + clang headers                    -- bindgen, used by mpi-sys to read mpi.h
 #   pkg-config, build-essential                -- locating and compiling the MPI shim
+#   python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
+#                                                 libraries from PyPI for the library probe test)
 set -euo pipefail
 
 need=()
@@ -17,6 +19,8 @@ have_pkg clang || need+=(clang)
 have_cmd pkg-config || need+=(pkg-config)
 have_cmd cc || need+=(build-essential)
 have_cmd c++ || need+=(g++)
+have_cmd python3 || need+=(python3)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 
 install_rust() {
   # Rust toolchain (rustup), when the machine has none.
@@ -40,7 +44,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "setup: system packages present (Open MPI, libclang, pkg-config, cc)"
+  echo "setup: system packages present (Open MPI, libclang, pkg-config, cc, python3 with venv)"
   install_rust
   exit 0
 fi

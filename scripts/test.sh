@@ -1,16 +1,41 @@
 #!/usr/bin/env bash
 # The whole test suite (what CI runs through .ci/run):
 #   1. installs the system packages a fresh Debian/Ubuntu machine lacks (scripts/setup.sh),
-#   2. builds and lints the CUDA feature, which must compile on machines without CUDA,
-#   3. runs every unit and multi-process (real mpirun) test.
+#   2. builds and lints the CUDA feature, which must compile on machines without CUDA, and
+#      lints the build without it,
+#   3. installs NVIDIA's CUDA runtime libraries from PyPI, only when missing (NVRTC, cuBLAS,
+#      NCCL; no GPU or driver needed) and shows what `ringrec info` finds of them,
+#   4. runs every unit and multi-process (real mpirun) test with the CUDA feature (GPU tests
+#      print `skipped: <reason>` without a GPU; tests/cuda_libs.rs finds the wheels and
+#      compiles every kernel to SASS with their NVRTC), then the tests whose behaviour
+#      differs without it (unit tests, the command line),
+#   5. lists what `ringrec info` finds in the Docker image's stages (scripts/docker-libs.sh;
+#      skipped, with the reason, without a Docker engine or RINGREC_DOCKER_CHECK=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # A toolchain that setup.sh just installed with rustup is not on PATH yet.
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
-echo "== cargo build --features cuda (type-checks the GPU path without CUDA)"
+target=${CARGO_TARGET_DIR:-target}
+case $target in /*) ;; *) target="$PWD/$target" ;; esac
+t0=$(date +%s)
+step() { echo "== $* ($(( $(date +%s) - t0 )) s)"; }
+step "cargo build --features cuda (type-checks the GPU path without CUDA)"
 cargo build --locked --features cuda
-echo "== cargo clippy --all-targets --features cuda"
+step "cargo clippy --all-targets --features cuda"
 cargo clippy --locked --all-targets --features cuda -- -D warnings
-echo "== cargo test"
-cargo test --locked
+step "cargo clippy --all-targets (without the cuda feature)"
+cargo clippy --locked --all-targets -- -D warnings
+step "CUDA libraries from PyPI (scripts/cuda-wheels.sh)"
+scripts/cuda-wheels.sh "$target/cuda-wheels"
+if [ -f "$target/cuda-wheels/.ringrec-wheels" ]; then
+  step "ringrec info --compile-kernels sm_80,sm_90 with the wheels' venv"
+  env -u RINGREC_CUDA_LIB_DIR VIRTUAL_ENV="$target/cuda-wheels" "$target/debug/ringrec" info --compile-kernels sm_80,sm_90
+fi
+step "cargo test --features cuda"
+RINGREC_CUDA_WHEELS="$target/cuda-wheels" cargo test --locked --features cuda
+step "cargo test --lib --bins --test cli (without the cuda feature)"
+cargo test --locked --lib --bins --test cli
+step "scripts/docker-libs.sh (the Docker image's libraries, where a Docker engine exists)"
+scripts/docker-libs.sh
+step "done"

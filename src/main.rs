@@ -25,8 +25,10 @@ enum Command {
     /// Train the CTR model (data-parallel; run under mpirun for several ranks). Without
     /// --data it trains on a synthetic Criteo-format set that it generates once.
     Train(cli::train::TrainArgs),
-    /// Print this rank's topology and whether a GPU path is available.
-    Info,
+    /// Print this rank's topology, the CUDA libraries (where each was found and its
+    /// version) and whether a GPU path is available; --compile-kernels compiles every
+    /// kernel to SASS for given architectures (no GPU needed).
+    Info(cli::info::InfoArgs),
     /// Prepare, generate and inspect training data (Criteo format).
     #[command(subcommand)]
     Data(cli::data::DataCommand),
@@ -90,19 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo => with_mpi(demo),
         Command::Launch(args) => std::process::exit(cli::launch::run(&args)?),
         Command::Train(args) => with_mpi(|topo| cli::train::run(topo, &args)),
-        Command::Info => with_mpi(|topo| {
-            println!("{}", topo.describe());
-            println!("job id {}", topo.job_id);
-            match ringrec::device::probe() {
-                Ok(i) => match ringrec::device::Placement::Cuda(None).resolve(topo.machine_local_rank, topo.size) {
-                    Ok(ringrec::device::Placement::Cuda(Some(g))) => println!("cuda: {} device(s); this rank would train on GPU {g}", i.devices),
-                    Ok(_) => println!("cuda: {} device(s)", i.devices),
-                    Err(e) => println!("cuda: {} device(s), but: {e}", i.devices),
-                },
-                Err(e) => println!("cuda: unavailable: {e}"),
-            }
-            Ok(())
-        }),
+        Command::Info(args) => cli::info::run(&args),
         Command::Table(cli::table::TableCommand::Hold(a)) => with_mpi(|topo| cli::table::hold(topo, &a)),
         Command::Table(cmd) => cli::table::run(cmd),
         Command::Data(cmd) => cli::data::run(cmd),

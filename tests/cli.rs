@@ -109,3 +109,40 @@ fn nccl_allreduce_is_exact_for_f32_f16_bf16_on_gpus() {
         assert!(job.stdout.contains("#wrong total: 0"), "{dtype}: {}", job.all());
     }
 }
+
+#[test]
+fn info_lists_every_cuda_library_with_where_it_was_found_or_looked_for() {
+    let job = common::mpirun(1, &[], &["info"]);
+    job.assert_ok();
+    assert!(job.stdout.contains("rank 0/1 local_rank 0/1"), "{}", job.stdout);
+    let build = if cfg!(feature = "cuda") { "this build has CUDA support" } else { "this build has NO CUDA support" };
+    assert!(job.stdout.contains(&format!("CUDA libraries ({build}")), "{}", job.stdout);
+    for lib in ["libcuda (the NVIDIA driver): ", "libnvrtc (the CUDA runtime compiler): ", "libcublas: ", "libnccl (NCCL): "] {
+        let line = job.stdout.lines().find(|l| l.trim_start().starts_with(lib)).unwrap_or_else(|| panic!("no line for {lib}:\n{}", job.stdout));
+        // Found: version and file; not found: the places, the names and what to install.
+        assert!(line.contains(" at ") || (line.contains("not found: looked for") && line.contains("RINGREC_CUDA_LIB_DIR") && line.contains("install")), "{line}");
+    }
+    assert!(job.stdout.contains("\ncuda: "), "{}", job.stdout);
+    // --libs starts no MPI; a bad architecture is named; compiling without NVRTC (or
+    // without the feature) says what is missing.
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_ringrec")).arg("info").args(args).output().expect("run ringrec");
+    let out = run(&["--libs"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("rank 0/1") && text.contains("CUDA libraries ("), "{text}");
+    let out = run(&["--compile-kernels", "sm_80,ampere"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`ampere` is not an architecture"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["--libs", "--require", "nvrtc,gpu"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`gpu` is not one of driver, nvrtc, cublas, nccl"));
+    if ringrec::device::probe_nccl().is_err() {
+        let out = run(&["--libs", "--require", "nccl"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && (err.contains("--require: libnccl (NCCL) is not available: looked for libnccl.so.2") || err.contains("without CUDA support")), "{err}");
+    }
+    if ringrec::device::probe_nvrtc().is_err() {
+        let out = run(&["--compile-kernels", "sm_80"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && (err.contains("pip install nvidia-cuda-nvrtc-cu12") || err.contains("without CUDA support")), "{err}");
+    }
+}

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod data;
+pub mod info;
 pub mod launch;
 pub mod table;
 pub mod train;

@@ -19,6 +19,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod host_kernels;
 pub mod kernels;
+pub mod libs;
 pub mod ops;
 pub mod plan;
 pub mod select;
@@ -30,7 +31,8 @@ pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
 pub use host_kernels::HostKernels;
 pub use ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
-pub use select::{probe, probe_device, probe_nccl, DeviceInfo, Placement};
+pub use libs::CudaLib;
+pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};
 
 use crate::dtype::Element;
 use crate::tensor::Tensor;
@@ -44,9 +46,15 @@ pub enum DeviceError {
     /// ringrec was built without `--features cuda`.
     #[error("this ringrec was built without CUDA support; rebuild with `cargo build --release --features cuda`, or use --device cpu")]
     NotBuilt,
-    /// A CUDA library could not be loaded.
-    #[error("{0} not found (is the NVIDIA driver / CUDA toolkit installed and on the library path?); use --device cpu")]
-    MissingLibrary(&'static str),
+    /// A CUDA library was not found, or what was found cannot be used ([`libs`]).
+    #[error("{lib} is not available: {detail}; use --device cpu")]
+    MissingLibrary {
+        /// The library.
+        lib: CudaLib,
+        /// Where it was looked for and what to install, or what was found and why it
+        /// cannot be used.
+        detail: String,
+    },
     /// The driver loaded but reports no usable device.
     #[error("no CUDA device available ({0}); use --device cpu")]
     NoDevice(String),
@@ -70,6 +78,10 @@ pub enum DeviceError {
         /// The compiler's log.
         log: String,
     },
+    /// The driver refused the compiled kernels (an NVRTC newer than the driver, a GPU it
+    /// does not know); says which NVRTC and driver, and what to install.
+    #[error("{0}")]
+    KernelLoad(Box<KernelLoadError>),
     /// A driver, cuBLAS or kernel call failed, or an operation was refused.
     #[error("{what} failed: {detail}")]
     Call {
@@ -78,6 +90,24 @@ pub enum DeviceError {
         /// The library's error, or why it was refused.
         detail: String,
     },
+}
+
+/// The driver refused a module NVRTC compiled ([`DeviceError::KernelLoad`]).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("the driver could not load kernels/{name}.cu ({target} from NVRTC {nvrtc}; driver for CUDA {driver}): {error}. {advice}")]
+pub struct KernelLoadError {
+    /// The source's name.
+    pub name: String,
+    /// What NVRTC produced (`SASS for sm_90`, `PTX for compute_90`).
+    pub target: String,
+    /// NVRTC's version and file.
+    pub nvrtc: String,
+    /// The driver's CUDA version and file.
+    pub driver: String,
+    /// The driver's error.
+    pub error: String,
+    /// What to do.
+    pub advice: String,
 }
 
 impl DeviceError {

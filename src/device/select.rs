@@ -3,12 +3,15 @@
 //!
 //! cudarc loads libcuda, libnvrtc, libcublas and libnccl at run time (dynamic loading), so
 //! the binary builds and starts on machines without CUDA. cudarc panics when asked to load
-//! a library that is not there, so [`probe`] checks each library's presence *before*
-//! cudarc touches it and turns absence into a [`DeviceError`] naming what is missing and
-//! suggesting `--device cpu`. Without the feature every probe reports that the build has
-//! no CUDA support.
+//! a library that is not there, and looks only under its own fixed names, so the probes
+//! here are the one place the rest of the code asks whether a library is usable: they find
+//! each library where users install it and make cudarc load exactly that one
+//! ([`super::libs`]) *before* cudarc touches it, and turn absence into a [`DeviceError`]
+//! saying where it was looked for, what was found and what to install, and suggesting
+//! `--device cpu`. Without the feature every probe reports that the build has no CUDA
+//! support.
 
-use super::DeviceError;
+use super::{CudaLib, DeviceError};
 
 /// What the GPU probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +63,7 @@ impl Placement {
         }
         let info = match probe_device() {
             Ok(info) => info,
-            Err(DeviceError::NotBuilt | DeviceError::NoDevice(_) | DeviceError::MissingLibrary("libcuda (the NVIDIA driver)")) if self == Placement::Auto => return Ok(Placement::Cpu),
+            Err(DeviceError::NotBuilt | DeviceError::NoDevice(_) | DeviceError::MissingLibrary { lib: CudaLib::Driver, .. }) if self == Placement::Auto => return Ok(Placement::Cpu),
             Err(e) => return Err(e),
         };
         if world > 1 {
@@ -134,21 +137,15 @@ pub fn check_distinct(topo: &crate::topology::Topology, bus_id: &str, allow_shar
 /// Checks the driver, NVRTC and cuBLAS libraries (what one GPU needs) and counts devices.
 #[cfg(feature = "cuda")]
 pub fn probe_device() -> Result<DeviceInfo, DeviceError> {
-    // SAFETY: is_culib_present only tries to dlopen candidate library names.
-    let present = unsafe {
-        [
-            ("libcuda (the NVIDIA driver)", cudarc::driver::sys::is_culib_present()),
-            ("libnvrtc (CUDA runtime compiler)", cudarc::nvrtc::sys::is_culib_present()),
-            ("libcublas", cudarc::cublas::sys::is_culib_present()),
-        ]
-    };
-    if let Some((name, _)) = present.iter().find(|(_, ok)| !ok) {
-        return Err(DeviceError::MissingLibrary(name));
-    }
-    cudarc::driver::result::init().map_err(|e| DeviceError::NoDevice(format!("{e:?}")))?;
-    let n = cudarc::driver::result::device::get_count().map_err(|e| DeviceError::NoDevice(format!("{e:?}")))?;
+    let libs = super::libs::libraries();
+    let driver = libs.require(CudaLib::Driver)?;
+    libs.require(CudaLib::Nvrtc)?;
+    libs.require(CudaLib::Cublas)?;
+    let from = || format!("driver {} at {}", driver.version.map(|v| format!("CUDA {v}")).unwrap_or_else(|| "of unknown version".into()), driver.path.display());
+    cudarc::driver::result::init().map_err(|e| DeviceError::NoDevice(format!("cuInit: {e:?} ({})", from())))?;
+    let n = cudarc::driver::result::device::get_count().map_err(|e| DeviceError::NoDevice(format!("{e:?} ({})", from())))?;
     if n <= 0 {
-        return Err(DeviceError::NoDevice("the driver reports 0 devices".into()));
+        return Err(DeviceError::NoDevice(format!("the driver reports 0 devices ({})", from())));
     }
     Ok(DeviceInfo { devices: n as usize })
 }
@@ -156,12 +153,13 @@ pub fn probe_device() -> Result<DeviceInfo, DeviceError> {
 /// Checks that libnccl can be loaded (needed with more than one rank).
 #[cfg(feature = "cuda")]
 pub fn probe_nccl() -> Result<(), DeviceError> {
-    // SAFETY: is_culib_present only tries to dlopen candidate library names.
-    if unsafe { cudarc::nccl::sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(DeviceError::MissingLibrary("libnccl (NCCL)"))
-    }
+    super::libs::libraries().require(CudaLib::Nccl).map(|_| ())
+}
+
+/// Checks that NVRTC can be loaded (compiling the kernels needs no GPU).
+#[cfg(feature = "cuda")]
+pub fn probe_nvrtc() -> Result<(), DeviceError> {
+    super::libs::libraries().require(CudaLib::Nvrtc).map(|_| ())
 }
 
 /// Without the `cuda` feature there is no GPU path.
@@ -173,6 +171,12 @@ pub fn probe_device() -> Result<DeviceInfo, DeviceError> {
 /// Without the `cuda` feature there is no NCCL.
 #[cfg(not(feature = "cuda"))]
 pub fn probe_nccl() -> Result<(), DeviceError> {
+    Err(DeviceError::NotBuilt)
+}
+
+/// Without the `cuda` feature there is no NVRTC.
+#[cfg(not(feature = "cuda"))]
+pub fn probe_nvrtc() -> Result<(), DeviceError> {
     Err(DeviceError::NotBuilt)
 }
 

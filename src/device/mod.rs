@@ -18,6 +18,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod host_kernels;
+pub mod host_stream;
 pub mod kernels;
 pub mod ops;
 pub mod plan;
@@ -28,7 +29,7 @@ use half::{bf16, f16};
 
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
-pub use host_kernels::HostKernels;
+pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
 pub use ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
 pub use select::{probe, probe_device, probe_nccl, DeviceInfo, Placement};
 

@@ -266,6 +266,54 @@ fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
     assert_eq!(cpu["table_rows"], dev["table_rows"]);
 }
 
+/// Ten delay seeds for the host-kernels device (`RINGREC_HOST_DELAY_SEED`).
+const DELAY_SEEDS: [&str; 10] = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+
+#[test]
+fn the_gpu_code_path_matches_the_cpu_path_under_random_delays() {
+    // The host-kernels device queues every operation and runs it later on a worker thread
+    // per queue (the model's, and the engine executor's fork), like CUDA streams; with a
+    // delay seed each operation first sleeps a random 0-200 us, so the queues and the host
+    // run at random relative speeds. A missing wait, a staging slot reused too early or a
+    // buffer freed while in use would change the results. With every order right they do
+    // not change at all: each seed's run is bit-identical to the undelayed one.
+    let env = [("RINGREC_RANKS_PER_HOST", "2")];
+    let (cpu, undelayed) = against_cpu(4, &env, "host", &[]);
+    assert_losses_close(&cpu, &undelayed, 1e-3, "host device without delays");
+    for seed in DELAY_SEEDS {
+        let job = train(4, &[env[0], ("RINGREC_HOST_DELAY_SEED", seed)], &[&SMALL[..], &["--device", "host"]].concat());
+        job.assert_ok();
+        let dev = summary(&job);
+        assert!(dev["device"].as_str().unwrap().contains("random delays"), "{dev}");
+        assert_losses_close(&cpu, &dev, 1e-3, &format!("host device, delay seed {seed}"));
+        assert_eq!(dev["params_fnv"], undelayed["params_fnv"], "delay seed {seed}: the delays changed the result");
+    }
+    // fp16 compression: the cast kernels on the engine's queue, around the allreduce.
+    let fp16 = [env[0], ("RINGREC_COMPRESSION", "fp16")];
+    let plain = train(4, &fp16, &[&SMALL[..], &["--device", "host"]].concat());
+    plain.assert_ok();
+    for seed in ["11", "12"] {
+        let job = train(4, &[fp16[0], fp16[1], ("RINGREC_HOST_DELAY_SEED", seed)], &[&SMALL[..], &["--device", "host"]].concat());
+        job.assert_ok();
+        assert_eq!(summary(&job)["params_fnv"], summary(&plain)["params_fnv"], "fp16, delay seed {seed}: the delays changed the result");
+    }
+}
+
+#[test]
+fn a_removed_stream_wait_breaks_the_gpu_code_path() {
+    // The harness catches an ordering bug: RINGREC_HOST_FAULT=no-stream-waits removes the
+    // waits between the model's queue and the engine's (as if cudarc's event tracking were
+    // off), so the engine reduces gradients backward has not written yet.
+    let env = [("RINGREC_RANKS_PER_HOST", "2")];
+    let (cpu, _) = against_cpu(4, &env, "host", &[]);
+    let job = train(4, &[env[0], ("RINGREC_HOST_DELAY_SEED", "1"), ("RINGREC_HOST_FAULT", "no-stream-waits")], &[&SMALL[..], &["--device", "host"]].concat());
+    job.assert_ok();
+    let dev = summary(&job);
+    assert!(dev["device"].as_str().unwrap().contains("fault no-stream-waits"), "{dev}");
+    let worst = losses(&cpu).iter().zip(losses(&dev)).map(|(a, b)| (a - b).abs() / a.abs().max(b.abs())).fold(0f64, f64::max);
+    assert!(worst > 1e-3, "the removed wait went unnoticed: worst relative loss difference {worst:e}");
+}
+
 #[test]
 fn the_gpu_code_path_resumes_bit_identically() {
     let full = tmpdir("dev-full");

@@ -1,6 +1,6 @@
 //! [`HostKernels`]: the [`Device`] trait on the CPU, running the kernels of kernels/*.cu
 //! compiled as host C++ (kernels/host_shim.h) and cuBLAS's column-major SGEMM semantics
-//! ([`ColumnMajorGemm::reference`]), **asynchronously, like a GPU**.
+//! ([`super::plan::ColumnMajorGemm::reference`]), **asynchronously, like a GPU**.
 //!
 //! It exists for tests: the GPU code path — the dense model over the kernels, its tensors
 //! handed to the engine's device executor on a second queue — and every kernel run through

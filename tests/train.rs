@@ -287,6 +287,7 @@ fn the_gpu_code_path_matches_the_cpu_path_under_random_delays() {
         assert!(dev["device"].as_str().unwrap().contains("random delays"), "{dev}");
         assert_losses_close(&cpu, &dev, 1e-3, &format!("host device, delay seed {seed}"));
         assert_eq!(dev["params_fnv"], undelayed["params_fnv"], "delay seed {seed}: the delays changed the result");
+        assert_eq!((&dev["test_auc"], &dev["table_rows"]), (&undelayed["test_auc"], &undelayed["table_rows"]), "delay seed {seed}: evaluation or the table changed");
     }
     // fp16 compression: the cast kernels on the engine's queue, around the allreduce.
     let fp16 = [env[0], ("RINGREC_COMPRESSION", "fp16")];

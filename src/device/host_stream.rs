@@ -111,7 +111,9 @@ impl Event {
 /// The jobs queued on a memory (see the module docs).
 #[derive(Default)]
 pub struct Uses {
-    /// The last job queued to read it (cudarc's read event).
+    /// The last job queued to read it (cudarc's read event: one per buffer, so a write
+    /// waits only for the last read queued, as on a GPU — reads on both queues followed by
+    /// a write on one would not wait for the other's read there either).
     read: Option<Event>,
     /// The last job queued to write it (cudarc's write event).
     write: Option<Event>,

@@ -266,6 +266,8 @@ impl Device for HostKernels {
         } else {
             h.mem.wait_idle();
         }
+        // A failed operation is reported at the next wait (CudaDevice: the context's errors).
+        self.queue.check()?;
         // SAFETY: no queued job uses `h.mem` any more (waited for above; or, with the fault,
         // it is a fresh copy no job has seen), and none can be queued while the returned
         // slice borrows `h` exclusively; the memory lives as long as `h` (its `Arc`).

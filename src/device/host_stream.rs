@@ -381,6 +381,11 @@ impl Queue {
     pub fn synchronize(&self) -> DeviceResult<()> {
         let seq = lock(&self.submit).next;
         self.progress.wait_for(seq);
+        self.check()
+    }
+
+    /// The first failure of a job run so far, if any (sticky, like a CUDA error).
+    pub fn check(&self) -> DeviceResult<()> {
         match &lock(&self.progress.state).failure {
             Some(f) => Err(DeviceError::call("an operation queued on the host-kernels device", f)),
             None => Ok(()),

@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
-use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostKernels, Op};
+use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
@@ -232,8 +232,18 @@ struct Batch {
 fn batch(seed: u64, batch: usize, layout: InputLayout) -> Batch {
     let mut s = seed;
     let keys = 1 + (splitmix64_next(&mut s) % (batch * layout.fields) as u64) as usize;
-    let inverse: Vec<u32> = (0..batch * layout.fields).map(|i| if i < keys { i as u32 } else { (splitmix64_next(&mut s) % keys as u64) as u32 }).collect();
-    Batch { inverse, emb: random(keys * layout.dim, seed ^ 1), dense: random(batch * layout.ndense, seed ^ 2), labels: (0..batch).map(|_| (splitmix64_next(&mut s) % 4 == 0) as u8 as f32).collect(), keys }
+    rest_of_batch(seed, &mut s, batch, keys, layout)
+}
+
+/// A batch of `batch` samples over exactly `keys` unique keys.
+fn batch_of(seed: u64, batch: usize, keys: usize, layout: InputLayout) -> Batch {
+    let mut s = seed;
+    rest_of_batch(seed, &mut s, batch, keys, layout)
+}
+
+fn rest_of_batch(seed: u64, s: &mut u64, batch: usize, keys: usize, layout: InputLayout) -> Batch {
+    let inverse: Vec<u32> = (0..batch * layout.fields).map(|i| if i < keys { i as u32 } else { (splitmix64_next(s) % keys as u64) as u32 }).collect();
+    Batch { inverse, emb: random(keys * layout.dim, seed ^ 1), dense: random(batch * layout.ndense, seed ^ 2), labels: (0..batch).map(|_| (splitmix64_next(s) % 4 == 0) as u8 as f32).collect(), keys }
 }
 
 /// Stages `b` in `m`'s next staging slot (host only).
@@ -271,45 +281,137 @@ fn model<D: Device>(dev: D, opt: DenseOptimizer, hidden: Vec<usize>, seed: u64) 
     DenseModel::new(dev, shape, LAYOUT, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
 }
 
+/// The engine's device executor in miniature: on its own queue (`engine`, a fork of the
+/// model's device), each tensor of a step is copied into a fusion buffer, summed with
+/// itself there (the allreduce of two identical replicas: exact doubling) and copied back,
+/// then given back, without waiting for that queue: the buffers' events alone must order
+/// the copies after backward wrote the gradients and the optimizer after the copies back.
+/// Returns the parts in the order the model handed them out.
+fn step_through_a_queue<D: Device>(m: &mut DenseModel<D>, engine: &D, fused: &mut D::Buf<f32>, scale: f32) -> Vec<Part> {
+    let mut out: Vec<(Part, Tensor)> = Vec::new();
+    m.step(scale, &mut |p, t| out.push((p, t))).unwrap();
+    let parts = out.iter().map(|(p, _)| *p).collect();
+    let mut bufs: Vec<(Part, D::Buf<f32>)> = out.into_iter().map(|(p, t)| (p, engine.take_back::<f32>(t).unwrap())).collect();
+    let total: usize = bufs.iter().map(|(_, b)| engine.len(b)).sum();
+    if engine.len(fused) < total {
+        *fused = engine.alloc(total).unwrap();
+    }
+    let mut at = 0;
+    for (_, b) in &bufs {
+        let n = engine.len(b);
+        engine.copy((b, 0), (&mut *fused, at), n).unwrap();
+        // fused[at..] += b: the other replica's identical contribution.
+        engine.exec(Op::Sgd { p: &mut *fused, at, g: b, lr: -1.0, n }).unwrap();
+        at += n;
+    }
+    let mut at = 0;
+    for (_, b) in &mut bufs {
+        let n = engine.len(b);
+        engine.copy((&*fused, at), (b, 0), n).unwrap();
+        at += n;
+    }
+    for (p, b) in bufs {
+        m.give_back(p, engine.lend(b)).unwrap();
+    }
+    parts
+}
+
+/// Samples in step `t`'s batch: growing over the first steps, then varying, so the model's
+/// buffers are reallocated while work on the old ones may still be queued.
+fn batch_size(t: usize) -> usize {
+    match t {
+        0..=3 => [4, 9, 12, 16][t],
+        _ => 8 + (t * 5) % 9,
+    }
+}
+
+fn rel_diff(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-12)
+}
+
 /// 50 training steps of the model on `dev` against the model on the CPU device (the same
 /// parameters, batches and optimizer): losses within 1e-3 relative, key gradients and final
-/// parameters close; the next batch is staged before the current step's loss is read.
-fn model_matches_the_cpu_device<D: Device>(dev: D) {
-    let n = 12;
+/// parameters close; the next batch is staged before the current step's loss is read, and
+/// the gradients go through a second queue of the device ([`step_through_a_queue`]).
+/// Returns the worst relative loss difference, or what differed.
+fn model_matches_the_cpu_device<D: Device>(dev: D) -> Result<f64, String> {
     let mut gpu = model(dev, DenseOptimizer::Adam, vec![8, 5], 11);
     let mut cpu = model(CpuDevice::new(1), DenseOptimizer::Adam, vec![8, 5], 11);
-    let scale = 1.0 / n as f32;
-    let batches: Vec<Batch> = (0..51).map(|t| batch(1000 + t, n, LAYOUT)).collect();
+    let (engine, cpu_engine) = (gpu.device().fork().unwrap(), cpu.device().fork().unwrap());
+    let (mut fused, mut cpu_fused) = (engine.alloc(0).unwrap(), cpu_engine.alloc(0).unwrap());
+    let batches: Vec<Batch> = (0..51).map(|t| batch(1000 + t as u64, batch_size(t), LAYOUT)).collect();
     let mut worst = 0f64;
     fill(&mut gpu, &batches[0]);
     for (t, b) in batches[..50].iter().enumerate() {
+        let scale = 1.0 / b.labels.len() as f32;
         gpu.load().unwrap();
         stage(&mut cpu, b);
-        assert_eq!(step_alone(&mut gpu, scale), vec![Part::Layer(2), Part::Layer(1), Part::Layer(0), Part::Loss], "layers handed out last first, then the loss");
-        step_alone(&mut cpu, scale);
+        assert_eq!(step_through_a_queue(&mut gpu, &engine, &mut fused, scale), vec![Part::Layer(2), Part::Layer(1), Part::Layer(0), Part::Loss], "layers handed out last first, then the loss");
+        step_through_a_queue(&mut cpu, &cpu_engine, &mut cpu_fused, scale);
         // Double buffering: the next batch is staged while this step's results are pending.
         fill(&mut gpu, &batches[t + 1]);
-        assert!(close(gpu.key_grads().unwrap(), cpu.key_grads().unwrap(), 1e-4), "key gradients");
+        if !close(gpu.key_grads().unwrap(), cpu.key_grads().unwrap(), 1e-4) {
+            return Err(format!("step {t}: key gradients differ"));
+        }
         let (lg, lc) = (gpu.loss_sum().unwrap(), cpu.loss_sum().unwrap());
-        let rel = (lg - lc).abs() / lc.abs().max(1e-12);
-        worst = worst.max(rel);
-        assert!(rel <= 1e-3, "loss {lg} vs cpu {lc}");
+        worst = worst.max(rel_diff(lg, lc));
+        if rel_diff(lg, lc) > 1e-3 {
+            return Err(format!("step {t}: loss {lg} vs cpu {lc}"));
+        }
         gpu.apply().unwrap();
         cpu.apply().unwrap();
     }
     eprintln!("{}: 50 steps, worst relative loss difference {worst:.2e}", gpu.device().describe());
-    assert!(close(&gpu.params().unwrap(), &cpu.params().unwrap(), 1e-3), "parameters after 50 steps");
+    if !close(&gpu.params().unwrap(), &cpu.params().unwrap(), 1e-3) {
+        return Err("parameters after 50 steps differ".into());
+    }
     let (sg, sc) = (gpu.optim_state().unwrap(), cpu.optim_state().unwrap());
     assert_eq!(sg.step, 50);
-    assert!(close(&sg.m, &sc.m, 1e-3) && close(&sg.v, &sc.v, 1e-3), "Adam moments");
+    if !(close(&sg.m, &sc.m, 1e-3) && close(&sg.v, &sc.v, 1e-3)) {
+        return Err("Adam moments differ".into());
+    }
     // Inference on the staged batch equals the CPU device's.
     let (mut want, mut got) = (Vec::new(), Vec::new());
     stage(&mut cpu, &batches[50]);
     cpu.predict(&mut want).unwrap();
     gpu.load().unwrap();
     gpu.predict(&mut got).unwrap();
-    assert_eq!(got.len(), n);
-    assert!(close(&got, &want, 1e-3), "predict");
+    assert_eq!(got.len(), batches[50].labels.len());
+    if !close(&got, &want, 1e-3) {
+        return Err("predictions differ".into());
+    }
+    Ok(worst)
+}
+
+/// The host runs ahead of the device: `steps` batches staged, loaded, stepped (gradients
+/// through a second queue) and applied with nothing read back in between, so the host
+/// waits only where [`DenseModel::stage`] waits for the uploads out of a staging slot two
+/// batches ago, and buffers are regrown (`grow`: batch sizes and key counts vary) while
+/// the work of earlier steps on them is still queued. Then the parameters and the last
+/// loss against the CPU device's. `grow` false: every batch has 12 samples over 20 keys.
+fn staging_runs_ahead<D: Device>(dev: D, steps: usize, grow: bool) -> Result<(), String> {
+    let mut gpu = model(dev, DenseOptimizer::Adam, vec![8, 5], 13);
+    let mut cpu = model(CpuDevice::new(1), DenseOptimizer::Adam, vec![8, 5], 13);
+    let (engine, cpu_engine) = (gpu.device().fork().unwrap(), cpu.device().fork().unwrap());
+    let (mut fused, mut cpu_fused) = (engine.alloc(0).unwrap(), cpu_engine.alloc(0).unwrap());
+    for t in 0..steps {
+        let b = if grow { batch(2000 + t as u64, batch_size(t), LAYOUT) } else { batch_of(2000 + t as u64, 12, 20, LAYOUT) };
+        let scale = 1.0 / b.labels.len() as f32;
+        stage(&mut gpu, &b);
+        step_through_a_queue(&mut gpu, &engine, &mut fused, scale);
+        gpu.apply().unwrap();
+        stage(&mut cpu, &b);
+        step_through_a_queue(&mut cpu, &cpu_engine, &mut cpu_fused, scale);
+        cpu.apply().unwrap();
+    }
+    let (lg, lc) = (gpu.loss_sum().unwrap(), cpu.loss_sum().unwrap());
+    if rel_diff(lg, lc) > 1e-3 {
+        return Err(format!("last loss {lg} vs cpu {lc}"));
+    }
+    if !close(&gpu.params().unwrap(), &cpu.params().unwrap(), 1e-3) {
+        return Err(format!("parameters after {steps} steps differ"));
+    }
+    Ok(())
 }
 
 /// Two "ranks" with half a batch each, their gradients and loss sums summed as an allreduce
@@ -423,7 +525,50 @@ fn host_kernels_match_the_references() {
 
 #[test]
 fn host_kernels_model_matches_the_cpu_device_for_50_steps() {
-    model_matches_the_cpu_device(HostKernels::new().unwrap());
+    model_matches_the_cpu_device(HostKernels::new().unwrap()).unwrap();
+    staging_runs_ahead(HostKernels::new().unwrap(), 30, true).unwrap();
+}
+
+/// Ten delay seeds: each makes the queues run at other random speeds.
+const DELAY_SEEDS: [u64; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+
+/// The host-kernels device with random delays of up to 200 us before each operation.
+fn delayed(seed: u64, fault: Option<HostFault>) -> HostKernels {
+    HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed, max_us: 200 }), fault }).unwrap()
+}
+
+#[test]
+fn host_kernels_with_random_delays_match_the_cpu_device_for_50_steps() {
+    // Every operation queued and run later, at random speeds, on two queues: a missing wait,
+    // a staging slot reused too early or a buffer freed while in use would show here.
+    for seed in DELAY_SEEDS {
+        let worst = model_matches_the_cpu_device(delayed(seed, None)).unwrap_or_else(|e| panic!("delay seed {seed}: {e}"));
+        assert!(worst <= 1e-3);
+        staging_runs_ahead(delayed(seed, None), 30, true).unwrap_or_else(|e| panic!("delay seed {seed}, the host running ahead: {e}"));
+    }
+}
+
+#[test]
+fn a_removed_stream_wait_is_caught() {
+    // Without the waits between queues the stand-in engine copies gradients before backward
+    // wrote them, and the optimizer reads them before the copies back: the comparison fails.
+    for seed in &DELAY_SEEDS[..3] {
+        let r = model_matches_the_cpu_device(delayed(*seed, Some(HostFault::NoStreamWaits)));
+        assert!(r.is_err(), "delay seed {seed}: no-stream-waits went unnoticed ({r:?})");
+    }
+}
+
+#[test]
+fn a_removed_staging_wait_is_caught() {
+    // Without the wait for a staging slot's uploads, the uploads of batch t still queued
+    // when the host stages batch t + 2 into the same slot read batch t + 2: the device
+    // trains on the wrong batches. (Batches of one shape, so the wrong data stays in bounds.)
+    for seed in &DELAY_SEEDS[..3] {
+        let r = staging_runs_ahead(delayed(*seed, Some(HostFault::NoStagingWait)), 30, false);
+        assert!(r.is_err(), "delay seed {seed}: no-staging-wait went unnoticed");
+    }
+    // The same flow with the wait passes.
+    staging_runs_ahead(delayed(DELAY_SEEDS[0], None), 30, false).unwrap();
 }
 
 #[test]
@@ -458,7 +603,14 @@ fn gpu_ops_match_the_references() {
 #[test]
 fn gpu_model_matches_the_cpu_device_for_50_steps() {
     if let Some(d) = gpu() {
-        model_matches_the_cpu_device(d);
+        model_matches_the_cpu_device(d).unwrap();
+    }
+}
+
+#[test]
+fn gpu_staging_runs_ahead_of_the_device() {
+    if let Some(d) = gpu() {
+        staging_runs_ahead(d, 30, true).unwrap();
     }
 }
 

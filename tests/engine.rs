@@ -473,13 +473,13 @@ fn the_example_trains_identical_replicas() {
 
 /// The engine started with a device executor on the host-kernels device (the GPU code path
 /// on the CPU: device buffers, a fusion buffer on the device, the cast kernels, CPU
-/// collectives in place of NCCL).
+/// collectives in place of NCCL), delayed as `RINGREC_HOST_DELAY_SEED` says.
 fn device_engine() -> (ringrec::topology::Topology, ringrec::device::HostKernels, ringrec::engine::Engine) {
     use ringrec::comm::{self, HostCollectives};
-    use ringrec::device::{Device, HostKernels};
+    use ringrec::device::{Device, HostKernels, HostOptions};
     use ringrec::engine::{DeviceExecutor, Engine, EngineConfig};
     let topo = ringrec::topology::Topology::init().expect("MPI");
-    let dev = HostKernels::new().expect("host kernels");
+    let dev = HostKernels::with_options(HostOptions::from_env(topo.rank).expect("settings")).expect("host kernels");
     let config = EngineConfig::from_env().expect("settings");
     let coll = HostCollectives::new(comm::build_tagged(comm::Backend::auto(&topo), &topo, "device").expect("backend"));
     let engine = Engine::start_with_device(&topo, &config, Some(Box::new(DeviceExecutor::new(dev.fork().expect("fork"), coll)))).expect("engine");
@@ -540,12 +540,14 @@ fn worker_device_tensors() {
 fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
     let path = std::env::temp_dir().join(format!("ringrec-timeline-device-{}.json", std::process::id()));
     let p = path.display().to_string();
-    for (np, hosts) in [(3, "3"), (4, "2")] {
-        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000")];
+    // The second run with random delays on the device's queues.
+    for (np, hosts, delays) in [(3, "3", ""), (4, "2", "5")] {
+        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000"), ("RINGREC_HOST_DELAY_SEED", delays)];
         let job = common::run_worker("worker_device_tensors", np, &env, Duration::from_secs(180));
         job.assert_ok();
         assert_eq!(job.all().matches("DEVICE DONE").count(), np, "{}", job.all());
         assert!(job.all().contains("device=shm on host-kernels") || job.all().contains("device=hier on host-kernels"), "{}", job.all());
+        assert_eq!(job.all().matches("random delays").count(), if delays.is_empty() { 0 } else { np }, "{}", job.all());
         let ev: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("timeline")).expect("JSON");
         let ev = ev.as_array().unwrap();
         // Negotiated, then fused through the device fusion buffer: copy in, reduce, copy out.

@@ -251,19 +251,53 @@ fn assert_losses_close(cpu: &serde_json::Value, dev: &serde_json::Value, rel: f6
     assert!(a[49] < a[0], "{what}: the loss must go down: {a:?}");
 }
 
+/// Delay seeds of the host-kernels device (`RINGREC_HOST_DELAY_SEED`) for the trainer's
+/// runs (the model-level comparison in tests/device.rs takes ten).
+const DELAY_SEEDS: [&str; 3] = ["1", "2", "3"];
+
 #[test]
 fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
     // --device host runs the GPU path's code (the dense model on the host-kernels device:
-    // batch staging, the kernels of kernels/*.cu compiled for the CPU, device tensors
-    // reduced by the engine's device executor) with the CPU collectives in place of NCCL:
-    // 4 ranks as 2 hosts.
-    let (cpu, dev) = against_cpu(4, &[("RINGREC_RANKS_PER_HOST", "2")], "host", &[]);
+    // batch staging, the kernels of kernels/*.cu compiled for the CPU and queued like a
+    // GPU's work, device tensors reduced by the engine's device executor on a second queue)
+    // with the CPU collectives in place of NCCL: 4 ranks as 2 hosts.
+    let env = [("RINGREC_RANKS_PER_HOST", "2")];
+    let (cpu, dev) = against_cpu(4, &env, "host", &[]);
     assert!(dev["device"].as_str().unwrap().starts_with("host"), "{dev}");
     assert_eq!(cpu["device"], "cpu");
     assert_losses_close(&cpu, &dev, 1e-3, "host device, 4 ranks on 2 hosts");
     let (a, b) = (cpu["test_auc"].as_f64().unwrap(), dev["test_auc"].as_f64().unwrap());
     assert!((a - b).abs() < 1e-3, "held-out AUC {b} vs the CPU path's {a}");
     assert_eq!(cpu["table_rows"], dev["table_rows"]);
+    // With random delays before each queued operation the queues and the host run at random
+    // relative speeds: a missing wait, a staging slot reused too early or a buffer freed
+    // while in use would change the results. With every order right nothing changes: each
+    // delayed run is bit-identical to the undelayed one (evaluation and table included).
+    for seed in DELAY_SEEDS {
+        let job = train(4, &[env[0], ("RINGREC_HOST_DELAY_SEED", seed)], &[&SMALL[..], &["--device", "host"]].concat());
+        job.assert_ok();
+        let delayed = summary(&job);
+        assert!(delayed["device"].as_str().unwrap().contains("random delays"), "{delayed}");
+        assert_losses_close(&cpu, &delayed, 1e-3, &format!("host device, delay seed {seed}"));
+        for key in ["params_fnv", "test_auc", "table_rows"] {
+            assert_eq!(delayed[key], dev[key], "delay seed {seed}: the delays changed {key}");
+        }
+    }
+}
+
+#[test]
+fn a_removed_stream_wait_breaks_the_gpu_code_path() {
+    // The harness catches an ordering bug: RINGREC_HOST_FAULT=no-stream-waits removes the
+    // waits between the model's queue and the engine's (as if cudarc's event tracking were
+    // off), so the engine reduces gradients backward has not written yet.
+    let env = [("RINGREC_RANKS_PER_HOST", "2")];
+    let (cpu, _) = against_cpu(4, &env, "host", &[]);
+    let job = train(4, &[env[0], ("RINGREC_HOST_DELAY_SEED", "1"), ("RINGREC_HOST_FAULT", "no-stream-waits")], &[&SMALL[..], &["--device", "host"]].concat());
+    job.assert_ok();
+    let dev = summary(&job);
+    assert!(dev["device"].as_str().unwrap().contains("fault no-stream-waits"), "{dev}");
+    let worst = losses(&cpu).iter().zip(losses(&dev)).map(|(a, b)| (a - b).abs() / a.abs().max(b.abs())).fold(0f64, f64::max);
+    assert!(worst > 1e-3, "the removed wait went unnoticed: worst relative loss difference {worst:e}");
 }
 
 #[test]
@@ -301,6 +335,12 @@ fn gradient_compression_on_the_gpu_code_path() {
         job.assert_ok();
         assert_losses_close(&summary(&plain), &summary(&job), rel, c);
         assert_ne!(summary(&plain)["params_fnv"], summary(&job)["params_fnv"], "{c} must change the arithmetic");
+        if c == "fp16" {
+            // The casts around the allreduce on the engine's queue, under random delays.
+            let delayed = train(2, &[("RINGREC_COMPRESSION", c), ("RINGREC_HOST_DELAY_SEED", "11")], &[&SMALL[..], &["--device", "host"]].concat());
+            delayed.assert_ok();
+            assert_eq!(summary(&delayed)["params_fnv"], summary(&job)["params_fnv"], "{c}: the delays changed the result");
+        }
     }
     let job = train(2, &[("RINGREC_COMPRESSION", "1bit")], &["--max-steps", "2", "--device", "host"]);
     assert_ne!(job.code, Some(0));

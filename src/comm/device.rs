@@ -1,8 +1,9 @@
 //! Collectives on device memory: [`DeviceCollectives`], the counterpart of
 //! [`super::Collectives`] for buffers of a [`Device`]. NCCL implements it on GPUs
 //! ([`super::nccl::NcclComm`]); [`HostCollectives`] implements it with any CPU backend
-//! for devices whose memory is the host's (the host-kernels device of the tests, and the
-//! CPU device in the allreduce benchmark).
+//! for devices whose memory is the host's (the host-kernels device of the tests, which
+//! hands a buffer's memory over once the work queued on it has run, and the CPU device in
+//! the allreduce benchmark).
 //!
 //! Calls may only queue the work (NCCL runs on the device queue's stream);
 //! [`DeviceCollectives::wait`] waits for all of it, with the deadline

@@ -7,17 +7,19 @@
 //! |---|---|---|
 //! | [`CpuDevice`] | `Vec<T>` | Rust loops and the `gemm` crate, split over the rank's threads |
 //! | [`CudaDevice`] | `cudarc` device buffers, page-locked staging | cuBLAS and kernels/*.cu compiled by NVRTC; an uninhabited stand-in without the `cuda` feature |
-//! | [`HostKernels`] | `Vec<T>` | the same kernels/*.cu compiled as host C++ (tests of the GPU code path on machines without a GPU) |
+//! | [`HostKernels`] | reference-counted host memory | the same kernels/*.cu compiled as host C++, queued on worker threads like CUDA streams ([`host_stream`]; tests of the GPU code path on machines without a GPU) |
 //!
 //! Every operation is checked before it runs: [`Device::gemm`] and [`Device::exec`] verify
 //! that each buffer holds what the operation touches (an out-of-bounds write on a GPU
-//! corrupts silently), then call the backend's unchecked implementation. On a GPU
-//! operations are asynchronous and ordered on the device's stream; [`Device::host`] views
-//! of staging memory wait for the copies that use it.
+//! corrupts silently), then call the backend's unchecked implementation. On a GPU (and on
+//! [`HostKernels`], which mirrors it) operations are asynchronous and ordered on the
+//! device's stream, buffers used by two queues order them with events, and
+//! [`Device::host`] views of staging memory wait for the copies that use it.
 
 pub mod cpu;
 pub mod cuda;
 pub mod host_kernels;
+pub mod host_stream;
 pub mod kernels;
 pub mod libs;
 pub mod ops;
@@ -29,7 +31,7 @@ use half::{bf16, f16};
 
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
-pub use host_kernels::HostKernels;
+pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
 pub use ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
 pub use libs::CudaLib;
 pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};
@@ -221,11 +223,11 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// The staging buffer's memory, once every copy that uses it has finished.
     fn host<'a, T: Scalar>(&self, h: &'a mut Self::Staging<T>) -> DeviceResult<&'a mut [T]>;
     /// Starts moving the first `n` values of `src` to the start of `dst`. `src`'s contents
-    /// are unspecified afterwards (host memory devices swap the buffers) until written again.
+    /// are unspecified afterwards (the CPU device swaps the buffers) until written again.
     fn upload_unchecked<T: Scalar>(&self, src: &mut Self::Staging<T>, n: usize, dst: &mut Self::Buf<T>) -> DeviceResult<()>;
     /// Starts moving the first `n` values of `src` into `dst` (read it with
-    /// [`Device::host`]). `src`'s contents are unspecified afterwards (host memory devices
-    /// swap the buffers) until written again.
+    /// [`Device::host`]). `src`'s contents are unspecified afterwards (the CPU device swaps
+    /// the buffers) until written again.
     fn download_unchecked<T: Scalar>(&self, src: &mut Self::Buf<T>, n: usize, dst: &mut Self::Staging<T>) -> DeviceResult<()>;
     /// Copies `src` into `dst` from element `at`, and waits (parameters, checkpoints).
     fn write_unchecked<T: Scalar>(&self, src: &[T], dst: &mut Self::Buf<T>, at: usize) -> DeviceResult<()>;
@@ -235,7 +237,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn copy_unchecked<T: Scalar>(&self, src: (&Self::Buf<T>, usize), dst: (&mut Self::Buf<T>, usize), n: usize) -> DeviceResult<()>;
     /// Waits for everything queued on this queue.
     fn synchronize(&self) -> DeviceResult<()>;
-    /// The buffer's elements when the device's memory is the host's (CPU, host kernels).
+    /// The buffer's elements when the device's memory is the host's (CPU, host kernels), once
+    /// every operation queued on it (on any queue) has run.
     fn host_memory<'a, T: Scalar>(&self, b: &'a mut Self::Buf<T>) -> Option<&'a mut [T]>;
 
     /// `c = op(a) op(b)` (row-major, see [`Gemm`]), then the epilogue. Called through

@@ -31,8 +31,9 @@ pub enum Placement {
     Cpu,
     /// A GPU: any (asked for), or this ordinal (resolved).
     Cuda(Option<usize>),
-    /// The GPU path's code on the CPU: the kernels compiled as host C++, gradients over the
-    /// CPU collectives (tests of the GPU code on machines without one; slow).
+    /// The GPU path's code on the CPU: the kernels compiled as host C++ and queued like a
+    /// GPU's work, gradients over the CPU collectives (tests of the GPU code on machines
+    /// without one; slow).
     HostKernels,
 }
 

@@ -185,7 +185,11 @@ impl<D: Device> DenseModel<D> {
     }
 
     /// The staging slot for the next batch of `batch` samples and `keys` unique keys, to
-    /// fill. On a GPU it waits only for copies out of this slot two batches ago.
+    /// fill. On a GPU it waits only for copies out of this slot two batches ago. That wait
+    /// alone makes refilling the slot safe: the trainer's per-step `key_grads` download
+    /// happens to wait past those copies too, but a caller that stages ahead without reading
+    /// anything back relies on it (tests/device.rs: the run-ahead comparison, which fails
+    /// with `RINGREC_HOST_FAULT=no-staging-wait`).
     pub fn stage(&mut self, batch: usize, keys: usize) -> DeviceResult<StageMut<'_>> {
         let InputLayout { fields, dim, ndense } = self.layout;
         let dev = &self.dev;

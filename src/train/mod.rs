@@ -36,7 +36,7 @@ use serde::Serialize;
 use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
 use crate::comm::{self, Backend};
-use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, Placement};
+use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::OptimizerKind;
 use crate::engine::controller::AssertSend;
 use crate::engine::{DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
@@ -287,7 +287,8 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
     let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
     match placement {
         Placement::HostKernels => {
-            let dev = topo.agree(HostKernels::new().map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+            let options = topo.agree(HostOptions::from_env(topo.rank))?;
+            let dev = topo.agree(HostKernels::with_options(options).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
             let coll = HostCollectives::new(comm::build_tagged(cfg.backend(topo), topo, "device")?);
             let exec = DeviceExecutor::new(dev.fork()?, coll);
             drive(topo, cfg, dev, Engine::start_with_device(topo, &engine, Some(Box::new(exec)))?, progress)

@@ -34,7 +34,8 @@ use crate::shm::SharedSegment;
 
 /// Tick of the watchdog thread.
 const TICK: Duration = Duration::from_millis(100);
-/// A local peer whose heartbeat is older than this is reported as not running.
+/// A local peer whose heartbeat is older than this (or half the comm timeout, if less) is
+/// reported as not running.
 const STALE: Duration = Duration::from_secs(3);
 /// How long a liveness probe waits for the answers.
 const PROBE_WAIT: Duration = Duration::from_secs(3);
@@ -294,7 +295,7 @@ fn local_trouble(s: &Setup, reported: &mut [u8]) -> Vec<(usize, String)> {
         }
         let state = if !pid_alive(pid as i32) {
             Some((2u8, format!("rank {world} (pid {pid}) on this host has exited")))
-        } else if tick > 0 && now.saturating_sub(tick) > STALE.as_nanos() as u64 {
+        } else if tick > 0 && now.saturating_sub(tick) > STALE.min(s.timeout / 2).max(TICK * 5).as_nanos() as u64 {
             Some((1u8, format!("rank {world} (pid {pid}) on this host has not run for {:.0}s (stopped, e.g. SIGSTOP, or swapped out)", now.saturating_sub(tick) as f64 / 1e9)))
         } else {
             None

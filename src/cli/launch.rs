@@ -4,9 +4,12 @@
 //!
 //! mpirun flags: `--oversubscribe`; `--bind-to core` when the ranks of this machine equal
 //! its cores, else `--bind-to none` (a rank runs several threads); `--allow-run-as-root`
-//! as root; every `RINGREC_*` variable exported to the ranks; and a kill grace period of
-//! `RINGREC_COMM_TIMEOUT_SECONDS` (`odls_base_sigkill_timeout`), so ranks that stop
-//! gracefully have the time to write their checkpoint.
+//! as root; every `RINGREC_*` variable exported to the ranks. Open MPI's kill sequence
+//! (`odls_base_sigkill_timeout`) stays at its default of 1 s: once a rank has ended,
+//! mpirun sends SIGCONT, sleeps that long, SIGTERM, sleeps again, SIGKILL — and it sleeps
+//! even when the others have already exited, so a long one only delays the job's end (a
+//! graceful stop needs none: every rank checkpoints and passes MPI_Finalize before any
+//! exits).
 //!
 //! Signals: Open MPI's mpirun ends MPI ranks on SIGTERM without passing it on, but forwards
 //! SIGUSR1; the launcher runs mpirun in its own process group (a terminal's Ctrl-C reaches
@@ -84,8 +87,6 @@ fn mpirun(args: &LaunchArgs, command: &[String]) -> anyhow::Result<Command> {
     if unsafe { libc::geteuid() } == 0 {
         c.arg("--allow-run-as-root");
     }
-    let grace = std::env::var("RINGREC_COMM_TIMEOUT_SECONDS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(300).max(10);
-    c.args(["--mca", "odls_base_sigkill_timeout", &grace.to_string()]);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("RINGREC_")) {
         c.args(["-x", &k]);
     }

@@ -22,7 +22,7 @@ pub fn render(e: &anyhow::Error) -> String {
 }
 
 /// Prints `e` (once, with the rank when several run) and ends the process: with MPI up
-/// and peers, the whole job (`MPI_Abort`, after a moment so that peers failing the same
+/// and peers, the whole job (`MPI_Abort`, after a second so that peers failing the same
 /// way print theirs), never through MPI_Finalize, which could wait for a stuck peer.
 pub fn fail(e: &anyhow::Error, topo: Option<&ringrec::topology::Topology>) -> ! {
     use std::io::Write;
@@ -34,7 +34,7 @@ pub fn fail(e: &anyhow::Error, topo: Option<&ringrec::topology::Topology>) -> ! 
     let _ = std::io::stderr().flush();
     match topo {
         Some(t) if t.size > 1 => {
-            std::thread::sleep(std::time::Duration::from_millis(300));
+            std::thread::sleep(std::time::Duration::from_secs(1));
             t.abort(1)
         }
         _ => std::process::exit(1),

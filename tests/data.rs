@@ -166,6 +166,22 @@ fn max_bad_lines_stops_with_a_clear_error() {
 }
 
 #[test]
+fn a_file_of_nothing_but_malformed_lines_says_so() {
+    let d = TempDir::new("allbad");
+    let tsv = d.path("allbad.tsv");
+    write(&tsv, b"a,b,c\n1,2,3\n\n");
+    let out = d.path("allbad.rrdata");
+    let e = prepare(&tsv, &out, 1000).unwrap_err();
+    assert!(matches!(e, DataError::AllMalformed { lines: 3, .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("every one of its 3 line(s) is malformed (empty 1, field_count 2)") && msg.contains("line 1: wrong field count: found 1"), "{msg}");
+    assert!(!out.exists(), "no cache of zero rows is written");
+    // The cached path says the same (and does not keep a cache of zero rows).
+    let e = Dataset::from_tsv_cached(&tsv, &d.path("cache"), 1000).unwrap_err();
+    assert!(matches!(e, DataError::AllMalformed { .. }), "{e:?}");
+}
+
+#[test]
 fn negative_integers_and_empty_fields_parse() {
     let d = TempDir::new("neg");
     let mut f: Vec<String> = vec!["0".into()];

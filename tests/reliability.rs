@@ -152,8 +152,8 @@ fn train_args(extra: &[&str]) -> Vec<String> {
 
 /// Starts `np` ranks training for long, waits a seeded moment, sends `signal` to a seeded
 /// rank; returns (victim, seconds from the signal to each survivor's exit, output).
-fn inject(name: &str, seed: u64, np: usize, signal: i32) -> (usize, Vec<(usize, f64)>, Done, String) {
-    let (mut c, job) = mpirun_command(name, &[]);
+fn inject(name: &str, seed: u64, np: usize, env: &[(&str, &str)], signal: i32) -> (usize, Vec<(usize, f64)>, Done, String) {
+    let (mut c, job) = mpirun_command(name, env);
     c.args(["-np", &np.to_string(), exe()]).args(train_args(&["--epochs", "1000", "--no-eval"]));
     let run = start(c, name, job);
     // Ranks up (data cached by an earlier run or generated now), then a random moment.
@@ -198,22 +198,32 @@ fn check_survivors(what: &str, np: usize, victim: usize, exits: &[(usize, f64)],
     assert_eq!(common::shm_leftovers(job), Vec::<String>::new(), "{what}: shared memory left behind");
 }
 
-#[test]
-fn a_killed_rank_is_named_by_every_survivor_in_bounded_time() {
-    for seed in 0..3u64 {
-        let (victim, exits, done, job) = inject(&format!("kill{seed}"), seed, 3, libc::SIGKILL);
-        eprintln!("kill seed {seed}: victim {victim}, survivors' exits {exits:?}");
-        check_survivors(&format!("SIGKILL seed {seed}"), 3, victim, &exits, &done, &job);
+/// How many seeded faults of each kind: `RINGREC_RELIABILITY_SEEDS` (the benchmark,
+/// scripts/bench/reliability.sh, runs many), or `default`.
+fn seeds(default: u64) -> u64 {
+    std::env::var("RINGREC_RELIABILITY_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Faults of one kind: 3 ranks on one host, and every third seed 4 ranks as 2 simulated
+/// hosts (the victim's host and the other one both notice).
+fn faults(kind: &str, signal: i32, salt: u64, default: u64) {
+    for seed in 0..seeds(default) {
+        let (np, env): (usize, &[(&str, &str)]) = if seed % 3 == 2 { (4, &[("RINGREC_RANKS_PER_HOST", "2")]) } else { (3, &[]) };
+        let (victim, exits, done, job) = inject(&format!("{kind}{seed}"), seed + salt, np, env, signal);
+        // One line per fault, collected by scripts/bench/reliability.sh.
+        eprintln!("fault {kind} seed {seed} ranks {np}: victim {victim}, survivors' exits {exits:?}");
+        check_survivors(&format!("{kind} seed {seed} ({np} ranks)"), np, victim, &exits, &done, &job);
     }
 }
 
 #[test]
+fn a_killed_rank_is_named_by_every_survivor_in_bounded_time() {
+    faults("SIGKILL", libc::SIGKILL, 0, 3);
+}
+
+#[test]
 fn a_stopped_rank_is_named_by_every_survivor_in_bounded_time() {
-    for seed in 0..2u64 {
-        let (victim, exits, done, job) = inject(&format!("stop{seed}"), seed + 10, 3, libc::SIGSTOP);
-        eprintln!("stop seed {seed}: victim {victim}, survivors' exits {exits:?}");
-        check_survivors(&format!("SIGSTOP seed {seed}"), 3, victim, &exits, &done, &job);
-    }
+    faults("SIGSTOP", libc::SIGSTOP, 10, 2);
 }
 
 fn launch(name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {

@@ -299,6 +299,9 @@ pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<Prepare
     }
     flush(rows, &mut labels, &mut dense, &mut keys)?;
     let report = reader.into_report();
+    if rows == 0 && report.bad() > 0 {
+        return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
+    }
     if report.lines != capacity || source_identity(tsv)? != (size, mtime) {
         return Err(changed(format!("{} lines parsed, {capacity} counted", report.lines)));
     }
@@ -380,7 +383,8 @@ impl Dataset {
     /// The cache is `cache_dir/<stem>.<hash>.rrdata`, the hash covering the TSV's canonical
     /// path, size and mtime, so an edited TSV gets a fresh cache. An existing valid cache of
     /// the same source is reused, unless it skipped more malformed lines than
-    /// `max_bad_lines` allows (then the TSV is read again, which reports them). Concurrent
+    /// `max_bad_lines` allows or holds no row at all (an older version wrote such caches; the
+    /// TSV is read again, which reports them). Concurrent
     /// callers on one host (the local ranks of a job) serialise on a lock file, so the TSV is
     /// parsed once.
     pub fn from_tsv_cached(tsv: &Path, cache_dir: &Path, max_bad_lines: u64) -> DataResult<Dataset> {
@@ -390,7 +394,7 @@ impl Dataset {
         let (size, mtime) = source_identity(tsv)?;
         if let Ok(ds) = Dataset::open(&out) {
             let h = ds.header();
-            if h.source_size == size && h.source_mtime_ns == mtime && h.bad_lines <= max_bad_lines {
+            if h.source_size == size && h.source_mtime_ns == mtime && h.bad_lines <= max_bad_lines && h.rows > 0 {
                 return Ok(ds);
             }
         }

@@ -219,6 +219,12 @@ impl BadLineReport {
         }
     }
 
+    /// Malformed lines per kind: `field_count 3, label 1`.
+    pub fn kinds(&self) -> String {
+        let kinds: Vec<String> = BadLineKind::ALL.iter().filter(|k| self.count(**k) > 0).map(|k| format!("{} {}", k.name(), self.count(*k))).collect();
+        kinds.join(", ")
+    }
+
     /// `first: line 3: ...; line 9: ...` (or `no malformed line`).
     pub fn first_lines(&self) -> String {
         if self.first.is_empty() {
@@ -234,8 +240,7 @@ impl fmt::Display for BadLineReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} lines: {} rows, {} malformed", self.lines, self.rows, self.bad())?;
         if self.bad() > 0 {
-            let kinds: Vec<String> = BadLineKind::ALL.iter().filter(|k| self.count(**k) > 0).map(|k| format!("{} {}", k.name(), self.count(*k))).collect();
-            write!(f, " ({}); {}", kinds.join(", "), self.first_lines())?;
+            write!(f, " ({}); {}", self.kinds(), self.first_lines())?;
         }
         Ok(())
     }

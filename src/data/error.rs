@@ -29,6 +29,21 @@ pub enum DataError {
         /// (`first: line 3: wrong field count ...; line 9: ...`).
         first: String,
     },
+    /// Not one line of the file is a sample: it is not a Criteo TSV (or the wrong file).
+    #[error(
+        "{path}: every one of its {lines} line(s) is malformed ({kinds}); {first}; \
+         a Criteo TSV line is a 0/1 label, 13 integer and 26 hexadecimal categorical fields, tab-separated"
+    )]
+    AllMalformed {
+        /// The TSV file.
+        path: PathBuf,
+        /// Lines read.
+        lines: u64,
+        /// Malformed lines per kind (`field_count 3, label 1`).
+        kinds: String,
+        /// The first malformed lines with their reasons.
+        first: String,
+    },
     /// The TSV file changed while it was being converted.
     #[error("{path} changed while it was being read ({detail}); convert it again once it is complete")]
     SourceChanged {

@@ -9,6 +9,9 @@
 //!   reads the others': a local rank that stopped running or exited is reported within
 //!   seconds, even when no collective is in flight;
 //! - answers liveness pings from other ranks (on a communicator of its own);
+//! - tells every other rank at once what its heartbeat found (a *notice*): a rank that
+//!   exited ends the job on every rank with a message naming it; a stopped one is named
+//!   in every rank's message should a wait then time out ([`known_trouble`]);
 //! - when a registered wait outlasts `RINGREC_COMM_TIMEOUT_SECONDS`, pings every rank and
 //!   waits a few seconds for the answers: the ranks that do not answer are stopped, dead
 //!   or unreachable. It prints one line naming them (or, when every rank answers, that the
@@ -24,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mpi::datatype::Equivalence;
 use mpi::point_to_point::{Destination, Source, Status};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
@@ -42,6 +46,29 @@ const PROBE_WAIT: Duration = Duration::from_secs(3);
 /// Tags of the liveness protocol.
 const PING: i32 = 0x5049;
 const PONG: i32 = 0x504f;
+/// Tag of a notice: one byte of level (1 stopped, 2 exited), then UTF-8 text.
+const NOTICE: i32 = 0x4e4f;
+/// Largest notice in bytes.
+const NOTICE_BYTES: usize = 512;
+
+/// What the heartbeats of this and other hosts found wrong so far, newest last (for
+/// error messages: [`known_trouble`]).
+static TROUBLE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// What the watchdogs found wrong with other ranks so far (a stopped or exited rank,
+/// as this host's heartbeat or another host's notice said), for error messages: a rank
+/// that timed out waiting for one peer may be stuck behind another.
+pub fn known_trouble() -> Vec<String> {
+    TROUBLE.lock().map(|t| t.clone()).unwrap_or_default()
+}
+
+fn remember(msg: &str) {
+    if let Ok(mut t) = TROUBLE.lock() {
+        if !t.iter().any(|m| m == msg) {
+            t.push(msg.to_string());
+        }
+    }
+}
 
 /// A registered wait.
 struct Wait {
@@ -174,6 +201,9 @@ struct Live {
     /// The standing receive of pings (from any rank).
     ping: Option<Pending>,
     ping_buf: &'static mut [u8],
+    /// The standing receive of notices (from any rank).
+    notice: Option<Pending>,
+    notice_buf: &'static mut [u8],
     /// Answers and probes in flight.
     sends: Vec<Pending>,
     probe: u64,
@@ -186,7 +216,45 @@ fn leak(v: u64) -> &'static [u8] {
 impl Live {
     fn new(comm: SimpleCommunicator) -> Live {
         let ping_buf: &'static mut [u8] = Box::leak(Box::new([0u8; 8]));
-        Live { comm, ping: None, ping_buf, sends: Vec::new(), probe: 0 }
+        let notice_buf: &'static mut [u8] = Box::leak(Box::new([0u8; NOTICE_BYTES]));
+        Live { comm, ping: None, ping_buf, notice: None, notice_buf, sends: Vec::new(), probe: 0 }
+    }
+
+    /// Sends a notice (level, text) to every other rank.
+    fn tell_all(&mut self, level: u8, text: &str) {
+        let (me, size) = (self.comm.rank(), self.comm.size());
+        let mut msg = vec![level];
+        msg.extend(text.bytes().take(NOTICE_BYTES - 1));
+        let msg: &'static [u8] = Box::leak(msg.into_boxed_slice());
+        for r in (0..size).filter(|r| *r != me) {
+            self.sends.push(self.comm.process_at_rank(r).immediate_send_with_tag(StaticScope, msg, NOTICE));
+        }
+    }
+
+    /// Notices that arrived: (sender, level, text).
+    fn notices(&mut self) -> Vec<(usize, u8, String)> {
+        let mut out = Vec::new();
+        loop {
+            let req = match self.notice.take() {
+                Some(r) => r,
+                None => {
+                    // SAFETY of the aliasing: as for the ping buffer.
+                    let buf: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(self.notice_buf.as_mut_ptr(), NOTICE_BYTES) };
+                    self.comm.any_process().immediate_receive_into_with_tag(StaticScope, buf, NOTICE)
+                }
+            };
+            match req.test() {
+                Ok(status) => {
+                    let n = (status.count(u8::equivalent_datatype()).max(1) as usize).min(NOTICE_BYTES);
+                    out.push((status.source_rank() as usize, self.notice_buf[0], String::from_utf8_lossy(&self.notice_buf[1..n]).into_owned()));
+                }
+                Err(pending) => {
+                    self.notice = Some(pending);
+                    break;
+                }
+            }
+        }
+        out
     }
 
     /// Answers pings that arrived; retires finished sends.
@@ -262,7 +330,7 @@ impl Live {
 impl Drop for Live {
     fn drop(&mut self) {
         // Requests still in flight are abandoned: their buffers are 'static.
-        if let Some(r) = self.ping.take() {
+        for r in [self.ping.take(), self.notice.take()].into_iter().flatten() {
             r.cancel();
             // SAFETY: cancelled; the buffer is 'static.
             let _ = unsafe { r.into_raw() };
@@ -274,9 +342,11 @@ impl Drop for Live {
     }
 }
 
-/// The heartbeat view of the host: local ranks not running or gone.
-fn local_trouble(s: &Setup, reported: &mut [u8]) -> Vec<(usize, String)> {
-    let Some(seg) = &s.beats else { return Vec::new() };
+/// The heartbeat view of the host: local ranks not running or gone (world rank, what),
+/// and what is newly worse since the last look (level, what), for the notices.
+fn local_trouble(s: &Setup, reported: &mut [u8]) -> (Vec<(usize, String)>, Vec<(u8, String)>) {
+    let Some(seg) = &s.beats else { return (Vec::new(), Vec::new()) };
+    let mut new = Vec::new();
     let beats = seg.as_ptr() as *const Beat;
     let now = monotonic_ns();
     let mut out = Vec::new();
@@ -305,6 +375,8 @@ fn local_trouble(s: &Setup, reported: &mut [u8]) -> Vec<(usize, String)> {
                 if reported[l] < level {
                     reported[l] = level;
                     crate::eprint_line(&format!("ringrec rank {}: warning: {msg}", s.rank));
+                    remember(&msg);
+                    new.push((level, msg.replace("on this host", &format!("on the host of rank {}", s.rank))));
                 }
                 out.push((world, msg));
             }
@@ -316,7 +388,7 @@ fn local_trouble(s: &Setup, reported: &mut [u8]) -> Vec<(usize, String)> {
             }
         }
     }
-    out
+    (out, new)
 }
 
 fn run(mut s: Setup, stop: Arc<AtomicBool>) {
@@ -341,7 +413,23 @@ fn run(mut s: Setup, stop: Arc<AtomicBool>) {
             }
         }
         live.serve();
-        let trouble = local_trouble(&s, &mut reported);
+        let (trouble, new) = local_trouble(&s, &mut reported);
+        for (level, msg) in &new {
+            live.tell_all(*level, msg);
+        }
+        for (from, level, msg) in live.notices() {
+            if msg.starts_with(&format!("rank {} ", s.rank)) {
+                // About this very rank, which was stopped and runs again.
+                continue;
+            }
+            remember(&msg);
+            if level >= 2 {
+                // A rank is gone: the job cannot go on; say so here too, naming it.
+                crate::eprint_line(&format!("ringrec rank {}: error: {msg} (reported by rank {from}); the job cannot continue, look at that rank's output for the cause; ending the job", s.rank));
+                end_job(&live.comm, 1);
+            }
+            crate::eprint_line(&format!("ringrec rank {}: warning: {msg} (reported by rank {from})", s.rank));
+        }
         let overdue = ACTIVE.lock().ok().and_then(|a| a.iter().filter(|w| w.since.elapsed() > s.timeout).min_by_key(|w| w.since).map(|w| (w.what, w.since.elapsed(), w.strict)));
         let Some((what, age, strict)) = overdue else { continue };
         if cleared_until.is_some_and(|t| now < t) {
@@ -360,9 +448,16 @@ fn run(mut s: Setup, stop: Arc<AtomicBool>) {
             continue;
         }
         let why = if silent.is_empty() {
-            "every rank answers, so they wait for different things: check that every rank runs the same command with the same settings".to_string()
+            let known = known_trouble();
+            let seen = if known.is_empty() { String::new() } else { format!(" (earlier: {})", known.join("; ")) };
+            format!("every rank answers, so they wait for different things: check that every rank runs the same command with the same settings{seen}")
         } else {
-            let details: Vec<String> = trouble.iter().map(|t| t.1.clone()).collect();
+            let mut details: Vec<String> = trouble.iter().map(|t| t.1.clone()).collect();
+            for k in known_trouble() {
+                if !details.contains(&k) {
+                    details.push(k);
+                }
+            }
             let extra = if details.is_empty() { String::new() } else { format!(" ({})", details.join("; ")) };
             format!("rank(s) {silent:?} do not answer (stopped, dead or unreachable){extra}")
         };

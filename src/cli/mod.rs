@@ -27,7 +27,14 @@ pub fn render(e: &anyhow::Error) -> String {
 pub fn fail(e: &anyhow::Error, topo: Option<&ringrec::topology::Topology>) -> ! {
     use std::io::Write;
     match topo {
-        Some(t) if t.size > 1 => ringrec::eprint_line(&format!("ringrec rank {}: error: {}", t.rank, render(e))),
+        Some(t) if t.size > 1 => {
+            // A timeout may blame the peer this rank waited for while the cause is another
+            // rank the watchdogs saw stop or exit: name it too.
+            let msg = render(e);
+            let known: Vec<String> = ringrec::watchdog::known_trouble().into_iter().filter(|k| !msg.contains(k.as_str())).collect();
+            let seen = if known.is_empty() { String::new() } else { format!(" (the watchdogs saw: {})", known.join("; ")) };
+            ringrec::eprint_line(&format!("ringrec rank {}: error: {msg}{seen}", t.rank))
+        }
         _ => ringrec::eprint_line(&format!("ringrec: error: {}", render(e))),
     }
     let _ = std::io::stdout().flush();

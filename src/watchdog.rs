@@ -342,9 +342,12 @@ impl Drop for Live {
     }
 }
 
+/// What a notice says: level (1 stopped, 2 exited) and text.
+type Notice = (u8, String);
+
 /// The heartbeat view of the host: local ranks not running or gone (world rank, what),
 /// and what is newly worse since the last look (level, what), for the notices.
-fn local_trouble(s: &Setup, reported: &mut [u8]) -> (Vec<(usize, String)>, Vec<(u8, String)>) {
+fn local_trouble(s: &Setup, reported: &mut [u8]) -> (Vec<(usize, String)>, Vec<Notice>) {
     let Some(seg) = &s.beats else { return (Vec::new(), Vec::new()) };
     let mut new = Vec::new();
     let beats = seg.as_ptr() as *const Beat;

@@ -4,7 +4,7 @@
 //! bare mpirun, `kill -USR1 <mpirun>`; Slurm: `sbatch --signal=USR1@120`).
 //!
 //! [`install`] sets a handler that only records the first signal ([`requested`]): the
-//! trainer checks it at step boundaries, the ranks agree to stop after the same step,
+//! trainer checks it every `SIGNAL_CHECK_EVERY` steps, the ranks agree to stop after the same step,
 //! write a checkpoint when asked to and end with status 128 + signal. A second signal
 //! ends the process at once (`_exit`), after unlinking the shared segments whose names
 //! still exist ([`track`]: only during their short set-up), so /dev/shm stays clean.

@@ -10,6 +10,7 @@
 #      f33ad98), interleaved, REPEATS runs each, median samples/s.
 # Output: docs/bench/reliability.txt (raw) and a summary on stdout.
 #   SEEDS=10 REPEATS=5 scripts/bench/reliability.sh
+#   PART=throughput REPEATS=9 scripts/bench/reliability.sh     # only part 2 (appends)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-10}
@@ -17,7 +18,9 @@ REPEATS=${REPEATS:-5}
 BASE=${BASE:-f33ad98}
 out=docs/bench/reliability.txt
 mkdir -p docs/bench
+PART=${PART:-all}
 log=$(mktemp)
+if [ "$PART" = all ]; then
 {
   echo "# scripts/bench/reliability.sh, $(date -u +%F), SEEDS=$SEEDS REPEATS=$REPEATS BASE=$BASE, $(nproc) cores"
   echo "## fault suite: RINGREC_RELIABILITY_SEEDS=$SEEDS cargo test --release --test reliability -- --nocapture --test-threads 1"
@@ -34,14 +37,16 @@ for line in open(sys.argv[1]):
         k = f"{m.group(1)} ({m.group(2)} ranks)"
         faults[k] = faults.get(k, 0) + 1
         times += [float(t) for t in re.findall(r"\(\d+, ([0-9.]+)\)", m.group(3))]
-tests = re.findall(r"^test (\S+) \.\.\. (\w+)", open(sys.argv[1]).read(), re.M)
+text = open(sys.argv[1]).read()
+tests = re.findall(r"test result: ok\. (\d+) passed; (\d+) failed", text)
 print("## summary")
 for k, n in sorted(faults.items()):
     print(f"faults injected: {k}: {n}, all ended cleanly (survivors named the peer, exited in time, no shm left)")
-print(f"scenario tests: {len(tests)}, passed: {sum(1 for _, r in tests if r == 'ok')}")
+print(f"scenario tests (kill, stop, SIGTERM + resume, restart, mismatched flags, data length): {sum(int(p) + int(f) for p, f in tests)}, passed: {sum(int(p) for p, _ in tests)}")
 q = statistics.quantiles(times, n=10)
 print(f"fault -> survivor exit (s), {len(times)} survivors: min {min(times):.2f}, median {statistics.median(times):.2f}, p90 {q[8]:.2f}, max {max(times):.2f} (limit: timeout 3 + 10 = 13)")
 EOF
+fi
 
 echo "## throughput: this tree vs $BASE (before the watchdog), default run, median of $REPEATS" | tee -a "$out"
 old=/tmp/ringrec-reliability-base

@@ -32,7 +32,7 @@ python3 - "$log" <<'EOF' | tee -a "$out"
 import re, statistics, sys
 faults, times = {}, []
 for line in open(sys.argv[1]):
-    m = re.match(r"fault (\w+) seed \d+ ranks (\d+): victim \d+, survivors' exits (\[.*\])", line)
+    m = re.search(r"fault (\w+) seed \d+ ranks (\d+): victim \d+, survivors' exits (\[.*\])", line)
     if m:
         k = f"{m.group(1)} ({m.group(2)} ranks)"
         faults[k] = faults.get(k, 0) + 1

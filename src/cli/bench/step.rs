@@ -174,6 +174,53 @@ fn random_line_rate(topo: &Topology) -> f64 {
     max_over(topo, best)
 }
 
+/// The bytes and random lines a sample of this step touches, and the roofline bound they
+/// give at the measured memcpy bandwidth and random-line rate (samples/s per host).
+#[allow(clippy::too_many_arguments)]
+fn roofline(topo: &Topology, dim: usize, per_host: usize, unique_per_rank: f64, unique_per_host: f64, inserted_per_step: f64, bandwidth: f64, line_rate: f64) -> (f64, f64, f64) {
+    let row_bytes = (4 * dim) as f64;
+    // Streamed per sample: its cache row read and written into the batch, its keys read
+    // by the dedupe, its inverse written and staged, labels and dense staged. Per rank
+    // and unique key: its row staged, its gradient written, published (key + row) and
+    // read by the merge; per host key: the merged row written and read by the update.
+    let sample = 2.0 * (4 + 4 * NUM_DENSE + 8 * NUM_SPARSE) as f64 + 8.0 * NUM_SPARSE as f64 + 2.0 * 4.0 * NUM_SPARSE as f64 + 2.0 * (4 + 4 * NUM_DENSE) as f64;
+    let host_bytes = per_host as f64 * sample + topo.local_size as f64 * unique_per_rank * (4.0 * row_bytes + 8.0) + unique_per_host * (2.0 * row_bytes + 16.0);
+    let bytes_per_sample = host_bytes / per_host as f64;
+    // Random lines: a unique key's index slot and row per rank (lookup), a host key's
+    // slot and row (update), a new key's free slot.
+    let lines = topo.local_size as f64 * unique_per_rank * 2.0 + unique_per_host * 2.0 + inserted_per_step;
+    let lines_per_sample = lines / per_host as f64;
+    let roofline = 1.0 / (bytes_per_sample / bandwidth).max(lines_per_sample / line_rate);
+    (bytes_per_sample, lines_per_sample, roofline)
+}
+
+/// One table line of a row.
+fn print_row(row: &StepRow) {
+    let p = |k: &str| row.phases_ms.get(k).copied().unwrap_or(0.0);
+    println!(
+        "{:>8} {:>9.2} {:>12.0} | {:>7.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
+        row.batch_per_rank,
+        row.step_ms,
+        row.samples_per_sec_host,
+        p("batch"),
+        p("lookup"),
+        p("grads"),
+        p("exchange"),
+        p("dedupe"),
+        p("host"),
+        p("cross"),
+        p("merge"),
+        p("apply"),
+        row.unique_per_rank,
+        row.unique_per_host,
+        row.inserted_per_step,
+        row.bytes_per_sample,
+        row.lines_per_sample,
+        row.roofline_samples_per_sec,
+        100.0 * row.of_roofline
+    );
+}
+
 /// Runs the benchmark; prints on rank 0.
 pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> {
     let mut cfg = TrainConfig::new(args.data_dir.clone().unwrap_or_else(crate::cli::train::default_data_dir));
@@ -246,19 +293,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
         // Ranges partition a host's keys among its ranks: their sum is the host's keys.
         let unique_per_host = sum_over(&topo.world.comm, host_uniq / steps) / topo.num_hosts as f64;
         let per_host = b * topo.local_size;
-        let row_bytes = (4 * args.dim) as f64;
-        // Streamed per sample: its cache row read and written into the batch, its keys read
-        // by the dedupe, its inverse written and staged, labels and dense staged. Per rank
-        // and unique key: its row staged, its gradient written, published (key + row) and
-        // read by the merge; per host key: the merged row written and read by the update.
-        let sample = 2.0 * (4 + 4 * NUM_DENSE + 8 * NUM_SPARSE) as f64 + 8.0 * NUM_SPARSE as f64 + 2.0 * 4.0 * NUM_SPARSE as f64 + 2.0 * (4 + 4 * NUM_DENSE) as f64;
-        let host_bytes = per_host as f64 * sample + topo.local_size as f64 * unique_per_rank * (4.0 * row_bytes + 8.0) + unique_per_host * (2.0 * row_bytes + 16.0);
-        let bytes_per_sample = host_bytes / per_host as f64;
-        // Random lines: a unique key's index slot and row per rank (lookup), a host key's
-        // slot and row (update), a new key's free slot.
-        let lines = topo.local_size as f64 * unique_per_rank * 2.0 + unique_per_host * 2.0 + inserted_per_step;
-        let lines_per_sample = lines / per_host as f64;
-        let roofline = 1.0 / (bytes_per_sample / bandwidth).max(lines_per_sample / line_rate);
+        let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, args.dim, per_host, unique_per_rank, unique_per_host, inserted_per_step, bandwidth, line_rate);
         let host_rate = per_host as f64 / step_s;
         let row = StepRow {
             batch_per_rank: b,
@@ -277,29 +312,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
             of_roofline: host_rate / roofline,
         };
         if root && !args.json {
-            let p = |k: &str| row.phases_ms.get(k).copied().unwrap_or(0.0);
-            println!(
-                "{:>8} {:>9.2} {:>12.0} | {:>7.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
-                b,
-                row.step_ms,
-                row.samples_per_sec_host,
-                p("batch"),
-                p("lookup"),
-                p("grads"),
-                p("exchange"),
-                p("dedupe"),
-                p("host"),
-                p("cross"),
-                p("merge"),
-                p("apply"),
-                row.unique_per_rank,
-                row.unique_per_host,
-                row.inserted_per_step,
-                row.bytes_per_sample,
-                row.lines_per_sample,
-                row.roofline_samples_per_sec,
-                100.0 * row.of_roofline
-            );
+            print_row(&row);
         }
         rows.push(row);
     }

@@ -88,3 +88,65 @@ pub fn write_atomic(dest: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&Fi
     }
     f.commit()
 }
+
+/// Bytes free for this user on the filesystem of `path` (`statvfs`), when it can be read.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Allocates `len` bytes of `file` (at `path`, for messages) up front (`posix_fallocate`),
+/// so that writing or touching a mapping of it later cannot fail for lack of space (on
+/// tmpfs a mapped page that cannot be backed is a SIGBUS). A shortfall is an error naming
+/// the directory, the bytes needed and the bytes free. Filesystems that cannot allocate
+/// ahead are left to fail at write time, as before.
+pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
+    use std::os::unix::io::AsRawFd;
+    if len == 0 {
+        return Ok(());
+    }
+    let Ok(n) = libc::off_t::try_from(len) else {
+        return Err(IoError::new(path, "reserve space", std::io::Error::other(format!("{len} bytes exceed the largest file size"))));
+    };
+    // SAFETY: posix_fallocate on an open descriptor with a valid range; it returns the
+    // error number instead of setting errno.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, n) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => Ok(()),
+        libc::ENOSPC | libc::EFBIG | libc::EDQUOT => {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let free = free_bytes(dir).map_or_else(|| "an unknown number of bytes".to_string(), |f| format!("{f} bytes"));
+            Err(IoError::new(
+                path,
+                "reserve space",
+                std::io::Error::other(format!("needs {len} bytes, {free} free in {}: free space there or point ringrec at a larger directory", dir.display())),
+            ))
+        }
+        e => Err(IoError::new(path, "reserve space", std::io::Error::from_raw_os_error(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_allocates_and_free_bytes_reads_the_filesystem() {
+        let dir = std::env::temp_dir();
+        let p = dir.join(format!("ringrec-reserve-{}", std::process::id()));
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        reserve(&f, &p, 1 << 20).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+        assert!(free_bytes(&dir).unwrap() > 0);
+        // More than any filesystem here has: the error names what was needed.
+        let e = reserve(&f, &p, 1 << 62).unwrap_err().to_string();
+        assert!(e.contains("needs 4611686018427387904 bytes") || e.contains("largest file size") || e.contains("File too large"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
+}

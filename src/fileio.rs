@@ -132,9 +132,51 @@ pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
     }
 }
 
+/// Takes a shared `flock` on `file`: held while the file (any descriptor of this open file
+/// description) stays open, released by the kernel when the process dies. Every process
+/// that creates or maps a shared file of a job holds one, so a file that nobody holds a
+/// lock on (a non-blocking exclusive `flock` succeeds) belongs to no live process: the
+/// stale-file sweep's test of liveness.
+pub fn lock_shared(file: &File, path: &Path) -> Result<(), IoError> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on an open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        return Err(IoError::new(path, "lock", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Creates `path` exclusively (`O_EXCL`, permissions `mode`, read-write) and takes the
+/// shared liveness lock on it at once ([`lock_shared`]).
+pub fn create_locked(path: &Path, mode: u32) -> std::io::Result<File> {
+    let f = OpenOptions::new().read(true).write(true).create_new(true).mode(mode).open(path)?;
+    lock_shared(&f, path).map_err(|e| e.source)?;
+    Ok(f)
+}
+
+/// True when some process holds a lock on `path` (see [`lock_shared`]); false when
+/// nobody does (or the file cannot be opened).
+pub fn is_locked(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Ok(f) = File::open(path) else { return false };
+    // SAFETY: flock on an open descriptor; the probe's lock (if taken) goes with `f`.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_created_file_is_locked_while_open() {
+        let p = std::env::temp_dir().join(format!("ringrec-lock-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let f = create_locked(&p, 0o600).unwrap();
+        assert!(is_locked(&p));
+        drop(f);
+        assert!(!is_locked(&p));
+        std::fs::remove_file(&p).unwrap();
+    }
 
     #[test]
     fn reserve_allocates_and_free_bytes_reads_the_filesystem() {

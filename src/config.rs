@@ -58,6 +58,9 @@ pub struct RuntimeConfig {
     /// `RINGREC_FAULT_EXIT=rank:step`: that rank exits abruptly before that step (tests of
     /// failure handling).
     pub fault_exit: Option<(usize, u64)>,
+    /// `RINGREC_FAULT_NAN=rank:step`: that rank's gradients of that step (0-based: after
+    /// `step` steps) are made NaN (tests of `--nan-policy`).
+    pub fault_nan: Option<(usize, u64)>,
     /// `RINGREC_FAULT_ONCE=path`: the fault fires only while `path` does not exist, and
     /// creates it (a relaunched job runs on: tests of `ringrec launch --restarts`).
     pub fault_once: Option<PathBuf>,
@@ -77,6 +80,7 @@ impl Default for RuntimeConfig {
             ring_chunk_bytes: 512 << 10,
             allow_shared_gpu: false,
             fault_exit: None,
+            fault_nan: None,
             fault_once: None,
             log_sparse: false,
         }
@@ -99,11 +103,12 @@ impl RuntimeConfig {
         c.shm_chunk_bytes = parse("RINGREC_SHM_CHUNK_BYTES", "bytes >= 256, e.g. 1M", at_least(256)).map_err(invalid)?.unwrap_or(c.shm_chunk_bytes);
         c.ring_chunk_bytes = parse("RINGREC_RING_CHUNK_BYTES", "bytes >= 64, e.g. 512K", at_least(64)).map_err(invalid)?.unwrap_or(c.ring_chunk_bytes);
         c.allow_shared_gpu = flag("RINGREC_ALLOW_SHARED_GPU").map_err(invalid)?.unwrap_or(false);
-        c.fault_exit = parse("RINGREC_FAULT_EXIT", "RANK:STEP, e.g. 1:5", |s| {
+        let rank_step = |s: &str| {
             let (r, st) = s.split_once(':')?;
             Some((r.trim().parse().ok()?, st.trim().parse().ok()?))
-        })
-        .map_err(invalid)?;
+        };
+        c.fault_exit = parse("RINGREC_FAULT_EXIT", "RANK:STEP, e.g. 1:5", rank_step).map_err(invalid)?;
+        c.fault_nan = parse("RINGREC_FAULT_NAN", "RANK:STEP, e.g. 1:5", rank_step).map_err(invalid)?;
         c.fault_once = std::env::var_os("RINGREC_FAULT_ONCE").filter(|v| !v.is_empty()).map(PathBuf::from);
         c.log_sparse = flag("RINGREC_LOG_SPARSE").map_err(invalid)?.unwrap_or(false);
         Ok(c)

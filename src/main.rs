@@ -82,6 +82,14 @@ fn with_mpi(f: impl FnOnce(&Topology) -> anyhow::Result<()>) -> anyhow::Result<(
                 drop(topo);
                 std::process::exit(code)
             }
+            // Every rank found it at the same step (the data is the same everywhere).
+            Some(ringrec::train::TrainError::NonFinite { .. }) => {
+                if topo.rank == 0 {
+                    ringrec::eprint_line(&format!("ringrec: error: {e}"));
+                }
+                drop(topo);
+                std::process::exit(1)
+            }
             _ => cli::fail(&e, Some(&topo)),
         },
     }

@@ -34,15 +34,20 @@ fn summary(job: &common::Job) -> serde_json::Value {
     serde_json::from_str(line).expect("summary JSON")
 }
 
+/// The newest checkpoint of a checkpoint directory (`LATEST`).
+fn newest(dir: &Path) -> std::path::PathBuf {
+    let step = ringrec::train::checkpoint::latest_step(dir).unwrap_or_else(|| panic!("no checkpoint in {}", dir.display()));
+    ringrec::train::checkpoint::step_dir(dir, step)
+}
+
 fn dense_params(dir: &Path) -> Vec<f32> {
-    let b = std::fs::read(dir.join("dense.bin")).expect("dense.bin");
+    let b = std::fs::read(newest(dir).join("dense.bin")).expect("dense.bin");
     let n = u64::from_le_bytes(b[16..24].try_into().unwrap()) as usize;
     bytemuck::pod_collect_to_vec(&b[24..24 + 4 * n])
 }
 
 fn table_file(dir: &Path) -> Vec<u8> {
-    let t = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|e| e == "rrt")).expect("table file");
-    std::fs::read(t).unwrap()
+    std::fs::read(newest(dir).join("table.rrt")).expect("table file")
 }
 
 /// Largest element difference relative to the tensor's largest magnitude.
@@ -129,7 +134,7 @@ fn interrupted_and_resumed_equals_uninterrupted() {
         let resumed = train(np, &[], &["--max-steps", "12", "--checkpoint-dir", part.to_str().unwrap(), "--checkpoint-every", "5", "--resume"]);
         resumed.assert_ok();
         assert_eq!(summary(&resumed)["steps"], 5, "resumed run must take the remaining 5 steps");
-        assert_eq!(std::fs::read(full.join("dense.bin")).unwrap(), std::fs::read(part.join("dense.bin")).unwrap(), "{np} ranks: dense state differs");
+        assert_eq!(std::fs::read(newest(&full).join("dense.bin")).unwrap(), std::fs::read(newest(&part).join("dense.bin")).unwrap(), "{np} ranks: dense state differs");
         assert!(table_file(&full) == table_file(&part), "{np} ranks: tables differ");
         assert_eq!(summary(&resumed)["params_fnv"], summary(&full_job)["params_fnv"]);
         assert_eq!(summary(&resumed)["global_step"], 12);
@@ -319,7 +324,7 @@ fn the_gpu_code_path_resumes_bit_identically() {
     run(&part, "7", false);
     let resumed = run(&part, "12", true);
     assert_eq!(resumed["steps"], 5);
-    assert_eq!(std::fs::read(full.join("dense.bin")).unwrap(), std::fs::read(part.join("dense.bin")).unwrap(), "dense state (parameters, Adam moments) differs");
+    assert_eq!(std::fs::read(newest(&full).join("dense.bin")).unwrap(), std::fs::read(newest(&part).join("dense.bin")).unwrap(), "dense state (parameters, Adam moments) differs");
     assert!(table_file(&full) == table_file(&part), "tables differ");
     assert_eq!(resumed["params_fnv"], whole["params_fnv"]);
 }

@@ -65,11 +65,9 @@ fn flag_value(args: &[String], flag: &str) -> Option<String> {
     args.iter().enumerate().find_map(|(i, a)| if a == flag { args.get(i + 1).cloned() } else { a.strip_prefix(&eq).map(str::to_string) })
 }
 
-/// The step of the checkpoint in `dir`, when there is one.
+/// The step of the newest checkpoint in `dir`, when there is one.
 fn checkpoint_step(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("dense.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v.get("step")?.as_u64()
+    ringrec::train::checkpoint::latest_step(dir).or_else(|| ringrec::train::checkpoint::list(dir).first().map(|c| c.0))
 }
 
 fn cores() -> usize {

@@ -9,7 +9,7 @@ use ringrec::embedding::OptimizerKind;
 use ringrec::model::DenseOptimizer;
 use ringrec::sparse::{SparseExchange, SparseNormalize};
 use ringrec::topology::Topology;
-use ringrec::train::{self, Progress, TrainConfig, TrainSummary};
+use ringrec::train::{self, NanPolicy, Progress, TrainConfig, TrainSummary};
 
 /// `--backend`: `auto` (the best for the topology) or a backend.
 #[derive(Clone, Copy, Debug)]
@@ -104,9 +104,21 @@ pub struct TrainArgs {
     /// Steps between checkpoints (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
-    /// Continue from the checkpoint in --checkpoint-dir.
+    /// Continue from the newest complete checkpoint in --checkpoint-dir (a damaged newest
+    /// one falls back to the previous, with a warning).
     #[arg(long)]
     pub resume: bool,
+    /// Checkpoints to keep (the newest ones).
+    #[arg(long, default_value_t = 2)]
+    pub keep_checkpoints: usize,
+    /// Write a periodic checkpoint only when the dense parameters moved by at least this
+    /// relative L2 change since the last one (e.g. 0.05; 0: always).
+    #[arg(long, default_value_t = 0.0)]
+    pub checkpoint_min_change: f64,
+    /// A NaN or infinite loss, gradient or parameter: `stop` every rank at that step, or
+    /// `skip-step` (skip that update and go on).
+    #[arg(long, default_value = "stop")]
+    pub nan_policy: NanPolicy,
     /// Print a final JSON summary (rank 0).
     #[arg(long)]
     pub json: bool,
@@ -162,6 +174,9 @@ impl TrainArgs {
             checkpoint_dir: self.checkpoint_dir.clone(),
             checkpoint_every: self.checkpoint_every,
             resume: self.resume,
+            keep_checkpoints: self.keep_checkpoints,
+            checkpoint_min_change: self.checkpoint_min_change,
+            nan_policy: self.nan_policy,
             record_losses: self.record_losses,
             eval: !self.no_eval,
         }

@@ -146,6 +146,8 @@ pub struct DenseModel<D: Device> {
     loaded: Option<(usize, usize)>,
     /// The loss sum's one-value buffer; `None` while handed out.
     loss_sum: Option<D::Buf<f32>>,
+    /// One value per layer: the sums of the gradient check (allocated on first use).
+    check: Option<D::Buf<f32>>,
     key_grads_host: D::Staging<f32>,
     /// Scratch of the CSR build.
     csr_next: Vec<u32>,
@@ -164,6 +166,7 @@ impl<D: Device> DenseModel<D> {
             batch: Batch::new(&dev)?,
             stages: [Stage::new(&dev)?, Stage::new(&dev)?],
             loss_sum: Some(dev.alloc(1)?),
+            check: None,
             key_grads_host: dev.staging(0, Direction::FromDevice)?,
             fill: 0,
             loaded: None,
@@ -284,6 +287,25 @@ impl<D: Device> DenseModel<D> {
         dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride: self.layout.width() })?;
         dev.download(&mut b.key_grads, keys * dim, &mut self.key_grads_host)?;
         Ok(&dev.host(&mut self.key_grads_host)?[..keys * dim])
+    }
+
+    /// The first layer whose gradient (reduced, given back) holds a NaN or an infinity,
+    /// named (`the gradient of dense layer 1`); `None` when all are finite. A sum per layer
+    /// on the device (a non-finite element makes it non-finite), one small read.
+    pub fn non_finite_gradient(&mut self) -> DeviceResult<Option<String>> {
+        let layers = self.mlp.num_layers();
+        let dev = &self.dev;
+        if self.check.is_none() {
+            self.check = Some(dev.alloc(layers)?);
+        }
+        let check = self.check.as_mut().ok_or_else(|| DeviceError::refused("the gradient check", "no buffer"))?;
+        for l in 0..layers {
+            let g = self.mlp.grad(l).ok_or_else(|| DeviceError::refused("the gradient check", format!("layer {l}'s gradient is still lent out")))?;
+            dev.exec(Op::Sum { x: g, n: self.mlp.layer_range(l).len(), out: check, at: l })?;
+        }
+        let mut sums = vec![0f32; layers];
+        dev.read(check, 0, &mut sums)?;
+        Ok(sums.iter().position(|s| !s.is_finite()).map(|l| format!("the gradient of dense layer {l}")))
     }
 
     /// The optimizer step with the (reduced, given back) gradients, on every rank.

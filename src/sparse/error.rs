@@ -3,6 +3,10 @@
 use crate::embedding::TableError;
 use crate::CommError;
 
+/// How a [`SparseError::NonFinite`] message starts (also as another rank reports it in a
+/// [`SparseError::Peer`]).
+pub const NON_FINITE: &str = "non-finite sparse gradient";
+
 /// Errors of [`crate::sparse`].
 ///
 /// The exchange never leaves a rank waiting for a peer that gave up: a rank whose input is
@@ -60,6 +64,17 @@ pub enum SparseError {
         rank: usize,
         /// Its error message.
         message: String,
+    },
+    /// The merged gradient of a key holds a NaN or an infinity (every host merges the same
+    /// list, so every leader finds it in the same step); nothing was applied.
+    #[error("{NON_FINITE}: the merged gradient of key {key:#x} holds {value} at position {at}; nothing of this step was applied to the table")]
+    NonFinite {
+        /// The first key whose row is not finite.
+        key: u64,
+        /// Its position in the row.
+        at: usize,
+        /// The value.
+        value: f32,
     },
     /// An argument is invalid regardless of the other ranks.
     #[error("sparse exchange: {0}")]

@@ -1,163 +1,562 @@
-//! Checkpoints: everything a run needs to continue bit-identically.
+//! Checkpoints: everything a run needs to continue bit-identically, written so that a
+//! crash at any moment leaves the previous checkpoint whole.
 //!
-//! `<dir>/dense.json` (step, epoch position, dense optimizer state, config fingerprint) with
-//! `<dir>/dense.bin` (the dense parameters and the optimizer moments, little-endian f32) and
-//! `<dir>/table-<step>.rrt` (the host table of that step, byte for byte). Rank 0 writes the dense part; the
-//! leader of host 0 writes the table (every host's table is identical). Each file is
-//! written to a temporary name, fsynced and renamed, the directory fsynced, so a crash
-//! mid-save leaves the previous checkpoint whole; `dense.json` is renamed last and names
-//! the step, whose table file carries the step in its name, so a reader never pairs files
-//! of different steps (`step` is repeated in the binary header and checked). Older tables
-//! are removed after `dense.json` moved on.
+//! A checkpoint directory (`--checkpoint-dir D`) holds one directory per checkpoint and a
+//! pointer to the newest:
+//! ```text
+//! D/step-000000000120/manifest.json   what the run was, the position, every file's size and CRC-32
+//! D/step-000000000120/dense.bin       dense parameters and optimizer moments (RRDENSE2)
+//! D/step-000000000120/table.rrt       the host table of that step (its own block checksums)
+//! D/LATEST                            "step-000000000120": the newest complete checkpoint
+//! ```
+//! Rank 0 (the leader of host 0) writes a checkpoint into `D/.step-<step>.tmp-<pid>`
+//! (mode 0700, files 0600), fsyncs every file, renames the directory into place, fsyncs
+//! `D`, then replaces `LATEST` atomically and removes all but the newest
+//! `--keep-checkpoints` (default 2). A crash leaves either the previous state or a
+//! complete new directory; a leftover temporary directory belongs to a dead process and is
+//! removed by the next run ([`crate::stale`]-style sweep) or `ringrec clean`.
+//!
+//! `--resume` takes the newest complete checkpoint that passes every check (the
+//! manifest's own checksum, each file's size and CRC-32, the table's block checksums, the
+//! lengths inside `dense.bin`, finite values, and everything cross-checked against the
+//! others and against the command line: a flag whose value differs is named with both
+//! values) and says which; a damaged newest one falls back to the previous with a
+//! warning. Nothing non-finite is ever written.
+//!
+//! `dense.bin` (little-endian): magic `RRDENSE2`, the step (u64), then three sections of
+//! f32 — parameters, Adam's first and second moments (empty for SGD) — each a u64 count
+//! followed by the values.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::fileio::{write_atomic, IoError};
+use serde::{Deserialize, Serialize};
+
+use crate::embedding::{EmbeddingTable, StorageDtype};
+use crate::fileio::write_atomic;
 use crate::model::{DenseOptimState, DenseOptimizer};
 
-/// The dense half of a checkpoint.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DenseCheckpoint {
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The dense half's file name.
+pub const DENSE: &str = "dense.bin";
+/// The table's file name.
+pub const TABLE: &str = "table.rrt";
+/// The pointer to the newest checkpoint.
+pub const LATEST: &str = "LATEST";
+/// The manifest's format name and version.
+const FORMAT: &str = "ringrec-checkpoint";
+const VERSION: u32 = 2;
+const BIN_MAGIC: &[u8; 8] = b"RRDENSE2";
+
+/// The dense half of a checkpoint (what `dense.bin` and the manifest hold of it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseState {
     /// Global steps completed.
     pub step: u64,
     /// Epoch of the next step.
     pub epoch: u64,
     /// Step within that epoch.
     pub step_in_epoch: u64,
-    /// What the run was configured with; a resume with another configuration is refused.
-    pub fingerprint: String,
-    /// Optimizer kind, lr, step.
-    pub optimizer: DenseOptimizer,
-    /// Dense learning rate.
-    pub lr: f32,
-    /// Optimizer steps.
-    pub optim_step: u64,
-    /// Parameters (stored in dense.bin, not in the JSON).
-    #[serde(skip)]
+    /// The dense optimizer, its learning rate, steps and moments.
+    pub opt: DenseOptimState,
+    /// Parameters.
     pub params: Vec<f32>,
-    /// Adam moments (dense.bin).
-    #[serde(skip)]
-    pub m: Vec<f32>,
-    /// Adam moments (dense.bin).
-    #[serde(skip)]
-    pub v: Vec<f32>,
 }
 
-const BIN_MAGIC: &[u8; 8] = b"RRDENSE1";
+/// A file of a checkpoint as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Its name inside the checkpoint.
+    pub name: String,
+    /// Its length.
+    pub bytes: u64,
+    /// CRC-32 of its contents (`None` for the table, which checksums its own blocks).
+    pub crc32: Option<u32>,
+}
+
+/// What the table file of a checkpoint must be.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableFacts {
+    /// Update generation (one per applied step): a table of another step differs.
+    pub generation: u64,
+    /// Rows in it.
+    pub live_rows: u64,
+    /// Values per row.
+    pub dim: u32,
+    /// Slots.
+    pub capacity: u64,
+}
+
+/// `manifest.json`: what a checkpoint is, sealed by a CRC-32 of its own serialisation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// `ringrec-checkpoint`.
+    pub format: String,
+    /// Its version (2).
+    pub version: u32,
+    /// Global steps completed.
+    pub step: u64,
+    /// Epoch of the next step.
+    pub epoch: u64,
+    /// Step within that epoch.
+    pub step_in_epoch: u64,
+    /// Dense optimizer steps taken.
+    pub optim_step: u64,
+    /// Dense optimizer (`adam`, `sgd`).
+    pub dense_optimizer: String,
+    /// Dense learning rate.
+    pub lr: f32,
+    /// Dense parameters.
+    pub params: u64,
+    /// L2 norm of the dense parameters (the change gate's reference).
+    pub param_norm: f64,
+    /// Every setting a resume must repeat (flag, value), as `TrainConfig::resume_settings`.
+    pub settings: Vec<(String, String)>,
+    /// What the table file holds.
+    pub table: TableFacts,
+    /// The files, with sizes and checksums.
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Sealed {
+    manifest: Manifest,
+    crc32: u32,
+}
+
+/// Errors of reading or writing a checkpoint; each names the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file or directory operation failed.
+    #[error(transparent)]
+    Io(#[from] crate::fileio::IoError),
+    /// A checkpoint is damaged or incomplete (the newest is skipped with a warning).
+    #[error("{path}: {detail}; the checkpoint is damaged")]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// It does not belong to this run (a setting differs) or its parts do not agree.
+    #[error("{dir}: {detail}")]
+    Mismatch {
+        /// The checkpoint.
+        dir: PathBuf,
+        /// Which flag, both values, what to do.
+        detail: String,
+    },
+    /// Nothing to resume from.
+    #[error("{0}")]
+    None(String),
+    /// Not enough space for the checkpoint.
+    #[error("{dir}: a checkpoint needs {needed} bytes, {free} free there; the previous checkpoint is kept; free space or choose another --checkpoint-dir")]
+    NoSpace {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Bytes the checkpoint takes.
+        needed: u64,
+        /// Bytes free.
+        free: u64,
+    },
+    /// A value to be saved is not finite: never written.
+    #[error("refusing to write the checkpoint of step {step}: {what} is not finite (a NaN or infinity in the model; see --nan-policy)")]
+    NonFinite {
+        /// The step.
+        step: u64,
+        /// Which tensor and element.
+        what: String,
+    },
+}
+
+/// Result alias of checkpoints.
+pub type CheckpointResult<T> = Result<T, CheckpointError>;
+
+fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> CheckpointError + 'a {
+    move |e| CheckpointError::Io(crate::fileio::IoError::new(path, op, e))
+}
+
+/// `step-000000000120`.
+pub fn step_name(step: u64) -> String {
+    format!("step-{step:012}")
+}
+
+/// The step of a checkpoint directory's name (`step-<digits>`).
+pub fn step_of(name: &str) -> Option<u64> {
+    name.strip_prefix("step-").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse().ok())
+}
+
+/// The checkpoint of `step` in `dir`.
+pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(step_name(step))
+}
+
+/// The first non-finite value of `v` (its index), if any.
+pub fn first_non_finite(v: &[f32]) -> Option<usize> {
+    use rayon::prelude::*;
+    v.par_iter().position_first(|x| !x.is_finite())
+}
+
+/// The first non-finite row value of a table (row slot, element), if any.
+pub fn table_non_finite(t: &EmbeddingTable) -> Option<(u64, usize)> {
+    use rayon::prelude::*;
+    let h = t.header();
+    let l = h.layout;
+    let rows = t.as_bytes().get(l.rows_offset as usize..(l.rows_offset + l.rows_len) as usize)?;
+    let dim = h.dim as usize;
+    let at = match h.dtype {
+        StorageDtype::F32 => bytemuck::try_cast_slice::<u8, f32>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
+        StorageDtype::F16 => bytemuck::try_cast_slice::<u8, half::f16>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
+        StorageDtype::Bf16 => bytemuck::try_cast_slice::<u8, half::bf16>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
+    }?;
+    Some(((at / dim) as u64, at % dim))
+}
 
 fn push_f32s(out: &mut Vec<u8>, v: &[f32]) {
     out.extend_from_slice(&(v.len() as u64).to_le_bytes());
     out.extend_from_slice(bytemuck::cast_slice(v));
 }
 
-fn take_f32s(b: &[u8], at: &mut usize) -> Result<Vec<f32>, String> {
+fn take_f32s(b: &[u8], at: &mut usize, max: usize) -> Result<Vec<f32>, String> {
     let n = b.get(*at..*at + 8).ok_or("truncated")?;
-    let n = u64::from_le_bytes(n.try_into().map_err(|_| "truncated")?) as usize;
+    let n = u64::from_le_bytes(n.try_into().map_err(|_| "truncated")?);
+    if n > max as u64 {
+        return Err(format!("a section of {n} values, more than the {max} expected"));
+    }
+    let n = n as usize;
     *at += 8;
-    let bytes = b.get(*at..*at + n.checked_mul(4).ok_or("bad length")?).ok_or("truncated")?;
+    let bytes = b.get(*at..*at + 4 * n).ok_or("truncated")?;
     *at += n * 4;
     Ok(bytemuck::pod_collect_to_vec(bytes))
 }
 
-impl DenseCheckpoint {
-    /// Builds one from the optimizer state.
-    pub fn new(step: u64, epoch: u64, step_in_epoch: u64, fingerprint: String, params: &[f32], opt: &DenseOptimState) -> DenseCheckpoint {
-        DenseCheckpoint {
-            step,
-            epoch,
-            step_in_epoch,
-            fingerprint,
-            optimizer: opt.kind,
-            lr: opt.lr,
-            optim_step: opt.step,
-            params: params.to_vec(),
-            m: opt.m.clone(),
-            v: opt.v.clone(),
-        }
-    }
-
-    /// The optimizer state it holds.
-    pub fn optim_state(&self) -> DenseOptimState {
-        DenseOptimState { kind: self.optimizer, lr: self.lr, step: self.optim_step, m: self.m.clone(), v: self.v.clone() }
-    }
-
-    /// Writes `dense.bin` then `dense.json` into `dir` (created if needed).
-    pub fn save(&self, dir: &Path) -> Result<(), IoError> {
-        std::fs::create_dir_all(dir).map_err(|e| IoError::new(dir, "create the directory", e))?;
-        let mut bin = Vec::with_capacity(16 + 4 * (self.params.len() + self.m.len() + self.v.len()) + 24);
+impl DenseState {
+    fn encode(&self) -> Vec<u8> {
+        let mut bin = Vec::with_capacity(40 + 4 * (self.params.len() + self.opt.m.len() + self.opt.v.len()));
         bin.extend_from_slice(BIN_MAGIC);
         bin.extend_from_slice(&self.step.to_le_bytes());
         push_f32s(&mut bin, &self.params);
-        push_f32s(&mut bin, &self.m);
-        push_f32s(&mut bin, &self.v);
-        write_atomic(&dir.join("dense.bin"), 0o644, |w| w.write_all(&bin))?;
-        write_atomic(&dir.join("dense.json"), 0o644, |w| serde_json::to_writer_pretty(w, self).map_err(std::io::Error::other))
+        push_f32s(&mut bin, &self.opt.m);
+        push_f32s(&mut bin, &self.opt.v);
+        bin
     }
 
-    /// Reads a checkpoint written by [`DenseCheckpoint::save`].
-    pub fn load(dir: &Path) -> Result<DenseCheckpoint, String> {
-        let jp = dir.join("dense.json");
-        let json = std::fs::read(&jp).map_err(|e| format!("{}: {e}; is --checkpoint-dir the directory of an earlier run?", jp.display()))?;
-        let mut ck: DenseCheckpoint = serde_json::from_slice(&json).map_err(|e| format!("{}: not a ringrec checkpoint ({e})", jp.display()))?;
-        let bp = dir.join("dense.bin");
-        let bin = std::fs::read(&bp).map_err(|e| format!("{}: {e}", bp.display()))?;
-        let bad = |what: &str| format!("{}: {what}; the checkpoint is damaged, resume from an older copy or start again", bp.display());
-        if bin.get(..8) != Some(&BIN_MAGIC[..]) {
-            return Err(bad("wrong magic"));
-        }
-        let step = u64::from_le_bytes(bin.get(8..16).and_then(|b| b.try_into().ok()).ok_or_else(|| bad("truncated"))?);
-        if step != ck.step {
-            return Err(bad(&format!("holds step {step} but dense.json says {}", ck.step)));
-        }
-        let mut at = 16;
-        ck.params = take_f32s(&bin, &mut at).map_err(|e| bad(&e))?;
-        ck.m = take_f32s(&bin, &mut at).map_err(|e| bad(&e))?;
-        ck.v = take_f32s(&bin, &mut at).map_err(|e| bad(&e))?;
-        if at != bin.len() {
-            return Err(bad("trailing bytes"));
-        }
-        Ok(ck)
+    /// The first non-finite value it holds (which tensor and index).
+    pub fn non_finite(&self) -> Option<String> {
+        [("dense parameter", &self.params), ("Adam first moment", &self.opt.m), ("Adam second moment", &self.opt.v)]
+            .into_iter()
+            .find_map(|(what, v)| first_non_finite(v).map(|i| format!("{what} {i} ({})", v[i])))
     }
 }
 
-/// Path of the table of global step `step` inside a checkpoint directory.
-pub fn table_path(dir: &Path, step: u64) -> PathBuf {
-    dir.join(format!("table-{step:012}.rrt"))
+/// L2 norm of `v` (f64 accumulation).
+pub fn l2(v: &[f32]) -> f64 {
+    v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()
 }
 
-/// Removes tables of steps before `step` (called once `dense.json` names `step`).
-pub fn remove_older_tables(dir: &Path, step: u64) {
-    let keep = table_path(dir, step);
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().to_string();
-            if name.starts_with("table-") && name.ends_with(".rrt") && p != keep {
-                let _ = std::fs::remove_file(p);
+/// ||a - b|| / ||b|| (the change gate's measure); infinite when `b` is zero and `a` is not.
+pub fn relative_change(a: &[f32], b: &[f32]) -> f64 {
+    let d = a.iter().zip(b).map(|(x, y)| ((*x - *y) as f64).powi(2)).sum::<f64>().sqrt();
+    let n = l2(b);
+    if n > 0.0 {
+        d / n
+    } else if d > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }
+}
+
+fn seal(m: &Manifest) -> CheckpointResult<Vec<u8>> {
+    let body = serde_json::to_vec(m).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))?;
+    let sealed = Sealed { manifest: m.clone(), crc32: crate::hash::crc32(&body) };
+    serde_json::to_vec_pretty(&sealed).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))
+}
+
+fn fsync_dir(dir: &Path) -> CheckpointResult<()> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "fsync directory"))
+}
+
+/// Writes the checkpoint of `dense` with `table` into `dir` and makes it the newest; keeps
+/// the newest `keep`. Rank 0 alone calls it. On any failure the previous checkpoints are
+/// untouched and no partial file remains.
+pub fn write(dir: &Path, dense: &DenseState, table: &EmbeddingTable, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
+    if let Some(what) = dense.non_finite() {
+        return Err(CheckpointError::NonFinite { step: dense.step, what });
+    }
+    if let Some((slot, j)) = table_non_finite(table) {
+        return Err(CheckpointError::NonFinite { step: dense.step, what: format!("embedding row of slot {slot}, value {j}") });
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir, "create the checkpoint directory"))?;
+    let bin = dense.encode();
+    let needed = bin.len() as u64 + table.as_bytes().len() as u64 + 64 * 1024;
+    if let Some(free) = crate::fileio::free_bytes(dir) {
+        if free < needed {
+            return Err(CheckpointError::NoSpace { dir: dir.to_path_buf(), needed, free });
+        }
+    }
+    let name = step_name(dense.step);
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let made = (|| -> CheckpointResult<()> {
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(io(&tmp, "create"))?;
+        }
+        table.save(&tmp.join(TABLE)).map_err(|e| CheckpointError::None(format!("writing the table of the checkpoint: {e}")))?;
+        write_atomic(&tmp.join(DENSE), 0o600, |w| w.write_all(&bin))?;
+        let h = table.header();
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step: dense.step,
+            epoch: dense.epoch,
+            step_in_epoch: dense.step_in_epoch,
+            optim_step: dense.opt.step,
+            dense_optimizer: dense.opt.kind.to_string(),
+            lr: dense.opt.lr,
+            params: dense.params.len() as u64,
+            param_norm: l2(&dense.params),
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            table: TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity },
+            files: vec![
+                FileEntry { name: DENSE.into(), bytes: bin.len() as u64, crc32: Some(crate::hash::crc32(&bin)) },
+                FileEntry { name: TABLE.into(), bytes: table.as_bytes().len() as u64, crc32: None },
+            ],
+        };
+        let text = seal(&manifest)?;
+        write_atomic(&tmp.join(MANIFEST), 0o600, |w| w.write_all(&text))?;
+        fsync_dir(&tmp)
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let dest = dir.join(&name);
+    if dest.exists() {
+        // The same step written again (a run resumed from an older checkpoint passed it):
+        // the new one replaces it.
+        let old = dir.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(&dest, &old).map_err(io(&dest, "move aside"))?;
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    std::fs::rename(&tmp, &dest).map_err(io(&dest, "rename into place"))?;
+    fsync_dir(dir)?;
+    write_atomic(&dir.join(LATEST), 0o600, |w| writeln!(w, "{name}"))?;
+    prune(dir, keep.max(1), dense.step);
+    Ok(dest)
+}
+
+/// The checkpoints in `dir` (complete or not), newest first.
+pub fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter_map(|e| step_of(&e.file_name().to_string_lossy()).map(|s| (s, e.path()))).filter(|(_, p)| p.is_dir()).collect())
+        .unwrap_or_default();
+    out.sort_by_key(|c| std::cmp::Reverse(c.0));
+    out
+}
+
+/// Removes all but the newest `keep` checkpoints (never the one of `current`).
+fn prune(dir: &Path, keep: usize, current: u64) {
+    for (step, p) in list(dir).into_iter().skip(keep) {
+        if step != current {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// The step `LATEST` points to, if it names a checkpoint directory.
+pub fn latest_step(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(LATEST)).ok()?;
+    step_of(text.trim())
+}
+
+/// A checkpoint that passed every check, ready to resume from.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// The dense half.
+    pub dense: DenseState,
+}
+
+impl Loaded {
+    /// Its table file.
+    pub fn table(&self) -> PathBuf {
+        self.dir.join(TABLE)
+    }
+}
+
+fn damaged(path: &Path, detail: impl Into<String>) -> CheckpointError {
+    CheckpointError::Damaged { path: path.to_path_buf(), detail: detail.into() }
+}
+
+/// Reads and checks the manifest of the checkpoint `ck`.
+pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
+    let p = ck.join(MANIFEST);
+    let bytes = std::fs::read(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
+    let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|e| damaged(&p, format!("not a checkpoint manifest ({e})")))?;
+    let body = serde_json::to_vec(&sealed.manifest).map_err(|e| damaged(&p, e.to_string()))?;
+    if crate::hash::crc32(&body) != sealed.crc32 {
+        return Err(damaged(&p, "its checksum does not match its contents"));
+    }
+    let m = sealed.manifest;
+    if m.format != FORMAT || m.version != VERSION {
+        return Err(damaged(&p, format!("format {} version {}, expected {FORMAT} version {VERSION}", m.format, m.version)));
+    }
+    if ck.file_name().and_then(|n| step_of(&n.to_string_lossy())) != Some(m.step) {
+        return Err(damaged(&p, format!("it describes step {} but lies in {}", m.step, ck.display())));
+    }
+    Ok(m)
+}
+
+/// Reads the checkpoint `ck` and checks every part (sizes, checksums, lengths, finite
+/// values, the table's blocks and facts) — not yet against the command line.
+pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
+    let m = read_manifest(ck)?;
+    for f in &m.files {
+        let p = ck.join(&f.name);
+        let len = std::fs::metadata(&p).map_err(|e| damaged(&p, format!("missing ({e})")))?.len();
+        if len != f.bytes {
+            return Err(damaged(&p, format!("{len} bytes, the manifest says {}", f.bytes)));
+        }
+    }
+    let entry = |name: &str| m.files.iter().find(|f| f.name == name).ok_or_else(|| damaged(&ck.join(MANIFEST), format!("lists no {name}")));
+    let (de, _) = (entry(DENSE)?, entry(TABLE)?);
+    let bp = ck.join(DENSE);
+    let bin = std::fs::read(&bp).map_err(|e| damaged(&bp, format!("cannot read it ({e})")))?;
+    if Some(crate::hash::crc32(&bin)) != de.crc32 {
+        return Err(damaged(&bp, "its CRC-32 differs from the manifest's"));
+    }
+    if bin.get(..8) != Some(&BIN_MAGIC[..]) {
+        return Err(damaged(&bp, "wrong magic"));
+    }
+    let step = u64::from_le_bytes(bin.get(8..16).and_then(|b| b.try_into().ok()).ok_or_else(|| damaged(&bp, "truncated"))?);
+    if step != m.step {
+        return Err(damaged(&bp, format!("holds step {step}, the manifest says {}", m.step)));
+    }
+    let n = usize::try_from(m.params).map_err(|_| damaged(&bp, "too many parameters"))?;
+    let mut at = 16;
+    let params = take_f32s(&bin, &mut at, n).map_err(|e| damaged(&bp, e))?;
+    let mv = take_f32s(&bin, &mut at, n).map_err(|e| damaged(&bp, e))?;
+    let vv = take_f32s(&bin, &mut at, n).map_err(|e| damaged(&bp, e))?;
+    if at != bin.len() {
+        return Err(damaged(&bp, "trailing bytes"));
+    }
+    let kind: DenseOptimizer = m.dense_optimizer.parse().map_err(|e| damaged(&ck.join(MANIFEST), format!("dense optimizer: {e}")))?;
+    let want_moments = if kind == DenseOptimizer::Adam { n } else { 0 };
+    if params.len() != n || mv.len() != want_moments || vv.len() != want_moments {
+        return Err(damaged(&bp, format!("{} parameters and {} + {} moments, expected {n} and {want_moments} + {want_moments} ({kind})", params.len(), mv.len(), vv.len())));
+    }
+    let opt = DenseOptimState { kind, lr: m.lr, step: m.optim_step, m: mv, v: vv };
+    let dense = DenseState { step: m.step, epoch: m.epoch, step_in_epoch: m.step_in_epoch, opt, params };
+    if let Some(what) = dense.non_finite() {
+        return Err(damaged(&bp, format!("{what} is not finite")));
+    }
+    // The table: its own checks (header, layout, index, block checksums), then what the
+    // manifest says it must be.
+    let tp = ck.join(TABLE);
+    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| damaged(&tp, e.to_string()))?;
+    let h = table.header();
+    let facts = TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity };
+    if facts != m.table {
+        return Err(damaged(&tp, format!("it is not the table of this checkpoint: it holds {facts:?}, the manifest says {:?}", m.table)));
+    }
+    if let Some((slot, j)) = table_non_finite(&table) {
+        return Err(damaged(&tp, format!("the row of slot {slot} has a non-finite value at {j}")));
+    }
+    Ok(Loaded { dir: ck.to_path_buf(), manifest: m, dense })
+}
+
+/// Compares a checkpoint's settings with this run's: the error names every flag that
+/// differs with both values.
+pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointResult<()> {
+    let mut diffs = Vec::new();
+    for (flag, value) in settings {
+        match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
+            Some((_, saved)) if saved == value => {}
+            Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
+            None => diffs.push(format!("{flag}: the checkpoint does not record it, this run has {value}")),
+        }
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(CheckpointError::Mismatch {
+        dir: ck.dir.clone(),
+        detail: format!("written by a run configured differently: {}; resume with the same flags, or start a new run in another --checkpoint-dir", diffs.join("; ")),
+    })
+}
+
+/// Finds the checkpoint to resume from in `dir`: the one `LATEST` names, else the newest
+/// complete one; a damaged or unusable one falls back to the next older (each skipped one
+/// is returned as a warning). `check` is applied to every candidate (the command-line
+/// cross-check): a candidate that fails it stops the search (an older one would not
+/// match either).
+pub fn find(dir: &Path, check: impl Fn(&Loaded) -> CheckpointResult<()>) -> CheckpointResult<(Loaded, Vec<String>)> {
+    if dir.join("dense.json").exists() && list(dir).is_empty() {
+        return Err(CheckpointError::None(format!(
+            "{}: a checkpoint of an older ringrec (dense.json, no step-* directory); resume it with the ringrec that wrote it, or start a new run",
+            dir.display()
+        )));
+    }
+    let mut order: Vec<PathBuf> = Vec::new();
+    if let Some(s) = latest_step(dir) {
+        order.push(step_dir(dir, s));
+    }
+    for (_, p) in list(dir) {
+        if !order.contains(&p) {
+            order.push(p);
+        }
+    }
+    if order.is_empty() {
+        return Err(CheckpointError::None(format!("{}: no checkpoint to resume from; is --checkpoint-dir the directory of an earlier run?", dir.display())));
+    }
+    let mut warnings = Vec::new();
+    for p in order {
+        match load(&p) {
+            Ok(ck) => {
+                check(&ck)?;
+                return Ok((ck, warnings));
             }
+            Err(e) => warnings.push(format!("skipping {}: {e}", p.display())),
         }
     }
+    Err(CheckpointError::None(format!("{}: no usable checkpoint ({})", dir.display(), warnings.join("; "))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
     #[test]
-    fn round_trip_and_damage_is_refused() {
-        let dir = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.01, 3);
-        (opt.step, opt.m, opt.v) = (1, vec![0.01, -0.02, 0.03], vec![1e-5, 4e-5, 9e-5]);
-        let ck = DenseCheckpoint::new(7, 1, 2, "cfg".into(), &[1.5, -2.0, 0.25], &opt);
-        ck.save(&dir).unwrap();
-        let back = DenseCheckpoint::load(&dir).unwrap();
-        assert_eq!(back, ck);
-        assert_eq!(back.optim_state(), opt);
-        let bin = dir.join("dense.bin");
-        let bytes = std::fs::read(&bin).unwrap();
-        std::fs::write(&bin, &bytes[..bytes.len() - 3]).unwrap();
-        assert!(DenseCheckpoint::load(&dir).unwrap_err().contains("damaged"));
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn step_names_round_trip_and_reject_others() {
+        assert_eq!(step_name(120), "step-000000000120");
+        assert_eq!(step_of("step-000000000120"), Some(120));
+        assert_eq!(step_of("step-"), None);
+        assert_eq!(step_of("step-12a"), None);
+        assert_eq!(step_of(".step-000000000120.tmp-5"), None);
+    }
+
+    #[test]
+    fn relative_change_is_the_l2_ratio() {
+        assert_eq!(relative_change(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+        assert!((relative_change(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
+        assert_eq!(relative_change(&[1.0], &[0.0]), f64::INFINITY);
+    }
+
+    #[test]
+    fn dense_sections_are_bounded_by_the_manifest() {
+        let mut b = Vec::new();
+        push_f32s(&mut b, &[1.0, 2.0, 3.0]);
+        let mut at = 0;
+        assert!(take_f32s(&b, &mut at, 2).unwrap_err().contains("more than the 2 expected"));
+        let mut at = 0;
+        assert_eq!(take_f32s(&b, &mut at, 3).unwrap(), vec![1.0, 2.0, 3.0]);
+        let mut at = 0;
+        assert_eq!(take_f32s(&b[..12], &mut at, 3).unwrap_err(), "truncated");
     }
 }

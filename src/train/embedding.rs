@@ -5,9 +5,10 @@
 
 use std::path::Path;
 
-use super::{TrainConfig, TrainResult};
+use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::embedding::{HostTable, TableConfig, TableSource};
-use crate::sparse::{SparseExchanger, SparseStats};
+use crate::sparse::error::NON_FINITE;
+use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseResult, SparseStats};
 use crate::topology::Topology;
 
 /// The host table and the sparse exchanger of a run.
@@ -15,6 +16,7 @@ pub struct EmbeddingStage {
     table: HostTable,
     exchanger: SparseExchanger,
     lr: f32,
+    nan_skips: u64,
 }
 
 impl EmbeddingStage {
@@ -29,7 +31,7 @@ impl EmbeddingStage {
             None => HostTable::open_from(topo, TableSource::New(&tc)),
         }?;
         let exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
-        Ok(EmbeddingStage { table, exchanger, lr: cfg.sparse_lr })
+        Ok(EmbeddingStage { table, exchanger, lr: cfg.sparse_lr, nan_skips: 0 })
     }
 
     /// The host table.
@@ -49,9 +51,35 @@ impl EmbeddingStage {
 
     /// Exchanges the gradient rows `grads` of `keys` (this rank's unique keys) with every
     /// rank, applies the normalised result to the host table (on its leader) and waits in
-    /// the host barrier; returns what the exchange moved.
-    pub fn exchange_and_apply(&mut self, keys: &[u64], grads: &[f32]) -> TrainResult<SparseStats> {
-        let (_, stats) = self.exchanger.exchange_and_apply(&mut self.table, keys, grads, self.lr)?;
-        Ok(stats)
+    /// the host barrier; returns what the exchange moved. A merged gradient that is not
+    /// finite is never applied: under `NanPolicy::Stop` every rank fails this `step` with
+    /// [`TrainError::NonFinite`], under `SkipStep` the update is skipped (and counted).
+    pub fn exchange_and_apply(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        let skips = &mut self.nan_skips;
+        let mut check = |g: &AggregatedGrads<'_>| -> SparseResult<bool> {
+            let dim = g.grads.len() / g.keys.len().max(1);
+            let Some(i) = crate::train::checkpoint::first_non_finite(g.grads) else { return Ok(true) };
+            let e = SparseError::NonFinite { key: g.keys[i / dim.max(1)], at: i % dim.max(1), value: g.grads[i] };
+            match policy {
+                NanPolicy::Stop => Err(e),
+                NanPolicy::SkipStep => {
+                    *skips += 1;
+                    crate::eprint_line(&format!("ringrec: warning: step {step}: {e}: skipped (--nan-policy skip-step)"));
+                    Ok(false)
+                }
+            }
+        };
+        match self.exchanger.exchange_and_apply_checked(&mut self.table, keys, grads, self.lr, &mut check) {
+            Ok((_, stats)) => Ok(stats),
+            // The leaders found it; the other ranks hear it from them.
+            Err(e @ SparseError::NonFinite { .. }) => Err(TrainError::NonFinite { step, what: e.to_string() }),
+            Err(SparseError::Peer { message, .. }) if message.starts_with(NON_FINITE) => Err(TrainError::NonFinite { step, what: message }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Table updates this host's leader skipped as not finite (`NanPolicy::SkipStep`).
+    pub fn nan_skips(&self) -> u64 {
+        self.nan_skips
     }
 }

@@ -35,6 +35,15 @@ pub enum TrainError {
     /// A checkpoint could not be read, written or used.
     #[error("{0}")]
     Checkpoint(String),
+    /// A loss, gradient or parameter is not finite (`--nan-policy stop`): every rank stops
+    /// at the same step; nothing of it was checkpointed.
+    #[error("step {step}: {what} is not finite (NaN or infinity); the run stops here (--nan-policy stop) and the last checkpoint stays the newest: lower the learning rates, check the data, or pass --nan-policy skip-step to skip such updates")]
+    NonFinite {
+        /// The global step (1-based: the step being taken).
+        step: u64,
+        /// Which tensor.
+        what: String,
+    },
     /// A SIGTERM/SIGINT stopped the run after a step, every rank at the same one.
     #[error("stopped by {} after step {step}{}", crate::signals::name(*signal), match checkpoint { Some(d) => format!("; checkpoint of step {step} written in {} (continue with --resume)", d.display()), None => "; no checkpoint (no --checkpoint-dir): the steps since the start are lost".into() })]
     Stopped {
@@ -45,6 +54,12 @@ pub enum TrainError {
         /// Where the checkpoint was written.
         checkpoint: Option<std::path::PathBuf>,
     },
+}
+
+impl From<super::checkpoint::CheckpointError> for TrainError {
+    fn from(e: super::checkpoint::CheckpointError) -> Self {
+        TrainError::Checkpoint(e.to_string())
+    }
 }
 
 impl From<TableError> for TrainError {

@@ -45,6 +45,21 @@ use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
 
 pub use error::{TrainError, TrainResult};
+
+/// What a non-finite (NaN or infinite) loss, gradient or parameter does to a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Stop every rank at that step with a message naming the step and the tensor; the
+    /// last checkpoint stays the newest (default).
+    Stop,
+    /// Skip the step's update of the part that is not finite (the dense optimizer step when
+    /// the reduced dense gradient is not, the table update when the merged sparse gradient
+    /// is not: each decided on data every rank holds identically) and go on; every skip is
+    /// reported and counted.
+    SkipStep,
+}
+
+crate::config::named_enum!(NanPolicy { Stop => "stop", SkipStep => "skip-step" });
 pub use trainer::{Evaluation, Progress, Trainer};
 
 /// What a training run does (the flags of `ringrec train`).
@@ -101,6 +116,13 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
     /// Continue from the checkpoint in `checkpoint_dir`.
     pub resume: bool,
+    /// Checkpoints kept (the newest ones; at least 1).
+    pub keep_checkpoints: usize,
+    /// Write a (periodic) checkpoint only when the dense parameters moved by at least this
+    /// relative L2 change since the last one (0: always; design 002's change-gated backup).
+    pub checkpoint_min_change: f64,
+    /// What a non-finite loss, gradient or parameter does.
+    pub nan_policy: NanPolicy,
     /// Keep every step's loss in the summary.
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
@@ -136,6 +158,9 @@ impl TrainConfig {
             checkpoint_dir: None,
             checkpoint_every: 0,
             resume: false,
+            keep_checkpoints: 2,
+            checkpoint_min_change: 0.0,
+            nan_policy: NanPolicy::Stop,
             record_losses: false,
             eval: true,
         }
@@ -148,6 +173,12 @@ impl TrainConfig {
         }
         if !(0.0..1.0).contains(&self.test_fraction) {
             return Err(TrainError::Config(format!("--test-fraction must be in [0, 1), got {}", self.test_fraction)));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err(TrainError::Config("--keep-checkpoints must be at least 1 (the newest checkpoint is always kept)".into()));
+        }
+        if !(self.checkpoint_min_change.is_finite() && self.checkpoint_min_change >= 0.0) {
+            return Err(TrainError::Config(format!("--checkpoint-min-change must be a finite value >= 0 (a relative change, e.g. 0.05), got {}", self.checkpoint_min_change)));
         }
         if self.resume && self.checkpoint_dir.is_none() {
             return Err(TrainError::Config("--resume needs --checkpoint-dir (the directory of the run to continue)".into()));
@@ -164,6 +195,29 @@ impl TrainConfig {
     /// The host collectives backend on `topo`.
     pub fn backend(&self, topo: &Topology) -> Backend {
         self.backend.unwrap_or_else(|| Backend::auto(topo))
+    }
+
+    /// What a checkpoint records and a resume must repeat (flag, value): the data and its
+    /// order, the model's shape, the optimizers and their learning rates, the table's
+    /// shape. `--epochs`, `--max-steps`, the backends, the checkpoint flags and the rank
+    /// count may change between runs.
+    pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
+        vec![
+            ("--data", data_identity.to_string()),
+            ("rows of --data", rows.to_string()),
+            ("--batch", self.batch.to_string()),
+            ("--dim", self.dim.to_string()),
+            ("--hidden", format!("{:?}", self.hidden)),
+            ("--lr", self.lr.to_string()),
+            ("--dense-optimizer", self.dense_optimizer.to_string()),
+            ("--sparse-lr", self.sparse_lr.to_string()),
+            ("--sparse-optimizer", self.sparse_optimizer.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--shuffle", self.shuffle.to_string()),
+            ("--test-fraction", self.test_fraction.to_string()),
+            ("--sparse-normalize", self.sparse_normalize.to_string()),
+            ("--table-capacity", self.table_capacity.to_string()),
+        ]
     }
 
     /// Every setting that must be the same on every rank (`Topology::agree_settings`),
@@ -199,6 +253,9 @@ impl TrainConfig {
             ("--checkpoint-dir", format!("{:?}", self.checkpoint_dir)),
             ("--checkpoint-every", self.checkpoint_every.to_string()),
             ("--resume", self.resume.to_string()),
+            ("--keep-checkpoints", self.keep_checkpoints.to_string()),
+            ("--checkpoint-min-change", self.checkpoint_min_change.to_string()),
+            ("--nan-policy", self.nan_policy.to_string()),
             ("--no-eval", (!self.eval).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
             ("RINGREC_VERIFY", rc.verify.to_string()),
@@ -271,6 +328,14 @@ pub struct TrainSummary {
     /// (exchange + apply + host barrier, overlapping the dense allreduce), allreduce (the
     /// wait for the dense allreduce that remains after the sparse exchange), optimizer.
     pub phase_seconds: std::collections::BTreeMap<String, f64>,
+    /// Checkpoints written by this run (rank 0).
+    pub checkpoints_written: u64,
+    /// Periodic checkpoints not written because the parameters moved less than
+    /// `--checkpoint-min-change` (rank 0).
+    pub checkpoints_skipped: u64,
+    /// Updates skipped under `--nan-policy skip-step` (dense and sparse halves counted
+    /// apart: `dense`, `sparse`).
+    pub nan_skips: std::collections::BTreeMap<String, u64>,
     /// Every step's global mean loss (with `record_losses`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub losses: Vec<f64>,
@@ -354,7 +419,7 @@ fn drive<D: Device>(topo: &Topology, cfg: &TrainConfig, dev: D, engine: Engine, 
             }
             Ok(false) => return t.summary(),
             // Every rank stops after the same step: the normal teardown is safe.
-            Err(e @ TrainError::Stopped { .. }) => return Err(e),
+            Err(e @ (TrainError::Stopped { .. } | TrainError::NonFinite { .. })) => return Err(e),
             Err(e) => {
                 std::mem::forget(t);
                 return Err(e);

@@ -7,11 +7,11 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 
 use super::batch::Batch;
-use super::checkpoint::{self, DenseCheckpoint};
+use super::checkpoint::{self, DenseState, Loaded};
 use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::phases::PhaseTimer;
-use super::{metrics, TrainConfig, TrainError, TrainResult, TrainSummary};
+use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::shard;
@@ -19,7 +19,7 @@ use crate::device::cpu::sigmoid;
 use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape, Part};
+use crate::model::{DenseModel, DenseOptimState, InputLayout, MlpShape, Part};
 use crate::topology::Topology;
 
 /// Where a run is: global steps done, and the epoch and step within it of the next step.
@@ -54,6 +54,8 @@ pub struct Progress {
 struct Unread {
     global_batch: usize,
     epoch: u64,
+    /// The step it belongs to (1-based).
+    step: u64,
 }
 
 /// Losses of the run.
@@ -83,6 +85,9 @@ pub struct Evaluation {
 struct Counters {
     steps: u64,
     samples: u64,
+    checkpoints_written: u64,
+    checkpoints_skipped: u64,
+    nan_skips_dense: u64,
     intra_bytes: f64,
     cross_bytes: f64,
 }
@@ -96,7 +101,10 @@ pub struct Trainer<'a, D: Device> {
     topo: &'a Topology,
     cfg: &'a TrainConfig,
     data: TrainData,
-    fingerprint: String,
+    /// What a checkpoint records and a resume must repeat.
+    resume_settings: Vec<(&'static str, String)>,
+    /// Rank 0, with `--checkpoint-min-change`: the parameters of the last checkpoint.
+    last_saved: Option<Vec<f32>>,
     /// Start-up broadcasts and evaluation's gather.
     coll: Box<dyn Collectives>,
     engine: Engine,
@@ -123,58 +131,44 @@ struct Resumed {
     table: PathBuf,
 }
 
-fn fingerprint(cfg: &TrainConfig, source: &Path, rows: usize) -> String {
-    format!(
-        "data={} rows={} batch={} dim={} hidden={:?} lr={} dense={:?} sparse_lr={} sparse={:?} seed={} shuffle={} test={} normalize={} cap={}",
-        source.display(),
-        rows,
-        cfg.batch,
-        cfg.dim,
-        cfg.hidden,
-        cfg.lr,
-        cfg.dense_optimizer,
-        cfg.sparse_lr,
-        cfg.sparse_optimizer,
-        cfg.seed,
-        cfg.shuffle,
-        cfg.test_fraction,
-        cfg.sparse_normalize.name(),
-        cfg.table_capacity
-    )
-}
-
-/// Rank 0 reads the checkpoint in `dir`; every rank gets its position, parameters and
-/// optimizer state (collective).
-fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, fp: &str, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<Resumed> {
+/// Rank 0 finds the checkpoint to resume from in `dir` (the newest that passes every
+/// check and matches this run's `settings`; it says which, and why it skipped newer
+/// ones); every rank gets its position, parameters and optimizer state (collective).
+fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, settings: &[(&'static str, String)], params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<Resumed> {
     let n = params.len();
-    let loaded = if topo.rank == 0 {
-        DenseCheckpoint::load(dir).and_then(|ck| {
-            if ck.fingerprint != fp {
-                Err(format!("{}: the checkpoint was written by a run configured as\n  {}\nnot as this one:\n  {}\nresume with the same flags", dir.display(), ck.fingerprint, fp))
-            } else if ck.params.len() != n {
-                Err(format!("{}: {} dense parameters, the model has {n}", dir.display(), ck.params.len()))
-            } else {
-                Ok(ck)
+    let (kind, lr) = (opt.kind, opt.lr);
+    let found = if topo.rank == 0 {
+        checkpoint::find(dir, |ck| checkpoint::check_settings(ck, settings)).map_err(|e| e.to_string()).and_then(|(ck, warnings): (Loaded, Vec<String>)| {
+            for w in &warnings {
+                crate::eprint_line(&format!("ringrec: warning: {w}"));
             }
+            if ck.dense.params.len() != n || ck.dense.opt.kind != kind {
+                return Err(format!("{}: {} dense parameters ({}), the model has {n} ({kind})", ck.dir.display(), ck.dense.params.len(), ck.dense.opt.kind));
+            }
+            if ck.dense.opt.lr != lr {
+                return Err(format!("{}: --lr: the checkpoint's optimizer state has {}, this run has {lr}; resume with the same flags", ck.dir.display(), ck.dense.opt.lr));
+            }
+            crate::eprint_line(&format!("ringrec: resuming from {} (step {})", ck.dir.display(), ck.dense.step));
+            Ok(ck.dense)
         })
     } else {
-        Ok(DenseCheckpoint::new(0, 0, 0, String::new(), &[], opt))
+        Ok(DenseState { step: 0, epoch: 0, step_in_epoch: 0, opt: opt.clone(), params: Vec::new() })
     };
-    let ck = topo.agree(loaded)?;
-    let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.optim_step as i64];
+    let ck = topo.agree(found)?;
+    let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.opt.step as i64];
     coll.broadcast(&mut head, 0)?;
     let position = Position { step: head[0] as u64, epoch: head[1] as u64, in_epoch: head[2] as u64 };
     if topo.rank == 0 {
         params.copy_from_slice(&ck.params);
-        *opt = ck.optim_state();
+        *opt = ck.opt;
     }
     opt.step = head[3] as u64;
     coll.broadcast(params.as_mut_slice(), 0)?;
-    if opt.kind == DenseOptimizer::Adam {
+    if !opt.m.is_empty() {
         coll.broadcast(&mut opt.m, 0)?;
         coll.broadcast(&mut opt.v, 0)?;
     }
-    Ok(Resumed { position, params: std::mem::take(params), opt: opt.clone(), table: checkpoint::table_path(dir, position.step) })
+    Ok(Resumed { position, params: std::mem::take(params), opt: opt.clone(), table: checkpoint::step_dir(dir, position.step).join(checkpoint::TABLE) })
 }
 
 impl<'a, D: Device> Trainer<'a, D> {
@@ -189,10 +183,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut params = shape.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
-        let fp = fingerprint(cfg, &data.source, data.ds.len());
+        let resume_settings = cfg.resume_settings(&crate::data::identity(&data.source), data.ds.len());
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
-                let r = resume(topo, coll.as_mut(), dir, &fp, &mut params, &mut opt)?;
+                let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;
                 params = r.params;
                 opt = r.opt;
                 (r.position, Some(r.table))
@@ -215,8 +209,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(Trainer {
             topo,
             cfg,
+            last_saved: (topo.rank == 0 && cfg.checkpoint_min_change > 0.0).then(|| params.clone()),
             data,
-            fingerprint: fp,
+            resume_settings,
             coll,
             engine,
             model,
@@ -245,9 +240,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.progress
     }
 
-    /// Records the global loss sum of a step once it is read.
-    fn record(&mut self, loss_sum: f64, u: Unread) {
+    /// Records the global loss sum of a step once it is read (the same on every rank).
+    fn record(&mut self, loss_sum: f64, u: Unread) -> TrainResult<()> {
         let loss = loss_sum / u.global_batch as f64;
+        if !loss.is_finite() && self.cfg.nan_policy == NanPolicy::Stop {
+            return Err(TrainError::NonFinite { step: u.step, what: "the global loss".into() });
+        }
         let l = &mut self.losses;
         if l.epoch != u.epoch {
             (l.epoch, l.sum, l.steps) = (u.epoch, 0.0, 0);
@@ -259,6 +257,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         }
         let rate = self.counters.steps as f64 * self.cfg.batch as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
         self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate };
+        Ok(())
     }
 
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
@@ -302,22 +301,49 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.stage()?;
         self.model.load()?;
         if let Some(u) = self.unread.take() {
-            self.record(self.model.loss_sum()?, u);
+            self.record(self.model.loss_sum()?, u)?;
         }
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         let engine = &self.engine;
-        self.model.step(1.0 / global_batch as f32, &mut |part, t| pending.push((part, engine.allreduce_async(&part.name(), t, ReduceOp::Sum))))?;
+        let mut scale = 1.0 / global_batch as f32;
+        if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
+            crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of step {} NaN", topo.rank, self.position.step + 1));
+            scale = f32::NAN;
+        }
+        self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async(&part.name(), t, ReduceOp::Sum))))?;
         self.phases.enter("scatter");
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");
-        let st = self.embedding.exchange_and_apply(&self.batch.uniq, key_grads)?;
+        let step = self.position.step + 1;
+        let st = match self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy) {
+            Ok(st) => st,
+            Err(e @ TrainError::NonFinite { .. }) => {
+                // Every rank stops here: finish the step's dense allreduces first, so the
+                // engine shuts down with nothing in flight.
+                for (part, h) in pending {
+                    h.wait().map_err(TrainError::from).and_then(|t| Ok(self.model.give_back(part, t)?))?;
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         self.phases.enter("allreduce");
         for (part, h) in pending {
             self.model.give_back(part, h.wait()?)?;
         }
         self.phases.enter("optimizer");
-        self.model.apply()?;
+        // The reduced dense gradient is the same on every rank: so is this decision.
+        match (self.model.non_finite_gradient()?, cfg.nan_policy) {
+            (None, _) => self.model.apply()?,
+            (Some(what), NanPolicy::Stop) => return Err(TrainError::NonFinite { step, what }),
+            (Some(what), NanPolicy::SkipStep) => {
+                self.counters.nan_skips_dense += 1;
+                if topo.rank == 0 {
+                    crate::eprint_line(&format!("ringrec: warning: step {step}: {what} is not finite: its dense update is skipped (--nan-policy skip-step)"));
+                }
+            }
+        }
         self.phases.stop();
 
         self.counters.samples += self.batch.len() as u64;
@@ -326,12 +352,13 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.counters.steps += 1;
         self.position.step += 1;
         self.position.in_epoch += 1;
-        self.unread = Some(Unread { global_batch, epoch });
+        self.unread = Some(Unread { global_batch, epoch, step: self.position.step });
         let mut saved = false;
         if let Some(dir) = &cfg.checkpoint_dir {
-            if (cfg.checkpoint_every > 0 && self.position.step % cfg.checkpoint_every == 0) || self.position.step == self.total_steps {
-                self.save_checkpoint(dir)?;
-                saved = true;
+            let last = self.position.step == self.total_steps;
+            if (cfg.checkpoint_every > 0 && self.position.step % cfg.checkpoint_every == 0) || last {
+                // The last step's checkpoint is always written; a periodic one may be gated.
+                saved = self.save_checkpoint(dir, !last)?;
             }
         }
         // A SIGTERM/SIGINT on any rank stops every rank after the same step: they compare
@@ -350,7 +377,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             let checkpoint = match &cfg.checkpoint_dir {
                 Some(dir) => {
                     if !saved {
-                        self.save_checkpoint(dir)?;
+                        self.save_checkpoint(dir, false)?;
                     }
                     Some(dir.clone())
                 }
@@ -361,25 +388,43 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(true)
     }
 
-    /// Rank 0 writes the table and the dense checkpoint (rank 0 alone copies the model off
-    /// its device); every rank learns the outcome.
-    fn save_checkpoint(&self, dir: &Path) -> TrainResult<()> {
-        // World rank 0 is the leader of host 0 (local rank 0, cross rank 0): it writes both
-        // halves, table first, so dense.json (renamed last) only ever names a complete step.
+    /// Rank 0 writes the checkpoint of this step (the table and the dense half, see
+    /// [`checkpoint`]); every rank learns the outcome. With `gated` and
+    /// `--checkpoint-min-change`, rank 0 first measures how far the dense parameters moved
+    /// since the last checkpoint and skips it (saying so) when that is less. Returns
+    /// whether a checkpoint was written.
+    fn save_checkpoint(&mut self, dir: &Path, gated: bool) -> TrainResult<bool> {
         let mine = if self.topo.rank == 0 {
-            (|| -> Result<(), String> {
+            (|| -> Result<bool, String> {
                 let p = self.position;
-                let ck = DenseCheckpoint::new(p.step, p.epoch, p.in_epoch, self.fingerprint.clone(), &self.model.params().map_err(|e| e.to_string())?, &self.model.optim_state().map_err(|e| e.to_string())?);
-                std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-                self.embedding.table().table().save(&checkpoint::table_path(dir, ck.step)).map_err(|e| e.to_string())?;
-                ck.save(dir).map_err(|e| format!("writing the checkpoint in {}: {e}", dir.display()))?;
-                checkpoint::remove_older_tables(dir, ck.step);
-                Ok(())
+                let params = self.model.params().map_err(|e| e.to_string())?;
+                let min = self.cfg.checkpoint_min_change;
+                if let (true, Some(last)) = (gated && min > 0.0, &self.last_saved) {
+                    let change = checkpoint::relative_change(&params, last);
+                    if change < min {
+                        crate::eprint_line(&format!("ringrec: step {}: the parameters moved {:.3}% since the last checkpoint, less than --checkpoint-min-change {:.3}%: not written", p.step, 100.0 * change, 100.0 * min));
+                        self.counters.checkpoints_skipped += 1;
+                        return Ok(false);
+                    }
+                    crate::eprint_line(&format!("ringrec: step {}: the parameters moved {:.3}% since the last checkpoint: written", p.step, 100.0 * change));
+                }
+                let opt = self.model.optim_state().map_err(|e| e.to_string())?;
+                let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, params };
+                checkpoint::write(dir, &dense, self.embedding.table().table(), &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
+                self.counters.checkpoints_written += 1;
+                if self.last_saved.is_some() {
+                    self.last_saved = Some(dense.params);
+                }
+                Ok(true)
             })()
         } else {
-            Ok(())
+            Ok(true)
         };
-        self.topo.agree(mine).map_err(|e| TrainError::Checkpoint(e.to_string()))
+        let written = self.topo.agree(mine).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        // Rank 0 decided: every rank must know (the stop-signal check depends on it).
+        let mut w = [u8::from(written)];
+        self.coll.broadcast(&mut w, 0)?;
+        Ok(w[0] == 1)
     }
 
     /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0
@@ -413,7 +458,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// which rank 0 holds).
     pub fn summary(mut self) -> TrainResult<TrainSummary> {
         if let Some(u) = self.unread.take() {
-            self.record(self.model.loss_sum()?, u);
+            self.record(self.model.loss_sum()?, u)?;
         }
         let topo = self.topo;
         {
@@ -458,6 +503,9 @@ impl<'a, D: Device> Trainer<'a, D> {
             sparse_bytes_intra_host_per_step: self.counters.intra_bytes / steps,
             sparse_bytes_cross_host_per_step: self.counters.cross_bytes / steps,
             params_fnv: crate::hash::fnv_hex(bytemuck::cast_slice(&self.model.params()?)),
+            checkpoints_written: self.counters.checkpoints_written,
+            checkpoints_skipped: self.counters.checkpoints_skipped,
+            nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
             phase_seconds: self.phases.totals(),
             losses: std::mem::take(&mut self.losses.all),
         })

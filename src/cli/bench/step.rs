@@ -265,7 +265,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
             grads.resize(u * args.dim, 0.0);
             grads.iter_mut().zip(&emb).for_each(|(g, e)| *g = 1e-4 * e);
             let t3 = Instant::now();
-            let st = stage.exchange_and_apply(&batch.uniq, &grads)?;
+            let st = stage.exchange_and_apply(&batch.uniq, &grads, step as u64, ringrec::train::NanPolicy::Stop)?;
             let t4 = Instant::now();
             if timed {
                 let mut add = |k: &str, s: f64| *phases.entry(k.to_string()).or_default() += s * 1e3;

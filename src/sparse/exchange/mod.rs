@@ -328,9 +328,29 @@ impl SparseExchanger {
     /// ([`HostTable::sync`]), so the next lookup sees the update. Every host applies the same
     /// list in the same order: the tables stay byte-identical.
     pub fn exchange_and_apply(&mut self, table: &mut HostTable, keys: &[u64], grads: &[f32], lr: f32) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
+        self.exchange_and_apply_checked(table, keys, grads, lr, &mut |_| Ok(true))
+    }
+
+    /// [`SparseExchanger::exchange_and_apply`], where the leader first shows the merged,
+    /// normalised list to `check`: `Ok(true)` applies it, `Ok(false)` skips this step's
+    /// update, an error fails the step on every rank (as any failed update does). Every
+    /// host merges the same list, so every leader decides the same.
+    pub fn exchange_and_apply_checked(
+        &mut self,
+        table: &mut HostTable,
+        keys: &[u64],
+        grads: &[f32],
+        lr: f32,
+        check: &mut dyn FnMut(&AggregatedGrads<'_>) -> SparseResult<bool>,
+    ) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
         let _w = crate::watchdog::waiting("the sparse exchange");
         let dim = table.table().dim();
-        let mut update = |g: AggregatedGrads<'_>| table.apply_updates(g.keys, g.grads, lr).map(|_| ()).map_err(SparseError::from);
+        let mut update = |g: AggregatedGrads<'_>| {
+            if check(&g)? {
+                table.apply_updates(g.keys, g.grads, lr).map_err(SparseError::from)?;
+            }
+            Ok(())
+        };
         let (has, mut st) = self.step(keys, grads, Some(Apply { dim, f: &mut update }))?;
         let t = Instant::now();
         table.sync()?;

@@ -4,7 +4,8 @@
 //! A checkpoint directory (`--checkpoint-dir D`) holds one directory per checkpoint and a
 //! pointer to the newest:
 //! ```text
-//! D/step-000000000120/manifest.json   what the run was, the position, every file's size and CRC-32
+//! D/step-000000000120/manifest.json   what the run was, the position, every file's size and
+//!                                     CRC-32; then a line {"crc32":N} sealing those bytes
 //! D/step-000000000120/dense.bin       dense parameters and optimizer moments (RRDENSE2)
 //! D/step-000000000120/table.rrt       the host table of that step (its own block checksums)
 //! D/LATEST                            "step-000000000120": the newest complete checkpoint
@@ -119,9 +120,10 @@ pub struct Manifest {
     pub files: Vec<FileEntry>,
 }
 
+/// The line after the manifest: the CRC-32 of the manifest's bytes exactly as written
+/// (the file is a stream of two JSON values, which `jq` reads as they are).
 #[derive(Serialize, Deserialize)]
-struct Sealed {
-    manifest: Manifest,
+struct Seal {
     crc32: u32,
 }
 
@@ -269,9 +271,12 @@ pub fn relative_change(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn seal(m: &Manifest) -> CheckpointResult<Vec<u8>> {
-    let body = serde_json::to_vec(m).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))?;
-    let sealed = Sealed { manifest: m.clone(), crc32: crate::hash::crc32(&body) };
-    serde_json::to_vec_pretty(&sealed).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))
+    let mut text = serde_json::to_vec_pretty(m).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))?;
+    let seal = Seal { crc32: crate::hash::crc32(&text) };
+    text.push(b'\n');
+    text.extend(serde_json::to_vec(&seal).map_err(|e| CheckpointError::None(format!("encoding the manifest: {e}")))?);
+    text.push(b'\n');
+    Ok(text)
 }
 
 fn fsync_dir(dir: &Path) -> CheckpointResult<()> {
@@ -398,12 +403,14 @@ fn damaged(path: &Path, detail: impl Into<String>) -> CheckpointError {
 pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     let p = ck.join(MANIFEST);
     let bytes = std::fs::read(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
-    let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|e| damaged(&p, format!("not a checkpoint manifest ({e})")))?;
-    let body = serde_json::to_vec(&sealed.manifest).map_err(|e| damaged(&p, e.to_string()))?;
-    if crate::hash::crc32(&body) != sealed.crc32 {
+    let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    let cut = text.iter().rposition(|b| *b == b'\n').ok_or_else(|| damaged(&p, "no checksum line"))?;
+    let (body, seal) = (&text[..cut], &text[cut + 1..]);
+    let seal: Seal = serde_json::from_slice(seal).map_err(|e| damaged(&p, format!("its checksum line is not valid ({e})")))?;
+    if crate::hash::crc32(body) != seal.crc32 {
         return Err(damaged(&p, "its checksum does not match its contents"));
     }
-    let m = sealed.manifest;
+    let m: Manifest = serde_json::from_slice(body).map_err(|e| damaged(&p, format!("not a checkpoint manifest ({e})")))?;
     if m.format != FORMAT || m.version != VERSION {
         return Err(damaged(&p, format!("format {} version {}, expected {FORMAT} version {VERSION}", m.format, m.version)));
     }

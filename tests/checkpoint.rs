@@ -1,0 +1,261 @@
+//! Never lose, never corrupt: checkpoints under real mpirun. A whole job SIGKILLed at
+//! seeded moments and resumed each time ends equal to an uninterrupted run with no
+//! temporary file left; the newest checkpoints are kept, whole and private; a damaged
+//! newest one falls back to the previous; parts and flags that do not belong together are
+//! refused naming the flag; a NaN stops the run at that step (or is skipped) and is never
+//! saved; a full checkpoint filesystem keeps the previous checkpoint.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ringrec::train::checkpoint::{latest_step, list, step_dir};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// The small data set every run here trains on (generated once per test binary).
+fn data_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}-data", std::process::id()));
+    std::fs::create_dir_all(&d).expect("data dir");
+    d
+}
+
+fn train_args<'a>(ck: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--hidden", "32", "--table-capacity", "65536", "--no-progress", "--json", "--no-eval"];
+    a.extend_from_slice(&["--checkpoint-dir", ck.to_str().expect("utf8")]);
+    a.extend_from_slice(extra);
+    a
+}
+
+fn train(np: usize, env: &[(&str, &str)], ck: &Path, extra: &[&str]) -> common::Job {
+    let dd = data_dir();
+    let mut all = vec![("RINGREC_DATA_DIR", dd.to_str().expect("utf8"))];
+    all.extend_from_slice(env);
+    common::mpirun(np, &all, &train_args(ck, extra))
+}
+
+fn summary(job: &common::Job) -> serde_json::Value {
+    let line = job.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary:\n{}", job.all()));
+    serde_json::from_str(line).expect("summary JSON")
+}
+
+/// Names in `dir` that are not complete checkpoints or the pointer: temporaries.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n != "LATEST" && !n.starts_with("step-")).collect())
+        .unwrap_or_default()
+}
+
+fn steps_kept(dir: &Path) -> Vec<u64> {
+    let mut s: Vec<u64> = list(dir).into_iter().map(|c| c.0).collect();
+    s.sort_unstable();
+    s
+}
+
+#[test]
+fn the_newest_checkpoints_are_kept_whole_and_private() {
+    let ck = tmpdir("keep");
+    let job = train(2, &[], &ck, &["--max-steps", "10", "--checkpoint-every", "3", "--keep-checkpoints", "2"]);
+    job.assert_ok();
+    // Checkpoints at 3, 6, 9 and the last step 10; the newest two are kept.
+    assert_eq!(steps_kept(&ck), vec![9, 10]);
+    assert_eq!(latest_step(&ck), Some(10));
+    assert_eq!(summary(&job)["checkpoints_written"], 4);
+    assert_eq!(temporaries(&ck), Vec::<String>::new());
+    let newest = step_dir(&ck, 10);
+    assert_eq!(std::fs::metadata(&newest).unwrap().permissions().mode() & 0o777, 0o700);
+    for f in ["manifest.json", "dense.bin", "table.rrt"] {
+        let mode = std::fs::metadata(newest.join(f)).unwrap_or_else(|e| panic!("{f}: {e}")).permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f} must be private");
+    }
+    let m = ringrec::train::checkpoint::load(&newest).expect("the newest checkpoint passes every check");
+    assert_eq!((m.manifest.step, m.dense.step), (10, 10));
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_the_previous_and_ends_equal() {
+    let whole = tmpdir("fallback-whole");
+    let reference = train(2, &[], &whole, &["--max-steps", "14", "--checkpoint-every", "5"]);
+    reference.assert_ok();
+    let ck = tmpdir("fallback");
+    train(2, &[], &ck, &["--max-steps", "10", "--checkpoint-every", "5"]).assert_ok();
+    assert_eq!(steps_kept(&ck), vec![5, 10]);
+    // One flipped byte in the newest dense.bin.
+    let bin = step_dir(&ck, 10).join("dense.bin");
+    let mut b = std::fs::read(&bin).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0x10;
+    std::fs::write(&bin, &b).unwrap();
+    let job = train(2, &[], &ck, &["--max-steps", "14", "--checkpoint-every", "5", "--resume"]);
+    job.assert_ok();
+    assert!(job.stderr.contains("warning: skipping") && job.stderr.contains("step-000000000010") && job.stderr.contains("CRC-32 differs"), "{}", job.all());
+    assert!(job.stderr.contains("resuming from") && job.stderr.contains("step-000000000005 (step 5)"), "{}", job.all());
+    assert_eq!(summary(&job)["steps"], 9);
+    assert_eq!(summary(&job)["params_fnv"], summary(&reference)["params_fnv"], "resumed from the previous checkpoint: the same result");
+}
+
+#[test]
+fn parts_and_flags_that_do_not_belong_together_are_refused_naming_the_flag() {
+    let ck = tmpdir("mismatch");
+    train(1, &[], &ck, &["--max-steps", "6", "--checkpoint-every", "3"]).assert_ok();
+    // Flags that differ from the checkpoint's: each named with both values.
+    for (flag, value, saved) in [("--dim", "8", "16"), ("--seed", "2", "1"), ("--sparse-optimizer", "adagrad", "sgd"), ("--lr", "0.01", "0.001"), ("--sparse-lr", "0.1", "0.05")] {
+        let job = train(1, &[], &ck, &["--max-steps", "8", "--resume", flag, value]);
+        assert_ne!(job.code, Some(0), "{flag}: {}", job.all());
+        let want = format!("{flag}: the checkpoint was written with {saved}, this run has {value}");
+        assert!(job.stderr.contains(&want), "{flag}: expected `{want}` in:\n{}", job.all());
+    }
+    // A table of another step under the newest checkpoint's name: not taken (the previous
+    // checkpoint is used, with a warning naming the mismatch).
+    std::fs::copy(step_dir(&ck, 3).join("table.rrt"), step_dir(&ck, 6).join("table.rrt")).unwrap();
+    let job = train(1, &[], &ck, &["--max-steps", "6", "--resume"]);
+    job.assert_ok();
+    assert!(job.stderr.contains("it is not the table of this checkpoint"), "{}", job.all());
+    assert!(job.stderr.contains("resuming from") && job.stderr.contains("(step 3)"), "{}", job.all());
+    // A hand-edited learning rate in a manifest: its seal breaks; with every checkpoint
+    // unusable, the resume stops and says why for each.
+    for s in steps_kept(&ck) {
+        let m = step_dir(&ck, s).join("manifest.json");
+        let text = std::fs::read_to_string(&m).unwrap().replace("\"lr\": 0.001", "\"lr\": 0.002");
+        std::fs::write(&m, text).unwrap();
+    }
+    let job = train(1, &[], &ck, &["--max-steps", "8", "--resume"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("no usable checkpoint") && job.stderr.contains("checksum does not match"), "{}", job.all());
+}
+
+#[test]
+fn a_nan_stops_every_rank_at_that_step_and_is_never_saved() {
+    let ck = tmpdir("nan-stop");
+    // Rank 1's gradients of step 5 (after 4 steps) are NaN; checkpoints every 2 steps.
+    let job = train(2, &[("RINGREC_FAULT_NAN", "1:4")], &ck, &["--max-steps", "10", "--checkpoint-every", "2"]);
+    assert_eq!(job.code, Some(1), "{}", job.all());
+    assert!(!job.timed_out);
+    assert!(job.stderr.contains("step 5:") && job.stderr.contains("not finite") && job.stderr.contains("--nan-policy"), "{}", job.all());
+    assert_eq!(latest_step(&ck), Some(4), "the last checkpoint before the NaN stays the newest");
+    assert_eq!(steps_kept(&ck), vec![2, 4]);
+    // ... and it is clean: resuming from it works and finishes.
+    let job = train(2, &[], &ck, &["--max-steps", "10", "--checkpoint-every", "2", "--resume"]);
+    job.assert_ok();
+    assert_eq!(summary(&job)["steps"], 6, "{}", job.all());
+
+    // skip-step: the update of step 5 is skipped (dense and sparse halves), the run goes on.
+    let ck = tmpdir("nan-skip");
+    let job = train(2, &[("RINGREC_FAULT_NAN", "1:4")], &ck, &["--max-steps", "10", "--checkpoint-every", "2", "--nan-policy", "skip-step"]);
+    job.assert_ok();
+    let s = summary(&job);
+    assert_eq!((s["nan_skips"]["dense"].as_u64(), s["nan_skips"]["sparse"].as_u64()), (Some(1), Some(1)), "{s}");
+    assert!(job.stderr.contains("step 5:") && job.stderr.contains("skipped (--nan-policy skip-step)"), "{}", job.all());
+    let last = ringrec::train::checkpoint::load(&step_dir(&ck, 10)).expect("finite checkpoint");
+    assert!(last.dense.params.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn the_change_gate_writes_only_checkpoints_that_moved_enough() {
+    let ck = tmpdir("gate");
+    // A threshold no 2-step interval reaches: only the last step is written.
+    let job = train(1, &[], &ck, &["--max-steps", "8", "--checkpoint-every", "2", "--checkpoint-min-change", "10"]);
+    job.assert_ok();
+    let s = summary(&job);
+    assert_eq!((s["checkpoints_written"].as_u64(), s["checkpoints_skipped"].as_u64()), (Some(1), Some(3)), "{s}");
+    assert!(job.stderr.contains("less than --checkpoint-min-change 1000.000%: not written"), "{}", job.all());
+    assert_eq!(steps_kept(&ck), vec![8]);
+    // A threshold every interval passes: all written, each decision reported.
+    let ck = tmpdir("gate-low");
+    let job = train(1, &[], &ck, &["--max-steps", "8", "--checkpoint-every", "2", "--checkpoint-min-change", "1e-9", "--keep-checkpoints", "10"]);
+    job.assert_ok();
+    assert_eq!(summary(&job)["checkpoints_written"], 4);
+    assert_eq!(job.stderr.matches("since the last checkpoint: written").count(), 3, "{}", job.all());
+    assert_eq!(steps_kept(&ck), vec![2, 4, 6, 8]);
+}
+
+/// A seeded number in `0..n`.
+fn pick(seed: u64, n: u64) -> u64 {
+    ringrec::hash::splitmix64(seed ^ 0xC0FFEE) % n
+}
+
+#[test]
+fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
+    let shm = tmpdir("kills-shm");
+    let dd = data_dir();
+    let steps = "120";
+    let base = ["--max-steps", steps, "--checkpoint-every", "5"];
+    let whole = tmpdir("kills-whole");
+    let reference = train(2, &[("RINGREC_SHM_DIR", shm.to_str().unwrap())], &whole, &base);
+    reference.assert_ok();
+    let want = summary(&reference)["params_fnv"].clone();
+    let ck = tmpdir("kills");
+    let mut resumed_from = Vec::new();
+    for kill in 0..20u64 {
+        let mut args: Vec<&str> = train_args(&ck, &base);
+        if latest_step(&ck).is_some() {
+            args.push("--resume");
+        }
+        let _one = common::MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", "-x", "RINGREC_DATA_DIR", "-x", "RINGREC_SHM_DIR", "-x", "RINGREC_JOB_ID"]);
+        cmd.env("RINGREC_DATA_DIR", &dd).env("RINGREC_SHM_DIR", &shm).env("RINGREC_JOB_ID", format!("ckkill{kill}-{}", std::process::id()));
+        cmd.arg(env!("CARGO_BIN_EXE_ringrec")).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
+        let mut child = cmd.spawn().expect("mpirun");
+        let t = Instant::now();
+        let at = Duration::from_millis(300 + pick(kill, 2500));
+        while t.elapsed() < at && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: the job's own process group.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = child.wait();
+        resumed_from.push(latest_step(&ck));
+    }
+    eprintln!("checkpoint after each kill: {resumed_from:?}");
+    let mut args: Vec<&str> = base.to_vec();
+    if latest_step(&ck).is_some() {
+        args.push("--resume");
+    }
+    let last = train(2, &[("RINGREC_SHM_DIR", shm.to_str().unwrap())], &ck, &args);
+    last.assert_ok();
+    assert_eq!(summary(&last)["params_fnv"], want, "the chain of resumed runs must end bit-identical to the uninterrupted run");
+    assert_eq!(temporaries(&ck), Vec::<String>::new(), "temporary files left in the checkpoint directory");
+    let left: Vec<String> = std::fs::read_dir(&shm).unwrap().flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(left, Vec::<String>::new(), "files left in the shared-memory directory");
+}
+
+#[test]
+fn a_full_checkpoint_filesystem_keeps_the_previous_checkpoint() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let mnt = tmpdir("fullfs");
+    let ok = Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt.to_str().unwrap()]).status().is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: could not mount a tmpfs at {}", mnt.display());
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(mnt.clone());
+    let ck = mnt.join("ck");
+    // One checkpoint is ~4.9 MB (a 65536-slot table, a small MLP): the first fits in 8 MB,
+    // the second does not beside it.
+    let job = train(1, &[], &ck, &["--max-steps", "8", "--checkpoint-every", "4"]);
+    assert_ne!(job.code, Some(0), "{}", job.all());
+    assert!(job.stderr.contains("a checkpoint needs") && job.stderr.contains("free there; the previous checkpoint is kept"), "{}", job.all());
+    assert_eq!(steps_kept(&ck), vec![4]);
+    assert_eq!(temporaries(&ck), Vec::<String>::new(), "no partial file");
+    ringrec::train::checkpoint::load(&step_dir(&ck, 4)).expect("the previous checkpoint is whole");
+}

@@ -187,8 +187,7 @@ fn pick(seed: u64, n: u64) -> u64 {
 fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
     let shm = tmpdir("kills-shm");
     let dd = data_dir();
-    let steps = "120";
-    let base = ["--max-steps", steps, "--checkpoint-every", "5"];
+    let base = ["--max-steps", "300", "--epochs", "100", "--checkpoint-every", "5"];
     let whole = tmpdir("kills-whole");
     let reference = train(2, &[("RINGREC_SHM_DIR", shm.to_str().unwrap())], &whole, &base);
     reference.assert_ok();
@@ -207,7 +206,8 @@ fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
         cmd.arg(env!("CARGO_BIN_EXE_ringrec")).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
         let mut child = cmd.spawn().expect("mpirun");
         let t = Instant::now();
-        let at = Duration::from_millis(300 + pick(kill, 2500));
+        // Start-up takes about half a second; a checkpoint every 5 steps is about every 0.2 s.
+        let at = Duration::from_millis(300 + pick(kill, 2000));
         while t.elapsed() < at && child.try_wait().unwrap().is_none() {
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -366,6 +366,9 @@ fn ranks_started_with_different_flags_stop_with_the_flag_named() {
         ("--max-bad-lines", ["1000", "10"]),
         ("--checkpoint-every", ["0", "5"]),
         ("--max-steps", ["3", "4"]),
+        ("--keep-checkpoints", ["2", "3"]),
+        ("--checkpoint-min-change", ["0", "0.05"]),
+        ("--nan-policy", ["stop", "skip-step"]),
     ];
     let mut report = Vec::new();
     for (flag, [a, b]) in &must_match {

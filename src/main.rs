@@ -46,6 +46,8 @@ enum BenchCommand {
     Allreduce(cli::bench::allreduce::AllreduceBenchArgs),
     /// The engine on ResNet-50-shaped gradients: fused vs one flat allreduce vs unfused.
     Engine(cli::bench::engine::EngineBenchArgs),
+    /// What integrity costs a checkpoint: write and verify at N table rows, the checksums' share.
+    Checkpoint(cli::bench::checkpoint::CheckpointBenchArgs),
     /// Embedding table lookups/updates vs a per-rank HashMap.
     Embedding(cli::bench::embedding::EmbeddingBenchArgs),
     /// The MLP's SGEMMs: the gemm crate vs OpenBLAS, and the MLP vs plain SGEMM.
@@ -105,6 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Table(cmd) => cli::table::run(cmd),
         Command::Data(cmd) => cli::data::run(cmd),
         Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
+        Command::Bench(BenchCommand::Checkpoint(args)) => cli::bench::checkpoint::run(&args),
         Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),
         Command::Bench(BenchCommand::Gemm(args)) => cli::bench::gemm::run(&args),
         Command::Bench(BenchCommand::Sparse(args)) => with_mpi(|topo| cli::bench::sparse::run(topo, &args).map(|_| ())),

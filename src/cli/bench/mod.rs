@@ -2,6 +2,7 @@
 //! same run and prints the ratio.
 
 pub mod allreduce;
+pub mod checkpoint;
 pub mod embedding;
 pub mod engine;
 pub mod gemm;

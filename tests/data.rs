@@ -344,12 +344,17 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
     assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
-    // A future version.
+    // A future version, and the previous one.
     let mut b = bytes.clone();
-    b[8] = 2;
+    b[8] = 3;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 2, supported: 1, .. })), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 3, supported: 2, .. })), "{e:?}");
+    b[8] = 1;
+    fix_checksum(&mut b);
+    let e = try_open("version1.rrdata", &b);
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 1, supported: 2, .. })), "{e:?}");
+    assert!(e.to_string().contains("format version 1, this build reads version 2; run `ringrec data prepare` on the TSV again"), "{e}");
     // A damaged header field (row count) without a matching checksum.
     let mut b = bytes.clone();
     b[32] ^= 1;
@@ -363,7 +368,7 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     assert!(matches!(e, DataError::Format(FormatError::BadHeader { .. })), "{e:?}");
     // Sections moved.
     let mut b = bytes.clone();
-    b[96..104].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
+    b[128..136].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
     fix_checksum(&mut b);
     let e = try_open("layout.rrdata", &b);
     assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e:?}");

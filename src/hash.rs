@@ -105,3 +105,42 @@ mod tests {
         assert_eq!(first_bad_block(&data[..CHECKSUM_BLOCK], &sums), Some(1));
     }
 }
+
+/// An incremental [`crc32`]: the CRC-32 of all the bytes given to [`Crc32::update`], in
+/// order, as if they were one slice (a file's digest taken while it is read for another
+/// purpose).
+#[derive(Clone, Default)]
+pub struct Crc32(crc32fast::Hasher);
+
+impl Crc32 {
+    /// The digest of nothing yet.
+    pub fn new() -> Crc32 {
+        Crc32::default()
+    }
+
+    /// Adds `bytes` after those given before.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The CRC-32 of everything given.
+    pub fn finish(self) -> u32 {
+        self.0.finalize()
+    }
+}
+
+#[cfg(test)]
+mod crc32_stream_tests {
+    use super::*;
+
+    #[test]
+    fn the_incremental_digest_equals_the_one_shot_digest() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 253) as u8).collect();
+        let mut c = Crc32::new();
+        for piece in data.chunks(7777) {
+            c.update(piece);
+        }
+        assert_eq!(c.finish(), crc32(&data));
+        assert_eq!(Crc32::new().finish(), 0);
+    }
+}

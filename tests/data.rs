@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 
 use ringrec::fileio::IoError;
 use ringrec::header::FormatError;
-use ringrec::data::cache::{cache_path, CacheHeader, CHECKSUM_AT};
+use ringrec::data::cache::{cache_path, CacheHeader, CacheLayout, CHECKSUM_AT, HEADER_FIELDS, RACY_NS};
 use ringrec::data::criteo::{category_key, missing_key, read_tsv, DEFAULT_MAX_BAD_LINES};
 use ringrec::data::{
     epoch_order, global_batch_range, prepare, rank_slice, split, steps_per_epoch, synth, BadLineKind, DataError, Dataset, Sample, NUM_DENSE, NUM_SPARSE,
 };
-use ringrec::hash::fnv1a64;
+use ringrec::hash::{fnv1a64, Stream};
 
 
 /// A well-formed line: label, I1..I13 = i, i+1, ..., C1..C26 = 8 hex digits `(k + 1) << 24 ^ i`.
@@ -344,12 +344,17 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
     assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
-    // A future version.
+    // A future version, and the previous one.
     let mut b = bytes.clone();
-    b[8] = 2;
+    b[8] = 3;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 2, supported: 1, .. })), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 3, supported: 2, .. })), "{e:?}");
+    b[8] = 1;
+    fix_checksum(&mut b);
+    let e = try_open("version1.rrdata", &b);
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 1, supported: 2, .. })), "{e:?}");
+    assert!(e.to_string().contains("format version 1, this build reads version 2; run `ringrec data prepare` on the TSV again"), "{e}");
     // A damaged header field (row count) without a matching checksum.
     let mut b = bytes.clone();
     b[32] ^= 1;
@@ -363,7 +368,7 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     assert!(matches!(e, DataError::Format(FormatError::BadHeader { .. })), "{e:?}");
     // Sections moved.
     let mut b = bytes.clone();
-    b[96..104].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
+    b[128..136].copy_from_slice(&(header.layout.dense_offset + 4096).to_le_bytes());
     fix_checksum(&mut b);
     let e = try_open("layout.rrdata", &b);
     assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e:?}");
@@ -491,4 +496,273 @@ fn synth_is_deterministic_and_has_a_learnable_planted_model() {
     }
     let top = counts.values().max().copied().unwrap_or(0);
     assert!(top > 100, "top value of C1 in 2000 rows: {top}");
+}
+
+/// Whether two datasets hold the same rows, bit for bit (every label, dense value and key).
+fn same_rows(a: &Dataset, b: &Dataset) -> bool {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    a.len() == b.len() && bits(a.labels()) == bits(b.labels()) && bits(a.dense_all()) == bits(b.dense_all()) && a.keys_all() == b.keys_all()
+}
+
+#[test]
+fn damaged_caches_are_refused_by_name_never_read_as_other_data() {
+    let d = TempDir::new("damage");
+    let tsv = d.path("d.tsv");
+    synth(&tsv, 300, 13).unwrap();
+    let original = d.path("d.rrdata");
+    prepare(&tsv, &original, 0).unwrap();
+    let want = Dataset::open(&original).unwrap();
+    let bytes = std::fs::read(&original).unwrap();
+    let len = bytes.len();
+    let victim = d.path("victim.rrdata");
+    let (mut detected, mut harmless, mut wrong) = (0usize, 0usize, Vec::new());
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    let mut judge = |b: &[u8], what: String| {
+        write(&victim, b);
+        match Dataset::open(&victim) {
+            Err(e) => {
+                let msg = e.to_string();
+                if msg.contains(&victim.display().to_string()) {
+                    detected += 1;
+                    let kind = match &e {
+                        DataError::Damaged { section, .. } => format!("damaged {section}"),
+                        other => format!("{other:?}").split([' ', '(', '{']).filter(|w| !w.is_empty()).take(2).collect::<Vec<_>>().join(" "),
+                    };
+                    *kinds.entry(kind).or_default() += 1;
+                } else {
+                    wrong.push(format!("{what}: the error does not name the file: {msg}"));
+                }
+            }
+            Ok(ds) if same_rows(&ds, &want) => harmless += 1,
+            Ok(_) => wrong.push(format!("{what}: opened with other rows")),
+        }
+    };
+    let mut rng = Stream(20_261_125);
+    // The first 50 flips land in the header page (fields, checksum, padding), the others
+    // anywhere in the file (mostly the columns).
+    for i in 0..200 {
+        let at = rng.below(if i < 50 { 4096 } else { len as u64 }) as usize;
+        let mut b = bytes.clone();
+        b[at] ^= 1 + rng.below(255) as u8;
+        judge(&b, format!("flip {i} at byte {at}"));
+    }
+    let cuts = [0, 1, 7, 100, HEADER_FIELDS - 1, 4095, 4096, len / 2, len - 4, len - 1];
+    for cut in cuts {
+        judge(&bytes[..cut], format!("truncated to {cut} bytes"));
+    }
+    let appends = [1usize, 4, 4096, 1 << 20];
+    for n in appends {
+        let mut b = bytes.clone();
+        b.extend((0..n).map(|_| rng.next_u64() as u8));
+        judge(&b, format!("{n} bytes appended"));
+    }
+    eprintln!(
+        "damaged caches ({len} bytes, 300 rows): 200 flips, {} truncations, {} appends: detected {detected}, harmless {harmless}, wrong {} ({kinds:?})",
+        cuts.len(),
+        appends.len(),
+        wrong.len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // Every byte is covered (header checksum, zero padding, block sums, sums' CRC), so
+    // no change goes unnoticed, not even a harmless one.
+    assert_eq!((detected, harmless), (200 + cuts.len() + appends.len(), 0));
+    // The untouched file still opens.
+    assert!(same_rows(&Dataset::open(&original).unwrap(), &want));
+}
+
+#[test]
+fn a_damaged_block_names_its_section_and_bytes_and_the_cached_path_prepares_it_again() {
+    let d = TempDir::new("reprepare");
+    let tsv = d.path("r.tsv");
+    synth(&tsv, 3000, 6).unwrap();
+    let (rows, _) = read_tsv(&tsv, 0).unwrap();
+    let cache_dir = d.path("cache");
+    let path = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap().path().to_path_buf();
+    let good_bytes = std::fs::read(&path).unwrap();
+    let l = CacheHeader::parse(&path, &good_bytes, good_bytes.len() as u64).unwrap().layout;
+    // 3000 rows: every section is one block except the keys' (624,000 bytes, one block too).
+    let keys_end = l.sums_offset;
+    let cases = [
+        ("header", 300u64, 300u64, 301u64),
+        ("labels", l.labels_offset + 5, l.labels_offset, l.dense_offset),
+        ("dense", l.keys_offset - 1, l.dense_offset, l.keys_offset),
+        ("keys", l.keys_offset + 1000, l.keys_offset, keys_end),
+        ("checksums", l.sums_offset + 2, l.sums_offset, l.sums_offset + l.sums_len),
+    ];
+    for (section, at, start, end) in cases {
+        let mut b = good_bytes.clone();
+        b[at as usize] ^= 0x40;
+        write(&path, &b);
+        let e = Dataset::open(&path).unwrap_err();
+        assert!(
+            matches!(&e, DataError::Damaged { section: s, start: a, end: z, .. } if *s == section && *a == start && *z == end),
+            "byte {at}: {e:?}"
+        );
+        let msg = e.to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}: the {section} section is damaged: bytes {start}..{end} do not match the CRC-32 written with them; \
+                 delete the file (a cache made from a TSV is prepared again on the next run) or run `ringrec data prepare` on its TSV again",
+                path.display()
+            )
+        );
+        // The cached path treats it like a missing cache: prepared again, the right rows.
+        let ds = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+        assert_eq!(ds.path(), path);
+        assert_same(&ds, &rows);
+    }
+    // A cache of the previous format version at that path is prepared again too.
+    let mut b = good_bytes.clone();
+    b[8] = 1;
+    let s = fnv1a64(&b[..CHECKSUM_AT]);
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
+    write(&path, &b);
+    assert!(matches!(Dataset::open(&path).unwrap_err(), DataError::Format(FormatError::BadVersion { found: 1, .. })));
+    assert_same(&Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap(), &rows);
+    assert_eq!(Dataset::open(&path).unwrap().header().layout, l);
+}
+
+/// Rewrites the first byte of `tsv` (a label: 0 <-> 1) in place and sets its mtime back: the
+/// same inode, size and mtime, other contents.
+fn rewrite_first_label_in_place(tsv: &Path) {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let before = std::fs::metadata(tsv).unwrap();
+    let first = std::fs::read(tsv).unwrap()[0];
+    let f = std::fs::OpenOptions::new().write(true).open(tsv).unwrap();
+    f.write_all_at(&[if first == b'0' { b'1' } else { b'0' }], 0).unwrap();
+    f.set_modified(before.modified().unwrap()).unwrap();
+    drop(f);
+    let after = std::fs::metadata(tsv).unwrap();
+    assert_eq!((after.ino(), after.len(), after.modified().unwrap()), (before.ino(), before.len(), before.modified().unwrap()));
+}
+
+#[test]
+fn a_tsv_rewritten_in_place_with_size_and_mtime_restored_is_read_again() {
+    let d = TempDir::new("inplace");
+    let tsv = d.path("t.tsv");
+    synth(&tsv, 400, 8).unwrap();
+    let cache_dir = d.path("cache");
+    let a = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    let label0 = a.label(0);
+    drop(a);
+
+    // At once: the cache is racy (checked within RACY_NS of the TSV's ctime), so the stat
+    // or the content digest notices.
+    rewrite_first_label_in_place(&tsv);
+    let b = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_same(&b, &read_tsv(&tsv, 0).unwrap().0);
+    assert_eq!(b.label(0), 1.0 - label0);
+    let path = b.path().to_path_buf();
+    drop(b);
+
+    // After RACY_NS: the cache is reused on its stat alone, and the ctime alone notices.
+    let ctime_ns = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).unwrap();
+        m.ctime() as u64 * 1_000_000_000 + m.ctime_nsec() as u64
+    };
+    rewrite_first_label_in_place(&tsv);
+    std::thread::sleep(std::time::Duration::from_nanos(RACY_NS + 100_000_000));
+    let c = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_eq!(c.label(0), label0);
+    let h = *c.header();
+    assert_eq!(h.source.ctime_ns, ctime_ns(&tsv));
+    assert!(h.prepared_ns >= h.source.ctime_ns + RACY_NS, "not racy: {h:?}");
+    drop(c);
+    rewrite_first_label_in_place(&tsv);
+    assert_ne!(ctime_ns(&tsv), h.source.ctime_ns, "the kernel moved the ctime on");
+    let e = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    assert_same(&e, &read_tsv(&tsv, 0).unwrap().0);
+    assert_eq!(e.label(0), 1.0 - label0);
+    // Same size and mtime, so the same cache file, prepared again in place: no other file.
+    assert_eq!(e.path(), path);
+    let caches = std::fs::read_dir(&cache_dir).unwrap().filter(|f| f.as_ref().unwrap().path().extension().is_some_and(|x| x == "rrdata")).count();
+    assert_eq!(caches, 1);
+}
+
+#[test]
+fn a_racy_cache_is_reused_only_while_the_tsv_digest_matches() {
+    use std::os::unix::fs::FileExt;
+    let d = TempDir::new("racy");
+    let tsv = d.path("y.tsv");
+    synth(&tsv, 100, 4).unwrap();
+    let cache_dir = d.path("cache");
+    let ds = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+    let (path, h) = (ds.path().to_path_buf(), *ds.header());
+    drop(ds);
+    // A header (valid, checksummed) with the TSV's stat but another digest.
+    let forge = |prepared_ns: u64| {
+        let forged = CacheHeader { source_crc32: h.source_crc32 ^ 1, prepared_ns, ..h };
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&forged.encode(), 0).unwrap();
+    };
+    // Racy (checked in the TSV's ctime tick): the digest is compared, differs, and the
+    // cache is prepared again with the right one.
+    forge(h.source.ctime_ns);
+    assert_eq!(Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap().header().source_crc32, h.source_crc32);
+    // Not racy: reused on its stat alone, without reading the TSV (the forged digest stays).
+    forge(h.source.ctime_ns + RACY_NS);
+    assert_eq!(Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap().header().source_crc32, h.source_crc32 ^ 1);
+}
+
+#[test]
+fn caches_are_private_to_their_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TempDir::new("mode");
+    let tsv = d.path("m.tsv");
+    synth(&tsv, 50, 2).unwrap();
+    let out = d.path("m.rrdata");
+    prepare(&tsv, &out, 0).unwrap();
+    let cached = Dataset::from_tsv_cached(&tsv, &d.path("cache"), 0).unwrap();
+    for p in [out.as_path(), cached.path()] {
+        // The temporary file is created with this mode and renamed: no chmod in between.
+        assert_eq!(std::fs::metadata(p).unwrap().permissions().mode() & 0o7777, 0o600, "{}", p.display());
+    }
+}
+
+#[test]
+fn a_cache_larger_than_the_free_space_is_refused_before_writing() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let d = TempDir::new("space");
+    let small = d.path("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&small).output();
+    match mounted {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!("skipped: mount -t tmpfs failed: {}", String::from_utf8_lossy(&o.stderr).trim());
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot run mount: {e}");
+            return;
+        }
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(small.clone());
+
+    // 5000 rows need 1.3 MB: more than the 1 MiB mount.
+    let tsv = d.path("big.tsv");
+    synth(&tsv, 5000, 3).unwrap();
+    let need = CacheLayout::compute(0, 5000).unwrap().file_len;
+    assert!(need > 1 << 20);
+    let e = prepare(&tsv, &small.join("big.rrdata"), 0).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(&e, DataError::Io(io) if io.op == "reserve space"), "{e:?}");
+    assert!(msg.contains(&format!("needs {need} bytes")) && msg.contains(&format!("free in {}", small.display())), "{msg}");
+    let left: Vec<_> = std::fs::read_dir(&small).unwrap().map(|f| f.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "no temporary file is left: {left:?}");
+    // A cache that fits is written there.
+    let tsv = d.path("small.tsv");
+    synth(&tsv, 100, 3).unwrap();
+    assert_eq!(prepare(&tsv, &small.join("small.rrdata"), 0).unwrap().rows, 100);
 }

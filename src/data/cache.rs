@@ -1,45 +1,76 @@
 //! The binary dataset cache: a Criteo TSV parsed once into column arrays that every rank maps
-//! read-only.
+//! read-only, with a CRC-32 of every MiB so that damage is found before a row is used.
 //!
-//! # File format (version 1, little-endian)
+//! # File format (version 2, little-endian)
 //!
 //! ```text
 //! [0, 4096)            header (fields below, then zero padding to one page)
 //! [labels_offset, ..)  labels: rows x f32 (0.0 or 1.0)
 //! [dense_offset, ..)   dense:  rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
 //! [keys_offset, ..)    keys:   rows x 26 u64, row-major (field-salted keys of C1..C26)
+//! [sums_offset, ..)    sums:   u32 CRC-32 of every block of the three sections above
 //! ```
 //!
-//! Sections are sized for `row_capacity` rows (the TSV's line count, so a file can be
-//! written in one pass before the number of malformed lines is known), start on 4096-byte
-//! boundaries in the order above, and hold `rows <= row_capacity` rows; the file length is
-//! a multiple of 4096.
+//! The column sections are sized for `row_capacity` rows (the TSV's line count, so a file
+//! can be written in one pass before the number of malformed lines is known), start on
+//! 4096-byte boundaries in the order above, and hold `rows <= row_capacity` rows. A
+//! section's *extent* runs from its offset to the next section's (its zero padding
+//! included); each extent is cut into blocks of [`CHECKSUM_BLOCK`] bytes (1 MiB, the last
+//! one shorter) whose CRC-32s fill the sums section: the labels' blocks, then the dense
+//! features', then the keys'. The file ends with the sums (no padding after them).
 //!
 //! | offset | size | header field |
 //! |---|---|---|
 //! | 0   | 8 | magic `"RRDATA\0\0"` |
-//! | 8   | 4 | format version (1) |
+//! | 8   | 4 | format version (2) |
 //! | 12  | 4 | header length (4096) |
 //! | 16  | 4 | dense features per row (13) |
 //! | 20  | 4 | categorical features per row (26) |
-//! | 24  | 8 | reserved (0) |
+//! | 24  | 4 | checksum block length (1048576) |
+//! | 28  | 4 | CRC-32 of the sums section |
 //! | 32  | 8 | rows |
 //! | 40  | 8 | row capacity (lines of the source) |
 //! | 48  | 8 | lines read from the source |
 //! | 56  | 8 | malformed lines skipped |
 //! | 64  | 8 | source size in bytes |
 //! | 72  | 8 | source mtime, ns since the Unix epoch |
-//! | 80  | 56 | labels offset, labels length, dense offset, dense length, keys offset, keys length, file length (u64 each) |
-//! | 136 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order) |
-//! | 184 | 8 | FNV-1a 64 checksum of bytes 0..184 |
+//! | 80  | 8 | source ctime, ns since the Unix epoch |
+//! | 88  | 8 | source inode number |
+//! | 96  | 4 | CRC-32 of the whole source (its content digest) |
+//! | 100 | 4 | reserved (0) |
+//! | 104 | 8 | when the source's identity was last checked by `prepare`, ns since the Unix epoch |
+//! | 112 | 72 | labels offset, labels length, dense offset, dense length, keys offset, keys length, sums offset, sums length, file length (u64 each) |
+//! | 184 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order) |
+//! | 232 | 8 | FNV-1a 64 checksum of bytes 0..232 |
 //!
-//! Opening checks the header's frame, fields and section layout with the shared header
-//! codec ([`crate::header`]), each failure its own [`crate::header::FormatError`] variant (or
-//! `Truncated` when the file is shorter than the header
-//! says). After that every access is a bounds-checked slice of the mapping.
+//! # Integrity
 //!
-//! Files are written atomically (temporary file in the same directory, fsync, rename, fsync
-//! of the directory) and never modified in place, so a mapping always sees a complete file.
+//! Every byte of a cache is covered: the header fields by their FNV checksum, the rest of
+//! the header page by being zero, the column sections (padding included) by their block
+//! sums, and the sums by their CRC-32 in the header. [`Dataset::open`] checks all of it
+//! before it returns: the header's frame, fields and section layout with the shared header
+//! codec ([`crate::header`]), each failure its own [`crate::header::FormatError`] variant
+//! (or `Truncated` when the file is shorter than the header says), then every block in
+//! parallel ([`Dataset::verify`]), a mismatch being [`DataError::Damaged`] with the section
+//! and the byte range. After that every access is a bounds-checked slice of the mapping.
+//!
+//! # Writing and reuse
+//!
+//! Files are created with mode 0600, allocated to their full length up front
+//! ([`crate::fileio::reserve`]: a lack of space is an error before anything is written),
+//! written atomically (temporary file in the same directory, fsync, rename, fsync of the
+//! directory) and never modified in place, so a mapping always sees a complete file.
+//! [`prepare`] reads the TSV twice, taking its CRC-32 both times; different digests, or a
+//! different stat afterwards, mean it changed meanwhile ([`DataError::SourceChanged`]).
+//!
+//! [`Dataset::from_tsv_cached`] reuses a cache only when the TSV's size, mtime, ctime and
+//! inode are those recorded. ctime is set by the kernel on every write and cannot be set
+//! back, so a TSV rewritten in place with its size and mtime restored is noticed. The kernel
+//! stamps ctime from a clock of some milliseconds' resolution (some filesystems keep whole
+//! seconds), so a rewrite in the same tick as the change before it keeps the ctime; a cache
+//! whose check came less than [`RACY_NS`] after the source's ctime is therefore reused only
+//! when the TSV's content digest still matches (git's "racily clean" rule). A large TSV
+//! takes longer than that to prepare, so only small ones are read again.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -50,18 +81,18 @@ use memmap2::Mmap;
 
 use super::criteo::{BadLineReport, CriteoReader, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
-use crate::fileio::AtomicFile;
-use crate::hash::fnv1a64;
+use crate::fileio::{reserve, AtomicFile};
+use crate::hash::{block_sums, crc32, first_bad_block, fnv1a64, Crc32, CHECKSUM_BLOCK};
 use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format, HEADER_LEN};
 
 /// Bytes of the header that carry fields (the rest of the header page is zero).
-pub const HEADER_FIELDS: usize = 192;
+pub const HEADER_FIELDS: usize = 240;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
-pub const CHECKSUM_AT: usize = 184;
-/// The dataset cache format (magic `RRDATA`, version 1).
+pub const CHECKSUM_AT: usize = 232;
+/// The dataset cache format (magic `RRDATA`, version 2).
 pub static FORMAT: Format = Format {
     magic: *b"RRDATA\0\0",
-    version: 1,
+    version: 2,
     header_len: HEADER_LEN,
     checksum_at: CHECKSUM_AT,
     noun: "dataset cache",
@@ -72,10 +103,18 @@ pub static FORMAT: Format = Format {
 };
 /// File name extension of caches made by [`Dataset::from_tsv_cached`].
 pub const CACHE_EXT: &str = "rrdata";
+/// Permissions of cache files and their temporary files: the owner's only (training data
+/// may be private).
+pub const CACHE_MODE: u32 = 0o600;
+/// A cache checked less than this long (2 s) after its source's ctime is "racy": the source
+/// could have been rewritten within the same timestamp tick, so reusing it needs the content
+/// digest to match (see the module docs).
+pub const RACY_NS: u64 = 2_000_000_000;
 
 const LABEL_BYTES: u64 = 4;
 const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
 const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
+const BLOCK: u64 = CHECKSUM_BLOCK as u64;
 /// Rows parsed before their columns are written out.
 const WRITE_CHUNK: usize = 16 * 1024;
 
@@ -94,7 +133,11 @@ pub struct CacheLayout {
     pub keys_offset: u64,
     /// Their length (`rows * 208`).
     pub keys_len: u64,
-    /// Length of the whole file.
+    /// Start of the block sums (u32 per block of the column sections).
+    pub sums_offset: u64,
+    /// Their length (4 bytes per block).
+    pub sums_len: u64,
+    /// Length of the whole file (`sums_offset + sums_len`).
     pub file_len: u64,
 }
 
@@ -108,7 +151,11 @@ impl CacheLayout {
         let labels_offset = HEADER_LEN;
         let dense_offset = align_up(labels_offset.checked_add(row_capacity.checked_mul(LABEL_BYTES)?)?)?;
         let keys_offset = align_up(dense_offset.checked_add(row_capacity.checked_mul(DENSE_BYTES)?)?)?;
-        let file_len = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
+        let sums_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
+        // Each extent is under 2^64 bytes, so under 2^44 blocks: the sum and `* 4` cannot overflow.
+        let blocks: u64 = [dense_offset - labels_offset, keys_offset - dense_offset, sums_offset - keys_offset].iter().map(|e| e.div_ceil(BLOCK)).sum();
+        let sums_len = blocks * 4;
+        let file_len = sums_offset.checked_add(sums_len)?;
         if file_len > isize::MAX as u64 {
             return None;
         }
@@ -119,9 +166,53 @@ impl CacheLayout {
             dense_len: rows * DENSE_BYTES,
             keys_offset,
             keys_len: rows * KEYS_BYTES,
+            sums_offset,
+            sums_len,
             file_len,
         })
     }
+
+    /// The checksummed sections in the order of their sums: name, offset and extent (bytes
+    /// up to the next section, padding included).
+    pub fn checksummed(&self) -> [(&'static str, u64, u64); 3] {
+        [
+            ("labels", self.labels_offset, self.dense_offset.saturating_sub(self.labels_offset)),
+            ("dense", self.dense_offset, self.keys_offset.saturating_sub(self.dense_offset)),
+            ("keys", self.keys_offset, self.sums_offset.saturating_sub(self.keys_offset)),
+        ]
+    }
+}
+
+/// What `stat` says of a source TSV: the identity a cache is keyed and reused by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SourceStat {
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, ns since the Unix epoch (users can set it: `touch -d`, `cp -p`).
+    pub mtime_ns: u64,
+    /// Status change time, ns since the Unix epoch: set by the kernel on every write,
+    /// rename or chmod, and never set back.
+    pub ctime_ns: u64,
+    /// Inode number (a file replaced by another one, by `mv` or `rsync`, has another).
+    pub inode: u64,
+}
+
+impl SourceStat {
+    /// The stat of `path`.
+    pub fn of(path: &Path) -> DataResult<SourceStat> {
+        let m = std::fs::metadata(path).map_err(|e| DataError::io(path, "stat", e))?;
+        Ok(SourceStat { size: m.size(), mtime_ns: epoch_ns(m.mtime(), m.mtime_nsec()), ctime_ns: epoch_ns(m.ctime(), m.ctime_nsec()), inode: m.ino() })
+    }
+}
+
+/// Seconds and nanoseconds since the Unix epoch as ns, clamped to u64.
+fn epoch_ns(secs: i64, nsecs: i64) -> u64 {
+    (secs as i128 * 1_000_000_000 + nsecs as i128).clamp(0, u64::MAX as i128) as u64
+}
+
+/// The wall clock, ns since the Unix epoch (0 before it).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
 }
 
 /// The decoded header of a cache file.
@@ -137,10 +228,14 @@ pub struct CacheHeader {
     pub bad_lines: u64,
     /// Malformed lines per kind, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order.
     pub bad_counts: [u64; 6],
-    /// Size of the source TSV in bytes.
-    pub source_size: u64,
-    /// Modification time of the source TSV, ns since the Unix epoch.
-    pub source_mtime_ns: u64,
+    /// The source TSV's size, times and inode when it was read.
+    pub source: SourceStat,
+    /// CRC-32 of the whole source TSV (its content digest).
+    pub source_crc32: u32,
+    /// When `prepare` last checked the source's stat, ns since the Unix epoch.
+    pub prepared_ns: u64,
+    /// CRC-32 of the sums section.
+    pub sums_crc32: u32,
     /// Section offsets.
     pub layout: CacheLayout,
 }
@@ -151,15 +246,21 @@ impl CacheHeader {
         let mut b = [0u8; HEADER_FIELDS];
         wr_u32(&mut b, 16, NUM_DENSE as u32);
         wr_u32(&mut b, 20, NUM_SPARSE as u32);
-        for (i, v) in [self.rows, self.row_capacity, self.lines, self.bad_lines, self.source_size, self.source_mtime_ns].into_iter().enumerate() {
+        wr_u32(&mut b, 24, CHECKSUM_BLOCK as u32);
+        wr_u32(&mut b, 28, self.sums_crc32);
+        let s = &self.source;
+        for (i, v) in [self.rows, self.row_capacity, self.lines, self.bad_lines, s.size, s.mtime_ns, s.ctime_ns, s.inode].into_iter().enumerate() {
             wr_u64(&mut b, 32 + 8 * i, v);
         }
+        wr_u32(&mut b, 96, self.source_crc32);
+        wr_u64(&mut b, 104, self.prepared_ns);
         let l = &self.layout;
-        for (i, v) in [l.labels_offset, l.labels_len, l.dense_offset, l.dense_len, l.keys_offset, l.keys_len, l.file_len].into_iter().enumerate() {
-            wr_u64(&mut b, 80 + 8 * i, v);
+        let sections = [l.labels_offset, l.labels_len, l.dense_offset, l.dense_len, l.keys_offset, l.keys_len, l.sums_offset, l.sums_len, l.file_len];
+        for (i, v) in sections.into_iter().enumerate() {
+            wr_u64(&mut b, 112 + 8 * i, v);
         }
         for (i, v) in self.bad_counts.into_iter().enumerate() {
-            wr_u64(&mut b, 136 + 8 * i, v);
+            wr_u64(&mut b, 184 + 8 * i, v);
         }
         FORMAT.seal(&mut b);
         b
@@ -180,14 +281,14 @@ impl CacheHeader {
         };
         expect_u32(16, "num_dense", NUM_DENSE as u32)?;
         expect_u32(20, "num_sparse", NUM_SPARSE as u32)?;
-        if rd_u64(bytes, 24) != 0 {
-            return Err(bad("reserved", "not zero".into()));
-        }
+        expect_u32(24, "checksum_block", CHECKSUM_BLOCK as u32)?;
+        expect_u32(100, "reserved", 0)?;
         let f = |i: usize| rd_u64(bytes, 32 + 8 * i);
-        let (rows, row_capacity, lines, bad_lines, source_size, source_mtime_ns) = (f(0), f(1), f(2), f(3), f(4), f(5));
+        let (rows, row_capacity, lines, bad_lines) = (f(0), f(1), f(2), f(3));
+        let source = SourceStat { size: f(4), mtime_ns: f(5), ctime_ns: f(6), inode: f(7) };
         let mut bad_counts = [0u64; 6];
         for (i, c) in bad_counts.iter_mut().enumerate() {
-            *c = rd_u64(bytes, 136 + 8 * i);
+            *c = rd_u64(bytes, 184 + 8 * i);
         }
         if rows > row_capacity {
             return Err(bad("rows", format!("{rows} rows exceed the row capacity {row_capacity}")));
@@ -198,9 +299,18 @@ impl CacheHeader {
         if bad_counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) != Some(bad_lines) {
             return Err(bad("bad_counts", format!("{bad_counts:?} do not add up to {bad_lines} malformed lines")));
         }
-        let g = |i: usize| rd_u64(bytes, 80 + 8 * i);
-        let stored_layout =
-            CacheLayout { labels_offset: g(0), labels_len: g(1), dense_offset: g(2), dense_len: g(3), keys_offset: g(4), keys_len: g(5), file_len: g(6) };
+        let g = |i: usize| rd_u64(bytes, 112 + 8 * i);
+        let stored_layout = CacheLayout {
+            labels_offset: g(0),
+            labels_len: g(1),
+            dense_offset: g(2),
+            dense_len: g(3),
+            keys_offset: g(4),
+            keys_len: g(5),
+            sums_offset: g(6),
+            sums_len: g(7),
+            file_len: g(8),
+        };
         let bad_layout = |detail: String| DataError::from(FORMAT.layout(path, detail));
         let want = CacheLayout::compute(rows, row_capacity).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
         if stored_layout != want {
@@ -212,7 +322,18 @@ impl CacheHeader {
         if file_len > want.file_len {
             return Err(bad_layout(format!("file is {file_len} bytes, the header says {}", want.file_len)));
         }
-        Ok(CacheHeader { rows, row_capacity, lines, bad_lines, bad_counts, source_size, source_mtime_ns, layout: want })
+        Ok(CacheHeader {
+            rows,
+            row_capacity,
+            lines,
+            bad_lines,
+            bad_counts,
+            source,
+            source_crc32: rd_u32(bytes, 96),
+            prepared_ns: rd_u64(bytes, 104),
+            sums_crc32: rd_u32(bytes, 28),
+            layout: want,
+        })
     }
 }
 
@@ -225,20 +346,30 @@ pub struct PrepareSummary {
     pub rows: u64,
     /// Size of the cache file.
     pub bytes: u64,
+    /// CRC-32 of the whole source TSV.
+    pub source_crc32: u32,
     /// Lines read, malformed lines by kind and the first of them.
     pub report: BadLineReport,
 }
 
-/// Size and mtime (ns) of a file, the identity a cache is keyed by.
-fn source_identity(path: &Path) -> DataResult<(u64, u64)> {
-    let m = std::fs::metadata(path).map_err(|e| DataError::io(path, "stat", e))?;
-    let ns = (m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128).clamp(0, u64::MAX as i128) as u64;
-    Ok((m.size(), ns))
+/// A reader that takes the CRC-32 of the bytes it passes on.
+struct DigestReader<'a> {
+    inner: File,
+    digest: &'a mut Crc32,
 }
 
-/// Lines of a file: newlines, plus one for a last line without a newline.
-fn count_lines(path: &Path) -> DataResult<u64> {
-    let mut f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+impl Read for DigestReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.digest.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Lines of a file (newlines, plus one for a last line without a newline) and its CRC-32.
+fn scan_source(path: &Path) -> DataResult<(u64, u32)> {
+    let mut digest = Crc32::new();
+    let mut f = DigestReader { inner: File::open(path).map_err(|e| DataError::io(path, "open", e))?, digest: &mut digest };
     let mut buf = vec![0u8; 1 << 20];
     let (mut lines, mut last) = (0u64, b'\n');
     loop {
@@ -251,26 +382,51 @@ fn count_lines(path: &Path) -> DataResult<u64> {
         lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
         last = buf[n - 1];
     }
-    Ok(lines + u64::from(last != b'\n'))
+    Ok((lines + u64::from(last != b'\n'), digest.finish()))
 }
 
-/// Converts the Criteo TSV `tsv` into the cache file `out` (written atomically), skipping
-/// and counting malformed lines up to `max_bad_lines` (see [`crate::data::criteo`]).
+/// Computes the block sums of the column sections of the temporary file `tmp` (columns
+/// written, length set) and writes them at `layout.sums_offset`; returns their CRC-32.
+fn write_sums(tmp: &AtomicFile, layout: &CacheLayout) -> DataResult<u32> {
+    // The AtomicFile is open for writing only: read it back through a second descriptor.
+    let f = File::open(tmp.path()).map_err(|e| DataError::io(tmp.path(), "open", e))?;
+    // SAFETY: read-only mapping of the temporary file this process created (O_EXCL, mode
+    // 0600, not yet renamed into place): nobody else writes or truncates it while mapped.
+    let map = unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(tmp.path(), "map", e))?;
+    let mut sums = Vec::new();
+    for (_, offset, extent) in layout.checksummed() {
+        let bytes = usize::try_from(offset).ok().zip(usize::try_from(offset + extent).ok()).and_then(|(a, b)| map.get(a..b));
+        let bytes = bytes.ok_or_else(|| DataError::io(tmp.path(), "read back", std::io::Error::other(format!("shorter than its layout ({} bytes)", layout.file_len))))?;
+        sums.extend(block_sums(bytes));
+    }
+    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+    tmp.file().write_all_at(&bytes, layout.sums_offset).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    Ok(crc32(&bytes))
+}
+
+/// Converts the Criteo TSV `tsv` into the cache file `out` (written atomically, mode 0600),
+/// skipping and counting malformed lines up to `max_bad_lines` (see [`crate::data::criteo`]).
 ///
-/// Reads the TSV twice: once to count its lines (which sizes the sections), once to parse.
-/// Memory use is constant (a few MiB).
+/// Reads the TSV twice: once to count its lines (which sizes the sections), once to parse;
+/// both take its CRC-32. The file is allocated in full before the columns are written, so a
+/// lack of space is an error naming the directory and the bytes needed and free, and leaves
+/// no temporary file. Memory use is constant (a few MiB).
 pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<PrepareSummary> {
-    let (size, mtime) = source_identity(tsv)?;
-    let capacity = count_lines(tsv)?;
+    let source = SourceStat::of(tsv)?;
+    let (capacity, source_crc32) = scan_source(tsv)?;
     let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
     let layout0 = CacheLayout::compute(0, capacity).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
 
-    let tmp = AtomicFile::create(out, 0o644)?;
+    let tmp = AtomicFile::create(out, CACHE_MODE)?;
     let file = tmp.file();
     let werr = |e| DataError::io(tmp.path(), "write", e);
+    reserve(file, tmp.path(), layout0.file_len)?;
+    // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
     file.set_len(layout0.file_len).map_err(werr)?;
 
-    let mut reader = CriteoReader::open(tsv, max_bad_lines)?;
+    let mut parse_digest = Crc32::new();
+    let src = DigestReader { inner: File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?, digest: &mut parse_digest };
+    let mut reader = CriteoReader::new(src, tsv, max_bad_lines);
     let mut labels: Vec<f32> = Vec::with_capacity(WRITE_CHUNK);
     let mut dense: Vec<f32> = Vec::with_capacity(WRITE_CHUNK * NUM_DENSE);
     let mut keys: Vec<u64> = Vec::with_capacity(WRITE_CHUNK * NUM_SPARSE);
@@ -302,23 +458,35 @@ pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<Prepare
     if rows == 0 && report.bad() > 0 {
         return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
     }
-    if report.lines != capacity || source_identity(tsv)? != (size, mtime) {
+    if report.lines != capacity {
         return Err(changed(format!("{} lines parsed, {capacity} counted", report.lines)));
     }
+    let parsed_crc32 = parse_digest.finish();
+    if parsed_crc32 != source_crc32 {
+        return Err(changed(format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+    }
+    let now = SourceStat::of(tsv)?;
+    let prepared_ns = now_ns();
+    if now != source {
+        return Err(changed(format!("its stat was {source:?} before reading and is {now:?} after")));
+    }
     let layout = CacheLayout::compute(rows, capacity).ok_or_else(|| changed("row count exceeds line count".into()))?;
+    let sums_crc32 = write_sums(&tmp, &layout)?;
     let header = CacheHeader {
         rows,
         row_capacity: capacity,
         lines: report.lines,
         bad_lines: report.bad(),
         bad_counts: report.counts,
-        source_size: size,
-        source_mtime_ns: mtime,
+        source,
+        source_crc32,
+        prepared_ns,
+        sums_crc32,
         layout,
     };
     file.write_all_at(&header.encode(), 0).map_err(werr)?;
     tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, report })
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_crc32, report })
 }
 
 /// Types usable as row indices in [`Dataset::fill_batch`] (`usize`, `u32`, `u64`).
@@ -345,6 +513,28 @@ impl RowIndex for u64 {
     }
 }
 
+/// Whether a valid cache may serve its source, whose stat is now `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reuse {
+    /// Prepare it again: the source changed, or the cache breaks the bad-line rule.
+    No,
+    /// The stat matches and the cache is not racy.
+    Yes,
+    /// The stat matches but the cache is racy: only if the source's CRC-32 still matches.
+    IfDigestMatches,
+}
+
+/// The reuse rule of [`Dataset::from_tsv_cached`] (see the module docs).
+fn reuse(h: &CacheHeader, now: &SourceStat, max_bad_lines: u64) -> Reuse {
+    if h.source != *now || h.bad_lines > max_bad_lines || h.rows == 0 {
+        Reuse::No
+    } else if h.prepared_ns < h.source.ctime_ns.saturating_add(RACY_NS) {
+        Reuse::IfDigestMatches
+    } else {
+        Reuse::Yes
+    }
+}
+
 /// A dataset cache mapped read-only: random access to rows, batch gathers.
 pub struct Dataset {
     path: PathBuf,
@@ -359,8 +549,17 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Maps and validates a cache file written by [`prepare`].
+    /// Maps and validates a cache file written by [`prepare`]: its header, layout and every
+    /// block's CRC-32 ([`Dataset::verify`]). A damaged file is an error naming it, the
+    /// section and the bytes that differ.
     pub fn open(path: &Path) -> DataResult<Dataset> {
+        let ds = Dataset::map(path)?;
+        ds.verify()?;
+        Ok(ds)
+    }
+
+    /// Maps `path` after checking its header and layout (not its sections' sums).
+    fn map(path: &Path) -> DataResult<Dataset> {
         let file = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
@@ -378,27 +577,72 @@ impl Dataset {
         Ok(Dataset { path: path.to_path_buf(), map, header })
     }
 
+    /// Checks every byte after the header fields: the rest of the header page is zero, the
+    /// sums match their CRC-32 in the header, and every block of the column sections
+    /// matches its sum (blocks in parallel on the rayon pool). [`Dataset::open`] calls it;
+    /// it reads the whole file.
+    pub fn verify(&self) -> DataResult<()> {
+        let damaged = |section: &'static str, start: u64, end: u64| DataError::Damaged { path: self.path.clone(), section, start, end };
+        if let Some(i) = self.map[HEADER_FIELDS..HEADER_LEN as usize].iter().position(|&b| b != 0) {
+            let at = (HEADER_FIELDS + i) as u64;
+            return Err(damaged("header", at, at + 1));
+        }
+        let l = &self.header.layout;
+        let sums_bytes = self.section(l.sums_offset, l.sums_len);
+        if crc32(sums_bytes) != self.header.sums_crc32 {
+            return Err(damaged("checksums", l.sums_offset, l.sums_offset + l.sums_len));
+        }
+        let sums: Vec<u32> = sums_bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut first = 0usize;
+        for (name, offset, extent) in l.checksummed() {
+            let blocks = extent.div_ceil(BLOCK) as usize;
+            // The layout was validated, so the sums cover every block; were they short,
+            // first_bad_block would report the first block without a sum.
+            let mine = sums.get(first..first + blocks).unwrap_or(&[]);
+            first += blocks;
+            if let Some(b) = first_bad_block(self.section(offset, extent), mine) {
+                let start = offset + b as u64 * BLOCK;
+                return Err(damaged(name, start, (start + BLOCK).min(offset + extent)));
+            }
+        }
+        Ok(())
+    }
+
     /// Prepares (once) and opens the cache of `tsv` under `cache_dir`.
     ///
     /// The cache is `cache_dir/<stem>.<hash>.rrdata`, the hash covering the TSV's canonical
-    /// path, size and mtime, so an edited TSV gets a fresh cache. An existing valid cache of
-    /// the same source is reused, unless it skipped more malformed lines than
-    /// `max_bad_lines` allows or holds no row at all (an older version wrote such caches; the
-    /// TSV is read again, which reports them). Concurrent
-    /// callers on one host (the local ranks of a job) serialise on a lock file, so the TSV is
-    /// parsed once.
+    /// path, size and mtime and the format version, so an edited TSV gets a fresh cache. An
+    /// existing cache is reused when it opens (a damaged, foreign or older-version one is
+    /// prepared again, like a missing one), the TSV's size, mtime, ctime and inode are the
+    /// recorded ones (and, for a racy cache, its CRC-32: see the module docs), it skipped no
+    /// more malformed lines than `max_bad_lines` allows, and it holds a row (an older
+    /// version wrote caches of none; the TSV is read again, which reports them). Concurrent
+    /// callers on one host (the local ranks of a job) serialise on a lock file, so the TSV
+    /// is parsed once. Caches of the same TSV left by older format versions are removed.
     pub fn from_tsv_cached(tsv: &Path, cache_dir: &Path, max_bad_lines: u64) -> DataResult<Dataset> {
         let out = cache_path(tsv, cache_dir)?;
         std::fs::create_dir_all(cache_dir).map_err(|e| DataError::io(cache_dir, "create directory", e))?;
         let _lock = FileLock::exclusive(&out.with_extension("lock"))?;
-        let (size, mtime) = source_identity(tsv)?;
+        let now = SourceStat::of(tsv)?;
         if let Ok(ds) = Dataset::open(&out) {
             let h = ds.header();
-            if h.source_size == size && h.source_mtime_ns == mtime && h.bad_lines <= max_bad_lines && h.rows > 0 {
+            let serves = match reuse(h, &now, max_bad_lines) {
+                Reuse::Yes => true,
+                Reuse::IfDigestMatches => scan_source(tsv)?.1 == h.source_crc32,
+                Reuse::No => false,
+            };
+            if serves {
                 return Ok(ds);
             }
         }
         prepare(tsv, &out, max_bad_lines)?;
+        for version in 1..FORMAT.version {
+            // Best effort: an old file that cannot be removed stays as it was.
+            if let Ok(old) = cache_path_of(tsv, cache_dir, version) {
+                let _ = std::fs::remove_file(old.with_extension("lock"));
+                let _ = std::fs::remove_file(old);
+            }
+        }
         Dataset::open(&out)
     }
 
@@ -426,7 +670,6 @@ impl Dataset {
         // In bounds and page-aligned: checked by CacheHeader::parse against the map length.
         &self.map[offset as usize..(offset + len) as usize]
     }
-
     /// All labels (`len()` values, 0.0 or 1.0).
     pub fn labels(&self) -> &[f32] {
         let l = &self.header.layout;
@@ -492,12 +735,17 @@ impl Dataset {
 
 /// The cache file [`Dataset::from_tsv_cached`] uses for `tsv` under `cache_dir`.
 pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
+    cache_path_of(tsv, cache_dir, FORMAT.version)
+}
+
+/// The cache file of `tsv` under `cache_dir` in format `version`.
+fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32) -> DataResult<PathBuf> {
     let canonical = std::fs::canonicalize(tsv).map_err(|e| DataError::io(tsv, "resolve", e))?;
-    let (size, mtime) = source_identity(&canonical)?;
+    let source = SourceStat::of(&canonical)?;
     let mut id = canonical.as_os_str().as_encoded_bytes().to_vec();
-    id.extend_from_slice(&size.to_le_bytes());
-    id.extend_from_slice(&mtime.to_le_bytes());
-    id.extend_from_slice(&FORMAT.version.to_le_bytes());
+    id.extend_from_slice(&source.size.to_le_bytes());
+    id.extend_from_slice(&source.mtime_ns.to_le_bytes());
+    id.extend_from_slice(&version.to_le_bytes());
     let stem: String = tsv
         .file_stem()
         .map(|s| s.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect())
@@ -542,20 +790,31 @@ mod tests {
             lines: 10,
             bad_lines: 1,
             bad_counts: [0, 1, 0, 0, 0, 0],
-            source_size: 1234,
-            source_mtime_ns: 5678,
+            source: SourceStat { size: 1234, mtime_ns: 5678, ctime_ns: 10 * RACY_NS, inode: 42 },
+            source_crc32: 0xdead_beef,
+            prepared_ns: 12 * RACY_NS,
+            sums_crc32: 0x1234_5678,
             layout: CacheLayout::compute(9, 10).unwrap(),
         }
     }
 
     #[test]
-    fn layout_is_page_aligned() {
+    fn layout_is_page_aligned_and_sums_cover_every_block() {
         let l = CacheLayout::compute(1000, 1000).unwrap();
         assert_eq!(l.labels_offset, 4096);
         assert_eq!(l.dense_offset, 8192);
         assert_eq!(l.keys_offset, 8192 + 53248);
-        assert_eq!(l.file_len, 8192 + 53248 + 208_896);
-        assert_eq!(CacheLayout::compute(0, 0).unwrap().file_len, 4096);
+        assert_eq!(l.sums_offset, 8192 + 53248 + 208_896);
+        // One block per section (each under 1 MiB), 4 bytes each, and the file ends there.
+        assert_eq!(l.sums_len, 12);
+        assert_eq!(l.file_len, 8192 + 53248 + 208_896 + 12);
+        assert_eq!(l.checksummed(), [("labels", 4096, 4096), ("dense", 8192, 53248), ("keys", 61440, 208_896)]);
+        // 10,000 rows: the keys' 2,080,768 bytes are two blocks.
+        let l = CacheLayout::compute(10_000, 10_000).unwrap();
+        assert_eq!(l.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768]);
+        assert_eq!(l.sums_len, 16);
+        let empty = CacheLayout::compute(0, 0).unwrap();
+        assert_eq!((empty.sums_offset, empty.sums_len, empty.file_len), (4096, 0, 4096));
         assert!(CacheLayout::compute(2, 1).is_none());
         assert!(CacheLayout::compute(0, u64::MAX / 8).is_none());
     }
@@ -576,6 +835,65 @@ mod tests {
         h.layout.keys_len += 208;
         let e = CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap_err();
         assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
+        let mut h = header();
+        h.layout.sums_len += 4;
+        let e = CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap_err();
+        assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
+        // Another checksum block length, and a reserved field that is not zero.
+        for (at, field) in [(24, "checksum_block"), (100, "reserved")] {
+            let mut b = header().encode();
+            b[at] ^= 1;
+            let s = fnv1a64(&b[..CHECKSUM_AT]);
+            b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&s.to_le_bytes());
+            let e = CacheHeader::parse(Path::new("x"), &b, header().layout.file_len).unwrap_err();
+            assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: f, .. }) if f == field), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_cache_is_reused_only_for_the_same_stat_and_a_racy_one_only_by_its_digest() {
+        let h = header();
+        let same = h.source;
+        assert_eq!(reuse(&h, &same, 1), Reuse::Yes);
+        // Any field of the stat differs: prepared again (a rewrite in place changes the ctime
+        // even when the size and mtime are restored; a replaced file has another inode).
+        for now in [
+            SourceStat { size: 1235, ..same },
+            SourceStat { mtime_ns: 5679, ..same },
+            SourceStat { ctime_ns: same.ctime_ns + 1, ..same },
+            SourceStat { inode: 43, ..same },
+        ] {
+            assert_eq!(reuse(&h, &now, 1), Reuse::No, "{now:?}");
+        }
+        // The bad-line rule, and caches of no row.
+        assert_eq!(reuse(&h, &same, 0), Reuse::No);
+        assert_eq!(reuse(&CacheHeader { rows: 0, lines: 1, ..h }, &same, 1), Reuse::No);
+        // Checked within RACY_NS of the ctime (or before it: a clock set back): racy.
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS - 1, ..h }, &same, 1), Reuse::IfDigestMatches);
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns - 1, ..h }, &same, 1), Reuse::IfDigestMatches);
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS, ..h }, &same, 1), Reuse::Yes);
+    }
+
+    #[test]
+    fn a_cache_of_an_older_version_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("ringrec-cache-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tsv = dir.join("old.tsv");
+        crate::data::synth::synth(&tsv, 50, 1).unwrap();
+        let cache_dir = dir.join("cache");
+        std::fs::create_dir_all(&cache_dir).unwrap();
+        let old = cache_path_of(&tsv, &cache_dir, 1).unwrap();
+        assert_ne!(old, cache_path(&tsv, &cache_dir).unwrap());
+        std::fs::write(&old, b"RRDATA\0\0 a version-1 cache").unwrap();
+        std::fs::write(old.with_extension("lock"), b"").unwrap();
+        let ds = Dataset::from_tsv_cached(&tsv, &cache_dir, 0).unwrap();
+        assert_eq!(ds.len(), 50);
+        let mut left: Vec<String> = std::fs::read_dir(&cache_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        let name = ds.path().file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(left, vec![name.replace(".rrdata", ".lock"), name], "the version-1 cache and its lock are gone");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -55,6 +55,22 @@ pub enum DataError {
     /// The cache file is not a valid cache (truncated, foreign, another version, damaged).
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// Bytes of a cache file differ from the CRC-32 written with them: the file was damaged
+    /// after it was written (disk, copy, or another program).
+    #[error(
+        "{path}: the {section} section is damaged: bytes {start}..{end} do not match the CRC-32 written with them; \
+         delete the file (a cache made from a TSV is prepared again on the next run) or run `ringrec data prepare` on its TSV again"
+    )]
+    Damaged {
+        /// The cache file.
+        path: PathBuf,
+        /// The section (`header`, `labels`, `dense`, `keys`, `checksums`).
+        section: &'static str,
+        /// First byte of the damaged block (offset in the file).
+        start: u64,
+        /// One past its last byte.
+        end: u64,
+    },
     /// A row index past the end of the dataset.
     #[error("row {index} is out of range: the dataset has {rows} rows")]
     RowOutOfRange {

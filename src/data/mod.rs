@@ -3,9 +3,10 @@
 //! ```text
 //! Criteo TSV ──criteo::CriteoReader──> Sample {label, 13 dense, 26 keys}
 //!     │                                   (malformed lines counted, --max-bad-lines)
-//!     └─cache::prepare──> .rrdata file (header + label/dense/key columns, page-aligned)
+//!     └─cache::prepare──> .rrdata file (header + label/dense/key columns, page-aligned,
+//!                              │         a CRC-32 per MiB; mode 0600, space reserved first)
 //!                              │
-//!                    cache::Dataset::open (mmap, read-only, validated)
+//!                    cache::Dataset::open (mmap, read-only, every block verified)
 //!                              │
 //!   shard::epoch_order / global_batch_range / rank_slice ──> Dataset::fill_batch
 //! ```
@@ -13,11 +14,12 @@
 //! - [`criteo`]: the text format, the feature transform (`ln(1 + max(x, 0))`) and the
 //!   field-salted key hash; malformed lines are never dropped silently.
 //! - [`cache`]: the binary format; [`Dataset::from_tsv_cached`] parses a TSV once per host
-//!   and every later run (and every local rank) maps the cache.
+//!   and every later run (and every local rank) maps the cache, until the TSV's stat
+//!   (size, mtime, ctime, inode) changes or the cache is damaged.
 //! - [`shard`]: global batches cut into per-rank slices, so results do not depend on the
 //!   number of ranks; a deterministic per-epoch shuffle; the train/test split.
 //! - [`synth`]: a synthetic TSV with a planted logistic model and its Bayes AUC.
-//! - [`cli`]: `ringrec data prepare | synth | inspect`.
+//! - `ringrec data prepare | synth | inspect` is the binary's (`src/cli/data.rs`).
 
 pub mod cache;
 pub mod criteo;
@@ -25,7 +27,7 @@ pub mod error;
 pub mod shard;
 pub mod synth;
 
-pub use cache::{prepare, CacheHeader, Dataset, PrepareSummary};
+pub use cache::{prepare, CacheHeader, Dataset, PrepareSummary, SourceStat};
 pub use criteo::{BadLine, BadLineKind, BadLineReport, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};
 pub use error::{DataError, DataResult};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};

@@ -70,7 +70,7 @@ pub enum CommError {
         reason: String,
     },
     /// A shared-memory segment could not be created, opened or mapped.
-    #[error("shared memory {path}: {source}; check free space in /dev/shm (or set RINGREC_SHM_DIR)")]
+    #[error("shared memory {path}: {source} (shared segments live in RINGREC_SHM_DIR, default /dev/shm: check its free space, or set it to another directory)")]
     Shm {
         /// The segment path.
         path: PathBuf,

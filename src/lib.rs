@@ -25,6 +25,7 @@ pub mod model;
 pub mod shm;
 pub mod signals;
 pub mod sparse;
+pub mod stale;
 pub mod tensor;
 pub mod topology;
 pub mod watchdog;

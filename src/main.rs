@@ -38,6 +38,10 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Remove what killed jobs left behind: shared segments and host tables in the
+    /// shared-memory directory, interrupted writes in checkpoint and data directories
+    /// (`ringrec clean ckpt ~/.cache/ringrec`). Never a file of a live job.
+    Clean(cli::clean::CleanArgs),
 }
 
 #[derive(Subcommand)]
@@ -106,6 +110,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Table(cli::table::TableCommand::Hold(a)) => with_mpi(|topo| cli::table::hold(topo, &a)),
         Command::Table(cmd) => cli::table::run(cmd),
         Command::Data(cmd) => cli::data::run(cmd),
+        Command::Clean(args) => cli::clean::run(&args),
         Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
         Command::Bench(BenchCommand::Checkpoint(args)) => cli::bench::checkpoint::run(&args),
         Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),

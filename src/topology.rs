@@ -109,7 +109,9 @@ impl std::fmt::Debug for Topology {
 impl Topology {
     /// Initialises MPI, asking for thread level `MPI_THREAD_MULTIPLE` (the engine's
     /// background thread calls MPI while the training thread does too, on other
-    /// communicators), and computes the topology. Call once per process.
+    /// communicators), and computes the topology. The first rank of each machine removes
+    /// what killed jobs left in the shared-memory directory ([`crate::stale::sweep_shm`])
+    /// before the job creates its own segments. Call once per process.
     pub fn init() -> CommResult<Topology> {
         let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| CommError::Mpi("MPI is already initialised in this process; call Topology::init once".into()))?;
@@ -127,6 +129,11 @@ impl Topology {
         // Real hosts: shared-memory split. Then simulated hosts inside them.
         let shared = world_comm.split_shared(rank as i32);
         let (machine_local_rank, machine_local_size) = (shared.rank() as usize, shared.size() as usize);
+        // What killed jobs left in the shared-memory directory, removed once per machine
+        // before this job creates its first segment (the heartbeat, below).
+        if machine_local_rank == 0 {
+            crate::stale::report(&config.shm_dir, &crate::stale::sweep_shm(&config.shm_dir));
+        }
         let local_comm = match per_host {
             None => shared,
             Some(k) => shared

@@ -112,19 +112,7 @@ impl Running {
 
     /// The rank processes: (world rank, pid), from their environment.
     fn ranks(&self) -> Vec<(usize, i32)> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-            let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
-            let has_job = vars.iter().any(|v| *v == format!("RINGREC_JOB_ID={}", self.job).as_bytes());
-            let rank = vars.iter().find_map(|v| std::str::from_utf8(v).ok()?.strip_prefix("OMPI_COMM_WORLD_RANK=")?.parse::<usize>().ok());
-            if let (true, Some(r)) = (has_job, rank) {
-                out.push((r, pid));
-            }
-        }
-        out.sort();
-        out
+        common::rank_pids(&self.job)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The binary's commands: flags (clap), printing and progress; the work is the library's.
 
 pub mod bench;
+pub mod clean;
 pub mod data;
 pub mod info;
 pub mod launch;

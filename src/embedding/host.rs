@@ -8,8 +8,10 @@
 //!    leader failure (corrupt import file, full `/dev/shm`) reaches every local rank as an
 //!    error instead of a hang;
 //! 3. the others open the file read-only; an all-reduce of their success tells everyone;
-//! 4. the leader unlinks the name: the memory lives while a rank maps it, and nothing is
-//!    left in `/dev/shm` however the job ends (normal exit, error, or a kill).
+//! 4. the leader unlinks the name: the memory lives while a rank maps it, and from here
+//!    nothing is left in `/dev/shm` however the job ends (normal exit, error, or a kill);
+//!    a kill before this step leaves the file, which the next job's start removes
+//!    ([`crate::stale`]).
 //!
 //! Between update and lookup phases the caller runs [`HostTable::sync`] (a host barrier).
 

@@ -1,5 +1,7 @@
 //! The training data of a run: the configured file or the synthetic default set (generated
 //! once per machine under a lock), its memory-mapped cache, and the train/held-out split.
+//! Temporaries that a killed run left in the data and cache directories are removed first
+//! ([`crate::stale::sweep_temporaries`]).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -36,6 +38,12 @@ fn default_set(dir: &Path, rows: u64) -> Result<PathBuf, DataError> {
 /// file lock: one parse per host) and splits it. Every rank learns whether all succeeded.
 pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
     let dir = &cfg.data_dir;
+    // Temporaries of a killed run's data generation or cache preparation, once per machine.
+    if topo.machine_local_rank == 0 {
+        for d in [dir.clone(), dir.join("cache")] {
+            crate::stale::report(&d, &crate::stale::sweep_temporaries(&d));
+        }
+    }
     let attempt = (|| -> Result<(Dataset, PathBuf), DataError> {
         std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, "create the data directory", e))?;
         let source = match &cfg.data {

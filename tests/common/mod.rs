@@ -177,3 +177,22 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The rank processes of job `job` on this machine, as (world rank, pid) in rank order:
+/// those whose environment has `RINGREC_JOB_ID=<job>` and an `OMPI_COMM_WORLD_RANK`.
+pub fn rank_pids(job: &str) -> Vec<(usize, i32)> {
+    let mut out = Vec::new();
+    let want = format!("RINGREC_JOB_ID={job}");
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        let has_job = vars.contains(&want.as_bytes());
+        let rank = vars.iter().find_map(|v| std::str::from_utf8(v).ok()?.strip_prefix("OMPI_COMM_WORLD_RANK=")?.parse::<usize>().ok());
+        if let (true, Some(r)) = (has_job, rank) {
+            out.push((r, pid));
+        }
+    }
+    out.sort();
+    out
+}

@@ -187,7 +187,7 @@ fn pick(seed: u64, n: u64) -> u64 {
 fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
     let shm = tmpdir("kills-shm");
     let dd = data_dir();
-    let base = ["--max-steps", "300", "--epochs", "100", "--checkpoint-every", "5"];
+    let base = ["--max-steps", "1600", "--epochs", "200", "--checkpoint-every", "5"];
     let whole = tmpdir("kills-whole");
     let reference = train(2, &[("RINGREC_SHM_DIR", shm.to_str().unwrap())], &whole, &base);
     reference.assert_ok();
@@ -217,6 +217,21 @@ fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
         resumed_from.push(latest_step(&ck));
     }
     eprintln!("checkpoint after each kill: {resumed_from:?}");
+    let progressed = resumed_from.windows(2).filter(|w| w[1] > w[0]).count();
+    assert!(progressed >= 12, "most kills must land in checkpointed training: {resumed_from:?}");
+    // Time passes before the job is run again: what the kills left is older than the
+    // sweep's 10 s guard (which protects a file another machine may still be writing).
+    fn backdate(dir: &Path) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                backdate(&e.path());
+            }
+            let old = std::time::SystemTime::now() - Duration::from_secs(60);
+            let _ = std::fs::File::open(e.path()).and_then(|f| f.set_modified(old));
+        }
+    }
+    backdate(&ck);
+    backdate(&shm);
     let mut args: Vec<&str> = base.to_vec();
     if latest_step(&ck).is_some() {
         args.push("--resume");
@@ -258,4 +273,77 @@ fn a_full_checkpoint_filesystem_keeps_the_previous_checkpoint() {
     assert_eq!(steps_kept(&ck), vec![4]);
     assert_eq!(temporaries(&ck), Vec::<String>::new(), "no partial file");
     ringrec::train::checkpoint::load(&step_dir(&ck, 4)).expect("the previous checkpoint is whole");
+}
+
+/// Every file of a checkpoint, damaged 200 ways (seeded single-byte flips, truncations,
+/// appends): `load` refuses it naming the file, or reads exactly what was written — never
+/// a panic, never other values.
+#[test]
+fn damaged_checkpoint_files_are_refused_or_read_exactly() {
+    use ringrec::embedding::{EmbeddingTable, TableConfig};
+    use ringrec::model::{DenseOptimState, DenseOptimizer};
+    use ringrec::train::checkpoint::{self, DenseState};
+    let dir = tmpdir("flips");
+    let tp = dir.join("live-table");
+    let mut cfg = TableConfig::new(8, 1024);
+    cfg.optimizer = ringrec::embedding::OptimizerKind::Adagrad;
+    let mut table = EmbeddingTable::create(&tp, &cfg).unwrap();
+    let keys: Vec<u64> = (0..500u64).map(|k| k * 7919 + 3).collect();
+    let grads: Vec<f32> = (0..500 * 8).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+    table.apply_updates(&keys, &grads, 0.1).unwrap();
+    let n = 300;
+    let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, n);
+    opt.step = 9;
+    opt.m.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-4);
+    opt.v.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-6);
+    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, params: (0..n).map(|i| (i as f32).sin()).collect() };
+    let settings = [("--dim", "8".to_string())];
+    let ck = checkpoint::write(&dir.join("ck"), &dense, &table, &settings, 2).unwrap();
+    let good = checkpoint::load(&ck).unwrap();
+    let mut want_rows = vec![0f32; keys.len() * 8];
+    table.lookup(&keys, &mut want_rows).unwrap();
+    assert_eq!(good.dense, dense);
+    let (mut refused, mut exact) = (0, 0);
+    for name in ["dense.bin", "manifest.json", "table.rrt"] {
+        let p = ck.join(name);
+        let original = std::fs::read(&p).unwrap();
+        let len = original.len() as u64;
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for i in 0..200u64 {
+            let mut b = original.clone();
+            let at = (ringrec::hash::splitmix64(i ^ len) % len) as usize;
+            b[at] ^= 1 << (i % 8);
+            cases.push(b);
+        }
+        for cut in [0, 1, 8, 16, len / 2, len - 1] {
+            cases.push(original[..cut as usize].to_vec());
+        }
+        for extra in [1usize, 4, 4096] {
+            let mut b = original.clone();
+            b.extend(std::iter::repeat_n(0u8, extra));
+            cases.push(b);
+        }
+        for b in cases {
+            std::fs::write(&p, &b).unwrap();
+            match checkpoint::load(&ck) {
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(&ck.display().to_string()), "{name}: the error names no file: {msg}");
+                    refused += 1;
+                }
+                Ok(l) => {
+                    assert_eq!((l.dense == good.dense, l.manifest == good.manifest), (true, true), "{name}: a damaged file was read as other values");
+                    let t = EmbeddingTable::open_readonly(&l.table()).unwrap();
+                    assert_eq!(t.live_keys().len(), keys.len(), "{name}: other rows");
+                    let mut got = vec![0f32; keys.len() * 8];
+                    t.lookup(&keys, &mut got).unwrap();
+                    assert!(got == want_rows && t.header().generation == table.header().generation, "{name}: a damaged table was read as other values");
+                    exact += 1;
+                }
+            }
+        }
+        std::fs::write(&p, &original).unwrap();
+    }
+    eprintln!("checkpoint files damaged 627 ways: {refused} refused, {exact} read exactly, 0 wrong");
+    assert_eq!(refused + exact, 3 * 209);
 }

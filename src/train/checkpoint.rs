@@ -14,8 +14,9 @@
 //! (mode 0700, files 0600), fsyncs every file, renames the directory into place, fsyncs
 //! `D`, then replaces `LATEST` atomically and removes all but the newest
 //! `--keep-checkpoints` (default 2). A crash leaves either the previous state or a
-//! complete new directory; a leftover temporary directory belongs to a dead process and is
-//! removed by the next run ([`crate::stale`]-style sweep) or `ringrec clean`.
+//! complete new directory; a leftover temporary belongs to a dead process and is removed
+//! when the next run starts or writes a checkpoint ([`crate::stale::sweep_temporaries`]),
+//! or by `ringrec clean`.
 //!
 //! `--resume` takes the newest complete checkpoint that passes every check (the
 //! manifest's own checksum, each file's size and CRC-32, the table's block checksums, the
@@ -294,6 +295,8 @@ pub fn write(dir: &Path, dense: &DenseState, table: &EmbeddingTable, settings: &
         return Err(CheckpointError::NonFinite { step: dense.step, what: format!("embedding row of slot {slot}, value {j}") });
     }
     std::fs::create_dir_all(dir).map_err(io(dir, "create the checkpoint directory"))?;
+    // What a killed writer left (a temporary of a dead process) goes first.
+    crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
     let bin = dense.encode();
     let needed = bin.len() as u64 + table.as_bytes().len() as u64 + 64 * 1024;
     if let Some(free) = crate::fileio::free_bytes(dir) {

@@ -184,6 +184,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
         let resume_settings = cfg.resume_settings(&crate::data::identity(&data.source), data.ds.len());
+        if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
+            // What a killed run left there (temporaries of dead processes) goes first.
+            crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
+        }
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
                 let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;

@@ -52,7 +52,9 @@ fn create_is_exclusive_private_and_empty() {
     assert_eq!(t.live_rows(), 0);
     assert!(matches!(EmbeddingTable::create(&p, &cfg(8, 100, StorageDtype::F32, OptimizerKind::Sgd)), Err(TableError::Exists { .. })));
     let info = t.inspect();
-    assert_eq!(info.file_bytes, 4096 + 4096 + 4096);
+    // Header, index (128 x 8 bytes), rows (128 x 8 x 4 bytes), block checksums: a page each.
+    assert_eq!(info.file_bytes, 4096 + 4096 + 4096 + 4096);
+    assert!(!info.checksums, "a live table carries no checksums");
     assert!(info.to_string().contains("0 live / 102 max / 128 slots"), "{info}");
 }
 
@@ -201,15 +203,25 @@ fn save_and_load_round_trip_byte_identical() {
         t.apply_updates(&keys, &grads(&keys, 8, 3), 0.2).unwrap();
         let saved = dir.path(&format!("saved{i}"));
         t.save(&saved).unwrap();
-        assert_eq!(std::fs::read(&saved).unwrap(), t.as_bytes());
+        // The saved file: the live body, the checksums flag set, the sums of the body.
+        let l = t.header().layout;
+        let file = std::fs::read(&saved).unwrap();
+        let body = l.index_offset as usize..l.sums_offset as usize;
+        assert!(file.len() == t.as_bytes().len() && file[body.clone()] == t.as_bytes()[body.clone()], "{dtype}: the body is saved as is");
+        assert_eq!(file[28], 1, "checksums flag");
+        assert_eq!(file[l.sums_offset as usize..][..4], ringrec::hash::crc32(&file[body.clone()]).to_le_bytes(), "one block, its CRC-32");
+        let saved_table = EmbeddingTable::open_readonly(&saved).unwrap();
+        assert!(saved_table.inspect().checksums && saved_table.inspect().to_string().contains("CRC-32 of 1 blocks of 1 MiB, all verified"));
         let loaded = EmbeddingTable::load(&saved, &dir.path(&format!("loaded{i}"))).unwrap();
         assert!(loaded.is_writable());
-        assert_eq!(loaded.as_bytes(), t.as_bytes());
+        assert!(loaded.as_bytes() == t.as_bytes(), "{dtype}: the loaded copy is the live table, byte for byte");
         assert_eq!(loaded.header(), t.header());
+        assert!(!loaded.header().sums_valid);
         // Saving over an existing file replaces it atomically; no temp file is left.
         t.apply_updates(&keys[..3], &grads(&keys[..3], 8, 4), 0.2).unwrap();
         t.save(&saved).unwrap();
-        assert_eq!(std::fs::read(&saved).unwrap(), t.as_bytes());
+        let again = EmbeddingTable::load(&saved, &dir.path(&format!("again{i}"))).unwrap();
+        assert!(again.as_bytes() == t.as_bytes());
     }
     let names: Vec<String> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
@@ -309,7 +321,7 @@ fn every_corruption_kind_has_its_own_error() {
     let mut b = good.clone();
     b[8] = 7;
     let e = open_bytes(&dir, "version", &b).unwrap_err();
-    assert!(matches!(e, TableError::Format(FormatError::BadVersion { found: 7, supported: 1, .. })), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadVersion { found: 7, supported: 2, .. })), "{e}");
 
     let mut b = good.clone();
     b[48] ^= 1; // generation, checksum not fixed

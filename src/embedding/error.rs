@@ -28,6 +28,29 @@ pub enum TableError {
         /// What disagrees.
         detail: String,
     },
+    /// A saved table's bytes differ from its checksums (or a byte that must be zero is not):
+    /// the copy was damaged after it was written.
+    #[error("{path}: the {section} section is damaged at byte {offset}: {detail}; this copy cannot be trusted: resume from the previous checkpoint, or restore the file from a saved copy")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Which section(s) the damaged bytes belong to (`index`, `rows`, `state`, ...).
+        section: String,
+        /// Byte offset in the file where the damaged block starts.
+        offset: u64,
+        /// What differs.
+        detail: String,
+    },
+    /// A table's shape or initialisation differs from what this run asks for.
+    #[error("{path} does not match this run: {flag}: {detail}; run with the table's {flag}, or start without this table")]
+    Mismatch {
+        /// The table file.
+        path: PathBuf,
+        /// The command-line flag (or setting) that differs.
+        flag: &'static str,
+        /// Both values, in words (`the table has 8, this run asks for 16`).
+        detail: String,
+    },
     /// The file belongs to another user: a shared table is only trusted from this user.
     #[error("{path} is owned by uid {owner}, not by this user (uid {euid}); refusing to map another user's table, remove it or run as its owner")]
     WrongOwner {

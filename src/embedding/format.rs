@@ -9,16 +9,20 @@ use std::path::Path;
 
 use super::error::{TableError, TableResult};
 pub use crate::header::HEADER_LEN;
+use crate::hash::CHECKSUM_BLOCK;
 use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format};
 
 /// Bytes of the header that carry fields (the rest of the header page is zero).
-pub const HEADER_FIELDS: usize = 144;
+pub const HEADER_FIELDS: usize = 160;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
-pub const CHECKSUM_AT: usize = 136;
-/// The table file format (magic `RRTABLE`, version 1).
+pub const CHECKSUM_AT: usize = 152;
+/// Bit of the header's flags word: the sums section holds the block checksums of the body
+/// (set by [`crate::embedding::EmbeddingTable::save`]; clear in a live table).
+pub const FLAG_SUMS_VALID: u32 = 1;
+/// The table file format (magic `RRTABLE`, version 2).
 pub static FORMAT: Format = Format {
     magic: *b"RRTABLE\0",
-    version: 1,
+    version: 2,
     header_len: HEADER_LEN,
     checksum_at: CHECKSUM_AT,
     noun: "embedding table",
@@ -175,6 +179,10 @@ pub struct Layout {
     pub state_offset: u64,
     /// Its length.
     pub state_len: u64,
+    /// Start of the block checksums; the body they cover is `[HEADER_LEN, sums_offset)`.
+    pub sums_offset: u64,
+    /// Their length: 4 bytes (a CRC-32) per [`CHECKSUM_BLOCK`] bytes of the body.
+    pub sums_len: u64,
     /// Length of the whole file.
     pub file_len: u64,
 }
@@ -188,11 +196,30 @@ impl Layout {
         let rows_len = capacity.checked_mul(dim as u64)?.checked_mul(dtype.size())?;
         let state_offset = align_up(rows_offset.checked_add(rows_len)?)?;
         let state_len = capacity.checked_mul(opt.state_bytes_per_row())?;
-        let file_len = align_up(state_offset.checked_add(state_len)?)?;
+        let sums_offset = align_up(state_offset.checked_add(state_len)?)?;
+        let sums_len = (sums_offset - index_offset).div_ceil(CHECKSUM_BLOCK as u64).checked_mul(4)?;
+        let file_len = align_up(sums_offset.checked_add(sums_len)?)?;
         if file_len > isize::MAX as u64 {
             return None;
         }
-        Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, file_len })
+        Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, sums_offset, sums_len, file_len })
+    }
+
+    /// The bytes the block checksums cover: index, rows, state and their padding.
+    pub fn body(&self) -> std::ops::Range<u64> {
+        self.index_offset..self.sums_offset
+    }
+
+    /// The sections that bytes `[start, end)` of the body belong to (each section with the
+    /// padding after it), as in an error message: `"index"`, `"rows and state"`.
+    pub fn sections_of(&self, start: u64, end: u64) -> String {
+        let named = [("index", self.index_offset, self.rows_offset), ("rows", self.rows_offset, self.state_offset), ("state", self.state_offset, self.sums_offset)];
+        let hit: Vec<&str> = named.iter().filter(|(_, a, b)| start < *b && *a < end).map(|(n, _, _)| *n).collect();
+        match hit.as_slice() {
+            [] => "body".into(),
+            [one] => (*one).into(),
+            [init @ .., last] => format!("{} and {last}", init.join(", ")),
+        }
     }
 }
 
@@ -219,6 +246,11 @@ pub struct Header {
     pub adagrad_eps: f32,
     /// Adagrad's initial accumulator.
     pub adagrad_init: f32,
+    /// Whether the sums section holds the checksums of the body (a saved table); clear in a
+    /// live table, whose body changes every step.
+    pub sums_valid: bool,
+    /// CRC-32 of the sums section itself (0 while `sums_valid` is clear).
+    pub sums_crc: u32,
     /// Section offsets.
     pub layout: Layout,
 }
@@ -231,7 +263,7 @@ impl Header {
         wr_u32(&mut b, 16, self.dim);
         wr_u32(&mut b, 20, self.dtype.code());
         wr_u32(&mut b, 24, self.optimizer.code());
-        wr_u32(&mut b, 28, 0);
+        wr_u32(&mut b, 28, if self.sums_valid { FLAG_SUMS_VALID } else { 0 });
         wr_u64(&mut b, 32, self.capacity);
         wr_u64(&mut b, 40, self.live_rows);
         wr_u64(&mut b, 48, self.generation);
@@ -239,9 +271,9 @@ impl Header {
         wr_u32(&mut b, 64, self.init_scale.to_bits());
         wr_u32(&mut b, 68, self.adagrad_eps.to_bits());
         wr_u32(&mut b, 72, self.adagrad_init.to_bits());
-        wr_u32(&mut b, 76, 0);
+        wr_u32(&mut b, 76, self.sums_crc);
         let l = &self.layout;
-        for (i, v) in [l.index_offset, l.index_len, l.rows_offset, l.rows_len, l.state_offset, l.state_len, l.file_len].into_iter().enumerate() {
+        for (i, v) in [l.index_offset, l.index_len, l.rows_offset, l.rows_len, l.state_offset, l.state_len, l.file_len, l.sums_offset, l.sums_len].into_iter().enumerate() {
             wr_u64(&mut b, 80 + 8 * i, v);
         }
         FORMAT.seal(&mut b);
@@ -271,8 +303,14 @@ impl Header {
         let dtype = StorageDtype::from_code(rd_u32(bytes, 20)).ok_or_else(|| bad("dtype", format!("unknown code {}", rd_u32(bytes, 20))))?;
         let optimizer =
             OptimizerKind::from_code(rd_u32(bytes, 24)).ok_or_else(|| bad("optimizer", format!("unknown code {}", rd_u32(bytes, 24))))?;
-        if rd_u32(bytes, 28) != 0 || rd_u32(bytes, 76) != 0 {
-            return Err(bad("flags", "reserved fields are not zero".into()));
+        let flags = rd_u32(bytes, 28);
+        if flags & !FLAG_SUMS_VALID != 0 {
+            return Err(bad("flags", format!("{flags:#x}, only bit 0 (checksums valid) is defined")));
+        }
+        let sums_valid = flags & FLAG_SUMS_VALID != 0;
+        let sums_crc = rd_u32(bytes, 76);
+        if !sums_valid && sums_crc != 0 {
+            return Err(bad("sums_crc", format!("{sums_crc:#010x} while the checksums are marked invalid (expected 0)")));
         }
         let capacity = rd_u64(bytes, 32);
         if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
@@ -297,10 +335,19 @@ impl Header {
             return Err(bad("adagrad_init", format!("{adagrad_init}, expected a finite value >= 0")));
         }
         let f = |i: usize| rd_u64(bytes, 80 + 8 * i);
-        let stored_layout =
-            Layout { index_offset: f(0), index_len: f(1), rows_offset: f(2), rows_len: f(3), state_offset: f(4), state_len: f(5), file_len: f(6) };
+        let stored_layout = Layout {
+            index_offset: f(0),
+            index_len: f(1),
+            rows_offset: f(2),
+            rows_len: f(3),
+            state_offset: f(4),
+            state_len: f(5),
+            file_len: f(6),
+            sums_offset: f(7),
+            sums_len: f(8),
+        };
         let layout = check_layout(path, &stored_layout, dim, dtype, capacity, optimizer, file_len)?;
-        Ok(Header { dim, dtype, optimizer, capacity, live_rows, generation, seed, init_scale, adagrad_eps, adagrad_init, layout })
+        Ok(Header { dim, dtype, optimizer, capacity, live_rows, generation, seed, init_scale, adagrad_eps, adagrad_init, sums_valid, sums_crc, layout })
     }
 }
 
@@ -308,7 +355,8 @@ impl Header {
 /// it; the stored file length must be the real one.
 fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, file_len: u64) -> TableResult<Layout> {
     let bad = |detail: String| TableError::from(FORMAT.layout(path, detail));
-    for (name, off, len) in [("index", s.index_offset, s.index_len), ("rows", s.rows_offset, s.rows_len), ("state", s.state_offset, s.state_len)] {
+    let sections = [("index", s.index_offset, s.index_len), ("rows", s.rows_offset, s.rows_len), ("state", s.state_offset, s.state_len), ("sums", s.sums_offset, s.sums_len)];
+    for (name, off, len) in sections {
         match off.checked_add(len) {
             Some(end) if end <= s.file_len => {}
             _ => return Err(bad(format!("{name} section [{off}, +{len}) ends past the recorded file length {}", s.file_len))),
@@ -347,6 +395,17 @@ mod tests {
         assert_eq!(layout.index_offset, 4096);
         assert_eq!(layout.rows_offset, 4096 + 8192);
         assert_eq!(layout.state_offset, 4096 + 8192 + 32768);
+        // Body [4096, 49152 + 4096): one 1 MiB block, one CRC-32, one page.
+        assert_eq!((layout.sums_offset, layout.sums_len, layout.file_len), (4096 + 8192 + 32768 + 4096, 4, 4096 + 8192 + 32768 + 4096 + 4096));
+        assert_eq!(layout.sections_of(4096, 4096 + 8192 + 1), "index and rows");
+        assert_eq!(layout.sections_of(4096, layout.sums_offset), "index, rows and state");
+        assert_eq!(layout.sections_of(layout.state_offset + 5, layout.state_offset + 6), "state");
+        // 3 GiB of body: three thousand and seventy-two CRC-32s, still one page.
+        let big = Layout::compute(16, StorageDtype::F32, 1 << 24, OptimizerKind::Adagrad).unwrap();
+        let body = big.sums_offset - 4096;
+        assert_eq!(body, (1 << 27) + (1 << 30) + (1 << 26));
+        assert_eq!(big.sums_len, body.div_ceil(1 << 20) * 4);
+        assert_eq!(big.file_len, big.sums_offset + 8192);
         let h = Header {
             dim: 16,
             dtype: StorageDtype::Bf16,
@@ -358,15 +417,26 @@ mod tests {
             init_scale: 0.25,
             adagrad_eps: 1e-8,
             adagrad_init: 0.0,
+            sums_valid: true,
+            sums_crc: 0xdead_beef,
             layout,
         };
         let b = h.encode();
+        assert_eq!(super::rd_u32(&b, 28), FLAG_SUMS_VALID);
+        assert_eq!(super::rd_u64(&b, 136), layout.sums_offset);
         assert_eq!(Header::parse(Path::new("x"), &b, layout.file_len).unwrap(), h);
+        // A live table: flag clear, and then a stray sums CRC is an error.
+        let live = Header { sums_valid: false, sums_crc: 0, ..h };
+        assert_eq!(Header::parse(Path::new("x"), &live.encode(), layout.file_len).unwrap(), live);
+        let stray = Header { sums_valid: false, ..h }.encode();
+        let e = Header::parse(Path::new("x"), &stray, layout.file_len).unwrap_err();
+        assert!(e.to_string().contains("sums_crc"), "{e}");
     }
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let valid = Header {
+        for sums_valid in [false, true] {
+            let valid = Header {
             dim: 4,
             dtype: StorageDtype::F32,
             optimizer: OptimizerKind::Sgd,
@@ -377,11 +447,14 @@ mod tests {
             init_scale: 0.5,
             adagrad_eps: 1e-8,
             adagrad_init: 0.0,
+            sums_valid,
+            sums_crc: if sums_valid { 0x1234_5678 } else { 0 },
             layout: Layout::compute(4, StorageDtype::F32, 16, OptimizerKind::Sgd).unwrap(),
         }
         .encode();
-        crate::header::fuzz_headers(&FORMAT, &valid, 100_000, |b, len| {
-            let _ = Header::parse(Path::new("fuzz"), b, len);
-        });
+            crate::header::fuzz_headers(&FORMAT, &valid, 50_000, |b, len| {
+                let _ = Header::parse(Path::new("fuzz"), b, len);
+            });
+        }
     }
 }

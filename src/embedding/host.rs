@@ -117,8 +117,11 @@ pub enum TableSource<'a> {
     New(&'a TableConfig),
     /// A table of this shape filled from a sparse-parameter file.
     Import(&'a TableConfig, &'a Path),
-    /// A byte-exact copy of a table saved with [`EmbeddingTable::save`] (checkpoints).
-    Saved(&'a Path),
+    /// A byte-exact copy of a table saved with [`EmbeddingTable::save`] (checkpoints),
+    /// verified against its checksums and required to match this shape
+    /// ([`EmbeddingTable::check_matches`]): a table of another dim fails here, not at the
+    /// first lookup.
+    Saved(&'a Path, &'a TableConfig),
 }
 
 impl HostTable {
@@ -147,7 +150,11 @@ impl HostTable {
         let mut leader_err = None;
         if leader {
             let attempt = match source {
-                TableSource::Saved(saved) => EmbeddingTable::load(saved, &path).map(|t| (t, SegmentGuard::new(&path))),
+                TableSource::Saved(saved, want) => EmbeddingTable::load(saved, &path).and_then(|t| {
+                    let guard = SegmentGuard::new(&path);
+                    t.check_matches(want)?;
+                    Ok((t, guard))
+                }),
                 TableSource::New(cfg) | TableSource::Import(cfg, _) => EmbeddingTable::create(&path, cfg).and_then(|mut t| {
                     let guard = SegmentGuard::new(&path);
                     if let TableSource::Import(_, p) = source {

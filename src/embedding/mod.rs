@@ -5,7 +5,7 @@
 //! the only writer; every local rank reads rows in place through a key index stored in the
 //! same file, so no rank keeps a private copy and no pointer ever crosses a process.
 //!
-//! # File format (version 1, little-endian)
+//! # File format (version 2, little-endian)
 //!
 //! ```text
 //! [0, 4096)                 header (fields below, then zero padding to one page)
@@ -13,18 +13,21 @@
 //! [rows_offset, ...)        rows: capacity x dim x storage dtype (f32, f16 or bf16);
 //!                           slot i of the index owns row i
 //! [state_offset, ...)       optimizer state: capacity x f32 Adagrad accumulator (empty for SGD)
+//! [sums_offset, ...)        block checksums: one u32 CRC-32 per 1 MiB block of the body
+//!                           [4096, sums_offset) (index, rows, state and their padding; the
+//!                           last block may be shorter), then zero padding
 //! ```
 //! Every section starts on a 4096-byte boundary; the file length is a multiple of 4096.
 //!
 //! | offset | size | header field |
 //! |---|---|---|
 //! | 0   | 8 | magic `"RRTABLE\0"` |
-//! | 8   | 4 | format version (1) |
+//! | 8   | 4 | format version (2) |
 //! | 12  | 4 | header length (4096) |
 //! | 16  | 4 | dim (values per row, 1..=65536) |
 //! | 20  | 4 | storage dtype: 0 f32, 1 f16, 2 bf16 |
 //! | 24  | 4 | optimizer: 0 SGD, 1 row-wise Adagrad |
-//! | 28  | 4 | flags (0) |
+//! | 28  | 4 | flags: bit 0 = the sums section holds the checksums of the body (other bits 0) |
 //! | 32  | 8 | capacity in slots (power of two, 16..=2^36) |
 //! | 40  | 8 | live rows (occupied slots, at most 0.8 x capacity) |
 //! | 48  | 8 | update generation (+1 per update batch) |
@@ -32,9 +35,20 @@
 //! | 64  | 4 | init scale (f32): initial rows are uniform in [-s, s] |
 //! | 68  | 4 | Adagrad epsilon (f32) |
 //! | 72  | 4 | Adagrad initial accumulator (f32) |
-//! | 76  | 4 | reserved (0) |
-//! | 80  | 56 | index offset, index length, rows offset, rows length, state offset, state length, file length (u64 each) |
-//! | 136 | 8 | FNV-1a 64 checksum of bytes 0..136 |
+//! | 76  | 4 | CRC-32 of the sums section's `sums length` bytes (0 when flag bit 0 is clear) |
+//! | 80  | 72 | index offset, index length, rows offset, rows length, state offset, state length, file length, sums offset, sums length (u64 each) |
+//! | 152 | 8 | FNV-1a 64 checksum of bytes 0..152 |
+//!
+//! **Checksums.** A live table (the one in `/dev/shm` that the leader updates in place) has
+//! flag bit 0 clear and a zero sums section: its body changes every step. [`EmbeddingTable::save`]
+//! writes the CRC-32 ([`crate::hash::block_sums`], in parallel) of every block of the bytes
+//! it saves, their own CRC into the header and sets the flag; every open of a file with the
+//! flag set (resume through [`EmbeddingTable::load`], `ringrec table import/export/inspect/verify`)
+//! compares every block first, and a difference is [`TableError::Corrupt`], naming the
+//! section (index, rows, state, checksums, header padding) and the byte offset of the block.
+//! The copy `load` makes is a live table again (flag clear, sums zero), byte-identical to the
+//! table that was saved; an update through a read-write handle clears the flag too.
+//! Version-1 files (no checksums) are refused with the version error.
 //!
 //! **Index.** Open addressing with linear probing. The home slot of a key is
 //! `((k ^ k >> 32) * 0x9E3779B97F4A7C15) >> (64 - log2 capacity)` (multiply-shift); a probe
@@ -45,11 +59,20 @@
 //! **Validation.** Opening checks, each with its own error: the owner is this user
 //! ([`TableError::WrongOwner`]), the header's frame and fields and the section layout (the
 //! shared header codec, [`crate::header`]: one [`crate::header::FormatError`] variant each,
-//! or `Truncated` when the file is short), and the index holds exactly `live rows` keys
-//! ([`TableError::CorruptIndex`]), which also guarantees every probe ends. After that every
+//! or `Truncated` when the file is short), the checksums when the flag is set (above), and
+//! the index holds exactly `live rows` keys ([`TableError::CorruptIndex`]), which also
+//! guarantees every probe ends. [`EmbeddingTable::verify`] (`ringrec table verify`) adds
+//! that every key sits where a lookup finds it, once. After that every
 //! access is a bounds-checked slice: a hostile file gives an error, never a panic or an
 //! out-of-bounds read. (A file truncated by another process *while mapped* would still
 //! raise SIGBUS; the 0600 mode and the owner check keep other users out.)
+//!
+//! **Files.** `create` and `load` create their file exclusively (mode 0600) and allocate
+//! all of it before mapping ([`crate::fileio::reserve`]): a full `/dev/shm` (or
+//! `RINGREC_SHM_DIR`) is an error naming the directory, the bytes needed and free, never a
+//! SIGBUS, and nothing is left behind. Every handle holds a shared `flock` on its file for
+//! its lifetime ([`crate::fileio::lock_shared`]): a file nobody locks belongs to no live
+//! process.
 //!
 //! **Arithmetic** is always f32; f16/bf16 only change the storage (round to nearest even
 //! on store). Unseen keys read as a deterministic initial row ([`init`]), rounded to the
@@ -74,6 +97,6 @@ pub use error::{TableError, TableResult};
 pub use format::{Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY};
 pub use host::{host_table_path, HostTable, SegmentGuard, TableSource};
 pub use params::{read_params_header, write_params, ParamsHeader};
-pub use table::{EmbeddingTable, TableConfig, TableInfo};
+pub use table::{EmbeddingTable, TableConfig, TableInfo, VerifyReport};
 pub use update::UpdateStats;
 

@@ -1,8 +1,9 @@
-//! [`EmbeddingTable`]: one memory-mapped table file, read in place.
+//! [`EmbeddingTable`]: one memory-mapped table file, read in place; saving it with block
+//! checksums and verifying them.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -13,6 +14,8 @@ use super::error::{TableError, TableResult};
 use super::format::{self, Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
 use super::index;
 use super::init::{self, Elem};
+use crate::fileio::{self, AtomicFile, IoError};
+use crate::hash::{self, CHECKSUM_BLOCK};
 
 /// Batches at least this long are gathered with rayon; shorter ones on the calling thread.
 pub const PAR_MIN_KEYS: usize = 16 * 1024;
@@ -92,6 +95,8 @@ impl TableConfig {
             init_scale,
             adagrad_eps: self.adagrad_eps,
             adagrad_init: self.adagrad_init,
+            sums_valid: false,
+            sums_crc: 0,
             layout,
         })
     }
@@ -119,6 +124,9 @@ pub struct EmbeddingTable {
     pub(super) header: Header,
     pub(super) path: PathBuf,
     pub(super) shift: u32,
+    /// The open file: it holds the shared liveness lock ([`fileio::lock_shared`]) for the
+    /// handle's lifetime, so a sweep of stale files never takes a table in use.
+    _file: File,
 }
 
 impl std::fmt::Debug for EmbeddingTable {
@@ -148,6 +156,11 @@ pub struct TableInfo {
     pub rows_bytes: u64,
     /// Bytes of the optimizer state.
     pub state_bytes: u64,
+    /// Whether the file carries valid block checksums (a saved table; they were verified
+    /// when it was opened). A live table has none.
+    pub checksums: bool,
+    /// Blocks of [`CHECKSUM_BLOCK`] bytes the checksums cover.
+    pub checksum_blocks: u64,
     /// Whether this handle may write.
     pub writable: bool,
 }
@@ -163,6 +176,11 @@ impl std::fmt::Display for TableInfo {
         writeln!(f, "init        seed {}, uniform in [-{}, {}]", h.seed, h.init_scale, h.init_scale)?;
         if h.optimizer == OptimizerKind::Adagrad {
             writeln!(f, "adagrad     eps {}, initial accumulator {}", h.adagrad_eps, h.adagrad_init)?;
+        }
+        if self.checksums {
+            writeln!(f, "checksums   CRC-32 of {} blocks of {} MiB, all verified", self.checksum_blocks, CHECKSUM_BLOCK >> 20)?;
+        } else {
+            writeln!(f, "checksums   none: a live table (`save` writes them)")?;
         }
         writeln!(
             f,
@@ -242,42 +260,59 @@ pub(super) fn cast_mut<'a, T: bytemuck::Pod>(path: &Path, b: &'a mut [u8]) -> Ta
 }
 
 impl EmbeddingTable {
-    /// Creates a new table file (exclusively: `O_EXCL`, mode 0600) and maps it read-write.
+    /// Creates a new table file (exclusively: `O_EXCL`, mode 0600, holding the liveness
+    /// lock), allocates all of it up front and maps it read-write. A directory without room
+    /// for it is an error naming the directory and the bytes (never a SIGBUS later); nothing
+    /// is left behind on any error.
     pub fn create(path: &Path, cfg: &TableConfig) -> TableResult<EmbeddingTable> {
         let header = cfg.header()?;
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path).map_err(|e| {
+        Self::make(path, &header, |map| {
+            let l = header.layout;
+            map[..HEADER_FIELDS].copy_from_slice(&header.encode());
+            map[range(l.index_offset, l.index_len)].fill(0xff);
+            if header.optimizer == OptimizerKind::Adagrad && header.adagrad_init != 0.0 {
+                let state: &mut [f32] = cast_mut(path, &mut map[range(l.state_offset, l.state_len)])?;
+                state.fill(header.adagrad_init);
+            }
+            Ok(())
+        })
+    }
+
+    /// A new file at `path` of `header`'s length, written by `fill`, as a read-write table;
+    /// on any error the file is removed.
+    fn make(path: &Path, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+        let file = fileio::create_locked(path, 0o600).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 TableError::Exists { path: path.to_path_buf() }
             } else {
                 TableError::io(path, "create", e)
             }
         })?;
-        let made = Self::init_file(path, &file, &header);
-        if made.is_err() {
-            let _ = std::fs::remove_file(path);
+        let made = Self::map_new(path, &file, header.layout.file_len).and_then(|mut map| fill(&mut map).map(|_| map));
+        match made {
+            Ok(map) => Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), _file: file }),
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
         }
-        made
     }
 
-    fn init_file(path: &Path, file: &File, header: &Header) -> TableResult<EmbeddingTable> {
-        let l = header.layout;
-        file.set_len(l.file_len).map_err(|e| TableError::io(path, "size", e))?;
+    /// Reserves `len` bytes of the new, empty `file` and maps them read-write.
+    fn map_new(path: &Path, file: &File, len: u64) -> TableResult<MmapMut> {
+        fileio::reserve(file, path, len)?;
+        file.set_len(len).map_err(|e| TableError::io(path, "size", e))?;
         // SAFETY: we just created this file exclusively with mode 0600; no other process
-        // maps it until we return, and its length is fixed from here on. MAP_POPULATE
-        // allocates every page now: the table's memory is committed up front and training
-        // steps never stall on first-touch page faults of new rows.
-        let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(file) }.map_err(|e| TableError::io(path, "map", e))?;
-        let ok = map.len() as u64 == l.file_len;
-        if !ok {
-            return Err(TableError::from(FORMAT.truncated(path, map.len() as u64, l.file_len)));
+        // maps it until we return, and its length is fixed from here on. Its blocks are
+        // allocated (reserve), so touching a page cannot fail for lack of space. MAP_POPULATE
+        // maps every page now: the table's memory is committed up front and training steps
+        // never stall on first-touch page faults of new rows.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map_mut(file) }.map_err(|e| TableError::io(path, "map", e))?;
+        if map.len() as u64 != len {
+            return Err(TableError::from(FORMAT.truncated(path, map.len() as u64, len)));
         }
-        map[..HEADER_FIELDS].copy_from_slice(&header.encode());
-        map[range(l.index_offset, l.index_len)].fill(0xff);
-        if header.optimizer == OptimizerKind::Adagrad && header.adagrad_init != 0.0 {
-            let state: &mut [f32] = cast_mut(path, &mut map[range(l.state_offset, l.state_len)])?;
-            state.fill(header.adagrad_init);
-        }
-        Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros() })
+        Ok(map)
     }
 
     /// Opens a table read-only (`PROT_READ` mapping), as every non-leader rank does.
@@ -290,8 +325,11 @@ impl EmbeddingTable {
         Self::open(path, true)
     }
 
+    /// Opens, takes the liveness lock, maps, and validates: header, layout, the index's
+    /// row count and, when the file carries checksums (a saved table), every block of it.
     fn open(path: &Path, writable: bool) -> TableResult<EmbeddingTable> {
         let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| TableError::io(path, "open", e))?;
+        fileio::lock_shared(&file, path)?;
         let meta = file.metadata().map_err(|e| TableError::io(path, "stat", e))?;
         if !meta.is_file() {
             return Err(TableError::from(FORMAT.layout(path, "not a regular file")));
@@ -322,9 +360,54 @@ impl EmbeddingTable {
             Mapping::Rw(m) => m,
         };
         let header = Header::parse(path, bytes, bytes.len() as u64)?;
-        let table = EmbeddingTable { header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), map };
+        let table = EmbeddingTable { header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), map, _file: file };
+        if header.sums_valid {
+            table.check_sums()?;
+        }
         table.check_index()?;
         Ok(table)
+    }
+
+    /// A saved table's integrity: the header page's padding is zero, the sums section
+    /// matches its CRC in the header, the padding after it is zero, and every block of the
+    /// body matches its sum (computed in parallel). The first damaged place is a
+    /// [`TableError::Corrupt`] naming its section and byte offset.
+    fn check_sums(&self) -> TableResult<()> {
+        let (path, l, b) = (&self.path, self.header.layout, self.as_bytes());
+        let corrupt = |section: &str, offset: u64, detail: String| TableError::Corrupt { path: path.clone(), section: section.into(), offset, detail };
+        let nonzero = |off: u64, len: u64| -> TableResult<Option<u64>> { Ok(sub(path, b, off, len)?.iter().position(|x| *x != 0).map(|i| off + i as u64)) };
+        if let Some(at) = nonzero(HEADER_FIELDS as u64, HEADER_LEN - HEADER_FIELDS as u64)? {
+            return Err(corrupt("header", at, "the padding after the header fields is not zero".into()));
+        }
+        let sums = sub(path, b, l.sums_offset, l.sums_len)?;
+        let crc = hash::crc32(sums);
+        if crc != self.header.sums_crc {
+            return Err(corrupt("checksums", l.sums_offset, format!("their CRC-32 is {crc:#010x}, the header records {:#010x}", self.header.sums_crc)));
+        }
+        let tail = l.sums_offset + l.sums_len;
+        if let Some(at) = nonzero(tail, l.file_len - tail)? {
+            return Err(corrupt("checksums", at, "the padding after the checksums is not zero".into()));
+        }
+        let body = sub(path, b, l.index_offset, l.sums_offset - l.index_offset)?;
+        let computed = hash::block_sums(body);
+        let stored: Vec<u32> = sums.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let bad: Vec<usize> = (0..computed.len().max(stored.len())).filter(|i| computed.get(*i) != stored.get(*i)).collect();
+        let Some(&first) = bad.first() else { return Ok(()) };
+        let start = l.index_offset + (first * CHECKSUM_BLOCK) as u64;
+        let end = (start + CHECKSUM_BLOCK as u64).min(l.sums_offset);
+        let word = |x: Option<&u32>| x.map_or_else(|| "none".to_string(), |v| format!("{v:#010x}"));
+        Err(corrupt(
+            &l.sections_of(start, end),
+            start,
+            format!(
+                "the {}-byte block there does not match its checksum (stored {}, computed {}); {} of {} blocks differ",
+                end - start,
+                word(stored.get(first)),
+                word(computed.get(first)),
+                bad.len(),
+                computed.len()
+            ),
+        ))
     }
 
     /// The index must hold exactly `live_rows` keys, which guarantees free slots (so probes
@@ -342,32 +425,119 @@ impl EmbeddingTable {
         Ok(())
     }
 
-    /// Copies a saved table file to `dst` (exclusive create) and opens the copy read-write.
-    /// The copy is byte-identical to `saved`.
+    /// Copies a saved table file to `dst` and returns the copy, read-write: `saved` is
+    /// verified first (every block against its checksum, see [`EmbeddingTable::open_readonly`]);
+    /// `dst` is created like [`EmbeddingTable::create`] (exclusive, locked, its space
+    /// reserved; removed on any error). The copy is a live table: byte-identical to the
+    /// table that was saved, its checksums flag clear and its sums section zero.
     pub fn load(saved: &Path, dst: &Path) -> TableResult<EmbeddingTable> {
         let src = EmbeddingTable::open_readonly(saved)?;
-        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                TableError::Exists { path: dst.to_path_buf() }
-            } else {
-                TableError::io(dst, "create", e)
+        let header = Header { sums_valid: false, sums_crc: 0, ..src.header };
+        let l = header.layout;
+        Self::make(dst, &header, |map| {
+            let from = src.as_bytes();
+            if from.len() != map.len() {
+                return Err(TableError::from(FORMAT.layout(saved, format!("the mapping is {} bytes, the header says {}", from.len(), map.len()))));
             }
-        })?;
-        let copied = file.write_all(src.as_bytes()).map_err(|e| TableError::io(dst, "write", e));
-        drop(file);
-        match copied.and_then(|_| EmbeddingTable::open_readwrite(dst)) {
-            Ok(t) => Ok(t),
-            Err(e) => {
-                let _ = std::fs::remove_file(dst);
-                Err(e)
-            }
-        }
+            map.par_chunks_mut(1 << 24).zip(from.par_chunks(1 << 24)).for_each(|(d, s)| d.copy_from_slice(s));
+            map[..HEADER_FIELDS].copy_from_slice(&header.encode());
+            map[range(l.sums_offset, l.file_len - l.sums_offset)].fill(0);
+            Ok(())
+        })
     }
 
-    /// Writes the whole table to `path` atomically: a temporary file in the same directory,
-    /// fsync, rename over `path`, fsync of the directory.
+    /// Writes the whole table to `path` atomically (a temporary file in the same directory,
+    /// its space reserved up front, fsync, rename over `path`, fsync of the directory), with
+    /// the CRC-32 of every block of the body in the sums section (computed in parallel) and
+    /// the checksums flag set: every later open verifies them.
     pub fn save(&self, path: &Path) -> TableResult<()> {
-        super::params::write_atomic(path, |w| w.write_all(self.as_bytes()))
+        let b = self.as_bytes();
+        let h = Header::parse(&self.path, b, b.len() as u64)?;
+        let l = h.layout;
+        let body = sub(&self.path, b, l.index_offset, l.sums_offset - l.index_offset)?;
+        let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
+        for (t, s) in tail.chunks_exact_mut(4).zip(hash::block_sums(body)) {
+            t.copy_from_slice(&s.to_le_bytes());
+        }
+        let sums_crc = hash::crc32(tail.get(..l.sums_len as usize).unwrap_or(&[]));
+        let mut head = vec![0u8; HEADER_LEN as usize];
+        head[..HEADER_FIELDS].copy_from_slice(&Header { sums_valid: true, sums_crc, ..h }.encode());
+        let f = AtomicFile::create(path, 0o600)?;
+        fileio::reserve(f.file(), path, l.file_len)?;
+        let mut w = BufWriter::with_capacity(1 << 20, f.file());
+        [&head[..], body, &tail[..]].iter().try_for_each(|part| w.write_all(part)).and_then(|_| w.flush()).map_err(|e| IoError::new(f.path(), "write", e))?;
+        drop(w);
+        Ok(f.commit()?)
+    }
+
+    /// Checks `path` in full, as `ringrec table verify` does: header and layout, the index
+    /// (its row count, and every key reachable by a lookup from its home slot, once), and,
+    /// when the file carries checksums (a saved table), every block of it. The first damage
+    /// found is the error.
+    pub fn verify(path: &Path) -> TableResult<VerifyReport> {
+        let t = EmbeddingTable::open_readonly(path)?;
+        t.check_probes()?;
+        let l = t.header.layout;
+        Ok(VerifyReport {
+            path: path.to_path_buf(),
+            checksums: t.header.sums_valid,
+            blocks: l.sums_len / 4,
+            body_bytes: l.sums_offset - l.index_offset,
+            live_rows: t.header.live_rows,
+            capacity: t.header.capacity,
+        })
+    }
+
+    /// Every occupied slot holds a key that a lookup reaches there: no key stranded behind
+    /// an empty slot, none stored twice.
+    fn check_probes(&self) -> TableResult<()> {
+        let v = self.view::<u8>()?;
+        let stray = v.index.par_iter().enumerate().find_first(|(s, k)| **k != EMPTY_KEY && v.probe(**k) != Some((*s, false)));
+        let Some((slot, key)) = stray else { return Ok(()) };
+        let detail = match v.probe(*key) {
+            Some((other, false)) => format!("key {key:#x} is stored twice, in slots {other} and {slot}"),
+            _ => format!("slot {slot} holds key {key:#x}, which a lookup from its home slot does not reach"),
+        };
+        Err(TableError::CorruptIndex { path: self.path.clone(), detail })
+    }
+
+    /// Checks that this table has the shape and initialisation a run asks for (`want`):
+    /// dim, storage dtype, optimizer, capacity (after rounding up to a power of two), seed
+    /// and init scale of the initial rows, and, for Adagrad, its epsilon and initial
+    /// accumulator. The first difference is a [`TableError::Mismatch`] naming the flag and
+    /// both values.
+    pub fn check_matches(&self, want: &TableConfig) -> TableResult<()> {
+        let (h, w) = (&self.header, want.header()?);
+        let differ = |flag: &'static str, detail: String| Err(TableError::Mismatch { path: self.path.clone(), flag, detail });
+        let has = |what: &str, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| format!("the table has {what}{a}, this run asks for {what}{b}");
+        if h.dim != w.dim {
+            return differ("--dim", has("", &h.dim, &w.dim));
+        }
+        if h.dtype != w.dtype {
+            return differ("--dtype", format!("the table stores {}, this run uses {}", h.dtype, w.dtype));
+        }
+        if h.optimizer != w.optimizer {
+            let holds = |o: OptimizerKind| if o == OptimizerKind::Sgd { "no optimizer state (sgd)".to_string() } else { format!("{o} state") };
+            return differ("--sparse-optimizer", format!("the table holds {}, this run uses {}", holds(h.optimizer), w.optimizer));
+        }
+        if h.capacity != w.capacity {
+            return differ("--table-capacity", format!("the table has {} slots, this run asks for {} (rounded up to a power of two)", h.capacity, w.capacity));
+        }
+        if h.seed != w.seed {
+            return differ("--seed", format!("the table's initial rows come from seed {}, this run uses seed {}", h.seed, w.seed));
+        }
+        if h.init_scale.to_bits() != w.init_scale.to_bits() {
+            return differ("--init-scale", has("initial rows in +-", &h.init_scale, &w.init_scale));
+        }
+        if h.optimizer == OptimizerKind::Adagrad {
+            if h.adagrad_eps.to_bits() != w.adagrad_eps.to_bits() {
+                return differ("Adagrad epsilon", has("", &h.adagrad_eps, &w.adagrad_eps));
+            }
+            if h.adagrad_init.to_bits() != w.adagrad_init.to_bits() {
+                return differ("Adagrad initial accumulator", has("", &h.adagrad_init, &w.adagrad_init));
+            }
+        }
+        Ok(())
     }
 
     /// The table file's bytes (the whole mapping).
@@ -427,6 +597,8 @@ impl EmbeddingTable {
             index_bytes: h.layout.index_len,
             rows_bytes: h.layout.rows_len,
             state_bytes: h.layout.state_len,
+            checksums: h.sums_valid,
+            checksum_blocks: h.layout.sums_len / 4,
             writable: self.is_writable(),
         }
     }
@@ -527,6 +699,34 @@ impl EmbeddingTable {
         match &self.map {
             Mapping::Rw(m) => m.flush().map_err(|e| TableError::io(&self.path, "flush", e)),
             Mapping::Ro(_) => Ok(()),
+        }
+    }
+}
+
+/// What [`EmbeddingTable::verify`] checked in a sound table.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VerifyReport {
+    /// The file.
+    pub path: PathBuf,
+    /// Whether it carries checksums (a saved table) and every block was compared.
+    pub checksums: bool,
+    /// Blocks of [`CHECKSUM_BLOCK`] bytes in the body.
+    pub blocks: u64,
+    /// Bytes of the body (index, rows, state and their padding).
+    pub body_bytes: u64,
+    /// Keys in the index, each found where a lookup looks.
+    pub live_rows: u64,
+    /// Slots in the index.
+    pub capacity: u64,
+}
+
+impl std::fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ok: header, layout, index ({} keys in {} slots, each where a lookup finds it)", self.path.display(), self.live_rows, self.capacity)?;
+        if self.checksums {
+            writeln!(f, ", and all {} blocks ({} bytes) match their checksums", self.blocks, self.body_bytes)
+        } else {
+            writeln!(f, "; no checksums: a live table (its rows change every step; `save` writes them), rows and state not checked")
         }
     }
 }

@@ -267,6 +267,8 @@ impl EmbeddingTable {
             (0..keys.len()).for_each(|n| step(&mut w, n));
         }
         h.generation = h.generation.wrapping_add(1);
+        // The body changed: checksums of a saved table opened read-write no longer hold.
+        (h.sums_valid, h.sums_crc) = (false, 0);
         stats.generation = h.generation;
         p.header[..HEADER_FIELDS].copy_from_slice(&h.encode());
         self.header = h;

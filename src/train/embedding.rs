@@ -27,7 +27,7 @@ impl EmbeddingStage {
         tc.seed = cfg.seed;
         tc.optimizer = cfg.sparse_optimizer;
         let table = match saved {
-            Some(p) => HostTable::open_from(topo, TableSource::Saved(p)),
+            Some(p) => HostTable::open_from(topo, TableSource::Saved(p, &tc)),
             None => HostTable::open_from(topo, TableSource::New(&tc)),
         }?;
         let exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;

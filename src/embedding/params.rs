@@ -1,17 +1,22 @@
 //! The binary sparse-parameter file (what the host leader imports, design 003 step 1), the
 //! TSV export, and atomic file writes.
 //!
-//! Sparse-parameter file, little-endian:
+//! Sparse-parameter file (version 2), little-endian:
 //! ```text
-//! offset  size  field
-//! 0       8     magic "RRSPARAM"
-//! 8       4     version (1)
-//! 12      4     dim
-//! 16      8     count (records)
-//! 24      ...   count records of { key: u64, values: dim x f32 }
+//! offset            size  field
+//! 0                 8     magic "RRSPARAM"
+//! 8                 4     version (2)
+//! 12                4     dim (1..=65536)
+//! 16                8     count (records)
+//! 24                ...   count records of { key: u64, values: dim x f32 }
+//! 24 + count * rec  4     CRC-32 of every byte before it (IEEE, zlib's: Python's zlib.crc32)
 //! ```
-//! The file length must be exactly `24 + count * (8 + 4 * dim)`. Keys are in any order; a
-//! key given twice takes its last record. Export writes keys in ascending order.
+//! The file length must be exactly `28 + count * (8 + 4 * dim)`. Keys are in any order; a
+//! key given twice takes its last record; the key `u64::MAX` is refused. Export writes keys
+//! in ascending order. Importing checks the length first, then the CRC over the whole file
+//! before a single row is written (a damaged file names itself and changes nothing), and
+//! again while reading the records (a file changed in between is refused too). Version 1
+//! (no CRC) is refused: write the trailer (or export again with this ringrec).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -20,13 +25,16 @@ use std::path::Path;
 use super::error::{TableError, TableResult};
 use super::format::{self, EMPTY_KEY};
 use super::table::{EmbeddingTable, TableConfig};
+use crate::hash::Crc32;
 
 /// First 8 bytes of a sparse-parameter file.
 pub const PARAMS_MAGIC: [u8; 8] = *b"RRSPARAM";
 /// Sparse-parameter file version.
-pub const PARAMS_VERSION: u32 = 1;
+pub const PARAMS_VERSION: u32 = 2;
 /// Bytes before the first record.
 pub const PARAMS_HEADER_LEN: u64 = 24;
+/// Bytes after the last record: the CRC-32.
+pub const PARAMS_TRAILER_LEN: u64 = 4;
 /// Records per `put_rows` batch while importing.
 const IMPORT_BATCH: usize = 64 * 1024;
 
@@ -44,9 +52,25 @@ impl ParamsHeader {
     pub fn record_bytes(&self) -> u64 {
         8 + 4 * self.dim as u64
     }
+
+    /// The header's bytes.
+    fn encode(&self) -> [u8; PARAMS_HEADER_LEN as usize] {
+        let mut h = [0u8; PARAMS_HEADER_LEN as usize];
+        h[..8].copy_from_slice(&PARAMS_MAGIC);
+        h[8..12].copy_from_slice(&PARAMS_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&self.dim.to_le_bytes());
+        h[16..24].copy_from_slice(&self.count.to_le_bytes());
+        h
+    }
+
+    /// The length of a file with this header, if it fits in a u64.
+    fn file_len(&self) -> Option<u64> {
+        self.count.checked_mul(self.record_bytes())?.checked_add(PARAMS_HEADER_LEN + PARAMS_TRAILER_LEN)
+    }
 }
 
-/// Opens a sparse-parameter file and validates its header against its length.
+/// Opens a sparse-parameter file and validates its header against its length (not the
+/// CRC: [`EmbeddingTable::load_params`] checks that). The reader is at the first record.
 pub fn read_params_header(path: &Path) -> TableResult<(ParamsHeader, BufReader<File>)> {
     let bad = |detail: String| TableError::BadParams { path: path.to_path_buf(), detail };
     let file = File::open(path).map_err(|e| TableError::io(path, "open", e))?;
@@ -62,6 +86,9 @@ pub fn read_params_header(path: &Path) -> TableResult<(ParamsHeader, BufReader<F
     }
     let word = |a: usize| u32::from_le_bytes([h[a], h[a + 1], h[a + 2], h[a + 3]]);
     let version = word(8);
+    if version == 1 {
+        return Err(bad(format!("version 1 has no checksum, this build reads version {PARAMS_VERSION}: append the CRC-32 of the file (zlib's) and set the version to 2, or export it again with this ringrec")));
+    }
     if version != PARAMS_VERSION {
         return Err(bad(format!("version {version}, this build reads version {PARAMS_VERSION}")));
     }
@@ -72,15 +99,86 @@ pub fn read_params_header(path: &Path) -> TableResult<(ParamsHeader, BufReader<F
     let mut c = [0u8; 8];
     c.copy_from_slice(&h[16..24]);
     let ph = ParamsHeader { dim, count: u64::from_le_bytes(c) };
-    let want = ph.count.checked_mul(ph.record_bytes()).and_then(|b| b.checked_add(PARAMS_HEADER_LEN));
+    let want = ph.file_len();
     if want != Some(len) {
         return Err(bad(format!(
-            "{len} bytes, but {} records of dim {dim} need {}; the file is truncated or its header is damaged",
+            "{len} bytes, but {} records of dim {dim} and the checksum need {}; the file is truncated or its header is damaged",
             ph.count,
             want.map_or("more than 2^64".to_string(), |w| w.to_string())
         )));
     }
     Ok((ph, r))
+}
+
+/// The CRC-32 `r` computes over the rest of a file of `ph`'s length after the header (and
+/// the header itself), and the CRC stored at its end.
+fn params_sums(path: &Path, ph: &ParamsHeader, r: &mut impl Read) -> TableResult<(u32, u32)> {
+    let mut crc = Crc32::new();
+    crc.update(&ph.encode());
+    let mut left = ph.count * ph.record_bytes();
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        r.read_exact(&mut buf[..n]).map_err(|e| TableError::io(path, "read", e))?;
+        crc.update(&buf[..n]);
+        left -= n as u64;
+    }
+    Ok((crc.finish(), read_trailer(path, r)?))
+}
+
+/// The CRC stored after the last record.
+fn read_trailer(path: &Path, r: &mut impl Read) -> TableResult<u32> {
+    let mut t = [0u8; PARAMS_TRAILER_LEN as usize];
+    r.read_exact(&mut t).map_err(|e| TableError::io(path, "read", e))?;
+    Ok(u32::from_le_bytes(t))
+}
+
+/// The error of a CRC mismatch.
+fn damaged(path: &Path, computed: u32, stored: u32, when: &str) -> TableError {
+    TableError::BadParams {
+        path: path.to_path_buf(),
+        detail: format!(
+            "checksum mismatch{when}: the header and records have CRC-32 {computed:#010x}, the file records {stored:#010x}; the file was damaged after it was written, export it again or restore it from a saved copy"
+        ),
+    }
+}
+
+/// Writes the sparse-parameter frame around the records handed to [`ParamsWriter::record`],
+/// with their CRC-32.
+struct ParamsWriter<'a, W: Write> {
+    w: &'a mut W,
+    crc: Crc32,
+    left: u64,
+    rec: Vec<u8>,
+}
+
+impl<'a, W: Write> ParamsWriter<'a, W> {
+    /// Writes the header of `count` records of `dim` values.
+    fn start(w: &'a mut W, dim: u32, count: u64) -> std::io::Result<Self> {
+        let h = ParamsHeader { dim, count }.encode();
+        let mut crc = Crc32::new();
+        crc.update(&h);
+        w.write_all(&h)?;
+        Ok(ParamsWriter { w, crc, left: count, rec: Vec::with_capacity(8 + 4 * dim as usize) })
+    }
+
+    /// Writes one record.
+    fn record(&mut self, key: u64, row: &[f32]) -> std::io::Result<()> {
+        self.left = self.left.checked_sub(1).ok_or_else(|| std::io::Error::other("more records than the header announces"))?;
+        self.rec.clear();
+        self.rec.extend_from_slice(&key.to_le_bytes());
+        row.iter().for_each(|x| self.rec.extend_from_slice(&x.to_le_bytes()));
+        self.crc.update(&self.rec);
+        self.w.write_all(&self.rec)
+    }
+
+    /// Writes the CRC after the last record.
+    fn finish(self) -> std::io::Result<()> {
+        if self.left != 0 {
+            return Err(std::io::Error::other(format!("{} records fewer than the header announces", self.left)));
+        }
+        self.w.write_all(&self.crc.finish().to_le_bytes())
+    }
 }
 
 /// Writes `path` atomically (mode 0600, [`crate::fileio::write_atomic`]).
@@ -109,9 +207,10 @@ impl EmbeddingTable {
     }
 
     /// Inserts (or overwrites) every record of the sparse-parameter file `params` into this
-    /// writable table, in batches. The file's shape is checked before anything is written; a
-    /// batch that would exceed the load limit fails with [`TableError::Full`] (earlier batches
-    /// stay written). Returns the number of records read.
+    /// writable table, in batches. The file's shape and its CRC are checked before anything
+    /// is written (a damaged file is a [`TableError::BadParams`] naming it); a batch that
+    /// would exceed the load limit fails with [`TableError::Full`] (earlier batches stay
+    /// written). Returns the number of records read.
     pub fn load_params(&mut self, params: &Path) -> TableResult<u64> {
         let (ph, mut r) = read_params_header(params)?;
         if ph.dim as usize != self.dim() {
@@ -120,6 +219,12 @@ impl EmbeddingTable {
         if !self.is_writable() {
             return Err(TableError::ReadOnly);
         }
+        let (computed, stored) = params_sums(params, &ph, &mut read_params_header(params)?.1)?;
+        if computed != stored {
+            return Err(damaged(params, computed, stored, ""));
+        }
+        let mut crc = Crc32::new();
+        crc.update(&ph.encode());
         let d = ph.dim as usize;
         let mut rec = vec![0u8; ph.record_bytes() as usize];
         let mut keys = Vec::with_capacity(IMPORT_BATCH);
@@ -130,6 +235,7 @@ impl EmbeddingTable {
             vals.clear();
             while left > 0 && keys.len() < IMPORT_BATCH {
                 r.read_exact(&mut rec).map_err(|e| TableError::io(params, "read", e))?;
+                crc.update(&rec);
                 let mut k = [0u8; 8];
                 k.copy_from_slice(&rec[..8]);
                 let key = u64::from_le_bytes(k);
@@ -142,6 +248,10 @@ impl EmbeddingTable {
             }
             self.put_rows(&keys, &vals)?;
         }
+        let (computed, stored) = (crc.finish(), read_trailer(params, &mut r)?);
+        if computed != stored {
+            return Err(damaged(params, computed, stored, " (the file changed while it was imported; rows already written stay)"));
+        }
         Ok(ph.count)
     }
 
@@ -151,17 +261,9 @@ impl EmbeddingTable {
         let live = self.live_keys();
         let d = self.dim();
         write_atomic(path, |w| {
-            w.write_all(&PARAMS_MAGIC)?;
-            w.write_all(&PARAMS_VERSION.to_le_bytes())?;
-            w.write_all(&(d as u32).to_le_bytes())?;
-            w.write_all(&(live.len() as u64).to_le_bytes())?;
-            self.for_each_row(&live, |k, row| {
-                w.write_all(&k.to_le_bytes())?;
-                for x in row {
-                    w.write_all(&x.to_le_bytes())?;
-                }
-                Ok(())
-            })
+            let mut pw = ParamsWriter::start(w, d as u32, live.len() as u64)?;
+            self.for_each_row(&live, |k, row| pw.record(k, row))?;
+            pw.finish()
         })?;
         Ok(live.len() as u64)
     }
@@ -205,22 +307,17 @@ impl EmbeddingTable {
     }
 }
 
-/// Writes a sparse-parameter file from `(key, row)` pairs (used by tests and benchmarks).
+/// Writes a sparse-parameter file (version 2, with its CRC) from `(key, row)` pairs (used by
+/// tests and benchmarks).
 pub fn write_params(path: &Path, dim: u32, keys: &[u64], values: &[f32]) -> TableResult<()> {
     if values.len() != keys.len() * dim as usize {
         return Err(TableError::Shape { what: "parameter values", keys: keys.len(), dim: dim as usize, expected: keys.len() * dim as usize, got: values.len() });
     }
     write_atomic(path, |w| {
-        w.write_all(&PARAMS_MAGIC)?;
-        w.write_all(&PARAMS_VERSION.to_le_bytes())?;
-        w.write_all(&dim.to_le_bytes())?;
-        w.write_all(&(keys.len() as u64).to_le_bytes())?;
+        let mut pw = ParamsWriter::start(w, dim, keys.len() as u64)?;
         for (k, row) in keys.iter().zip(values.chunks_exact(dim.max(1) as usize)) {
-            w.write_all(&k.to_le_bytes())?;
-            for x in row {
-                w.write_all(&x.to_le_bytes())?;
-            }
+            pw.record(*k, row)?;
         }
-        Ok(())
+        pw.finish()
     })
 }

@@ -1,4 +1,4 @@
-//! `ringrec table ...`: create, import, export and inspect table files, plus a hidden
+//! `ringrec table ...`: create, import, export, inspect and verify table files, plus a hidden
 //! multi-rank command, `hold` (memory measurement).
 
 use std::collections::HashMap;
@@ -94,6 +94,12 @@ pub enum TableCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check a table file in full: header, layout, the index (every key where a lookup finds
+    /// it) and, for a saved table, every block against its checksum. Exits non-zero on damage.
+    Verify {
+        /// The table file.
+        path: PathBuf,
+    },
     /// (Measurement) Open the host table with N rows, touch every row from every rank and
     /// report each rank's Pss, gathered to rank 0 as one JSON line. Run under mpirun.
     #[command(hide = true)]
@@ -163,6 +169,7 @@ pub fn run(cmd: TableCommand) -> anyhow::Result<()> {
             let text = if json { format!("{}\n", serde_json::to_string_pretty(&info)?) } else { info.to_string() };
             print_out(&text)
         }
+        TableCommand::Verify { path } => print_out(&EmbeddingTable::verify(&path)?.to_string()),
         TableCommand::Hold(_) => bail!("`table hold` runs under MPI (main dispatches it)"),
     }
 }

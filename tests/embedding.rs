@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 
 use ringrec::embedding::format::capacity_for_rows;
-use ringrec::embedding::{HostTable, OptimizerKind, StorageDtype, TableConfig, TableError};
+use ringrec::embedding::{HostTable, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
 use ringrec::hash::fnv1a64;
 use ringrec::topology::Topology;
 
@@ -291,5 +291,53 @@ fn a_rank_crashing_leaves_no_segment() {
     assert!(!out.timed_out, "{}", out.all());
     assert_ne!(out.code, Some(0), "{}", out.all());
     assert!(out.all().contains("exiting on purpose"), "{}", out.all());
+    assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
+}
+
+/// Worker: resumes the saved table `RINGREC_SELFTEST_SAVED` (dim 8, seed 5) on every host,
+/// first as a run of dim 16 (refused at open on every rank), then as the right shape.
+#[test]
+#[ignore]
+fn worker_resume_checks_the_shape() {
+    let Some(saved) = std::env::var_os("RINGREC_SELFTEST_SAVED").filter(|_| std::env::var_os("RINGREC_TEST_WORKER").is_some()) else { return };
+    let topo = Topology::init().expect("topology");
+    let mut want = TableConfig::new(8, 1024);
+    want.seed = 5;
+    let other = TableConfig { dim: 16, ..want.clone() };
+    match HostTable::open_from(&topo, TableSource::Saved(saved.as_ref(), &other)) {
+        Ok(_) => println!("rank {} opened a table of another dim", topo.rank),
+        Err(e) => println!("rank {} refused: {e}", topo.rank),
+    }
+    let ht = HostTable::open_from(&topo, TableSource::Saved(saved.as_ref(), &want)).expect("the matching shape opens");
+    let mut rows = vec![0f32; 3 * 8];
+    ht.lookup(&[1, 2, 3], &mut rows).expect("lookup");
+    println!("rank {} resumed rows {:016x}", topo.rank, fnv1a64(bytemuck::cast_slice(&rows)));
+}
+
+#[test]
+fn resuming_a_table_of_another_dim_fails_at_open_on_every_rank() {
+    let job = job_id("shape");
+    let dir = std::env::temp_dir().join(format!("{job}-saved"));
+    let mut cfg = TableConfig::new(8, 1024);
+    cfg.seed = 5;
+    let _ = std::fs::remove_file(&dir);
+    let mut t = ringrec::embedding::EmbeddingTable::create(&dir, &cfg).unwrap();
+    t.put_rows(&[1, 2, 3], &(0..24).map(|i| i as f32 * 0.5).collect::<Vec<_>>()).unwrap();
+    let saved = dir.with_extension("table");
+    t.save(&saved).unwrap();
+    drop(t);
+    std::fs::remove_file(&dir).unwrap();
+    let want: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
+    let digest = format!("{:016x}", fnv1a64(bytemuck::cast_slice(&want)));
+    let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_SELFTEST_SAVED", saved.to_str().unwrap())];
+    let out = common::run_worker("worker_resume_checks_the_shape", 4, &env, Duration::from_secs(120));
+    let _ = std::fs::remove_file(&saved);
+    out.assert_ok();
+    let refused: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" refused: ")).collect();
+    assert_eq!(refused.len(), 4, "{}", out.all());
+    assert!(refused.iter().all(|l| l.contains("does not match this run: --dim: the table has 8, this run asks for 16")), "{refused:#?}");
+    let resumed: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" resumed rows ")).collect();
+    assert_eq!(resumed.len(), 4, "{}", out.all());
+    assert!(resumed.iter().all(|l| l.ends_with(&digest)), "{resumed:#?}");
     assert_eq!(common::shm_leftovers(&job), Vec::<String>::new());
 }

@@ -2,8 +2,8 @@
 //! checksums and verifying them.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::MetadataExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -448,25 +448,35 @@ impl EmbeddingTable {
 
     /// Writes the whole table to `path` atomically (a temporary file in the same directory,
     /// its space reserved up front, fsync, rename over `path`, fsync of the directory), with
-    /// the CRC-32 of every block of the body in the sums section (computed in parallel) and
-    /// the checksums flag set: every later open verifies them.
+    /// the CRC-32 of every block of the body in the sums section and the checksums flag set:
+    /// every later open verifies them. The sums are computed on the rayon pool while the
+    /// body is written (the header, which records their own CRC, is written last), so they
+    /// add little to the time of the write.
     pub fn save(&self, path: &Path) -> TableResult<()> {
         let b = self.as_bytes();
         let h = Header::parse(&self.path, b, b.len() as u64)?;
         let l = h.layout;
         let body = sub(&self.path, b, l.index_offset, l.sums_offset - l.index_offset)?;
+        let f = AtomicFile::create(path, 0o600)?;
+        fileio::reserve(f.file(), path, l.file_len)?;
+        let io = |e| IoError::new(f.path(), "write", e);
+        let mut out = f.file();
+        // The header page goes in last; until the rename nobody sees the file anyway.
+        let (sums, written) = std::thread::scope(|s| {
+            let sums = s.spawn(|| hash::block_sums(body));
+            let written = out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body));
+            (sums.join(), written)
+        });
+        written.map_err(io)?;
+        let sums = sums.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
-        for (t, s) in tail.chunks_exact_mut(4).zip(hash::block_sums(body)) {
+        for (t, s) in tail.chunks_exact_mut(4).zip(sums) {
             t.copy_from_slice(&s.to_le_bytes());
         }
         let sums_crc = hash::crc32(tail.get(..l.sums_len as usize).unwrap_or(&[]));
         let mut head = vec![0u8; HEADER_LEN as usize];
         head[..HEADER_FIELDS].copy_from_slice(&Header { sums_valid: true, sums_crc, ..h }.encode());
-        let f = AtomicFile::create(path, 0o600)?;
-        fileio::reserve(f.file(), path, l.file_len)?;
-        let mut w = BufWriter::with_capacity(1 << 20, f.file());
-        [&head[..], body, &tail[..]].iter().try_for_each(|part| w.write_all(part)).and_then(|_| w.flush()).map_err(|e| IoError::new(f.path(), "write", e))?;
-        drop(w);
+        out.write_all(&tail).and_then(|_| f.file().write_all_at(&head, 0)).map_err(io)?;
         Ok(f.commit()?)
     }
 

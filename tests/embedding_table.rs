@@ -559,3 +559,40 @@ fn one_batch_of_colliding_new_keys_lands_where_key_by_key_insertion_puts_them() 
     assert!(body(&batch) == body(&one_by_one), "index and rows must be byte-identical");
     assert_eq!(batch.live_rows(), 36);
 }
+
+/// Child half of `save_on_a_one_thread_pool_finishes`: the trainer saves from a rayon
+/// worker, and a rank given one core has a global pool of one thread.
+#[test]
+#[ignore]
+fn save_on_one_thread_child() {
+    let Ok(p) = std::env::var("RINGREC_SAVE_TABLE") else { return };
+    rayon::ThreadPoolBuilder::new().num_threads(1).build_global().unwrap();
+    // Several checksum blocks, so that computing them splits into rayon tasks.
+    let t = EmbeddingTable::create(Path::new(&p), &TableConfig::new(16, 1 << 16)).unwrap();
+    let saved = PathBuf::from(format!("{p}.saved"));
+    rayon::scope(|_| t.save(&saved)).unwrap();
+    assert!(EmbeddingTable::open_readonly(&saved).unwrap().header().sums_valid);
+    println!("saved");
+}
+
+#[test]
+fn save_on_a_one_thread_pool_finishes() {
+    let dir = TempDir::new("emb");
+    let p = dir.path("t");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "save_on_one_thread_child", "--nocapture", "--test-threads=1"])
+        .env("RINGREC_SAVE_TABLE", &p)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("save on a one-thread pool waits on itself (killed after 30 s)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("saved"), "{out:?}");
+}

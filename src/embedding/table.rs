@@ -461,14 +461,11 @@ impl EmbeddingTable {
         fileio::reserve(f.file(), path, l.file_len)?;
         let io = |e| IoError::new(f.path(), "write", e);
         let mut out = f.file();
-        // The header page goes in last; until the rename nobody sees the file anyway.
-        let (sums, written) = std::thread::scope(|s| {
-            let sums = s.spawn(|| hash::block_sums(body));
-            let written = out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body));
-            (sums.join(), written)
-        });
+        // The header page goes in last; until the rename nobody sees the file anyway. The
+        // sums are a rayon task this thread may run itself (when it is the pool's only
+        // worker), never one it blocks on.
+        let (written, sums) = rayon::join(|| out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body)), || hash::block_sums(body));
         written.map_err(io)?;
-        let sums = sums.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
         for (t, s) in tail.chunks_exact_mut(4).zip(sums) {
             t.copy_from_slice(&s.to_le_bytes());

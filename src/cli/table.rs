@@ -57,7 +57,8 @@ impl TableArgs {
 /// `ringrec table ...`.
 #[derive(clap::Subcommand, Debug)]
 pub enum TableCommand {
-    /// Create an empty table file.
+    /// Create an empty table file (with block checksums, verified by every open; an update
+    /// clears them).
     Create {
         /// The table file to create (must not exist).
         path: PathBuf,
@@ -65,7 +66,8 @@ pub enum TableCommand {
         #[command(flatten)]
         table: TableArgs,
     },
-    /// Create a table file from a binary sparse-parameter file (see `ringrec::embedding::params`).
+    /// Create a table file from a binary sparse-parameter file (see `ringrec::embedding::params`),
+    /// with block checksums.
     Import {
         /// The sparse-parameter file.
         params: PathBuf,
@@ -129,14 +131,16 @@ pub fn run(cmd: TableCommand) -> anyhow::Result<()> {
     match cmd {
         TableCommand::Create { path, table } => {
             let cfg = table.config(None, 1 << 20)?;
-            let t = EmbeddingTable::create(&path, &cfg)?;
+            let mut t = EmbeddingTable::create(&path, &cfg)?;
+            t.seal()?;
             t.flush()?;
             print_out(&t.inspect().to_string())
         }
         TableCommand::Import { params, path, table } => {
             let (ph, _) = read_params_header(&params)?;
             let cfg = table.config(Some(ph.dim), capacity_for_rows(ph.count))?;
-            let t = EmbeddingTable::import_params(&params, &path, &cfg)?;
+            let mut t = EmbeddingTable::import_params(&params, &path, &cfg)?;
+            t.seal()?;
             t.flush()?;
             eprintln!("imported {} records from {}", ph.count, params.display());
             print_out(&t.inspect().to_string())

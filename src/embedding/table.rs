@@ -156,8 +156,8 @@ pub struct TableInfo {
     pub rows_bytes: u64,
     /// Bytes of the optimizer state.
     pub state_bytes: u64,
-    /// Whether the file carries valid block checksums (a saved table; they were verified
-    /// when it was opened). A live table has none.
+    /// Whether the file carries valid block checksums (a saved or sealed table; an open
+    /// verifies them all). A live table has none.
     pub checksums: bool,
     /// Blocks of [`CHECKSUM_BLOCK`] bytes the checksums cover.
     pub checksum_blocks: u64,
@@ -178,7 +178,7 @@ impl std::fmt::Display for TableInfo {
             writeln!(f, "adagrad     eps {}, initial accumulator {}", h.adagrad_eps, h.adagrad_init)?;
         }
         if self.checksums {
-            writeln!(f, "checksums   CRC-32 of {} blocks of {} MiB, all verified", self.checksum_blocks, CHECKSUM_BLOCK >> 20)?;
+            writeln!(f, "checksums   CRC-32 of {} blocks of {} MiB (every open compares them all)", self.checksum_blocks, CHECKSUM_BLOCK >> 20)?;
         } else {
             writeln!(f, "checksums   none: a live table (`save` writes them)")?;
         }
@@ -466,15 +466,26 @@ impl EmbeddingTable {
         // worker), never one it blocks on.
         let (written, sums) = rayon::join(|| out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body)), || hash::block_sums(body));
         written.map_err(io)?;
-        let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
-        for (t, s) in tail.chunks_exact_mut(4).zip(sums) {
-            t.copy_from_slice(&s.to_le_bytes());
-        }
-        let sums_crc = hash::crc32(tail.get(..l.sums_len as usize).unwrap_or(&[]));
+        let (tail, sealed) = sealed(&h, sums);
         let mut head = vec![0u8; HEADER_LEN as usize];
-        head[..HEADER_FIELDS].copy_from_slice(&Header { sums_valid: true, sums_crc, ..h }.encode());
+        head[..HEADER_FIELDS].copy_from_slice(&sealed.encode());
         out.write_all(&tail).and_then(|_| f.file().write_all_at(&head, 0)).map_err(io)?;
         Ok(f.commit()?)
+    }
+
+    /// Writes the checksums of the body into this writable table's own file and sets the
+    /// flag, in place: a table file made to be kept (`ringrec table create/import`) is then
+    /// verified by every open, like a saved one. The next update clears the flag.
+    pub fn seal(&mut self) -> TableResult<()> {
+        let l = self.header.layout;
+        let body = sub(&self.path, self.as_bytes(), l.index_offset, l.sums_offset - l.index_offset)?;
+        let (tail, header) = sealed(&self.header, hash::block_sums(body));
+        let Mapping::Rw(map) = &mut self.map else { return Err(TableError::ReadOnly) };
+        let sums = map.get_mut(range(l.sums_offset, l.file_len - l.sums_offset)).ok_or_else(|| TableError::from(FORMAT.layout(&self.path, "the sums section is outside the mapping")))?;
+        sums.copy_from_slice(&tail);
+        map[..HEADER_FIELDS].copy_from_slice(&header.encode());
+        self.header = header;
+        Ok(())
     }
 
     /// Checks `path` in full, as `ringrec table verify` does: header and layout, the index
@@ -708,6 +719,18 @@ impl EmbeddingTable {
             Mapping::Ro(_) => Ok(()),
         }
     }
+}
+
+/// The sums section (with its zero padding) holding the block checksums `sums` of a table
+/// whose header is `h`, and the header that records them (flag set, their CRC).
+fn sealed(h: &Header, sums: Vec<u32>) -> (Vec<u8>, Header) {
+    let l = h.layout;
+    let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
+    for (t, s) in tail.chunks_exact_mut(4).zip(sums) {
+        t.copy_from_slice(&s.to_le_bytes());
+    }
+    let sums_crc = hash::crc32(tail.get(..l.sums_len as usize).unwrap_or(&[]));
+    (tail, Header { sums_valid: true, sums_crc, ..*h })
 }
 
 /// What [`EmbeddingTable::verify`] checked in a sound table.

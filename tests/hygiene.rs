@@ -116,8 +116,14 @@ fn wait_for_ranks(job: &str, np: usize, limit: Duration) -> Vec<i32> {
 /// Waits until the processes `pids` of job `job` are gone (mpirun may return before the
 /// last has exited; an exiting process holds its files, and their locks, to the end).
 fn wait_gone(job: &str, pids: &[i32]) {
+    // Every thread: a process whose main thread is already a zombie may have a thread still
+    // exiting (out of a long syscall), which holds the process' files and their locks.
+    let alive = |p: &i32| {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
+        ringrec::hostsync::pid_alive(*p) || tasks.filter_map(|t| t.file_name().to_str()?.parse().ok()).any(ringrec::hostsync::pid_alive)
+    };
     let t = Instant::now();
-    while pids.iter().any(|p| ringrec::hostsync::pid_alive(*p)) {
+    while pids.iter().any(alive) {
         assert!(t.elapsed() < Duration::from_secs(30), "job {job}: ranks still running 30 s after mpirun returned");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -130,13 +136,15 @@ fn signal(pids: &[i32], sig: i32) {
     }
 }
 
-/// SIGSTOP to `pids`, returning once every one is stopped (a signal is delivered
-/// asynchronously).
+/// SIGSTOP to `pids`, returning once every thread of every one is stopped (a signal is
+/// delivered asynchronously, and a thread inside a long syscall, such as allocating a
+/// table, stops only when it returns).
 fn freeze(pids: &[i32]) {
     signal(pids, libc::SIGSTOP);
+    let task_stopped = |stat: String| matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('T') | Some('t') | None);
     let stopped = |p: &i32| {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-        matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('T') | Some('t') | None)
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
+        tasks.map(|t| std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()).all(task_stopped)
     };
     let t = Instant::now();
     while !pids.iter().all(stopped) {
@@ -305,7 +313,6 @@ fn a_shared_memory_directory_too_small_for_a_segment_is_a_clear_error_on_every_r
 }
 
 #[test]
-#[ignore = "needs the host table's space reserved up front (EmbeddingTable::create, issue 20's table part); run with --ignored once merged"]
 fn a_shared_memory_directory_too_small_for_the_host_table_is_a_clear_error_on_every_rank() {
     // 20 MiB: every segment fits, the default host table (151 MB) does not.
     full_tmpfs("20m");

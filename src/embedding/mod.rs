@@ -46,8 +46,8 @@
 //! flag set (resume through [`EmbeddingTable::load`], `ringrec table import/export/inspect/verify`)
 //! compares every block first, and a difference is [`TableError::Corrupt`], naming the
 //! section (index, rows, state, checksums, header padding) and the byte offset of the block.
-//! The copy `load` makes is a live table again (flag clear, sums zero), byte-identical to the
-//! table that was saved. [`EmbeddingTable::seal`] writes the checksums into a table's own
+//! The copy `load` makes is a live table again (flag clear, sums zero): byte-identical to the
+//! live table that was saved. [`EmbeddingTable::seal`] writes the checksums into a table's own
 //! file (`ringrec table create/import` do); an update through a read-write handle clears
 //! the flag again.
 //! Version-1 files (no checksums) are refused with the version error.

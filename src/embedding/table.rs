@@ -428,8 +428,9 @@ impl EmbeddingTable {
     /// Copies a saved table file to `dst` and returns the copy, read-write: `saved` is
     /// verified first (every block against its checksum, see [`EmbeddingTable::open_readonly`]);
     /// `dst` is created like [`EmbeddingTable::create`] (exclusive, locked, its space
-    /// reserved; removed on any error). The copy is a live table: byte-identical to the
-    /// table that was saved, its checksums flag clear and its sums section zero.
+    /// reserved; removed on any error). The copy is a live table: the saved bytes with the
+    /// checksums flag clear and the sums section zero (so the copy of a saved live table is
+    /// byte-identical to that table).
     pub fn load(saved: &Path, dst: &Path) -> TableResult<EmbeddingTable> {
         let src = EmbeddingTable::open_readonly(saved)?;
         let header = Header { sums_valid: false, sums_crc: 0, ..src.header };

@@ -245,7 +245,8 @@ fn fnv_of(out: &str) -> String {
 /// The uninterrupted run the interrupted ones are compared with.
 fn reference(steps: &str) -> String {
     let args = launch_args(&["-np", "2"], &["--max-steps", steps]);
-    let out = launch("ref", &[], &strs(&args)).output().unwrap();
+    // Its own job id: two tests may run their references at once.
+    let out = launch(&format!("ref{steps}"), &[], &strs(&args)).output().unwrap();
     assert!(out.status.success(), "reference run: {}", String::from_utf8_lossy(&out.stderr));
     fnv_of(&String::from_utf8_lossy(&out.stdout))
 }

@@ -406,3 +406,40 @@ fn the_gpu_code_path_reduces_through_the_engine() {
     assert_eq!(fused, vec![4; 4], "three layers and the loss in one fused allreduce per step");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn eval_every_reports_intervals_without_changing_the_run() {
+    let dir = tmpdir("eval-every");
+    let metrics = dir.join("metrics.jsonl");
+    let m = metrics.to_str().unwrap();
+    let plain = train(2, &[], &["--max-steps", "25", "--epochs", "2"]);
+    plain.assert_ok();
+    let with = train(2, &[], &["--max-steps", "25", "--epochs", "2", "--eval-every", "10", "--metrics-out", m]);
+    with.assert_ok();
+    let (p, w) = (summary(&plain), summary(&with));
+    assert_eq!(w["params_fnv"], p["params_fnv"], "evaluating during training must not change it");
+    assert_eq!(w["test_auc"], p["test_auc"], "the final evaluation is the last interval's");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![10, 20, 25]);
+    let last = &lines[2];
+    assert_eq!(last["eval_auc"], w["test_auc"]);
+    assert_eq!(last["eval_logloss"], w["test_logloss"]);
+    assert_eq!(last["samples"], w["samples"]);
+    assert_eq!(last["table_rows"], w["table_rows"]);
+    // The interval losses average the summary's per-step losses of those steps.
+    let losses: Vec<f64> = w["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let mean = |r: std::ops::Range<usize>| losses[r.clone()].iter().sum::<f64>() / r.len() as f64;
+    for (l, r) in lines.iter().zip([0..10, 10..20, 20..25]) {
+        assert!(close(l["train_loss"].as_f64().unwrap(), mean(r.clone()), 1e-12), "interval {r:?}: {l}");
+        assert!(l["samples_per_sec"].as_f64().unwrap() > 0.0 && l["sparse_bytes_intra_host"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["dense_bytes_reduced"].as_f64().unwrap() > 0.0);
+    }
+    // The same on the GPU code path (host kernels, asynchronous with delays).
+    let env = [("RINGREC_HOST_DELAY_SEED", "3")];
+    let a = train(2, &env, &["--max-steps", "12", "--device", "host", "--hidden", "16"]);
+    let b = train(2, &env, &["--max-steps", "12", "--device", "host", "--hidden", "16", "--eval-every", "5"]);
+    a.assert_ok();
+    b.assert_ok();
+    assert_eq!(summary(&a)["params_fnv"], summary(&b)["params_fnv"]);
+}

@@ -119,6 +119,14 @@ pub struct TrainArgs {
     /// `skip-step` (skip that update and go on).
     #[arg(long, default_value = "stop")]
     pub nan_policy: NanPolicy,
+    /// Evaluate on the held-out rows every N steps (global AUC and log loss), with an
+    /// interval report of loss, samples/s and traffic (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;
+    /// appended to when resuming). Plot it with scripts/plot_metrics.py.
+    #[arg(long)]
+    pub metrics_out: Option<PathBuf>,
     /// Print a final JSON summary (rank 0).
     #[arg(long)]
     pub json: bool,
@@ -177,6 +185,8 @@ impl TrainArgs {
             keep_checkpoints: self.keep_checkpoints,
             checkpoint_min_change: self.checkpoint_min_change,
             nan_policy: self.nan_policy,
+            eval_every: self.eval_every,
+            metrics_out: self.metrics_out.clone(),
             record_losses: self.record_losses,
             eval: !self.no_eval,
         }
@@ -218,7 +228,8 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<()> {
             pb
         });
         if let Some(loss) = p.loss {
-            pb.set_message(format!("epoch {} loss {loss:.4} {:.0} samples/s", p.epoch, p.samples_per_sec));
+            let auc = p.eval_auc.map_or(String::new(), |a| format!(" eval AUC {a:.4}"));
+            pb.set_message(format!("epoch {} loss {loss:.4} {:.0} samples/s{auc}", p.epoch, p.samples_per_sec));
         }
         pb.set_position(p.step);
     };

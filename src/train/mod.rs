@@ -123,6 +123,11 @@ pub struct TrainConfig {
     pub checkpoint_min_change: f64,
     /// What a non-finite loss, gradient or parameter does.
     pub nan_policy: NanPolicy,
+    /// Evaluate on the held-out rows every this many steps (0: only at the end), with an
+    /// interval report (loss, throughput, traffic, AUC/logloss).
+    pub eval_every: u64,
+    /// Rank 0 writes each interval report as one JSON line here.
+    pub metrics_out: Option<PathBuf>,
     /// Keep every step's loss in the summary.
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
@@ -161,6 +166,8 @@ impl TrainConfig {
             keep_checkpoints: 2,
             checkpoint_min_change: 0.0,
             nan_policy: NanPolicy::Stop,
+            eval_every: 0,
+            metrics_out: None,
             record_losses: false,
             eval: true,
         }
@@ -224,7 +231,8 @@ impl TrainConfig {
     /// by its flag or variable: what shapes the model, the data and their order, the
     /// optimizers, checkpoints, the backends, and the engine's and the runtime's knobs
     /// that are part of a protocol. Free to differ: `--threads`, `--json`,
-    /// `--no-progress`, `--record-losses`, `--data-dir` (each host's cache location),
+    /// `--no-progress`, `--record-losses`, `--metrics-out` (rank 0's is written),
+    /// `--data-dir` (each host's cache location),
     /// `RINGREC_TIMELINE` and the engine's fusion threshold and cycle time (rank 0's are
     /// used), `RINGREC_COMM_TIMEOUT_SECONDS`, `RINGREC_LOG_SPARSE`, `RINGREC_FAULT_EXIT`.
     pub fn settings(&self, topo: &Topology, engine: &EngineConfig) -> Vec<(&'static str, String)> {
@@ -256,6 +264,7 @@ impl TrainConfig {
             ("--keep-checkpoints", self.keep_checkpoints.to_string()),
             ("--checkpoint-min-change", self.checkpoint_min_change.to_string()),
             ("--nan-policy", self.nan_policy.to_string()),
+            ("--eval-every", self.eval_every.to_string()),
             ("--no-eval", (!self.eval).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
             ("RINGREC_VERIFY", rc.verify.to_string()),

@@ -44,8 +44,10 @@ pub struct Progress {
     pub epoch: u64,
     /// The last recorded global mean loss.
     pub loss: Option<f64>,
-    /// Samples per second so far (all ranks).
+    /// Samples per second so far (all ranks, training time only).
     pub samples_per_sec: f64,
+    /// The held-out AUC of the last `--eval-every` report (rank 0).
+    pub eval_auc: Option<f64>,
 }
 
 /// A step whose loss is still to be read: read after the next batch is staged, so on a
@@ -69,6 +71,19 @@ struct Losses {
     steps: u64,
     /// Every step's loss (with `record_losses`).
     all: Vec<f64>,
+    /// Sum and count of the losses recorded since the last interval report.
+    interval_sum: f64,
+    interval_steps: u64,
+}
+
+/// Where the last interval report left the counters (`--eval-every`).
+#[derive(Default, Clone, Copy)]
+struct Mark {
+    step: u64,
+    samples: u64,
+    train_seconds: f64,
+    intra_bytes: f64,
+    cross_bytes: f64,
 }
 
 /// The held-out evaluation (rank 0).
@@ -85,6 +100,8 @@ pub struct Evaluation {
 struct Counters {
     steps: u64,
     samples: u64,
+    /// Samples of every rank (the global batches of the steps taken).
+    global_samples: u64,
     checkpoints_written: u64,
     checkpoints_skipped: u64,
     nan_skips_dense: u64,
@@ -121,6 +138,14 @@ pub struct Trainer<'a, D: Device> {
     phases: PhaseTimer,
     counters: Counters,
     started: Instant,
+    /// Seconds spent in evaluations during training (not training time).
+    eval_seconds: f64,
+    /// The counters at the last interval report.
+    mark: Mark,
+    /// The last evaluation: its step and result on rank 0 (`None` elsewhere).
+    last_eval: Option<(u64, Option<Evaluation>)>,
+    /// Rank 0's `--metrics-out` file.
+    metrics: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 /// The checkpoint a run resumes from, as every rank gets it.
@@ -205,7 +230,23 @@ impl<'a, D: Device> Trainer<'a, D> {
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
         let steps_per_epoch = shard::steps_per_epoch(data.train.len(), cfg.batch) as u64;
         let total_steps = (cfg.epochs * steps_per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX));
-        let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0 };
+        let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, eval_auc: None };
+        // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
+        let metrics = match (&cfg.metrics_out, topo.rank) {
+            (Some(p), 0) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(cfg.resume)
+                    .write(true)
+                    .truncate(!cfg.resume)
+                    .open(p)
+                    .map(|f| std::io::BufWriter::new(f))
+                    .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
+            ),
+            _ => None,
+        }
+        .transpose();
+        let metrics = topo.agree(metrics)?;
         {
             let _w = crate::watchdog::waiting("the ranks' barrier");
             topo.world.comm.barrier();
@@ -231,6 +272,10 @@ impl<'a, D: Device> Trainer<'a, D> {
             phases: PhaseTimer::default(),
             counters: Counters::default(),
             started: Instant::now(),
+            eval_seconds: 0.0,
+            mark: Mark { step: position.step, ..Mark::default() },
+            last_eval: None,
+            metrics,
         })
     }
 
@@ -256,11 +301,13 @@ impl<'a, D: Device> Trainer<'a, D> {
         }
         l.sum += loss;
         l.steps += 1;
+        l.interval_sum += loss;
+        l.interval_steps += 1;
         if self.cfg.record_losses {
             self.losses.all.push(loss);
         }
-        let rate = self.counters.steps as f64 * self.cfg.batch as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
-        self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate };
+        let rate = self.counters.global_samples as f64 / self.train_seconds().max(1e-9);
+        self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate, eval_auc: self.progress.eval_auc };
         Ok(())
     }
 
@@ -351,6 +398,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.stop();
 
         self.counters.samples += self.batch.len() as u64;
+        self.counters.global_samples += global_batch as u64;
         self.counters.intra_bytes += (st.host_bytes_sent + st.host_bytes_received) as f64;
         self.counters.cross_bytes += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
         self.counters.steps += 1;
@@ -364,6 +412,10 @@ impl<'a, D: Device> Trainer<'a, D> {
                 // The last step's checkpoint is always written; a periodic one may be gated.
                 saved = self.save_checkpoint(dir, !last)?;
             }
+        }
+        let every = cfg.eval_every;
+        if every > 0 && (self.position.step % every == 0 || self.position.step == self.total_steps) {
+            self.report_interval()?;
         }
         // A SIGTERM/SIGINT on any rank stops every rank after the same step: they compare
         // notes every SIGNAL_CHECK_EVERY steps (one more collective per step cost 4-5% of
@@ -431,6 +483,65 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(w[0] == 1)
     }
 
+    /// Seconds of training so far (wall time less the evaluations during training).
+    fn train_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() - self.eval_seconds
+    }
+
+    /// The interval report of `--eval-every` (collective): the loss of the steps since the
+    /// last report, the held-out evaluation, throughput and traffic; rank 0 writes it as
+    /// one JSON line to `--metrics-out` and shows it in the progress.
+    fn report_interval(&mut self) -> TrainResult<()> {
+        if let Some(u) = self.unread.take() {
+            self.record(self.model.loss_sum()?, u)?;
+        }
+        let t = Instant::now();
+        let eval = if self.cfg.eval && !self.data.test.is_empty() { Some(self.evaluate()?) } else { None };
+        self.eval_seconds += t.elapsed().as_secs_f64();
+        if let Some(e) = &eval {
+            self.last_eval = Some((self.position.step, *e));
+        }
+        let eval = eval.flatten();
+        let now = Mark {
+            step: self.position.step,
+            samples: self.counters.global_samples,
+            train_seconds: self.train_seconds(),
+            intra_bytes: self.counters.intra_bytes,
+            cross_bytes: self.counters.cross_bytes,
+        };
+        let (m, l) = (self.mark, &mut self.losses);
+        let train_loss = (l.interval_steps > 0).then(|| l.interval_sum / l.interval_steps as f64);
+        (l.interval_sum, l.interval_steps) = (0.0, 0);
+        self.mark = now;
+        self.progress.eval_auc = eval.map(|e| e.auc);
+        let Some(w) = self.metrics.as_mut() else { return Ok(()) };
+        let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
+        let rate = (now.samples - m.samples) as f64 / seconds;
+        let steps = (now.step - m.step) as f64;
+        let line = serde_json::json!({
+            "step": now.step,
+            "epoch": self.position.epoch,
+            "samples": now.samples,
+            "train_loss": train_loss,
+            "samples_per_sec": rate,
+            "samples_per_sec_per_rank": rate / self.topo.size as f64,
+            "eval_auc": eval.map(|e| e.auc),
+            "eval_logloss": eval.map(|e| e.logloss),
+            "eval_rows": self.data.test.len(),
+            "table_rows": self.embedding.table().table().live_rows(),
+            "dense_bytes_reduced": steps * 4.0 * (self.model.mlp().num_params() + 1) as f64,
+            "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
+            "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
+            "train_seconds": now.train_seconds,
+            "eval_seconds": self.eval_seconds,
+            "checkpoints_written": self.counters.checkpoints_written,
+            "checkpoints_skipped": self.counters.checkpoints_skipped,
+        });
+        use std::io::Write;
+        let written = writeln!(w, "{line}").and_then(|_| w.flush());
+        written.map_err(|e| TrainError::Config(format!("--metrics-out: cannot write it: {e}")))
+    }
+
     /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0
     /// and computes the exact global log loss and AUC there (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
@@ -469,7 +580,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             let _w = crate::watchdog::waiting("the ranks' barrier");
             topo.world.comm.barrier();
         }
-        let train_seconds = self.started.elapsed().as_secs_f64();
+        let train_seconds = self.train_seconds();
         if topo.config.log_sparse {
             let x = self.embedding.exchanger();
             crate::eprint_line(&format!("rank {} sparse exchange over {} steps: {}", topo.rank, x.steps(), x.totals()));
@@ -477,7 +588,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         let _w = crate::watchdog::waiting("the run's summary");
         let mut samples = 0u64;
         topo.world.comm.all_reduce_into(&self.counters.samples, &mut samples, SystemOperation::sum());
-        let eval = if self.cfg.eval && !self.data.test.is_empty() { self.evaluate()? } else { None };
+        let eval = match self.last_eval {
+            // The last interval report evaluated this very model.
+            Some((step, e)) if step == self.position.step => e,
+            _ if self.cfg.eval && !self.data.test.is_empty() => self.evaluate()?,
+            _ => None,
+        };
         let mut peak = 0f64;
         topo.world.comm.all_reduce_into(&metrics::peak_rss_mib(), &mut peak, SystemOperation::max());
         let mlp = self.phases.seconds("mlp");
@@ -497,7 +613,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             global_step: self.position.step,
             samples,
             train_seconds,
-            samples_per_sec: samples as f64 / train_seconds.max(1e-9),
+            samples_per_sec: self.counters.global_samples as f64 / train_seconds.max(1e-9),
             train_loss: self.losses.sum / self.losses.steps.max(1) as f64,
             test_logloss: eval.map(|e| e.logloss),
             test_auc: eval.map(|e| e.auc),

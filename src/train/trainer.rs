@@ -240,7 +240,7 @@ impl<'a, D: Device> Trainer<'a, D> {
                     .write(true)
                     .truncate(!cfg.resume)
                     .open(p)
-                    .map(|f| std::io::BufWriter::new(f))
+                    .map(std::io::BufWriter::new)
                     .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
             ),
             _ => None,

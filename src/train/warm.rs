@@ -39,9 +39,9 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     let flag = format!("--init-from {}", m.given.display());
     if let Some(d) = &cfg.init_dense {
         if m.kind != SourceKind::Params {
-            return Err(format!("--init-dense {}: {flag} is a {} and holds dense weights already; --init-dense goes with a sparse-parameter file", d.display(), m.describe()));
+            return Err(format!("--init-dense {}: {flag} names the {}, which holds dense weights already; --init-dense goes with a sparse-parameter file", d.display(), m.describe()));
         }
-        m.dense = Some(DenseWeights::read(d).map_err(|e| e.to_string())?);
+        m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
     }
     let t = &m.table;
     if t.dim as usize != cfg.dim {

@@ -27,7 +27,7 @@ pub struct PredictArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Rows per batch on each rank. The same --batch and rank count as a training run give
-    /// its evaluation's scores bit for bit on any device.
+    /// its evaluation's scores bit for bit (others: within a few units in the last place).
     #[arg(long, default_value_t = 1024)]
     pub batch: usize,
     /// Score only the last fraction of each file (the held-out split of `train

@@ -207,6 +207,7 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
     refused(&["--hidden", "32", "--sparse-optimizer", "adagrad"], "its table holds the state of --sparse-optimizer sgd, this run has --sparse-optimizer adagrad");
     refused(&["--hidden", "32", "--table-capacity", "4096"], "its table has 2097152 slots, this run has --table-capacity 4096 (4096 slots)");
     refused(&["--hidden", "32", "--checkpoint-dir", c, "--resume"], "--init-from and --resume are exclusive");
+    refused(&["--hidden", "32", "--checkpoint-dir", c], "--init-from and --checkpoint-dir are the same directory");
     // predict needs dense weights: a sparse-parameter file alone is refused.
     let params = dir.path("t.params");
     let step = ringrec::train::checkpoint::latest_step(&ck).expect("checkpoint");

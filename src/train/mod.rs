@@ -19,6 +19,10 @@
 //!
 //! The data set defaults to a synthetic Criteo-format file that ringrec generates once
 //! ([`data::open`]), cached as a memory-mappable binary.
+//!
+//! Using a trained model: [`predict`] (the scoring both the evaluation and `ringrec
+//! predict` use), [`bundle`] (`ringrec export`'s serving bundle), [`source`] (what
+//! `--model` and `--init-from` name), [`warm`] (`train --init-from`).
 
 pub mod batch;
 pub mod bundle;
@@ -197,6 +201,12 @@ impl TrainConfig {
         }
         if self.resume && self.init_from.is_some() {
             return Err(TrainError::Config("--init-from and --resume are exclusive: --resume continues a run from its own --checkpoint-dir, --init-from starts a new run from a trained model".into()));
+        }
+        if let (Some(from), Some(dir)) = (&self.init_from, &self.checkpoint_dir) {
+            let same = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            if same(from) == same(dir) {
+                return Err(TrainError::Config(format!("--init-from and --checkpoint-dir are the same directory ({}): a warm start is a new run whose steps count from 0; write its checkpoints into another --checkpoint-dir", dir.display())));
+            }
         }
         if self.init_dense.is_some() && self.init_from.is_none() {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));

@@ -6,6 +6,7 @@
 #   pkg-config, build-essential                -- locating and compiling the MPI shim
 #   python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
 #                                                 libraries from PyPI for the library probe test)
+#   python3-numpy                              -- scripts/bundle_predict.py (tests/predict.rs)
 set -euo pipefail
 
 need=()
@@ -21,6 +22,9 @@ have_cmd cc || need+=(build-essential)
 have_cmd c++ || need+=(g++)
 have_cmd python3 || need+=(python3)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# numpy for scripts/bundle_predict.py (the independent reader of export bundles; its test
+# skips without it): the distribution's, for the system python3.
+python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || need+=(python3-numpy)
 
 install_rust() {
   # Rust toolchain (rustup), when the machine has none.

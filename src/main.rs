@@ -25,6 +25,12 @@ enum Command {
     /// Train the CTR model (data-parallel; run under mpirun for several ranks). Without
     /// --data it trains on a synthetic Criteo-format set that it generates once.
     Train(cli::train::TrainArgs),
+    /// Score rows with a trained model (a checkpoint directory or an export bundle) on every
+    /// rank: `score<TAB>label` lines in row order (--out), AUC and log loss.
+    Predict(cli::predict::PredictArgs),
+    /// Write a checkpoint as a self-describing serving bundle (model.json, dense.bin,
+    /// table.bin), readable without ringrec (scripts/bundle_predict.py).
+    Export(cli::export::ExportArgs),
     /// Print this rank's topology, the CUDA libraries (where each was found and its
     /// version) and whether a GPU path is available; --compile-kernels compiles every
     /// kernel to SASS for given architectures (no GPU needed).
@@ -106,6 +112,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo => with_mpi(demo),
         Command::Launch(args) => std::process::exit(cli::launch::run(&args)?),
         Command::Train(args) => with_mpi(|topo| cli::train::run(topo, &args)),
+        Command::Predict(args) => with_mpi(|topo| cli::predict::run(topo, &args)),
+        Command::Export(args) => cli::export::run(&args),
         Command::Info(args) => cli::info::run(&args),
         Command::Table(cli::table::TableCommand::Hold(a)) => with_mpi(|topo| cli::table::hold(topo, &a)),
         Command::Table(cmd) => cli::table::run(cmd),

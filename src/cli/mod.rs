@@ -3,8 +3,10 @@
 pub mod bench;
 pub mod clean;
 pub mod data;
+pub mod export;
 pub mod info;
 pub mod launch;
+pub mod predict;
 pub mod table;
 pub mod train;
 

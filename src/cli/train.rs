@@ -15,14 +15,16 @@ use ringrec::train::{self, NanPolicy, Progress, TrainConfig, TrainSummary};
 #[derive(Clone, Copy, Debug)]
 pub struct BackendArg(pub Option<Backend>);
 
-fn backend(s: &str) -> Result<BackendArg, String> {
+/// Parses `--backend`.
+pub fn backend(s: &str) -> Result<BackendArg, String> {
     match s {
         "auto" => Ok(BackendArg(None)),
         _ => Backend::parse(s).map(|b| BackendArg(Some(b))).ok_or_else(|| format!("`{s}` is not a backend; choose from auto, mpi, ring, shm, hier")),
     }
 }
 
-fn placement(s: &str) -> Result<Placement, String> {
+/// Parses `--device`.
+pub fn placement(s: &str) -> Result<Placement, String> {
     Placement::parse(s).ok_or_else(|| format!("`{s}` is not a device; choose from auto, cpu, cuda"))
 }
 
@@ -139,6 +141,16 @@ pub struct TrainArgs {
     /// Skip the evaluation on the held-out split.
     #[arg(long)]
     pub no_eval: bool,
+    /// Warm start: a new run from a trained model — a checkpoint directory (dense
+    /// parameters, optimizer state and table), an export bundle (dense parameters and table)
+    /// or a sparse-parameter file (table; dense weights with --init-dense). Its steps count
+    /// from 0 and its data from the beginning; exclusive with --resume.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// Dense weights (an export bundle's dense.bin layout) for an --init-from
+    /// sparse-parameter file.
+    #[arg(long)]
+    pub init_dense: Option<PathBuf>,
 }
 
 /// `~/.cache/ringrec` (or `$XDG_CACHE_HOME/ringrec`, or a per-user temporary directory).
@@ -189,6 +201,8 @@ impl TrainArgs {
             metrics_out: self.metrics_out.clone(),
             record_losses: self.record_losses,
             eval: !self.no_eval,
+            init_from: self.init_from.clone(),
+            init_dense: self.init_dense.clone(),
         }
     }
 }

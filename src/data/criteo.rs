@@ -54,7 +54,7 @@ pub const BAD_LINE_EXAMPLES: usize = 5;
 /// The value a missing categorical hashes as (the bytes of `"missing\0"`).
 pub const MISSING_VALUE: u64 = 0x6d69_7373_696e_6700;
 /// Base of the per-field salt of [`category_key`].
-const FIELD_SALT: u64 = 0x5249_4e47_5245_4300; // "RINGREC\0"
+pub const FIELD_SALT: u64 = 0x5249_4e47_5245_4300; // "RINGREC\0"
 
 /// One parsed line.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]

@@ -11,6 +11,14 @@ use crate::sparse::error::NON_FINITE;
 use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseResult, SparseStats};
 use crate::topology::Topology;
 
+/// The shape and initialisation of a run's new host table.
+pub fn table_config(cfg: &TrainConfig) -> TableConfig {
+    let mut tc = TableConfig::new(cfg.dim as u32, cfg.table_capacity);
+    tc.seed = cfg.seed;
+    tc.optimizer = cfg.sparse_optimizer;
+    tc
+}
+
 /// The host table and the sparse exchanger of a run.
 pub struct EmbeddingStage {
     table: HostTable,
@@ -23,13 +31,17 @@ impl EmbeddingStage {
     /// Opens this host's table (collective over the world): a new one shaped by `cfg`, or
     /// the byte-exact copy of a checkpoint's table `saved`.
     pub fn open(topo: &Topology, cfg: &TrainConfig, saved: Option<&Path>) -> TrainResult<EmbeddingStage> {
-        let mut tc = TableConfig::new(cfg.dim as u32, cfg.table_capacity);
-        tc.seed = cfg.seed;
-        tc.optimizer = cfg.sparse_optimizer;
-        let table = match saved {
-            Some(p) => HostTable::open_from(topo, TableSource::Saved(p, &tc)),
-            None => HostTable::open_from(topo, TableSource::New(&tc)),
-        }?;
+        let tc = table_config(cfg);
+        match saved {
+            Some(p) => EmbeddingStage::open_from(topo, cfg, TableSource::Saved(p, &tc)),
+            None => EmbeddingStage::open_from(topo, cfg, TableSource::New(&tc)),
+        }
+    }
+
+    /// Opens this host's table from `source` (collective over the world): what
+    /// [`EmbeddingStage::open`] does, and a warm start's table (`--init-from`).
+    pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>) -> TrainResult<EmbeddingStage> {
+        let table = HostTable::open_from(topo, source)?;
         let exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
         Ok(EmbeddingStage { table, exchanger, lr: cfg.sparse_lr, nan_skips: 0 })
     }

@@ -19,15 +19,23 @@
 //!
 //! The data set defaults to a synthetic Criteo-format file that ringrec generates once
 //! ([`data::open`]), cached as a memory-mappable binary.
+//!
+//! Using a trained model: [`predict`] (the scoring both the evaluation and `ringrec
+//! predict` use), [`bundle`] (`ringrec export`'s serving bundle), [`source`] (what
+//! `--model` and `--init-from` name), [`warm`] (`train --init-from`).
 
 pub mod batch;
+pub mod bundle;
 pub mod checkpoint;
 pub mod data;
 pub mod embedding;
 pub mod error;
 pub mod metrics;
 pub mod phases;
+pub mod predict;
+pub mod source;
 pub mod trainer;
+pub mod warm;
 
 use std::path::PathBuf;
 
@@ -132,6 +140,12 @@ pub struct TrainConfig {
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
     pub eval: bool,
+    /// Warm start: a new run from this checkpoint directory, export bundle or
+    /// sparse-parameter file ([`warm`]).
+    pub init_from: Option<PathBuf>,
+    /// Dense weights (a bundle's `dense.bin` layout) to go with an `init_from` that is a
+    /// sparse-parameter file.
+    pub init_dense: Option<PathBuf>,
 }
 
 impl TrainConfig {
@@ -170,6 +184,8 @@ impl TrainConfig {
             metrics_out: None,
             record_losses: false,
             eval: true,
+            init_from: None,
+            init_dense: None,
         }
     }
 
@@ -189,6 +205,18 @@ impl TrainConfig {
         }
         if self.resume && self.checkpoint_dir.is_none() {
             return Err(TrainError::Config("--resume needs --checkpoint-dir (the directory of the run to continue)".into()));
+        }
+        if self.resume && self.init_from.is_some() {
+            return Err(TrainError::Config("--init-from and --resume are exclusive: --resume continues a run from its own --checkpoint-dir, --init-from starts a new run from a trained model".into()));
+        }
+        if let (Some(from), Some(dir)) = (&self.init_from, &self.checkpoint_dir) {
+            let same = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            if same(from) == same(dir) {
+                return Err(TrainError::Config(format!("--init-from and --checkpoint-dir are the same directory ({}): a warm start is a new run whose steps count from 0; write its checkpoints into another --checkpoint-dir", dir.display())));
+            }
+        }
+        if self.init_dense.is_some() && self.init_from.is_none() {
+            return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
         }
         Ok(())
     }
@@ -277,6 +305,8 @@ impl TrainConfig {
             ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
             ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),
             ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", format!("{:?}", engine.stall_shutdown)),
+            ("--init-from", format!("{:?}", self.init_from)),
+            ("--init-dense", format!("{:?}", self.init_dense)),
         ]
     }
 }

@@ -11,11 +11,11 @@ use super::checkpoint::{self, DenseState, Loaded};
 use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::phases::PhaseTimer;
+use super::predict;
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::shard;
-use crate::device::cpu::sigmoid;
 use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
@@ -213,6 +213,11 @@ impl<'a, D: Device> Trainer<'a, D> {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
         }
+        let run_table = super::embedding::table_config(cfg);
+        let warm = match &cfg.init_from {
+            Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &run_table, &mut params, &mut opt)?),
+            None => None,
+        };
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
                 let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;
@@ -226,7 +231,10 @@ impl<'a, D: Device> Trainer<'a, D> {
                 (Position::default(), None)
             }
         };
-        let embedding = EmbeddingStage::open(topo, cfg, saved.as_deref())?;
+        let embedding = match &warm {
+            Some(t) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
+            None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
+        };
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
         let steps_per_epoch = shard::steps_per_epoch(data.train.len(), cfg.batch) as u64;
         let total_steps = (cfg.epochs * steps_per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX));
@@ -314,13 +322,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
     /// map, dense features and labels; then moves it to the device.
     fn stage(&mut self) -> TrainResult<()> {
-        let b = &self.batch;
-        let st = self.model.stage(b.len(), b.uniq.len())?;
-        self.embedding.lookup(&b.uniq, st.emb)?;
-        st.inverse.copy_from_slice(&b.inverse);
-        st.dense.copy_from_slice(&b.dense);
-        st.labels.copy_from_slice(&b.labels);
-        Ok(())
+        predict::stage(&mut self.model, self.embedding.table(), &self.batch)
     }
 
     /// Takes the next step; false (doing nothing) once the run has taken all its steps.
@@ -542,29 +544,15 @@ impl<'a, D: Device> Trainer<'a, D> {
         written.map_err(|e| TrainError::Config(format!("--metrics-out: cannot write it: {e}")))
     }
 
-    /// Predicts the held-out rows (each rank a slice), gathers (score, label) to rank 0
-    /// and computes the exact global log loss and AUC there (`None` elsewhere).
+    /// Scores the held-out rows (each rank a slice, in batches of `--batch`: the scoring
+    /// of `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
+    /// loss and AUC on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
-        let mine = shard::rank_slice(self.data.test.clone(), self.topo.rank, self.topo.size);
-        let mut pairs: Vec<f32> = Vec::with_capacity(2 * mine.len());
-        let mut logits = Vec::new();
-        let mut at = mine.start;
-        while at < mine.end {
-            let end = (at + self.cfg.batch).min(mine.end);
-            self.batch.load(&self.data.ds, (at..end).map(|r| r as u32))?;
-            self.stage()?;
-            self.model.load()?;
-            self.model.predict(&mut logits)?;
-            for (z, y) in logits.iter().zip(&self.batch.labels) {
-                pairs.push(sigmoid(*z));
-                pairs.push(*y);
-            }
-            at = end;
-        }
-        Ok(self.coll.gatherv(&pairs, 0)?.map(|(v, _)| {
-            let scores: Vec<f32> = v.iter().step_by(2).copied().collect();
-            let labels: Vec<f32> = v.iter().skip(1).step_by(2).copied().collect();
-            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
+        let test = self.data.test.clone();
+        let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &self.data.ds, test.clone(), self.cfg.batch)?;
+        Ok(scores.map(|scores| {
+            let labels = &self.data.ds.labels()[test];
+            Evaluation { logloss: metrics::logloss(&scores, labels), auc: metrics::auc(&scores, labels) }
         }))
     }
 

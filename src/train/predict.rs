@@ -1,0 +1,287 @@
+//! Scoring rows with a trained model: the one scoring path of `train`'s held-out
+//! evaluation ([`super::Trainer::evaluate`]) and of `ringrec predict` ([`run`]), so the two
+//! give the same bits for the same model, rows, `--batch` and rank count.
+//!
+//! [`gather_scores`] cuts a range of rows into rank slices ([`shard::rank_slice`]: rank r
+//! scores the r-th contiguous part), each rank scores its slice in batches of `--batch`
+//! rows ([`score_rows`]: the table lookup into the model's staging slot, the forward pass,
+//! the sigmoid), and rank 0 gathers the scores in rank order, which is row order.
+//!
+//! `ringrec predict --model DIR --data FILES` ([`run`]): rank 0 resolves the model
+//! ([`ModelSource`]: a checkpoint directory, one checkpoint, or an export bundle) and
+//! checks every checksum; the dense weights are broadcast; each host leader fills the host
+//! table once (a checkpoint's table copied byte for byte, a bundle's rows imported with its
+//! initial-row rule, so keys the table lacks score as in training) and the other local
+//! ranks map it; each file is opened like training data (a TSV parsed once per host into
+//! its cache, or a `.rrdata` cache) and scored in order. Rank 0 holds the scores and
+//! labels in row order and computes the exact AUC and log loss ([`super::metrics`]).
+//! The bits depend on how the rows are cut into batches (a GEMM's blocking, and so its
+//! rounding, follows the batch's row count): the same `--batch` and rank count as the
+//! training run give its evaluation's scores exactly; other values give the same scores
+//! within a few units in the last place (within 1e-6, tests/predict.rs).
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::batch::Batch;
+use super::source::{ModelSource, SourceKind};
+use super::{metrics, TrainError, TrainResult};
+use crate::comm::{self, Backend, Collectives, CollectivesExt};
+use crate::data::cache::{Dataset, CACHE_EXT};
+use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::data::shard;
+use crate::device::cpu::sigmoid;
+use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
+use crate::embedding::format::capacity_for_rows;
+use crate::embedding::{HostTable, TableConfig};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
+use crate::topology::Topology;
+
+/// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
+/// features and labels.
+pub fn stage<D: Device>(model: &mut DenseModel<D>, table: &HostTable, b: &Batch) -> TrainResult<()> {
+    let st = model.stage(b.len(), b.uniq.len())?;
+    table.lookup(&b.uniq, st.emb)?;
+    st.inverse.copy_from_slice(&b.inverse);
+    st.dense.copy_from_slice(&b.dense);
+    st.labels.copy_from_slice(&b.labels);
+    Ok(())
+}
+
+/// Appends the scores (sigmoid of the logit) of `rows` of `ds` to `out`, scoring them in
+/// batches of `batch_rows` from the first (`batch` is scratch).
+pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, ds: &Dataset, rows: Range<usize>, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+    let mut logits = Vec::new();
+    let mut at = rows.start;
+    while at < rows.end {
+        let end = (at + batch_rows.max(1)).min(rows.end);
+        batch.load(ds, (at..end).map(|r| r as u32))?;
+        stage(model, table, batch)?;
+        model.load()?;
+        model.predict(&mut logits)?;
+        out.extend(logits.iter().map(|z| sigmoid(*z)));
+        at = end;
+    }
+    Ok(())
+}
+
+/// Scores `rows` of `ds` over every rank (collective; see the module docs): rank 0 gets
+/// the scores in row order, the others `None`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_scores<D: Device>(topo: &Topology, coll: &mut dyn Collectives, model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, ds: &Dataset, rows: Range<usize>, batch_rows: usize) -> TrainResult<Option<Vec<f32>>> {
+    let mine = shard::rank_slice(rows, topo.rank, topo.size);
+    let mut scores = Vec::with_capacity(mine.len());
+    score_rows(model, table, batch, ds, mine, batch_rows, &mut scores)?;
+    Ok(coll.gatherv(&scores, 0)?.map(|(v, _)| v))
+}
+
+/// What `ringrec predict` does (its flags).
+#[derive(Clone, Debug)]
+pub struct PredictConfig {
+    /// A checkpoint directory, one checkpoint, or an export bundle.
+    pub model: PathBuf,
+    /// Criteo TSVs or `.rrdata` caches, scored in this order.
+    pub data: Vec<PathBuf>,
+    /// Where TSV caches live.
+    pub data_dir: PathBuf,
+    /// Rows per batch on each rank.
+    pub batch: usize,
+    /// Score only the last fraction of each file (the held-out split `train
+    /// --test-fraction` cuts); 0: every row.
+    pub test_fraction: f64,
+    /// Where the dense model runs.
+    pub device: Placement,
+    /// Threads per rank (`None`: cores / ranks on this host).
+    pub threads: Option<usize>,
+    /// Malformed input lines tolerated per file.
+    pub max_bad_lines: u64,
+    /// Host collectives backend (`None`: the best for the topology).
+    pub backend: Option<Backend>,
+}
+
+/// One scored file.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScoredFile {
+    /// The file.
+    pub path: PathBuf,
+    /// Rows it has (malformed lines skipped).
+    pub rows: usize,
+    /// Rows scored (its held-out split with `--test-fraction`).
+    pub scored: usize,
+    /// Malformed lines skipped when it was parsed.
+    pub bad_lines: u64,
+}
+
+/// What a predict run reports (rank 0 prints it).
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictSummary {
+    /// World size.
+    pub ranks: usize,
+    /// Hosts.
+    pub hosts: usize,
+    /// Where the dense model ran.
+    pub device: String,
+    /// The model (`checkpoint of step 40 (ckpt/step-...)`).
+    pub model: String,
+    /// The step it was trained to.
+    pub step: Option<u64>,
+    /// Rows of its table.
+    pub table_rows: u64,
+    /// The files, in order.
+    pub files: Vec<ScoredFile>,
+    /// Rows scored.
+    pub rows: u64,
+    /// Of them labelled 1.
+    pub positives: u64,
+    /// Exact AUC over every scored row (`None` without rows).
+    pub auc: Option<f64>,
+    /// Mean log loss.
+    pub logloss: Option<f64>,
+    /// Seconds from the start to the model and table in place on every rank.
+    pub setup_seconds: f64,
+    /// Seconds of scoring (data opened, rows scored, gathered).
+    pub score_seconds: f64,
+    /// Rows scored per second (all ranks).
+    pub rows_per_sec: f64,
+}
+
+/// A predict run's result.
+pub struct Predicted {
+    /// The summary (rank 0's is complete; metrics are `None` elsewhere).
+    pub summary: PredictSummary,
+    /// Rank 0: every scored row's (score, label), in row order.
+    pub scores: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl PredictConfig {
+    /// Refuses settings no run can use.
+    pub fn validate(&self) -> TrainResult<()> {
+        if self.batch == 0 {
+            return Err(TrainError::Config("--batch must be positive".into()));
+        }
+        if !(0.0..1.0).contains(&self.test_fraction) {
+            return Err(TrainError::Config(format!("--test-fraction must be in [0, 1), got {}", self.test_fraction)));
+        }
+        if self.data.is_empty() {
+            return Err(TrainError::Config("--data needs at least one file".into()));
+        }
+        Ok(())
+    }
+
+    /// Every setting that must be the same on every rank.
+    pub fn settings(&self, topo: &Topology) -> Vec<(&'static str, String)> {
+        let rc = &topo.config;
+        vec![
+            ("--model", self.model.display().to_string()),
+            ("--data", self.data.iter().map(|p| format!("{} ({})", p.display(), crate::data::identity(p))).collect::<Vec<_>>().join(", ")),
+            ("--batch", self.batch.to_string()),
+            ("--test-fraction", self.test_fraction.to_string()),
+            ("--device", self.device.to_string()),
+            ("--max-bad-lines", self.max_bad_lines.to_string()),
+            ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
+            ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
+            ("RINGREC_RANKS_PER_HOST", format!("{:?}", rc.ranks_per_host)),
+            ("RINGREC_VERIFY", rc.verify.to_string()),
+        ]
+    }
+}
+
+/// Scores `cfg.data` with `cfg.model` on every rank of `topo` (collective; see the module
+/// docs).
+pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
+    topo.agree_settings(&cfg.settings(topo))?;
+    cfg.validate()?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = cfg.threads.unwrap_or((cores / topo.local_size).max(1)).max(1);
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
+    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    match placement {
+        Placement::HostKernels => {
+            let options = topo.agree(HostOptions::from_env(topo.rank))?;
+            let dev = topo.agree(HostKernels::with_options(options).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+            predict_on(topo, cfg, dev)
+        }
+        Placement::Cuda(ordinal) => {
+            let ordinal = ordinal.unwrap_or(0);
+            let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
+            predict_on(topo, cfg, dev)
+        }
+        Placement::Cpu | Placement::Auto => super::on_pool(|| predict_on(topo, cfg, CpuDevice::new(threads))),
+    }
+}
+
+/// Opens `path` as training data is opened (a TSV through its cache, prepared once per
+/// host; a `.rrdata` cache as it is) on every rank; every rank learns whether all could.
+fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
+    let is_cache = path.extension().and_then(|e| e.to_str()) == Some(CACHE_EXT);
+    let ds = if is_cache { Dataset::open(path) } else { Dataset::from_tsv_cached(path, &cfg.data_dir.join("cache"), cfg.max_bad_lines) };
+    let ds = topo.agree(ds.map_err(|e| e.to_string()))?;
+    topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
+    Ok(ds)
+}
+
+fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainResult<Predicted> {
+    let started = Instant::now();
+    let mut coll = comm::build(cfg.backend.unwrap_or_else(|| Backend::auto(topo)), topo)?;
+    let mine = (topo.rank == 0).then(|| {
+        ModelSource::open(&cfg.model).map_err(|e| e.to_string()).and_then(|(m, warnings)| {
+            for w in warnings {
+                crate::eprint_line(&format!("ringrec: warning: {w}"));
+            }
+            match m.kind {
+                SourceKind::Params => Err(format!("{}: a sparse-parameter file holds no dense weights; predict needs a checkpoint directory or an export bundle (ringrec export)", cfg.model.display())),
+                _ => Ok(m),
+            }
+        })
+    });
+    let model_src = ModelSource::share(topo, coll.as_mut(), mine)?;
+    let dense = model_src.dense.as_ref().ok_or_else(|| TrainError::Config(format!("{}: no dense weights", cfg.model.display())))?;
+    let t = &model_src.table;
+    let tc = t.config(&TableConfig::new(t.dim, capacity_for_rows(t.rows)));
+    let table = HostTable::open_from(topo, t.source(&tc))?;
+    let layout = InputLayout { fields: NUM_SPARSE, dim: t.dim as usize, ndense: NUM_DENSE };
+    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
+    let n = dense.params.len();
+    let mut model = DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
+    {
+        let _w = crate::watchdog::waiting("the ranks' barrier");
+        coll.barrier()?;
+    }
+    let setup_seconds = started.elapsed().as_secs_f64();
+    let scoring = Instant::now();
+    let mut batch = Batch::default();
+    let (mut scores, mut labels) = (Vec::new(), Vec::new());
+    let mut files = Vec::with_capacity(cfg.data.len());
+    for path in &cfg.data {
+        let ds = open_data(topo, cfg, path)?;
+        let rows = if cfg.test_fraction > 0.0 { shard::split(ds.len(), cfg.test_fraction)?.1 } else { 0..ds.len() };
+        if let Some(s) = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &ds, rows.clone(), cfg.batch)? {
+            scores.extend(s);
+            labels.extend_from_slice(&ds.labels()[rows.clone()]);
+        }
+        files.push(ScoredFile { path: path.clone(), rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
+    }
+    let score_seconds = scoring.elapsed().as_secs_f64();
+    let rows: u64 = files.iter().map(|f| f.scored as u64).sum();
+    let root = topo.rank == 0 && rows > 0;
+    let summary = PredictSummary {
+        ranks: topo.size,
+        hosts: topo.num_hosts,
+        device: model.device().describe(),
+        model: model_src.describe(),
+        step: model_src.step,
+        table_rows: table.table().live_rows(),
+        files,
+        rows,
+        positives: labels.iter().filter(|y| **y > 0.5).count() as u64,
+        auc: root.then(|| metrics::auc(&scores, &labels)),
+        logloss: root.then(|| metrics::logloss(&scores, &labels)),
+        setup_seconds,
+        score_seconds,
+        rows_per_sec: rows as f64 / score_seconds.max(1e-9),
+    };
+    Ok(Predicted { summary, scores: (topo.rank == 0).then_some((scores, labels)) })
+}

@@ -1,0 +1,353 @@
+//! What `--model` (`ringrec predict`, `ringrec export`) and `--init-from` (`ringrec train`)
+//! name, resolved into one [`ModelSource`]:
+//!
+//! - a **checkpoint directory** (`--checkpoint-dir` of a run): its newest checkpoint that
+//!   passes every check, as `--resume` finds it ([`checkpoint::find`]; a damaged newest one
+//!   falls back to the previous with a warning), or one checkpoint (`D/step-N`) itself:
+//!   dense parameters, the dense optimizer's state, the table as saved (with its optimizer
+//!   state);
+//! - an **export bundle** ([`super::bundle`]): dense parameters and the table's live rows,
+//!   no optimizer state;
+//! - a **sparse-parameter file** (`RRSPARAM`, [`crate::embedding::params`]): the table's
+//!   rows only (`--init-dense` may add dense weights in the bundle's `dense.bin` layout).
+//!
+//! Rank 0 resolves and checks the source (every checksum); [`ModelSource::share`] gives
+//! every rank the same description and dense values, and each host leader then fills its
+//! host table from [`TableFile`] ([`TableFile::config`]).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::bundle::{Bundle, BundleError, DenseWeights};
+use super::checkpoint::{self, CheckpointError, Manifest};
+use super::TrainResult;
+use crate::comm::{Collectives, CollectivesExt};
+use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
+use crate::model::DenseOptimState;
+use crate::topology::Topology;
+
+/// What kind of model a path holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SourceKind {
+    /// A checkpoint (dense parameters, optimizer state, the saved table).
+    Checkpoint,
+    /// An export bundle (dense parameters and the table's rows).
+    Bundle,
+    /// A sparse-parameter file (the table's rows).
+    Params,
+}
+
+/// Why a path is not a usable model; each names the path and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A checkpoint could not be found or read.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A bundle is damaged.
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    /// A table or sparse-parameter file is damaged.
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// The path holds no model ringrec knows.
+    #[error("{path}: {detail}")]
+    NotAModel {
+        /// The path.
+        path: PathBuf,
+        /// What it is and what was expected.
+        detail: String,
+    },
+}
+
+/// A name (`f32`, `adagrad`) for serde, through `Display` and `FromStr`.
+mod by_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<T: std::fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+    pub fn deserialize<'de, T: std::str::FromStr<Err = String>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// An optional [`by_name`].
+mod opt_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<T: std::fmt::Display, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, T: std::str::FromStr<Err = String>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        Option::<String>::deserialize(d)?.map(|s| s.parse().map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+/// Seed and scale of the initial rows of keys a table does not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InitRows {
+    /// Seed.
+    pub seed: u64,
+    /// Rows are uniform in `[-scale, scale)`.
+    pub scale: f32,
+}
+
+/// A saved table's own shape (a checkpoint's `table.rrt`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedShape {
+    /// Slots.
+    pub capacity: u64,
+    /// Its optimizer.
+    #[serde(with = "by_name")]
+    pub optimizer: OptimizerKind,
+    /// Adagrad's epsilon.
+    pub adagrad_eps: f32,
+    /// Adagrad's initial accumulator.
+    pub adagrad_init: f32,
+}
+
+/// The table file of a model and what it is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TableFile {
+    /// The file.
+    pub path: PathBuf,
+    /// Values per row.
+    pub dim: u32,
+    /// Rows it holds.
+    pub rows: u64,
+    /// The storage dtype the model was trained with (`None`: a bare sparse-parameter file).
+    #[serde(with = "opt_name")]
+    pub dtype: Option<StorageDtype>,
+    /// The initial rows of keys it lacks (`None`: a bare sparse-parameter file).
+    pub init: Option<InitRows>,
+    /// A saved table (copied byte for byte) has its shape; a sparse-parameter file (imported
+    /// row by row) has none.
+    pub saved: Option<SavedShape>,
+}
+
+impl TableFile {
+    /// The configuration of a host table filled from this file: a saved table's own shape;
+    /// for a sparse-parameter file, `run`'s shape with the file's dtype and initial rows
+    /// where it records them.
+    pub fn config(&self, run: &TableConfig) -> TableConfig {
+        let mut c = run.clone();
+        c.dim = self.dim;
+        if let Some(d) = self.dtype {
+            c.dtype = d;
+        }
+        if let Some(i) = self.init {
+            (c.seed, c.init_scale) = (i.seed, Some(i.scale));
+        }
+        if let Some(s) = self.saved {
+            (c.capacity, c.optimizer, c.adagrad_eps, c.adagrad_init) = (s.capacity, s.optimizer, s.adagrad_eps, s.adagrad_init);
+        }
+        c
+    }
+
+    /// How the host leader fills a table of `cfg` ([`TableFile::config`]) from this file.
+    pub fn source<'a>(&'a self, cfg: &'a TableConfig) -> TableSource<'a> {
+        match self.saved {
+            Some(_) => TableSource::Saved(&self.path, cfg),
+            None => TableSource::Import(cfg, &self.path),
+        }
+    }
+}
+
+/// A model resolved from a path (see the module docs).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelSource {
+    /// What it is.
+    pub kind: SourceKind,
+    /// The path as given.
+    pub given: PathBuf,
+    /// What was resolved: the checkpoint (`D/step-N`), the bundle, the file.
+    pub path: PathBuf,
+    /// The global step it was trained to (checkpoints and bundles).
+    pub step: Option<u64>,
+    /// Its dense weights (`None` for a sparse-parameter file).
+    pub dense: Option<DenseWeights>,
+    /// The dense optimizer's state (checkpoints only).
+    pub opt: Option<DenseOptimState>,
+    /// Its table.
+    pub table: TableFile,
+}
+
+/// The input width of a model of embedding dimension `dim`.
+pub fn input_width(dim: usize) -> usize {
+    NUM_SPARSE * dim + NUM_DENSE
+}
+
+/// The hidden widths a checkpoint's manifest records (`--hidden`, as `[256, 128]`).
+fn hidden_of(ck: &Path, m: &Manifest) -> Result<Vec<usize>, SourceError> {
+    let bad = |detail: String| SourceError::Checkpoint(CheckpointError::Damaged { path: ck.join(checkpoint::MANIFEST), detail });
+    let (_, v) = m.settings.iter().find(|(k, _)| k == "--hidden").ok_or_else(|| bad("it does not record --hidden (the MLP's shape)".into()))?;
+    let inner = v.trim().strip_prefix('[').and_then(|s| s.strip_suffix(']')).ok_or_else(|| bad(format!("--hidden is {v:?}, expected a list like [256, 128]")))?;
+    inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<usize>().map_err(|_| bad(format!("--hidden is {v:?}, expected a list like [256, 128]")))).collect()
+}
+
+/// The header of a table file (its first page only: the checksums are checked where the
+/// file is opened to be used).
+fn table_header(path: &Path) -> Result<Header, SourceError> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| TableError::io(path, "open", e))?;
+    let len = f.metadata().map_err(|e| TableError::io(path, "stat", e))?.len();
+    let mut head = Vec::with_capacity(crate::header::HEADER_LEN as usize);
+    f.take(crate::header::HEADER_LEN).read_to_end(&mut head).map_err(|e| TableError::io(path, "read", e))?;
+    Ok(Header::parse(path, &head, len)?)
+}
+
+impl ModelSource {
+    /// Resolves and checks `path` (see the module docs); returns the source and the
+    /// warnings of checkpoints skipped as damaged.
+    pub fn open(path: &Path) -> Result<(ModelSource, Vec<String>), SourceError> {
+        let not = |detail: &str| SourceError::NotAModel { path: path.to_path_buf(), detail: detail.into() };
+        let meta = std::fs::metadata(path).map_err(|e| SourceError::NotAModel { path: path.to_path_buf(), detail: format!("cannot be read ({e})") })?;
+        if meta.is_file() {
+            let mut magic = [0u8; 8];
+            {
+                use std::io::Read;
+                let _ = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+            }
+            return match &magic {
+                m if *m == crate::embedding::params::PARAMS_MAGIC => Ok((ModelSource::params(path)?, Vec::new())),
+                m if *m == super::bundle::DENSE_MAGIC => Err(not("dense weights only (a bundle's dense.bin): pass the table with --init-from and this file with --init-dense")),
+                _ => Err(not("not a sparse-parameter file (RRSPARAM), a checkpoint directory or an export bundle")),
+            };
+        }
+        if path.join(super::bundle::MODEL_JSON).is_file() {
+            return Ok((ModelSource::bundle(path, Bundle::open(path)?)?, Vec::new()));
+        }
+        let (ck, warnings) = if path.join(checkpoint::MANIFEST).is_file() { (checkpoint::load(path)?, Vec::new()) } else { checkpoint::find(path, |_| Ok(()))? };
+        let hidden = hidden_of(&ck.dir, &ck.manifest)?;
+        let table = ck.table();
+        let h = table_header(&table)?;
+        let mut widths = vec![input_width(h.dim as usize)];
+        widths.extend(&hidden);
+        widths.push(1);
+        if DenseWeights::count(&widths) != Some(ck.dense.params.len()) {
+            return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("{} dense parameters, but dim {} and --hidden {hidden:?} need {:?}", ck.dense.params.len(), h.dim, DenseWeights::count(&widths)) }.into());
+        }
+        let dense = DenseWeights { widths, params: ck.dense.params };
+        let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
+        let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
+        let m = ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table };
+        Ok((m, warnings))
+    }
+
+    fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
+        let table = TableFile {
+            path: b.table(),
+            dim: b.json.table.dim,
+            rows: b.json.table.rows,
+            dtype: Some(b.dtype()?),
+            init: Some(InitRows { seed: b.json.table.init_seed, scale: b.json.table.init_scale }),
+            saved: None,
+        };
+        if b.dense.input() != input_width(table.dim as usize) {
+            return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: format!("its input is {} wide, dim {} needs {}", b.dense.input(), table.dim, input_width(table.dim as usize)) }.into());
+        }
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table })
+    }
+
+    fn params(path: &Path) -> Result<ModelSource, SourceError> {
+        let (ph, _) = crate::embedding::read_params_header(path)?;
+        let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table })
+    }
+
+    /// `checkpoint of step 40 (ckpt/step-000000000040)`.
+    pub fn describe(&self) -> String {
+        let step = self.step.map(|s| format!(" of step {s}")).unwrap_or_default();
+        match self.kind {
+            SourceKind::Checkpoint => format!("checkpoint{step} ({})", self.path.display()),
+            SourceKind::Bundle => format!("export bundle{step} ({})", self.path.display()),
+            SourceKind::Params => format!("sparse-parameter file ({})", self.path.display()),
+        }
+    }
+
+    /// Gives every rank rank 0's source (collective): rank 0 passes what it resolved (or
+    /// why it could not), the others `None`; every rank gets the same source or the same
+    /// error. The description travels as JSON, the dense values as f32 broadcasts.
+    pub fn share(topo: &Topology, coll: &mut dyn Collectives, mine: Option<Result<ModelSource, String>>) -> TrainResult<ModelSource> {
+        let mine = match mine {
+            Some(r) => r.map(Some),
+            None => Ok(None),
+        };
+        let mut mine = topo.agree(mine)?;
+        let mut lens = [0i64; 3];
+        let mut head = Vec::new();
+        if let Some(m) = &mut mine {
+            let (p, mv, vv) = (m.dense.as_mut().map(|d| std::mem::take(&mut d.params)), m.opt.as_mut().map(|o| std::mem::take(&mut o.m)), m.opt.as_mut().map(|o| std::mem::take(&mut o.v)));
+            head = serde_json::to_vec(m).map_err(|e| super::TrainError::Config(format!("encoding the model's description: {e}")))?;
+            lens = [p.as_ref().map_or(0, Vec::len) as i64, mv.as_ref().map_or(0, Vec::len) as i64, vv.as_ref().map_or(0, Vec::len) as i64];
+            if let (Some(d), Some(p)) = (m.dense.as_mut(), p) {
+                d.params = p;
+            }
+            if let (Some(o), Some(mv), Some(vv)) = (m.opt.as_mut(), mv, vv) {
+                (o.m, o.v) = (mv, vv);
+            }
+        }
+        let (head, _) = coll.allgatherv(&head)?;
+        coll.broadcast(&mut lens, 0)?;
+        let mut m: ModelSource = match mine {
+            Some(m) => m,
+            None => serde_json::from_slice(&head).map_err(|e| super::TrainError::Config(format!("decoding rank 0's model description: {e}")))?,
+        };
+        if let Some(d) = m.dense.as_mut() {
+            d.params.resize(lens[0] as usize, 0.0);
+            coll.broadcast(d.params.as_mut_slice(), 0)?;
+        }
+        if let Some(o) = m.opt.as_mut() {
+            o.m.resize(lens[1] as usize, 0.0);
+            o.v.resize(lens[2] as usize, 0.0);
+            coll.broadcast(o.m.as_mut_slice(), 0)?;
+            coll.broadcast(o.v.as_mut_slice(), 0)?;
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_files_configure_the_host_table() {
+        let run = TableConfig::new(8, 1 << 10);
+        let params = TableFile { path: "p".into(), dim: 8, rows: 10, dtype: None, init: None, saved: None };
+        assert_eq!(params.config(&run), run, "a bare sparse-parameter file takes the run's shape");
+        assert!(matches!(params.source(&run), TableSource::Import(..)));
+        let saved = TableFile { dtype: Some(StorageDtype::Bf16), init: Some(InitRows { seed: 9, scale: 0.5 }), saved: Some(SavedShape { capacity: 64, optimizer: OptimizerKind::Adagrad, adagrad_eps: 1e-6, adagrad_init: 0.1 }), ..params };
+        let c = saved.config(&run);
+        assert_eq!((c.dtype, c.seed, c.init_scale, c.capacity, c.optimizer), (StorageDtype::Bf16, 9, Some(0.5), 64, OptimizerKind::Adagrad));
+        assert!(matches!(saved.source(&c), TableSource::Saved(..)));
+        let json = serde_json::to_string(&saved).unwrap();
+        assert!(json.contains("\"bf16\"") && json.contains("\"adagrad\""), "{json}");
+        assert_eq!(serde_json::from_str::<TableFile>(&json).unwrap(), saved);
+    }
+
+    #[test]
+    fn hidden_widths_come_from_the_manifest() {
+        let m = |v: &str| Manifest {
+            format: String::new(),
+            version: 2,
+            step: 0,
+            epoch: 0,
+            step_in_epoch: 0,
+            optim_step: 0,
+            dense_optimizer: "adam".into(),
+            lr: 0.0,
+            params: 0,
+            param_norm: 0.0,
+            settings: vec![("--hidden".into(), v.into())],
+            table: checkpoint::TableFacts { generation: 0, live_rows: 0, dim: 1, capacity: 16 },
+            files: Vec::new(),
+        };
+        assert_eq!(hidden_of(Path::new("c"), &m("[256, 128]")).unwrap(), vec![256, 128]);
+        assert_eq!(hidden_of(Path::new("c"), &m("[]")).unwrap(), Vec::<usize>::new());
+        assert!(hidden_of(Path::new("c"), &m("256,128")).unwrap_err().to_string().contains("expected a list"));
+    }
+}

@@ -1,0 +1,123 @@
+//! Warm start (`train --init-from PATH [--init-dense FILE]`): a new run that starts from a
+//! trained model instead of the seed's initial one.
+//!
+//! PATH is a checkpoint directory (or one checkpoint), an export bundle, or a
+//! sparse-parameter file ([`ModelSource`]). Rank 0 resolves and checks it (every checksum)
+//! and compares it with this run's flags: a table of another `--dim` or `--table-dtype`,
+//! a saved table of another `--sparse-optimizer` or `--table-capacity`, a table with more
+//! rows than `--table-capacity` holds, or a dense model of another shape (`--dim`,
+//! `--hidden`) is refused, naming the flag and both values. The dense parameters are
+//! broadcast from rank 0; each host leader fills its host table from the source (a
+//! checkpoint's saved table byte for byte, Adagrad accumulators included; a bundle's or a
+//! parameter file's rows imported into a new table of this run's shape).
+//!
+//! What carries over: the model always; the optimizer state only from a checkpoint (Adam's
+//! moments and step count, with this run's `--lr`; the table's Adagrad accumulators), when
+//! the dense optimizer is the same. Otherwise the optimizers start anew. Rank 0 says which,
+//! in one line on stderr.
+//!
+//! A warm start is a new run: its step count starts at 0 (checkpoints `step-1...`,
+//! `--max-steps` count this run's steps) and its data at the beginning of `--data`. Adam's
+//! bias correction goes on from the carried step count, so a checkpoint of N steps on day
+//! A continued with `--init-from` for M steps on day B ends bit-identical to one run of N + M
+//! steps over A then B (tests/predict.rs).
+
+use super::source::{ModelSource, SourceKind, TableFile};
+use super::{TrainConfig, TrainResult};
+use crate::comm::Collectives;
+use crate::embedding::format::max_rows;
+use crate::embedding::TableConfig;
+use crate::model::DenseOptimState;
+use crate::topology::Topology;
+
+use super::bundle::DenseWeights;
+use super::source::input_width;
+
+/// Rank 0's checks of `m` against this run (see the module docs); what to share: the
+/// source with what is not carried taken out, and the line that says so.
+fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(ModelSource, String), String> {
+    let flag = format!("--init-from {}", m.given.display());
+    if let Some(d) = &cfg.init_dense {
+        if m.kind != SourceKind::Params {
+            return Err(format!("--init-dense {}: {flag} names the {}, which holds dense weights already; --init-dense goes with a sparse-parameter file", d.display(), m.describe()));
+        }
+        m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
+    }
+    let t = &m.table;
+    if t.dim as usize != cfg.dim {
+        return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
+    }
+    if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
+        return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
+    }
+    let capacity = run.header().map_err(|e| e.to_string())?.capacity;
+    match t.saved {
+        Some(s) if s.optimizer != run.optimizer => {
+            return Err(format!("{flag}: its table holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
+        }
+        Some(s) if s.capacity != capacity => {
+            return Err(format!("{flag}: its table has {} slots, this run has --table-capacity {} ({capacity} slots); pass --table-capacity {}", s.capacity, run.capacity, s.capacity));
+        }
+        None if t.rows > max_rows(capacity) => {
+            return Err(format!("{flag}: its table holds {} rows, --table-capacity {} holds at most {}; raise --table-capacity", t.rows, run.capacity, max_rows(capacity)));
+        }
+        _ => {}
+    }
+    let mut widths = vec![input_width(cfg.dim)];
+    widths.extend(&cfg.hidden);
+    widths.push(1);
+    if let Some(d) = m.dense.as_ref().filter(|d| d.widths != widths) {
+        let from = cfg.init_dense.as_ref().map_or(flag.clone(), |p| format!("--init-dense {}", p.display()));
+        return Err(format!("{from}: its dense model has widths {:?} (hidden {:?}), this run's has {widths:?} (--dim {}, --hidden {:?})", d.widths, d.hidden(), cfg.dim, cfg.hidden));
+    }
+    let dense = match (&m.dense, &cfg.init_dense) {
+        (None, _) => format!("dense parameters initialised from --seed {}", cfg.seed),
+        (Some(_), Some(p)) => format!("dense parameters from {}", p.display()),
+        (Some(_), None) => "its dense parameters".into(),
+    };
+    let sparse_state = match (t.saved, run.optimizer) {
+        (Some(_), crate::embedding::OptimizerKind::Adagrad) => "; the table's Adagrad accumulators carried",
+        (None, crate::embedding::OptimizerKind::Adagrad) => "; the table's Adagrad accumulators start anew",
+        _ => "",
+    };
+    let opt = match m.opt.take() {
+        Some(o) if o.kind == cfg.dense_optimizer => {
+            let line = format!("its {} state carried (optimizer step {}, --lr {}){sparse_state}", o.kind, o.step, cfg.lr);
+            m.opt = Some(o);
+            line
+        }
+        Some(o) => format!("its optimizer state is {}'s, this run uses --dense-optimizer {}: a new optimizer state{sparse_state}", o.kind, cfg.dense_optimizer),
+        None => format!("no optimizer state in it: {} starts anew{sparse_state}", cfg.dense_optimizer),
+    };
+    let line = format!(
+        "ringrec: warm start from the {}: {dense}, its table ({} rows); {opt}; this run's steps count from 0 and its data from the beginning",
+        m.describe(),
+        t.rows
+    );
+    Ok((m, line))
+}
+
+/// Sets this run up from `cfg.init_from` on every rank (collective; see the module docs):
+/// the dense parameters into `params`, the carried optimizer state (if any) into `opt`.
+/// Returns the table file each host leader fills the host table from (`run` is the run's
+/// own table configuration; [`TableFile::config`] turns it into the warm one).
+pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, run: &TableConfig, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<TableFile> {
+    let Some(path) = &cfg.init_from else { return Err(super::TrainError::Config("no --init-from".into())) };
+    let mine = (topo.rank == 0).then(|| {
+        let (m, warnings) = ModelSource::open(path).map_err(|e| format!("--init-from: {e}"))?;
+        for w in warnings {
+            crate::eprint_line(&format!("ringrec: warning: {w}"));
+        }
+        let (m, line) = check(cfg, run, m)?;
+        crate::eprint_line(&line);
+        Ok(m)
+    });
+    let m = ModelSource::share(topo, coll, mine)?;
+    if let Some(d) = m.dense {
+        *params = d.params;
+    }
+    if let Some(o) = m.opt {
+        *opt = DenseOptimState { lr: cfg.lr, ..o };
+    }
+    Ok(m.table)
+}

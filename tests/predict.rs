@@ -1,0 +1,228 @@
+//! Using a trained model under real mpirun: `ringrec predict` gives `train`'s evaluation
+//! scores bit for bit, an export bundle gives the checkpoint's scores, the independent
+//! Python reader reproduces them within 1e-6, and a warm start (`train --init-from`) from
+//! a checkpoint continues bit-identically.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::TempDir;
+
+/// `ringrec data synth` of `rows` rows into `path`.
+fn synth(path: &Path, rows: u64) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    c.args(["data", "synth", "--rows", &rows.to_string(), "--out"]).arg(path);
+    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+}
+
+/// `ringrec ARGS` under mpirun with `np` ranks, the data cache under `dir`.
+fn ringrec(dir: &TempDir, np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
+    let data = dir.path("data");
+    let mut e = vec![("RINGREC_DATA_DIR", data.to_str().expect("utf8"))];
+    e.extend_from_slice(env);
+    common::mpirun(np, &e, args)
+}
+
+/// The last JSON line of a job's stdout.
+fn json(job: &common::Job) -> serde_json::Value {
+    job.assert_ok();
+    let line = job.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON line:\n{}", job.all()));
+    serde_json::from_str(line).expect("JSON")
+}
+
+/// `score<TAB>label` lines as (score, label).
+fn scores(path: &Path) -> Vec<(f32, f32)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| {
+            let (s, y) = l.split_once('\t').unwrap_or_else(|| panic!("not score<TAB>label: {l:?}"));
+            (s.parse().expect("score"), y.parse().expect("label"))
+        })
+        .collect()
+}
+
+/// A python3 that has numpy, or why there is none.
+fn python() -> Result<String, String> {
+    for p in ["python3", "/usr/bin/python3"] {
+        if Command::new(p).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()) {
+            return Ok(p.to_string());
+        }
+    }
+    Err("no python3 with numpy (scripts/setup.sh installs python3-numpy)".into())
+}
+
+#[test]
+fn predict_gives_the_evaluation_scores_and_the_bundle_and_python_reader_agree() {
+    let dir = TempDir::new("predict");
+    let data = dir.path("synth.tsv");
+    synth(&data, 3000);
+    let (d, ck, bundle) = (data.to_str().unwrap(), dir.path("ck"), dir.path("bundle"));
+    let ck_s = ck.to_str().unwrap();
+    // Train 2 ranks, 10 steps, the last 10% held out and evaluated at the end.
+    let t = json(&ringrec(&dir, 2, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "10", "--checkpoint-dir", ck_s, "--no-progress", "--json"]));
+    assert_eq!(t["test_rows"], 300);
+    let (auc, logloss) = (t["test_auc"].as_f64().expect("AUC"), t["test_logloss"].as_f64().expect("logloss"));
+
+    // Predict the held-out rows with the same rank count and batch: the evaluation's exact
+    // scores, so AUC and log loss (f64 sums over every score) are equal to the last bit.
+    let out2 = dir.path("ck2.tsv");
+    let p = json(&ringrec(&dir, 2, &[], &["predict", "--model", ck_s, "--data", d, "--test-fraction", "0.1", "--batch", "200", "--out", out2.to_str().unwrap(), "--json"]));
+    assert_eq!(p["rows"], 300);
+    assert_eq!(p["step"], 10);
+    assert_eq!(p["auc"].as_f64(), Some(auc), "predict's AUC differs from train's evaluation");
+    assert_eq!(p["logloss"].as_f64(), Some(logloss), "predict's log loss differs from train's evaluation");
+    assert!(auc > 0.55, "a trained model ranks better than chance: AUC {auc}");
+    let s2 = scores(&out2);
+    assert_eq!(s2.len(), 300);
+
+    // 4 ranks as 2 simulated hosts (each host leader fills its table), another batch: the
+    // same rows and labels, scores within 1e-6 (the GEMM rounds by the batch's shape).
+    let out4 = dir.path("ck4.tsv");
+    let p4 = json(&ringrec(&dir, 4, &[("RINGREC_RANKS_PER_HOST", "2")], &["predict", "--model", ck_s, "--data", d, "--test-fraction", "0.1", "--batch", "64", "--out", out4.to_str().unwrap(), "--json"]));
+    assert_eq!((p4["ranks"].as_u64(), p4["hosts"].as_u64()), (Some(4), Some(2)));
+    let s4 = scores(&out4);
+    assert_eq!(s4.len(), s2.len());
+    let worst = s2.iter().zip(&s4).map(|(a, b)| {
+        assert_eq!(a.1, b.1, "labels differ: not the same rows in the same order");
+        (a.0 - b.0).abs()
+    });
+    let worst = worst.fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "4 ranks: scores differ by {worst:e}");
+    assert!((p4["auc"].as_f64().unwrap() - auc).abs() < 1e-4);
+
+    // The export bundle scores exactly as its checkpoint (same table values, same initial
+    // rows of keys it lacks).
+    let e = json(&ringrec(&dir, 1, &[], &["export", "--model", ck_s, "--out", bundle.to_str().unwrap(), "--json"]));
+    assert_eq!(e["step"], 10);
+    assert!(e["rows"].as_u64().unwrap() > 1000, "{e}");
+    let outb = dir.path("bundle2.tsv");
+    json(&ringrec(&dir, 2, &[], &["predict", "--model", bundle.to_str().unwrap(), "--data", d, "--test-fraction", "0.1", "--batch", "200", "--out", outb.to_str().unwrap(), "--json"]));
+    assert_eq!(std::fs::read(&outb).unwrap(), std::fs::read(&out2).unwrap(), "the bundle's scores differ from the checkpoint's");
+
+    // The independent Python reader on every row of the file, against ringrec predict.
+    let all = dir.path("all.tsv");
+    let pa = json(&ringrec(&dir, 2, &[], &["predict", "--model", bundle.to_str().unwrap(), "--data", d, "--out", all.to_str().unwrap(), "--json"]));
+    assert_eq!(pa["rows"], 3000);
+    match python() {
+        Err(why) => eprintln!("skipped: the Python reader: {why}"),
+        Ok(py) => {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py");
+            let mut c = Command::new(py);
+            c.arg(script).arg(&bundle).arg(&data).arg("--compare").arg(&all).arg("--tolerance").arg("1e-6");
+            let job = common::run_with_timeout(c, Duration::from_secs(120));
+            job.assert_ok();
+            let line = job.stderr.lines().find(|l| l.contains("max |score - ringrec's|")).unwrap_or_else(|| panic!("{}", job.all()));
+            let worst: f64 = line.split(" = ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("max difference");
+            assert!(worst <= 1e-6, "{line}");
+            assert!(job.stderr.contains("3000 rows scored"), "{}", job.stderr);
+            eprintln!("python reader vs ringrec predict: {line}");
+        }
+    }
+
+    // A damaged bundle is refused, naming the file; an existing --out is never overwritten.
+    let tb = bundle.join("table.bin");
+    let mut b = std::fs::read(&tb).unwrap();
+    b[100] ^= 0x40;
+    std::fs::write(&tb, &b).unwrap();
+    let bad = ringrec(&dir, 1, &[], &["predict", "--model", bundle.to_str().unwrap(), "--data", d]);
+    assert_eq!(bad.code, Some(1), "{}", bad.all());
+    assert!(bad.stderr.contains("table.bin: checksum mismatch"), "{}", bad.stderr);
+    let again = ringrec(&dir, 1, &[], &["export", "--model", ck_s, "--out", bundle.to_str().unwrap()]);
+    assert!(again.stderr.contains("exists; remove it or choose another --out"), "{}", again.all());
+}
+
+#[test]
+fn warm_start_from_a_checkpoint_continues_bit_identically() {
+    // Day A (6 steps of 240 rows), then day B (5 steps) warm-started from A's checkpoint,
+    // against one run over A then B (11 steps): the same data order, Adam's moments and
+    // step count and the table's Adagrad accumulators carried.
+    let dir = TempDir::new("warm");
+    let all = dir.path("all.tsv");
+    synth(&all, 2640);
+    let text = std::fs::read_to_string(&all).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let write = |name: &str, rows: &[&str]| {
+        let p = dir.path(name);
+        std::fs::write(&p, rows.join("\n") + "\n").unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (a, b, ab) = (write("a.tsv", &lines[..1440]), write("b.tsv", &lines[1440..]), write("ab.tsv", &lines));
+    let common = ["--batch", "240", "--test-fraction", "0", "--sparse-optimizer", "adagrad", "--no-progress", "--json"];
+    let run = |data: &str, ck: &str, extra: &[&str]| {
+        let (ckp, mut args) = (dir.path(ck), vec!["train", "--data", data, "--checkpoint-dir"]);
+        args.push(ckp.to_str().unwrap());
+        args.extend_from_slice(&common);
+        args.extend_from_slice(extra);
+        ringrec(&dir, 2, &[], &args)
+    };
+    let table = |ck: &str| {
+        let d = dir.path(ck);
+        let step = ringrec::train::checkpoint::latest_step(&d).expect("a checkpoint");
+        std::fs::read(ringrec::train::checkpoint::step_dir(&d, step).join("table.rrt")).unwrap()
+    };
+    json(&run(&a, "ckA", &[]));
+    let ck_a = dir.path("ckA");
+    let warm = run(&b, "ckB", &["--init-from", ck_a.to_str().unwrap()]);
+    let sw = json(&warm);
+    assert!(warm.stderr.contains("warm start from the checkpoint of step 6"), "{}", warm.stderr);
+    assert!(warm.stderr.contains("its adam state carried (optimizer step 6"), "{}", warm.stderr);
+    assert!(warm.stderr.contains("the table's Adagrad accumulators carried"), "{}", warm.stderr);
+    assert_eq!(sw["steps"], 5, "a warm start is a new run: steps count from 0");
+    let sf = json(&run(&ab, "ckAB", &[]));
+    assert_eq!(sf["steps"], 11);
+    assert_eq!(sw["params_fnv"], sf["params_fnv"], "dense parameters differ from the uninterrupted run");
+    assert!(table("ckB") == table("ckAB"), "the tables differ from the uninterrupted run's");
+
+    // From the export bundle: no optimizer state; it says so and ends elsewhere.
+    let bundle = dir.path("bundleA");
+    json(&ringrec(&dir, 1, &[], &["export", "--model", ck_a.to_str().unwrap(), "--out", bundle.to_str().unwrap(), "--json"]));
+    let cold = run(&b, "ckC", &["--init-from", bundle.to_str().unwrap()]);
+    let sc = json(&cold);
+    assert!(cold.stderr.contains("no optimizer state in it: adam starts anew; the table's Adagrad accumulators start anew"), "{}", cold.stderr);
+    assert_ne!(sc["params_fnv"], sf["params_fnv"], "without Adam's moments the run cannot end where the uninterrupted one does");
+}
+
+#[test]
+fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
+    let dir = TempDir::new("warm-refuse");
+    let data = dir.path("d.tsv");
+    synth(&data, 800);
+    let d = data.to_str().unwrap();
+    let ck = dir.path("ck");
+    json(&ringrec(&dir, 1, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "2", "--checkpoint-dir", ck.to_str().unwrap(), "--hidden", "32", "--no-progress", "--json"]));
+    let c = ck.to_str().unwrap();
+    let base = ["train", "--data", d, "--batch", "200", "--max-steps", "1", "--no-progress", "--init-from", c];
+    let refused = |extra: &[&str], want: &str| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let job = ringrec(&dir, 1, &[], &args);
+        assert_eq!(job.code, Some(1), "{extra:?} must be refused:\n{}", job.all());
+        assert!(job.stderr.contains(want), "{extra:?}: expected {want:?} in:\n{}", job.stderr);
+    };
+    refused(&["--hidden", "32", "--dim", "8"], &format!("--init-from {c}: its table has dim 16, this run has --dim 8"));
+    refused(&["--hidden", "64"], "its dense model has widths [429, 32, 1] (hidden [32]), this run's has [429, 64, 1] (--dim 16, --hidden [64])");
+    refused(&["--hidden", "32", "--sparse-optimizer", "adagrad"], "its table holds the state of --sparse-optimizer sgd, this run has --sparse-optimizer adagrad");
+    refused(&["--hidden", "32", "--table-capacity", "4096"], "its table has 2097152 slots, this run has --table-capacity 4096 (4096 slots)");
+    refused(&["--hidden", "32", "--checkpoint-dir", c, "--resume"], "--init-from and --resume are exclusive");
+    refused(&["--hidden", "32", "--checkpoint-dir", c], "--init-from and --checkpoint-dir are the same directory");
+    // predict needs dense weights: a sparse-parameter file alone is refused.
+    let params = dir.path("t.params");
+    let step = ringrec::train::checkpoint::latest_step(&ck).expect("checkpoint");
+    let table = ringrec::train::checkpoint::step_dir(&ck, step).join("table.rrt");
+    let mut c2 = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    c2.args(["table", "export", table.to_str().unwrap(), "--params", "--out", params.to_str().unwrap()]);
+    common::run_with_timeout(c2, Duration::from_secs(60)).assert_ok();
+    let job = ringrec(&dir, 1, &[], &["predict", "--model", params.to_str().unwrap(), "--data", d]);
+    assert!(job.stderr.contains("a sparse-parameter file holds no dense weights"), "{}", job.all());
+    // ... and with dense weights it warm-starts (the table's rows, new optimizers).
+    let mut args = base.to_vec();
+    let last = args.len() - 1;
+    args[last] = params.to_str().unwrap();
+    args.extend_from_slice(&["--hidden", "32"]);
+    let job = ringrec(&dir, 1, &[], &args);
+    job.assert_ok();
+    assert!(job.stderr.contains("warm start from the sparse-parameter file") && job.stderr.contains("dense parameters initialised from --seed 1"), "{}", job.stderr);
+}

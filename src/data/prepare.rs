@@ -116,6 +116,12 @@ fn read_at(f: &File, path: &Path, buf: &mut [u8], at: u64) -> DataResult<()> {
     })
 }
 
+/// Newlines in `bytes`, counted in u8 lanes over runs of 255 bytes (which vectorises: a
+/// tenth of the time of a filter and count).
+fn count_newlines(bytes: &[u8]) -> u64 {
+    bytes.chunks(255).map(|c| c.iter().fold(0u8, |n, &b| n + u8::from(b == b'\n')) as u64).sum()
+}
+
 /// Lines of the file `path` of `len` bytes (newlines, plus one for a last line without a
 /// newline) and its CRC-32, read in `threads` ranges at once.
 pub fn count_lines(path: &Path, len: u64, threads: usize) -> DataResult<(u64, u32)> {
@@ -128,7 +134,7 @@ pub fn count_lines(path: &Path, len: u64, threads: usize) -> DataResult<(u64, u3
         while at < end {
             let n = (end - at).min(buf.len() as u64) as usize;
             read_at(&f, path, &mut buf[..n], at)?;
-            lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+            lines += count_newlines(&buf[..n]);
             digest.update(&buf[..n]);
             at += n as u64;
         }
@@ -396,6 +402,8 @@ mod tests {
         let starts: Vec<u64> = (0..=10).map(|x| line_start(&f, &p, x, 9).unwrap()).collect();
         assert_eq!(starts, [0, 3, 3, 3, 6, 6, 6, 7, 9, 9, 9]);
         assert_eq!(count_lines(&p, 9, 3).unwrap(), (4, crc32(b"ab\ncd\n\nef")));
+        let text: Vec<u8> = (0..100_000u32).map(|i| if i % 7 == 0 || i % 255 == 0 { b'\n' } else { b'x' }).collect();
+        assert_eq!(count_newlines(&text), text.iter().filter(|&&b| b == b'\n').count() as u64);
         std::fs::write(&p, b"ab\n").unwrap();
         assert_eq!(count_lines(&p, 3, 2).unwrap().0, 1);
         std::fs::write(&p, b"").unwrap();

@@ -123,6 +123,12 @@ impl Crc32 {
         self.0.update(bytes);
     }
 
+    /// Appends the digest of the bytes that follow those given here (taken apart, by
+    /// another thread, say): the result is the digest of both, one after the other.
+    pub fn combine(&mut self, next: &Crc32) {
+        self.0.combine(&next.0);
+    }
+
     /// The CRC-32 of everything given.
     pub fn finish(self) -> u32 {
         self.0.finalize()
@@ -142,5 +148,13 @@ mod crc32_stream_tests {
         }
         assert_eq!(c.finish(), crc32(&data));
         assert_eq!(Crc32::new().finish(), 0);
+        // Pieces digested apart and combined in order: the same digest.
+        let mut all = Crc32::new();
+        for piece in data.chunks(30_001) {
+            let mut c = Crc32::new();
+            c.update(piece);
+            all.combine(&c);
+        }
+        assert_eq!(all.finish(), crc32(&data));
     }
 }

@@ -766,3 +766,134 @@ fn a_cache_larger_than_the_free_space_is_refused_before_writing() {
     synth(&tsv, 100, 3).unwrap();
     assert_eq!(prepare(&tsv, &small.join("small.rrdata"), 0).unwrap().rows, 100);
 }
+
+/// `path`'s bytes with the header's `prepared_ns` (when `prepare` ran, the one field that
+/// differs between two preparations of one file) and the header checksum zeroed.
+fn without_clock(path: &Path) -> Vec<u8> {
+    let mut b = std::fs::read(path).unwrap();
+    b[104..112].fill(0);
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].fill(0);
+    b
+}
+
+/// A TSV of `n` lines with malformed lines of every kind scattered through it (about one in
+/// seven), CRLF endings here and there and no final newline.
+fn scattered_bad_lines(n: usize) -> Vec<u8> {
+    let mut rng = Stream(7);
+    let mut text = Vec::new();
+    for i in 0..n {
+        let g = good((i % 2) as u8, i as i64);
+        let line = match rng.below(14) {
+            0 => String::new(),
+            1 => g.rsplit_once('\t').unwrap().0.to_string(),
+            2 => format!("2{}", &g[1..]),
+            3 => g.replacen("\t", "\tx", 2),
+            4 => g.replace(&format!("{:08x}", 0x0100_0000u32 ^ i as u32), "zz"),
+            5 => format!("{g}\r"),
+            _ => g,
+        };
+        text.extend_from_slice(line.as_bytes());
+        if i + 1 < n {
+            text.push(b'\n');
+        }
+    }
+    text
+}
+
+#[test]
+fn every_thread_count_writes_the_same_cache_and_report_as_one_read() {
+    use ringrec::data::{prepare_with, PrepareOptions};
+    let d = TempDir::new("threads");
+    let tsv = d.path("mixed.tsv");
+    write(&tsv, &scattered_bad_lines(3000));
+    let (rows, want) = read_tsv(&tsv, u64::MAX).unwrap();
+    assert!(want.bad() > 300 && want.count(BadLineKind::Empty) > 0 && want.count(BadLineKind::Categorical) > 0, "{want}");
+    let one = d.path("one.rrdata");
+    let opts = PrepareOptions { chunk_bytes: 4099, ..PrepareOptions::new(u64::MAX) };
+    let s = prepare_with(&tsv, &one, &opts.clone().threads(1)).unwrap();
+    assert_eq!(s.report, want, "one thread, chunks of 4099 bytes: the report of one sequential read");
+    assert_same(&Dataset::open(&one).unwrap(), &rows);
+    // Chunks of 61 bytes (lines span several) to 1 MiB (one chunk), 2 to 5 threads: the
+    // same bytes, the same report.
+    for (chunk, threads) in [(61, 2), (997, 2), (4099, 3), (65_536, 5), (1 << 20, 2)] {
+        let out = d.path(&format!("{chunk}-{threads}.rrdata"));
+        let s = prepare_with(&tsv, &out, &PrepareOptions { chunk_bytes: chunk, ..PrepareOptions::new(u64::MAX) }.threads(threads)).unwrap();
+        assert_eq!((s.threads, &s.report), (threads, &want), "chunks of {chunk} bytes, {threads} threads");
+        assert!(without_clock(&out) == without_clock(&one), "chunks of {chunk} bytes, {threads} threads: the cache differs from the one-thread cache");
+    }
+    // --max-bad-lines counts over the whole file: the error names the line that exceeds
+    // it, wherever the chunks are cut, as one sequential read does.
+    for limit in [0, 1, 57, want.bad() - 1] {
+        let reference = read_tsv(&tsv, limit).unwrap_err().to_string();
+        for (chunk, threads) in [(1 << 20, 1), (997, 2), (4099, 3)] {
+            let out = d.path("limited.rrdata");
+            let e = prepare_with(&tsv, &out, &PrepareOptions { chunk_bytes: chunk, ..PrepareOptions::new(limit) }.threads(threads)).unwrap_err();
+            assert_eq!(e.to_string(), reference, "limit {limit}, chunks of {chunk} bytes, {threads} threads");
+            assert!(!out.exists());
+        }
+    }
+    assert!(prepare_with(&tsv, &d.path("enough.rrdata"), &PrepareOptions::new(want.bad()).threads(2)).is_ok());
+    // Nothing but temporaries-free outputs in the directory.
+    assert!(std::fs::read_dir(&d.0).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with('.')));
+}
+
+#[test]
+fn a_large_file_on_two_threads_equals_one_thread() {
+    use ringrec::data::{prepare_with, PrepareOptions};
+    let d = TempDir::new("threads-large");
+    let tsv = d.path("s.tsv");
+    synth(&tsv, 60_000, 5).unwrap(); // about 15 MB: two 8 MiB chunks
+    let (a, b) = (d.path("a.rrdata"), d.path("b.rrdata"));
+    prepare_with(&tsv, &a, &PrepareOptions::new(0).threads(1)).unwrap();
+    let s = prepare_with(&tsv, &b, &PrepareOptions::new(0).threads(2)).unwrap();
+    assert_eq!((s.rows, s.threads), (60_000, 2));
+    assert!(s.source_bytes > 8 << 20, "more than one chunk: {} bytes", s.source_bytes);
+    assert!(without_clock(&a) == without_clock(&b));
+}
+
+#[test]
+fn a_cancelled_preparation_leaves_nothing() {
+    use ringrec::data::{prepare_with, PrepareOptions};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let d = TempDir::new("cancel");
+    let tsv = d.path("s.tsv");
+    synth(&tsv, 2000, 1).unwrap();
+    let opts = PrepareOptions { cancel: Some(Arc::new(AtomicBool::new(true))), ..PrepareOptions::new(0) };
+    let e = prepare_with(&tsv, &d.path("s.rrdata"), &opts).unwrap_err();
+    assert!(matches!(e, DataError::Cancelled { .. }), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("s.tsv")]);
+}
+
+#[test]
+fn an_eval_set_reads_its_datasets_in_order_in_batches() {
+    use ringrec::data::EvalSet;
+    use std::sync::Arc;
+    let d = TempDir::new("evalset");
+    let mut all = Vec::new();
+    let mut set = EvalSet::new();
+    for (seed, n, rows) in [(1u64, 50usize, 10..50), (2, 30, 0..30)] {
+        let tsv = d.path(&format!("{seed}.tsv"));
+        synth(&tsv, n as u64, seed).unwrap();
+        let (samples, _) = read_tsv(&tsv, 0).unwrap();
+        all.extend_from_slice(&samples[rows.clone()]);
+        let out = d.path(&format!("{seed}.rrdata"));
+        prepare(&tsv, &out, 0).unwrap();
+        set.push(Arc::new(Dataset::open(&out).unwrap()), rows).unwrap();
+    }
+    assert_eq!(set.len(), 70);
+    assert!(set.push(Arc::new(Dataset::open(&d.path("2.rrdata")).unwrap()), 0..31).is_err());
+    // A rank's slice 35..70 in batches of 16: 35..51 spans both files.
+    let batches: Vec<Vec<(usize, std::ops::Range<usize>)>> =
+        set.batches(35..70, 16).map(|b| b.into_iter().map(|(ds, r)| (ds.len(), r)).collect()).collect();
+    assert_eq!(batches, vec![vec![(50, 45..50), (30, 0..11)], vec![(30, 11..27)], vec![(30, 27..30)]]);
+    // The rows read are the set's rows in order.
+    let mut keys = Vec::new();
+    for b in set.batches(0..70, 16) {
+        for (ds, r) in b {
+            keys.extend(r.flat_map(|i| ds.keys(i).to_vec()));
+        }
+    }
+    assert_eq!(keys, all.iter().flat_map(|s| s.keys).collect::<Vec<_>>());
+}

@@ -358,6 +358,7 @@ fn ranks_started_with_different_flags_stop_with_the_flag_named() {
         ("--keep-checkpoints", ["2", "3"]),
         ("--checkpoint-min-change", ["0", "0.05"]),
         ("--nan-policy", ["stop", "skip-step"]),
+        ("--eval-data", [short.to_str().unwrap(), long.to_str().unwrap()]),
     ];
     let mut report = Vec::new();
     for (flag, [a, b]) in &must_match {

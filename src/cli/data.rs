@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ringrec::data::cache::{prepare, Dataset};
+use ringrec::data::cache::Dataset;
+use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
 use ringrec::data::synth::synth;
 
@@ -20,6 +21,10 @@ pub enum DataCommand {
         /// Malformed lines to skip (and count) before giving up; 0 accepts none.
         #[arg(long, default_value_t = DEFAULT_MAX_BAD_LINES, env = "RINGREC_MAX_BAD_LINES")]
         max_bad_lines: u64,
+        /// Threads reading the TSV (default: every core); the cache is the same byte for
+        /// byte whatever their number.
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Write a synthetic Criteo-format TSV with a planted logistic model and print the
     /// planted model's (Bayes) AUC on it.
@@ -47,18 +52,20 @@ pub enum DataCommand {
 /// Runs a `ringrec data` command.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
-        DataCommand::Prepare { input, output, max_bad_lines } => {
+        DataCommand::Prepare { input, output, max_bad_lines, threads } => {
             let t = Instant::now();
             // The errors name the file already.
-            let s = prepare(&input, &output, max_bad_lines)?;
-            let secs = t.elapsed().as_secs_f64();
+            let s = prepare_with(&input, &output, &PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)))?;
+            let secs = t.elapsed().as_secs_f64().max(1e-9);
             println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s); source crc32 {:08x}; {}",
+                "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s, {:.1} MB/s of TSV, {} threads); source crc32 {:08x}; {}",
                 s.path.display(),
                 s.rows,
                 s.bytes,
                 secs,
-                s.report.lines as f64 / secs.max(1e-9),
+                s.report.lines as f64 / secs,
+                s.source_bytes as f64 / secs / 1e6,
+                s.threads,
                 s.source_crc32,
                 s.report
             );

@@ -19,8 +19,9 @@ pub struct PredictArgs {
     /// one checkpoint (DIR/step-N), or an export bundle (ringrec export).
     #[arg(long)]
     pub model: PathBuf,
-    /// Criteo-format TSVs or prepared .rrdata caches, scored in this order.
-    #[arg(long, num_args = 1.., required = true)]
+    /// Criteo-format TSVs or prepared .rrdata caches, directories or globs (the syntax of
+    /// `train --data`), scored in this order as one set (as `train --eval-data` scores them).
+    #[arg(long, value_delimiter = ',', num_args = 1.., required = true)]
     pub data: Vec<PathBuf>,
     /// Write `score<TAB>label` lines here, one per scored row in row order (`-`: stdout,
     /// the summary then goes to stderr). Without it only the summary is printed.

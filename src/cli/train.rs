@@ -31,10 +31,14 @@ pub fn placement(s: &str) -> Result<Placement, String> {
 /// Flags of `ringrec train`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Criteo-format TSV or a prepared `.rrdata` cache. Default: a synthetic set that
-    /// ringrec generates once under --data-dir.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    /// Training data, trained in the order given: Criteo-format TSVs or prepared `.rrdata`
+    /// caches, directories (their files in natural order: day_2 before day_10) and quoted
+    /// globs (`'days/day_*'`, natural order); repeated or comma-separated. One epoch is a
+    /// pass over all of them; each TSV is prepared once into a cache (the next one while
+    /// the current one trains). Default: a synthetic set that ringrec generates once
+    /// under --data-dir.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub data: Vec<PathBuf>,
     /// Where the default data set and TSV caches live.
     #[arg(long, env = "RINGREC_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -68,9 +72,10 @@ pub struct TrainArgs {
     /// Embedding optimizer (applied by each host leader): sgd or adagrad.
     #[arg(long, default_value = "sgd")]
     pub sparse_optimizer: OptimizerKind,
-    /// Held-out fraction (the last rows of the data set).
-    #[arg(long, default_value_t = 0.1)]
-    pub test_fraction: f64,
+    /// Held-out fraction: the last rows of the data set when --data is one file and there
+    /// is no --eval-data [default: 0.1].
+    #[arg(long)]
+    pub test_fraction: Option<f64>,
     /// Seed of the model's initial parameters and embedding rows.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -151,7 +156,14 @@ pub struct TrainArgs {
     /// sparse-parameter file.
     #[arg(long)]
     pub init_dense: Option<PathBuf>,
+    /// Held-out data (the syntax of --data), scored whole by every evaluation; the
+    /// training data is then not split.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub eval_data: Vec<PathBuf>,
 }
+
+/// `--test-fraction` when it is not given.
+const DEFAULT_TEST_FRACTION: f64 = 0.1;
 
 /// `~/.cache/ringrec` (or `$XDG_CACHE_HOME/ringrec`, or a per-user temporary directory).
 pub fn default_data_dir() -> PathBuf {
@@ -181,7 +193,7 @@ impl TrainArgs {
             dense_optimizer: self.dense_optimizer,
             sparse_lr: self.sparse_lr,
             sparse_optimizer: self.sparse_optimizer,
-            test_fraction: self.test_fraction,
+            test_fraction: self.test_fraction.unwrap_or(DEFAULT_TEST_FRACTION),
             seed: self.seed,
             shuffle: self.shuffle,
             backend: self.backend.0,
@@ -203,6 +215,8 @@ impl TrainArgs {
             eval: !self.no_eval,
             init_from: self.init_from.clone(),
             init_dense: self.init_dense.clone(),
+            eval_data: self.eval_data.clone(),
+            test_fraction_given: self.test_fraction.is_some(),
         }
     }
 }

@@ -60,8 +60,9 @@
 //! ([`crate::fileio::reserve`]: a lack of space is an error before anything is written),
 //! written atomically (temporary file in the same directory, fsync, rename, fsync of the
 //! directory) and never modified in place, so a mapping always sees a complete file.
-//! [`prepare`] reads the TSV twice, taking its CRC-32 both times; different digests, or a
-//! different stat afterwards, mean it changed meanwhile ([`DataError::SourceChanged`]).
+//! [`prepare`](super::prepare()) (on several threads: [`mod@super::prepare`]) reads the TSV
+//! twice, taking its CRC-32 both times; different digests, or a different stat afterwards,
+//! mean it changed meanwhile ([`DataError::SourceChanged`]).
 //!
 //! [`Dataset::from_tsv_cached`] reuses a cache only when the TSV's size, mtime, ctime and
 //! inode are those recorded. ctime is set by the kernel on every write and cannot be set
@@ -73,16 +74,15 @@
 //! takes longer than that to prepare, so only small ones are read again.
 
 use std::fs::{File, OpenOptions};
-use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 
-use super::criteo::{BadLineReport, CriteoReader, NUM_DENSE, NUM_SPARSE};
+use super::criteo::{NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
-use crate::fileio::{reserve, AtomicFile};
-use crate::hash::{block_sums, crc32, first_bad_block, fnv1a64, Crc32, CHECKSUM_BLOCK};
+use super::prepare::{count_lines, prepare_with, PrepareOptions};
+use crate::hash::{crc32, first_bad_block, fnv1a64, CHECKSUM_BLOCK};
 use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format, HEADER_LEN};
 
 /// Bytes of the header that carry fields (the rest of the header page is zero).
@@ -111,12 +111,14 @@ pub const CACHE_MODE: u32 = 0o600;
 /// digest to match (see the module docs).
 pub const RACY_NS: u64 = 2_000_000_000;
 
-const LABEL_BYTES: u64 = 4;
-const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
-const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
+/// Bytes of a row's label, dense features and keys.
+pub(crate) const LABEL_BYTES: u64 = 4;
+pub(crate) const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
+pub(crate) const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
 const BLOCK: u64 = CHECKSUM_BLOCK as u64;
-/// Rows parsed before their columns are written out.
-const WRITE_CHUNK: usize = 16 * 1024;
+/// Blocks [`Dataset::verify`] checks at a time (in parallel) before it hands their pages
+/// back: at least this many, and one a thread of the rayon pool.
+pub const VERIFY_WINDOW_BLOCKS: usize = 4;
 
 /// Byte offsets and lengths of the sections of a cache file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -211,7 +213,7 @@ fn epoch_ns(secs: i64, nsecs: i64) -> u64 {
 }
 
 /// The wall clock, ns since the Unix epoch (0 before it).
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
 }
 
@@ -337,158 +339,6 @@ impl CacheHeader {
     }
 }
 
-/// What [`prepare`] wrote.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct PrepareSummary {
-    /// The cache file.
-    pub path: PathBuf,
-    /// Rows written.
-    pub rows: u64,
-    /// Size of the cache file.
-    pub bytes: u64,
-    /// CRC-32 of the whole source TSV.
-    pub source_crc32: u32,
-    /// Lines read, malformed lines by kind and the first of them.
-    pub report: BadLineReport,
-}
-
-/// A reader that takes the CRC-32 of the bytes it passes on.
-struct DigestReader<'a> {
-    inner: File,
-    digest: &'a mut Crc32,
-}
-
-impl Read for DigestReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.digest.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
-/// Lines of a file (newlines, plus one for a last line without a newline) and its CRC-32.
-fn scan_source(path: &Path) -> DataResult<(u64, u32)> {
-    let mut digest = Crc32::new();
-    let mut f = DigestReader { inner: File::open(path).map_err(|e| DataError::io(path, "open", e))?, digest: &mut digest };
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut lines, mut last) = (0u64, b'\n');
-    loop {
-        let n = match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(DataError::io(path, "read", e)),
-        };
-        lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
-        last = buf[n - 1];
-    }
-    Ok((lines + u64::from(last != b'\n'), digest.finish()))
-}
-
-/// Computes the block sums of the column sections of the temporary file `tmp` (columns
-/// written, length set) and writes them at `layout.sums_offset`; returns their CRC-32.
-fn write_sums(tmp: &AtomicFile, layout: &CacheLayout) -> DataResult<u32> {
-    // The AtomicFile is open for writing only: read it back through a second descriptor.
-    let f = File::open(tmp.path()).map_err(|e| DataError::io(tmp.path(), "open", e))?;
-    // SAFETY: read-only mapping of the temporary file this process created (O_EXCL, mode
-    // 0600, not yet renamed into place): nobody else writes or truncates it while mapped.
-    let map = unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(tmp.path(), "map", e))?;
-    let mut sums = Vec::new();
-    for (_, offset, extent) in layout.checksummed() {
-        let bytes = usize::try_from(offset).ok().zip(usize::try_from(offset + extent).ok()).and_then(|(a, b)| map.get(a..b));
-        let bytes = bytes.ok_or_else(|| DataError::io(tmp.path(), "read back", std::io::Error::other(format!("shorter than its layout ({} bytes)", layout.file_len))))?;
-        sums.extend(block_sums(bytes));
-    }
-    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
-    tmp.file().write_all_at(&bytes, layout.sums_offset).map_err(|e| DataError::io(tmp.path(), "write", e))?;
-    Ok(crc32(&bytes))
-}
-
-/// Converts the Criteo TSV `tsv` into the cache file `out` (written atomically, mode 0600),
-/// skipping and counting malformed lines up to `max_bad_lines` (see [`crate::data::criteo`]).
-///
-/// Reads the TSV twice: once to count its lines (which sizes the sections), once to parse;
-/// both take its CRC-32. The file is allocated in full before the columns are written, so a
-/// lack of space is an error naming the directory and the bytes needed and free, and leaves
-/// no temporary file. Memory use is constant (a few MiB).
-pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<PrepareSummary> {
-    let source = SourceStat::of(tsv)?;
-    let (capacity, source_crc32) = scan_source(tsv)?;
-    let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
-    let layout0 = CacheLayout::compute(0, capacity).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
-
-    let tmp = AtomicFile::create(out, CACHE_MODE)?;
-    let file = tmp.file();
-    let werr = |e| DataError::io(tmp.path(), "write", e);
-    reserve(file, tmp.path(), layout0.file_len)?;
-    // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
-    file.set_len(layout0.file_len).map_err(werr)?;
-
-    let mut parse_digest = Crc32::new();
-    let src = DigestReader { inner: File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?, digest: &mut parse_digest };
-    let mut reader = CriteoReader::new(src, tsv, max_bad_lines);
-    let mut labels: Vec<f32> = Vec::with_capacity(WRITE_CHUNK);
-    let mut dense: Vec<f32> = Vec::with_capacity(WRITE_CHUNK * NUM_DENSE);
-    let mut keys: Vec<u64> = Vec::with_capacity(WRITE_CHUNK * NUM_SPARSE);
-    let mut rows: u64 = 0;
-    let flush = |rows: u64, labels: &mut Vec<f32>, dense: &mut Vec<f32>, keys: &mut Vec<u64>| -> DataResult<()> {
-        let at = rows - labels.len() as u64;
-        file.write_all_at(bytemuck::cast_slice(labels), layout0.labels_offset + at * LABEL_BYTES).map_err(werr)?;
-        file.write_all_at(bytemuck::cast_slice(dense), layout0.dense_offset + at * DENSE_BYTES).map_err(werr)?;
-        file.write_all_at(bytemuck::cast_slice(keys), layout0.keys_offset + at * KEYS_BYTES).map_err(werr)?;
-        labels.clear();
-        dense.clear();
-        keys.clear();
-        Ok(())
-    };
-    while let Some(s) = reader.next_sample()? {
-        if rows == capacity {
-            return Err(changed(format!("it has more than the {capacity} lines counted a moment ago")));
-        }
-        labels.push(s.label);
-        dense.extend_from_slice(&s.dense);
-        keys.extend_from_slice(&s.keys);
-        rows += 1;
-        if labels.len() == WRITE_CHUNK {
-            flush(rows, &mut labels, &mut dense, &mut keys)?;
-        }
-    }
-    flush(rows, &mut labels, &mut dense, &mut keys)?;
-    let report = reader.into_report();
-    if rows == 0 && report.bad() > 0 {
-        return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
-    }
-    if report.lines != capacity {
-        return Err(changed(format!("{} lines parsed, {capacity} counted", report.lines)));
-    }
-    let parsed_crc32 = parse_digest.finish();
-    if parsed_crc32 != source_crc32 {
-        return Err(changed(format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
-    }
-    let now = SourceStat::of(tsv)?;
-    let prepared_ns = now_ns();
-    if now != source {
-        return Err(changed(format!("its stat was {source:?} before reading and is {now:?} after")));
-    }
-    let layout = CacheLayout::compute(rows, capacity).ok_or_else(|| changed("row count exceeds line count".into()))?;
-    let sums_crc32 = write_sums(&tmp, &layout)?;
-    let header = CacheHeader {
-        rows,
-        row_capacity: capacity,
-        lines: report.lines,
-        bad_lines: report.bad(),
-        bad_counts: report.counts,
-        source,
-        source_crc32,
-        prepared_ns,
-        sums_crc32,
-        layout,
-    };
-    file.write_all_at(&header.encode(), 0).map_err(werr)?;
-    tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_crc32, report })
-}
-
 /// Types usable as row indices in [`Dataset::fill_batch`] (`usize`, `u32`, `u64`).
 pub trait RowIndex: Copy {
     /// The index as `usize` (saturating, so an impossible index is out of range, not wrapped).
@@ -549,7 +399,7 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Maps and validates a cache file written by [`prepare`]: its header, layout and every
+    /// Maps and validates a cache file written by [`prepare`](super::prepare()): its header, layout and every
     /// block's CRC-32 ([`Dataset::verify`]). A damaged file is an error naming it, the
     /// section and the bytes that differ.
     pub fn open(path: &Path) -> DataResult<Dataset> {
@@ -580,7 +430,9 @@ impl Dataset {
     /// Checks every byte after the header fields: the rest of the header page is zero, the
     /// sums match their CRC-32 in the header, and every block of the column sections
     /// matches its sum (blocks in parallel on the rayon pool). [`Dataset::open`] calls it;
-    /// it reads the whole file.
+    /// it reads the whole file, a few MiB at a time ([`VERIFY_WINDOW_BLOCKS`]), handing each
+    /// window's pages back once checked ([`Dataset::release_pages`]): the file does not
+    /// stay in this process's resident set.
     pub fn verify(&self) -> DataResult<()> {
         let damaged = |section: &'static str, start: u64, end: u64| DataError::Damaged { path: self.path.clone(), section, start, end };
         if let Some(i) = self.map[HEADER_FIELDS..HEADER_LEN as usize].iter().position(|&b| b != 0) {
@@ -594,21 +446,52 @@ impl Dataset {
         }
         let sums: Vec<u32> = sums_bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let mut first = 0usize;
+        let window = VERIFY_WINDOW_BLOCKS.max(rayon::current_num_threads());
         for (name, offset, extent) in l.checksummed() {
             let blocks = extent.div_ceil(BLOCK) as usize;
             // The layout was validated, so the sums cover every block; were they short,
             // first_bad_block would report the first block without a sum.
             let mine = sums.get(first..first + blocks).unwrap_or(&[]);
             first += blocks;
-            if let Some(b) = first_bad_block(self.section(offset, extent), mine) {
-                let start = offset + b as u64 * BLOCK;
-                return Err(damaged(name, start, (start + BLOCK).min(offset + extent)));
+            for w in (0..blocks).step_by(window) {
+                let start = offset + w as u64 * BLOCK;
+                let len = (extent - w as u64 * BLOCK).min(window as u64 * BLOCK);
+                let bad = first_bad_block(self.section(start, len), mine.get(w..(w + window).min(blocks)).unwrap_or(&[]));
+                self.release_range(start, len);
+                if let Some(b) = bad {
+                    let start = start + b as u64 * BLOCK;
+                    return Err(damaged(name, start, (start + BLOCK).min(offset + extent)));
+                }
             }
         }
         Ok(())
     }
 
-    /// Prepares (once) and opens the cache of `tsv` under `cache_dir`.
+    /// Hands the pages of the whole mapping back to the kernel (`MADV_DONTNEED`): they
+    /// leave this process's resident set (they stay in the page cache) and are read again
+    /// on the next access. For a file that training has moved past.
+    pub fn release_pages(&self) {
+        self.release_range(0, self.map.len() as u64);
+    }
+
+    /// [`Dataset::release_pages`] of bytes `start..start + len` of the mapping.
+    fn release_range(&self, start: u64, len: u64) {
+        // Best effort: a refusal leaves the pages where they are, which only costs memory.
+        // SAFETY: the mapping is a read-only MAP_SHARED mapping of a file that is never
+        // modified in place (see `map`): dropping its pages loses nothing, the next access
+        // reads the same bytes again from the page cache or the file, and every slice
+        // handed out keeps pointing at valid, unchanged memory.
+        let _ = unsafe { self.map.unchecked_advise_range(UncheckedAdvice::DontNeed, start as usize, len as usize) };
+    }
+
+    /// Prepares (once) and opens the cache of `tsv` under `cache_dir` (one thread per
+    /// core: [`Dataset::from_tsv_cached_with`] chooses).
+    pub fn from_tsv_cached(tsv: &Path, cache_dir: &Path, max_bad_lines: u64) -> DataResult<Dataset> {
+        Dataset::from_tsv_cached_with(tsv, cache_dir, &PrepareOptions::new(max_bad_lines))
+    }
+
+    /// Prepares (once) and opens the cache of `tsv` under `cache_dir`, preparing it as
+    /// `opts` says.
     ///
     /// The cache is `cache_dir/<stem>.<hash>.rrdata`, the hash covering the TSV's canonical
     /// path, size and mtime and the format version, so an edited TSV gets a fresh cache. An
@@ -619,23 +502,40 @@ impl Dataset {
     /// version wrote caches of none; the TSV is read again, which reports them). Concurrent
     /// callers on one host (the local ranks of a job) serialise on a lock file, so the TSV
     /// is parsed once. Caches of the same TSV left by older format versions are removed.
-    pub fn from_tsv_cached(tsv: &Path, cache_dir: &Path, max_bad_lines: u64) -> DataResult<Dataset> {
+    pub fn from_tsv_cached_with(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<Dataset> {
+        let (_lock, out, reused) = Dataset::cached(tsv, cache_dir, opts)?;
+        match reused {
+            Some(ds) => Ok(ds),
+            None => Dataset::open(&out),
+        }
+    }
+
+    /// Makes sure the cache of `tsv` under `cache_dir` is prepared (the rules of
+    /// [`Dataset::from_tsv_cached_with`]), without opening a fresh one: ahead of its use,
+    /// by another thread. Returns its path.
+    pub fn prepare_cached(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<PathBuf> {
+        Ok(Dataset::cached(tsv, cache_dir, opts)?.1)
+    }
+
+    /// Under the cache's lock (returned, held until dropped): the cache of `tsv`, reused
+    /// (`Some`) or prepared (`None`).
+    fn cached(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<(FileLock, PathBuf, Option<Dataset>)> {
         let out = cache_path(tsv, cache_dir)?;
         std::fs::create_dir_all(cache_dir).map_err(|e| DataError::io(cache_dir, "create directory", e))?;
-        let _lock = FileLock::exclusive(&out.with_extension("lock"))?;
+        let lock = FileLock::exclusive(&out.with_extension("lock"))?;
         let now = SourceStat::of(tsv)?;
         if let Ok(ds) = Dataset::open(&out) {
             let h = ds.header();
-            let serves = match reuse(h, &now, max_bad_lines) {
+            let serves = match reuse(h, &now, opts.max_bad_lines) {
                 Reuse::Yes => true,
-                Reuse::IfDigestMatches => scan_source(tsv)?.1 == h.source_crc32,
+                Reuse::IfDigestMatches => count_lines(tsv, now.size, opts.threads)?.1 == h.source_crc32,
                 Reuse::No => false,
             };
             if serves {
-                return Ok(ds);
+                return Ok((lock, out, Some(ds)));
             }
         }
-        prepare(tsv, &out, max_bad_lines)?;
+        prepare_with(tsv, &out, opts)?;
         for version in 1..FORMAT.version {
             // Best effort: an old file that cannot be removed stays as it was.
             if let Ok(old) = cache_path_of(tsv, cache_dir, version) {
@@ -643,7 +543,7 @@ impl Dataset {
                 let _ = std::fs::remove_file(old);
             }
         }
-        Dataset::open(&out)
+        Ok((lock, out, None))
     }
 
     /// The cache file.
@@ -708,10 +608,16 @@ impl Dataset {
     /// allocations. An index past the end gives [`DataError::RowOutOfRange`] and leaves
     /// the buffers in an unspecified state.
     pub fn fill_batch<I: RowIndex>(&self, indices: &[I], labels: &mut Vec<f32>, dense: &mut Vec<f32>, keys: &mut Vec<u64>) -> DataResult<()> {
-        let (ls, ds, ks) = (self.labels(), self.dense_all(), self.keys_all());
         labels.clear();
         dense.clear();
         keys.clear();
+        self.append_rows(indices, labels, dense, keys)
+    }
+
+    /// [`Dataset::fill_batch`] after the rows the buffers hold: a batch drawn from several
+    /// datasets.
+    pub fn append_rows<I: RowIndex>(&self, indices: &[I], labels: &mut Vec<f32>, dense: &mut Vec<f32>, keys: &mut Vec<u64>) -> DataResult<()> {
+        let (ls, ds, ks) = (self.labels(), self.dense_all(), self.keys_all());
         labels.reserve(indices.len());
         dense.reserve(indices.len() * NUM_DENSE);
         keys.reserve(indices.len() * NUM_SPARSE);

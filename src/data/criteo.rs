@@ -219,6 +219,20 @@ impl BadLineReport {
         }
     }
 
+    /// Adds the report of the lines that follow those of this one (`later`, its line
+    /// numbers counted from 1 at its own first line): the result is the report of one read
+    /// of both, the first malformed lines still the first in order.
+    pub fn append(&mut self, later: &BadLineReport) {
+        let before = self.lines;
+        self.lines += later.lines;
+        self.rows += later.rows;
+        for (c, l) in self.counts.iter_mut().zip(later.counts) {
+            *c += l;
+        }
+        let room = BAD_LINE_EXAMPLES.saturating_sub(self.first.len());
+        self.first.extend(later.first.iter().take(room).map(|b| BadLine { line: before + b.line, ..b.clone() }));
+    }
+
     /// Malformed lines per kind: `field_count 3, label 1`.
     pub fn kinds(&self) -> String {
         let kinds: Vec<String> = BadLineKind::ALL.iter().filter(|k| self.count(**k) > 0).map(|k| format!("{} {}", k.name(), self.count(*k))).collect();
@@ -502,6 +516,76 @@ fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
         };
     }
     Ok(s)
+}
+
+/// Parsed rows as columns, the layout of the cache's sections: labels, dense features
+/// (13 a row, row-major) and keys (26 a row, row-major).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Columns {
+    /// One label a row.
+    pub labels: Vec<f32>,
+    /// 13 values a row.
+    pub dense: Vec<f32>,
+    /// 26 keys a row.
+    pub keys: Vec<u64>,
+}
+
+impl Columns {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Appends one row.
+    pub fn push(&mut self, s: &Sample) {
+        self.labels.push(s.label);
+        self.dense.extend_from_slice(&s.dense);
+        self.keys.extend_from_slice(&s.keys);
+    }
+
+    /// Drops every row, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.labels.clear();
+        self.dense.clear();
+        self.keys.clear();
+    }
+}
+
+/// Parses `text`, whole lines of a TSV (each ends with `\n` but perhaps the last of the
+/// file), as [`CriteoReader`] reads them: appends the samples to `out` and counts the lines in
+/// `report`, numbering them from 1 at the start of `text`. Returns the number of the line
+/// at which `report` came to hold more than `max_bad_lines` malformed lines, having
+/// stopped there, or `None` once every line is read.
+pub fn parse_text(text: &[u8], out: &mut Columns, report: &mut BadLineReport, max_bad_lines: u64) -> Option<u64> {
+    let mut rest = text;
+    let mut line = 0u64;
+    while !rest.is_empty() {
+        let (l, next) = match find_byte(rest, b'\n') {
+            Some(p) => (&rest[..p], &rest[p + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
+        line += 1;
+        report.lines += 1;
+        match parse_line(l) {
+            Ok(s) => {
+                report.rows += 1;
+                out.push(&s);
+            }
+            Err(e) => {
+                report.record(line, e);
+                if report.bad() > max_bad_lines {
+                    return Some(line);
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Streams [`Sample`]s out of a Criteo TSV, counting malformed lines.
@@ -795,6 +879,33 @@ mod tests {
             }
         }
         assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");
+    }
+
+    #[test]
+    fn parsing_text_in_pieces_equals_one_read() {
+        let g = good();
+        let text = format!("{g}\nbad\n{g}\r\n\n{g}\nx\ty\n{g}");
+        let (whole, want) = {
+            let mut r = CriteoReader::new(text.as_bytes(), "mem", u64::MAX);
+            let v: Vec<Sample> = r.by_ref().collect::<DataResult<_>>().unwrap();
+            (v, r.into_report())
+        };
+        // Cut after every newline in turn: the pieces' reports appended equal the read's.
+        for cut in text.match_indices('\n').map(|(i, _)| i + 1) {
+            let (mut cols, mut report) = (Columns::default(), BadLineReport::default());
+            for piece in [&text[..cut], &text[cut..]] {
+                let mut r = BadLineReport::default();
+                assert_eq!(parse_text(piece.as_bytes(), &mut cols, &mut r, u64::MAX), None);
+                report.append(&r);
+            }
+            assert_eq!(report, want, "cut at {cut}");
+            assert_eq!(cols.len(), whole.len());
+            assert_eq!(cols.keys, whole.iter().flat_map(|s| s.keys).collect::<Vec<_>>());
+        }
+        // The limit stops at the line that exceeds it: lines 2, 4 and 6 are malformed.
+        let (mut cols, mut r) = (Columns::default(), BadLineReport::default());
+        assert_eq!(parse_text(text.as_bytes(), &mut cols, &mut r, 2), Some(6));
+        assert_eq!((r.lines, r.rows, r.bad()), (6, 3, 3));
     }
 
     #[test]

@@ -82,6 +82,24 @@ pub enum DataError {
     /// An argument is invalid regardless of the data (e.g. a test fraction outside [0, 1]).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// An input of `--data` or `--eval-data` names no data file: a path that does not
+    /// exist, a glob that matches nothing, a directory without a data file.
+    #[error("{flag} {spec}: {reason}")]
+    Input {
+        /// The flag (`--data`, `--eval-data`).
+        flag: &'static str,
+        /// The input as given.
+        spec: PathBuf,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// The preparation of a cache was stopped before it ended (the run ended first); no
+    /// file was left behind.
+    #[error("{path}: its preparation was cancelled; it is prepared again when it is needed")]
+    Cancelled {
+        /// The TSV file.
+        path: PathBuf,
+    },
 }
 
 /// Result alias of the data layer.

@@ -1,35 +1,47 @@
 //! Training data: Criteo reader, binary cache, sharding, synthetic generator.
 //!
 //! ```text
-//! Criteo TSV ──criteo::CriteoReader──> Sample {label, 13 dense, 26 keys}
+//! --data / --eval-data inputs ──inputs::resolve──> files, in order (dirs, globs: natural order)
+//! Criteo TSV ──criteo::parse_text──> Sample {label, 13 dense, 26 keys}
 //!     │                                   (malformed lines counted, --max-bad-lines)
-//!     └─cache::prepare──> .rrdata file (header + label/dense/key columns, page-aligned,
-//!                              │         a CRC-32 per MiB; mode 0600, space reserved first)
+//!     └─prepare (N threads, chunks committed in order)──> .rrdata file (header + label/dense/key
+//!                              │         columns, page-aligned, a CRC-32 per MiB; mode 0600)
 //!                              │
 //!                    cache::Dataset::open (mmap, read-only, every block verified)
 //!                              │
 //!   shard::epoch_order / global_batch_range / rank_slice ──> Dataset::fill_batch
+//!   EvalSet (held-out rows of one or more datasets) ──> batches of (dataset, rows)
 //! ```
 //!
+//! - [`inputs`]: files, directories and globs turned into the list of data files.
 //! - [`criteo`]: the text format, the feature transform (`ln(1 + max(x, 0))`) and the
 //!   field-salted key hash; malformed lines are never dropped silently.
+//! - [`prepare`](mod@prepare): a TSV converted on several threads, the cache the same byte
+//!   for byte whatever their number.
 //! - [`cache`]: the binary format; [`Dataset::from_tsv_cached`] parses a TSV once per host
 //!   and every later run (and every local rank) maps the cache, until the TSV's stat
 //!   (size, mtime, ctime, inode) changes or the cache is damaged.
 //! - [`shard`]: global batches cut into per-rank slices, so results do not depend on the
 //!   number of ranks; a deterministic per-epoch shuffle; the train/test split.
-//! - [`synth`]: a synthetic TSV with a planted logistic model and its Bayes AUC.
+//! - [`evalset`]: [`EvalSet`], rows to score over one or more datasets, in batches.
+//! - [`synth`](mod@synth): a synthetic TSV with a planted logistic model and its Bayes AUC.
 //! - `ringrec data prepare | synth | inspect` is the binary's (`src/cli/data.rs`).
 
 pub mod cache;
 pub mod criteo;
 pub mod error;
+pub mod evalset;
+pub mod inputs;
+pub mod prepare;
 pub mod shard;
 pub mod synth;
 
-pub use cache::{prepare, CacheHeader, Dataset, PrepareSummary, SourceStat};
-pub use criteo::{BadLine, BadLineKind, BadLineReport, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};
+pub use cache::{CacheHeader, Dataset, SourceStat};
+pub use criteo::{BadLine, BadLineKind, BadLineReport, Columns, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};
 pub use error::{DataError, DataResult};
+pub use evalset::EvalSet;
+pub use inputs::{natural_cmp, resolve};
+pub use prepare::{prepare, prepare_with, PrepareOptions, PrepareSummary};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};
 pub use synth::{synth, SynthSummary};
 

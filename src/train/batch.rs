@@ -10,7 +10,7 @@ use crate::sparse::Deduper;
 /// A batch with its keys deduplicated (see the module docs).
 #[derive(Default)]
 pub struct Batch {
-    /// Rows of the data set, in batch order.
+    /// Rows of the data set(s), in batch order.
     pub rows: Vec<u32>,
     /// Labels (0/1), one per sample.
     pub labels: Vec<f32>,
@@ -36,9 +36,21 @@ impl Batch {
 
     /// Reads `rows` of `ds` and deduplicates their keys.
     pub fn load(&mut self, ds: &Dataset, rows: impl Iterator<Item = u32>) -> DataResult<()> {
+        self.load_pieces([(ds, rows)])
+    }
+
+    /// Reads the rows of each piece (a dataset and rows of it) in turn — a batch that
+    /// spans files — and deduplicates their keys.
+    pub fn load_pieces<'d, R: Iterator<Item = u32>>(&mut self, pieces: impl IntoIterator<Item = (&'d Dataset, R)>) -> DataResult<()> {
         self.rows.clear();
-        self.rows.extend(rows);
-        ds.fill_batch(&self.rows, &mut self.labels, &mut self.dense, &mut self.keys)?;
+        self.labels.clear();
+        self.dense.clear();
+        self.keys.clear();
+        for (ds, rows) in pieces {
+            let at = self.rows.len();
+            self.rows.extend(rows);
+            ds.append_rows(&self.rows[at..], &mut self.labels, &mut self.dense, &mut self.keys)?;
+        }
         self.deduper.index_keys(&self.keys).map_err(|e| DataError::InvalidArgument(e.to_string()))?;
         self.uniq.clear();
         self.uniq.extend(self.deduper.sorted_keys());

@@ -17,8 +17,9 @@
 //! 5. the reduced dense gradients come back from the engine; the dense optimizer runs on
 //!    every rank (identical inputs, identical replicas).
 //!
-//! The data set defaults to a synthetic Criteo-format file that ringrec generates once
-//! ([`data::open`]), cached as a memory-mappable binary.
+//! The data is one or more files trained in order, each cached as a memory-mappable
+//! binary as training reaches it, the next one prepared in the background ([`data`]); it
+//! defaults to a synthetic Criteo-format file that ringrec generates once.
 //!
 //! Using a trained model: [`predict`] (the scoring both the evaluation and `ringrec
 //! predict` use), [`bundle`] (`ringrec export`'s serving bundle), [`source`] (what
@@ -73,8 +74,10 @@ pub use trainer::{Evaluation, Progress, Trainer};
 /// What a training run does (the flags of `ringrec train`).
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
-    /// Criteo-format TSV or a prepared `.rrdata` cache; `None`: the synthetic default set.
-    pub data: Option<PathBuf>,
+    /// The training inputs — Criteo-format TSVs or prepared `.rrdata` caches, directories,
+    /// globs ([`crate::data::inputs`]) — trained in this order; empty: the synthetic
+    /// default set.
+    pub data: Vec<PathBuf>,
     /// Where the default data set and TSV caches live.
     pub data_dir: PathBuf,
     /// Rows of the default synthetic data set.
@@ -98,7 +101,8 @@ pub struct TrainConfig {
     pub sparse_lr: f32,
     /// Embedding optimizer (applied by each host leader).
     pub sparse_optimizer: OptimizerKind,
-    /// Held-out fraction (the last rows of the data set).
+    /// Held-out fraction (the last rows of the data set) when the data is one file and
+    /// there is no `eval_data`.
     pub test_fraction: f64,
     /// Seed of the model's initial parameters and embedding rows.
     pub seed: u64,
@@ -146,13 +150,19 @@ pub struct TrainConfig {
     /// Dense weights (a bundle's `dense.bin` layout) to go with an `init_from` that is a
     /// sparse-parameter file.
     pub init_dense: Option<PathBuf>,
+    /// The held-out inputs (the syntax of `data`); when given, the training data is not
+    /// split.
+    pub eval_data: Vec<PathBuf>,
+    /// Whether `test_fraction` was asked for (`--test-fraction`), not the default: an
+    /// error with several training files or with `eval_data`.
+    pub test_fraction_given: bool,
 }
 
 impl TrainConfig {
     /// The defaults of `ringrec train`, with the data under `data_dir`.
     pub fn new(data_dir: PathBuf) -> TrainConfig {
         TrainConfig {
-            data: None,
+            data: Vec::new(),
             data_dir,
             synth_rows: 200_000,
             epochs: 1,
@@ -186,6 +196,8 @@ impl TrainConfig {
             eval: true,
             init_from: None,
             init_dense: None,
+            eval_data: Vec::new(),
+            test_fraction_given: false,
         }
     }
 
@@ -202,6 +214,9 @@ impl TrainConfig {
         }
         if !(self.checkpoint_min_change.is_finite() && self.checkpoint_min_change >= 0.0) {
             return Err(TrainError::Config(format!("--checkpoint-min-change must be a finite value >= 0 (a relative change, e.g. 0.05), got {}", self.checkpoint_min_change)));
+        }
+        if self.test_fraction_given && !self.eval_data.is_empty() {
+            return Err(TrainError::Config("--test-fraction and --eval-data: the held-out rows are either the last rows of one --data file or the --eval-data files; drop one".into()));
         }
         if self.resume && self.checkpoint_dir.is_none() {
             return Err(TrainError::Config("--resume needs --checkpoint-dir (the directory of the run to continue)".into()));
@@ -235,7 +250,9 @@ impl TrainConfig {
     /// What a checkpoint records and a resume must repeat (flag, value): the data and its
     /// order, the model's shape, the optimizers and their learning rates, the table's
     /// shape. `--epochs`, `--max-steps`, the backends, the checkpoint flags and the rank
-    /// count may change between runs.
+    /// count may change between runs. `data_identity` pins the training files (each one's
+    /// identity, in order: [`data::TrainData::identity`]); `rows` are those of the first.
+    /// `--eval-data` may change.
     pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
         vec![
             ("--data", data_identity.to_string()),
@@ -266,7 +283,7 @@ impl TrainConfig {
     pub fn settings(&self, topo: &Topology, engine: &EngineConfig) -> Vec<(&'static str, String)> {
         let rc = &topo.config;
         vec![
-            ("--data", self.data.as_ref().map_or_else(|| format!("(the synthetic set of {} rows)", self.synth_rows), |p| format!("{} ({})", p.display(), crate::data::identity(p)))),
+            ("--data", if self.data.is_empty() { format!("(the synthetic set of {} rows)", self.synth_rows) } else { data::describe_inputs("--data", &self.data) }),
             ("--synth-rows", self.synth_rows.to_string()),
             ("--epochs", self.epochs.to_string()),
             ("--max-steps", format!("{:?}", self.max_steps)),
@@ -307,6 +324,8 @@ impl TrainConfig {
             ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", format!("{:?}", engine.stall_shutdown)),
             ("--init-from", format!("{:?}", self.init_from)),
             ("--init-dense", format!("{:?}", self.init_dense)),
+            ("--eval-data", data::describe_inputs("--eval-data", &self.eval_data)),
+            ("--test-fraction given", self.test_fraction_given.to_string()),
         ]
     }
 }

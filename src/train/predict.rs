@@ -22,6 +22,7 @@
 
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -30,9 +31,9 @@ use super::batch::Batch;
 use super::source::{ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
-use crate::data::cache::{Dataset, CACHE_EXT};
+use crate::data::cache::Dataset;
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
-use crate::data::shard;
+use crate::data::{inputs, shard, EvalSet, PrepareOptions};
 use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::format::capacity_for_rows;
@@ -51,30 +52,28 @@ pub fn stage<D: Device>(model: &mut DenseModel<D>, table: &HostTable, b: &Batch)
     Ok(())
 }
 
-/// Appends the scores (sigmoid of the logit) of `rows` of `ds` to `out`, scoring them in
-/// batches of `batch_rows` from the first (`batch` is scratch).
-pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, ds: &Dataset, rows: Range<usize>, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+/// Appends the scores (sigmoid of the logit) of positions `positions` of `set` to `out`,
+/// scoring them in batches of `batch_rows` from the first ([`EvalSet::batches`]; `batch` is
+/// scratch).
+pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, set: &EvalSet, positions: Range<usize>, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
     let mut logits = Vec::new();
-    let mut at = rows.start;
-    while at < rows.end {
-        let end = (at + batch_rows.max(1)).min(rows.end);
-        batch.load(ds, (at..end).map(|r| r as u32))?;
+    for pieces in set.batches(positions, batch_rows) {
+        batch.load_pieces(pieces.into_iter().map(|(ds, rows)| (ds, rows.map(|r| r as u32))))?;
         stage(model, table, batch)?;
         model.load()?;
         model.predict(&mut logits)?;
         out.extend(logits.iter().map(|z| sigmoid(*z)));
-        at = end;
     }
     Ok(())
 }
 
-/// Scores `rows` of `ds` over every rank (collective; see the module docs): rank 0 gets
-/// the scores in row order, the others `None`.
+/// Scores every row of `set` over every rank (collective; see the module docs): rank 0
+/// gets the scores in row order, the others `None`.
 #[allow(clippy::too_many_arguments)]
-pub fn gather_scores<D: Device>(topo: &Topology, coll: &mut dyn Collectives, model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, ds: &Dataset, rows: Range<usize>, batch_rows: usize) -> TrainResult<Option<Vec<f32>>> {
-    let mine = shard::rank_slice(rows, topo.rank, topo.size);
+pub fn gather_scores<D: Device>(topo: &Topology, coll: &mut dyn Collectives, model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, set: &EvalSet, batch_rows: usize) -> TrainResult<Option<Vec<f32>>> {
+    let mine = shard::rank_slice(0..set.len(), topo.rank, topo.size);
     let mut scores = Vec::with_capacity(mine.len());
-    score_rows(model, table, batch, ds, mine, batch_rows, &mut scores)?;
+    score_rows(model, table, batch, set, mine, batch_rows, &mut scores)?;
     Ok(coll.gatherv(&scores, 0)?.map(|(v, _)| v))
 }
 
@@ -176,7 +175,7 @@ impl PredictConfig {
         let rc = &topo.config;
         vec![
             ("--model", self.model.display().to_string()),
-            ("--data", self.data.iter().map(|p| format!("{} ({})", p.display(), crate::data::identity(p))).collect::<Vec<_>>().join(", ")),
+            ("--data", super::data::describe_inputs("--data", &self.data)),
             ("--batch", self.batch.to_string()),
             ("--test-fraction", self.test_fraction.to_string()),
             ("--device", self.device.to_string()),
@@ -214,11 +213,13 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
 }
 
 /// Opens `path` as training data is opened (a TSV through its cache, prepared once per
-/// host; a `.rrdata` cache as it is) on every rank; every rank learns whether all could.
+/// host on this rank's share of the cores; a `.rrdata` cache as it is) on every rank; every rank learns
+/// whether all could and that they agree on its rows.
 fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
-    let is_cache = path.extension().and_then(|e| e.to_str()) == Some(CACHE_EXT);
-    let ds = if is_cache { Dataset::open(path) } else { Dataset::from_tsv_cached(path, &cfg.data_dir.join("cache"), cfg.max_bad_lines) };
-    let ds = topo.agree(ds.map_err(|e| e.to_string()))?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = cfg.threads.unwrap_or((cores / topo.local_size).max(1)).max(1);
+    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(threads);
+    let ds = topo.agree(super::data::open_one(path, &cfg.data_dir.join("cache"), &opts).map_err(|e| e.to_string()))?;
     topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
     Ok(ds)
 }
@@ -253,17 +254,18 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let setup_seconds = started.elapsed().as_secs_f64();
     let scoring = Instant::now();
     let mut batch = Batch::default();
-    let (mut scores, mut labels) = (Vec::new(), Vec::new());
-    let mut files = Vec::with_capacity(cfg.data.len());
-    for path in &cfg.data {
-        let ds = open_data(topo, cfg, path)?;
+    let paths = topo.agree(inputs::resolve("--data", &cfg.data).map_err(|e| e.to_string()))?;
+    let mut set = EvalSet::new();
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let ds = open_data(topo, cfg, &path)?;
         let rows = if cfg.test_fraction > 0.0 { shard::split(ds.len(), cfg.test_fraction)?.1 } else { 0..ds.len() };
-        if let Some(s) = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &ds, rows.clone(), cfg.batch)? {
-            scores.extend(s);
-            labels.extend_from_slice(&ds.labels()[rows.clone()]);
-        }
-        files.push(ScoredFile { path: path.clone(), rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
+        files.push(ScoredFile { path, rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
+        set.push(Arc::new(ds), rows)?;
     }
+    // One set over every file, as train's evaluation scores its --eval-data files.
+    let scores = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &set, cfg.batch)?.unwrap_or_default();
+    let labels = if topo.rank == 0 { set.labels() } else { Vec::new() };
     let score_seconds = scoring.elapsed().as_secs_f64();
     let rows: u64 = files.iter().map(|f| f.scored as u64).sum();
     let root = topo.rank == 0 && rows > 0;

@@ -15,7 +15,7 @@ use super::predict;
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
-use crate::data::shard;
+use crate::data::{shard, EvalSet};
 use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
@@ -129,9 +129,11 @@ pub struct Trainer<'a, D: Device> {
     embedding: EmbeddingStage,
     batch: Batch,
     position: Position,
-    steps_per_epoch: u64,
+    /// Global batches in an epoch, once every training file is open.
+    steps_per_epoch: Option<u64>,
+    /// Steps the run will have completed at its end (estimated while `steps_per_epoch`
+    /// is not known).
     total_steps: u64,
-    order: Option<(u64, Vec<u32>)>,
     unread: Option<Unread>,
     losses: Losses,
     progress: Progress,
@@ -196,19 +198,27 @@ fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, settings: &[(
     Ok(Resumed { position, params: std::mem::take(params), opt: opt.clone(), table: checkpoint::step_dir(dir, position.step).join(checkpoint::TABLE) })
 }
 
+/// Global batches of an epoch (once every training file is open) and the steps the run
+/// will have completed at its end (an estimate until then).
+fn totals(data: &TrainData, cfg: &TrainConfig) -> (Option<u64>, u64) {
+    let spe = data.steps_per_epoch(cfg.batch);
+    let per_epoch = spe.unwrap_or_else(|| shard::steps_per_epoch(data.estimated_rows(), cfg.batch) as u64);
+    (spe, cfg.epochs.saturating_mul(per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX)))
+}
+
 impl<'a, D: Device> Trainer<'a, D> {
     /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
     /// its gradients reduced by `engine`, the host table; from the checkpoint when
     /// `cfg.resume`.
     pub fn new(topo: &'a Topology, cfg: &'a TrainConfig, dev: D, engine: Engine) -> TrainResult<Trainer<'a, D>> {
         cfg.validate()?;
-        let data = data::open(topo, cfg)?;
+        let mut data = data::open(topo, cfg)?;
         let layout = InputLayout { fields: NUM_SPARSE, dim: cfg.dim, ndense: NUM_DENSE };
         let shape = MlpShape { input: layout.width(), hidden: cfg.hidden.clone() };
         let mut params = shape.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
-        let resume_settings = cfg.resume_settings(&crate::data::identity(&data.source), data.ds.len());
+        let resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
         if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
@@ -236,8 +246,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
         };
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
-        let steps_per_epoch = shard::steps_per_epoch(data.train.len(), cfg.batch) as u64;
-        let total_steps = (cfg.epochs * steps_per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX));
+        data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
+        let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, eval_auc: None };
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
         let metrics = match (&cfg.metrics_out, topo.rank) {
@@ -273,7 +283,6 @@ impl<'a, D: Device> Trainer<'a, D> {
             position,
             steps_per_epoch,
             total_steps,
-            order: None,
             unread: None,
             losses: Losses { epoch: position.epoch, ..Losses::default() },
             progress,
@@ -325,10 +334,32 @@ impl<'a, D: Device> Trainer<'a, D> {
         predict::stage(&mut self.model, self.embedding.table(), &self.batch)
     }
 
+    /// Whether the run ends after `step` global steps: `--max-steps`, or the last epoch's
+    /// end (known once every training file is open; until then a batch is followed by
+    /// another).
+    fn is_last(&self, step: u64) -> bool {
+        self.cfg.max_steps.is_some_and(|m| step >= m) || (self.steps_per_epoch.is_some() && step >= self.total_steps)
+    }
+
+    /// Opens the training files that the next step's batch reaches, and one row further
+    /// (collective); updates the steps' totals.
+    fn reach(&mut self) -> TrainResult<()> {
+        let rows = (self.position.in_epoch as usize + 1).saturating_mul(self.cfg.batch).saturating_add(1);
+        if self.steps_per_epoch.is_none() {
+            self.data.reach(self.topo, rows, self.position.step)?;
+            (self.steps_per_epoch, self.total_steps) = totals(&self.data, self.cfg);
+        }
+        Ok(())
+    }
+
     /// Takes the next step; false (doing nothing) once the run has taken all its steps.
     pub fn step(&mut self) -> TrainResult<bool> {
         let (topo, cfg) = (self.topo, self.cfg);
-        if self.position.step >= self.total_steps {
+        if self.cfg.max_steps.is_some_and(|m| self.position.step >= m) {
+            return Ok(false);
+        }
+        self.reach()?;
+        if self.is_last(self.position.step) {
             return Ok(false);
         }
         let fires = || topo.config.fault_once.as_ref().is_none_or(|p| std::fs::OpenOptions::new().write(true).create_new(true).open(p).is_ok());
@@ -336,21 +367,17 @@ impl<'a, D: Device> Trainer<'a, D> {
             crate::eprint_line(&format!("ringrec: fault injection: rank {} exits at step {}", topo.rank, self.position.step));
             std::process::exit(3);
         }
-        if self.position.in_epoch >= self.steps_per_epoch {
+        if self.steps_per_epoch.is_some_and(|s| self.position.in_epoch >= s) {
             self.position.epoch += 1;
             self.position.in_epoch = 0;
         }
         let epoch = self.position.epoch;
-        if self.order.as_ref().map(|o| o.0) != Some(epoch) {
-            self.order = Some((epoch, shard::epoch_order(self.data.train.len(), epoch, cfg.shuffle.then_some(cfg.seed))?));
-        }
-        let order = &self.order.as_ref().ok_or_else(|| TrainError::Config("epoch order missing".into()))?.1;
-        let global = shard::global_batch_range(self.position.in_epoch as usize, cfg.batch, self.data.train.len());
+        let global = shard::global_batch_range(self.position.in_epoch as usize, cfg.batch, self.data.train_rows());
         let global_batch = global.len();
-        let first = self.data.train.start as u32;
 
         self.phases.enter("batch");
-        self.batch.load(&self.data.ds, order[shard::rank_slice(global, topo.rank, topo.size)].iter().map(|p| first + p))?;
+        let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
+        self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
         self.stage()?;
         self.model.load()?;
         if let Some(u) = self.unread.take() {
@@ -409,14 +436,14 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.unread = Some(Unread { global_batch, epoch, step: self.position.step });
         let mut saved = false;
         if let Some(dir) = &cfg.checkpoint_dir {
-            let last = self.position.step == self.total_steps;
+            let last = self.is_last(self.position.step);
             if (cfg.checkpoint_every > 0 && self.position.step % cfg.checkpoint_every == 0) || last {
                 // The last step's checkpoint is always written; a periodic one may be gated.
                 saved = self.save_checkpoint(dir, !last)?;
             }
         }
         let every = cfg.eval_every;
-        if every > 0 && (self.position.step % every == 0 || self.position.step == self.total_steps) {
+        if every > 0 && (self.position.step % every == 0 || self.is_last(self.position.step)) {
             self.report_interval()?;
         }
         // A SIGTERM/SIGINT on any rank stops every rank after the same step: they compare
@@ -498,7 +525,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             self.record(self.model.loss_sum()?, u)?;
         }
         let t = Instant::now();
-        let eval = if self.cfg.eval && !self.data.test.is_empty() { Some(self.evaluate()?) } else { None };
+        let eval = if self.cfg.eval && self.data.has_held_out() { Some(self.evaluate()?) } else { None };
         self.eval_seconds += t.elapsed().as_secs_f64();
         if let Some(e) = &eval {
             self.last_eval = Some((self.position.step, *e));
@@ -529,7 +556,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             "samples_per_sec_per_rank": rate / self.topo.size as f64,
             "eval_auc": eval.map(|e| e.auc),
             "eval_logloss": eval.map(|e| e.logloss),
-            "eval_rows": self.data.test.len(),
+            "eval_rows": self.data.held_out_rows(),
             "table_rows": self.embedding.table().table().live_rows(),
             "dense_bytes_reduced": steps * 4.0 * (self.model.mlp().num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
@@ -544,15 +571,17 @@ impl<'a, D: Device> Trainer<'a, D> {
         written.map_err(|e| TrainError::Config(format!("--metrics-out: cannot write it: {e}")))
     }
 
-    /// Scores the held-out rows (each rank a slice, in batches of `--batch`: the scoring
-    /// of `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
+    /// Scores the held-out rows (each rank a slice of the [`EvalSet`], in batches of
+    /// `--batch`; the `--eval-data` files are opened the first time: the scoring of
+    /// `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
     /// loss and AUC on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
-        let test = self.data.test.clone();
-        let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &self.data.ds, test.clone(), self.cfg.batch)?;
+        let set: EvalSet = self.data.held_out(self.topo)?.clone();
+        let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &set, self.cfg.batch)?;
+        set.release_pages();
         Ok(scores.map(|scores| {
-            let labels = &self.data.ds.labels()[test];
-            Evaluation { logloss: metrics::logloss(&scores, labels), auc: metrics::auc(&scores, labels) }
+            let labels = set.labels();
+            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
         }))
     }
 
@@ -579,7 +608,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let eval = match self.last_eval {
             // The last interval report evaluated this very model.
             Some((step, e)) if step == self.position.step => e,
-            _ if self.cfg.eval && !self.data.test.is_empty() => self.evaluate()?,
+            _ if self.cfg.eval && self.data.has_held_out() => self.evaluate()?,
             _ => None,
         };
         let mut peak = 0f64;
@@ -595,8 +624,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             device: self.model.device().describe(),
             sparse_exchange: self.cfg.sparse_exchange.name().to_string(),
             sparse_normalize: self.cfg.sparse_normalize.name().to_string(),
-            train_rows: self.data.train.len(),
-            test_rows: self.data.test.len(),
+            train_rows: self.data.train_rows(),
+            test_rows: self.data.held_out_rows(),
             steps: self.counters.steps,
             global_step: self.position.step,
             samples,

@@ -224,21 +224,21 @@ fn print_row(row: &StepRow) {
 /// Runs the benchmark; prints on rank 0.
 pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> {
     let mut cfg = TrainConfig::new(args.data_dir.clone().unwrap_or_else(crate::cli::train::default_data_dir));
-    (cfg.data, cfg.synth_rows, cfg.dim, cfg.table_capacity, cfg.test_fraction) = (args.data.clone(), args.synth_rows, args.dim, args.table_capacity, 0.0);
+    (cfg.data, cfg.synth_rows, cfg.dim, cfg.table_capacity, cfg.test_fraction) = (args.data.iter().cloned().collect(), args.synth_rows, args.dim, args.table_capacity, 0.0);
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let data = data::open(topo, &cfg)?;
+    let (ds, n) = data.first()?;
     let mut stage = EmbeddingStage::open(topo, &cfg, None)?;
     let (bandwidth, line_rate) = (memcpy_bandwidth(topo), random_line_rate(topo));
     let root = topo.rank == 0;
     if root && !args.json {
-        println!("# ringrec bench step: {} ranks on {} host(s), {} threads per rank, dim {}, {} rows of {}", topo.size, topo.num_hosts, threads, args.dim, data.train.len(), data.source.display());
+        println!("# ringrec bench step: {} ranks on {} host(s), {} threads per rank, dim {}, {} rows of {}", topo.size, topo.num_hosts, threads, args.dim, n, ds.path().display());
         println!("# host: memcpy {:.1} GB/s (read + write), random 64-byte reads {:.0} M/s (all local ranks at once); time = mean of the slowest rank over {} steps", bandwidth / 1e9, line_rate / 1e6, args.steps);
         println!("{:>8} {:>9} {:>12} | {:>7} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}", "batch", "step ms", "samples/s/h", "batch", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "uniq/rk", "uniq/host", "new/step", "B/smp", "lines/smp", "roofline/s", "of it");
     }
     let (mut batch, mut emb, mut inverse, mut dense, mut labels, mut grads) = (Batch::default(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut rows = Vec::new();
-    let n = data.train.len();
     for &b in &args.batch {
         let global = b * topo.size;
         let mut phases = std::collections::BTreeMap::<String, f64>::new();
@@ -253,7 +253,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
             let mine = shard::rank_slice(0..global, topo.rank, topo.size);
             topo.world.comm.barrier();
             let t0 = Instant::now();
-            batch.load(&data.ds, mine.map(|i| ((start + i) % n) as u32))?;
+            batch.load(ds, mine.map(|i| ((start + i) % n) as u32))?;
             let t1 = Instant::now();
             let u = batch.uniq.len();
             emb.resize(u * args.dim, 0.0);

@@ -1,0 +1,413 @@
+//! Converting a Criteo TSV into a cache file ([`prepare`]) on several threads, the file the
+//! same byte for byte whatever their number.
+//!
+//! The TSV is read twice, as a whole number of byte ranges, each by one thread:
+//!
+//! 1. **Count.** The file is cut into one range per thread; each counts its newlines and
+//!    takes its CRC-32, and the CRC-32s are combined in order. The line count sizes the
+//!    column sections (the file is allocated in full before anything is written).
+//! 2. **Parse.** The file is cut into chunks of [`PrepareOptions::chunk_bytes`] (2 MiB) at
+//!    line boundaries: chunk `c` holds the lines that start in bytes `[c S, (c + 1) S)`. The
+//!    threads take the chunks in order, each parsing one into columns in memory. A parsed
+//!    chunk is *committed* in file order — its first row becomes known, its malformed lines
+//!    join the report, `max_bad_lines` is checked, its CRC-32 joins the digest — and then
+//!    written at its rows' offsets by the thread that parsed it, while the others parse on.
+//!
+//! So the report is the one a sequential read ([`crate::data::CriteoReader`]) gives: the
+//! first malformed lines are the first in file order, the counts exact, and the limit
+//! stops at the very line that exceeds it (the chunk that crosses it is parsed again, up to
+//! that line). Memory: about two chunks per thread. Then the block sums of the sections
+//! are read back (in parallel), the header written and the file renamed into place.
+//!
+//! A source that changes while it is read (another line count, another CRC-32 in the two
+//! reads, another stat after them) is [`DataError::SourceChanged`].
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_BYTES, KEYS_BYTES, LABEL_BYTES};
+use super::criteo::{parse_text, BadLineReport, Columns};
+use super::error::{DataError, DataResult};
+use crate::fileio::{reserve, AtomicFile};
+use crate::hash::{crc32, Crc32, CHECKSUM_BLOCK};
+
+/// Default [`PrepareOptions::chunk_bytes`]: 2 MiB of TSV (about 8,000 Criteo lines), so a
+/// thread holds about 4 MiB (the text and its columns) and a file spreads evenly over the
+/// threads.
+pub const CHUNK_BYTES: u64 = 2 << 20;
+/// Bytes read at a time where a whole chunk is not needed (counting, finding line starts).
+const READ_BYTES: usize = 1 << 20;
+
+/// How [`prepare_with`] converts a file.
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    /// Malformed lines to skip (and count) before giving up; 0 accepts none.
+    pub max_bad_lines: u64,
+    /// Threads reading the TSV (at least 1).
+    pub threads: usize,
+    /// Bytes of TSV a thread parses at a time (the unit of work and of memory).
+    pub chunk_bytes: u64,
+    /// Set from another thread to stop the preparation ([`DataError::Cancelled`]).
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl PrepareOptions {
+    /// One thread per core, 2 MiB chunks, no cancellation.
+    pub fn new(max_bad_lines: u64) -> PrepareOptions {
+        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None }
+    }
+
+    /// The same with `threads` threads.
+    pub fn threads(self, threads: usize) -> PrepareOptions {
+        PrepareOptions { threads: threads.max(1), ..self }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// The cores of this machine (1 when unknown): the default of `--threads`.
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What [`prepare`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PrepareSummary {
+    /// The cache file.
+    pub path: PathBuf,
+    /// Rows written.
+    pub rows: u64,
+    /// Size of the cache file.
+    pub bytes: u64,
+    /// Size of the source TSV.
+    pub source_bytes: u64,
+    /// CRC-32 of the whole source TSV.
+    pub source_crc32: u32,
+    /// Threads that read it.
+    pub threads: usize,
+    /// Lines read, malformed lines by kind and the first of them.
+    pub report: BadLineReport,
+}
+
+/// Runs `work(t)` for `t` in `0..threads`, on this thread when there is one, returning the
+/// results in order.
+fn on_threads<T: Send>(threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if threads <= 1 {
+        return vec![work(0)];
+    }
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || work(t))).collect();
+        // A panic in a worker is a bug: pass it on.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
+/// Reads `buf.len()` bytes of `f` at `at`; a file shorter than that changed meanwhile.
+fn read_at(f: &File, path: &Path, buf: &mut [u8], at: u64) -> DataResult<()> {
+    f.read_exact_at(buf, at).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => DataError::SourceChanged { path: path.to_path_buf(), detail: format!("it became shorter than the {} bytes read", at + buf.len() as u64) },
+        _ => DataError::io(path, "read", e),
+    })
+}
+
+/// Newlines in `bytes`, counted in u8 lanes over runs of 255 bytes (which vectorises: a
+/// tenth of the time of a filter and count).
+fn count_newlines(bytes: &[u8]) -> u64 {
+    bytes.chunks(255).map(|c| c.iter().fold(0u8, |n, &b| n + u8::from(b == b'\n')) as u64).sum()
+}
+
+/// Lines of the file `path` of `len` bytes (newlines, plus one for a last line without a
+/// newline) and its CRC-32, read in `threads` ranges at once.
+pub fn count_lines(path: &Path, len: u64, threads: usize) -> DataResult<(u64, u32)> {
+    let f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+    let threads = threads.max(1);
+    let parts = on_threads(threads, |t| -> DataResult<(u64, Crc32)> {
+        let (start, end) = (len * t as u64 / threads as u64, len * (t as u64 + 1) / threads as u64);
+        let mut buf = vec![0u8; READ_BYTES.min((end - start) as usize)];
+        let (mut lines, mut digest, mut at) = (0u64, Crc32::new(), start);
+        while at < end {
+            let n = (end - at).min(buf.len() as u64) as usize;
+            read_at(&f, path, &mut buf[..n], at)?;
+            lines += count_newlines(&buf[..n]);
+            digest.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok((lines, digest))
+    });
+    let (mut lines, mut digest) = (0u64, Crc32::new());
+    for p in parts {
+        let (l, d) = p?;
+        lines += l;
+        digest.combine(&d);
+    }
+    if len > 0 {
+        let mut last = [0u8];
+        read_at(&f, path, &mut last, len - 1)?;
+        lines += u64::from(last[0] != b'\n');
+    }
+    Ok((lines, digest.finish()))
+}
+
+/// The first line start at or after byte `x` of a file of `len` bytes: `x` when a line
+/// starts there, else one past the next newline (`len` when there is none).
+fn line_start(f: &File, path: &Path, x: u64, len: u64) -> DataResult<u64> {
+    if x == 0 || x >= len {
+        return Ok(x.min(len));
+    }
+    // Lines are short: a few KiB at a time.
+    let mut buf = vec![0u8; 4 << 10];
+    let mut at = x - 1;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        read_at(f, path, &mut buf[..n], at)?;
+        if let Some(p) = super::criteo::find_byte(&buf[..n], b'\n') {
+            return Ok(at + p as u64 + 1);
+        }
+        at += n as u64;
+    }
+    Ok(len)
+}
+
+/// What the chunks committed so far add up to (see the module docs).
+struct Committed {
+    /// The next chunk to commit.
+    next: usize,
+    /// Rows written or being written.
+    rows: u64,
+    /// Lines, rows and malformed lines of the committed chunks.
+    report: BadLineReport,
+    /// CRC-32 of the committed chunks' bytes, in order.
+    digest: Crc32,
+    /// The first failure (in file order where it is a chunk's).
+    failed: Option<DataError>,
+}
+
+/// Converts the Criteo TSV `tsv` into the cache file `out` (written atomically, mode 0600)
+/// on one thread per core, skipping and counting malformed lines up to `max_bad_lines`
+/// (see [`crate::data::criteo`]). [`prepare_with`] chooses the threads.
+pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<PrepareSummary> {
+    prepare_with(tsv, out, &PrepareOptions::new(max_bad_lines))
+}
+
+/// Converts `tsv` into the cache file `out` as `opts` says (see the module docs).
+///
+/// The file is allocated in full before the columns are written, so a lack of space is an
+/// error naming the directory and the bytes needed and free, and leaves no temporary file.
+/// Memory use is about two chunks per thread, whatever the size of the file.
+pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<PrepareSummary> {
+    let threads = opts.threads.max(1);
+    let source = SourceStat::of(tsv)?;
+    let len = source.size;
+    let (capacity, source_crc32) = count_lines(tsv, len, threads)?;
+    let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
+    let layout0 = CacheLayout::compute(0, capacity).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
+
+    let tmp = AtomicFile::create(out, CACHE_MODE)?;
+    let file = tmp.file();
+    let werr = |e| DataError::io(tmp.path(), "write", e);
+    reserve(file, tmp.path(), layout0.file_len)?;
+    // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
+    file.set_len(layout0.file_len).map_err(werr)?;
+
+    let src = File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
+    let chunk = opts.chunk_bytes.max(1);
+    let chunks = len.div_ceil(chunk) as usize;
+    let claim = AtomicUsize::new(0);
+    let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
+    let turn = Condvar::new();
+    // Records a failure of chunk `c` once the chunks before it are committed (so the
+    // failure reported is the first in file order), or at once (`c = None`).
+    let fail = |c: Option<usize>, e: DataError| {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        while let (Some(c), None) = (c, &st.failed) {
+            if st.next == c {
+                break;
+            }
+            st = turn.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.failed.get_or_insert(e);
+        turn.notify_all();
+    };
+    on_threads(threads.min(chunks.max(1)), |_| {
+        let (mut text, mut cols) = (Vec::new(), Columns::default());
+        loop {
+            let c = claim.fetch_add(1, Ordering::Relaxed);
+            if c >= chunks || state.lock().map_or(true, |st| st.failed.is_some()) {
+                return;
+            }
+            if opts.cancelled() {
+                return fail(None, DataError::Cancelled { path: tsv.to_path_buf() });
+            }
+            // Parse chunk c.
+            let bounds = line_start(&src, tsv, c as u64 * chunk, len).and_then(|a| Ok((a, line_start(&src, tsv, (c as u64 + 1) * chunk, len)?)));
+            let (a, b) = match bounds {
+                Ok(r) => r,
+                Err(e) => return fail(Some(c), e),
+            };
+            text.resize((b - a) as usize, 0);
+            if let Err(e) = read_at(&src, tsv, &mut text, a) {
+                return fail(Some(c), e);
+            }
+            let mut report = BadLineReport::default();
+            cols.clear();
+            parse_text(&text, &mut cols, &mut report, u64::MAX);
+            let mut digest = Crc32::new();
+            digest.update(&text);
+            // Commit it in file order.
+            let at = {
+                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                while st.next != c && st.failed.is_none() {
+                    st = turn.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                if st.failed.is_some() {
+                    return;
+                }
+                let failure = if st.report.lines + report.lines > capacity {
+                    Some(changed(format!("it has more than the {capacity} lines counted a moment ago")))
+                } else if st.report.bad() + report.bad() > opts.max_bad_lines {
+                    // Parsed again up to the line that exceeds the limit.
+                    let mut upto = BadLineReport::default();
+                    let stop = parse_text(&text, &mut Columns::default(), &mut upto, opts.max_bad_lines - st.report.bad());
+                    let line = st.report.lines + stop.unwrap_or(upto.lines);
+                    st.report.append(&upto);
+                    Some(DataError::TooManyBadLines { path: tsv.to_path_buf(), count: st.report.bad(), limit: opts.max_bad_lines, at_line: line, first: st.report.first_lines() })
+                } else {
+                    None
+                };
+                if let Some(e) = failure {
+                    st.failed = Some(e);
+                    turn.notify_all();
+                    return;
+                }
+                let at = st.rows;
+                st.rows += cols.len() as u64;
+                st.report.append(&report);
+                st.digest.combine(&digest);
+                st.next += 1;
+                turn.notify_all();
+                at
+            };
+            let pieces: [(&[u8], u64); 3] = [
+                (bytemuck::cast_slice(&cols.labels), layout0.labels_offset + at * LABEL_BYTES),
+                (bytemuck::cast_slice(&cols.dense), layout0.dense_offset + at * DENSE_BYTES),
+                (bytemuck::cast_slice(&cols.keys), layout0.keys_offset + at * KEYS_BYTES),
+            ];
+            for (bytes, offset) in pieces {
+                if let Err(e) = file.write_all_at(bytes, offset) {
+                    return fail(None, werr(e));
+                }
+                write_back(file, offset, bytes.len() as u64);
+            }
+        }
+    });
+    let st = state.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = st.failed {
+        return Err(e);
+    }
+    let (rows, report) = (st.rows, st.report);
+    if rows == 0 && report.bad() > 0 {
+        return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
+    }
+    if report.lines != capacity {
+        return Err(changed(format!("{} lines parsed, {capacity} counted", report.lines)));
+    }
+    let parsed_crc32 = st.digest.finish();
+    if parsed_crc32 != source_crc32 {
+        return Err(changed(format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+    }
+    let now = SourceStat::of(tsv)?;
+    let prepared_ns = now_ns();
+    if now != source {
+        return Err(changed(format!("its stat was {source:?} before reading and is {now:?} after")));
+    }
+    let layout = CacheLayout::compute(rows, capacity).ok_or_else(|| changed("row count exceeds line count".into()))?;
+    let sums_crc32 = write_sums(&tmp, &layout, threads)?;
+    let header = CacheHeader {
+        rows,
+        row_capacity: capacity,
+        lines: report.lines,
+        bad_lines: report.bad(),
+        bad_counts: report.counts,
+        source,
+        source_crc32,
+        prepared_ns,
+        sums_crc32,
+        layout,
+    };
+    file.write_all_at(&header.encode(), 0).map_err(werr)?;
+    tmp.commit()?;
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report })
+}
+
+/// Starts writing bytes `offset..offset + len` of `file` back to its disk, without waiting
+/// (`sync_file_range`): the fsync at the end finds little left to write, and the disk
+/// works while the threads parse. Best effort (a filesystem that cannot leaves it all
+/// to the fsync).
+fn write_back(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (libc::off64_t::try_from(offset), libc::off64_t::try_from(len)) else { return };
+    // SAFETY: sync_file_range on a descriptor this process holds open, with a valid range;
+    // it touches no memory of the process.
+    unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
+/// Computes the block sums of the column sections of the temporary file `tmp` (columns
+/// written, length set), reading it back on `threads` threads, and writes them at
+/// `layout.sums_offset`; returns their CRC-32. Read with `pread`, not mapped: the pages
+/// stay in the page cache, out of this process's resident set.
+fn write_sums(tmp: &AtomicFile, layout: &CacheLayout, threads: usize) -> DataResult<u32> {
+    // The AtomicFile is open for writing only: read it back through a second descriptor.
+    let f = File::open(tmp.path()).map_err(|e| DataError::io(tmp.path(), "open", e))?;
+    let block = CHECKSUM_BLOCK as u64;
+    let blocks: Vec<(u64, usize)> = layout
+        .checksummed()
+        .iter()
+        .flat_map(|&(_, offset, extent)| (0..extent.div_ceil(block)).map(move |b| (offset + b * block, (extent - b * block).min(block) as usize)))
+        .collect();
+    let threads = threads.clamp(1, blocks.len().max(1));
+    let parts = on_threads(threads, |t| -> DataResult<Vec<u32>> {
+        let mut buf = vec![0u8; CHECKSUM_BLOCK];
+        let mut sums = Vec::new();
+        for &(at, n) in blocks.iter().skip(t).step_by(threads) {
+            f.read_exact_at(&mut buf[..n], at).map_err(|e| DataError::io(tmp.path(), "read back", e))?;
+            sums.push(crc32(&buf[..n]));
+        }
+        Ok(sums)
+    });
+    let parts = parts.into_iter().collect::<DataResult<Vec<_>>>()?;
+    // Block i was summed by thread i % threads, as its (i / threads)-th.
+    let sums: Vec<u32> = (0..blocks.len()).map(|i| parts[i % threads][i / threads]).collect();
+    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+    tmp.file().write_all_at(&bytes, layout.sums_offset).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    Ok(crc32(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_start_after_newlines() {
+        let dir = std::env::temp_dir().join(format!("ringrec-prepare-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("lines.txt");
+        std::fs::write(&p, b"ab\ncd\n\nef").unwrap();
+        let f = File::open(&p).unwrap();
+        let starts: Vec<u64> = (0..=10).map(|x| line_start(&f, &p, x, 9).unwrap()).collect();
+        assert_eq!(starts, [0, 3, 3, 3, 6, 6, 6, 7, 9, 9, 9]);
+        assert_eq!(count_lines(&p, 9, 3).unwrap(), (4, crc32(b"ab\ncd\n\nef")));
+        let text: Vec<u8> = (0..100_000u32).map(|i| if i % 7 == 0 || i % 255 == 0 { b'\n' } else { b'x' }).collect();
+        assert_eq!(count_newlines(&text), text.iter().filter(|&&b| b == b'\n').count() as u64);
+        std::fs::write(&p, b"ab\n").unwrap();
+        assert_eq!(count_lines(&p, 3, 2).unwrap().0, 1);
+        std::fs::write(&p, b"").unwrap();
+        assert_eq!(count_lines(&p, 0, 2).unwrap(), (0, 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -86,18 +86,24 @@
 //!
 //! The sparse-parameter file (import/export) is described in [`params`].
 
+pub mod admit;
 pub mod error;
+pub mod evict;
 pub mod format;
+pub mod grow;
 pub mod host;
 pub mod index;
 pub mod init;
+pub mod manage;
 pub mod params;
 pub mod table;
 pub mod update;
 
 pub use error::{TableError, TableResult};
-pub use format::{Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY};
+pub use evict::Evict;
+pub use format::{Extras, Header, Layout, OptimizerKind, RowCounts, StorageDtype, EMPTY_KEY};
 pub use host::{host_table_path, HostTable, SegmentGuard, TableSource};
+pub use manage::{apply_managed, Growth, Managed, TablePolicy};
 pub use params::{read_params_header, write_params, ParamsHeader};
 pub use table::{EmbeddingTable, TableConfig, TableInfo, VerifyReport};
 pub use update::UpdateStats;

@@ -512,6 +512,31 @@ impl<'a, D: Device> Trainer<'a, D> {
             nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
             phase_seconds: self.phases.totals(),
             losses: std::mem::take(&mut self.losses.all),
+            ..self.table_summary()
         })
+    }
+
+    /// The table's part of the summary: its shape at the end, and what happened to its
+    /// rows in this run.
+    fn table_summary(&self) -> TrainSummary {
+        let e = &self.embedding;
+        let h = e.table().table().header();
+        let c = e.counts();
+        let (growth_seconds, growth_max_seconds) = e.growth_seconds();
+        TrainSummary {
+            table_dtype: h.dtype.to_string(),
+            table_capacity: h.capacity,
+            table_bytes: h.layout.file_len,
+            table_max_bytes: e.max_bytes(),
+            table_growths: c.growths,
+            table_growth_seconds: growth_seconds,
+            table_growth_max_seconds: growth_max_seconds,
+            table_inserted: c.inserted,
+            table_evictions: c.evicted,
+            table_expirations: c.expired,
+            table_refused: c.refused,
+            admission_sketch_bytes: h.layout.sketch_len,
+            ..TrainSummary::default()
+        }
     }
 }

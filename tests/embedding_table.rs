@@ -798,3 +798,40 @@ fn lru_and_lfu_evict_the_right_rows_at_the_largest_size() {
     assert!(files[0] == files[1], "the same updates give byte-identical files (LRU)");
     assert!(files[2] == files[3], "the same updates give byte-identical files (LFU)");
 }
+
+#[test]
+fn eviction_of_a_large_table_takes_exactly_the_policys_first_rows() {
+    // 150,000 rows (more than one ranking pass holds, so the histogram passes narrow the
+    // threshold down): every row in update 1, then row i again in update g when g divides
+    // i. Eviction must take exactly the rows a full sort by the policy's order takes.
+    let dir = TempDir::new("emb");
+    let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(1, 1 << 18, OptimizerKind::Sgd, 1)).unwrap();
+    let keys: Vec<u64> = (0..150_000u64).map(|i| i * 7919 + 1).collect();
+    t.apply_updates(&keys, &vec![0.0; keys.len()], 0.1).unwrap();
+    for g in 2..=24u64 {
+        let some: Vec<u64> = keys.iter().enumerate().filter(|(i, _)| *i as u64 % g == 0).map(|(_, k)| *k).collect();
+        t.apply_updates(&some, &vec![0.0; some.len()], 0.1).unwrap();
+    }
+    t.save(&dir.path("saved")).unwrap();
+    let now = t.generation() as u32;
+    for (name, evict) in [("lru", Evict::Lru), ("lfu", Evict::Lfu)] {
+        let mut u = EmbeddingTable::load(&dir.path("saved"), &dir.path(name)).unwrap();
+        // Fewest updates first (LFU only), then the longest since the last update, then
+        // the smaller key.
+        let mut ranked: Vec<(u32, std::cmp::Reverse<u32>, u64)> = keys
+            .iter()
+            .map(|k| {
+                let (last, n) = u.usage(*k).unwrap();
+                (if evict == Evict::Lfu { n } else { 0 }, std::cmp::Reverse(now.wrapping_sub(last)), *k)
+            })
+            .collect();
+        ranked.sort_unstable();
+        let n = 70_001;
+        assert_eq!(u.evict(n, evict).unwrap(), n);
+        let mut want: Vec<u64> = ranked[n as usize..].iter().map(|r| r.2).collect();
+        want.sort_unstable();
+        assert_eq!(keys_of(&u), want, "{name}");
+        drop(u);
+        EmbeddingTable::verify(&dir.path(name)).unwrap();
+    }
+}

@@ -113,12 +113,13 @@ impl EmbeddingTable {
         // buckets, until the rows in it are few (or all tie); then those are ranked by
         // (score, key).
         let (mut lo, mut hi, mut need) = (0u64, top, n);
-        loop {
+        while self.header.live_rows > TIED_ROWS {
             let span = hi - lo;
             let shift = (64 - span.leading_zeros()).saturating_sub(BUCKETS.trailing_zeros());
             let in_range = |s: usize| candidate(s) && (lo..=hi).contains(&score(s));
             let hist = (0..index.len())
                 .into_par_iter()
+                .with_min_len(1 << 16)
                 .fold(|| vec![0u64; BUCKETS], |mut h, s| {
                     if in_range(s) {
                         h[((score(s) - lo) >> shift) as usize] += 1;

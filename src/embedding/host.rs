@@ -338,7 +338,9 @@ impl HostTable {
     /// updated rows, and non-leaders refresh their view of the header. When the leader's
     /// update grew the table, the host then remaps it (collective over the host; see the
     /// module docs). A dead or stuck local rank is an error after the comm timeout, not a
-    /// hang.
+    /// hang. The leader's next update must wait until every local rank has returned from
+    /// this call (they read the header after the barrier); in training the next step's
+    /// sparse exchange, which needs every rank, orders them.
     pub fn sync(&mut self) -> TableResult<()> {
         self.barrier.wait()?;
         let grown = if self.leader {

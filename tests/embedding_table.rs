@@ -613,10 +613,10 @@ fn policy(max_capacity: u64, evict: Evict, expire_after: Option<u64>) -> TablePo
 }
 
 /// Applies `keys` (one gradient row each, salted by the batch number) under `p`, growing
-/// into numbered files in `dir`.
-fn managed_step(dir: &TempDir, t: &mut EmbeddingTable, keys: &[u64], batch: u64, p: &TablePolicy) -> Managed {
-    let name = format!("grown-{}-{batch}", t.capacity());
-    apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, || dir.path(&name)).unwrap()
+/// into a file of `dir` named by the table's growths.
+fn managed_step(dir: &TempDir, t: &mut EmbeddingTable, keys: &[u64], batch: u64, p: &TablePolicy, ahead: &mut Ahead) -> Managed {
+    let next = dir.path(&format!("grown-{}", t.counts().growths + 1));
+    apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, &next, ahead).unwrap()
 }
 
 /// Every key's row and accumulator, by key.
@@ -660,13 +660,14 @@ fn a_managed_table_grows_instead_of_failing_and_ends_as_a_big_one() {
     let mut t = EmbeddingTable::create(&dir.path("small"), &c).unwrap();
     let mut big = EmbeddingTable::create(&dir.path("big"), &managed_cfg(4, 4096, OptimizerKind::Adagrad, 1)).unwrap();
     let p = policy(1 << 20, Evict::Lru, None);
+    let mut ahead = Ahead::default();
     let mut grown = Vec::new();
     for b in 0..60u64 {
         // 20 new keys and 10 seen before, in increasing order (as the exchange gives them).
         let mut keys: Vec<u64> = (0..20).map(|i| (b * 20 + i) * 7919 + 1).chain((0..10).map(|i| (b * 7 + i * 3) % (b * 20 + 1) * 7919 + 1)).collect();
         keys.sort_unstable();
         keys.dedup();
-        let m = managed_step(&dir, &mut t, &keys, b, &p);
+        let m = managed_step(&dir, &mut t, &keys, b, &p, &mut ahead);
         if let Some((g, old)) = m.growth {
             assert!(old.header().replaced, "the replaced table is marked for its readers");
             assert_eq!((g.to, t.capacity()), (g.from * 2, g.from * 2));
@@ -726,13 +727,14 @@ fn expiry_removes_rows_not_updated_for_s_updates() {
     let dir = TempDir::new("emb");
     let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(2, 64, OptimizerKind::Adagrad, 1)).unwrap();
     let p = policy(64, Evict::Lru, Some(2));
+    let mut ahead = Ahead::default();
     // Update 1: keys 1..=5; update 2: key 1; update 3: keys 1, 2.
-    let m = managed_step(&dir, &mut t, &[1, 2, 3, 4, 5], 1, &p);
+    let m = managed_step(&dir, &mut t, &[1, 2, 3, 4, 5], 1, &p, &mut ahead);
     assert_eq!(m.expired, 0);
-    let m = managed_step(&dir, &mut t, &[1], 2, &p);
+    let m = managed_step(&dir, &mut t, &[1], 2, &p, &mut ahead);
     assert_eq!(m.expired, 0, "keys 2..=5 are 1 update old");
     // After update 3, keys 3, 4, 5 were last updated 2 updates ago: expired.
-    let m = managed_step(&dir, &mut t, &[1, 2], 3, &p);
+    let m = managed_step(&dir, &mut t, &[1, 2], 3, &p, &mut ahead);
     assert_eq!(m.expired, 3);
     assert_eq!(t.live_keys().iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!((t.usage(1), t.usage(2)), (Some((3, 3)), Some((3, 2))));
@@ -742,10 +744,10 @@ fn expiry_removes_rows_not_updated_for_s_updates() {
     assert_eq!(t.counts().expired, 3);
     // Update 4: key 9; update 5: key 2, after which key 1 is 2 updates old (key 9: 1);
     // update 6: key 2 again, and key 9 goes.
-    managed_step(&dir, &mut t, &[9], 4, &p);
-    let m = managed_step(&dir, &mut t, &[2], 5, &p);
+    managed_step(&dir, &mut t, &[9], 4, &p, &mut ahead);
+    let m = managed_step(&dir, &mut t, &[2], 5, &p, &mut ahead);
     assert_eq!((m.expired, keys_of(&t)), (1, vec![2, 9]));
-    let m = managed_step(&dir, &mut t, &[2], 6, &p);
+    let m = managed_step(&dir, &mut t, &[2], 6, &p, &mut ahead);
     assert_eq!((m.expired, keys_of(&t)), (1, vec![2]));
     assert_eq!(t.counts().expired, 5);
     drop(t);
@@ -771,11 +773,12 @@ fn lru_and_lfu_evict_the_right_rows_at_the_largest_size() {
             let path = dir.path(&format!("{name}{copy}"));
             let mut t = EmbeddingTable::create(&path, &managed_cfg(2, 16, OptimizerKind::Adagrad, 1)).unwrap();
             let p = policy(16, evict, None);
+            let mut ahead = Ahead::default();
             for (b, keys) in [(1u64..=11).collect::<Vec<_>>(), vec![9, 10, 11], vec![9, 10, 11], (1..=8).collect()].iter().enumerate() {
-                let m = managed_step(&dir, &mut t, keys, b as u64, &p);
+                let m = managed_step(&dir, &mut t, keys, b as u64, &p, &mut ahead);
                 assert_eq!(m.evicted, 0);
             }
-            let m = managed_step(&dir, &mut t, &[12], 5, &p);
+            let m = managed_step(&dir, &mut t, &[12], 5, &p, &mut ahead);
             assert!(m.growth.is_none());
             assert_eq!((m.evicted, m.stats.inserted), (3, 1));
             let want: Vec<u64> = (1..=12).filter(|k| !gone.contains(k)).collect();
@@ -787,7 +790,7 @@ fn lru_and_lfu_evict_the_right_rows_at_the_largest_size() {
             // A batch with more new keys than the table holds: what fits gets rows (after
             // evicting every row it does not touch), the rest is refused — never an error.
             let many: Vec<u64> = (100..120).collect();
-            let m = managed_step(&dir, &mut t, &many, 6, &p);
+            let m = managed_step(&dir, &mut t, &many, 6, &p, &mut ahead);
             assert_eq!((m.evicted, m.stats.inserted, m.stats.refused), (9, 11, 9), "{name}");
             assert_eq!(keys_of(&t), (100..111).collect::<Vec<_>>());
             drop(t);

@@ -155,7 +155,8 @@ pub struct TrainArgs {
     pub evict: Evict,
 }
 
-fn bytes(s: &str) -> Result<u64, String> {
+/// Parses a size flag: bytes, or a number with K, M or G.
+pub fn bytes(s: &str) -> Result<u64, String> {
     ringrec::config::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
 }
 

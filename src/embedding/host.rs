@@ -106,6 +106,8 @@ pub struct HostTable {
     retired: Option<(EmbeddingTable, SegmentGuard)>,
     /// Leader: growths not yet taken by [`HostTable::take_growths`].
     growths: Vec<Growth>,
+    /// Leader: the next growth's file, made ahead.
+    ahead: manage::Ahead,
 }
 
 impl std::fmt::Debug for HostTable {
@@ -240,7 +242,7 @@ impl HostTable {
         let threads = rayon::current_num_threads() * topo.local_size;
         let pool = (leader && topo.local_size > 1).then(|| rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ringrec-apply-{i}")).build().ok()).flatten();
         let local = topo.local.duplicate();
-        Ok(HostTable { table, path, leader, barrier, pool, _guard: guard, policy: None, local, remaps: 0, retired: None, growths: Vec::new() })
+        Ok(HostTable { table, path, leader, barrier, pool, _guard: guard, policy: None, local, remaps: 0, retired: None, growths: Vec::new(), ahead: manage::Ahead::default() })
     }
 
     /// Manages the table from now on under `policy` (growth, eviction, expiry: see
@@ -307,10 +309,10 @@ impl HostTable {
             return Err(TableError::Config("the host table grew and the host has not remapped it yet: run HostTable::sync between update batches".into()));
         }
         let grown = self.grown_path(self.remaps + 1);
-        let (table, policy) = (&mut self.table, self.policy);
+        let (table, policy, ahead) = (&mut self.table, self.policy, &mut self.ahead);
         let mut apply = || match policy {
             None => table.apply_updates(keys, grads, lr).map(|stats| manage::Managed { stats, ..Default::default() }),
-            Some(policy) => manage::apply_managed(table, keys, grads, lr, &policy, || grown.clone()),
+            Some(policy) => manage::apply_managed(table, keys, grads, lr, &policy, &grown, ahead),
         };
         let r = match &self.pool {
             Some(p) if keys.len() >= POOL_MIN_UPDATES => p.install(apply),

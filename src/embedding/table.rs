@@ -320,6 +320,13 @@ impl EmbeddingTable {
     /// A new file at `path` of `header`'s length, written by `fill`, as a read-write table;
     /// on any error the file is removed.
     pub(super) fn make(path: &Path, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+        let (file, map) = Self::new_file(path, header.layout.file_len)?;
+        Self::fill_new(path, file, map, header, fill)
+    }
+
+    /// Creates `path` exclusively (mode 0600, holding the liveness lock), reserves `len`
+    /// bytes and maps them read-write; on any error the file is removed.
+    pub(super) fn new_file(path: &Path, len: u64) -> TableResult<(File, MmapMut)> {
         let file = fileio::create_locked(path, 0o600).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 TableError::Exists { path: path.to_path_buf() }
@@ -327,10 +334,24 @@ impl EmbeddingTable {
                 TableError::io(path, "create", e)
             }
         })?;
-        let made = Self::map_new(path, &file, header.layout.file_len).and_then(|mut map| fill(&mut map).map(|_| map));
-        match made {
-            Ok(map) => Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), _file: file }),
+        match Self::map_new(path, &file, len) {
+            Ok(map) => Ok((file, map)),
             Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        }
+    }
+
+    /// The table `header` describes in the new file `path` ([`EmbeddingTable::new_file`]),
+    /// written by `fill`; on any error the file is removed.
+    pub(super) fn fill_new(path: &Path, file: File, mut map: MmapMut, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+        let made = if map.len() as u64 == header.layout.file_len { fill(&mut map) } else { Err(FORMAT.truncated(path, map.len() as u64, header.layout.file_len).into()) };
+        match made {
+            Ok(()) => Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), _file: file }),
+            Err(e) => {
+                drop(map);
                 drop(file);
                 let _ = std::fs::remove_file(path);
                 Err(e)

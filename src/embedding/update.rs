@@ -54,12 +54,19 @@ pub struct UpdateStats {
 pub(super) struct UpdatePlan {
     /// Per key: its slot, or [`ABSENT`] | where its probe ended.
     slots: Vec<usize>,
-    /// Slots of the keys present in the table (the rows this batch touches).
-    pub(super) present: Vec<usize>,
-    /// Distinct absent keys that the batch would insert (admitted ones).
-    pub(super) inserts: u64,
+    /// Distinct absent keys: the most rows the batch can insert.
+    pub(super) absent: u64,
+    /// Whether the batch is an optimizer step (which admits keys) or an assignment.
+    step: bool,
     /// What the table looked like: a plan is refused on a table that changed since.
     stamp: (u64, u64, u64, u64),
+}
+
+impl UpdatePlan {
+    /// Slots of the keys present in the table (the rows this batch touches).
+    pub(super) fn present(&self) -> Vec<usize> {
+        self.slots.iter().filter(|s| **s & ABSENT == 0).copied().collect()
+    }
 }
 
 /// `b.split_at_mut(n)` without the panic.
@@ -187,28 +194,31 @@ impl EmbeddingTable {
     }
 
     /// Plans an update batch of `keys` (`step`: an optimizer step, which admits keys;
-    /// else an assignment, which inserts every key): where each key is, and how many rows
-    /// it would insert — the absent keys that are admitted: with `admit_after` K > 1, those
-    /// whose sketch estimate reaches K with this batch. Reads only.
+    /// else an assignment, which inserts every key): where each key is, and how many keys
+    /// are absent. Reads only.
     pub(super) fn plan_updates(&self, keys: &[u64], step: bool) -> TableResult<UpdatePlan> {
         Self::check_keys(keys)?;
         let (slots, absent) = self.resolve_slots(keys)?;
+        Ok(UpdatePlan { slots, absent, step, stamp: self.stamp() })
+    }
+
+    /// How many rows the planned batch inserts: its distinct absent keys that are admitted
+    /// — with `admit_after` K > 1, those whose sketch estimate reaches K with this batch
+    /// (a sketch read per absent key, so only asked when the bound `plan.absent` matters).
+    pub(super) fn planned_inserts(&self, keys: &[u64], plan: &UpdatePlan) -> TableResult<u64> {
         let h = &self.header;
-        let present = slots.iter().filter(|s| **s & ABSENT == 0).copied().collect();
-        let inserts = if absent == 0 || !step || h.admit_after <= 1 {
-            absent
+        if plan.absent == 0 || !plan.step || h.admit_after <= 1 {
+            return Ok(plan.absent);
+        }
+        let sketch = self.section(h.layout.sketch_offset, h.layout.sketch_len)?;
+        let (d, w, k) = (h.extras.sketch_depth, h.extras.sketch_width, h.admit_after);
+        let admitted = |key: &u64| admit::estimate(sketch, d, w, *key).saturating_add(1) as u32 >= k;
+        let absent_keys = keys.iter().zip(&plan.slots).filter(|(_, s)| **s & ABSENT != 0).map(|(k, _)| k);
+        Ok(if keys.windows(2).all(|w| w[0] < w[1]) {
+            absent_keys.filter(|k| admitted(k)).count() as u64
         } else {
-            let sketch = self.section(h.layout.sketch_offset, h.layout.sketch_len)?;
-            let (d, w, k) = (h.extras.sketch_depth, h.extras.sketch_width, h.admit_after);
-            let admitted = |key: &u64| admit::estimate(sketch, d, w, *key).saturating_add(1) as u32 >= k;
-            let absent_keys = keys.iter().zip(&slots).filter(|(_, s)| **s & ABSENT != 0).map(|(k, _)| k);
-            if keys.windows(2).all(|w| w[0] < w[1]) {
-                absent_keys.filter(|k| admitted(k)).count() as u64
-            } else {
-                absent_keys.collect::<HashSet<_>>().into_iter().filter(|k| admitted(k)).count() as u64
-            }
-        };
-        Ok(UpdatePlan { slots, present, inserts, stamp: self.stamp() })
+            absent_keys.collect::<HashSet<_>>().into_iter().filter(|k| admitted(k)).count() as u64
+        })
     }
 
     /// Applies one optimizer step per `(key, gradient row)` in the given order (a key given
@@ -265,7 +275,7 @@ impl EmbeddingTable {
         }
         let h = self.header;
         let max_rows = h.max_rows();
-        let new = plan.inserts;
+        let new = if h.live_rows + plan.absent > max_rows { self.planned_inserts(keys, &plan)? } else { plan.absent };
         if room.is_none() && h.live_rows + new > max_rows {
             return Err(TableError::Full {
                 capacity: h.capacity,

@@ -35,7 +35,7 @@ pub fn shape(admit_after: u32, bytes: u64) -> TableResult<(u32, u64)> {
     }
     let per_row = (bytes / DEPTH as u64).min(MAX_SKETCH_WIDTH);
     if per_row < MIN_SKETCH_WIDTH {
-        return Err(TableError::Config(format!("an admission sketch of {bytes} bytes is too small: it needs at least {} bytes ({DEPTH} rows of {MIN_SKETCH_WIDTH} counters)", DEPTH as u64 * MIN_SKETCH_WIDTH)));
+        return Err(TableError::Config(format!("an admission sketch of {bytes} bytes (--admit-sketch-mib) is too small: it needs at least {} bytes ({DEPTH} rows of {MIN_SKETCH_WIDTH} counters)", DEPTH as u64 * MIN_SKETCH_WIDTH)));
     }
     let width = 1u64 << (63 - per_row.leading_zeros());
     check_sketch(DEPTH, width, admit_after).map_err(TableError::Config)?;

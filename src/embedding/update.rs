@@ -378,8 +378,11 @@ impl EmbeddingTable {
         let now = h.generation.wrapping_add(1) as u32;
         let step = |w: &mut Vec<f32>, n: usize| {
             if let Some(ahead) = slots.get(n + PREFETCH_AHEAD).filter(|s| **s != SKIP) {
-                // The row PREFETCH_AHEAD keys ahead (random slots: latency-bound).
+                // The row (and usage) PREFETCH_AHEAD keys ahead (random slots: latency-bound).
                 prefetch(shared.0.wrapping_add(ahead * d));
+                if usage {
+                    prefetch(shared.2.wrapping_add(2 * ahead));
+                }
             }
             let slot = slots[n];
             if slot == SKIP {

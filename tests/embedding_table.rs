@@ -619,8 +619,11 @@ fn managed_step(dir: &TempDir, t: &mut EmbeddingTable, keys: &[u64], batch: u64,
     apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, &next, ahead).unwrap()
 }
 
-/// Every key's row and accumulator, by key.
-fn contents(t: &EmbeddingTable) -> Vec<(u64, Vec<u32>, Option<u32>, Option<(u32, u32)>)> {
+/// A key, the bits of its row, its accumulator's bits and its usage.
+type KeyRow = (u64, Vec<u32>, Option<u32>, Option<(u32, u32)>);
+
+/// Every key's row, accumulator and usage, by key.
+fn contents(t: &EmbeddingTable) -> Vec<KeyRow> {
     t.live_keys().iter().map(|(k, _)| (*k, row(t, *k).iter().map(|x| x.to_bits()).collect(), t.accumulator(*k).map(f32::to_bits), t.usage(*k))).collect()
 }
 

@@ -209,8 +209,11 @@ fn checkpoint_table(dir: &Path) -> PathBuf {
     ringrec::train::checkpoint::step_dir(dir, step).join("table.rrt")
 }
 
+/// The bits of a row, its accumulator's bits and its usage.
+type RowBits = (Vec<u32>, Option<u32>, Option<(u32, u32)>);
+
 /// Every row of a table file by key: its values, accumulator and usage (bits).
-fn rows_by_key(path: &Path) -> BTreeMap<u64, (Vec<u32>, Option<u32>, Option<(u32, u32)>)> {
+fn rows_by_key(path: &Path) -> BTreeMap<u64, RowBits> {
     let t = EmbeddingTable::open_readonly(path).expect("a table");
     let mut row = vec![0f32; t.dim()];
     t.live_keys()

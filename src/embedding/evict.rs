@@ -113,7 +113,8 @@ impl EmbeddingTable {
         // buckets, until the rows in it are few (or all tie); then those are ranked by
         // (score, key).
         let (mut lo, mut hi, mut need) = (0u64, top, n);
-        while self.header.live_rows > TIED_ROWS {
+        let mut narrow = self.header.live_rows > TIED_ROWS;
+        while narrow {
             let span = hi - lo;
             let shift = (64 - span.leading_zeros()).saturating_sub(BUCKETS.trailing_zeros());
             let in_range = |s: usize| candidate(s) && (lo..=hi).contains(&score(s));
@@ -143,9 +144,7 @@ impl EmbeddingTable {
             let b_hi = hi.min(b_lo.saturating_add((1u64 << shift) - 1));
             need -= above.min(need);
             (lo, hi) = (b_lo, b_hi);
-            if shift == 0 || hist[bucket] <= TIED_ROWS {
-                break;
-            }
+            narrow = shift > 0 && hist[bucket] > TIED_ROWS;
         }
         let mut victims: Vec<u64> = (0..index.len()).into_par_iter().filter(|s| candidate(*s) && score(*s) > hi).map(|s| index[s]).collect();
         let mut tied: Vec<(u64, u64)> = (0..index.len()).into_par_iter().filter(|s| candidate(*s) && (lo..=hi).contains(&score(*s))).map(|s| (score(s), index[s])).collect();

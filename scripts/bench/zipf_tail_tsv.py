@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 
-NUM_DENSE, NUM_SPARSE = 13, 26
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from synth_tsv import NUM_SPARSE, dense_columns, draw_labels, write_tsv  # noqa: E402
 
 
 def zipf_ranks(rng, v, n, s):
@@ -40,16 +41,7 @@ def main():
     n = a.rows
 
     logit = np.zeros(n)
-    dense_cols = []
-    for k in range(NUM_DENSE):
-        mu = 0.3 + (k * 0.77) % 3.5
-        x = np.floor(np.exp(mu + 1.2 * rng.standard_normal(n))).astype(np.int64) - 1
-        if k == 1:
-            x -= 2
-        missing = rng.random(n) < (0.2 if k % 4 == 0 else 0.02)
-        w = 0.3 * rng.standard_normal()
-        logit += np.where(missing, 0.0, w * np.log1p(np.maximum(x, 0)))
-        dense_cols.append(np.where(missing, "", x.astype(str)))
+    dense_cols = dense_columns(rng, n, logit)
 
     cat_cols = []
     once = 0
@@ -67,24 +59,8 @@ def main():
         hexes = np.array([f"{h:08x}" for h in names])
         cat_cols.append(np.where(missing, "", hexes[inv]))
 
-    lo, hi = -30.0, 30.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if np.mean(1 / (1 + np.exp(-(logit + mid)))) < 0.25:
-            lo = mid
-        else:
-            hi = mid
-    prob = 1 / (1 + np.exp(-(logit + 0.5 * (lo + hi))))
-    label = (rng.random(n) < prob).astype(np.int64)
-
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    tmp = a.out + ".tmp"
-    cols = [label.astype(str)] + dense_cols + cat_cols
-    with open(tmp, "w") as fh:
-        step = 50_000
-        for s in range(0, n, step):
-            fh.write("".join("\t".join(r) + "\n" for r in zip(*(c[s:s + step] for c in cols))))
-    os.replace(tmp, a.out)
+    label = draw_labels(rng, logit)
+    write_tsv(a.out, [label.astype(str)] + dense_cols + cat_cols)
     print(f"wrote {a.out}: {n} rows, ctr {label.mean():.4f}, {once} (field, value) pairs occur once", file=sys.stderr)
 
 

@@ -279,7 +279,20 @@ impl Layout {
         Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, usage_offset, usage_len, sketch_offset, sketch_len, sums_offset, sums_len, file_len })
     }
 
-    /// The bytes the block checksums cover: index, rows, state and their padding.
+    /// Every section in file order: (name, offset, length).
+    pub fn sections(&self) -> [(&'static str, u64, u64); 6] {
+        [
+            ("index", self.index_offset, self.index_len),
+            ("rows", self.rows_offset, self.rows_len),
+            ("state", self.state_offset, self.state_len),
+            ("usage", self.usage_offset, self.usage_len),
+            ("sketch", self.sketch_offset, self.sketch_len),
+            ("sums", self.sums_offset, self.sums_len),
+        ]
+    }
+
+    /// The bytes the block checksums cover: index, rows, state, usage, sketch and their
+    /// padding.
     pub fn body(&self) -> std::ops::Range<u64> {
         self.index_offset..self.sums_offset
     }
@@ -287,14 +300,9 @@ impl Layout {
     /// The sections that bytes `[start, end)` of the body belong to (each section with the
     /// padding after it), as in an error message: `"index"`, `"rows and state"`.
     pub fn sections_of(&self, start: u64, end: u64) -> String {
-        let named = [
-            ("index", self.index_offset, self.rows_offset),
-            ("rows", self.rows_offset, self.state_offset),
-            ("state", self.state_offset, self.usage_offset),
-            ("usage", self.usage_offset, self.sketch_offset),
-            ("sketch", self.sketch_offset, self.sums_offset),
-        ];
-        let hit: Vec<&str> = named.iter().filter(|(_, a, b)| start < *b && *a < end).map(|(n, _, _)| *n).collect();
+        let named = self.sections();
+        let body = named.windows(2).map(|w| (w[0].0, w[0].1, w[1].1));
+        let hit: Vec<&str> = body.filter(|(_, a, b)| start < *b && *a < end).map(|(n, _, _)| n).collect();
         match hit.as_slice() {
             [] => "body".into(),
             [one] => (*one).into(),
@@ -537,15 +545,7 @@ pub fn check_sketch(depth: u32, width: u64, admit_after: u32) -> Result<(), Stri
 #[allow(clippy::too_many_arguments)]
 fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, extras: Extras, file_len: u64) -> TableResult<Layout> {
     let bad = |detail: String| TableError::from(FORMAT.layout(path, detail));
-    let sections = [
-        ("index", s.index_offset, s.index_len),
-        ("rows", s.rows_offset, s.rows_len),
-        ("state", s.state_offset, s.state_len),
-        ("usage", s.usage_offset, s.usage_len),
-        ("sketch", s.sketch_offset, s.sketch_len),
-        ("sums", s.sums_offset, s.sums_len),
-    ];
-    for (name, off, len) in sections {
+    for (name, off, len) in s.sections() {
         match off.checked_add(len) {
             Some(end) if end <= s.file_len => {}
             _ => return Err(bad(format!("{name} section [{off}, +{len}) ends past the recorded file length {}", s.file_len))),

@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of `train`'s flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print every rank's topology and run an allreduce on each backend (the quick-start job).
@@ -62,6 +64,8 @@ enum BenchCommand {
     Embedding(cli::bench::embedding::EmbeddingBenchArgs),
     /// The MLP's SGEMMs: the gemm crate vs OpenBLAS, and the MLP vs plain SGEMM.
     Gemm(cli::bench::gemm::GemmBenchArgs),
+    /// Many distinct keys through a table that starts small: each growth's pause vs a step.
+    Growth(cli::bench::growth::GrowthBenchArgs),
     /// Hierarchical vs flat sparse gradient exchange (time and cross-host bytes).
     Sparse(cli::bench::sparse::SparseBenchArgs),
     /// The host-side work of a training step without the dense model (the GPU path's
@@ -123,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Checkpoint(args)) => cli::bench::checkpoint::run(&args),
         Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),
         Command::Bench(BenchCommand::Gemm(args)) => cli::bench::gemm::run(&args),
+        Command::Bench(BenchCommand::Growth(args)) => cli::bench::growth::run(args),
         Command::Bench(BenchCommand::Sparse(args)) => with_mpi(|topo| cli::bench::sparse::run(topo, &args).map(|_| ())),
         Command::Bench(BenchCommand::Step(args)) => with_mpi(|topo| cli::bench::step::run(topo, &args).map(|_| ())),
         Command::Bench(BenchCommand::Allreduce(args)) => with_mpi(|topo| cli::bench::allreduce::run(topo, &args).map(|_| ())),

@@ -321,7 +321,7 @@ fn every_corruption_kind_has_its_own_error() {
     let mut b = good.clone();
     b[8] = 7;
     let e = open_bytes(&dir, "version", &b).unwrap_err();
-    assert!(matches!(e, TableError::Format(FormatError::BadVersion { found: 7, supported: 2, .. })), "{e}");
+    assert!(matches!(e, TableError::Format(FormatError::BadVersion { found: 7, supported: 3, .. })), "{e}");
 
     let mut b = good.clone();
     b[48] ^= 1; // generation, checksum not fixed
@@ -595,4 +595,249 @@ fn save_on_a_one_thread_pool_finishes() {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("saved"), "{out:?}");
+}
+
+// ---- A table that never stops the job: growth, admission, expiry, eviction (issue 16) ----
+
+/// A table keeping usage (what expiry and eviction read), admitting after `admit`.
+fn managed_cfg(dim: u32, cap: u64, opt: OptimizerKind, admit: u32) -> TableConfig {
+    let mut c = cfg(dim, cap, StorageDtype::F32, opt);
+    c.track_usage = true;
+    c.admit_after = admit;
+    c.sketch_bytes = 4 * 4096;
+    c
+}
+
+fn policy(max_capacity: u64, evict: Evict, expire_after: Option<u64>) -> TablePolicy {
+    TablePolicy { max_capacity, evict, expire_after }
+}
+
+/// Applies `keys` (one gradient row each, salted by the batch number) under `p`, growing
+/// into a file of `dir` named by the table's growths.
+fn managed_step(dir: &TempDir, t: &mut EmbeddingTable, keys: &[u64], batch: u64, p: &TablePolicy, ahead: &mut Ahead) -> Managed {
+    let next = dir.path(&format!("grown-{}", t.counts().growths + 1));
+    apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, &next, ahead).unwrap()
+}
+
+/// A key, the bits of its row, its accumulator's bits and its usage.
+type KeyRow = (u64, Vec<u32>, Option<u32>, Option<(u32, u32)>);
+
+/// Every key's row, accumulator and usage, by key.
+fn contents(t: &EmbeddingTable) -> Vec<KeyRow> {
+    t.live_keys().iter().map(|(k, _)| (*k, row(t, *k).iter().map(|x| x.to_bits()).collect(), t.accumulator(*k).map(f32::to_bits), t.usage(*k))).collect()
+}
+
+#[test]
+fn growth_keeps_every_row_its_state_and_usage() {
+    let dir = TempDir::new("emb");
+    let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(4, 64, OptimizerKind::Adagrad, 1)).unwrap();
+    let keys: Vec<u64> = (0..44).map(|i| i * 1_000_003 + 7).collect();
+    t.apply_updates(&keys, &grads(&keys, 4, 1), 0.5).unwrap();
+    t.apply_updates(&keys[..10], &grads(&keys[..10], 4, 2), 0.5).unwrap();
+    let g = t.grow_into(&dir.path("g"), 256).unwrap();
+    assert_eq!((g.capacity(), g.live_rows(), g.generation()), (256, 44, 2));
+    assert_eq!(g.counts(), RowCounts { inserted: 44, growths: 1, ..RowCounts::default() });
+    assert_eq!(contents(&g), contents(&t), "rows, accumulators and usage move with their keys");
+    assert_eq!(g.usage(keys[0]), Some((2, 2)));
+    assert_eq!(g.usage(keys[20]), Some((1, 1)));
+    // Every key sits where a lookup finds it, and the same update gives the same rows.
+    drop(g);
+    EmbeddingTable::verify(&dir.path("g")).unwrap();
+    let mut g = EmbeddingTable::open_readwrite(&dir.path("g")).unwrap();
+    let more: Vec<u64> = (40..50).map(|i| i * 1_000_003 + 7).collect();
+    t.apply_updates(&more, &grads(&more, 4, 3), 0.5).unwrap();
+    g.apply_updates(&more, &grads(&more, 4, 3), 0.5).unwrap();
+    assert_eq!(contents(&g), contents(&t));
+    // A growth to a smaller or non-power-of-two capacity is refused.
+    assert!(matches!(t.grow_into(&dir.path("x"), 64), Err(TableError::Config(_))));
+    assert!(matches!(t.grow_into(&dir.path("x"), 300), Err(TableError::Config(_))));
+    assert!(!dir.path("x").exists());
+}
+
+#[test]
+fn a_managed_table_grows_instead_of_failing_and_ends_as_a_big_one() {
+    // 1200 distinct keys through a 16-slot table: it doubles at 70% load, up to 2048 slots.
+    // The rows (and accumulators) end the same as in a table big enough from the start.
+    let dir = TempDir::new("emb");
+    let c = managed_cfg(4, 16, OptimizerKind::Adagrad, 1);
+    let mut t = EmbeddingTable::create(&dir.path("small"), &c).unwrap();
+    let mut big = EmbeddingTable::create(&dir.path("big"), &managed_cfg(4, 4096, OptimizerKind::Adagrad, 1)).unwrap();
+    let p = policy(1 << 20, Evict::Lru, None);
+    let mut ahead = Ahead::default();
+    let mut grown = Vec::new();
+    for b in 0..60u64 {
+        // 20 new keys and 10 seen before, in increasing order (as the exchange gives them).
+        let mut keys: Vec<u64> = (0..20).map(|i| (b * 20 + i) * 7919 + 1).chain((0..10).map(|i| (b * 7 + i * 3) % (b * 20 + 1) * 7919 + 1)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let m = managed_step(&dir, &mut t, &keys, b, &p, &mut ahead);
+        if let Some((g, old)) = m.growth {
+            assert!(old.header().replaced, "the replaced table is marked for its readers");
+            assert_eq!((g.to, t.capacity()), (g.from * 2, g.from * 2));
+            grown.push(g.to);
+        }
+        assert!(t.live_rows() <= t.header().high_water(), "batch {b}: {} rows in {} slots", t.live_rows(), t.capacity());
+        big.apply_updates(&keys, &grads(&keys, 4, b), 0.5).unwrap();
+    }
+    assert_eq!(grown, vec![32, 64, 128, 256, 512, 1024, 2048]);
+    assert_eq!(t.counts().growths, 7);
+    assert_eq!((t.live_rows(), t.counts().inserted), (1200, 1200));
+    assert_eq!(contents(&t), contents(&big), "growth does not change a single row");
+}
+
+#[test]
+fn admit_after_two_a_key_seen_once_has_no_row_seen_twice_gets_one() {
+    let dir = TempDir::new("emb");
+    let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(2, 64, OptimizerKind::Sgd, 2)).unwrap();
+    assert_eq!(t.inspect().sketch_bytes, 4 * 4096);
+    let init = |k: u64| {
+        let mut r = vec![0f32; 2];
+        t.init_row(k, &mut r);
+        r
+    };
+    let (r1, r2, r3, r4) = (init(1), init(2), init(3), init(4));
+    // Batch 1: keys 1, 2, 3 seen once: no rows, their gradients dropped.
+    let s = t.apply_updates(&[1, 2, 3], &[1.0; 6], 0.5).unwrap();
+    assert_eq!((s.inserted, s.updated, s.refused), (0, 0, 3));
+    assert_eq!((t.live_rows(), t.generation()), (0, 1));
+    assert_eq!((row(&t, 1), row(&t, 2)), (r1.clone(), r2.clone()), "not admitted: the initial row");
+    // Batch 2: keys 2 and 3 seen twice get rows, stepped by this batch's gradient only;
+    // key 4 is new (dropped); a key given twice in one batch counts once.
+    let s = t.apply_updates(&[2, 3, 4, 4], &[1.0, -1.0, 2.0, 2.0, 9.0, 9.0, 9.0, 9.0], 0.5).unwrap();
+    assert_eq!((s.inserted, s.updated, s.refused), (2, 2, 2));
+    assert_eq!(row(&t, 2), vec![r2[0] - 0.5, r2[1] + 0.5]);
+    assert_eq!(row(&t, 3), vec![r3[0] - 1.0, r3[1] - 1.0]);
+    assert_eq!(row(&t, 4), r4, "key 4 seen in one batch only");
+    assert!(!t.contains(1) && !t.contains(4));
+    // Batch 3: key 4's second batch; key 1's second too.
+    let s = t.apply_updates(&[1, 4], &[0.0; 4], 0.5).unwrap();
+    assert_eq!((s.inserted, s.refused), (2, 0));
+    assert_eq!(t.counts(), RowCounts { inserted: 4, refused: 5, ..RowCounts::default() });
+    // The counts live in the file: a saved and loaded copy admits the same.
+    t.save(&dir.path("saved")).unwrap();
+    let mut l = EmbeddingTable::load(&dir.path("saved"), &dir.path("loaded")).unwrap();
+    for u in [&mut t, &mut l] {
+        let s = u.apply_updates(&[7, 8], &[0.0; 4], 0.5).unwrap();
+        assert_eq!(s.refused, 2);
+        let s = u.apply_updates(&[8], &[0.0; 2], 0.5).unwrap();
+        assert_eq!(s.inserted, 1);
+    }
+    assert_eq!(t.as_bytes(), l.as_bytes());
+}
+
+#[test]
+fn expiry_removes_rows_not_updated_for_s_updates() {
+    let dir = TempDir::new("emb");
+    let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(2, 64, OptimizerKind::Adagrad, 1)).unwrap();
+    let p = policy(64, Evict::Lru, Some(2));
+    let mut ahead = Ahead::default();
+    // Update 1: keys 1..=5; update 2: key 1; update 3: keys 1, 2.
+    let m = managed_step(&dir, &mut t, &[1, 2, 3, 4, 5], 1, &p, &mut ahead);
+    assert_eq!(m.expired, 0);
+    let m = managed_step(&dir, &mut t, &[1], 2, &p, &mut ahead);
+    assert_eq!(m.expired, 0, "keys 2..=5 are 1 update old");
+    // After update 3, keys 3, 4, 5 were last updated 2 updates ago: expired.
+    let m = managed_step(&dir, &mut t, &[1, 2], 3, &p, &mut ahead);
+    assert_eq!(m.expired, 3);
+    assert_eq!(t.live_keys().iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!((t.usage(1), t.usage(2)), (Some((3, 3)), Some((3, 2))));
+    let mut want = vec![0f32; 2];
+    t.init_row(4, &mut want);
+    assert_eq!(row(&t, 4), want, "an expired key reads its initial row again");
+    assert_eq!(t.counts().expired, 3);
+    // Update 4: key 9; update 5: key 2, after which key 1 is 2 updates old (key 9: 1);
+    // update 6: key 2 again, and key 9 goes.
+    managed_step(&dir, &mut t, &[9], 4, &p, &mut ahead);
+    let m = managed_step(&dir, &mut t, &[2], 5, &p, &mut ahead);
+    assert_eq!((m.expired, keys_of(&t)), (1, vec![2, 9]));
+    let m = managed_step(&dir, &mut t, &[2], 6, &p, &mut ahead);
+    assert_eq!((m.expired, keys_of(&t)), (1, vec![2]));
+    assert_eq!(t.counts().expired, 5);
+    drop(t);
+    EmbeddingTable::verify(&dir.path("t")).unwrap();
+}
+
+/// The keys of `t`, ascending.
+fn keys_of(t: &EmbeddingTable) -> Vec<u64> {
+    t.live_keys().iter().map(|(k, _)| *k).collect()
+}
+
+#[test]
+fn lru_and_lfu_evict_the_right_rows_at_the_largest_size() {
+    // 16 slots and no growth: 11 rows fit (0.7); an update that needs more evicts down to
+    // 9 (0.6) with its new keys. Keys 1..=11 in update 1; 9, 10, 11 again in updates 2 and
+    // 3; 1..=8 in update 4. Then key 12 needs room for 1: 3 rows go.
+    //   LRU: the longest since their last update: 9, 10, 11 (update 3).
+    //   LFU: the fewest updates (1..=8 have 2, 9..=11 have 3), ties by key: 1, 2, 3.
+    let dir = TempDir::new("emb");
+    let mut files = Vec::new();
+    for (name, evict, gone) in [("lru", Evict::Lru, [9u64, 10, 11]), ("lfu", Evict::Lfu, [1, 2, 3])] {
+        for copy in 0..2 {
+            let path = dir.path(&format!("{name}{copy}"));
+            let mut t = EmbeddingTable::create(&path, &managed_cfg(2, 16, OptimizerKind::Adagrad, 1)).unwrap();
+            let p = policy(16, evict, None);
+            let mut ahead = Ahead::default();
+            for (b, keys) in [(1u64..=11).collect::<Vec<_>>(), vec![9, 10, 11], vec![9, 10, 11], (1..=8).collect()].iter().enumerate() {
+                let m = managed_step(&dir, &mut t, keys, b as u64, &p, &mut ahead);
+                assert_eq!(m.evicted, 0);
+            }
+            let m = managed_step(&dir, &mut t, &[12], 5, &p, &mut ahead);
+            assert!(m.growth.is_none());
+            assert_eq!((m.evicted, m.stats.inserted), (3, 1));
+            let want: Vec<u64> = (1..=12).filter(|k| !gone.contains(k)).collect();
+            assert_eq!(keys_of(&t), want, "{name}");
+            assert_eq!((t.live_rows(), t.counts().evicted), (9, 3));
+            for k in gone {
+                assert_eq!(t.accumulator(k), None);
+            }
+            // A batch with more new keys than the table holds: what fits gets rows (after
+            // evicting every row it does not touch), the rest is refused — never an error.
+            let many: Vec<u64> = (100..120).collect();
+            let m = managed_step(&dir, &mut t, &many, 6, &p, &mut ahead);
+            assert_eq!((m.evicted, m.stats.inserted, m.stats.refused), (9, 11, 9), "{name}");
+            assert_eq!(keys_of(&t), (100..111).collect::<Vec<_>>());
+            drop(t);
+            EmbeddingTable::verify(&path).unwrap();
+            files.push(std::fs::read(&path).unwrap());
+        }
+    }
+    assert!(files[0] == files[1], "the same updates give byte-identical files (LRU)");
+    assert!(files[2] == files[3], "the same updates give byte-identical files (LFU)");
+}
+
+#[test]
+fn eviction_of_a_large_table_takes_exactly_the_policys_first_rows() {
+    // 150,000 rows (more than one ranking pass holds, so the histogram passes narrow the
+    // threshold down): every row in update 1, then row i again in update g when g divides
+    // i. Eviction must take exactly the rows a full sort by the policy's order takes.
+    let dir = TempDir::new("emb");
+    let mut t = EmbeddingTable::create(&dir.path("t"), &managed_cfg(1, 1 << 18, OptimizerKind::Sgd, 1)).unwrap();
+    let keys: Vec<u64> = (0..150_000u64).map(|i| i * 7919 + 1).collect();
+    t.apply_updates(&keys, &vec![0.0; keys.len()], 0.1).unwrap();
+    for g in 2..=24u64 {
+        let some: Vec<u64> = keys.iter().enumerate().filter(|(i, _)| *i as u64 % g == 0).map(|(_, k)| *k).collect();
+        t.apply_updates(&some, &vec![0.0; some.len()], 0.1).unwrap();
+    }
+    t.save(&dir.path("saved")).unwrap();
+    let now = t.generation() as u32;
+    for (name, evict) in [("lru", Evict::Lru), ("lfu", Evict::Lfu)] {
+        let mut u = EmbeddingTable::load(&dir.path("saved"), &dir.path(name)).unwrap();
+        // Fewest updates first (LFU only), then the longest since the last update, then
+        // the smaller key.
+        let mut ranked: Vec<(u32, std::cmp::Reverse<u32>, u64)> = keys
+            .iter()
+            .map(|k| {
+                let (last, n) = u.usage(*k).unwrap();
+                (if evict == Evict::Lfu { n } else { 0 }, std::cmp::Reverse(now.wrapping_sub(last)), *k)
+            })
+            .collect();
+        ranked.sort_unstable();
+        let n = 70_001;
+        assert_eq!(u.evict(n, evict).unwrap(), n);
+        let mut want: Vec<u64> = ranked[n as usize..].iter().map(|r| r.2).collect();
+        want.sort_unstable();
+        assert_eq!(keys_of(&u), want, "{name}");
+        drop(u);
+        EmbeddingTable::verify(&dir.path(name)).unwrap();
+    }
 }

@@ -205,7 +205,6 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
     refused(&["--hidden", "32", "--dim", "8"], &format!("--init-from {c}: its table has dim 16, this run has --dim 8"));
     refused(&["--hidden", "64"], "its dense model has widths [429, 32, 1] (hidden [32]), this run's has [429, 64, 1] (--dim 16, --hidden [64])");
     refused(&["--hidden", "32", "--sparse-optimizer", "adagrad"], "its table holds the state of --sparse-optimizer sgd, this run has --sparse-optimizer adagrad");
-    refused(&["--hidden", "32", "--table-capacity", "4096"], "its table has 2097152 slots, this run has --table-capacity 4096 (4096 slots)");
     refused(&["--hidden", "32", "--checkpoint-dir", c, "--resume"], "--init-from and --resume are exclusive");
     refused(&["--hidden", "32", "--checkpoint-dir", c], "--init-from and --checkpoint-dir are the same directory");
     // predict needs dense weights: a sparse-parameter file alone is refused.

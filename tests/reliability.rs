@@ -359,6 +359,12 @@ fn ranks_started_with_different_flags_stop_with_the_flag_named() {
         ("--checkpoint-min-change", ["0", "0.05"]),
         ("--nan-policy", ["stop", "skip-step"]),
         ("--eval-data", [short.to_str().unwrap(), long.to_str().unwrap()]),
+        ("--table-dtype", ["f32", "bf16"]),
+        ("--table-max-bytes", ["1G", "2G"]),
+        ("--admit-after", ["1", "2"]),
+        ("--admit-sketch-mib", ["16", "8"]),
+        ("--expire-after-steps", ["100", "200"]),
+        ("--evict", ["lru", "lfu"]),
     ];
     let mut report = Vec::new();
     for (flag, [a, b]) in &must_match {

@@ -309,12 +309,17 @@ fn a_table_of_another_shape_names_the_flag_and_both_values() {
     assert!(message(&|w| w.optimizer = OptimizerKind::Sgd).contains("--sparse-optimizer: the table holds adagrad state, this run uses sgd"));
     assert!(message(&|w| w.seed = 4).contains("--seed: the table's initial rows come from seed 3, this run uses seed 4"));
     assert!(message(&|w| w.capacity = 3000).contains("--table-capacity: the table has 1024 slots, this run asks for 4096"));
-    assert!(message(&|w| w.dtype = StorageDtype::Bf16).contains("--dtype: the table stores f32, this run uses bf16"));
+    assert!(message(&|w| w.dtype = StorageDtype::Bf16).contains("--table-dtype: the table stores f32, this run uses bf16"));
+    assert!(message(&|w| w.admit_after = 2).contains("--admit-after: the table has admission after 1, this run asks for admission after 2"));
+    assert!(message(&|w| w.track_usage = true).contains("the table keeps no usage"));
     assert!(message(&|w| w.adagrad_eps = 1e-6).contains("Adagrad epsilon: the table has 0.00000001, this run asks for 0.000001"));
     assert!(message(&|w| w.init_scale = Some(0.5)).contains("--init-scale"));
-    // Capacities that round to the same power of two match.
+    // Capacities that round to the same power of two match, and a table that grew past
+    // the run's capacity too.
     let mut w = c.clone();
     w.capacity = 1000;
+    t.check_matches(&w).unwrap();
+    w.capacity = 16;
     t.check_matches(&w).unwrap();
 }
 

@@ -427,6 +427,11 @@ fn eval_every_reports_intervals_without_changing_the_run() {
     assert_eq!(last["eval_logloss"], w["test_logloss"]);
     assert_eq!(last["samples"], w["samples"]);
     assert_eq!(last["table_rows"], w["table_rows"]);
+    for (metric, field) in [("table_admissions", "table_inserted"), ("table_evictions", "table_evictions"), ("table_growths", "table_growths"), ("table_capacity", "table_capacity")] {
+        assert_eq!(last[metric], w[field], "{metric}");
+    }
+    // A new table from the start: every live row was admitted in this run.
+    assert_eq!(last["table_admissions"], last["table_rows"]);
     // The interval losses average the summary's per-step losses of those steps.
     let losses: Vec<f64> = w["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
     let mean = |r: std::ops::Range<usize>| losses[r.clone()].iter().sum::<f64>() / r.len() as f64;

@@ -19,16 +19,8 @@ import numpy as np
 NUM_DENSE, NUM_SPARSE = 13, 26
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
-    a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
-    n = a.rows
-
-    logit = np.zeros(n)
+def dense_columns(rng, n, logit):
+    """The 13 integer columns (as strings, "" when missing); adds their planted terms to logit."""
     dense_cols = []
     for k in range(NUM_DENSE):
         mu = 0.3 + (k * 0.77) % 3.5
@@ -39,6 +31,45 @@ def main():
         w = 0.3 * rng.standard_normal()
         logit += np.where(missing, 0.0, w * np.log1p(np.maximum(x, 0)))
         dense_cols.append(np.where(missing, "", x.astype(str)))
+    return dense_cols
+
+
+def draw_labels(rng, logit):
+    """Labels of the planted model, its bias calibrated so the mean click probability is 25%."""
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if np.mean(1 / (1 + np.exp(-(logit + mid)))) < 0.25:
+            lo = mid
+        else:
+            hi = mid
+    prob = 1 / (1 + np.exp(-(logit + 0.5 * (lo + hi))))
+    return (rng.random(len(logit)) < prob).astype(np.int64)
+
+
+def write_tsv(out, cols):
+    """Writes the columns (label first) as a TSV, atomically (a temporary, then a rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    n = len(cols[0])
+    with open(tmp, "w") as fh:
+        step = 50_000
+        for s in range(0, n, step):
+            fh.write("".join("\t".join(r) + "\n" for r in zip(*(c[s:s + step] for c in cols))))
+    os.replace(tmp, out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    n = a.rows
+
+    logit = np.zeros(n)
+    dense_cols = dense_columns(rng, n, logit)
 
     cat_cols = []
     for f in range(NUM_SPARSE):
@@ -55,25 +86,8 @@ def main():
         hexes = np.array([f"{h:08x}" for h in names])
         cat_cols.append(np.where(missing, "", hexes[j]))
 
-    # Bias so that the mean click probability is 25%.
-    lo, hi = -30.0, 30.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if np.mean(1 / (1 + np.exp(-(logit + mid)))) < 0.25:
-            lo = mid
-        else:
-            hi = mid
-    prob = 1 / (1 + np.exp(-(logit + 0.5 * (lo + hi))))
-    label = (rng.random(n) < prob).astype(np.int64)
-
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    tmp = a.out + ".tmp"
-    cols = [label.astype(str)] + dense_cols + cat_cols
-    with open(tmp, "w") as fh:
-        step = 50_000
-        for s in range(0, n, step):
-            fh.write("".join("\t".join(r) + "\n" for r in zip(*(c[s:s + step] for c in cols))))
-    os.replace(tmp, a.out)
+    label = draw_labels(rng, logit)
+    write_tsv(a.out, [label.astype(str)] + dense_cols + cat_cols)
     print(f"wrote {a.out}: {n} rows, ctr {label.mean():.4f}", file=sys.stderr)
 
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use ringrec::comm::Backend;
 use ringrec::device::Placement;
-use ringrec::embedding::OptimizerKind;
+use ringrec::embedding::{Evict, OptimizerKind, StorageDtype};
 use ringrec::model::DenseOptimizer;
 use ringrec::sparse::{SparseExchange, SparseNormalize};
 use ringrec::topology::Topology;
@@ -160,6 +160,33 @@ pub struct TrainArgs {
     /// training data is then not split.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub eval_data: Vec<PathBuf>,
+    /// Storage of the table's rows: f32, f16 or bf16 (arithmetic is f32 either way).
+    #[arg(long, default_value = "f32")]
+    pub table_dtype: StorageDtype,
+    /// Largest size of the host table file (e.g. 8G): the table doubles when it passes 70%
+    /// load up to this size, then evicts (--evict). Default: half of what the
+    /// shared-memory directory has free at the start (shared among a machine's hosts).
+    #[arg(long, value_parser = bytes)]
+    pub table_max_bytes: Option<u64>,
+    /// A key gets its own row in the K-th step that holds it; until then it reads its
+    /// initial row and its gradient is dropped (1: at once).
+    #[arg(long, default_value_t = 1)]
+    pub admit_after: u32,
+    /// MiB of the count-min sketch that counts the steps of keys not admitted yet.
+    #[arg(long, default_value_t = ringrec::embedding::admit::DEFAULT_SKETCH_BYTES >> 20)]
+    pub admit_sketch_mib: u64,
+    /// Remove rows not updated for this many steps (they read their initial row again).
+    #[arg(long)]
+    pub expire_after_steps: Option<u64>,
+    /// Which rows go when the table at --table-max-bytes needs room: lru (least recently
+    /// updated) or lfu (least often updated).
+    #[arg(long, default_value = "lru")]
+    pub evict: Evict,
+}
+
+/// Parses a size flag: bytes, or a number with K, M or G.
+pub fn bytes(s: &str) -> Result<u64, String> {
+    ringrec::config::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
 }
 
 /// `--test-fraction` when it is not given.
@@ -217,6 +244,12 @@ impl TrainArgs {
             init_dense: self.init_dense.clone(),
             eval_data: self.eval_data.clone(),
             test_fraction_given: self.test_fraction.is_some(),
+            table_dtype: self.table_dtype,
+            table_max_bytes: self.table_max_bytes,
+            admit_after: self.admit_after,
+            admit_sketch_mib: self.admit_sketch_mib,
+            expire_after_steps: self.expire_after_steps,
+            evict: self.evict,
         }
     }
 }
@@ -239,6 +272,19 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         s.test_auc.map_or("-".into(), |v| format!("{v:.4}")),
         s.peak_rss_mib
     );
+    if s.table_growths + s.table_evictions + s.table_expirations + s.table_refused > 0 {
+        println!(
+            "table: {} rows in {} slots ({:.1} MiB); grew {} times ({:.2} s); {} rows evicted, {} expired; {} gradients of keys without a row dropped",
+            s.table_rows,
+            s.table_capacity,
+            s.table_bytes as f64 / (1u64 << 20) as f64,
+            s.table_growths,
+            s.table_growth_seconds,
+            s.table_evictions,
+            s.table_expirations,
+            s.table_refused
+        );
+    }
     Ok(())
 }
 

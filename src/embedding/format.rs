@@ -13,16 +13,24 @@ use crate::hash::CHECKSUM_BLOCK;
 use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format};
 
 /// Bytes of the header that carry fields (the rest of the header page is zero).
-pub const HEADER_FIELDS: usize = 160;
+pub const HEADER_FIELDS: usize = 256;
 /// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
-pub const CHECKSUM_AT: usize = 152;
+pub const CHECKSUM_AT: usize = 248;
 /// Bit of the header's flags word: the sums section holds the block checksums of the body
 /// (set by [`crate::embedding::EmbeddingTable::save`]; clear in a live table).
 pub const FLAG_SUMS_VALID: u32 = 1;
-/// The table file format (magic `RRTABLE`, version 2).
+/// Bit of the header's flags word: the table keeps a usage section (each row's last update
+/// and update count), what expiry and LRU/LFU eviction read.
+pub const FLAG_USAGE: u32 = 2;
+/// Bit of the header's flags word: this live table was replaced by a larger copy (growth);
+/// its readers must map the new one ([`crate::embedding::HostTable::sync`] does).
+pub const FLAG_REPLACED: u32 = 4;
+/// Every flag bit this build knows.
+const KNOWN_FLAGS: u32 = FLAG_SUMS_VALID | FLAG_USAGE | FLAG_REPLACED;
+/// The table file format (magic `RRTABLE`, version 3).
 pub static FORMAT: Format = Format {
     magic: *b"RRTABLE\0",
-    version: 2,
+    version: 3,
     header_len: HEADER_LEN,
     checksum_at: CHECKSUM_AT,
     noun: "embedding table",
@@ -43,10 +51,41 @@ pub const MAX_CAPACITY: u64 = 1 << 36;
 pub const LOAD_NUM: u64 = 4;
 /// See [`LOAD_NUM`].
 pub const LOAD_DEN: u64 = 5;
+/// High-water mark of a managed table, tenths of its capacity (0.7): an update that would
+/// pass it first grows the table, or at its largest size evicts rows.
+pub const HIGH_WATER_TENTHS: u64 = 7;
+/// Where eviction brings a table at its largest size, tenths of its capacity (0.6): room
+/// for many steps' new keys per eviction pass.
+pub const LOW_WATER_TENTHS: u64 = 6;
+/// Largest number of hashes (rows) of an admission sketch.
+pub const MAX_SKETCH_DEPTH: u32 = 8;
+/// Smallest width of an admission sketch (counters per row).
+pub const MIN_SKETCH_WIDTH: u64 = 64;
+/// Largest width of an admission sketch.
+pub const MAX_SKETCH_WIDTH: u64 = 1 << 36;
+/// Largest `--admit-after`: the sketch's counters are bytes.
+pub const MAX_ADMIT_AFTER: u32 = 255;
+
+/// `floor(capacity * num / den)` without overflow.
+fn fraction(capacity: u64, num: u64, den: u64) -> u64 {
+    capacity / den * num + capacity % den * num / den
+}
 
 /// Most rows a table of `capacity` slots may hold (`floor(0.8 * capacity)`).
 pub fn max_rows(capacity: u64) -> u64 {
-    capacity / LOAD_DEN * LOAD_NUM + capacity % LOAD_DEN * LOAD_NUM / LOAD_DEN
+    fraction(capacity, LOAD_NUM, LOAD_DEN)
+}
+
+/// Rows a managed table of `capacity` slots holds before it grows or evicts
+/// (`floor(0.7 * capacity)`).
+pub fn high_water(capacity: u64) -> u64 {
+    fraction(capacity, HIGH_WATER_TENTHS, 10)
+}
+
+/// Rows an eviction pass leaves room for in a table of `capacity` slots at its largest size
+/// (`floor(0.6 * capacity)`, new keys of the update included).
+pub fn low_water(capacity: u64) -> u64 {
+    fraction(capacity, LOW_WATER_TENTHS, 10)
 }
 
 /// The smallest valid capacity (power of two, >= [`MIN_CAPACITY`]) that holds `rows` rows.
@@ -179,6 +218,15 @@ pub struct Layout {
     pub state_offset: u64,
     /// Its length.
     pub state_len: u64,
+    /// Start of the usage section (`capacity` x (u32 last update, u32 updates); empty when
+    /// the table keeps no usage).
+    pub usage_offset: u64,
+    /// Its length.
+    pub usage_len: u64,
+    /// Start of the admission sketch (`depth` x `width` u8 counters; empty without admission).
+    pub sketch_offset: u64,
+    /// Its length.
+    pub sketch_len: u64,
     /// Start of the block checksums; the body they cover is `[HEADER_LEN, sums_offset)`.
     pub sums_offset: u64,
     /// Their length: 4 bytes (a CRC-32) per [`CHECKSUM_BLOCK`] bytes of the body.
@@ -187,25 +235,64 @@ pub struct Layout {
     pub file_len: u64,
 }
 
+/// Bytes of one slot's usage: u32 last update (the table's generation), u32 updates.
+pub const USAGE_BYTES_PER_SLOT: u64 = 8;
+
+/// What a table keeps besides its rows: the usage section and the admission sketch (their
+/// sizes are part of the layout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Extras {
+    /// The table keeps each row's last update and update count (expiry, LRU/LFU eviction).
+    pub usage: bool,
+    /// Hashes (rows) of the admission sketch; 0 without admission.
+    pub sketch_depth: u32,
+    /// Counters per sketch row (a power of two); 0 without admission.
+    pub sketch_width: u64,
+}
+
+impl Extras {
+    /// Bytes of the sketch.
+    pub fn sketch_bytes(&self) -> Option<u64> {
+        (self.sketch_depth as u64).checked_mul(self.sketch_width)
+    }
+}
+
 impl Layout {
     /// The one layout a table of this shape has; `None` on arithmetic overflow.
-    pub fn compute(dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind) -> Option<Layout> {
+    pub fn compute(dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, extras: Extras) -> Option<Layout> {
         let index_offset = HEADER_LEN;
         let index_len = capacity.checked_mul(8)?;
         let rows_offset = align_up(index_offset.checked_add(index_len)?)?;
         let rows_len = capacity.checked_mul(dim as u64)?.checked_mul(dtype.size())?;
         let state_offset = align_up(rows_offset.checked_add(rows_len)?)?;
         let state_len = capacity.checked_mul(opt.state_bytes_per_row())?;
-        let sums_offset = align_up(state_offset.checked_add(state_len)?)?;
+        let usage_offset = align_up(state_offset.checked_add(state_len)?)?;
+        let usage_len = if extras.usage { capacity.checked_mul(USAGE_BYTES_PER_SLOT)? } else { 0 };
+        let sketch_offset = align_up(usage_offset.checked_add(usage_len)?)?;
+        let sketch_len = extras.sketch_bytes()?;
+        let sums_offset = align_up(sketch_offset.checked_add(sketch_len)?)?;
         let sums_len = (sums_offset - index_offset).div_ceil(CHECKSUM_BLOCK as u64).checked_mul(4)?;
         let file_len = align_up(sums_offset.checked_add(sums_len)?)?;
         if file_len > isize::MAX as u64 {
             return None;
         }
-        Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, sums_offset, sums_len, file_len })
+        Some(Layout { index_offset, index_len, rows_offset, rows_len, state_offset, state_len, usage_offset, usage_len, sketch_offset, sketch_len, sums_offset, sums_len, file_len })
     }
 
-    /// The bytes the block checksums cover: index, rows, state and their padding.
+    /// Every section in file order: (name, offset, length).
+    pub fn sections(&self) -> [(&'static str, u64, u64); 6] {
+        [
+            ("index", self.index_offset, self.index_len),
+            ("rows", self.rows_offset, self.rows_len),
+            ("state", self.state_offset, self.state_len),
+            ("usage", self.usage_offset, self.usage_len),
+            ("sketch", self.sketch_offset, self.sketch_len),
+            ("sums", self.sums_offset, self.sums_len),
+        ]
+    }
+
+    /// The bytes the block checksums cover: index, rows, state, usage, sketch and their
+    /// padding.
     pub fn body(&self) -> std::ops::Range<u64> {
         self.index_offset..self.sums_offset
     }
@@ -213,8 +300,9 @@ impl Layout {
     /// The sections that bytes `[start, end)` of the body belong to (each section with the
     /// padding after it), as in an error message: `"index"`, `"rows and state"`.
     pub fn sections_of(&self, start: u64, end: u64) -> String {
-        let named = [("index", self.index_offset, self.rows_offset), ("rows", self.rows_offset, self.state_offset), ("state", self.state_offset, self.sums_offset)];
-        let hit: Vec<&str> = named.iter().filter(|(_, a, b)| start < *b && *a < end).map(|(n, _, _)| *n).collect();
+        let named = self.sections();
+        let body = named.windows(2).map(|w| (w[0].0, w[0].1, w[1].1));
+        let hit: Vec<&str> = body.filter(|(_, a, b)| start < *b && *a < end).map(|(n, _, _)| n).collect();
         match hit.as_slice() {
             [] => "body".into(),
             [one] => (*one).into(),
@@ -251,8 +339,46 @@ pub struct Header {
     pub sums_valid: bool,
     /// CRC-32 of the sums section itself (0 while `sums_valid` is clear).
     pub sums_crc: u32,
+    /// A live table replaced by a larger copy (growth): readers map the new one.
+    pub replaced: bool,
+    /// The usage section and the admission sketch.
+    pub extras: Extras,
+    /// A new key gets a row once it was in this many update batches (1: at once).
+    pub admit_after: u32,
+    /// What happened to rows over the table's life.
+    pub counts: RowCounts,
     /// Section offsets.
     pub layout: Layout,
+}
+
+/// What happened to a table's rows over its life (header fields; a grown or loaded copy
+/// carries them on).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RowCounts {
+    /// Rows inserted (keys admitted).
+    pub inserted: u64,
+    /// Rows removed by eviction (the table at its largest size).
+    pub evicted: u64,
+    /// Rows removed by expiry (not updated for `--expire-after-steps` updates).
+    pub expired: u64,
+    /// Gradient rows of keys without a row that were dropped: not admitted yet
+    /// (`--admit-after`), or no room left at the largest size.
+    pub refused: u64,
+    /// Times the table was rebuilt at a larger capacity.
+    pub growths: u64,
+}
+
+impl RowCounts {
+    /// `self - earlier`, field by field (what happened since `earlier`).
+    pub fn since(&self, earlier: &RowCounts) -> RowCounts {
+        RowCounts {
+            inserted: self.inserted.wrapping_sub(earlier.inserted),
+            evicted: self.evicted.wrapping_sub(earlier.evicted),
+            expired: self.expired.wrapping_sub(earlier.expired),
+            refused: self.refused.wrapping_sub(earlier.refused),
+            growths: self.growths.wrapping_sub(earlier.growths),
+        }
+    }
 }
 
 
@@ -263,7 +389,7 @@ impl Header {
         wr_u32(&mut b, 16, self.dim);
         wr_u32(&mut b, 20, self.dtype.code());
         wr_u32(&mut b, 24, self.optimizer.code());
-        wr_u32(&mut b, 28, if self.sums_valid { FLAG_SUMS_VALID } else { 0 });
+        wr_u32(&mut b, 28, self.flags());
         wr_u64(&mut b, 32, self.capacity);
         wr_u64(&mut b, 40, self.live_rows);
         wr_u64(&mut b, 48, self.generation);
@@ -276,8 +402,29 @@ impl Header {
         for (i, v) in [l.index_offset, l.index_len, l.rows_offset, l.rows_len, l.state_offset, l.state_len, l.file_len, l.sums_offset, l.sums_len].into_iter().enumerate() {
             wr_u64(&mut b, 80 + 8 * i, v);
         }
+        for (i, v) in [l.usage_offset, l.usage_len, l.sketch_offset, l.sketch_len].into_iter().enumerate() {
+            wr_u64(&mut b, 152 + 8 * i, v);
+        }
+        wr_u32(&mut b, 184, self.admit_after);
+        wr_u32(&mut b, 188, self.extras.sketch_depth);
+        wr_u64(&mut b, 192, self.extras.sketch_width);
+        let c = &self.counts;
+        for (i, v) in [c.inserted, c.evicted, c.expired, c.refused, c.growths].into_iter().enumerate() {
+            wr_u64(&mut b, 200 + 8 * i, v);
+        }
         FORMAT.seal(&mut b);
         b
+    }
+
+    /// The flags word.
+    fn flags(&self) -> u32 {
+        let bit = |on: bool, f: u32| if on { f } else { 0 };
+        bit(self.sums_valid, FLAG_SUMS_VALID) | bit(self.extras.usage, FLAG_USAGE) | bit(self.replaced, FLAG_REPLACED)
+    }
+
+    /// Rows this table holds before it grows or evicts (see [`high_water`]).
+    pub fn high_water(&self) -> u64 {
+        high_water(self.capacity)
     }
 
     /// Most rows this table may hold.
@@ -304,10 +451,11 @@ impl Header {
         let optimizer =
             OptimizerKind::from_code(rd_u32(bytes, 24)).ok_or_else(|| bad("optimizer", format!("unknown code {}", rd_u32(bytes, 24))))?;
         let flags = rd_u32(bytes, 28);
-        if flags & !FLAG_SUMS_VALID != 0 {
-            return Err(bad("flags", format!("{flags:#x}, only bit 0 (checksums valid) is defined")));
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(bad("flags", format!("{flags:#x}, only bits 0 (checksums valid), 1 (usage kept) and 2 (replaced) are defined")));
         }
         let sums_valid = flags & FLAG_SUMS_VALID != 0;
+        let replaced = flags & FLAG_REPLACED != 0;
         let sums_crc = rd_u32(bytes, 76);
         if !sums_valid && sums_crc != 0 {
             return Err(bad("sums_crc", format!("{sums_crc:#010x} while the checksums are marked invalid (expected 0)")));
@@ -334,6 +482,12 @@ impl Header {
         if !(adagrad_init.is_finite() && adagrad_init >= 0.0) {
             return Err(bad("adagrad_init", format!("{adagrad_init}, expected a finite value >= 0")));
         }
+        let admit_after = rd_u32(bytes, 184);
+        if !(1..=MAX_ADMIT_AFTER).contains(&admit_after) {
+            return Err(bad("admit_after", format!("{admit_after}, expected 1..={MAX_ADMIT_AFTER}")));
+        }
+        let extras = Extras { usage: flags & FLAG_USAGE != 0, sketch_depth: rd_u32(bytes, 188), sketch_width: rd_u64(bytes, 192) };
+        check_sketch(extras.sketch_depth, extras.sketch_width, admit_after).map_err(|d| bad("sketch", d))?;
         let f = |i: usize| rd_u64(bytes, 80 + 8 * i);
         let stored_layout = Layout {
             index_offset: f(0),
@@ -345,24 +499,59 @@ impl Header {
             file_len: f(6),
             sums_offset: f(7),
             sums_len: f(8),
+            usage_offset: f(9),
+            usage_len: f(10),
+            sketch_offset: f(11),
+            sketch_len: f(12),
         };
-        let layout = check_layout(path, &stored_layout, dim, dtype, capacity, optimizer, file_len)?;
-        Ok(Header { dim, dtype, optimizer, capacity, live_rows, generation, seed, init_scale, adagrad_eps, adagrad_init, sums_valid, sums_crc, layout })
+        let layout = check_layout(path, &stored_layout, dim, dtype, capacity, optimizer, extras, file_len)?;
+        let c = |i: usize| rd_u64(bytes, 200 + 8 * i);
+        let counts = RowCounts { inserted: c(0), evicted: c(1), expired: c(2), refused: c(3), growths: c(4) };
+        Ok(Header {
+            dim,
+            dtype,
+            optimizer,
+            capacity,
+            live_rows,
+            generation,
+            seed,
+            init_scale,
+            adagrad_eps,
+            adagrad_init,
+            sums_valid,
+            sums_crc,
+            replaced,
+            extras,
+            admit_after,
+            counts,
+            layout,
+        })
+    }
+}
+
+/// A sketch shape is valid: none (depth and width 0) exactly when every key is admitted at
+/// once (`admit_after` 1); else 1..=[`MAX_SKETCH_DEPTH`] rows of a power-of-two width.
+pub fn check_sketch(depth: u32, width: u64, admit_after: u32) -> Result<(), String> {
+    match (admit_after, depth, width) {
+        (1, 0, 0) => Ok(()),
+        (1, _, _) => Err(format!("depth {depth} x width {width}, but admit_after 1 keeps no sketch")),
+        (_, 1..=MAX_SKETCH_DEPTH, w) if w.is_power_of_two() && (MIN_SKETCH_WIDTH..=MAX_SKETCH_WIDTH).contains(&w) => Ok(()),
+        _ => Err(format!("depth {depth} x width {width}, expected 1..={MAX_SKETCH_DEPTH} rows of a power of two in {MIN_SKETCH_WIDTH}..={MAX_SKETCH_WIDTH}")),
     }
 }
 
 /// Every section must lie inside the file and sit exactly where a table of this shape puts
 /// it; the stored file length must be the real one.
-fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, file_len: u64) -> TableResult<Layout> {
+#[allow(clippy::too_many_arguments)]
+fn check_layout(path: &Path, s: &Layout, dim: u32, dtype: StorageDtype, capacity: u64, opt: OptimizerKind, extras: Extras, file_len: u64) -> TableResult<Layout> {
     let bad = |detail: String| TableError::from(FORMAT.layout(path, detail));
-    let sections = [("index", s.index_offset, s.index_len), ("rows", s.rows_offset, s.rows_len), ("state", s.state_offset, s.state_len), ("sums", s.sums_offset, s.sums_len)];
-    for (name, off, len) in sections {
+    for (name, off, len) in s.sections() {
         match off.checked_add(len) {
             Some(end) if end <= s.file_len => {}
             _ => return Err(bad(format!("{name} section [{off}, +{len}) ends past the recorded file length {}", s.file_len))),
         }
     }
-    let want = Layout::compute(dim, dtype, capacity, opt)
+    let want = Layout::compute(dim, dtype, capacity, opt, extras)
         .ok_or_else(|| bad(format!("a table of {capacity} slots x dim {dim} does not fit in the address space")))?;
     if *s != want {
         return Err(bad(format!("sections {s:?} differ from the layout of a {capacity}-slot dim-{dim} {dtype} {opt} table {want:?}")));
@@ -387,11 +576,14 @@ mod tests {
         assert_eq!(capacity_for_rows(0), MIN_CAPACITY);
         assert_eq!(capacity_for_rows(838_860), 1 << 20);
         assert_eq!(capacity_for_rows(838_861), 1 << 21);
+        assert_eq!((high_water(1024), low_water(1024)), (716, 614));
+        assert_eq!((high_water(16), low_water(16)), (11, 9));
+        assert_eq!(high_water(1 << 36), (1u64 << 36) / 10 * 7 + (1u64 << 36) % 10 * 7 / 10);
     }
 
     #[test]
     fn header_round_trips() {
-        let layout = Layout::compute(16, StorageDtype::Bf16, 1024, OptimizerKind::Adagrad).unwrap();
+        let layout = Layout::compute(16, StorageDtype::Bf16, 1024, OptimizerKind::Adagrad, Extras::default()).unwrap();
         assert_eq!(layout.index_offset, 4096);
         assert_eq!(layout.rows_offset, 4096 + 8192);
         assert_eq!(layout.state_offset, 4096 + 8192 + 32768);
@@ -401,7 +593,7 @@ mod tests {
         assert_eq!(layout.sections_of(4096, layout.sums_offset), "index, rows and state");
         assert_eq!(layout.sections_of(layout.state_offset + 5, layout.state_offset + 6), "state");
         // 3 GiB of body: three thousand and seventy-two CRC-32s, still one page.
-        let big = Layout::compute(16, StorageDtype::F32, 1 << 24, OptimizerKind::Adagrad).unwrap();
+        let big = Layout::compute(16, StorageDtype::F32, 1 << 24, OptimizerKind::Adagrad, Extras::default()).unwrap();
         let body = big.sums_offset - 4096;
         assert_eq!(body, (1 << 27) + (1 << 30) + (1 << 26));
         assert_eq!(big.sums_len, body.div_ceil(1 << 20) * 4);
@@ -419,11 +611,16 @@ mod tests {
             adagrad_init: 0.0,
             sums_valid: true,
             sums_crc: 0xdead_beef,
+            replaced: false,
+            extras: Extras::default(),
+            admit_after: 1,
+            counts: RowCounts { inserted: 9, evicted: 1, expired: 1, refused: 4, growths: 2 },
             layout,
         };
         let b = h.encode();
         assert_eq!(super::rd_u32(&b, 28), FLAG_SUMS_VALID);
         assert_eq!(super::rd_u64(&b, 136), layout.sums_offset);
+        assert_eq!(super::rd_u64(&b, 232), 2, "growths");
         assert_eq!(Header::parse(Path::new("x"), &b, layout.file_len).unwrap(), h);
         // A live table: flag clear, and then a stray sums CRC is an error.
         let live = Header { sums_valid: false, sums_crc: 0, ..h };
@@ -431,6 +628,23 @@ mod tests {
         let stray = Header { sums_valid: false, ..h }.encode();
         let e = Header::parse(Path::new("x"), &stray, layout.file_len).unwrap_err();
         assert!(e.to_string().contains("sums_crc"), "{e}");
+        // Usage and a sketch: two more sections between the state and the sums.
+        let extras = Extras { usage: true, sketch_depth: 4, sketch_width: 1024 };
+        let l = Layout::compute(16, StorageDtype::Bf16, 1024, OptimizerKind::Adagrad, extras).unwrap();
+        assert_eq!((l.usage_offset, l.usage_len), (layout.sums_offset, 8192));
+        assert_eq!((l.sketch_offset, l.sketch_len), (l.usage_offset + 8192, 4096));
+        assert_eq!(l.sums_offset, l.sketch_offset + 4096);
+        assert_eq!(l.sections_of(l.usage_offset, l.sketch_offset + 1), "usage and sketch");
+        let u = Header { extras, admit_after: 3, replaced: true, sums_valid: false, sums_crc: 0, layout: l, ..h };
+        let b = u.encode();
+        assert_eq!(super::rd_u32(&b, 28), FLAG_USAGE | FLAG_REPLACED);
+        assert_eq!(Header::parse(Path::new("x"), &b, l.file_len).unwrap(), u);
+        // A sketch without admission, or admission without a sketch, is not a table.
+        for (k, d, w) in [(1, 4, 1024), (3, 0, 0), (3, 4, 1000), (3, 9, 1024), (0, 0, 0), (256, 4, 1024)] {
+            let x = Header { admit_after: k, extras: Extras { sketch_depth: d, sketch_width: w, ..extras }, ..u };
+            let e = Header::parse(Path::new("x"), &x.encode(), l.file_len).unwrap_err();
+            assert!(matches!(e, TableError::Format(crate::header::FormatError::BadHeader { .. })), "{k} {d} {w}: {e}");
+        }
     }
 
     #[test]
@@ -449,7 +663,11 @@ mod tests {
             adagrad_init: 0.0,
             sums_valid,
             sums_crc: if sums_valid { 0x1234_5678 } else { 0 },
-            layout: Layout::compute(4, StorageDtype::F32, 16, OptimizerKind::Sgd).unwrap(),
+            replaced: false,
+            extras: Extras { usage: sums_valid, sketch_depth: 2, sketch_width: 64 },
+            admit_after: 2,
+            counts: RowCounts::default(),
+            layout: Layout::compute(4, StorageDtype::F32, 16, OptimizerKind::Sgd, Extras { usage: sums_valid, sketch_depth: 2, sketch_width: 64 }).unwrap(),
         }
         .encode();
             crate::header::fuzz_headers(&FORMAT, &valid, 50_000, |b, len| {

@@ -14,6 +14,14 @@
 //!    ([`crate::stale`]).
 //!
 //! Between update and lookup phases the caller runs [`HostTable::sync`] (a host barrier).
+//!
+//! **Growth** (with a [`TablePolicy`], [`super::manage`]): the leader builds the larger
+//! table in a new file `ringrec-<job>-h<host>-table-<n>` during an update, marks the old
+//! one replaced (a header flag) and keeps it mapped. At the host barrier that follows, every
+//! local rank sees the flag and the host remaps, collectively like `open`: the others map
+//! the new file read-only, an all-reduce of their success tells everyone (a failure is an
+//! error on every local rank of the host), the leader unlinks the new name, and every rank
+//! unmaps the old table, whose memory is then freed (its name went at `open`).
 
 use std::path::{Path, PathBuf};
 
@@ -22,10 +30,11 @@ use mpi::topology::Communicator;
 use mpi::traits::Root;
 
 use super::error::{TableError, TableResult};
+use super::manage::{self, Growth, TablePolicy};
 use super::table::{EmbeddingTable, TableConfig};
 use super::update::UpdateStats;
 use crate::hostsync::HostBarrier;
-use crate::topology::Topology;
+use crate::topology::{Group, Topology};
 
 /// Path of this host's shared table: `<shm dir>/ringrec-<job>-h<host>-table`.
 pub fn host_table_path(topo: &Topology) -> PathBuf {
@@ -86,6 +95,19 @@ pub struct HostTable {
     /// host barrier while the leader applies), when the host has several ranks.
     pool: Option<rayon::ThreadPool>,
     _guard: Option<SegmentGuard>,
+    /// Growth, eviction and expiry (none: a fixed table that fails when full).
+    policy: Option<TablePolicy>,
+    /// The ranks of this host (a private communicator): the remap after a growth.
+    local: Group,
+    /// Remaps so far: the `n`-th grown table is `<path>-<n>`.
+    remaps: u64,
+    /// Leader: the table a growth replaced, mapped until the host has remapped, and the
+    /// guard of the new table's name, unlinked then.
+    retired: Option<(EmbeddingTable, SegmentGuard)>,
+    /// Leader: growths not yet taken by [`HostTable::take_growths`].
+    growths: Vec<Growth>,
+    /// Leader: the next growth's file, made ahead.
+    ahead: manage::Ahead,
 }
 
 impl std::fmt::Debug for HostTable {
@@ -219,7 +241,32 @@ impl HostTable {
         let barrier = HostBarrier::new(topo, "table-barrier", "host table sync")?;
         let threads = rayon::current_num_threads() * topo.local_size;
         let pool = (leader && topo.local_size > 1).then(|| rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ringrec-apply-{i}")).build().ok()).flatten();
-        Ok(HostTable { table, path, leader, barrier, pool, _guard: guard })
+        let local = topo.local.duplicate();
+        Ok(HostTable { table, path, leader, barrier, pool, _guard: guard, policy: None, local, remaps: 0, retired: None, growths: Vec::new(), ahead: manage::Ahead::default() })
+    }
+
+    /// Manages the table from now on under `policy` (growth, eviction, expiry: see
+    /// [`super::manage`]); every local rank of every host must set the same one.
+    pub fn set_policy(&mut self, policy: TablePolicy) {
+        self.policy = Some(policy);
+    }
+
+    /// The policy, if the table is managed.
+    pub fn policy(&self) -> Option<&TablePolicy> {
+        self.policy.as_ref()
+    }
+
+    /// The growths of this host's table since the last call (the leader's; empty on the
+    /// other ranks).
+    pub fn take_growths(&mut self) -> Vec<Growth> {
+        std::mem::take(&mut self.growths)
+    }
+
+    /// The file of the `n`-th grown table.
+    fn grown_path(&self, n: u64) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!("-{n}"));
+        PathBuf::from(name)
     }
 
     /// Whether this rank is the host leader (holds the read-write handle).
@@ -250,23 +297,89 @@ impl HostTable {
     /// with the threads of every local rank, which wait for it in [`HostTable::sync`];
     /// waking a pool costs more than it saves on small ones — and
     /// [`TableError::ReadOnly`] on other ranks.
+    ///
+    /// With a policy ([`HostTable::set_policy`]) the update is managed: the table may grow
+    /// (the host's other ranks move to the new table in the next [`HostTable::sync`]),
+    /// evict or expire rows ([`super::manage`]).
     pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
-        let pool = self.pool.take();
-        let r = match &pool {
-            Some(p) if keys.len() >= POOL_MIN_UPDATES => p.install(|| self.table_mut()?.apply_updates(keys, grads, lr)),
-            _ => self.table_mut()?.apply_updates(keys, grads, lr),
+        if !self.leader {
+            return Err(TableError::ReadOnly);
+        }
+        if self.retired.is_some() {
+            return Err(TableError::Config("the host table grew and the host has not remapped it yet: run HostTable::sync between update batches".into()));
+        }
+        let grown = self.grown_path(self.remaps + 1);
+        let (table, policy, ahead) = (&mut self.table, self.policy, &mut self.ahead);
+        let mut apply = || match policy {
+            None => table.apply_updates(keys, grads, lr).map(|stats| manage::Managed { stats, ..Default::default() }),
+            Some(policy) => manage::apply_managed(table, keys, grads, lr, &policy, &grown, ahead),
         };
-        self.pool = pool;
-        r
+        let r = match &self.pool {
+            Some(p) if keys.len() >= POOL_MIN_UPDATES => p.install(apply),
+            _ => apply(),
+        };
+        match r {
+            Ok(m) => {
+                if let Some((g, old)) = m.growth {
+                    self.retired = Some((old, SegmentGuard::new(&grown)));
+                    self.growths.push(g);
+                }
+                Ok(m.stats)
+            }
+            Err(e) => {
+                // A growth that failed after its file was made leaves nothing behind.
+                if self.table.path() == grown {
+                    let _ = std::fs::remove_file(&grown);
+                }
+                Err(e)
+            }
+        }
     }
+
     /// Host barrier that publishes the leader's writes: after it, every local rank reads the
-    /// updated rows, and non-leaders refresh their view of the header. A dead or stuck local
-    /// rank is an error after the comm timeout, not a hang.
+    /// updated rows, and non-leaders refresh their view of the header. When the leader's
+    /// update grew the table, the host then remaps it (collective over the host; see the
+    /// module docs). A dead or stuck local rank is an error after the comm timeout, not a
+    /// hang. The leader's next update must wait until every local rank has returned from
+    /// this call (they read the header after the barrier); in training the next step's
+    /// sparse exchange, which needs every rank, orders them.
     pub fn sync(&mut self) -> TableResult<()> {
         self.barrier.wait()?;
-        if !self.leader {
+        let grown = if self.leader {
+            self.retired.is_some()
+        } else {
             self.table.refresh()?;
+            self.table.header().replaced
+        };
+        if grown {
+            self.remap()?;
         }
         Ok(())
+    }
+
+    /// Every local rank moves to the grown table (see the module docs).
+    fn remap(&mut self) -> TableResult<()> {
+        let _w = crate::watchdog::waiting("the local ranks mapping the grown host table");
+        self.remaps += 1;
+        let path = self.grown_path(self.remaps);
+        let mut mine = None;
+        if !self.leader {
+            match EmbeddingTable::open_readonly(&path) {
+                Ok(t) => self.table = t,
+                Err(e) => mine = Some(e),
+            }
+        }
+        let ok = u8::from(mine.is_none());
+        let mut all_ok = 0u8;
+        self.local.comm.all_reduce_into(&ok, &mut all_ok, SystemOperation::min());
+        if let Some((old, mut guard)) = self.retired.take() {
+            let _ = guard.remove_now();
+            drop(old);
+        }
+        match (mine, all_ok) {
+            (Some(e), _) => Err(e),
+            (None, 0) => Err(TableError::Peer(format!("the host table grew into {}, and a local rank of this host could not map it; see that rank's error", path.display()))),
+            (None, _) => Ok(()),
+        }
     }
 }

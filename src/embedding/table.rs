@@ -11,7 +11,7 @@ use memmap2::{Mmap, MmapMut};
 use rayon::prelude::*;
 
 use super::error::{TableError, TableResult};
-use super::format::{self, Header, Layout, OptimizerKind, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
+use super::format::{self, Extras, Header, Layout, OptimizerKind, RowCounts, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
 use super::index;
 use super::init::{self, Elem};
 use crate::fileio::{self, AtomicFile, IoError};
@@ -45,10 +45,19 @@ pub struct TableConfig {
     pub adagrad_eps: f32,
     /// Adagrad's initial accumulator.
     pub adagrad_init: f32,
+    /// Keep each row's last update and update count (what expiry and LRU/LFU eviction
+    /// read; 8 bytes per slot).
+    pub track_usage: bool,
+    /// A new key gets a row once it was in this many update batches (1: at once, no sketch).
+    pub admit_after: u32,
+    /// Bytes of the admission sketch when `admit_after > 1` (rounded down to
+    /// [`admit::DEPTH`](super::admit::DEPTH) power-of-two rows).
+    pub sketch_bytes: u64,
 }
 
 impl TableConfig {
-    /// An f32, SGD table of `dim` values per row and `capacity` slots, seed 0.
+    /// An f32, SGD table of `dim` values per row and `capacity` slots, seed 0, every key
+    /// admitted at once, no usage kept.
     pub fn new(dim: u32, capacity: u64) -> TableConfig {
         TableConfig {
             dim,
@@ -59,7 +68,16 @@ impl TableConfig {
             init_scale: None,
             adagrad_eps: 1e-8,
             adagrad_init: 0.0,
+            track_usage: false,
+            admit_after: 1,
+            sketch_bytes: super::admit::DEFAULT_SKETCH_BYTES,
         }
+    }
+
+    /// The usage section and sketch this configuration asks for.
+    pub fn extras(&self) -> TableResult<Extras> {
+        let (sketch_depth, sketch_width) = super::admit::shape(self.admit_after, self.sketch_bytes)?;
+        Ok(Extras { usage: self.track_usage, sketch_depth, sketch_width })
     }
 
     /// The header of a new, empty table with this configuration.
@@ -82,7 +100,8 @@ impl TableConfig {
         if !(self.adagrad_init.is_finite() && self.adagrad_init >= 0.0) {
             return bad(format!("adagrad initial accumulator {} must be finite and >= 0", self.adagrad_init));
         }
-        let layout = Layout::compute(self.dim, self.dtype, capacity, self.optimizer)
+        let extras = self.extras()?;
+        let layout = Layout::compute(self.dim, self.dtype, capacity, self.optimizer, extras)
             .ok_or_else(|| TableError::Config(format!("{capacity} slots x dim {} does not fit in memory", self.dim)))?;
         Ok(Header {
             dim: self.dim,
@@ -97,6 +116,10 @@ impl TableConfig {
             adagrad_init: self.adagrad_init,
             sums_valid: false,
             sums_crc: 0,
+            replaced: false,
+            extras,
+            admit_after: self.admit_after,
+            counts: RowCounts::default(),
             layout,
         })
     }
@@ -156,6 +179,10 @@ pub struct TableInfo {
     pub rows_bytes: u64,
     /// Bytes of the optimizer state.
     pub state_bytes: u64,
+    /// Bytes of the usage section (each row's last update and update count).
+    pub usage_bytes: u64,
+    /// Bytes of the admission sketch.
+    pub sketch_bytes: u64,
     /// Whether the file carries valid block checksums (a saved or sealed table; an open
     /// verifies them all). A live table has none.
     pub checksums: bool,
@@ -177,6 +204,16 @@ impl std::fmt::Display for TableInfo {
         if h.optimizer == OptimizerKind::Adagrad {
             writeln!(f, "adagrad     eps {}, initial accumulator {}", h.adagrad_eps, h.adagrad_init)?;
         }
+        match h.admit_after {
+            1 => writeln!(f, "admission   every key at once")?,
+            k => writeln!(f, "admission   after {k} updates, counted in a {}-row x {} count-min sketch ({:.2} MiB)", h.extras.sketch_depth, h.extras.sketch_width, mib(self.sketch_bytes))?,
+        }
+        writeln!(f, "usage       {}", if h.extras.usage { "last update and update count of every row (expiry, LRU/LFU eviction)" } else { "not kept" })?;
+        let c = &h.counts;
+        writeln!(f, "history     {} rows inserted, {} evicted, {} expired, {} gradients of unadmitted keys dropped, grown {} times", c.inserted, c.evicted, c.expired, c.refused, c.growths)?;
+        if h.replaced {
+            writeln!(f, "replaced    a larger copy replaced this live table (growth)")?;
+        }
         if self.checksums {
             writeln!(f, "checksums   CRC-32 of {} blocks of {} MiB (every open compares them all)", self.checksum_blocks, CHECKSUM_BLOCK >> 20)?;
         } else {
@@ -184,11 +221,13 @@ impl std::fmt::Display for TableInfo {
         }
         writeln!(
             f,
-            "memory      {:.2} MiB total: index {:.2} MiB, rows {:.2} MiB, optimizer state {:.2} MiB",
+            "memory      {:.2} MiB total: index {:.2} MiB, rows {:.2} MiB, optimizer state {:.2} MiB, usage {:.2} MiB, sketch {:.2} MiB",
             mib(self.file_bytes),
             mib(self.index_bytes),
             mib(self.rows_bytes),
-            mib(self.state_bytes)
+            mib(self.state_bytes),
+            mib(self.usage_bytes),
+            mib(self.sketch_bytes)
         )
     }
 }
@@ -280,7 +319,14 @@ impl EmbeddingTable {
 
     /// A new file at `path` of `header`'s length, written by `fill`, as a read-write table;
     /// on any error the file is removed.
-    fn make(path: &Path, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+    pub(super) fn make(path: &Path, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+        let (file, map) = Self::new_file(path, header.layout.file_len)?;
+        Self::fill_new(path, file, map, header, fill)
+    }
+
+    /// Creates `path` exclusively (mode 0600, holding the liveness lock), reserves `len`
+    /// bytes and maps them read-write; on any error the file is removed.
+    pub(super) fn new_file(path: &Path, len: u64) -> TableResult<(File, MmapMut)> {
         let file = fileio::create_locked(path, 0o600).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 TableError::Exists { path: path.to_path_buf() }
@@ -288,10 +334,24 @@ impl EmbeddingTable {
                 TableError::io(path, "create", e)
             }
         })?;
-        let made = Self::map_new(path, &file, header.layout.file_len).and_then(|mut map| fill(&mut map).map(|_| map));
-        match made {
-            Ok(map) => Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), _file: file }),
+        match Self::map_new(path, &file, len) {
+            Ok(map) => Ok((file, map)),
             Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        }
+    }
+
+    /// The table `header` describes in the new file `path` ([`EmbeddingTable::new_file`]),
+    /// written by `fill`; on any error the file is removed.
+    pub(super) fn fill_new(path: &Path, file: File, mut map: MmapMut, header: &Header, fill: impl FnOnce(&mut [u8]) -> TableResult<()>) -> TableResult<EmbeddingTable> {
+        let made = if map.len() as u64 == header.layout.file_len { fill(&mut map) } else { Err(FORMAT.truncated(path, map.len() as u64, header.layout.file_len).into()) };
+        match made {
+            Ok(()) => Ok(EmbeddingTable { map: Mapping::Rw(map), header: *header, path: path.to_path_buf(), shift: 64 - header.capacity.trailing_zeros(), _file: file }),
+            Err(e) => {
+                drop(map);
                 drop(file);
                 let _ = std::fs::remove_file(path);
                 Err(e)
@@ -521,10 +581,11 @@ impl EmbeddingTable {
     }
 
     /// Checks that this table has the shape and initialisation a run asks for (`want`):
-    /// dim, storage dtype, optimizer, capacity (after rounding up to a power of two), seed
-    /// and init scale of the initial rows, and, for Adagrad, its epsilon and initial
-    /// accumulator. The first difference is a [`TableError::Mismatch`] naming the flag and
-    /// both values.
+    /// dim, storage dtype, optimizer, capacity (at least the run's, rounded up to a power
+    /// of two: a table may have grown), seed and init scale of the initial rows, for
+    /// Adagrad its epsilon and initial accumulator, the usage section when the run keeps
+    /// one, and the admission threshold and sketch. The first difference is a
+    /// [`TableError::Mismatch`] naming the flag and both values.
     pub fn check_matches(&self, want: &TableConfig) -> TableResult<()> {
         let (h, w) = (&self.header, want.header()?);
         let differ = |flag: &'static str, detail: String| Err(TableError::Mismatch { path: self.path.clone(), flag, detail });
@@ -533,13 +594,13 @@ impl EmbeddingTable {
             return differ("--dim", has("", &h.dim, &w.dim));
         }
         if h.dtype != w.dtype {
-            return differ("--dtype", format!("the table stores {}, this run uses {}", h.dtype, w.dtype));
+            return differ("--table-dtype", format!("the table stores {}, this run uses {}", h.dtype, w.dtype));
         }
         if h.optimizer != w.optimizer {
             let holds = |o: OptimizerKind| if o == OptimizerKind::Sgd { "no optimizer state (sgd)".to_string() } else { format!("{o} state") };
             return differ("--sparse-optimizer", format!("the table holds {}, this run uses {}", holds(h.optimizer), w.optimizer));
         }
-        if h.capacity != w.capacity {
+        if h.capacity < w.capacity {
             return differ("--table-capacity", format!("the table has {} slots, this run asks for {} (rounded up to a power of two)", h.capacity, w.capacity));
         }
         if h.seed != w.seed {
@@ -555,6 +616,16 @@ impl EmbeddingTable {
             if h.adagrad_init.to_bits() != w.adagrad_init.to_bits() {
                 return differ("Adagrad initial accumulator", has("", &h.adagrad_init, &w.adagrad_init));
             }
+        }
+        if w.extras.usage && !h.extras.usage {
+            return differ("--evict/--expire-after-steps", "the table keeps no usage (last update of each row), this run needs it".into());
+        }
+        if h.admit_after != w.admit_after {
+            return differ("--admit-after", has("admission after ", &h.admit_after, &w.admit_after));
+        }
+        if (h.extras.sketch_depth, h.extras.sketch_width) != (w.extras.sketch_depth, w.extras.sketch_width) {
+            let sk = |e: &Extras| format!("a {} x {} sketch", e.sketch_depth, e.sketch_width);
+            return differ("--admit-sketch-mib", format!("the table counts keys in {}, this run asks for {}", sk(&h.extras), sk(&w.extras)));
         }
         Ok(())
     }
@@ -582,6 +653,14 @@ impl EmbeddingTable {
     /// Update batches applied so far.
     pub fn generation(&self) -> u64 {
         self.header.generation
+    }
+    /// Slots in the index.
+    pub fn capacity(&self) -> u64 {
+        self.header.capacity
+    }
+    /// What happened to the rows over the table's life (insertions, evictions, ...).
+    pub fn counts(&self) -> RowCounts {
+        self.header.counts
     }
     /// The file this table was opened or created from.
     pub fn path(&self) -> &Path {
@@ -616,6 +695,8 @@ impl EmbeddingTable {
             index_bytes: h.layout.index_len,
             rows_bytes: h.layout.rows_len,
             state_bytes: h.layout.state_len,
+            usage_bytes: h.layout.usage_len,
+            sketch_bytes: h.layout.sketch_len,
             checksums: h.sums_valid,
             checksum_blocks: h.layout.sums_len / 4,
             writable: self.is_writable(),
@@ -633,6 +714,22 @@ impl EmbeddingTable {
             seed: self.header.seed,
             scale: self.header.init_scale,
         })
+    }
+
+    /// Writes `h` into the header of this writable table (the body changed: the
+    /// checksums of a saved table no longer hold, so they are marked invalid).
+    pub(super) fn write_header(&mut self, h: Header) -> TableResult<()> {
+        let h = Header { sums_valid: false, sums_crc: 0, ..h };
+        let Mapping::Rw(map) = &mut self.map else { return Err(TableError::ReadOnly) };
+        let head = map.get_mut(..HEADER_FIELDS).ok_or_else(|| TableError::from(FORMAT.layout(&self.path, "the header is outside the mapping")))?;
+        head.copy_from_slice(&h.encode());
+        self.header = h;
+        Ok(())
+    }
+
+    /// Bytes `[off, off + len)` of the file, or a layout error.
+    pub(super) fn section(&self, off: u64, len: u64) -> TableResult<&[u8]> {
+        sub(&self.path, self.as_bytes(), off, len)
     }
 
     pub(super) fn check_keys(keys: &[u64]) -> TableResult<()> {
@@ -703,6 +800,15 @@ impl EmbeddingTable {
         let l = self.header.layout;
         let state: &[f32] = cast(&self.path, sub(&self.path, self.as_bytes(), l.state_offset, l.state_len).ok()?).ok()?;
         state.get(slot).copied()
+    }
+
+    /// The usage of `key`'s row: its last update (the table's generation then, low 32 bits)
+    /// and how many updates it had (`None` for absent keys or a table without usage).
+    pub fn usage(&self, key: u64) -> Option<(u32, u32)> {
+        let l = self.header.layout;
+        let usage: &[u32] = cast(&self.path, self.section(l.usage_offset, l.usage_len).ok()?).ok()?;
+        let slot = self.slot_of(key)?;
+        Some((*usage.get(2 * slot)?, *usage.get(2 * slot + 1)?))
     }
 
     /// Every `(key, slot)` in the table, sorted by key.

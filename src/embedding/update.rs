@@ -1,7 +1,9 @@
 //! Updates of a table, by the host leader only: an optimizer step per (key, gradient row)
 //! ([`EmbeddingTable::apply_updates`]: SGD, or row-wise Adagrad) or an assignment
-//! ([`EmbeddingTable::put_rows`]), inserting absent keys. Deterministic: every host applying
-//! the same list gets a byte-identical file.
+//! ([`EmbeddingTable::put_rows`]), inserting absent keys — an optimizer step only once the
+//! key is admitted ([`super::admit`]). Each updated row's usage (last update, update count)
+//! is recorded when the table keeps it. Deterministic: every host applying the same list
+//! gets a byte-identical file.
 
 use std::collections::HashSet;
 
@@ -9,6 +11,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::error::{TableError, TableResult};
+use super::admit;
 use super::format::{self, OptimizerKind, StorageDtype, FORMAT, HEADER_FIELDS};
 use super::index;
 use super::init::{self, Elem};
@@ -28,6 +31,8 @@ fn prefetch<T>(p: *const T) {
 
 /// Marks a key absent from the table in `resolve_slots`' output.
 const ABSENT: usize = 1 << (usize::BITS - 1);
+/// Marks a key whose gradient is dropped (not admitted, or no room) in `write_rows_t`.
+const SKIP: usize = usize::MAX;
 
 /// What an update batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,8 +41,32 @@ pub struct UpdateStats {
     pub inserted: u64,
     /// Row updates applied (one per key occurrence).
     pub updated: u64,
+    /// Gradient rows dropped: their key has no row and was not admitted (`--admit-after`),
+    /// or a managed table at its largest size had no room left for it.
+    pub refused: u64,
     /// The table's generation after the batch.
     pub generation: u64,
+}
+
+/// Where each key of an update batch goes, worked out before anything is written
+/// ([`EmbeddingTable::plan_updates`]): valid for the table as it was then.
+#[derive(Debug)]
+pub(super) struct UpdatePlan {
+    /// Per key: its slot, or [`ABSENT`] | where its probe ended.
+    slots: Vec<usize>,
+    /// Distinct absent keys: the most rows the batch can insert.
+    pub(super) absent: u64,
+    /// Whether the batch is an optimizer step (which admits keys) or an assignment.
+    step: bool,
+    /// What the table looked like: a plan is refused on a table that changed since.
+    stamp: (u64, u64, u64, u64),
+}
+
+impl UpdatePlan {
+    /// Slots of the keys present in the table (the rows this batch touches).
+    pub(super) fn present(&self) -> Vec<usize> {
+        self.slots.iter().filter(|s| **s & ABSENT == 0).copied().collect()
+    }
 }
 
 /// `b.split_at_mut(n)` without the panic.
@@ -49,12 +78,38 @@ fn split_mut(b: &mut [u8], n: usize) -> Option<(&mut [u8], &mut [u8])> {
     }
 }
 
+/// The sections of the table file `b` (at `path`, for errors) laid out as `l`, the rows
+/// as `T`.
+pub(super) fn split_parts<'a, T: bytemuck::Pod>(path: &std::path::Path, b: &'a mut [u8], l: &format::Layout) -> TableResult<Parts<'a, T>> {
+    let bad = || TableError::from(FORMAT.layout(path, "section outside the mapping"));
+    let (header, mut rest) = split_mut(b, l.index_offset as usize).ok_or_else(bad)?;
+    // Each section in file order: skip to its offset (`at` is where `rest` starts).
+    let mut at = l.index_offset;
+    let mut take = |off: u64, len: u64| -> TableResult<&'a mut [u8]> {
+        let skip = off.checked_sub(at).ok_or_else(bad)? as usize;
+        let r = std::mem::take(&mut rest).get_mut(skip..).ok_or_else(bad)?;
+        let (sec, tail) = split_mut(r, len as usize).ok_or_else(bad)?;
+        rest = tail;
+        at = off + len;
+        Ok(sec)
+    };
+    let index = take(l.index_offset, l.index_len)?;
+    let rows = take(l.rows_offset, l.rows_len)?;
+    let state = take(l.state_offset, l.state_len)?;
+    let usage = take(l.usage_offset, l.usage_len)?;
+    let sketch = take(l.sketch_offset, l.sketch_len)?;
+    Ok(Parts { header, index: cast_mut(path, index)?, rows: cast_mut(path, rows)?, state: cast_mut(path, state)?, usage: cast_mut(path, usage)?, sketch })
+}
+
 /// Mutable sections of a writable table.
-struct Parts<'a, T> {
-    header: &'a mut [u8],
-    index: &'a mut [u64],
-    rows: &'a mut [T],
-    state: &'a mut [f32],
+pub(super) struct Parts<'a, T> {
+    pub(super) header: &'a mut [u8],
+    pub(super) index: &'a mut [u64],
+    pub(super) rows: &'a mut [T],
+    pub(super) state: &'a mut [f32],
+    /// Per slot: u32 last update (generation), u32 update count; empty without usage.
+    pub(super) usage: &'a mut [u32],
+    pub(super) sketch: &'a mut [u8],
 }
 
 /// One row's change in f32: assignment, an SGD step, or (with `acc`, the row's Adagrad
@@ -132,10 +187,46 @@ impl EmbeddingTable {
         Ok((slots, new.len() as u64))
     }
 
+    /// What the table looks like for [`UpdatePlan`]s: any growth, removal or update changes it.
+    fn stamp(&self) -> (u64, u64, u64, u64) {
+        let h = &self.header;
+        (h.generation, h.live_rows, h.capacity, h.counts.evicted.wrapping_add(h.counts.expired))
+    }
+
+    /// Plans an update batch of `keys` (`step`: an optimizer step, which admits keys;
+    /// else an assignment, which inserts every key): where each key is, and how many keys
+    /// are absent. Reads only.
+    pub(super) fn plan_updates(&self, keys: &[u64], step: bool) -> TableResult<UpdatePlan> {
+        Self::check_keys(keys)?;
+        let (slots, absent) = self.resolve_slots(keys)?;
+        Ok(UpdatePlan { slots, absent, step, stamp: self.stamp() })
+    }
+
+    /// How many rows the planned batch inserts: its distinct absent keys that are admitted
+    /// — with `admit_after` K > 1, those whose sketch estimate reaches K with this batch
+    /// (a sketch read per absent key, so only asked when the bound `plan.absent` matters).
+    pub(super) fn planned_inserts(&self, keys: &[u64], plan: &UpdatePlan) -> TableResult<u64> {
+        let h = &self.header;
+        if plan.absent == 0 || !plan.step || h.admit_after <= 1 {
+            return Ok(plan.absent);
+        }
+        let sketch = self.section(h.layout.sketch_offset, h.layout.sketch_len)?;
+        let (d, w, k) = (h.extras.sketch_depth, h.extras.sketch_width, h.admit_after);
+        let admitted = |key: &u64| admit::estimate(sketch, d, w, *key).saturating_add(1) as u32 >= k;
+        let absent_keys = keys.iter().zip(&plan.slots).filter(|(_, s)| **s & ABSENT != 0).map(|(k, _)| k);
+        Ok(if keys.windows(2).all(|w| w[0] < w[1]) {
+            absent_keys.filter(|k| admitted(k)).count() as u64
+        } else {
+            absent_keys.collect::<HashSet<_>>().into_iter().filter(|k| admitted(k)).count() as u64
+        })
+    }
+
     /// Applies one optimizer step per `(key, gradient row)` in the given order (a key given
-    /// twice is stepped twice), inserting keys not yet present; a new row starts from the
-    /// key's initial row, so it reads the same before and after insertion. Deterministic:
-    /// every host applying the same list gets a byte-identical file. Bumps the generation.
+    /// twice is stepped twice), inserting keys not yet present — with `admit_after` K > 1
+    /// only in the K-th batch that holds the key; until then its gradient is dropped
+    /// ([`super::admit`]). A new row starts from the key's initial row, so it reads the same
+    /// before and after insertion. Deterministic: every host applying the same list gets a
+    /// byte-identical file. Bumps the generation.
     ///
     /// Fails without changing anything on a read-only handle ([`TableError::ReadOnly`]), on
     /// the reserved key, on a wrong `grads` length, or when the new keys would exceed the
@@ -159,11 +250,33 @@ impl EmbeddingTable {
             return Err(TableError::ReadOnly);
         }
         self.check_len(if matches!(op, RowOp::Assign) { "row values" } else { "gradients" }, keys.len(), vals.len())?;
-        Self::check_keys(keys)?;
-        let (slots, new) = self.resolve_slots(keys)?;
+        let plan = self.plan_updates(keys, matches!(op, RowOp::Step(_)))?;
+        self.write_planned(keys, vals, op, plan, None)
+    }
+
+    /// [`EmbeddingTable::apply_updates`] by a plan made on this table as it is now, inserting
+    /// at most `room` keys (the others' gradients are dropped, counted as refused), or,
+    /// without `room`, failing with [`TableError::Full`] when the plan's insertions would
+    /// pass the load limit.
+    pub(super) fn apply_planned(&mut self, keys: &[u64], grads: &[f32], lr: f32, plan: UpdatePlan, room: Option<u64>) -> TableResult<UpdateStats> {
+        if !lr.is_finite() {
+            return Err(TableError::Config(format!("learning rate {lr} is not finite")));
+        }
+        self.check_len("gradients", keys.len(), grads.len())?;
+        self.write_planned(keys, grads, RowOp::Step(lr), plan, room)
+    }
+
+    fn write_planned(&mut self, keys: &[u64], vals: &[f32], op: RowOp, plan: UpdatePlan, room: Option<u64>) -> TableResult<UpdateStats> {
+        if !self.is_writable() {
+            return Err(TableError::ReadOnly);
+        }
+        if plan.stamp != self.stamp() || plan.slots.len() != keys.len() {
+            return Err(TableError::Config("an update plan was applied to a table that changed since it was made".into()));
+        }
         let h = self.header;
         let max_rows = h.max_rows();
-        if h.live_rows + new > max_rows {
+        let new = if h.live_rows + plan.absent > max_rows { self.planned_inserts(keys, &plan)? } else { plan.absent };
+        if room.is_none() && h.live_rows + new > max_rows {
             return Err(TableError::Full {
                 capacity: h.capacity,
                 live: h.live_rows,
@@ -173,54 +286,71 @@ impl EmbeddingTable {
                 suggest: format::capacity_for_rows(h.live_rows + new),
             });
         }
+        let room = room.unwrap_or(u64::MAX).min(max_rows.saturating_sub(h.live_rows));
         let stats = match h.dtype {
-            StorageDtype::F32 => self.write_rows_t::<f32>(keys, vals, op, &slots),
-            StorageDtype::F16 => self.write_rows_t::<f16>(keys, vals, op, &slots),
-            StorageDtype::Bf16 => self.write_rows_t::<bf16>(keys, vals, op, &slots),
+            StorageDtype::F32 => self.write_rows_t::<f32>(keys, vals, op, plan.slots, room),
+            StorageDtype::F16 => self.write_rows_t::<f16>(keys, vals, op, plan.slots, room),
+            StorageDtype::Bf16 => self.write_rows_t::<bf16>(keys, vals, op, plan.slots, room),
         }?;
         Ok(stats)
     }
 
-    fn parts_mut<T: Elem>(&mut self) -> TableResult<Parts<'_, T>> {
+    /// The sections of a writable table, the rows as `T`.
+    pub(super) fn parts_mut<T: bytemuck::Pod>(&mut self) -> TableResult<Parts<'_, T>> {
         let l = self.header.layout;
         let path = self.path.clone();
         let Mapping::Rw(map) = &mut self.map else { return Err(TableError::ReadOnly) };
-        let bad = || TableError::from(FORMAT.layout(&path, "section outside the mapping"));
-        let b: &mut [u8] = map;
-        let (header, rest) = split_mut(b, l.index_offset as usize).ok_or_else(bad)?;
-        let (index, rest) = split_mut(rest, l.index_len as usize).ok_or_else(bad)?;
-        let rest = rest.get_mut((l.rows_offset - l.index_offset - l.index_len) as usize..).ok_or_else(bad)?;
-        let (rows, rest) = split_mut(rest, l.rows_len as usize).ok_or_else(bad)?;
-        let rest = rest.get_mut((l.state_offset - l.rows_offset - l.rows_len) as usize..).ok_or_else(bad)?;
-        let state = rest.get_mut(..l.state_len as usize).ok_or_else(bad)?;
-        Ok(Parts { header, index: cast_mut(&path, index)?, rows: cast_mut(&path, rows)?, state: cast_mut(&path, state)? })
+        split_parts(&path, map, &l)
     }
 
     /// `slots` as [`EmbeddingTable::resolve_slots`] made them: a present key's slot stays
-    /// valid while others are inserted (keys never move); an absent key's probe resumes at
-    /// the free slot where it ended, which gives the slot a probe from its home would give
-    /// (the slots before it still hold other keys), at one cache line per new key.
+    /// valid while others are inserted (nothing is removed during a batch); an absent key's
+    /// probe resumes at the free slot where it ended, which gives the slot a probe from its
+    /// home would give (the slots before it still hold other keys), at one cache line per
+    /// new key.
     ///
-    /// Pass 1 (sequential, list order) finds or inserts every key's slot, so the slots — and
-    /// the file — do not depend on how pass 2 is split. Pass 2 steps each occurrence's row
-    /// with [`step_row`]: in list order, or in parallel for strictly increasing keys (what
-    /// the sparse exchange hands the leader: distinct keys, disjoint rows, the same result).
-    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, slots: &[usize]) -> TableResult<UpdateStats> {
+    /// Pass 1 (sequential, list order) finds or inserts every key's slot — an optimizer
+    /// step inserts a key only once the admission sketch admits it, and at most `room` keys
+    /// — so the slots, and the file, do not depend on how pass 2 is split. Pass 2 steps each
+    /// occurrence's row with [`step_row`] and records its usage: in list order, or in
+    /// parallel for strictly increasing keys (what the sparse exchange hands the leader:
+    /// distinct keys, disjoint rows, the same result).
+    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, mut slots: Vec<usize>, room: u64) -> TableResult<UpdateStats> {
         let mut h = self.header;
         let d = h.dim as usize;
         let path = self.path.clone();
         let p = self.parts_mut::<T>()?;
-        let mut slots = slots.to_vec();
+        let distinct = keys.windows(2).all(|w| w[0] < w[1]);
+        let admitting = matches!(op, RowOp::Step(_)) && h.admit_after > 1;
+        let (depth, width) = (h.extras.sketch_depth, h.extras.sketch_width);
+        // Keys refused in this batch, when a key may come again in it.
+        let mut refused_keys: HashSet<u64> = HashSet::new();
+        let mut room = room;
         let mut inserted = vec![false; keys.len()];
-        let mut stats = UpdateStats { updated: keys.len() as u64, ..UpdateStats::default() };
+        let mut stats = UpdateStats::default();
         for (n, key) in keys.iter().enumerate() {
             if slots[n] & ABSENT == 0 {
-                continue; // found by resolve_slots; keys never move
+                continue; // found by resolve_slots; nothing moves during a batch
+            }
+            if !distinct && refused_keys.contains(key) {
+                slots[n] = SKIP;
+                stats.refused += 1;
+                continue;
             }
             let Some((slot, insert)) = index::probe_from(p.index, *key, slots[n] & !ABSENT) else {
                 return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
             };
             if insert {
+                let admitted = !admitting || admit::bump(p.sketch, depth, width, *key) as u32 >= h.admit_after;
+                if !admitted || room == 0 {
+                    slots[n] = SKIP;
+                    stats.refused += 1;
+                    if !distinct {
+                        refused_keys.insert(*key);
+                    }
+                    continue;
+                }
+                room -= 1;
                 p.index[slot] = *key;
                 h.live_rows += 1;
                 stats.inserted += 1;
@@ -231,22 +361,33 @@ impl EmbeddingTable {
             }
             slots[n] = slot;
         }
+        stats.updated = keys.len() as u64 - stats.refused;
         let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
-        if slots.iter().any(|s| (s + 1) * d > p.rows.len() || (adagrad && *s >= p.state.len())) {
-            return Err(TableError::from(FORMAT.layout(&path, "row or state outside its section")));
+        let usage = !p.usage.is_empty();
+        let in_bounds = |s: usize| (s + 1) * d <= p.rows.len() && (!adagrad || s < p.state.len()) && (!usage || 2 * s + 1 < p.usage.len());
+        if slots.iter().any(|s| *s != SKIP && !in_bounds(*s)) {
+            return Err(TableError::from(FORMAT.layout(&path, "row, state or usage outside its section")));
         }
-        struct Shared<T>(*mut T, *mut f32);
-        // SAFETY: the pointers are only used for the rows/states of the slots (below).
+        struct Shared<T>(*mut T, *mut f32, *mut u32);
+        // SAFETY: the pointers are only used for the rows/states/usage of the slots (below).
         unsafe impl<T> Sync for Shared<T> {}
-        let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr());
+        let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr(), p.usage.as_mut_ptr());
         let shared = &shared;
         let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
+        // Usage records the generation of this batch (its low 32 bits: ages wrap).
+        let now = h.generation.wrapping_add(1) as u32;
         let step = |w: &mut Vec<f32>, n: usize| {
-            if let Some(ahead) = slots.get(n + PREFETCH_AHEAD) {
-                // The row PREFETCH_AHEAD keys ahead (random slots: latency-bound).
+            if let Some(ahead) = slots.get(n + PREFETCH_AHEAD).filter(|s| **s != SKIP) {
+                // The row (and usage) PREFETCH_AHEAD keys ahead (random slots: latency-bound).
                 prefetch(shared.0.wrapping_add(ahead * d));
+                if usage {
+                    prefetch(shared.2.wrapping_add(2 * ahead));
+                }
             }
             let slot = slots[n];
+            if slot == SKIP {
+                return;
+            }
             // SAFETY: bounds checked above; the row and state of `slot` are touched by this
             // call only (sequentially, or in parallel for distinct keys, hence distinct slots).
             let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
@@ -259,6 +400,12 @@ impl EmbeddingTable {
             let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
             step_row(w, &vals[n * d..(n + 1) * d], op, acc, eps);
             T::store(w, row);
+            if usage {
+                // SAFETY: as for the row; 2 * slot + 1 < usage.len() checked above.
+                let u = unsafe { std::slice::from_raw_parts_mut(shared.2.add(2 * slot), 2) };
+                u[0] = now;
+                u[1] = u[1].saturating_add(1);
+            }
         };
         if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 && keys.windows(2).all(|w| w[0] < w[1]) {
             (0..keys.len()).into_par_iter().with_min_len(256).for_each_init(|| vec![0f32; d], step);
@@ -267,6 +414,8 @@ impl EmbeddingTable {
             (0..keys.len()).for_each(|n| step(&mut w, n));
         }
         h.generation = h.generation.wrapping_add(1);
+        h.counts.inserted += stats.inserted;
+        h.counts.refused += stats.refused;
         // The body changed: checksums of a saved table opened read-write no longer hold.
         (h.sums_valid, h.sums_crc) = (false, 0);
         stats.generation = h.generation;

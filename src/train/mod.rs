@@ -46,7 +46,7 @@ use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
 use crate::comm::{self, Backend};
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
-use crate::embedding::OptimizerKind;
+use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::controller::AssertSend;
 use crate::engine::{DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
 use crate::model::DenseOptimizer;
@@ -156,6 +156,20 @@ pub struct TrainConfig {
     /// Whether `test_fraction` was asked for (`--test-fraction`), not the default: an
     /// error with several training files or with `eval_data`.
     pub test_fraction_given: bool,
+    /// Storage of the table's rows (arithmetic is f32 either way).
+    pub table_dtype: StorageDtype,
+    /// Largest size of the host table file: growth stops there and eviction starts
+    /// (`None`: half of what the shared-memory directory has free at the start, shared
+    /// among the hosts of a machine).
+    pub table_max_bytes: Option<u64>,
+    /// A key gets its own row in the K-th step that holds it (1: at once).
+    pub admit_after: u32,
+    /// MiB of the count-min sketch that counts the steps of keys not admitted yet.
+    pub admit_sketch_mib: u64,
+    /// Remove rows not updated for this many steps.
+    pub expire_after_steps: Option<u64>,
+    /// Which rows go when the table at its largest size needs room.
+    pub evict: Evict,
 }
 
 impl TrainConfig {
@@ -198,6 +212,12 @@ impl TrainConfig {
             init_dense: None,
             eval_data: Vec::new(),
             test_fraction_given: false,
+            table_dtype: StorageDtype::F32,
+            table_max_bytes: None,
+            admit_after: 1,
+            admit_sketch_mib: crate::embedding::admit::DEFAULT_SKETCH_BYTES >> 20,
+            expire_after_steps: None,
+            evict: Evict::Lru,
         }
     }
 
@@ -233,7 +253,40 @@ impl TrainConfig {
         if self.init_dense.is_some() && self.init_from.is_none() {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
         }
+        self.validate_table()
+    }
+
+    /// The table flags' own checks: `--admit-after` and its sketch, `--expire-after-steps`,
+    /// and an explicit `--table-max-bytes` that holds at least the initial table.
+    pub fn validate_table(&self) -> TrainResult<()> {
+        let tc = self.table_config();
+        let h = tc.header().map_err(|e| TrainError::Config(e.to_string()))?;
+        if self.expire_after_steps == Some(0) {
+            return Err(TrainError::Config("--expire-after-steps must be at least 1 (rows not updated for that many steps are removed)".into()));
+        }
+        if let Some(max) = self.table_max_bytes {
+            if max < h.layout.file_len {
+                return Err(TrainError::Config(format!(
+                    "--table-max-bytes {max} is smaller than the initial table ({} bytes for --table-capacity {}); raise it or lower --table-capacity",
+                    h.layout.file_len, self.table_capacity
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The host table this run creates: `--dim`, `--table-capacity`, `--table-dtype`, the
+    /// sparse optimizer, `--seed`, admission, and the usage section that expiry and
+    /// eviction read.
+    pub fn table_config(&self) -> TableConfig {
+        let mut tc = TableConfig::new(self.dim as u32, self.table_capacity);
+        tc.seed = self.seed;
+        tc.optimizer = self.sparse_optimizer;
+        tc.dtype = self.table_dtype;
+        tc.track_usage = true;
+        tc.admit_after = self.admit_after;
+        tc.sketch_bytes = self.admit_sketch_mib.saturating_mul(1 << 20);
+        tc
     }
 
     /// Threads per rank on `topo`: the setting, else cores / ranks on this host.
@@ -269,6 +322,12 @@ impl TrainConfig {
             ("--test-fraction", self.test_fraction.to_string()),
             ("--sparse-normalize", self.sparse_normalize.to_string()),
             ("--table-capacity", self.table_capacity.to_string()),
+            ("--table-dtype", self.table_dtype.to_string()),
+            ("--table-max-bytes", self.table_max_bytes.map_or("auto".into(), |b| b.to_string())),
+            ("--admit-after", self.admit_after.to_string()),
+            ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
+            ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
+            ("--evict", self.evict.to_string()),
         ]
     }
 
@@ -326,6 +385,12 @@ impl TrainConfig {
             ("--init-dense", format!("{:?}", self.init_dense)),
             ("--eval-data", data::describe_inputs("--eval-data", &self.eval_data)),
             ("--test-fraction given", self.test_fraction_given.to_string()),
+            ("--table-dtype", self.table_dtype.to_string()),
+            ("--table-max-bytes", self.table_max_bytes.map_or("auto".into(), |b| b.to_string())),
+            ("--admit-after", self.admit_after.to_string()),
+            ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
+            ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
+            ("--evict", self.evict.to_string()),
         ]
     }
 }
@@ -397,6 +462,32 @@ pub struct TrainSummary {
     /// Every step's global mean loss (with `record_losses`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub losses: Vec<f64>,
+    /// Storage dtype of the table's rows.
+    pub table_dtype: String,
+    /// Slots of the host table at the end.
+    pub table_capacity: u64,
+    /// Bytes of the host table file at the end (one per host).
+    pub table_bytes: u64,
+    /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
+    /// directory allowed).
+    pub table_max_bytes: u64,
+    /// Times the table grew in this run.
+    pub table_growths: u64,
+    /// Seconds rank 0's host leader spent building grown tables in this run (sum).
+    pub table_growth_seconds: f64,
+    /// The longest of those growths (seconds).
+    pub table_growth_max_seconds: f64,
+    /// Rows inserted in this run.
+    pub table_inserted: u64,
+    /// Rows evicted in this run (the table at its largest size needed room).
+    pub table_evictions: u64,
+    /// Rows expired in this run (`--expire-after-steps`).
+    pub table_expirations: u64,
+    /// Gradient rows dropped in this run because their key had no row: not admitted yet
+    /// (`--admit-after`), or no room at the largest size.
+    pub table_refused: u64,
+    /// Bytes of the admission sketch (0 without `--admit-after`).
+    pub admission_sketch_bytes: u64,
 }
 
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on rank

@@ -24,6 +24,7 @@ use super::checkpoint::{self, CheckpointError, Manifest};
 use super::TrainResult;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
 use crate::model::DenseOptimState;
 use crate::topology::Topology;
@@ -141,8 +142,10 @@ impl TableFile {
         if let Some(i) = self.init {
             (c.seed, c.init_scale) = (i.seed, Some(i.scale));
         }
-        if let Some(s) = self.saved {
-            (c.capacity, c.optimizer, c.adagrad_eps, c.adagrad_init) = (s.capacity, s.optimizer, s.adagrad_eps, s.adagrad_init);
+        match self.saved {
+            Some(s) => (c.capacity, c.optimizer, c.adagrad_eps, c.adagrad_init) = (s.capacity, s.optimizer, s.adagrad_eps, s.adagrad_init),
+            // Imported rows: a table that holds them below the high-water mark.
+            None => c.capacity = c.capacity.max(capacity_for_rows(self.rows.saturating_mul(10).div_ceil(7))),
         }
         c
     }

@@ -223,7 +223,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
         }
-        let run_table = super::embedding::table_config(cfg);
+        let run_table = cfg.table_config();
         let warm = match &cfg.init_from {
             Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &run_table, &mut params, &mut opt)?),
             None => None,
@@ -547,6 +547,8 @@ impl<'a, D: Device> Trainer<'a, D> {
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
         let steps = (now.step - m.step) as f64;
+        // The table's counts since the run started (admissions are rows inserted).
+        let (h, c) = (*self.embedding.table().table().header(), self.embedding.counts());
         let line = serde_json::json!({
             "step": now.step,
             "epoch": self.position.epoch,
@@ -558,6 +560,14 @@ impl<'a, D: Device> Trainer<'a, D> {
             "eval_logloss": eval.map(|e| e.logloss),
             "eval_rows": self.data.held_out_rows(),
             "table_rows": self.embedding.table().table().live_rows(),
+            "table_capacity": h.capacity,
+            "table_bytes": h.layout.file_len,
+            "table_growths": c.growths,
+            "table_admissions": c.inserted,
+            "table_evictions": c.evicted,
+            "table_expirations": c.expired,
+            "table_refused": c.refused,
+            "admission_sketch_bytes": h.layout.sketch_len,
             "dense_bytes_reduced": steps * 4.0 * (self.model.mlp().num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
@@ -645,6 +655,31 @@ impl<'a, D: Device> Trainer<'a, D> {
             nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
             phase_seconds: self.phases.totals(),
             losses: std::mem::take(&mut self.losses.all),
+            ..self.table_summary()
         })
+    }
+
+    /// The table's part of the summary: its shape at the end, and what happened to its
+    /// rows in this run.
+    fn table_summary(&self) -> TrainSummary {
+        let e = &self.embedding;
+        let h = e.table().table().header();
+        let c = e.counts();
+        let (growth_seconds, growth_max_seconds) = e.growth_seconds();
+        TrainSummary {
+            table_dtype: h.dtype.to_string(),
+            table_capacity: h.capacity,
+            table_bytes: h.layout.file_len,
+            table_max_bytes: e.max_bytes(),
+            table_growths: c.growths,
+            table_growth_seconds: growth_seconds,
+            table_growth_max_seconds: growth_max_seconds,
+            table_inserted: c.inserted,
+            table_evictions: c.evicted,
+            table_expirations: c.expired,
+            table_refused: c.refused,
+            admission_sketch_bytes: h.layout.sketch_len,
+            ..TrainSummary::default()
+        }
     }
 }

@@ -4,12 +4,13 @@
 //! PATH is a checkpoint directory (or one checkpoint), an export bundle, or a
 //! sparse-parameter file ([`ModelSource`]). Rank 0 resolves and checks it (every checksum)
 //! and compares it with this run's flags: a table of another `--dim` or `--table-dtype`,
-//! a saved table of another `--sparse-optimizer` or `--table-capacity`, a table with more
-//! rows than `--table-capacity` holds, or a dense model of another shape (`--dim`,
-//! `--hidden`) is refused, naming the flag and both values. The dense parameters are
-//! broadcast from rank 0; each host leader fills its host table from the source (a
-//! checkpoint's saved table byte for byte, Adagrad accumulators included; a bundle's or a
-//! parameter file's rows imported into a new table of this run's shape).
+//! a saved table of another `--sparse-optimizer`, or a dense model of another shape
+//! (`--dim`, `--hidden`) is refused, naming the flag and both values. The dense parameters
+//! are broadcast from rank 0; each host leader fills its host table from the source (a
+//! checkpoint's saved table byte for byte, Adagrad accumulators and a grown capacity
+//! included; a bundle's or a parameter file's rows imported into a new table of this run's
+//! shape, with at least `--table-capacity` slots and enough to hold them below the
+//! high-water mark). The table then grows, admits and evicts as this run's flags say.
 //!
 //! What carries over: the model always; the optimizer state only from a checkpoint (Adam's
 //! moments and step count, with this run's `--lr`; the table's Adagrad accumulators), when
@@ -25,7 +26,6 @@
 use super::source::{ModelSource, SourceKind, TableFile};
 use super::{TrainConfig, TrainResult};
 use crate::comm::Collectives;
-use crate::embedding::format::max_rows;
 use crate::embedding::TableConfig;
 use crate::model::DenseOptimState;
 use crate::topology::Topology;
@@ -50,18 +50,10 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
         return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
     }
-    let capacity = run.header().map_err(|e| e.to_string())?.capacity;
-    match t.saved {
-        Some(s) if s.optimizer != run.optimizer => {
-            return Err(format!("{flag}: its table holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
-        }
-        Some(s) if s.capacity != capacity => {
-            return Err(format!("{flag}: its table has {} slots, this run has --table-capacity {} ({capacity} slots); pass --table-capacity {}", s.capacity, run.capacity, s.capacity));
-        }
-        None if t.rows > max_rows(capacity) => {
-            return Err(format!("{flag}: its table holds {} rows, --table-capacity {} holds at most {}; raise --table-capacity", t.rows, run.capacity, max_rows(capacity)));
-        }
-        _ => {}
+    // The table's capacity need not be --table-capacity's: a saved table is copied as it
+    // is (it may have grown), imported rows get a table that holds them, and either grows.
+    if let Some(s) = t.saved.filter(|s| s.optimizer != run.optimizer) {
+        return Err(format!("{flag}: its table holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
     }
     let mut widths = vec![input_width(cfg.dim)];
     widths.extend(&cfg.hidden);

@@ -6,5 +6,6 @@ pub mod checkpoint;
 pub mod embedding;
 pub mod engine;
 pub mod gemm;
+pub mod growth;
 pub mod sparse;
 pub mod step;

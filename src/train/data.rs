@@ -194,7 +194,8 @@ impl TrainData {
         let t = Instant::now();
         let ds = topo.agree(open_one(&path, &self.cache_dir, &self.prepare).map_err(|e| e.to_string()))?;
         let waited = t.elapsed().as_secs_f64();
-        let key = format!("rows of {} (after skipping malformed lines)", path.display());
+        // By position, not path: the default set's path follows --data-dir, which may differ.
+        let key = format!("rows of --data file {} of {n} (after skipping malformed lines)", i + 1);
         topo.agree_settings(&[(key.as_str(), ds.len().to_string())])?;
         if self.report && ds.header().bad_lines > 0 {
             crate::eprint_line(&format!(
@@ -352,9 +353,9 @@ impl TrainData {
     pub fn held_out(&mut self, topo: &Topology) -> TrainResult<&EvalSet> {
         if let HeldOut::Files(paths) = &self.held_out {
             let mut set = EvalSet::new();
-            for path in paths {
+            for (i, path) in paths.iter().enumerate() {
                 let ds = topo.agree(open_one(path, &self.cache_dir, &self.prepare).map_err(|e| e.to_string()))?;
-                let key = format!("rows of {} (after skipping malformed lines)", path.display());
+                let key = format!("rows of --eval-data file {} of {} (after skipping malformed lines)", i + 1, paths.len());
                 topo.agree_settings(&[(key.as_str(), ds.len().to_string())])?;
                 let rows = 0..ds.len();
                 set.push(Arc::new(ds), rows)?;

@@ -170,6 +170,12 @@ impl PredictConfig {
         Ok(())
     }
 
+    /// Threads per rank on `topo`: `--threads`, else cores / ranks on this host.
+    pub fn threads_per_rank(&self, topo: &Topology) -> usize {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        self.threads.unwrap_or((cores / topo.local_size).max(1)).max(1)
+    }
+
     /// Every setting that must be the same on every rank.
     pub fn settings(&self, topo: &Topology) -> Vec<(&'static str, String)> {
         let rc = &topo.config;
@@ -193,8 +199,7 @@ impl PredictConfig {
 pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
     topo.agree_settings(&cfg.settings(topo))?;
     cfg.validate()?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let threads = cfg.threads.unwrap_or((cores / topo.local_size).max(1)).max(1);
+    let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
     match placement {
@@ -216,9 +221,7 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
 /// host on this rank's share of the cores; a `.rrdata` cache as it is) on every rank; every rank learns
 /// whether all could and that they agree on its rows.
 fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let threads = cfg.threads.unwrap_or((cores / topo.local_size).max(1)).max(1);
-    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(threads);
+    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo));
     let ds = topo.agree(super::data::open_one(path, &cfg.data_dir.join("cache"), &opts).map_err(|e| e.to_string()))?;
     topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
     Ok(ds)

@@ -157,6 +157,12 @@ fn a_nan_stops_every_rank_at_that_step_and_is_never_saved() {
     assert!(job.stderr.contains("step 5:") && job.stderr.contains("skipped (--nan-policy skip-step)"), "{}", job.all());
     let last = ringrec::train::checkpoint::load(&step_dir(&ck, 10)).expect("finite checkpoint");
     assert!(last.dense.params.iter().all(|v| v.is_finite()));
+
+    // The GPU code path (the kernels compiled for the host) runs the same check.
+    let ck = tmpdir("nan-stop-host");
+    let job = train(1, &[("RINGREC_FAULT_NAN", "0:3")], &ck, &["--max-steps", "6", "--device", "host"]);
+    assert_eq!(job.code, Some(1), "{}", job.all());
+    assert!(job.stderr.contains("step 4:") && job.stderr.contains("not finite"), "{}", job.all());
 }
 
 #[test]

@@ -100,11 +100,12 @@ fn nccl_allreduce_is_exact_for_f32_f16_bf16_on_gpus() {
     // Sums of the pattern's small integers are exact in every type (averages are not:
     // NCCL may pre-multiply by 1/n), so every element is checked exactly.
     let np = devices.min(4);
-    for dtype in ["f32", "f16", "bf16"] {
+    // The table names the types as nccl-tests does.
+    for (dtype, printed) in [("f32", "float"), ("f16", "half"), ("bf16", "bfloat16")] {
         let job = common::mpirun(np, &[], &["bench", "allreduce", "--backend", "nccl", "-b", "8", "-e", "64M", "-f", "8", "-n", "3", "-w", "1", "-d", dtype, "-o", "sum"]);
         job.assert_ok();
         assert!(job.stdout.contains("# backend: nccl"), "{dtype}: {}", job.all());
-        let rows = job.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some(dtype)).count();
+        let rows = job.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some(printed)).count();
         assert_eq!(rows, 2 * 8, "{dtype}: mpi and nccl rows, 8 B to 16 MiB by 8x: {}", job.all());
         assert!(job.stdout.contains("#wrong total: 0"), "{dtype}: {}", job.all());
     }

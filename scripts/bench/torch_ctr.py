@@ -32,6 +32,9 @@ own; eager training has no inter-op parallelism, and 1 vs 2 made no difference o
 VM; neither did OMP_NUM_THREADS, while OMP_WAIT_POLICY=passive was slower). The benchmark
 (scripts/bench/train.sh) sweeps the thread counts and takes the best.
 
+--device cuda (one process) puts the model and the whole data set on the GPU before the loop,
+as a PyTorch user with a GPU runs this model; samples/s then waits for the GPU at the end.
+
 This file imports nothing from ringrec (numpy and torch only): it is an independent
 cross-check of ringrec's training, data parsing and metrics.
 
@@ -175,6 +178,8 @@ def make_optimizers(model, args):
 # ------------------------------------------------------------------------------- training
 def worker(rank, world, args, data):
     label, dense, sparse, vocab_rows = data
+    dev = torch.device(args.device)
+    label, dense, sparse = label.to(dev), dense.to(dev), sparse.to(dev)
     ddp = world > 0
     nproc = max(world, 1)
     torch.set_num_threads(args.threads)
@@ -186,7 +191,7 @@ def worker(rank, world, args, data):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
-    model = CTRModel(vocab_rows, args.dim, args.hidden, args.embedding_grad == "sparse")
+    model = CTRModel(vocab_rows, args.dim, args.hidden, args.embedding_grad == "sparse").to(dev)
     if ddp:
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     dense_opt, sparse_opt = make_optimizers(model, args)
@@ -200,13 +205,15 @@ def worker(rank, world, args, data):
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
     gen = torch.Generator().manual_seed(args.seed)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
-    loss_sum = torch.zeros((), dtype=torch.float64)  # sum over this rank's samples
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)  # sum over this rank's samples
     seen = 0  # global samples trained on
     step = 0
     if ddp:
         dist.barrier()
     load_before = os.getloadavg()[0]
+    sync()
     t0 = time.perf_counter()
     t_last = t0
     for epoch in range(args.epochs):
@@ -223,6 +230,7 @@ def worker(rank, world, args, data):
                 ys, xs, xd = label[a:z], sparse[a:z], dense[a:z]
             else:
                 idx = order[a:z]
+                idx = idx.to(dev)
                 ys, xs, xd = label[idx], sparse[idx], dense[idx]
             logits = model(xs, xd)
             loss_local = F.binary_cross_entropy_with_logits(logits, ys, reduction="sum")
@@ -245,6 +253,7 @@ def worker(rank, world, args, data):
                 t_last = now
     if ddp:
         dist.barrier()
+    sync()
     elapsed = time.perf_counter() - t0
     load_after = os.getloadavg()[0]
     if ddp:
@@ -263,7 +272,7 @@ def worker(rank, world, args, data):
             for s in range(n_train, n, 8192):
                 out.append(net(sparse[s:s + 8192], dense[s:s + 8192]).double())
             logits = torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
-            yt = label[n_train:].double()
+            logits, yt = logits.cpu(), label[n_train:].double().cpu()
             test_logloss = (F.binary_cross_entropy_with_logits(logits, yt).item()
                             if n_test else float("nan"))
         test_auc = auc_exact(logits.numpy(), yt.numpy()) if n_test else float("nan")
@@ -295,13 +304,14 @@ def worker(rank, world, args, data):
             "vocab_rows": vocab_rows,
             "seed": args.seed,
             "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             # 1-minute load average before and after the loop: > cores means someone else
             # was using the CPUs and samples/s is low.
             "loadavg_before": load_before,
             "loadavg_after": load_after,
         }
         if args.save_params:
-            np.savez(args.save_params, **{k: v.detach().numpy()
+            np.savez(args.save_params, **{k: v.detach().cpu().numpy()
                                           for k, v in net.state_dict().items()})
         log(f"done: {step} steps, {result['samples_per_sec']:,.0f} samples/s, train loss "
             f"{train_loss:.5f}, test logloss {test_logloss:.5f}, test AUC {test_auc:.5f}")
@@ -347,6 +357,9 @@ def main():
                     help="write the trained parameters (rank 0) to this .npz")
     ap.add_argument("--progress-every", type=int, default=50, help="steps; 0 = quiet")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda (one process: the model and the whole data set on the "
+                    "GPU before the loop, as a PyTorch user with a GPU runs it)")
     default_cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target",
                                  "bench-data", "torch-cache")
     ap.add_argument("--cache-dir", default=os.path.normpath(default_cache),
@@ -363,6 +376,8 @@ def main():
     log(f"parsed {args.data}: {len(label)} rows, {vocab_rows} embedding rows, "
         f"{time.perf_counter() - t:.1f}s")
     data = (torch.from_numpy(label), torch.from_numpy(dense), torch.from_numpy(sparse), vocab_rows)
+    if args.device != "cpu" and args.ddp:
+        ap.error("--device cuda runs one process (no --ddp)")
     if args.ddp:
         for x in data[:3]:
             x.share_memory_()

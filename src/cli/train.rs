@@ -87,7 +87,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
     /// Where the dense model runs: cuda (one GPU per rank, NCCL between them), cpu, or auto
-    /// (cuda when this ringrec has the `cuda` feature and a driver and a GPU are present).
+    /// (cuda when this ringrec has the `cuda` feature, a driver and a GPU for each rank of a
+    /// host; else cpu, with a note when ranks would have shared a GPU).
     #[arg(long, default_value = "auto", value_parser = placement)]
     pub device: Placement,
     /// Sparse exchange: hierarchical (per-host pre-aggregation) or flat (every rank allgathers).

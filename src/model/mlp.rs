@@ -110,6 +110,10 @@ impl<D: Device> Mlp<D> {
     pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
         self.offsets[l].0..self.offsets[l].1 + self.widths[l + 1]
     }
+    /// Layer `l`'s outputs (its bias count): its parameters are `(inputs + 1) x outputs`.
+    pub fn layer_outputs(&self, l: usize) -> usize {
+        self.widths[l + 1]
+    }
     /// The flat parameters.
     pub fn params(&self) -> &D::Buf<f32> {
         &self.params

@@ -498,7 +498,15 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
-    let placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    let mut placement = topo.agree(cfg.device.resolve(topo.machine_local_rank, topo.size).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    let mut gpu = None;
+    if let Placement::Cuda(ordinal) = placement {
+        // NCCL cannot run two ranks of a job on one GPU.
+        gpu = rank_gpu(topo, cfg.device, ordinal.unwrap_or(0), true)?;
+        if gpu.is_none() {
+            placement = Placement::Cpu;
+        }
+    }
     match placement {
         Placement::HostKernels => {
             let options = topo.agree(HostOptions::from_env(topo.rank))?;
@@ -507,13 +515,8 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
             let exec = DeviceExecutor::new(dev.fork()?, coll);
             drive(topo, cfg, dev, Engine::start_with_device(topo, &engine, Some(Box::new(exec)))?, progress)
         }
-        Placement::Cuda(ordinal) => {
-            let ordinal = ordinal.unwrap_or(0);
-            // Every rank has its GPU before any waits in NCCL's start-up.
-            let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
-            // Two ranks of a machine on one physical GPU are refused on every rank.
-            let bus = dev.pci_bus_id().unwrap_or_else(|e| format!("unknown to rank {} ({e})", topo.rank));
-            crate::device::select::check_distinct(topo, &bus, topo.config.allow_shared_gpu).map_err(|e| TrainError::Config(e.to_string()))?;
+        Placement::Cuda(_) => {
+            let dev = gpu.ok_or_else(|| TrainError::Config("internal: the GPU placement has no device".into()))?;
             let queue = dev.fork()?;
             let exec: Box<dyn ExecuteDevice> = if topo.size == 1 {
                 // One rank: nothing to reduce, so no NCCL (nor libnccl) needed.
@@ -531,6 +534,29 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
             let engine = Engine::start(topo, &engine)?;
             on_pool(|| drive(topo, cfg, CpuDevice::new(threads), engine, progress))
         }
+    }
+}
+
+/// This rank's GPU `ordinal`, opened on every rank before any waits in NCCL's start-up.
+/// Ranks of a machine on one physical GPU (every rank's pick is gathered, so every rank
+/// decides alike): under `--device auto` (`asked`) every rank goes to the CPU instead
+/// (`None`, with a note on rank 0), as without a GPU, so `train` and `predict` always
+/// agree on the device; under `--device cuda` they are refused when `exclusive` (NCCL).
+pub(crate) fn rank_gpu(topo: &Topology, asked: Placement, ordinal: usize, exclusive: bool) -> TrainResult<Option<CudaDevice>> {
+    let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
+    if !exclusive && asked != Placement::Auto {
+        return Ok(Some(dev));
+    }
+    let bus = dev.pci_bus_id().unwrap_or_else(|e| format!("unknown to rank {} ({e})", topo.rank));
+    match crate::device::select::check_distinct(topo, &bus, topo.config.allow_shared_gpu) {
+        Ok(()) => Ok(Some(dev)),
+        Err(e @ crate::device::DeviceError::SharedGpu { .. }) if asked == Placement::Auto => {
+            if topo.rank == 0 {
+                crate::eprint_line(&format!("ringrec: --device auto: {e}; running on the CPU (--device cuda refuses instead)"));
+            }
+            Ok(None)
+        }
+        Err(e) => Err(TrainError::Config(e.to_string())),
     }
 }
 

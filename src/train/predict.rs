@@ -35,7 +35,7 @@ use crate::data::cache::Dataset;
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{inputs, shard, EvalSet, PrepareOptions};
 use crate::device::cpu::sigmoid;
-use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
+use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{HostTable, TableConfig};
 use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
@@ -208,11 +208,12 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
             let dev = topo.agree(HostKernels::with_options(options).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
             predict_on(topo, cfg, dev)
         }
-        Placement::Cuda(ordinal) => {
-            let ordinal = ordinal.unwrap_or(0);
-            let dev = topo.agree(CudaDevice::new(ordinal).map_err(|e| format!("rank {} on GPU {ordinal} of {}: {e}", topo.rank, topo.hostname)))?;
-            predict_on(topo, cfg, dev)
-        }
+        // Scoring needs no NCCL: ranks may share a GPU under --device cuda; --device auto
+        // decides as train does (the CPU when they would), so both give the same scores.
+        Placement::Cuda(ordinal) => match super::rank_gpu(topo, cfg.device, ordinal.unwrap_or(0), false)? {
+            Some(dev) => predict_on(topo, cfg, dev),
+            None => super::on_pool(|| predict_on(topo, cfg, CpuDevice::new(threads))),
+        },
         Placement::Cpu | Placement::Auto => super::on_pool(|| predict_on(topo, cfg, CpuDevice::new(threads))),
     }
 }

@@ -337,6 +337,11 @@ pub fn summary(report: &Report) -> Vec<String> {
     let best_ours = |s: usize| at(s).filter(|r| !REFERENCES.contains(&r.backend.as_str())).min_by(|a, b| a.time_us.total_cmp(&b.time_us));
     for s in [16usize << 20, 64 << 20] {
         if let (Some(m), Some(best)) = (best_ref(s), best_ours(s)) {
+            if m.busbw <= 0.0 {
+                // One rank moves nothing (busbw = algbw * 2(n-1)/n = 0): no ratio to give.
+                out.push(format!("#   {:>4} MiB: no busbw ratio with one rank (busbw is 0 by definition)", s >> 20));
+                continue;
+            }
             out.push(format!("#   {:>4} MiB: best {} busbw {:.3} GB/s vs {} {:.3} GB/s = {:.2}x", s >> 20, best.backend, best.busbw, m.backend, m.busbw, best.busbw / m.busbw));
         }
     }

@@ -5,6 +5,8 @@ pub mod clean;
 pub mod data;
 pub mod info;
 pub mod launch;
+pub mod progress;
+pub mod serve;
 pub mod table;
 pub mod train;
 

@@ -1,7 +1,8 @@
 //! `ringrec train --progress-dir DIR`: every rank keeps `DIR/rank-<rank>.json` up to date
 //! (at most twice a second, and once at the end; written atomically), for `ringrec serve`'s
 //! per-rank view: the rank's step, the steps of the run, its epoch, the samples it trained
-//! on (steps x its share of the global batch), its samples/s and the last global loss.
+//! on in this run, its samples/s since the previous write (wall time, evaluations
+//! included) and the last global loss.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,25 +14,23 @@ pub struct RankProgress {
     path: PathBuf,
     rank: usize,
     ranks: usize,
-    /// Rows of the global batch this rank trains on.
-    share: usize,
-    batch: usize,
-    written: Option<Instant>,
+    /// When and at how many samples the last write was.
+    written: Option<(Instant, u64)>,
+    rate: f64,
     last: Option<Progress>,
     warned: bool,
 }
 
 impl RankProgress {
-    /// The file of `rank` (of `ranks`) in `dir`, for a global batch of `batch`.
-    pub fn new(dir: &Path, rank: usize, ranks: usize, batch: usize) -> RankProgress {
-        let share = ringrec::data::shard::rank_slice(0..batch, rank, ranks.max(1)).len();
-        RankProgress { path: dir.join(format!("rank-{rank}.json")), rank, ranks, share, batch: batch.max(1), written: None, last: None, warned: false }
+    /// The file of `rank` (of `ranks`) in `dir`.
+    pub fn new(dir: &Path, rank: usize, ranks: usize) -> RankProgress {
+        RankProgress { path: dir.join(format!("rank-{rank}.json")), rank, ranks, written: None, rate: 0.0, last: None, warned: false }
     }
 
     /// Notes `p`; writes it when the last write is half a second old.
     pub fn update(&mut self, p: &Progress) {
         self.last = Some(*p);
-        if self.written.is_some_and(|t| t.elapsed() < Duration::from_millis(500)) {
+        if self.written.is_some_and(|(t, _)| t.elapsed() < Duration::from_millis(500)) {
             return;
         }
         self.write();
@@ -46,7 +45,14 @@ impl RankProgress {
 
     fn write(&mut self) {
         let Some(p) = self.last else { return };
-        self.written = Some(Instant::now());
+        let now = Instant::now();
+        if let Some((t, n)) = self.written {
+            let dt = now.duration_since(t).as_secs_f64();
+            if dt > 0.0 && p.samples >= n {
+                self.rate = (p.samples - n) as f64 / dt;
+            }
+        }
+        self.written = Some((now, p.samples));
         let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let v = serde_json::json!({
             "rank": self.rank,
@@ -54,8 +60,8 @@ impl RankProgress {
             "step": p.step,
             "total_steps": p.total_steps,
             "epoch": p.epoch,
-            "samples": p.step * self.share as u64,
-            "samples_per_sec": p.samples_per_sec * self.share as f64 / self.batch as f64,
+            "samples": p.samples,
+            "samples_per_sec": self.rate,
             "loss": p.loss,
             "at": at,
         });

@@ -222,7 +222,7 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
 pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<()> {
     let cfg = args.config();
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let mut ranks_file = args.progress_dir.as_deref().map(|d| super::progress::RankProgress::new(d, topo.rank, topo.size, args.batch));
+    let mut ranks_file = args.progress_dir.as_deref().map(|d| super::progress::RankProgress::new(d, topo.rank, topo.size));
     let mut show = |p: &Progress| {
         if let Some(f) = ranks_file.as_mut() {
             f.update(p);

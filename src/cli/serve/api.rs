@@ -136,7 +136,11 @@ fn parse_spec(body: &[u8]) -> Result<JobSpec, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError(StatusCode::BAD_REQUEST, "empty body: send a job spec as a JSON object, e.g. {\"ranks\": 2, \"args\": [\"--epochs\", \"1\"]}".into()));
     }
-    serde_json::from_slice::<JobSpec>(body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("the job spec is not valid: {e}")))
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("the body is not JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "the job spec must be a JSON object, e.g. {\"ranks\": 2}".into()));
+    }
+    serde_json::from_value::<JobSpec>(v).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("the job spec is not valid: {e}")))
 }
 
 async fn create(State(st): State<Arc<AppState>>, Extension(who): Extension<Caller>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {

@@ -60,6 +60,37 @@ fn add_token(state: &Path, name: &str) -> String {
     token
 }
 
+/// A test's directory: `data/data.tsv` (4000 synthetic rows), `data/bad.tsv` (the same
+/// with 2 malformed lines at the end), `state/` with a token `alice`.
+struct Fixture {
+    dir: TempDir,
+    data: PathBuf,
+    state: PathBuf,
+    token: String,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        let dir = TempDir::new(name);
+        let data = dir.path("data");
+        std::fs::create_dir_all(&data).expect("data dir");
+        synth(&data, "data.tsv", 4000);
+        let mut bad = std::fs::read_to_string(data.join("data.tsv")).expect("read");
+        bad.push_str("not\ta\tcriteo\tline\n1\tx\n");
+        std::fs::write(data.join("bad.tsv"), bad).expect("write");
+        let state = dir.path("state");
+        let token = add_token(&state, "alice");
+        Fixture { dir, data, state, token }
+    }
+
+    /// `--data-root DATA` and `more`.
+    fn args<'a>(&'a self, more: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["--data-root", self.data.to_str().expect("utf-8 path")];
+        a.extend_from_slice(more);
+        a
+    }
+}
+
 /// A running `ringrec serve` (killed on drop).
 struct Server {
     child: Child,
@@ -221,13 +252,9 @@ fn raw(addr: &str, request: &[u8]) -> Option<u16> {
 #[test]
 fn api_refuses_bad_requests_and_wrong_tokens() {
     let _g = serial();
-    let dir = TempDir::new("serve-api");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).expect("data dir");
-    std::fs::write(data.join("data.tsv"), "0\t1\n").expect("data");
-    let state = dir.path("state");
-    let token = add_token(&state, "alice");
-    let s = Server::start(&state, &["--data-root", data.to_str().expect("utf-8"), "--no-slurm", "--max-body", "4096"], &[]);
+    let f = Fixture::new("serve-api");
+    let token = f.token.clone();
+    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--max-body", "4096"]), &[]);
 
     // The page needs no token; everything under /api does.
     let (st, page) = call(&s, "GET", "/", None, None);
@@ -354,16 +381,9 @@ fn fuzz_bodies(n: usize, seed: u64) -> Vec<Vec<u8>> {
 #[test]
 fn local_jobs_run_fail_and_stop_with_their_records() {
     let _g = serial();
-    let dir = TempDir::new("serve-local");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).expect("data dir");
-    synth(&data, "data.tsv", 4000);
-    let mut bad = std::fs::read_to_string(data.join("data.tsv")).expect("read");
-    bad.push_str("not\ta\tcriteo\tline\n1\tx\n");
-    std::fs::write(data.join("bad.tsv"), bad).expect("write");
-    let state = dir.path("state");
-    let token = add_token(&state, "alice");
-    let s = Server::start(&state, &["--data-root", data.to_str().expect("utf-8"), "--no-slurm", "--local-slots", "2", "--poll-ms", "200", "--kill-grace-secs", "20"], &[]);
+    let f = Fixture::new("serve-local");
+    let token = f.token.clone();
+    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "2", "--poll-ms", "200", "--kill-grace-secs", "20"]), &[]);
 
     let good = submit(&s, &token, &small("local", 2, 2));
     let j = wait_final(&s, &token, good, 180);
@@ -446,13 +466,9 @@ fn local_jobs_run_fail_and_stop_with_their_records() {
 #[test]
 fn jobs_survive_sigkills_of_the_service() {
     let _g = serial();
-    let dir = TempDir::new("serve-kill9");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).expect("data dir");
-    synth(&data, "data.tsv", 4000);
-    let state = dir.path("state");
-    let token = add_token(&state, "alice");
-    let mut s = Server::start(&state, &["--data-root", data.to_str().expect("utf-8"), "--no-slurm", "--local-slots", "2", "--poll-ms", "200"], &[]);
+    let f = Fixture::new("serve-kill9");
+    let (state, token) = (f.state.clone(), f.token.clone());
+    let mut s = Server::start(&state, &f.args(&["--no-slurm", "--local-slots", "2", "--poll-ms", "200"]), &[]);
     let n = 6;
     let mut ids = Vec::new();
     for i in 0..n {
@@ -518,15 +534,11 @@ impl Drop for Cluster {
 #[test]
 fn slurm_jobs_run_on_a_real_cluster() {
     let _g = serial();
-    let dir = TempDir::new("serve-slurm");
-    let Some(cluster) = Cluster::start(&dir.path("cluster")) else { return };
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).expect("data dir");
-    synth(&data, "data.tsv", 4000);
-    let state = dir.path("state");
-    let token = add_token(&state, "alice");
+    let f = Fixture::new("serve-slurm");
+    let (state, token) = (f.state.clone(), f.token.clone());
+    let Some(cluster) = Cluster::start(&f.dir.path("cluster")) else { return };
     let conf = cluster.conf.to_string_lossy().into_owned();
-    let mut s = Server::start(&state, &["--data-root", data.to_str().expect("utf-8"), "--poll-ms", "300"], &[("SLURM_CONF", &conf)]);
+    let mut s = Server::start(&state, &f.args(&["--poll-ms", "300"]), &[("SLURM_CONF", &conf)]);
     let (_, body) = call(&s, "GET", "/api/info", Some(&token), None);
     let info = json_of(&body);
     eprintln!("back ends: {}", info["backends"]);
@@ -679,13 +691,9 @@ impl Drop for Browser {
 fn dashboard_in_headless_chromium() {
     let _g = serial();
     let Some(b) = Browser::start() else { return };
-    let dir = TempDir::new("serve-browser");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).expect("data dir");
-    synth(&data, "data.tsv", 4000);
-    let state = dir.path("state");
-    let token = add_token(&state, "alice");
-    let s = Server::start(&state, &["--data-root", data.to_str().expect("utf-8"), "--no-slurm", "--local-slots", "1", "--poll-ms", "200"], &[]);
+    let f = Fixture::new("serve-browser");
+    let token = f.token.clone();
+    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "1", "--poll-ms", "200"]), &[]);
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serve-screens");
     std::fs::create_dir_all(&shots).expect("screens dir");
     let extra = std::env::var_os("RINGREC_SCREENSHOTS_DIR").map(PathBuf::from);
@@ -762,4 +770,153 @@ fn dashboard_in_headless_chromium() {
     assert_eq!((j["state"].clone(), j["name"].clone()), (json!("succeeded"), json!("browser")));
     let killed = job(&s, &token, blocker);
     assert_eq!(killed["state"], "stopped");
+}
+
+// ---- the figures of issue 18 (run with --ignored) ------------------------------------
+
+/// The truth of a job from outside the service: the local supervisor's exit record, or
+/// what Slurm itself says (`scontrol show job`).
+fn truth(state: &Path, j: &Value, conf: Option<&str>) -> String {
+    let id = j["id"].as_i64().unwrap_or(0);
+    if j["backend"] == "slurm" {
+        let cid = j["cluster_id"].as_str().unwrap_or("");
+        let mut c = Command::new("scontrol");
+        c.args(["show", "job", "-o", cid]);
+        if let Some(conf) = conf {
+            c.env("SLURM_CONF", conf);
+        }
+        let o = c.output().expect("scontrol");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let st = text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("?");
+        return match st {
+            "COMPLETED" => "succeeded",
+            "CANCELLED" => "stopped",
+            "FAILED" => "failed",
+            other => return format!("slurm:{other}"),
+        }
+        .into();
+    }
+    let rec: Value = serde_json::from_slice(&std::fs::read(state.join("jobs").join(id.to_string()).join("exit.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    match rec["code"].as_i64() {
+        Some(0) => "succeeded".into(),
+        Some(143) => "stopped".into(),
+        Some(_) => "failed".into(),
+        None => "no exit record".into(),
+    }
+}
+
+/// Figure: 20 jobs submitted concurrently to the local back end and 20 to Slurm (14
+/// that succeed, 3 with bad input, 3 killed through the API each), the service killed
+/// with SIGKILL 3 times at random moments; every job must reach the final state that
+/// its exit record / Slurm says, and the one it was designed to reach; none lost.
+#[test]
+#[ignore]
+fn figure_forty_jobs_three_sigkills() {
+    let _g = serial();
+    let f = Fixture::new("serve-figure");
+    let (state, token) = (f.state.clone(), f.token.clone());
+    let cluster = Cluster::start(&f.dir.path("cluster"));
+    let conf = cluster.as_ref().map(|c| c.conf.to_string_lossy().into_owned());
+    let env: Vec<(&str, &str)> = conf.as_deref().map(|c| vec![("SLURM_CONF", c)]).unwrap_or_default();
+    let mut args = f.args(&["--local-slots", "2", "--poll-ms", "300"]);
+    if conf.is_none() {
+        args.push("--no-slurm");
+    }
+    let mut s = Server::start(&state, &args, &env);
+    let backends: Vec<&str> = if conf.is_some() { vec!["local", "slurm"] } else { eprintln!("no Slurm here: local jobs only"); vec!["local"] };
+    // (spec, designed outcome)
+    let mut plan: Vec<(Value, &str)> = Vec::new();
+    for b in &backends {
+        for i in 0..20 {
+            let (spec, want) = match i % 7 {
+                5 => {
+                    let mut v = small(b, 1, 1);
+                    v["data"] = json!("bad.tsv");
+                    v["args"] = json!(["--table-capacity", "65536", "--max-bad-lines", "0"]);
+                    (v, "failed")
+                }
+                6 => (small(b, 1, 5000), "stopped"),
+                _ => (small(b, 1 + (i % 2), 1), "succeeded"),
+            };
+            plan.push((spec, want));
+        }
+    }
+    let t0 = Instant::now();
+    let addr = s.url("");
+    let ids: Vec<i64> = std::thread::scope(|sc| {
+        let handles: Vec<_> = plan
+            .iter()
+            .map(|(spec, _)| {
+                let (addr, token, body) = (addr.clone(), token.clone(), spec.to_string());
+                sc.spawn(move || {
+                    let mut r = agent().post(&format!("{addr}/api/jobs")).header("Authorization", &format!("Bearer {token}")).send(body.as_bytes()).expect("POST");
+                    assert_eq!(r.status().as_u16(), 201);
+                    json_of(&r.body_mut().read_to_string().unwrap_or_default())["id"].as_i64().expect("id")
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("submitter")).collect()
+    });
+    eprintln!("{} jobs submitted concurrently in {:.2} s", ids.len(), t0.elapsed().as_secs_f64());
+    // Three SIGKILLs at seeded random moments; kills of the designed-to-stop jobs between.
+    let mut seed = 0x5eed_u64;
+    let mut rnd = move |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut killed = std::collections::HashSet::new();
+    for k in 0..3 {
+        let wait = Duration::from_millis(500 + rnd(6000));
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            for (id, (_, want)) in ids.iter().zip(&plan) {
+                if *want == "stopped" && !killed.contains(id) && ["running", "queued"].contains(&job(&s, &token, *id)["state"].as_str().unwrap_or("")) {
+                    let (st, _) = call(&s, "POST", &format!("/api/jobs/{id}/kill"), Some(&token), None);
+                    if st == 202 {
+                        killed.insert(*id);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("SIGKILL {} of the service at {:.1} s", k + 1, t0.elapsed().as_secs_f64());
+        s.kill9_and_restart();
+    }
+    // The designed-to-stop jobs not killed yet.
+    for (id, (_, want)) in ids.iter().zip(&plan) {
+        if *want == "stopped" && !killed.contains(id) {
+            wait_for(300, "a job to kill to be queued or running", || {
+                let st = job(&s, &token, *id)["state"].as_str().unwrap_or("").to_string();
+                (st == "running" || st == "queued").then_some(())
+            });
+            let (st, body) = call(&s, "POST", &format!("/api/jobs/{id}/kill"), Some(&token), None);
+            assert_eq!(st, 202, "{body}");
+        }
+    }
+    let mut rows = Vec::new();
+    for (id, (_, want)) in ids.iter().zip(&plan) {
+        let j = wait_final(&s, &token, *id, 900);
+        let got = j["state"].as_str().unwrap_or("").to_string();
+        let t = truth(&state, &j, conf.as_deref());
+        rows.push((*id, j["backend"].as_str().unwrap_or("").to_string(), want.to_string(), got, t));
+    }
+    let (_, body) = call(&s, "GET", "/api/jobs", Some(&token), None);
+    let listed = json_of(&body).as_array().map_or(0, Vec::len);
+    let wrong: Vec<_> = rows.iter().filter(|r| r.3 != r.4 || r.3 != r.2).collect();
+    for b in &backends {
+        let mine: Vec<_> = rows.iter().filter(|r| r.1 == *b).collect();
+        let count = |s: &str| mine.iter().filter(|r| r.3 == s).count();
+        eprintln!(
+            "{b}: {} jobs: {} succeeded, {} failed, {} stopped; state == truth for {}, == design for {}",
+            mine.len(),
+            count("succeeded"),
+            count("failed"),
+            count("stopped"),
+            mine.iter().filter(|r| r.3 == r.4).count(),
+            mine.iter().filter(|r| r.3 == r.2).count()
+        );
+    }
+    eprintln!("listed after 3 SIGKILLs: {listed} of {}; all final after {:.1} s", ids.len(), t0.elapsed().as_secs_f64());
+    assert!(wrong.is_empty(), "(id, backend, designed, state, truth) that disagree: {wrong:?}");
+    assert_eq!(listed, ids.len(), "none lost");
 }

@@ -124,12 +124,16 @@ async fn info(State(st): State<Arc<AppState>>, Extension(who): Extension<Caller>
     }))
 }
 
-async fn list(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(st.service.list())
+fn json_bytes(b: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], b).into_response()
 }
 
-async fn show(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(st.service.show(job_id(&id)?)?))
+async fn list(State(st): State<Arc<AppState>>) -> Response {
+    json_bytes(st.service.list())
+}
+
+async fn show(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json_bytes(st.service.show(job_id(&id)?)?))
 }
 
 fn parse_spec(body: &[u8]) -> Result<JobSpec, ApiError> {

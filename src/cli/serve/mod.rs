@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// Local jobs running at once (the others wait, `queued`).
     #[arg(long, default_value_t = 2)]
     pub local_slots: usize,
+    /// Niceness of local jobs (0-19): training yields the CPU to the service's answers.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub local_nice: i32,
     /// No Slurm back end, even where `sbatch` exists.
     #[arg(long)]
     pub no_slurm: bool,
@@ -170,7 +173,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     for r in &args.data_roots {
         roots.push(std::fs::canonicalize(r).with_context(|| format!("--data-root {}: it must be an existing directory", r.display()))?);
     }
-    let mut backends: Vec<Arc<dyn backend::Cluster>> = vec![Arc::new(backend::local::Local::new(exe.clone(), dir.join("slots"), args.local_slots)?)];
+    let mut backends: Vec<Arc<dyn backend::Cluster>> = vec![Arc::new(backend::local::Local::new(exe.clone(), dir.join("slots"), args.local_slots, args.local_nice)?)];
     if !args.no_slurm && backend::slurm::available() {
         backends.push(Arc::new(backend::slurm::Slurm::new(exe.clone(), args.slurm_launcher, &dir, args.slurm_partition.clone())));
     }

@@ -9,8 +9,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
+
+use axum::body::Bytes;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -61,6 +65,11 @@ pub struct Service {
     jobs: RwLock<BTreeMap<i64, JobRecord>>,
     backends: Vec<Arc<dyn Cluster>>,
     worker: Mutex<mpsc::Sender<Command>>,
+    /// Bumped (under the write lock) by every change of `jobs`.
+    generation: AtomicU64,
+    /// Serialized answers of `list` (key None) and `show`, with the generation they show:
+    /// status polls between two changes cost a lookup, not a serialization.
+    answers: Mutex<HashMap<Option<i64>, (u64, Bytes)>>,
 }
 
 /// Most metrics points kept in memory per job (all are in the database).
@@ -74,9 +83,14 @@ impl Service {
         std::fs::create_dir_all(cfg.state_dir.join("jobs")).with_context(|| format!("creating {}/jobs", cfg.state_dir.display()))?;
         std::fs::create_dir_all(cfg.state_dir.join("cache"))?;
         let store = Store::open(&cfg.state_dir.join("jobs.db"))?;
-        let jobs: BTreeMap<i64, JobRecord> = store.load_all()?.into_iter().map(|j| (j.id, j)).collect();
+        let mut jobs: BTreeMap<i64, JobRecord> = store.load_all()?.into_iter().map(|j| (j.id, j)).collect();
+        for j in jobs.values_mut() {
+            if j.metrics.len() > MAX_POINTS {
+                j.metrics.drain(..j.metrics.len() - MAX_POINTS);
+            }
+        }
         let (tx, rx) = mpsc::channel();
-        let svc = Arc::new(Service { cfg, store: Mutex::new(store), jobs: RwLock::new(jobs), backends, worker: Mutex::new(tx) });
+        let svc = Arc::new(Service { cfg, store: Mutex::new(store), jobs: RwLock::new(jobs), backends, worker: Mutex::new(tx), generation: AtomicU64::new(0), answers: Mutex::new(HashMap::new()) });
         svc.recover();
         let w = svc.clone();
         std::thread::Builder::new().name("serve-worker".into()).spawn(move || w.work(rx)).context("starting the worker thread")?;
@@ -96,6 +110,32 @@ impl Service {
     /// The files of job `id`.
     pub fn files(&self, id: i64) -> JobFiles {
         JobFiles { dir: self.cfg.state_dir.join("jobs").join(id.to_string()), cache: self.cfg.state_dir.join("cache") }
+    }
+
+    /// The jobs, to change them (the cached answers go stale).
+    fn jobs_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<i64, JobRecord>> {
+        let g = self.jobs.write().unwrap_or_else(|e| e.into_inner());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        g
+    }
+
+    /// The JSON of `key` (None: the list), from the cache when nothing changed since.
+    fn answer(&self, key: Option<i64>) -> Result<Bytes, ServiceError> {
+        let jobs = self.jobs.read().unwrap_or_else(|e| e.into_inner());
+        let gen = self.generation.load(Ordering::SeqCst);
+        if let Some((g, b)) = self.answers.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if *g == gen {
+                return Ok(b.clone());
+            }
+        }
+        let v = match key {
+            None => Value::Array(jobs.values().rev().map(|j| self.view(j, false)).collect()),
+            Some(id) => jobs.get(&id).map(|j| self.view(j, true)).ok_or(ServiceError::NotFound(id))?,
+        };
+        drop(jobs);
+        let b = Bytes::from(v.to_string());
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (gen, b.clone()));
+        Ok(b)
     }
 
     fn send(&self, c: Command) {
@@ -142,9 +182,10 @@ impl Service {
             metrics_offset: 0,
             transitions: vec![Transition { state: JobState::Received, at, reason }],
             metrics: Vec::new(),
+            metrics_seen: 0,
             ranks: BTreeMap::new(),
         };
-        self.jobs.write().unwrap_or_else(|e| e.into_inner()).insert(id, rec);
+        self.jobs_mut().insert(id, rec);
         self.send(Command::Wake);
         Ok((id, JobState::Received))
     }
@@ -165,16 +206,14 @@ impl Service {
         rx.recv_timeout(Duration::from_secs(60)).map_err(|_| ServiceError::Internal("the worker did not answer within 60 s; try again".into()))?
     }
 
-    /// Every job, without its curves: `GET /api/jobs`.
-    pub fn list(&self) -> Value {
-        let jobs = self.jobs.read().unwrap_or_else(|e| e.into_inner());
-        Value::Array(jobs.values().rev().map(|j| self.view(j, false)).collect())
+    /// Every job, newest first, without its curves: `GET /api/jobs` (JSON).
+    pub fn list(&self) -> Bytes {
+        self.answer(None).unwrap_or_default()
     }
 
-    /// One job in full: `GET /api/jobs/{id}`.
-    pub fn show(&self, id: i64) -> Result<Value, ServiceError> {
-        let jobs = self.jobs.read().unwrap_or_else(|e| e.into_inner());
-        jobs.get(&id).map(|j| self.view(j, true)).ok_or(ServiceError::NotFound(id))
+    /// One job in full: `GET /api/jobs/{id}` (JSON).
+    pub fn show(&self, id: i64) -> Result<Bytes, ServiceError> {
+        self.answer(Some(id))
     }
 
     /// The log of job `id` (its last `tail` bytes).
@@ -230,7 +269,7 @@ impl Service {
             ringrec::eprint_line(&format!("ringrec serve: error: recording job {id} as {state}: {e:#}"));
             return false;
         }
-        let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
+        let mut jobs = self.jobs_mut();
         if let Some(j) = jobs.get_mut(&id) {
             j.state = state;
             j.updated_at = at;
@@ -434,7 +473,7 @@ impl Service {
     /// Reads the job's new metrics lines and its ranks' progress into the records.
     fn ingest(&self, id: i64, files: &JobFiles) {
         let (offset, first, old_ranks) = match self.jobs.read().unwrap_or_else(|e| e.into_inner()).get(&id) {
-            Some(j) => (j.metrics_offset, j.metrics.len(), j.ranks.clone()),
+            Some(j) => (j.metrics_offset, j.metrics_seen, j.ranks.clone()),
             None => return,
         };
         let (points, new_offset) = read_lines(&files.metrics(), offset);
@@ -457,9 +496,10 @@ impl Service {
             ringrec::eprint_line(&format!("ringrec serve: error: recording job {id}'s metrics: {e:#}"));
             return;
         }
-        let mut jobs = self.jobs.write().unwrap_or_else(|e| e.into_inner());
+        let mut jobs = self.jobs_mut();
         if let Some(j) = jobs.get_mut(&id) {
             j.metrics_offset = new_offset;
+            j.metrics_seen += points.len();
             j.metrics.extend(points);
             if j.metrics.len() > MAX_POINTS {
                 let drop = j.metrics.len() - MAX_POINTS;

@@ -66,8 +66,11 @@ pub struct JobRecord {
     pub metrics_offset: u64,
     /// Every state change, oldest first.
     pub transitions: Vec<Transition>,
-    /// Every metrics point, oldest first.
+    /// Metrics points, oldest first (the service keeps the newest in memory; all are in
+    /// the database).
     pub metrics: Vec<serde_json::Value>,
+    /// How many metrics points were recorded in all (the next one's sequence number).
+    pub metrics_seen: usize,
     /// Each rank's last progress record.
     pub ranks: BTreeMap<u32, serde_json::Value>,
 }
@@ -247,6 +250,7 @@ impl Store {
                 metrics_offset: offset.max(0) as u64,
                 transitions: Vec::new(),
                 metrics: Vec::new(),
+                metrics_seen: 0,
                 ranks: BTreeMap::new(),
             });
         }
@@ -264,8 +268,11 @@ impl Store {
         let rows = q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
         for row in rows {
             let (id, point) = row?;
-            if let (Some(&i), Ok(v)) = (index.get(&id), serde_json::from_str(&point)) {
-                jobs[i].metrics.push(v);
+            if let Some(&i) = index.get(&id) {
+                jobs[i].metrics_seen += 1;
+                if let Ok(v) = serde_json::from_str(&point) {
+                    jobs[i].metrics.push(v);
+                }
             }
         }
         let mut q = self.db.prepare("SELECT job_id, rank, progress FROM ranks ORDER BY job_id, rank")?;
@@ -309,7 +316,7 @@ mod tests {
         assert_eq!(j.spec, spec);
         assert_eq!(j.transitions.iter().map(|t| t.state).collect::<Vec<_>>(), vec![JobState::Received, JobState::Submitted, JobState::Failed]);
         assert_eq!(j.transitions[2].at, 12.0);
-        assert_eq!((j.metrics.len(), j.metrics_offset), (1, 40));
+        assert_eq!((j.metrics.len(), j.metrics_seen, j.metrics_offset), (1, 1, 40));
         assert_eq!(j.ranks[&0]["step"], 3);
         std::fs::remove_dir_all(&dir).ok();
     }

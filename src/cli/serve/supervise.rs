@@ -81,6 +81,10 @@ pub fn run(args: &SuperviseArgs) -> anyhow::Result<i32> {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    if launch.nice != 0 {
+        // SAFETY: nice(2) changes only this process' priority (its children inherit it).
+        unsafe { libc::nice(launch.nice) };
+    }
     let log = OpenOptions::new().create(true).append(true).open(dir.join("log")).context("opening the job's log")?;
     let mut child = Command::new(program)
         .args(rest)

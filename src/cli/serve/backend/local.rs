@@ -32,6 +32,9 @@ pub struct LaunchFile {
     pub slots_dir: PathBuf,
     /// How many jobs may run at once.
     pub slots: usize,
+    /// The job's niceness (`nice(2)` increment): training yields the CPU to the service.
+    #[serde(default)]
+    pub nice: i32,
 }
 
 /// The exit record (`exit.json`).
@@ -64,15 +67,17 @@ pub struct Local {
     exe: PathBuf,
     slots_dir: PathBuf,
     slots: usize,
+    nice: i32,
     /// Supervisors this service started, reaped as they end.
     children: Mutex<Vec<Child>>,
 }
 
 impl Local {
-    /// Jobs of `exe`, at most `slots` running at once (slot files in `slots_dir`).
-    pub fn new(exe: PathBuf, slots_dir: PathBuf, slots: usize) -> anyhow::Result<Local> {
+    /// Jobs of `exe`, at most `slots` running at once (slot files in `slots_dir`), at
+    /// niceness `nice`.
+    pub fn new(exe: PathBuf, slots_dir: PathBuf, slots: usize, nice: i32) -> anyhow::Result<Local> {
         std::fs::create_dir_all(&slots_dir).with_context(|| format!("creating {}", slots_dir.display()))?;
-        Ok(Local { exe, slots_dir, slots: slots.max(1), children: Mutex::new(Vec::new()) })
+        Ok(Local { exe, slots_dir, slots: slots.max(1), nice, children: Mutex::new(Vec::new()) })
     }
 
     fn reap(&self) {
@@ -109,7 +114,7 @@ impl Cluster for Local {
     }
 
     fn describe(&self) -> String {
-        format!("local: `ringrec launch` (mpirun) on this machine, {} job(s) at once", self.slots)
+        format!("local: `ringrec launch` (mpirun) on this machine, {} job(s) at once, nice {}", self.slots, self.nice)
     }
 
     fn submit(&self, job: &Submission) -> anyhow::Result<String> {
@@ -120,7 +125,7 @@ impl Cluster for Local {
         }
         argv.push("--".into());
         argv.extend(job.plan.train_command(job.files));
-        let launch = LaunchFile { argv, env: job.plan.env.clone(), slots_dir: self.slots_dir.clone(), slots: self.slots };
+        let launch = LaunchFile { argv, env: job.plan.env.clone(), slots_dir: self.slots_dir.clone(), slots: self.slots, nice: self.nice };
         let text = serde_json::to_vec_pretty(&launch)?;
         ringrec::fileio::write_atomic(&dir.join("launch.json"), 0o600, |w| std::io::Write::write_all(w, &text))?;
         let out = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("supervisor.log")).with_context(|| format!("creating {}/supervisor.log", dir.display()))?;

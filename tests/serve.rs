@@ -383,7 +383,7 @@ fn local_jobs_run_fail_and_stop_with_their_records() {
     let _g = serial();
     let f = Fixture::new("serve-local");
     let token = f.token.clone();
-    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "2", "--poll-ms", "200", "--kill-grace-secs", "20"]), &[]);
+    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "2", "--local-nice", "0", "--poll-ms", "200", "--kill-grace-secs", "20"]), &[]);
 
     let good = submit(&s, &token, &small("local", 2, 2));
     let j = wait_final(&s, &token, good, 180);
@@ -468,7 +468,7 @@ fn jobs_survive_sigkills_of_the_service() {
     let _g = serial();
     let f = Fixture::new("serve-kill9");
     let (state, token) = (f.state.clone(), f.token.clone());
-    let mut s = Server::start(&state, &f.args(&["--no-slurm", "--local-slots", "2", "--poll-ms", "200"]), &[]);
+    let mut s = Server::start(&state, &f.args(&["--no-slurm", "--local-slots", "2", "--local-nice", "0", "--poll-ms", "200"]), &[]);
     let n = 6;
     let mut ids = Vec::new();
     for i in 0..n {
@@ -693,7 +693,7 @@ fn dashboard_in_headless_chromium() {
     let Some(b) = Browser::start() else { return };
     let f = Fixture::new("serve-browser");
     let token = f.token.clone();
-    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "1", "--poll-ms", "200"]), &[]);
+    let s = Server::start(&f.state, &f.args(&["--no-slurm", "--local-slots", "1", "--local-nice", "0", "--poll-ms", "200"]), &[]);
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/serve-screens");
     std::fs::create_dir_all(&shots).expect("screens dir");
     let extra = std::env::var_os("RINGREC_SCREENSHOTS_DIR").map(PathBuf::from);

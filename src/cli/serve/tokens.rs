@@ -104,13 +104,24 @@ pub fn names(state_dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(read(&path(state_dir))?.into_iter().map(|(n, _)| n).collect())
 }
 
+/// What tells one version of the token file from another: (mtime, length, inode).
+type Stamp = (SystemTime, u64, u64);
+
 /// The service's view of the token file, re-read when the file changes.
 pub struct Tokens {
     file: PathBuf,
-    cache: RwLock<(Option<(SystemTime, u64, u64)>, Vec<(String, [u8; 32])>)>,
+    cache: RwLock<Loaded>,
 }
 
-fn stamp(file: &Path) -> Option<(SystemTime, u64, u64)> {
+/// The token file as last read.
+struct Loaded {
+    /// Its stamp then (None: there was none).
+    stamp: Option<Stamp>,
+    /// (name, SHA-256 of the token) of each line.
+    hashes: Vec<(String, [u8; 32])>,
+}
+
+fn stamp(file: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(file).ok()?;
     Some((m.modified().ok()?, m.len(), m.ino()))
@@ -127,27 +138,27 @@ fn unhex(h: &str) -> Option<[u8; 32]> {
 impl Tokens {
     /// The tokens of `state_dir` (read now: a malformed file is an error at start).
     pub fn open(state_dir: &Path) -> anyhow::Result<Tokens> {
-        let t = Tokens { file: path(state_dir), cache: RwLock::new((None, Vec::new())) };
+        let t = Tokens { file: path(state_dir), cache: RwLock::new(Loaded { stamp: None, hashes: Vec::new() }) };
         t.reload()?;
         Ok(t)
     }
 
     fn reload(&self) -> anyhow::Result<()> {
         let st = stamp(&self.file);
-        let list = read(&self.file)?.into_iter().filter_map(|(n, h)| unhex(&h).map(|d| (n, d))).collect();
-        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = (st, list);
+        let hashes = read(&self.file)?.into_iter().filter_map(|(n, h)| unhex(&h).map(|d| (n, d))).collect();
+        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Loaded { stamp: st, hashes };
         Ok(())
     }
 
     /// How many tokens there are.
     pub fn count(&self) -> usize {
-        self.cache.read().unwrap_or_else(|e| e.into_inner()).1.len()
+        self.cache.read().unwrap_or_else(|e| e.into_inner()).hashes.len()
     }
 
     /// The name of the token `presented`, if it is one (compared in constant time per
     /// stored hash).
     pub fn check(&self, presented: &str) -> Option<String> {
-        let changed = self.cache.read().unwrap_or_else(|e| e.into_inner()).0 != stamp(&self.file);
+        let changed = self.cache.read().unwrap_or_else(|e| e.into_inner()).stamp != stamp(&self.file);
         if changed {
             // A file being rewritten is replaced atomically; a malformed one keeps the old list.
             if let Err(e) = self.reload() {
@@ -157,7 +168,7 @@ impl Tokens {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
         let mut found = None;
-        for (name, h) in &cache.1 {
+        for (name, h) in &cache.hashes {
             let diff = h.iter().zip(&digest).fold(0u8, |acc, (a, b)| acc | (a ^ b));
             if diff == 0 {
                 found = Some(name.clone());

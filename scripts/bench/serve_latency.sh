@@ -33,7 +33,7 @@ spec='{"ranks": 1, "threads": 1, "data": "data.tsv", "batch": 256, "epochs": 1, 
 for _ in $(seq 1 "$JOBS"); do curl -sf -H "$auth" -X POST -d "$spec" "$addr/api/jobs" >/dev/null; done
 final() { curl -sf -H "$auth" "$addr/api/jobs" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(sum(x["state"] in ("succeeded","failed","stopped","submit_failed") for x in j))'; }
 for _ in $(seq 1 600); do [ "$(final)" -ge "$JOBS" ] && break; sleep 0.5; done
-echo "# $(date -u +%FT%TZ) $(hostname) $(nproc) cores; $JOBS finished jobs; wrk -t2 -c50 -d${DURATION}s; $(curl -sf -H "$auth" "$addr/api/jobs/1" | wc -c) bytes per job record"
+echo "# $(date -u +%FT%TZ) $(hostname) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $JOBS finished jobs; wrk -t2 -c50 -d${DURATION}s; $(curl -sf -H "$auth" "$addr/api/jobs/1" | wc -c) bytes per job record"
 cat > "$dir/random.lua" <<LUA
 math.randomseed(18)
 request = function()
@@ -42,8 +42,10 @@ end
 LUA
 echo "## GET /api/jobs/{random id} (a job's full record), $JOBS jobs idle"
 wrk -t2 -c50 -d"${DURATION}s" --latency -s "$dir/random.lua" "$addr"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "## GET /api/jobs (the list of $JOBS)"
 wrk -t2 -c50 -d"${DURATION}s" --latency -H "$auth" "$addr/api/jobs"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "$BUSY" -gt 0 ]; then
   busy='{"ranks": 1, "threads": 1, "data": "data.tsv", "batch": 256, "epochs": 10000, "eval_every": 2, "hidden": [16, 8], "args": ["--table-capacity", "65536"]}'
   ids=()
@@ -51,6 +53,7 @@ if [ "$BUSY" -gt 0 ]; then
   sleep 5
   echo "## GET /api/jobs/{random id} while $BUSY jobs train (every core busy)"
   wrk -t2 -c50 -d"${DURATION}s" --latency -s "$dir/random.lua" "$addr"
+  echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
   for i in "${ids[@]}"; do curl -sf -H "$auth" -X POST "$addr/api/jobs/$i/kill" >/dev/null; done
   for _ in $(seq 1 120); do [ "$(final)" -ge $(( JOBS + BUSY )) ] && break; sleep 0.5; done
 fi

@@ -539,14 +539,22 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            for log in ["slurmctld.log", "slurmd.log"] {
+                let text = std::fs::read_to_string(self.dir.join("log").join(log)).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                eprintln!("---- the end of {log} ----\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            }
+        }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm/cluster.sh");
         let _ = Command::new(script).arg("stop").arg(&self.dir).stdout(Stdio::null()).status();
     }
 }
 
 /// Real Slurm: jobs queue behind each other (2 CPUs), run under srun --mpi=pmix, end
-/// succeeded or failed (with the cause) as Slurm says; a killed job is CANCELLED ->
-/// stopped; the service killed with SIGKILL re-attaches to them.
+/// succeeded or failed (with the cause) as Slurm says; a suspended job is paused, then
+/// running again; a killed job is CANCELLED -> stopped; the service killed with SIGKILL
+/// re-attaches to them.
 #[test]
 fn slurm_jobs_run_on_a_real_cluster() {
     let _g = serial();
@@ -585,6 +593,16 @@ fn slurm_jobs_run_on_a_real_cluster() {
     assert_eq!(j["state"], "failed", "{j:#}");
     assert!(j["cause"].as_str().unwrap_or("").contains("rank 1") || j["cause"].as_str().unwrap_or("").contains("task 1"), "{j:#}");
     wait_for(240, "the long job to run", || (job(&s, &token, long)["state"] == "running").then_some(()));
+    // Suspended by the cluster: paused; resumed: running again.
+    let cid = job(&s, &token, long)["cluster_id"].as_str().expect("a Slurm job id").to_string();
+    let scontrol = |what: &str| {
+        let st = Command::new("scontrol").args([what, &cid]).env("SLURM_CONF", &conf).status().expect("scontrol");
+        assert!(st.success(), "scontrol {what} {cid}");
+    };
+    scontrol("suspend");
+    wait_for(60, "the long job to be paused", || (job(&s, &token, long)["state"] == "paused").then_some(()));
+    scontrol("resume");
+    wait_for(60, "the long job to run again", || (job(&s, &token, long)["state"] == "running").then_some(()));
     let (st, _) = call(&s, "POST", &format!("/api/jobs/{long}/kill"), Some(&token), None);
     assert_eq!(st, 202);
     let j = wait_final(&s, &token, long, 120);

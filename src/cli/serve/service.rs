@@ -443,6 +443,10 @@ impl Service {
 
     /// Takes in what the cluster says of one job: metrics, progress, and a state change.
     fn observe(&self, id: i64, state: JobState, files: &JobFiles, o: Observed) {
+        if let Observed::NoAnswer(why) = &o {
+            ringrec::eprint_line(&format!("ringrec serve: warning: job {id}: no answer from its cluster ({why}); asking again at the next poll"));
+            return;
+        }
         if matches!(o, Observed::Running | Observed::Ended { .. }) || state == JobState::StopRequested {
             self.ingest(id, files);
         }
@@ -451,7 +455,7 @@ impl Service {
             Observed::Queued => (JobState::Queued, "waiting for resources".to_string(), Changes::default()),
             Observed::Running => (JobState::Running, "its ranks run".to_string(), Changes::default()),
             Observed::Paused => (JobState::Paused, "suspended by the cluster".to_string(), Changes::default()),
-            Observed::Unknown(why) => (JobState::Unknown, why, Changes::default()),
+            Observed::Unknown(why) | Observed::NoAnswer(why) => (JobState::Unknown, why, Changes::default()),
             Observed::Ended { outcome, code, detail } => {
                 let log = read_tail(&files.log(), 4 << 20).unwrap_or_default();
                 let summary = last_summary(&log);

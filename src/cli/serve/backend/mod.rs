@@ -41,6 +41,9 @@ pub enum Observed {
     },
     /// The back end cannot tell (it forgot the job); the reason.
     Unknown(String),
+    /// The back end did not answer this time (a controller too busy to reply): the job
+    /// keeps its state; the reason.
+    NoAnswer(String),
 }
 
 /// A job the back end is asked about: its id, handle and files.

@@ -207,7 +207,7 @@ impl Cluster for Slurm {
         }
         let queue = match self.queue() {
             Ok(q) => q,
-            Err(e) => return jobs.iter().map(|_| Observed::Unknown(format!("squeue: {e:#}"))).collect(),
+            Err(e) => return jobs.iter().map(|_| Observed::NoAnswer(format!("squeue: {e:#}"))).collect(),
         };
         jobs.iter()
             .map(|j| {

@@ -111,9 +111,7 @@ impl Slurm {
         let p = job.plan;
         let f = job.files;
         let mut s = String::from("#!/bin/bash\n");
-        s += &format!("#SBATCH --job-name={}\n", self.job_name(job.id));
-        s += &format!("#SBATCH --output={}\n", f.log().display());
-        s += &format!("#SBATCH --chdir={}\n", f.dir.display());
+        // The name, output and directory are sbatch's arguments (paths need no quoting there).
         s += &format!("#SBATCH --ntasks={}\n", p.ranks);
         if let Some(n) = p.nodes {
             s += &format!("#SBATCH --nodes={n}\n");
@@ -193,7 +191,15 @@ impl Cluster for Slurm {
         let path = job.files.dir.join("job.sh");
         let text = self.script(job);
         ringrec::fileio::write_atomic(&path, 0o700, |w| std::io::Write::write_all(w, text.as_bytes()))?;
-        let out = output(Command::new("sbatch").arg("--parsable").arg(&path))?;
+        let f = job.files;
+        let out = output(
+            Command::new("sbatch")
+                .arg("--parsable")
+                .arg(format!("--job-name={}", self.job_name(job.id)))
+                .arg(format!("--output={}", f.log().display()))
+                .arg(format!("--chdir={}", f.dir.display()))
+                .arg(&path),
+        )?;
         let id = out.trim().split(';').next().unwrap_or("").to_string();
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
             bail!("sbatch answered `{}`, not a job id", out.trim());
@@ -274,5 +280,30 @@ mod tests {
         assert_eq!(map_state("WHATEVER"), None);
         assert_eq!(field("JobId=3 JobState=COMPLETED Reason=None ExitCode=0:0", "ExitCode"), Some("0:0"));
         assert_eq!(sh_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn the_batch_script_quotes_everything_it_is_given() {
+        use crate::cli::serve::spec::{BackendKind, JobFiles, Plan};
+        let plan = Plan {
+            name: "n".into(),
+            backend: BackendKind::Slurm,
+            ranks: 4,
+            hosts: vec!["node1:2".into(), "node2:2".into()],
+            nodes: Some(2),
+            threads: Some(3),
+            train_args: vec!["--lr".into(), "0.5".into()],
+            env: vec![("RINGREC_X".into(), "a'b c".into())],
+            warm_start: None,
+            checkpoints: false,
+        };
+        let files = JobFiles { dir: PathBuf::from("/s/jobs/7"), cache: PathBuf::from("/s/cache") };
+        let mut sl = Slurm { exe: PathBuf::from("/opt/ring rec"), launcher: Launcher::Srun, tag: "t".into(), partition: None };
+        let text = sl.script(&Submission { id: 7, plan: &plan, files: &files });
+        for want in ["#SBATCH --ntasks=4\n", "#SBATCH --nodes=2\n", "#SBATCH --cpus-per-task=3\n", "#SBATCH --nodelist=node1,node2\n", "export RINGREC_X='a'\\''b c'\n", "srun --mpi=pmix --kill-on-bad-exit=1 '/opt/ring rec' 'train' '--lr' '0.5' '--data-dir' '/s/cache'", "mv '/s/jobs/7/.exit.json.tmp' '/s/jobs/7/exit.json'"] {
+            assert!(text.contains(want), "{want:?} not in\n{text}");
+        }
+        sl.launcher = Launcher::Mpirun;
+        assert!(sl.script(&Submission { id: 7, plan: &plan, files: &files }).contains("-np \"$SLURM_NTASKS\" '/opt/ring rec' 'train'"));
     }
 }

@@ -7,6 +7,12 @@
 #   python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
 #                                                 libraries from PyPI for the library probe test)
 #   python3-numpy                              -- scripts/bundle_predict.py (tests/predict.rs)
+#   slurm-wlm, munge                           -- tests/serve.rs: a real single-node Slurm
+#                                                 (scripts/slurm/cluster.sh) for `ringrec serve`
+#   chromium, chromium-driver                  -- tests/serve.rs: the dashboard in headless
+#                                                 Chromium (WebDriver)
+# The last two sets are installed apart and best effort: where the distribution lacks them
+# (Ubuntu ships Chromium only as a snap), those tests print `skipped: <reason>`.
 set -euo pipefail
 
 need=()
@@ -26,6 +32,20 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 # skips without it): the distribution's, for the system python3.
 python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || need+=(python3-numpy)
 
+serve_need=()
+{ have_cmd slurmctld || [ -x /usr/sbin/slurmctld ]; } && have_cmd sbatch || serve_need+=(slurm-wlm)
+have_cmd munged || [ -x /usr/sbin/munged ] || serve_need+=(munge)
+[ -x /usr/bin/chromium ] || serve_need+=(chromium)
+[ -x /usr/bin/chromedriver ] || serve_need+=(chromium-driver)
+
+install_serve() {
+  [ ${#serve_need[@]} -eq 0 ] && return
+  echo "setup: installing ${serve_need[*]} (ringrec serve's tests: Slurm, headless Chromium)"
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${serve_need[@]}" >/dev/null; then
+    echo "setup: warning: could not install ${serve_need[*]}; the Slurm and browser tests of tests/serve.rs will print skipped" >&2
+  fi
+}
+
 install_rust() {
   # Rust toolchain (rustup), when the machine has none.
   if command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -44,11 +64,16 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   if have_cmd sudo; then SUDO="sudo"; elif [ ${#need[@]} -gt 0 ]; then
     echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1
+  elif [ ${#serve_need[@]} -gt 0 ]; then
+    echo "setup: warning: not root: not installing ${serve_need[*]} (tests/serve.rs's Slurm and browser tests will print skipped)" >&2
+    serve_need=()
   fi
 fi
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: system packages present (Open MPI, libclang, pkg-config, cc, python3 with venv)"
+  [ ${#serve_need[@]} -eq 0 ] || $SUDO apt-get update -qq || true
+  install_serve
   install_rust
   exit 0
 fi
@@ -57,5 +82,6 @@ echo "setup: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+install_serve
 install_rust
 echo "setup: done"

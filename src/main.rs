@@ -50,6 +50,10 @@ enum Command {
     /// shared-memory directory, interrupted writes in checkpoint and data directories
     /// (`ringrec clean ckpt ~/.cache/ringrec`). Never a file of a live job.
     Clean(cli::clean::CleanArgs),
+    /// The job service: an HTTP API and a live dashboard that submit, watch and kill
+    /// `ringrec train` jobs on this machine or a Slurm cluster, with records that survive
+    /// restarts (`ringrec serve --state-dir DIR`; `ringrec serve token add NAME --state-dir DIR`).
+    Serve(cli::serve::ServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -123,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Table(cmd) => cli::table::run(cmd),
         Command::Data(cmd) => cli::data::run(cmd),
         Command::Clean(args) => cli::clean::run(&args),
+        Command::Serve(args) => std::process::exit(cli::serve::run(&args)?),
         Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
         Command::Bench(BenchCommand::Checkpoint(args)) => cli::bench::checkpoint::run(&args),
         Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),

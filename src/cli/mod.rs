@@ -7,6 +7,8 @@ pub mod export;
 pub mod info;
 pub mod launch;
 pub mod predict;
+pub mod progress;
+pub mod serve;
 pub mod table;
 pub mod train;
 

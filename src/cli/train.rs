@@ -135,6 +135,10 @@ pub struct TrainArgs {
     /// appended to when resuming). Plot it with scripts/plot_metrics.py.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Every rank keeps DIR/rank-<rank>.json with its progress (step, samples, samples/s;
+    /// at most twice a second), for `ringrec serve`'s per-rank view.
+    #[arg(long)]
+    pub progress_dir: Option<PathBuf>,
     /// Print a final JSON summary (rank 0).
     #[arg(long)]
     pub json: bool,
@@ -293,7 +297,11 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
 pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<()> {
     let cfg = args.config();
     let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut ranks_file = args.progress_dir.as_deref().map(|d| super::progress::RankProgress::new(d, topo.rank, topo.size));
     let mut show = |p: &Progress| {
+        if let Some(f) = ranks_file.as_mut() {
+            f.update(p);
+        }
         if topo.rank != 0 || args.no_progress {
             return;
         }
@@ -309,6 +317,9 @@ pub fn run(topo: &Topology, args: &TrainArgs) -> anyhow::Result<()> {
         pb.set_position(p.step);
     };
     let summary = train::run(topo, &cfg, &mut show)?;
+    if let Some(f) = ranks_file.as_mut() {
+        f.finish();
+    }
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }

@@ -490,8 +490,9 @@ pub struct TrainSummary {
     pub admission_sketch_bytes: u64,
 }
 
-/// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on rank
-/// 0 after each step; returns the summary.
+/// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on every
+/// rank after each step (each rank's own view: a display shows rank 0's, `--progress-dir`
+/// writes every rank's); returns the summary.
 pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progress)) -> TrainResult<TrainSummary> {
     let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
     topo.agree_settings(&cfg.settings(topo, &engine))?;
@@ -587,11 +588,7 @@ fn drive<D: Device>(topo: &Topology, cfg: &TrainConfig, dev: D, engine: Engine, 
     progress(&t.progress());
     loop {
         match t.step() {
-            Ok(true) => {
-                if topo.rank == 0 {
-                    progress(&t.progress());
-                }
-            }
+            Ok(true) => progress(&t.progress()),
             Ok(false) => return t.summary(),
             // Every rank stops after the same step: the normal teardown is safe.
             Err(e @ (TrainError::Stopped { .. } | TrainError::NonFinite { .. })) => return Err(e),

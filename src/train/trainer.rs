@@ -46,6 +46,8 @@ pub struct Progress {
     pub loss: Option<f64>,
     /// Samples per second so far (all ranks, training time only).
     pub samples_per_sec: f64,
+    /// Samples this rank trained on in this run (its share of every global batch).
+    pub samples: u64,
     /// The held-out AUC of the last `--eval-every` report (rank 0).
     pub eval_auc: Option<f64>,
 }
@@ -248,7 +250,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
         data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
-        let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, eval_auc: None };
+        let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
         let metrics = match (&cfg.metrics_out, topo.rank) {
             (Some(p), 0) => Some(
@@ -324,7 +326,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             self.losses.all.push(loss);
         }
         let rate = self.counters.global_samples as f64 / self.train_seconds().max(1e-9);
-        self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate, eval_auc: self.progress.eval_auc };
+        self.progress = Progress { step: self.position.step, total_steps: self.total_steps, epoch: u.epoch, loss: Some(loss), samples_per_sec: rate, samples: self.counters.samples, eval_auc: self.progress.eval_auc };
         Ok(())
     }
 

@@ -72,14 +72,18 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         (None, crate::embedding::OptimizerKind::Adagrad) => "; the table's Adagrad accumulators start anew",
         _ => "",
     };
+    // Adagrad accumulators that start anew make the run differ from one that never stopped.
+    let sparse_lost = if t.saved.is_none() && run.optimizer == crate::embedding::OptimizerKind::Adagrad { NOT_EQUAL } else { "" };
     let opt = match m.opt.take() {
         Some(o) if o.kind == cfg.dense_optimizer => {
-            let line = format!("its {} state carried (optimizer step {}, --lr {}){sparse_state}", o.kind, o.step, cfg.lr);
+            let line = format!("its {} state carried (optimizer step {}, --lr {}){sparse_state}{sparse_lost}", o.kind, o.step, cfg.lr);
             m.opt = Some(o);
             line
         }
-        Some(o) => format!("its optimizer state is {}'s, this run uses --dense-optimizer {}: a new optimizer state{sparse_state}", o.kind, cfg.dense_optimizer),
-        None => format!("no optimizer state in it: {} starts anew{sparse_state}", cfg.dense_optimizer),
+        Some(o) => format!("its optimizer state is {}'s, this run uses --dense-optimizer {}: a new optimizer state{sparse_state}{NOT_EQUAL}", o.kind, cfg.dense_optimizer),
+        // Plain SGD keeps no state: nothing to lose.
+        None if cfg.dense_optimizer == crate::model::DenseOptimizer::Sgd => format!("sgd keeps no optimizer state{sparse_state}{sparse_lost}"),
+        None => format!("no optimizer state in it: {} starts anew{sparse_state}{NOT_EQUAL}", cfg.dense_optimizer),
     };
     let line = format!(
         "ringrec: warm start from the {}: {dense}, its table ({} rows); {opt}; this run's steps count from 0 and its data from the beginning",
@@ -88,6 +92,10 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     );
     Ok((m, line))
 }
+
+/// Said when the dense optimizer's state is not carried: the continued run cannot equal one
+/// that never stopped (Adam's moments, Adagrad's accumulators; plain SGD keeps none).
+const NOT_EQUAL: &str = " (so this run will not be bit-identical to one that never stopped: a checkpoint directory carries the optimizer state, an export bundle does not)";
 
 /// Sets this run up from `cfg.init_from` on every rank (collective; see the module docs):
 /// the dense parameters into `params`, the carried optimizer state (if any) into `opt`.

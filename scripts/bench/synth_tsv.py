@@ -19,8 +19,9 @@ import numpy as np
 NUM_DENSE, NUM_SPARSE = 13, 26
 
 
-def dense_columns(rng, n, logit):
-    """The 13 integer columns (as strings, "" when missing); adds their planted terms to logit."""
+def dense_columns(rng, n, logit, wrng=None):
+    """The 13 integer columns (as strings, "" when missing); adds their planted terms to logit.
+    The planted weights come from wrng when given (a model shared by several files), else rng."""
     dense_cols = []
     for k in range(NUM_DENSE):
         mu = 0.3 + (k * 0.77) % 3.5
@@ -28,7 +29,7 @@ def dense_columns(rng, n, logit):
         if k == 1:
             x -= 2
         missing = rng.random(n) < (0.2 if k % 4 == 0 else 0.02)
-        w = 0.3 * rng.standard_normal()
+        w = 0.3 * (wrng if wrng is not None else rng).standard_normal()
         logit += np.where(missing, 0.0, w * np.log1p(np.maximum(x, 0)))
         dense_cols.append(np.where(missing, "", x.astype(str)))
     return dense_cols

@@ -10,6 +10,11 @@ keys are the ones `--admit-after 2` never gives a row. Names and weights are dra
 for the values that occur.
 
     python scripts/bench/zipf_tail_tsv.py --rows 1000000 --out target/bench-data/tail-1m.tsv
+
+--model-seed M plants one model for every file made with it (day files of one stream): a
+value's weight is a hash of (M, field, value), the missing values' and the integers' weights
+are drawn from M; --seed then only changes which rows are drawn. Without it each file has
+its own model (drawn from --seed).
 """
 import argparse
 import os
@@ -29,6 +34,24 @@ def zipf_ranks(rng, v, n, s):
     return np.clip(r, 0, v - 1).astype(np.int64)
 
 
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def mix64(z):
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def hashed_normal(model_seed, f, ranks):
+    """A standard normal per (model_seed, field f, value rank), the same in every file."""
+    x = ranks.astype(np.uint64) * np.uint64(64) + np.uint64(f) + np.uint64((model_seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+    u1 = (mix64(x) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    u2 = (mix64(x ^ np.uint64(0xD1B54A32D192ED03)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -36,12 +59,15 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-vocab", type=int, default=10_000_000)
     ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--model-seed", type=int, default=None,
+                    help="one planted model for every file made with it (see above)")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
+    wrng = np.random.default_rng(a.model_seed) if a.model_seed is not None else None
     n = a.rows
 
     logit = np.zeros(n)
-    dense_cols = dense_columns(rng, n, logit)
+    dense_cols = dense_columns(rng, n, logit, wrng)
 
     cat_cols = []
     once = 0
@@ -52,8 +78,13 @@ def main():
         missing = rng.random(n) < miss_p
         used, inv, counts = np.unique(j, return_inverse=True, return_counts=True)
         once += int((counts == 1).sum())
-        weights = 0.35 * rng.standard_normal(len(used))
-        logit += np.where(missing, 0.35 * rng.standard_normal(), weights[inv])
+        if wrng is None:
+            weights = 0.35 * rng.standard_normal(len(used))
+            miss_w = 0.35 * rng.standard_normal()
+        else:
+            weights = 0.35 * hashed_normal(a.model_seed, f, used)
+            miss_w = 0.35 * wrng.standard_normal()
+        logit += np.where(missing, miss_w, weights[inv])
         # Distinct 8-hex-digit names: an odd multiplier is a bijection of u32.
         names = ((used * 0x9E3779B1 + f * 0x85EBCA6B) & 0xFFFFFFFF).astype(np.uint64)
         hexes = np.array([f"{h:08x}" for h in names])

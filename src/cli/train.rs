@@ -33,7 +33,7 @@ pub fn placement(s: &str) -> Result<Placement, String> {
 pub struct TrainArgs {
     /// Training data, trained in the order given: Criteo-format TSVs or prepared `.rrdata`
     /// caches, directories (their files in natural order: day_2 before day_10) and quoted
-    /// globs (`'days/day_*'`, natural order); repeated or comma-separated. One epoch is a
+    /// globs (`'days/day_*'`, `'day_[0-8].tsv'`, natural order); repeated or comma-separated. One epoch is a
     /// pass over all of them; each TSV is prepared once into a cache (the next one while
     /// the current one trains). Default: a synthetic set that ringrec generates once
     /// under --data-dir.

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | a file | itself (a Criteo TSV or a prepared `.rrdata` cache) |
 //! | a directory | every regular file in it, in natural name order, but hidden files (`.name`), caches (`.rrdata`) and lock files (`.lock`) |
-//! | a glob | the regular files its last component matches (`*` any run of characters, `?` one), in natural name order; hidden files only when the pattern starts with `.`, caches and lock files only when it ends with `.rrdata` or `.lock` |
+//! | a glob | the regular files its last component matches (`*` any run of characters, `?` one, `[0-8]` / `[!x]` one of / none of a set, as in the shell), in natural name order; hidden files only when the pattern starts with `.`, caches and lock files only when it ends with `.rrdata` or `.lock` |
 //!
 //! *Natural order* compares runs of digits by their value, so `day_2` comes before
 //! `day_10` ([`natural_cmp`]). The directory part of a glob is taken literally. A path that
@@ -40,7 +40,7 @@ pub fn resolve(flag: &'static str, specs: &[PathBuf]) -> DataResult<Vec<PathBuf>
             Ok(_) => return Err(err("not a regular file or a directory".into())),
             Err(e) => {
                 let name = spec.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                if !name.contains(['*', '?']) {
+                if !name.contains(['*', '?', '[']) {
                     return Err(err(format!("cannot be read: {e}")));
                 }
                 let dir = match spec.parent() {
@@ -81,23 +81,34 @@ fn listing(dir: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<PathB
     Ok(found)
 }
 
-/// Whether `name` matches `pattern`: `*` matches any run of bytes, `?` one byte, any other
-/// byte itself.
+/// Whether `name` matches `pattern`: `*` matches any run of bytes, `?` one byte, a bracket
+/// expression one byte of its set (`[abc]`, ranges `[0-8]`, `[!x]` / `[^x]` for the
+/// complement; a `]` first in the set is itself; a `[` without its `]` is itself), any
+/// other byte itself.
 fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     // The classic two-pointer match: on a mismatch, let the last `*` take one more byte.
     let (mut p, mut n) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while n < name.len() {
-        match pattern.get(p) {
+        let one = match pattern.get(p) {
             Some(b'*') => {
                 star = Some((p, n));
                 p += 1;
+                continue;
             }
-            Some(&c) if c == b'?' || c == name[n] => {
-                p += 1;
+            Some(b'[') => match bracket(&pattern[p..], name[n]) {
+                Some((matched, len)) => matched.then_some(len),
+                None => (name[n] == b'[').then_some(1),
+            },
+            Some(&c) if c == b'?' || c == name[n] => Some(1),
+            _ => None,
+        };
+        match one {
+            Some(len) => {
+                p += len;
                 n += 1;
             }
-            _ => match star {
+            None => match star {
                 Some((sp, sn)) => {
                     star = Some((sp, sn + 1));
                     (p, n) = (sp + 1, sn + 1);
@@ -107,6 +118,35 @@ fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
         }
     }
     pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// The bracket expression at the start of `pattern` against byte `c`: (whether `c` is in
+/// its set, the expression's length), or `None` when the `[` has no closing `]`.
+fn bracket(pattern: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = matches!(pattern.get(i), Some(b'!' | b'^'));
+    if negate {
+        i += 1;
+    }
+    let mut found = false;
+    let mut first = true;
+    loop {
+        let lo = *pattern.get(i)?;
+        if lo == b']' && !first {
+            return Some((found != negate, i + 1));
+        }
+        first = false;
+        match (pattern.get(i + 1), pattern.get(i + 2)) {
+            (Some(b'-'), Some(&hi)) if hi != b']' => {
+                found |= lo <= c && c <= hi;
+                i += 3;
+            }
+            _ => {
+                found |= lo == c;
+                i += 1;
+            }
+        }
+    }
 }
 
 /// Natural order of names: runs of ASCII digits compare by their value (`2 < 10`), the
@@ -168,6 +208,22 @@ mod tests {
         assert!(!m("day", "days"));
         assert!(m("", ""));
         assert!(!m("", "a"));
+    }
+
+    #[test]
+    fn globs_match_bracket_sets_as_the_shell_does() {
+        let m = |p: &str, n: &str| glob_match(p.as_bytes(), n.as_bytes());
+        let days = |p: &str| (0..12).filter(|d| m(p, &format!("day_{d}.tsv"))).collect::<Vec<_>>();
+        assert_eq!(days("day_[0-8].tsv"), [0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(days("day_[!0-8].tsv"), [9]);
+        assert_eq!(days("day_[^0-8].tsv"), [9]);
+        assert_eq!(days("day_[159].tsv"), [1, 5, 9]);
+        assert_eq!(days("day_1[01].tsv"), [10, 11]);
+        assert_eq!(days("day_[2-35].tsv"), [2, 3, 5]);
+        assert!(m("*[]]", "x]") && m("[]a]", "a") && !m("[]a]", "b"), "a ] first in the set is itself");
+        assert!(m("[a-]", "-") && m("[a-]", "a"), "a - last in the set is itself");
+        assert!(m("day[", "day[") && !m("day[", "day"), "a [ without ] is itself");
+        assert!(m("*[0-9]*.tsv", "day_7x.tsv") && !m("*[0-9]*.tsv", "day_x.tsv"));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 #   growth    `ringrec bench growth`: 50M distinct Zipf keys through a table of 1M slots;
 #             each growth's pause against the step time (amortised over the steps since the
 #             previous one; target <= 1.5 steps)
-#   stream    `ringrec train` over 15 day files (zipf_tail_tsv.py, 1.5M rows each, one planted
-#             model, a Zipf tail of new keys every day: about 50M distinct keys) + day_15 as
+#   stream    `ringrec train` over 17 day files (zipf_tail_tsv.py, 1.5M rows each, one planted
+#             model, a Zipf tail of new keys every day: about 50M distinct keys) + day_17 as
 #             --eval-data, from --table-capacity 1048576:
 #             the job finishes; growths, their time and the step time from the summary
 #   prepare   `ringrec data prepare --threads 1` vs all threads on day_0.tsv (MB/s, 3 runs
@@ -33,8 +33,8 @@ last_json() { grep -h '^{' "$1" | tail -n 1; }
 field() { "$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print(eval("d"+sys.argv[2]))' "$1" "$2"; }
 [ -x "$R" ] || cargo build --release --locked
 gen_days() {
-  # 16 days of one planted model (--model-seed), each with its own rows (--seed), two at a time.
-  for d in $(seq 0 15); do
+  # 18 days of one planted model (--model-seed), each with its own rows (--seed), two at a time.
+  for d in $(seq 0 17); do
     [ -s "$D/days/day_$d.tsv" ] || "$PY" scripts/bench/zipf_tail_tsv.py --rows 1500000 --out "$D/days/day_$d.tsv" --max-vocab 1000000000 --zipf 1.01 --seed $((101 + d)) --model-seed 7 &
     [ $((d % 2)) -eq 1 ] && wait
   done
@@ -51,7 +51,7 @@ fi
 if on stream; then
   echo "== stream" >&2
   rm -f "$O/stream-metrics.jsonl"
-  "${MPI[@]}" -np 2 "$R" train --data "$D/days/day_[0-9].tsv" --data "$D/days/day_1[0-4].tsv" --eval-data "$D/days/day_15.tsv" \
+  "${MPI[@]}" -np 2 "$R" train --data "$D/days/day_[0-9].tsv" --data "$D/days/day_1[0-6].tsv" --eval-data "$D/days/day_17.tsv" \
     --table-capacity 1048576 --eval-every 5000 --metrics-out "$O/stream-metrics.jsonl" --json --no-progress \
     > "$O/stream.out" 2> "$O/stream.err"
   echo "exit $?" >> "$O/stream.err"

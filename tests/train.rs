@@ -448,3 +448,46 @@ fn eval_every_reports_intervals_without_changing_the_run() {
     b.assert_ok();
     assert_eq!(summary(&a)["params_fnv"], summary(&b)["params_fnv"]);
 }
+
+#[test]
+fn stop_at_targets_stop_every_rank_after_the_same_step() {
+    // 4 ranks as 2 simulated hosts; an AUC the model passes early: every rank stops after
+    // the first report that reaches it (a rank that went on would hang the others'
+    // collectives), and the metrics file says which report that was.
+    let dir = tmpdir("stop-at");
+    let metrics = dir.join("metrics.jsonl");
+    let env = [("RINGREC_RANKS_PER_HOST", "2")];
+    let job = train(4, &env, &["--epochs", "2", "--eval-every", "10", "--stop-at-auc", "0.7", "--metrics-out", metrics.to_str().unwrap()]);
+    job.assert_ok();
+    let s = summary(&job);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let reached = lines.iter().position(|l| l["eval_auc"].as_f64().unwrap() >= 0.7).expect("the target is reached");
+    assert_eq!(reached, lines.len() - 1, "no report after the one that reached it: {lines:?}");
+    let step = lines[reached]["step"].as_u64().unwrap();
+    assert!(step < 352, "stopped before the end of 2 epochs (352 steps): {step}");
+    assert_eq!(s["steps"], step, "{s}");
+    assert_eq!(s["stopped_at_target"]["step"], step);
+    assert_eq!(s["stopped_at_target"]["target"], "--stop-at-auc 0.7");
+    assert_eq!(s["stopped_at_target"]["value"], lines[reached]["eval_auc"]);
+    assert_eq!(s["test_auc"], lines[reached]["eval_auc"], "the final evaluation is that report's");
+    assert!(job.stderr.contains(&format!("ringrec: step {step}: held-out AUC")), "{}", job.stderr);
+
+    // A log loss never reached: the run goes to its end and says nothing.
+    let job = train(2, &[], &["--max-steps", "20", "--eval-every", "10", "--stop-at-loss", "0.01"]);
+    job.assert_ok();
+    let s = summary(&job);
+    assert_eq!(s["steps"], 20);
+    assert!(s.get("stopped_at_target").is_none(), "{s}");
+    // One reached at the first report.
+    let job = train(2, &[], &["--max-steps", "40", "--eval-every", "10", "--stop-at-loss", "5"]);
+    job.assert_ok();
+    assert_eq!(summary(&job)["stopped_at_target"]["step"], 10);
+
+    // Without reports there is nothing to check: refused, naming the flag to add.
+    let job = train(1, &[], &["--max-steps", "5", "--stop-at-auc", "0.7"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("--stop-at-auc is checked on the held-out rows at each --eval-every report: add --eval-every N"), "{}", job.stderr);
+    let job = train(1, &[], &["--max-steps", "5", "--eval-every", "5", "--stop-at-auc", "1.5"]);
+    assert!(job.stderr.contains("--stop-at-auc must be in (0, 1], got 1.5"), "{}", job.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -131,6 +131,13 @@ pub struct TrainArgs {
     /// interval report of loss, samples/s and traffic (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub eval_every: u64,
+    /// Stop every rank once the held-out log loss at an --eval-every report is at most X
+    /// (the summary's `stopped_at_target` says when).
+    #[arg(long, value_name = "X")]
+    pub stop_at_loss: Option<f64>,
+    /// Stop every rank once the held-out AUC at an --eval-every report is at least Y.
+    #[arg(long, value_name = "Y")]
+    pub stop_at_auc: Option<f64>,
     /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;
     /// appended to when resuming). Plot it with scripts/plot_metrics.py.
     #[arg(long)]
@@ -243,6 +250,8 @@ impl TrainArgs {
             nan_policy: self.nan_policy,
             eval_every: self.eval_every,
             metrics_out: self.metrics_out.clone(),
+            stop_at_loss: self.stop_at_loss,
+            stop_at_auc: self.stop_at_auc,
             record_losses: self.record_losses,
             eval: !self.no_eval,
             init_from: self.init_from.clone(),

@@ -140,6 +140,10 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Rank 0 writes each interval report as one JSON line here.
     pub metrics_out: Option<PathBuf>,
+    /// Stop once the held-out log loss at an `--eval-every` report is at most this.
+    pub stop_at_loss: Option<f64>,
+    /// Stop once the held-out AUC at an `--eval-every` report is at least this.
+    pub stop_at_auc: Option<f64>,
     /// Keep every step's loss in the summary.
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
@@ -206,6 +210,8 @@ impl TrainConfig {
             nan_policy: NanPolicy::Stop,
             eval_every: 0,
             metrics_out: None,
+            stop_at_loss: None,
+            stop_at_auc: None,
             record_losses: false,
             eval: true,
             init_from: None,
@@ -225,6 +231,16 @@ impl TrainConfig {
     pub fn validate(&self) -> TrainResult<()> {
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
             return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
+        }
+        for (flag, v, ok) in [("--stop-at-loss", self.stop_at_loss, "above 0"), ("--stop-at-auc", self.stop_at_auc, "in (0, 1]")] {
+            let Some(v) = v else { continue };
+            let valid = if flag == "--stop-at-loss" { v.is_finite() && v > 0.0 } else { v > 0.0 && v <= 1.0 };
+            if !valid {
+                return Err(TrainError::Config(format!("{flag} must be {ok}, got {v}")));
+            }
+            if self.eval_every == 0 || !self.eval {
+                return Err(TrainError::Config(format!("{flag} is checked on the held-out rows at each --eval-every report: add --eval-every N{}", if self.eval { "" } else { " and drop --no-eval" })));
+            }
         }
         if !(0.0..1.0).contains(&self.test_fraction) {
             return Err(TrainError::Config(format!("--test-fraction must be in [0, 1), got {}", self.test_fraction)));
@@ -369,6 +385,8 @@ impl TrainConfig {
             ("--checkpoint-min-change", self.checkpoint_min_change.to_string()),
             ("--nan-policy", self.nan_policy.to_string()),
             ("--eval-every", self.eval_every.to_string()),
+            ("--stop-at-loss", format!("{:?}", self.stop_at_loss)),
+            ("--stop-at-auc", format!("{:?}", self.stop_at_auc)),
             ("--no-eval", (!self.eval).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
             ("RINGREC_VERIFY", rc.verify.to_string()),
@@ -488,6 +506,21 @@ pub struct TrainSummary {
     pub table_refused: u64,
     /// Bytes of the admission sketch (0 without `--admit-after`).
     pub admission_sketch_bytes: u64,
+    /// Why the run ended before its last step: a `--stop-at-loss` / `--stop-at-auc` target
+    /// reached at an `--eval-every` report (every rank stops after that step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at_target: Option<StopTarget>,
+}
+
+/// A `--stop-at-*` target reached.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StopTarget {
+    /// The global step after which every rank stopped.
+    pub step: u64,
+    /// The flag and its value (`--stop-at-auc 0.75`).
+    pub target: String,
+    /// The held-out value that reached it.
+    pub value: f64,
 }
 
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on every

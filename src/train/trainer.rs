@@ -148,6 +148,8 @@ pub struct Trainer<'a, D: Device> {
     mark: Mark,
     /// The last evaluation: its step and result on rank 0 (`None` elsewhere).
     last_eval: Option<(u64, Option<Evaluation>)>,
+    /// A `--stop-at-*` target reached (the same on every rank): the run ends after its step.
+    stopped: Option<super::StopTarget>,
     /// Rank 0's `--metrics-out` file.
     metrics: Option<std::io::BufWriter<std::fs::File>>,
 }
@@ -294,6 +296,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             eval_seconds: 0.0,
             mark: Mark { step: position.step, ..Mark::default() },
             last_eval: None,
+            stopped: None,
             metrics,
         })
     }
@@ -340,7 +343,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// end (known once every training file is open; until then a batch is followed by
     /// another).
     fn is_last(&self, step: u64) -> bool {
-        self.cfg.max_steps.is_some_and(|m| step >= m) || (self.steps_per_epoch.is_some() && step >= self.total_steps)
+        self.cfg.max_steps.is_some_and(|m| step >= m) || (self.steps_per_epoch.is_some() && step >= self.total_steps) || self.stopped.as_ref().is_some_and(|s| step >= s.step)
     }
 
     /// Opens the training files that the next step's batch reaches, and one row further
@@ -447,6 +450,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         let every = cfg.eval_every;
         if every > 0 && (self.position.step % every == 0 || self.is_last(self.position.step)) {
             self.report_interval()?;
+            if self.stopped.is_some() && !saved {
+                // The run ends here: its checkpoint is the last one, always written.
+                if let Some(dir) = &cfg.checkpoint_dir {
+                    saved = self.save_checkpoint(dir, false)?;
+                }
+            }
         }
         // A SIGTERM/SIGINT on any rank stops every rank after the same step: they compare
         // notes every SIGNAL_CHECK_EVERY steps (one more collective per step cost 4-5% of
@@ -533,6 +542,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             self.last_eval = Some((self.position.step, *e));
         }
         let eval = eval.flatten();
+        self.check_targets(eval)?;
         let now = Mark {
             step: self.position.step,
             samples: self.counters.global_samples,
@@ -581,6 +591,38 @@ impl<'a, D: Device> Trainer<'a, D> {
         use std::io::Write;
         let written = writeln!(w, "{line}").and_then(|_| w.flush());
         written.map_err(|e| TrainError::Config(format!("--metrics-out: cannot write it: {e}")))
+    }
+
+    /// Whether a `--stop-at-loss` / `--stop-at-auc` target is reached by `eval` (rank 0's;
+    /// collective: rank 0 decides and tells every rank, so all stop after the same step).
+    fn check_targets(&mut self, eval: Option<Evaluation>) -> TrainResult<()> {
+        let cfg = self.cfg;
+        if cfg.stop_at_loss.is_none() && cfg.stop_at_auc.is_none() {
+            return Ok(());
+        }
+        // [reached (0/1), which (0 loss, 1 auc), value]
+        let mut decision = [0f64; 3];
+        if let Some(e) = eval {
+            if cfg.stop_at_loss.is_some_and(|x| e.logloss <= x) {
+                decision = [1.0, 0.0, e.logloss];
+            } else if cfg.stop_at_auc.is_some_and(|y| e.auc >= y) {
+                decision = [1.0, 1.0, e.auc];
+            }
+        }
+        {
+            use mpi::traits::{Communicator, Root};
+            let _w = crate::watchdog::waiting("rank 0's stop-at decision");
+            self.topo.world.comm.process_at_rank(0).broadcast_into(&mut decision[..]);
+        }
+        if decision[0] == 1.0 {
+            let (flag, target, what) = if decision[1] == 0.0 { ("--stop-at-loss", cfg.stop_at_loss.unwrap_or_default(), "log loss") } else { ("--stop-at-auc", cfg.stop_at_auc.unwrap_or_default(), "AUC") };
+            let step = self.position.step;
+            if self.topo.rank == 0 {
+                crate::eprint_line(&format!("ringrec: step {step}: held-out {what} {:.6} reached {flag} {target}: every rank stops after this step", decision[2]));
+            }
+            self.stopped = Some(super::StopTarget { step, target: format!("{flag} {target}"), value: decision[2] });
+        }
+        Ok(())
     }
 
     /// Scores the held-out rows (each rank a slice of the [`EvalSet`], in batches of
@@ -657,6 +699,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
             phase_seconds: self.phases.totals(),
             losses: std::mem::take(&mut self.losses.all),
+            stopped_at_target: self.stopped.clone(),
             ..self.table_summary()
         })
     }

@@ -320,11 +320,23 @@ fn worker_mismatch() {
             other => panic!("expected a mismatch, got {other:?}"),
         }
     }
-    // A name still in flight cannot be submitted again.
-    let a = rt.allreduce_async("twice", Tensor::from_vec(vec![me as f32]), ReduceOp::Sum);
-    let b = rt.allreduce_async("twice", Tensor::from_vec(vec![me as f32]), ReduceOp::Sum);
-    assert!(matches!(b.wait(), Err(EngineError::Duplicate(_))));
-    assert_eq!(a.wait().unwrap().as_slice::<f32>().unwrap(), &[(0..rt.size()).sum::<usize>() as f32]);
+    // A name still in flight cannot be submitted again. "In flight" for certain: the last
+    // rank submits "twice" only after a "gate" allreduce that the others join once their
+    // second submission was refused (if every rank submitted at once, "twice" could finish
+    // on a rank before its second submission arrived, which is then a new tensor).
+    let last = rt.size() - 1;
+    let sum = [(0..rt.size()).sum::<usize>() as f32];
+    if me != last {
+        let a = rt.allreduce_async("twice", Tensor::from_vec(vec![me as f32]), ReduceOp::Sum);
+        let b = rt.allreduce_async("twice", Tensor::from_vec(vec![me as f32]), ReduceOp::Sum);
+        assert!(matches!(b.wait(), Err(EngineError::Duplicate(_))));
+        rt.allreduce("gate", Tensor::from_vec(vec![1i32]), ReduceOp::Sum).expect("gate");
+        assert_eq!(a.wait().unwrap().as_slice::<f32>().unwrap(), &sum);
+    } else {
+        rt.allreduce("gate", Tensor::from_vec(vec![1i32]), ReduceOp::Sum).expect("gate");
+        let a = rt.allreduce_async("twice", Tensor::from_vec(vec![me as f32]), ReduceOp::Sum);
+        assert_eq!(a.wait().unwrap().as_slice::<f32>().unwrap(), &sum);
+    }
     // The engine still works afterwards.
     let ok = rt.allreduce("after", Tensor::from_vec(vec![2i64; 3]), ReduceOp::Sum).expect("allreduce after mismatches");
     assert_eq!(ok.as_slice::<i64>().unwrap(), &[2 * rt.size() as i64; 3]);

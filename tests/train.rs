@@ -491,3 +491,30 @@ fn stop_at_targets_stop_every_rank_after_the_same_step() {
     assert!(job.stderr.contains("--stop-at-auc must be in (0, 1], got 1.5"), "{}", job.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn sparse_traffic_is_counted_per_rank_and_direction_and_adds_up() {
+    // (ranks, ranks per simulated host, exchange): every byte one rank counts as sent, another
+    // counts as received, inside a host and across hosts, on equal and unequal hosts.
+    for (np, per_host, exchange) in [(4, "2", "hier"), (4, "2", "flat"), (3, "2", "hier"), (5, "3", "hier"), (2, "2", "hier")] {
+        let env = [("RINGREC_RANKS_PER_HOST", per_host)];
+        let job = train(np, &env, &["--max-steps", "5", "--sparse-exchange", exchange]);
+        job.assert_ok();
+        let s = summary(&job);
+        let what = format!("{np} ranks, {per_host} per host, {exchange}");
+        let t = s["sparse_traffic_per_rank"].as_array().unwrap_or_else(|| panic!("{what}: {s}"));
+        assert_eq!(t.len(), np, "{what}");
+        let per: usize = per_host.parse().unwrap();
+        let hosts = np.div_ceil(per);
+        for (r, e) in t.iter().enumerate() {
+            assert_eq!((e["rank"].as_u64(), e["host"].as_u64()), (Some(r as u64), Some((r / per) as u64)), "{what}: {e}");
+        }
+        let sum = |k: &str| t.iter().map(|e| e[k].as_u64().unwrap()).sum::<u64>();
+        assert_eq!(sum("intra_host_sent"), sum("intra_host_received"), "{what}: {t:?}");
+        assert_eq!(sum("cross_host_sent"), sum("cross_host_received"), "{what}: {t:?}");
+        assert!(sum("intra_host_sent") > 0, "{what}: some host has several ranks");
+        assert_eq!(sum("cross_host_sent") > 0, hosts > 1, "{what}: {t:?}");
+        let per_sample = sum("cross_host_sent") as f64 / s["samples"].as_f64().unwrap();
+        assert!(close(s["sparse_cross_host_bytes_per_sample"].as_f64().unwrap(), per_sample, 1e-12), "{what}: {s}");
+    }
+}

@@ -510,6 +510,29 @@ pub struct TrainSummary {
     /// reached at an `--eval-every` report (every rank stops after that step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_at_target: Option<StopTarget>,
+    /// Every rank's sparse-exchange bytes in this run, by direction, inside its host and
+    /// across hosts (counted where the bytes are written and read; the sums of `sent` and
+    /// `received` over the ranks are equal).
+    pub sparse_traffic_per_rank: Vec<RankTraffic>,
+    /// Sparse-exchange bytes sent across hosts by all ranks, per sample trained.
+    pub sparse_cross_host_bytes_per_sample: f64,
+}
+
+/// One rank's traffic, by direction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RankTraffic {
+    /// World rank.
+    pub rank: usize,
+    /// Its host (0-based).
+    pub host: usize,
+    /// Bytes sent to ranks of its own host.
+    pub intra_host_sent: u64,
+    /// Bytes received from ranks of its own host.
+    pub intra_host_received: u64,
+    /// Bytes sent to ranks of other hosts.
+    pub cross_host_sent: u64,
+    /// Bytes received from ranks of other hosts.
+    pub cross_host_received: u64,
 }
 
 /// A `--stop-at-*` target reached.

@@ -667,6 +667,8 @@ impl<'a, D: Device> Trainer<'a, D> {
         };
         let mut peak = 0f64;
         topo.world.comm.all_reduce_into(&metrics::peak_rss_mib(), &mut peak, SystemOperation::max());
+        let traffic = self.traffic_per_rank();
+        let cross_sent: u64 = traffic.iter().map(|t| t.cross_host_sent).sum();
         let mlp = self.phases.seconds("mlp");
         let steps = self.counters.steps.max(1) as f64;
         let on_cpu = self.model.device().kind() == "cpu";
@@ -700,8 +702,22 @@ impl<'a, D: Device> Trainer<'a, D> {
             phase_seconds: self.phases.totals(),
             losses: std::mem::take(&mut self.losses.all),
             stopped_at_target: self.stopped.clone(),
+            sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
+            sparse_traffic_per_rank: traffic,
             ..self.table_summary()
         })
+    }
+
+    /// Every rank's sparse-exchange bytes by direction (collective: gathered on every rank).
+    fn traffic_per_rank(&self) -> Vec<super::RankTraffic> {
+        let t = self.embedding.exchanger().totals();
+        let mine = [t.host_bytes_sent, t.host_bytes_received, t.cross_bytes_sent, t.cross_bytes_received, self.topo.host_id as u64];
+        let mut all = vec![0u64; mine.len() * self.topo.size];
+        self.topo.world.comm.all_gather_into(&mine[..], &mut all[..]);
+        all.chunks_exact(mine.len())
+            .enumerate()
+            .map(|(rank, c)| super::RankTraffic { rank, host: c[4] as usize, intra_host_sent: c[0], intra_host_received: c[1], cross_host_sent: c[2], cross_host_received: c[3] })
+            .collect()
     }
 
     /// The table's part of the summary: its shape at the end, and what happened to its

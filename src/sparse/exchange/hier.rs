@@ -36,6 +36,10 @@ impl SparseExchanger {
             let t = Instant::now();
             host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, KeyRange::part(l, hier.ranges), dim, b, st));
             st.merge_s += t.elapsed().as_secs_f64();
+        } else if hier.board.is_some() && host_ok.is_ok() {
+            // No key range here (hosts of unequal sizes): the range owners read every row of
+            // this rank's list off the board (what they count as received).
+            st.host_bytes_sent = st.keys_unique * (8 + 4 * dim) as u64;
         }
         // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists;
         //    `views` are range l of every host's list, in host order.

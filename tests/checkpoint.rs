@@ -49,6 +49,28 @@ fn summary(job: &common::Job) -> serde_json::Value {
 }
 
 /// Names in `dir` that are not complete checkpoints or the pointer: temporaries.
+/// SIGKILLs every process whose environment holds `entry` (`NAME=value`) and waits until
+/// none is left (at most 10 s).
+fn kill_processes_with_env(entry: &str) {
+    let t = Instant::now();
+    loop {
+        let mut found = 0;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+            if env.split(|b| *b == 0).any(|v| v == entry.as_bytes()) {
+                found += 1;
+                // SAFETY: a process of the job this test started (its job id is unique).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if found == 0 || t.elapsed() > Duration::from_secs(10) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn temporaries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n != "LATEST" && !n.starts_with("step-")).collect())
@@ -220,6 +242,10 @@ fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
         // SAFETY: the job's own process group.
         unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
         let _ = child.wait();
+        // Ranks mpirun moved out of its process group would outlive it and go on writing
+        // checkpoints (a .tmp that a later run's sweep must leave alone while it is fresh):
+        // a machine that loses a job loses all of its processes.
+        kill_processes_with_env(&format!("RINGREC_JOB_ID=ckkill{kill}-{}", std::process::id()));
         resumed_from.push(latest_step(&ck));
     }
     eprintln!("checkpoint after each kill: {resumed_from:?}");

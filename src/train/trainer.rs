@@ -439,6 +439,15 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.position.step += 1;
         self.position.in_epoch += 1;
         self.unread = Some(Unread { global_batch, epoch, step: self.position.step });
+        self.end_step()?;
+        Ok(true)
+    }
+
+    /// What follows a step on every rank (collective): its checkpoint, its interval report
+    /// (and a `--stop-at-*` decision), and every SIGNAL_CHECK_EVERY steps or after a
+    /// checkpoint the ranks' check for a stop signal (an error that names the checkpoint).
+    fn end_step(&mut self) -> TrainResult<()> {
+        let (topo, cfg) = (self.topo, self.cfg);
         let mut saved = false;
         if let Some(dir) = &cfg.checkpoint_dir {
             let last = self.is_last(self.position.step);
@@ -461,7 +470,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         // notes every SIGNAL_CHECK_EVERY steps (one more collective per step cost 4-5% of
         // a 2-rank step on 2 cores) and at checkpoints.
         if self.position.step % SIGNAL_CHECK_EVERY != 0 && !saved {
-            return Ok(true);
+            return Ok(());
         }
         let mine = crate::signals::requested().unwrap_or(0);
         let mut signal = 0i32;
@@ -481,7 +490,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             };
             return Err(TrainError::Stopped { signal, step: self.position.step, checkpoint });
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Rank 0 writes the checkpoint of this step (the table and the dense half, see

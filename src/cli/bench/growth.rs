@@ -109,6 +109,50 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+impl GrowthRow {
+    /// One line of the table, or one JSON record.
+    fn print(&self, json: bool) -> anyhow::Result<()> {
+        if json {
+            println!("{}", serde_json::to_string(self)?);
+        } else {
+            let mib = self.bytes as f64 / (1u64 << 20) as f64;
+            println!(
+                "{:>6} {:>11} {:>11} {:>9.1} {:>11} {:>9.3} {:>7} {:>9.2} {:>10.3}",
+                self.step, self.from, self.to, mib, self.rows, self.pause_s, self.steps_between, self.step_s * 1e3, self.amortised_steps
+            );
+        }
+        Ok(())
+    }
+}
+
+impl GrowthSummary {
+    /// The closing line, or one JSON record.
+    fn print(&self, json: bool) -> anyhow::Result<()> {
+        if json {
+            println!("{}", serde_json::to_string(self)?);
+        } else {
+            let mib = self.end_bytes as f64 / (1u64 << 20) as f64;
+            println!(
+                "# {} steps, {} keys, {} rows in {} slots ({mib:.1} MiB), {} growths ({:.2} s of {:.2} s), {} evicted; median step {:.2} ms; worst amortised pause {:.3} steps (target <= 1.5)",
+                self.steps, self.keys, self.rows, self.end_slots, self.growths, self.growth_s, self.total_s, self.evicted, self.median_step_s * 1e3, self.worst_amortised_steps
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The keys of `step`: `new` never seen before (after the `seen` so far), and
+/// `hot_per_step` Zipf draws over the ones seen, sorted and deduplicated.
+fn step_keys(a: &GrowthBenchArgs, seen: u64, new: u64, step: u64) -> Vec<u64> {
+    let mut keys: Vec<u64> = (seen..seen + new).map(key_of).collect();
+    if seen > 0 {
+        keys.extend(zipf_ids(seen, a.hot_per_step, a.zipf_s, step).into_iter().map(key_of));
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
 /// Runs `ringrec bench growth`.
 pub fn run(a: GrowthBenchArgs) -> anyhow::Result<()> {
     let dir = match a.dir.clone() {
@@ -145,12 +189,7 @@ pub fn run(a: GrowthBenchArgs) -> anyhow::Result<()> {
     while seen < a.keys {
         step += 1;
         let new = a.new_per_step.min(a.keys - seen);
-        let mut keys: Vec<u64> = (seen..seen + new).map(key_of).collect();
-        if seen > 0 {
-            keys.extend(zipf_ids(seen, a.hot_per_step, a.zipf_s, step).into_iter().map(key_of));
-        }
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = step_keys(&a, seen, new, step);
         seen += new;
         grads.clear();
         grads.extend(keys.iter().flat_map(|k| (0..d).map(move |j| ((k >> (j % 48)) & 0xff) as f32 / 256.0 - 0.5)));
@@ -177,22 +216,7 @@ pub fn run(a: GrowthBenchArgs) -> anyhow::Result<()> {
                     step_s,
                     amortised_steps: if step_s > 0.0 { g.seconds / steps_between as f64 / step_s } else { 0.0 },
                 };
-                if a.json {
-                    println!("{}", serde_json::to_string(&row)?);
-                } else {
-                    println!(
-                        "{:>6} {:>11} {:>11} {:>9.1} {:>11} {:>9.3} {:>7} {:>9.2} {:>10.3}",
-                        row.step,
-                        row.from,
-                        row.to,
-                        row.bytes as f64 / (1u64 << 20) as f64,
-                        row.rows,
-                        row.pause_s,
-                        row.steps_between,
-                        row.step_s * 1e3,
-                        row.amortised_steps
-                    );
-                }
+                row.print(a.json)?;
                 rows_out.push(row);
                 since.clear();
                 // The step's own update, without the pause, counts as a step too.
@@ -218,24 +242,7 @@ pub fn run(a: GrowthBenchArgs) -> anyhow::Result<()> {
         median_step_s: median(&mut all_steps),
         worst_amortised_steps: rows_out.iter().map(|r| r.amortised_steps).fold(0.0, f64::max),
     };
-    if a.json {
-        println!("{}", serde_json::to_string(&s)?);
-    } else {
-        println!(
-            "# {} steps, {} keys, {} rows in {} slots ({:.1} MiB), {} growths ({:.2} s of {:.2} s), {} evicted; median step {:.2} ms; worst amortised pause {:.3} steps (target <= 1.5)",
-            s.steps,
-            s.keys,
-            s.rows,
-            s.end_slots,
-            s.end_bytes as f64 / (1u64 << 20) as f64,
-            s.growths,
-            s.growth_s,
-            s.total_s,
-            s.evicted,
-            s.median_step_s * 1e3,
-            s.worst_amortised_steps
-        );
-    }
+    s.print(a.json)?;
     drop(ahead);
     drop(table);
     drop(guards);

@@ -30,7 +30,6 @@ on() { [[ ",$PART," == *",$1,"* ]]; }
 PY=$(scripts/bench/venv.sh) || { echo "daily.sh: no Python venv" >&2; exit 1; }
 MPI=(scripts/mpirun.sh)
 last_json() { grep -h '^{' "$1" | tail -n 1; }
-field() { "$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print(eval("d"+sys.argv[2]))' "$1" "$2"; }
 [ -x "$R" ] || cargo build --release --locked
 gen_days() {
   # 18 days of one planted model (--model-seed), each with its own rows (--seed), two at a time.

@@ -196,6 +196,71 @@ fn ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
     }
     casts_match_the_half_crate::<D, f16>(dev);
     casts_match_the_half_crate::<D, bf16>(dev);
+    onebit_matches_the_host_compression(dev);
+}
+
+/// 1-bit encoding with error feedback (three rounds, both forms, sizes around a word and
+/// past the norm's parts) == `engine::compression`, the host reference: the same signs and
+/// residuals, scales within float rounding (the norm is summed in another order); and the
+/// decoded sum over three ranks' encodings (at offsets in a gathered buffer) == the host's
+/// decode in rank order, bit for bit.
+fn onebit_matches_the_host_compression<D: Device>(dev: &D) {
+    use ringrec::device::ops::onebit_words;
+    use ringrec::engine::compression::{onebit_decode_add, OneBit, OneBitForm};
+    for n in [1usize, 31, 32, 33, 1000, 9000] {
+        for (l1, lambda) in [(true, 0.0f32), (false, 1.0), (false, 0.4)] {
+            let form = if l1 { OneBitForm::L1 } else { OneBitForm::L2 { lambda } };
+            let mut host = OneBit::default();
+            let mut residual = dev.alloc::<f32>(n).unwrap();
+            let mut partial = dev.alloc::<u32>(2 * 4096).unwrap();
+            let at = 3;
+            let mut enc = dev.alloc::<u32>(at + onebit_words(n)).unwrap();
+            let mut host_encs = Vec::new();
+            for round in 0..3u64 {
+                let x = random(n, 200 + round);
+                let mut want = Vec::new();
+                host.encode_form("t", &x, form, &mut want);
+                dev.exec(Op::OneBitEncode { x: &dev.buffer_from(&x).unwrap(), residual: &mut residual, n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).unwrap();
+                let got = dev.to_vec(&enc, at + onebit_words(n)).unwrap();
+                let (gs, ws) = (f32::from_bits(got[at]), f32::from_le_bytes(want[..4].try_into().unwrap()));
+                assert!((gs - ws).abs() <= 1e-6 * ws.abs(), "n {n} {form:?} round {round}: scale {gs} vs {ws}");
+                let got_bits: Vec<u8> = bytemuck::cast_slice::<u32, u8>(&got[at + 1..]).to_vec();
+                assert_eq!(&got_bits[..n.div_ceil(8)], &want[4..], "n {n} {form:?} round {round}: signs");
+                host_encs.push(got[at..].to_vec());
+            }
+            // Residuals agree after three rounds.
+            let mut probe = Vec::new();
+            host.encode_form("t", &vec![0f32; n], form, &mut probe);
+            let mut next = Vec::new();
+            let zero = dev.buffer_from(&vec![0f32; n]).unwrap();
+            dev.exec(Op::OneBitEncode { x: &zero, residual: &mut residual, n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).unwrap();
+            next.extend(dev.to_vec(&enc, at + onebit_words(n)).unwrap());
+            let (gs, ws) = (f32::from_bits(next[at]), f32::from_le_bytes(probe[..4].try_into().unwrap()));
+            assert!((gs - ws).abs() <= 1e-5 * ws.abs().max(1e-12), "n {n} {form:?}: residual scale {gs} vs {ws}");
+            // Decode: three "ranks" (the three rounds' encodings) gathered at stride, offset 2.
+            let (off, words) = (2, onebit_words(n));
+            let stride = off + words + 1;
+            let mut gathered = vec![0u32; 3 * stride];
+            for (r, e) in host_encs.iter().enumerate() {
+                gathered[r * stride + off..r * stride + off + words].copy_from_slice(e);
+            }
+            for average in [false, true] {
+                let mut want = vec![0f32; n];
+                for e in &host_encs {
+                    let bytes: Vec<u8> = bytemuck::cast_slice::<u32, u8>(e).to_vec();
+                    let mut wire = bytes[..4].to_vec();
+                    wire.extend_from_slice(&bytes[4..4 + n.div_ceil(8)]);
+                    onebit_decode_add(&wire, &mut want).unwrap();
+                }
+                if average {
+                    want.iter_mut().for_each(|v| *v /= 3.0);
+                }
+                let mut x = dev.buffer_from(&vec![7f32; n]).unwrap();
+                dev.exec(Op::OneBitDecodeSum { gathered: &dev.buffer_from(&gathered).unwrap(), stride, at: off, ranks: 3, x: &mut x, n, average }).unwrap();
+                assert_eq!(dev.to_vec(&x, n).unwrap(), want, "n {n} {form:?} average {average}: decoded sum");
+            }
+        }
+    }
 }
 
 /// f32 -> half -> f32 at offsets == the `half` crate (round to nearest even), specials too.

@@ -540,9 +540,26 @@ fn worker_device_tensors() {
         Err(EngineError::Mismatch { detail, .. }) => assert!(detail.contains("on a device"), "{detail}"),
         other => panic!("expected a mismatch, got {other:?}"),
     }
-    // 1-bit and allgather on device tensors are refused with what to do instead.
-    let e = engine.allreduce_async_with("dev.1bit", dev.lend(dev.buffer_from(&[1.0f32; 4]).unwrap()), ReduceOp::Sum, Compression::OneBit).wait().unwrap_err();
-    assert!(e.to_string().contains("use fp16, bf16 or none"), "{e}");
+    // 1-bit on device tensors (kernels/compress.cu, allgathered encodings) == 1-bit on host
+    // tensors (engine::compression) bit for bit, both forms, over steps (error feedback per
+    // name), two tensors fused, sum and average.
+    for step in 0..3 {
+        for (c, op) in [(Compression::OneBit, ReduceOp::Sum), (Compression::OneBitL1, ReduceOp::Average)] {
+            let mut hs = Vec::new();
+            for (i, len) in [(0usize, 1001usize), (1, 64)] {
+                let v: Vec<f32> = values(&format!("ob{i}"), me, step, len, true).iter().map(|x| *x as f32).collect();
+                let d = engine.allreduce_async_with(&format!("dev.{}.{i}", c.name()), dev.lend(dev.buffer_from(&v).unwrap()), op, c);
+                let h = engine.allreduce_async_with(&format!("host.{}.{i}", c.name()), Tensor::from_vec(v), op, c);
+                hs.push((i, len, d, h));
+            }
+            for (i, len, d, h) in hs {
+                let got = dev.to_vec(&dev.take_back::<f32>(d.wait().expect("device 1-bit")).unwrap(), len).unwrap();
+                let want = h.wait().expect("host 1-bit").into_vec::<f32>().unwrap();
+                assert_eq!(got, want, "{} tensor {i} step {step}", c.name());
+            }
+        }
+    }
+    // Allgather on device tensors is refused with what to do instead.
     let e = engine.allgather_async("dev.gather", dev.lend(dev.buffer_from(&[1.0f32; 4]).unwrap())).wait().unwrap_err();
     assert!(e.to_string().contains("allgather a host copy"), "{e}");
     println!("DEVICE DONE rank={me} device={}", engine.device().unwrap_or("none"));
@@ -553,8 +570,8 @@ fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
     let path = std::env::temp_dir().join(format!("ringrec-timeline-device-{}.json", std::process::id()));
     let p = path.display().to_string();
     // The second run with random delays on the device's queues.
-    for (np, hosts, delays) in [(3, "3", ""), (4, "2", "5")] {
-        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000"), ("RINGREC_HOST_DELAY_SEED", delays)];
+    for (np, hosts, delays, lambda) in [(3, "3", "", "1"), (4, "2", "5", "0.5")] {
+        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000"), ("RINGREC_HOST_DELAY_SEED", delays), ("RINGREC_ONEBIT_LAMBDA", lambda)];
         let job = common::run_worker("worker_device_tensors", np, &env, Duration::from_secs(180));
         job.assert_ok();
         assert_eq!(job.all().matches("DEVICE DONE").count(), np, "{}", job.all());
@@ -571,6 +588,8 @@ fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
         assert!(fused >= 5, "{np} ranks: the five device tensors of a step are reduced as one: {fused}");
         let p = phases(ev, "dev.fp16");
         assert!(p.iter().any(|x| x == "COMPRESS") && p.iter().any(|x| x == "DECOMPRESS"), "{p:?}");
+        let p = phases(ev, "dev.1bit.0");
+        assert!(["COMPRESS", "ALLGATHER", "DECOMPRESS"].iter().all(|w| p.iter().any(|x| x == w)), "{p:?}");
     }
     let _ = std::fs::remove_file(&path);
 }

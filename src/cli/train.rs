@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use ringrec::comm::Backend;
 use ringrec::device::Placement;
+use ringrec::engine::Compression;
 use ringrec::embedding::{Evict, OptimizerKind, StorageDtype};
 use ringrec::model::DenseOptimizer;
 use ringrec::sparse::{SparseExchange, SparseNormalize};
@@ -21,6 +22,11 @@ pub fn backend(s: &str) -> Result<BackendArg, String> {
         "auto" => Ok(BackendArg(None)),
         _ => Backend::parse(s).map(|b| BackendArg(Some(b))).ok_or_else(|| format!("`{s}` is not a backend; choose from auto, mpi, ring, shm, hier")),
     }
+}
+
+/// Parses `--compression`.
+pub fn compression(s: &str) -> Result<Compression, String> {
+    Compression::parse(s).ok_or_else(|| format!("`{s}` is not a compression; choose from none, fp16, bf16, 1bit, 1bit-l1"))
 }
 
 /// Parses `--device`.
@@ -138,6 +144,15 @@ pub struct TrainArgs {
     /// Stop every rank once the held-out AUC at an --eval-every report is at least Y.
     #[arg(long, value_name = "Y")]
     pub stop_at_auc: Option<f64>,
+    /// Compression of the dense gradients' allreduce: none, fp16, bf16, 1bit (sign bits and
+    /// an L2 scale times --onebit-lambda, with error feedback) or 1bit-l1 (an L1 scale).
+    /// Default: RINGREC_COMPRESSION, else none.
+    #[arg(long, value_parser = compression)]
+    pub compression: Option<Compression>,
+    /// The factor lambda of --compression 1bit, in (0, 1]: 1 keeps the gradient's norm,
+    /// less shrinks the scale so a spiky gradient's error still shrinks (design 001).
+    #[arg(long, value_name = "LAMBDA")]
+    pub onebit_lambda: Option<f32>,
     /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;
     /// appended to when resuming). Plot it with scripts/plot_metrics.py.
     #[arg(long)]
@@ -252,6 +267,8 @@ impl TrainArgs {
             metrics_out: self.metrics_out.clone(),
             stop_at_loss: self.stop_at_loss,
             stop_at_auc: self.stop_at_auc,
+            compression: self.compression,
+            onebit_lambda: self.onebit_lambda,
             record_losses: self.record_losses,
             eval: !self.no_eval,
             init_from: self.init_from.clone(),

@@ -27,6 +27,9 @@ pub trait DeviceCollectives<D: Device>: Send {
     fn allreduce<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()>;
     /// Queues a copy of `n` elements of rank `root`'s `buf` (from `at`) into every rank's.
     fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()>;
+    /// Queues an allgather of the first `n` words of every rank's `send` into `recv`:
+    /// rank r's at words `r * n ..` (1-bit compression's encodings).
+    fn allgather_words(&mut self, dev: &D, send: &mut D::Buf<u32>, n: usize, recv: &mut D::Buf<u32>) -> CommResult<()>;
     /// Waits for everything queued (with a deadline where a peer could hang it).
     fn wait(&mut self, dev: &D) -> CommResult<()>;
 }
@@ -70,6 +73,15 @@ impl<D: Device> DeviceCollectives<D> for HostCollectives {
     fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()> {
         self.coll.broadcast(host_slice(dev, buf, at, n)?, root)
     }
+    fn allgather_words(&mut self, dev: &D, send: &mut D::Buf<u32>, n: usize, recv: &mut D::Buf<u32>) -> CommResult<()> {
+        let size = self.coll.size();
+        let g = self.coll.allgatherv_raw(bytemuck::cast_slice(host_slice(dev, send, 0, n)?))?;
+        if g.data.len() != 4 * size * n {
+            return Err(CommError::Invalid(format!("an allgather of {n} words per rank returned {} bytes from {size} ranks", g.data.len())));
+        }
+        bytemuck::cast_slice_mut::<u32, u8>(host_slice(dev, recv, 0, size * n)?).copy_from_slice(&g.data);
+        Ok(())
+    }
     fn wait(&mut self, _dev: &D) -> CommResult<()> {
         Ok(())
     }
@@ -94,6 +106,9 @@ impl<D: Device> DeviceCollectives<D> for Alone {
     }
     fn broadcast<T: Scalar + Element>(&mut self, _dev: &D, _buf: &mut D::Buf<T>, _at: usize, _n: usize, _root: usize) -> CommResult<()> {
         Ok(())
+    }
+    fn allgather_words(&mut self, dev: &D, send: &mut D::Buf<u32>, n: usize, recv: &mut D::Buf<u32>) -> CommResult<()> {
+        dev.copy((&*send, 0), (recv, 0), n).map_err(|e| CommError::Failed(e.to_string()))
     }
     fn wait(&mut self, _dev: &D) -> CommResult<()> {
         Ok(())

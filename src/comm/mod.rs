@@ -20,6 +20,7 @@ pub mod nccl;
 pub mod ring;
 pub mod scattered;
 pub mod shm;
+pub mod traffic;
 pub mod verify;
 
 use crate::dtype::{DType, Element, ReduceOp};

@@ -31,7 +31,7 @@ mod imp {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
+    use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
     use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
     use mpi::traits::{Communicator, Root};
 
@@ -230,6 +230,23 @@ mod imp {
                 unsafe { cudarc::nccl::result::broadcast(ptr as *const _, ptr, n, nccl_dtype(T::DTYPE), root as i32, comm, stream) }.map(|_| ())
             })
         }
+        fn allgather_words(&mut self, _dev: &CudaDevice, send: &mut CudaSlice<u32>, n: usize, recv: &mut CudaSlice<u32>) -> CommResult<()> {
+            self.agree(Header::allgatherv(4 * n))?;
+            if n == 0 {
+                return Ok(());
+            }
+            let (have, need) = (recv.len(), self.size * n);
+            if send.len() < n || have < need {
+                return Err(CommError::Invalid(format!("an allgather of {n} words per rank from {} words into {have} (needs {need})", send.len())));
+            }
+            let stream = self.stream.clone();
+            let (src, _read) = send.device_ptr(&stream);
+            let (dst, _record) = recv.device_ptr_mut(&stream);
+            // SAFETY: `send` holds at least `n` words and `recv` `size * n` (checked above),
+            // both on this communicator's device; the call is queued on the stream the
+            // buffers' events are recorded on.
+            unsafe { cudarc::nccl::result::all_gather(src as *const _, dst as *mut _, n, ncclDataType_t::ncclUint32, self.comm, stream.cu_stream() as _) }.map(|_| ()).map_err(|e| nccl_err("ncclAllGather", e))
+        }
         fn wait(&mut self, _dev: &CudaDevice) -> CommResult<()> {
             let event = self.stream.record_event(None).map_err(|e| nccl_err("recording an event on the NCCL stream", e))?;
             let start = Instant::now();
@@ -305,6 +322,9 @@ mod dummy {
             match *self {}
         }
         fn broadcast<T: Scalar + Element>(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<T>, _: usize, _: usize, _: usize) -> CommResult<()> {
+            match *self {}
+        }
+        fn allgather_words(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<u32>, _: usize, _: &mut <CudaDevice as Device>::Buf<u32>) -> CommResult<()> {
             match *self {}
         }
         fn wait(&mut self, _: &CudaDevice) -> CommResult<()> {

@@ -330,6 +330,8 @@ impl Device for CpuDevice {
                     HalfRef::Bf16(s) => s[src_at..src_at + n].convert_to_f32_slice(dst),
                 }
             }
+            Op::OneBitEncode { x, residual, n, l1, lambda, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, &mut enc[at..at + super::ops::onebit_words(n)]),
+            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], average),
         }
         Ok(())
     }
@@ -340,5 +342,60 @@ impl Device for CpuDevice {
     fn take_back<T: Scalar + Element>(&self, t: Tensor) -> DeviceResult<Vec<T>> {
         let dtype = t.dtype();
         t.into_vec::<T>().map_err(|_| DeviceError::refused("taking a tensor back", format!("a {dtype} tensor is not host memory of {}", T::DTYPE)))
+    }
+}
+
+/// [`Op::OneBitEncode`] as kernels/compress.cu computes it (the same parts, the same order).
+fn onebit_encode(x: &[f32], residual: &mut [f32], l1: bool, lambda: f32, enc: &mut [u32]) {
+    let n = x.len();
+    let parts = super::ops::onebit_parts(n);
+    let mut sum = 0f64;
+    for p in 0..parts {
+        let mut acc = 0f64;
+        for i in (p..n).step_by(parts) {
+            let v = residual[i] + x[i];
+            residual[i] = v;
+            acc += if l1 { v.abs() as f64 } else { v as f64 * v as f64 };
+        }
+        sum += acc;
+    }
+    let s = match (n, l1) {
+        (0, _) => 0.0,
+        (_, true) => (sum / n as f64) as f32,
+        (_, false) => lambda * (sum / n as f64).sqrt() as f32,
+    };
+    enc[0] = s.to_bits();
+    for (w, word) in enc[1..].iter_mut().enumerate() {
+        let mut bits = 0u32;
+        for (b, v) in residual[32 * w..(32 * w + 32).min(n)].iter_mut().enumerate() {
+            if *v >= 0.0 {
+                bits |= 1 << b;
+                *v -= s;
+            } else {
+                *v += s;
+            }
+        }
+        *word = bits;
+    }
+}
+
+/// [`Op::OneBitDecodeSum`] as kernels/compress.cu computes it.
+fn onebit_decode_sum(gathered: &[u32], stride: usize, at: usize, ranks: usize, x: &mut [f32], average: bool) {
+    x.fill(0.0);
+    for r in 0..ranks {
+        let e = &gathered[r * stride + at..];
+        let s = f32::from_bits(e[0]);
+        for (i, v) in x.iter_mut().enumerate() {
+            if (e[1 + i / 32] >> (i % 32)) & 1 == 1 {
+                *v += s;
+            } else {
+                *v -= s;
+            }
+        }
+    }
+    if average {
+        for v in x.iter_mut() {
+            *v /= ranks as f32;
+        }
     }
 }

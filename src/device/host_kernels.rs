@@ -374,6 +374,7 @@ impl LaunchKernels for HostKernels {
                 KernelArg::In(b, off) => (Access::read(&b.mem), b.mem.addr(*off)),
                 KernelArg::Out(b, off) => (Access::write(&b.mem), b.mem.addr(*off)),
                 KernelArg::InU32(b) => (Access::read(&b.mem), b.mem.addr(0)),
+                KernelArg::OutU32(b, off) => (Access::write(&b.mem), b.mem.addr(*off)),
                 KernelArg::InF16(b, off) => (Access::read(&b.mem), b.mem.addr(*off)),
                 KernelArg::OutF16(b, off) => (Access::write(&b.mem), b.mem.addr(*off)),
                 KernelArg::InBf16(b, off) => (Access::read(&b.mem), b.mem.addr(*off)),

@@ -27,6 +27,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("dense", include_str!("../../kernels/dense.cu")),
     ("optim", include_str!("../../kernels/optim.cu")),
     ("cast", include_str!("../../kernels/cast.cu")),
+    ("compress", include_str!("../../kernels/compress.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -60,11 +61,19 @@ pub enum Kernel {
     F16ToF32,
     /// bf16 -> f32.
     Bf16ToF32,
+    /// 1-bit: v = x + residual and the parts of its norm.
+    OneBitNorms,
+    /// 1-bit: the scale from the parts.
+    OneBitScale,
+    /// 1-bit: the sign bits and the new residual.
+    OneBitPack,
+    /// 1-bit: every rank's encoding decoded and summed.
+    OneBitUnpackSum,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -79,6 +88,10 @@ impl Kernel {
         Kernel::F32ToBf16,
         Kernel::F16ToF32,
         Kernel::Bf16ToF32,
+        Kernel::OneBitNorms,
+        Kernel::OneBitScale,
+        Kernel::OneBitPack,
+        Kernel::OneBitUnpackSum,
     ];
 
     /// The function's name in its source.
@@ -98,6 +111,10 @@ impl Kernel {
             Kernel::F32ToBf16 => "f32_to_bf16",
             Kernel::F16ToF32 => "f16_to_f32",
             Kernel::Bf16ToF32 => "bf16_to_f32",
+            Kernel::OneBitNorms => "onebit_norms",
+            Kernel::OneBitScale => "onebit_scale",
+            Kernel::OneBitPack => "onebit_pack",
+            Kernel::OneBitUnpackSum => "onebit_unpack_sum",
         }
     }
 
@@ -106,6 +123,7 @@ impl Kernel {
         match self {
             Kernel::SgdUpdate | Kernel::AdamUpdate => "optim",
             Kernel::F32ToF16 | Kernel::F32ToBf16 | Kernel::F16ToF32 | Kernel::Bf16ToF32 => "cast",
+            Kernel::OneBitNorms | Kernel::OneBitScale | Kernel::OneBitPack | Kernel::OneBitUnpackSum => "compress",
             _ => "dense",
         }
     }

@@ -160,7 +160,31 @@ pub enum Op<'a, D: Device> {
     ToHalf { src: &'a D::Buf<f32>, src_at: usize, dst: HalfMut<'a, D>, dst_at: usize, n: usize },
     /// `dst[dst_at + i] = f32(src[src_at + i])` for `n` elements.
     FromHalf { src: HalfRef<'a, D>, src_at: usize, dst: &'a mut D::Buf<f32>, dst_at: usize, n: usize },
+    /// 1-bit encoding with error feedback (kernels/compress.cu, the reference
+    /// `engine::compression`): `residual[i] += x[i]` (= v), the scale of v (`l1`:
+    /// `||v||_1 / n`, else `lambda ||v||_2 / sqrt(n)`; the norm summed by [`onebit_parts`]
+    /// strided parts in f64, then over the parts in order) as f32 bits into `enc[at]`, the
+    /// signs of v into words `enc[at + 1 ..]` (bit b of word w: value 32 w + b, set when
+    /// v >= 0), and `residual[i] = v - s sign(v)`. `partial` holds 2 words per part.
+    OneBitEncode { x: &'a D::Buf<f32>, residual: &'a mut D::Buf<f32>, n: usize, l1: bool, lambda: f32, partial: &'a mut D::Buf<u32>, enc: &'a mut D::Buf<u32>, at: usize },
+    /// The sum over `ranks` encodings of one tensor (rank r's at word `r * stride + at` of
+    /// `gathered`), decoded and added in rank order from 0, into `x[..n]`; divided by
+    /// `ranks` when `average`.
+    OneBitDecodeSum { gathered: &'a D::Buf<u32>, stride: usize, at: usize, ranks: usize, x: &'a mut D::Buf<f32>, n: usize, average: bool },
 }
+
+/// Words of a 1-bit encoding of `n` values: the scale, then the sign bits.
+pub fn onebit_words(n: usize) -> usize {
+    1 + n.div_ceil(32)
+}
+
+/// Parts the norm of a 1-bit encoding of `n` values is summed in (at least 1).
+pub fn onebit_parts(n: usize) -> usize {
+    n.clamp(1, ONEBIT_MAX_PARTS)
+}
+
+/// The most parts of a 1-bit norm.
+pub const ONEBIT_MAX_PARTS: usize = 4096;
 
 impl<D: Device> Op<'_, D> {
     /// The kernel's name (errors, traces).
@@ -178,6 +202,8 @@ impl<D: Device> Op<'_, D> {
             Op::Adam { .. } => "adam",
             Op::ToHalf { .. } => "to_half",
             Op::FromHalf { .. } => "from_half",
+            Op::OneBitEncode { .. } => "onebit_encode",
+            Op::OneBitDecodeSum { .. } => "onebit_decode_sum",
         }
     }
 
@@ -249,6 +275,19 @@ impl<D: Device> Op<'_, D> {
                 f("src", src.len(dev), src_at + n)?;
                 f("dst", dev.len(&**dst), dst_at + n)
             }
+            Op::OneBitEncode { x, residual, n, partial, enc, at, .. } => {
+                f("x", dev.len(*x), *n)?;
+                f("residual", dev.len(&**residual), *n)?;
+                f("partial", dev.len(&**partial), 2 * onebit_parts(*n))?;
+                f("enc", dev.len(&**enc), at + onebit_words(*n))
+            }
+            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, .. } => {
+                if at + onebit_words(*n) > *stride {
+                    return Err(DeviceError::refused("onebit_decode_sum", format!("an encoding of {n} values at word {at} does not fit a rank's {stride} words")));
+                }
+                f("gathered", dev.len(*gathered), ranks * stride)?;
+                f("x", dev.len(&**x), *n)
+            }
         }
     }
 }
@@ -261,6 +300,8 @@ pub enum KernelArg<'a, D: Device> {
     Out(&'a mut D::Buf<f32>, usize),
     /// A `const u32*` to a whole buffer.
     InU32(&'a D::Buf<u32>),
+    /// A `u32*` into a buffer, at an element offset.
+    OutU32(&'a mut D::Buf<u32>, usize),
     /// A `const u16*` into an f16 buffer, at an element offset.
     InF16(&'a D::Buf<f16>, usize),
     /// A `u16*` into an f16 buffer, at an element offset.
@@ -319,6 +360,16 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
             HalfRef::F16(s) => dev.launch(Kernel::F16ToF32, n, &mut [KernelArg::InF16(s, src_at), Out(dst, dst_at), long(n)]),
             HalfRef::Bf16(s) => dev.launch(Kernel::Bf16ToF32, n, &mut [KernelArg::InBf16(s, src_at), Out(dst, dst_at), long(n)]),
         },
+        Op::OneBitEncode { x, residual, n, l1, lambda, partial, enc, at } => {
+            let parts = onebit_parts(n);
+            let l1 = l1 as i32;
+            dev.launch(Kernel::OneBitNorms, parts, &mut [In(x, 0), Out(residual, 0), KernelArg::OutU32(partial, 0), int(n)?, int(parts)?, KernelArg::I32(l1)])?;
+            dev.launch(Kernel::OneBitScale, 1, &mut [InU32(partial), KernelArg::OutU32(enc, at), int(n)?, int(parts)?, KernelArg::I32(l1), F32(lambda)])?;
+            dev.launch(Kernel::OneBitPack, n.div_ceil(32), &mut [Out(residual, 0), KernelArg::OutU32(enc, at), int(n)?])
+        }
+        Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, average } => {
+            dev.launch(Kernel::OneBitUnpackSum, n, &mut [InU32(gathered), Out(x, 0), int(n)?, int(ranks)?, long(stride), long(at), KernelArg::I32(average as i32)])
+        }
     }
 }
 

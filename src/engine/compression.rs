@@ -1,15 +1,26 @@
 //! Gradient compression for allreduce: none, fp16, bf16 (the `half` crate), and 1-bit sign
-//! with a scale (design 001) with error feedback.
+//! with a scale (design 001) with error feedback, in its two forms.
 //!
 //! Compression applies to float32 tensors reduced with sum or average; any other tensor is
 //! reduced as it is.
 //!
-//! **1-bit.** Per tensor, `v = x + residual`; the rank sends `sign(v)` as bits and one f32
-//! scale `s = ||v||_2 / sqrt(n)`, so that `s * sign(v)` has the same L2 norm as `v`;
-//! the residual `v - s * sign(v)` is kept and added to the tensor of the same name next
-//! time (error feedback: what compression loses is not lost, only delayed). Ranks
-//! allgather the encodings (1/32 of the float32 bytes) and every rank decodes and sums
-//! them in rank order, so all ranks get the same result.
+//! **1-bit.** Per tensor of `d` values, `v = x + residual`; the rank sends `sign(v)` as bits
+//! and one f32 scale `s`, and keeps the residual `v - s * sign(v)`, added to the tensor of
+//! the same name next time (error feedback: what compression loses is not lost, only
+//! delayed). Ranks allgather the encodings (1/32 of the float32 bytes, plus 4 bytes of
+//! scale per tensor) and every rank decodes and sums them in rank order, so all ranks get
+//! the same result. The two forms of design 001 ([`OneBitForm`]):
+//!
+//! - **L1** (`1bit-l1`, the original): `s = ||v||_1 / d`. `C[v] = s sign(v)` is the
+//!   closest multiple of `sign(v)` to `v`, and `||C[v] - v||^2 = ||v||^2 - ||v||_1^2 / d
+//!   <= (1 - 1/d) ||v||^2`: it always shrinks the error.
+//! - **L2 with a factor lambda** (`1bit`, `RINGREC_ONEBIT_LAMBDA`, `0 < lambda <= 1`):
+//!   `s = lambda ||v||_2 / sqrt(d)`. With `rho = ||v||_1 / (sqrt(d) ||v||_2)` (in
+//!   `[1/sqrt(d), 1]`, 1 when every `|v_i|` is equal), `||C[v] - v||^2 = (1 + lambda^2 -
+//!   2 lambda rho) ||v||^2`, which is at most `(1 - lambda^2) ||v||^2` whenever `lambda <=
+//!   rho`: the bound [`onebit_error_bound`] checks. `lambda = 1` (the default) keeps the
+//!   norm of `v` — but for a spiky `v` (`rho < 1/2`) it sends more error than it removes,
+//!   which is what `lambda < 1` mends.
 
 use std::collections::HashMap;
 
@@ -28,13 +39,15 @@ pub enum Compression {
     Fp16,
     /// Cast to bfloat16 for the reduction.
     Bf16,
-    /// Sign bits and one scale per tensor, with error feedback.
+    /// Sign bits and one L2 scale (times lambda) per tensor, with error feedback.
     OneBit,
+    /// Sign bits and one L1 scale per tensor, with error feedback.
+    OneBitL1,
 }
 
 impl Compression {
     /// Every choice.
-    pub const ALL: [Compression; 4] = [Compression::None, Compression::Fp16, Compression::Bf16, Compression::OneBit];
+    pub const ALL: [Compression; 5] = [Compression::None, Compression::Fp16, Compression::Bf16, Compression::OneBit, Compression::OneBitL1];
 
     /// Its name (`RINGREC_COMPRESSION`, `--compression`).
     pub fn name(self) -> &'static str {
@@ -43,6 +56,7 @@ impl Compression {
             Compression::Fp16 => "fp16",
             Compression::Bf16 => "bf16",
             Compression::OneBit => "1bit",
+            Compression::OneBitL1 => "1bit-l1",
         }
     }
 
@@ -52,7 +66,8 @@ impl Compression {
             "" | "none" => Some(Compression::None),
             "fp16" | "f16" | "half" => Some(Compression::Fp16),
             "bf16" => Some(Compression::Bf16),
-            "1bit" | "onebit" | "sign" => Some(Compression::OneBit),
+            "1bit" | "onebit" | "sign" | "1bit-l2" => Some(Compression::OneBit),
+            "1bit-l1" | "onebit-l1" => Some(Compression::OneBitL1),
             _ => None,
         }
     }
@@ -73,6 +88,20 @@ impl Compression {
             self
         } else {
             Compression::None
+        }
+    }
+
+    /// Whether it is a 1-bit form (sent by allgather, with error feedback).
+    pub fn is_onebit(self) -> bool {
+        matches!(self, Compression::OneBit | Compression::OneBitL1)
+    }
+
+    /// The 1-bit form, with the L2 form's `lambda`; `None` for the other compressions.
+    pub fn onebit_form(self, lambda: f32) -> Option<OneBitForm> {
+        match self {
+            Compression::OneBit => Some(OneBitForm::L2 { lambda }),
+            Compression::OneBitL1 => Some(OneBitForm::L1),
+            _ => None,
         }
     }
 
@@ -107,15 +136,99 @@ pub fn onebit_len(n: usize) -> usize {
     4 + n.div_ceil(8)
 }
 
+/// The scale of 1-bit compression (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OneBitForm {
+    /// `||v||_1 / d`.
+    L1,
+    /// `lambda ||v||_2 / sqrt(d)`.
+    L2 {
+        /// The factor, in `(0, 1]`.
+        lambda: f32,
+    },
+}
+
+/// The default `RINGREC_ONEBIT_LAMBDA`: the L2 form keeps the norm.
+pub const DEFAULT_LAMBDA: f32 = 1.0;
+
+/// Checks a lambda of the L2 form: `0 < lambda <= 1`.
+pub fn check_lambda(lambda: f32) -> Result<f32, String> {
+    if lambda > 0.0 && lambda <= 1.0 {
+        Ok(lambda)
+    } else {
+        Err(format!("the 1-bit L2 factor lambda must be in (0, 1], got {lambda}; e.g. 0.5"))
+    }
+}
+
+impl OneBitForm {
+    /// The scale of `v` in this form, from its L1 norm or its squared L2 norm (each summed
+    /// in f64) and its length `d`.
+    pub fn scale(self, l1: f64, l2sq: f64, d: usize) -> f32 {
+        if d == 0 {
+            return 0.0;
+        }
+        match self {
+            OneBitForm::L1 => (l1 / d as f64) as f32,
+            OneBitForm::L2 { lambda } => lambda * (l2sq / d as f64).sqrt() as f32,
+        }
+    }
+
+    /// The scale of `v` (norms summed in index order).
+    pub fn scale_of(self, v: &[f32]) -> f32 {
+        let (l1, l2sq) = v.iter().fold((0f64, 0f64), |(a, b), x| (a + x.abs() as f64, b + (*x as f64) * (*x as f64)));
+        self.scale(l1, l2sq, v.len())
+    }
+
+    /// The wire code of the L2 factor (f32 bits; 0 for the L1 form).
+    pub fn lambda(self) -> f32 {
+        match self {
+            OneBitForm::L1 => 0.0,
+            OneBitForm::L2 { lambda } => lambda,
+        }
+    }
+}
+
+/// The bound design 001 states on the error of one compression, as the module docs derive
+/// it: `||C[v] - v||^2 <= (1 - 1/d) ||v||^2` for the L1 form, and `(1 - lambda^2) ||v||^2`
+/// for the L2 form where `lambda <= rho(v)`; `None` where the L2 form has no such bound
+/// (`lambda > rho(v)`).
+pub fn onebit_error_bound(form: OneBitForm, v: &[f32]) -> Option<f64> {
+    let d = v.len() as f64;
+    let l2sq: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum();
+    let l1: f64 = v.iter().map(|x| x.abs() as f64).sum();
+    match form {
+        OneBitForm::L1 => Some((1.0 - 1.0 / d) * l2sq),
+        OneBitForm::L2 { lambda } => {
+            let rho = l1 / (d.sqrt() * l2sq.sqrt());
+            (lambda as f64 <= rho).then(|| (1.0 - (lambda as f64).powi(2)) * l2sq)
+        }
+    }
+}
+
 /// The error-feedback state of 1-bit compression: one residual per tensor name.
-#[derive(Default)]
 pub struct OneBit {
     residuals: HashMap<String, Vec<f32>>,
+    /// The L2 form's lambda.
+    pub lambda: f32,
+}
+
+impl Default for OneBit {
+    fn default() -> OneBit {
+        OneBit { residuals: HashMap::new(), lambda: DEFAULT_LAMBDA }
+    }
 }
 
 impl OneBit {
-    /// Encodes `x` (plus the residual kept for `name`) onto `out` and keeps the new residual.
+    /// Encodes `x` (plus the residual kept for `name`) in the L2 form onto `out` and keeps
+    /// the new residual.
     pub fn encode(&mut self, name: &str, x: &[f32], out: &mut Vec<u8>) {
+        let form = OneBitForm::L2 { lambda: self.lambda };
+        self.encode_form(name, x, form, out)
+    }
+
+    /// Encodes `x` (plus the residual kept for `name`) in `form` onto `out` and keeps the
+    /// new residual.
+    pub fn encode_form(&mut self, name: &str, x: &[f32], form: OneBitForm, out: &mut Vec<u8>) {
         let n = x.len();
         let r = self.residuals.entry(name.to_string()).or_default();
         if r.len() != n {
@@ -124,8 +237,7 @@ impl OneBit {
         for (ri, xi) in r.iter_mut().zip(x) {
             *ri += *xi; // r now holds v = x + residual
         }
-        let norm2: f64 = r.iter().map(|v| (*v as f64) * (*v as f64)).sum();
-        let scale = if n == 0 { 0.0 } else { (norm2 / n as f64).sqrt() as f32 };
+        let scale = form.scale_of(r);
         out.extend_from_slice(&scale.to_le_bytes());
         let start = out.len();
         out.resize(start + n.div_ceil(8), 0);
@@ -224,5 +336,63 @@ mod tests {
             assert!((sum[i] / steps as f32 - x[i]).abs() < 0.01, "{i}: {}", sum[i] / steps as f32);
         }
         assert_eq!(onebit_decode_add(&enc[..3], &mut dec), None);
+    }
+
+    /// ||C[v] - v||^2 of one encoding of `v` in `form` (no history).
+    fn error_of(form: OneBitForm, v: &[f32]) -> f64 {
+        let mut ob = OneBit::default();
+        let mut enc = Vec::new();
+        ob.encode_form("v", v, form, &mut enc);
+        let mut dec = vec![0f32; v.len()];
+        onebit_decode_add(&enc, &mut dec).unwrap();
+        // The residual is exactly what was not sent.
+        for i in 0..v.len() {
+            assert!((ob.residuals["v"][i] - (v[i] - dec[i])).abs() <= 1e-6 * v[i].abs().max(1.0));
+        }
+        v.iter().zip(&dec).map(|(a, b)| ((*a - *b) as f64).powi(2)).sum()
+    }
+
+    #[test]
+    fn each_form_meets_its_error_bound() {
+        let mut rng = 0x1234_5678_u64;
+        let mut next = || {
+            rng = crate::hash::splitmix64(rng);
+            (rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut checked_l2 = 0;
+        for case in 0..200 {
+            let d = 1 + case % 37;
+            // Half the cases spiky (one large value), so rho(v) spans its range.
+            let mut v: Vec<f32> = (0..d).map(|_| next()).collect();
+            if case % 2 == 1 {
+                v[case % d] *= 50.0;
+            }
+            let norm2: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum();
+            let l1: f64 = v.iter().map(|x| x.abs() as f64).sum();
+            // L1: the exact error and its bound.
+            let e1 = error_of(OneBitForm::L1, &v);
+            assert!((e1 - (norm2 - l1 * l1 / d as f64)).abs() <= 1e-4 * norm2, "case {case}");
+            assert!(e1 <= onebit_error_bound(OneBitForm::L1, &v).unwrap() * (1.0 + 1e-5) + 1e-12, "case {case}");
+            for lambda in [0.1f32, 0.3, 0.5, 0.9, 1.0] {
+                let form = OneBitForm::L2 { lambda };
+                let e = error_of(form, &v);
+                let rho = l1 / ((d as f64).sqrt() * norm2.sqrt());
+                let exact = (1.0 + (lambda as f64).powi(2) - 2.0 * lambda as f64 * rho) * norm2;
+                assert!((e - exact).abs() <= 1e-4 * norm2, "case {case} lambda {lambda}: {e} vs {exact}");
+                if let Some(bound) = onebit_error_bound(form, &v) {
+                    assert!(e <= bound * (1.0 + 1e-5) + 1e-12, "case {case} lambda {lambda}: {e} > {bound}");
+                    checked_l2 += 1;
+                }
+            }
+        }
+        assert!(checked_l2 > 300, "the L2 bound applied in only {checked_l2} cases");
+        // A spiky vector: lambda = 1 sends more error than it removes, lambda = rho does not.
+        let mut spiky = vec![0.01f32; 64];
+        spiky[0] = 10.0;
+        let n2: f64 = spiky.iter().map(|x| (*x as f64).powi(2)).sum();
+        assert!(error_of(OneBitForm::L2 { lambda: 1.0 }, &spiky) > n2);
+        assert!(error_of(OneBitForm::L2 { lambda: 0.1 }, &spiky) < n2);
+        assert!(error_of(OneBitForm::L1, &spiky) < n2);
+        assert!(check_lambda(0.0).is_err() && check_lambda(1.5).is_err() && check_lambda(0.5).is_ok());
     }
 }

@@ -86,6 +86,8 @@ pub struct Stats {
     negotiated: AtomicU64,
     collectives: AtomicU64,
     bytes: AtomicU64,
+    allreduce_wire: AtomicU64,
+    allgather_wire: AtomicU64,
     fusion_threshold: AtomicU64,
     cycle_time_us: AtomicU64,
     tuning: AtomicU64,
@@ -106,6 +108,11 @@ pub struct StatsSnapshot {
     pub collectives: u64,
     /// Bytes of tensors allreduced or broadcast.
     pub bytes: u64,
+    /// Bytes this rank contributed to allreduces as they travel (after fp16/bf16
+    /// compression; f32 where the backend widens halves).
+    pub allreduce_wire_bytes: u64,
+    /// Bytes this rank contributed to allgathers (1-bit encodings and allgathered tensors).
+    pub allgather_wire_bytes: u64,
     /// The fusion threshold in use (bytes).
     pub fusion_threshold: u64,
     /// The cycle time in use (microseconds).
@@ -132,6 +139,8 @@ impl Stats {
             negotiated: g(&self.negotiated),
             collectives: g(&self.collectives),
             bytes: g(&self.bytes),
+            allreduce_wire_bytes: g(&self.allreduce_wire),
+            allgather_wire_bytes: g(&self.allgather_wire),
             fusion_threshold: g(&self.fusion_threshold),
             cycle_time_us: g(&self.cycle_time_us),
             tuning: g(&self.tuning) != 0,
@@ -158,6 +167,8 @@ pub struct LoopConfig {
     pub autotuner: Option<Autotuner>,
     /// The executor of tensors in a device's memory (none: host tensors only).
     pub device: Option<Box<dyn ExecuteDevice>>,
+    /// The L2 form's lambda of 1-bit compression.
+    pub onebit_lambda: f32,
 }
 
 /// The background thread's state.
@@ -210,8 +221,11 @@ impl Controller {
             size,
             control,
             ctl,
-            exec: Executor::new(backend),
-            device: cfg.device,
+            exec: Executor::with_onebit_lambda(backend, cfg.onebit_lambda),
+            device: cfg.device.map(|mut d| {
+                d.set_onebit_lambda(cfg.onebit_lambda);
+                d
+            }),
             rx,
             pending: HashMap::new(),
             order: Vec::new(),
@@ -548,6 +562,10 @@ impl Controller {
             bytes += resp.bytes();
             self.stats.collectives.fetch_add(1, Ordering::Relaxed);
             self.stats.bytes.fetch_add(resp.bytes() as u64, Ordering::Relaxed);
+            let widens = resp.location == Location::Host && self.exec.backend.name() == "hier";
+            let (allreduce, allgather) = resp.wire_bytes(widens);
+            self.stats.allreduce_wire.fetch_add(allreduce as u64, Ordering::Relaxed);
+            self.stats.allgather_wire.fetch_add(allgather as u64, Ordering::Relaxed);
             if let Some(tl) = self.timeline.as_mut() {
                 let args = format!("{{\"fused\": {}, \"bytes\": {}}}", resp.entries.len(), resp.bytes());
                 for s in &subs {

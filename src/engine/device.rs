@@ -2,7 +2,9 @@
 //! `ops/nccl_operations` in ringrec's shape): negotiation, fusion planning, the response
 //! cache, the timeline and stall checks are the engine's, written once; this file moves the
 //! bytes — fused tensors through a fusion buffer on the device, fp16/bf16 compression with
-//! the device's cast kernels — and reduces them with the device's collectives
+//! the device's cast kernels, 1-bit compression with the kernels of kernels/compress.cu
+//! (each tensor encoded with its own scale and residual, the encodings allgathered, every
+//! rank decoding and summing them in rank order) — and reduces them with the device's collectives
 //! ([`DeviceCollectives`]: NCCL on GPUs, a CPU backend for the host-kernels test device).
 //!
 //! It runs on its own queue of the device (a [`Device::fork`]: a second stream on a GPU),
@@ -21,7 +23,9 @@ use super::error::{EngineError, EngineResult};
 use super::fusion::Step;
 use super::message::{OpKind, Response};
 use crate::comm::device::DeviceCollectives;
+use crate::device::ops::{onebit_parts, onebit_words};
 use crate::device::{Device, DeviceError, Half, Op, Scalar};
+use crate::dtype::ReduceOp;
 use crate::dtype::{DType, Element};
 use crate::tensor::Tensor;
 
@@ -33,6 +37,18 @@ pub trait ExecuteDevice: Send {
     /// Runs `resp` over `tensors` (device tensors, in the response's entry order) in place;
     /// returns the steps it took, with their times.
     fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>>;
+    /// Sets the factor of 1-bit compression's L2 form.
+    fn set_onebit_lambda(&mut self, lambda: f32);
+}
+
+/// 1-bit compression's state on a device: a residual per tensor name, the encoding, the
+/// gathered encodings and the norm's parts (buffers grown as needed and reused).
+struct OneBitState<D: Device> {
+    lambda: f32,
+    residuals: HashMap<String, D::Buf<f32>>,
+    enc: Option<D::Buf<u32>>,
+    gathered: Option<D::Buf<u32>>,
+    partial: Option<D::Buf<u32>>,
 }
 
 /// Runs responses on device `D` with collectives `C` (see the module docs).
@@ -41,6 +57,7 @@ pub struct DeviceExecutor<D: Device, C: DeviceCollectives<D>> {
     coll: C,
     /// One fusion buffer per dtype (a `D::Buf<T>`), grown as needed and reused.
     fusion: HashMap<DType, Box<dyn Any + Send>>,
+    onebit: OneBitState<D>,
 }
 
 fn device_err(e: DeviceError) -> EngineError {
@@ -50,7 +67,8 @@ fn device_err(e: DeviceError) -> EngineError {
 impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
     /// An executor queueing on `dev` (a fork of the model's device) and reducing with `coll`.
     pub fn new(dev: D, coll: C) -> Self {
-        DeviceExecutor { dev, coll, fusion: HashMap::new() }
+        let onebit = OneBitState { lambda: super::compression::DEFAULT_LAMBDA, residuals: HashMap::new(), enc: None, gathered: None, partial: None };
+        DeviceExecutor { dev, coll, fusion: HashMap::new(), onebit }
     }
 
     fn buffers<T: Scalar>(tensors: &mut [Tensor]) -> EngineResult<Vec<&mut D::Buf<T>>> {
@@ -138,6 +156,55 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
         Ok(vec![("COMPRESS", t0, t1), ("ALLREDUCE", t1, t2), ("DECOMPRESS", t2, Instant::now())])
     }
 
+    /// A buffer of at least `n` words: `slot`'s, or a new one.
+    fn words(dev: &D, slot: &mut Option<D::Buf<u32>>, n: usize) -> EngineResult<D::Buf<u32>> {
+        match slot.take() {
+            Some(b) if dev.len(&b) >= n => Ok(b),
+            _ => dev.alloc(n).map_err(device_err),
+        }
+    }
+
+    /// 1-bit allreduce of f32 tensors (see the module docs).
+    fn allreduce_onebit(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        let (l1, lambda) = (resp.compression == Compression::OneBitL1, self.onebit.lambda);
+        let mut bufs = Self::buffers::<f32>(tensors)?;
+        let lens: Vec<usize> = resp.entries.iter().map(|e| e.count as usize).collect();
+        let stride: usize = lens.iter().map(|n| onebit_words(*n)).sum();
+        let parts = lens.iter().map(|n| onebit_parts(*n)).max().unwrap_or(1);
+        let ob = &mut self.onebit;
+        let mut enc = Self::words(&self.dev, &mut ob.enc, stride)?;
+        let mut partial = Self::words(&self.dev, &mut ob.partial, 2 * parts)?;
+        let mut at = 0;
+        for ((b, n), e) in bufs.iter().zip(&lens).zip(&resp.entries) {
+            let residual = match ob.residuals.remove(&e.name) {
+                Some(r) if self.dev.len(&r) == *n => r,
+                _ => self.dev.alloc(*n).map_err(device_err)?, // new, or resized: no history
+            };
+            let mut residual = residual;
+            self.dev.exec(Op::OneBitEncode { x: &**b, residual: &mut residual, n: *n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).map_err(device_err)?;
+            ob.residuals.insert(e.name.clone(), residual);
+            at += onebit_words(*n);
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        let t1 = Instant::now();
+        let size = self.coll.size();
+        let mut gathered = Self::words(&self.dev, &mut ob.gathered, size * stride)?;
+        self.coll.allgather_words(&self.dev, &mut enc, stride, &mut gathered)?;
+        self.wait()?;
+        let t2 = Instant::now();
+        let average = resp.op == ReduceOp::Average;
+        let mut at = 0;
+        for (b, n) in bufs.iter_mut().zip(&lens) {
+            self.dev.exec(Op::OneBitDecodeSum { gathered: &gathered, stride, at, ranks: size, x: &mut **b, n: *n, average }).map_err(device_err)?;
+            at += onebit_words(*n);
+        }
+        self.dev.synchronize().map_err(device_err)?;
+        let ob = &mut self.onebit;
+        (ob.enc, ob.gathered, ob.partial) = (Some(enc), Some(gathered), Some(partial));
+        Ok(vec![("COMPRESS", t0, t1), ("ALLGATHER", t1, t2), ("DECOMPRESS", t2, Instant::now())])
+    }
+
     fn broadcast<T: Scalar + Element>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
         for (b, e) in Self::buffers::<T>(tensors)?.into_iter().zip(&resp.entries) {
@@ -174,13 +241,14 @@ impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> 
                 Compression::None => by_dtype!(self, allreduce, resp.dtype, resp, tensors),
                 Compression::Fp16 => self.allreduce_cast::<f16>(resp, tensors),
                 Compression::Bf16 => self.allreduce_cast::<bf16>(resp, tensors),
-                Compression::OneBit => Err(EngineError::Invalid { name: resp.entries[0].name.clone(), reason: ONEBIT_ON_DEVICE.into() }),
+                Compression::OneBit | Compression::OneBitL1 => self.allreduce_onebit(resp, tensors),
             },
             OpKind::Broadcast => by_dtype!(self, broadcast, resp.dtype, resp, tensors),
             OpKind::Allgather => Err(EngineError::Invalid { name: resp.entries[0].name.clone(), reason: "allgather of device tensors is not supported; allgather a host copy".into() }),
         }
     }
-}
 
-/// Why 1-bit compression is refused for device tensors.
-pub const ONEBIT_ON_DEVICE: &str = "RINGREC_COMPRESSION=1bit is not available on the GPU path; use fp16, bf16 or none";
+    fn set_onebit_lambda(&mut self, lambda: f32) {
+        self.onebit.lambda = lambda;
+    }
+}

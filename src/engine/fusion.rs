@@ -67,6 +67,13 @@ impl Executor {
         Executor { backend, onebit: OneBit::default(), fusion: Vec::new() }
     }
 
+    /// An executor on `backend` whose 1-bit L2 form scales by `lambda`.
+    pub fn with_onebit_lambda(backend: Box<dyn Collectives>, lambda: f32) -> Executor {
+        let mut e = Executor::new(backend);
+        e.onebit.lambda = lambda;
+        e
+    }
+
     /// Runs `resp` over `tensors` (in the response's entry order) in place; returns the
     /// steps it took, with their times.
     pub fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
@@ -74,7 +81,7 @@ impl Executor {
             OpKind::Allreduce => match resp.compression {
                 Compression::None => self.allreduce(resp, tensors),
                 Compression::Fp16 | Compression::Bf16 => self.allreduce_cast(resp, tensors),
-                Compression::OneBit => self.allreduce_onebit(resp, tensors),
+                Compression::OneBit | Compression::OneBitL1 => self.allreduce_onebit(resp, tensors),
             },
             OpKind::Broadcast => {
                 let t0 = Instant::now();
@@ -151,9 +158,10 @@ impl Executor {
     fn allreduce_onebit(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
         let mut enc = Vec::new();
+        let form = resp.compression.onebit_form(self.onebit.lambda).ok_or_else(|| EngineError::Comm("a 1-bit allreduce without a 1-bit form (engine bug)".into()))?;
         for (t, e) in tensors.iter_mut().zip(&resp.entries) {
             let x = Self::f32s(t)?;
-            self.onebit.encode(&e.name, x, &mut enc);
+            self.onebit.encode_form(&e.name, x, form, &mut enc);
         }
         let t1 = Instant::now();
         let g = self.backend.allgatherv_raw(&enc)?;

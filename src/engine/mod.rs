@@ -73,6 +73,9 @@ pub struct EngineConfig {
     pub cache_capacity: usize,
     /// Compression of allreduces that do not choose their own.
     pub compression: Compression,
+    /// The factor lambda of 1-bit compression's L2 form (`RINGREC_ONEBIT_LAMBDA`, in
+    /// `(0, 1]`; 1 keeps the norm).
+    pub onebit_lambda: f32,
     /// Chrome trace written by rank 0.
     pub timeline: Option<PathBuf>,
     /// Stall warning after this wait (`None`: no stall checks).
@@ -97,6 +100,7 @@ impl Default for EngineConfig {
             cycle_time: Duration::from_millis(1),
             cache_capacity: 1024,
             compression: Compression::None,
+            onebit_lambda: compression::DEFAULT_LAMBDA,
             timeline: None,
             stall_check: Some(Duration::from_secs(60)),
             stall_shutdown: None,
@@ -132,7 +136,10 @@ impl EngineConfig {
             c.cache_capacity = v.trim().parse().ok().filter(|n| *n <= 1 << 20).ok_or_else(|| bad("RINGREC_CACHE_CAPACITY", &v, "a number of entries up to 1048576 (0 disables the cache)"))?;
         }
         if let Some(v) = config::var("RINGREC_COMPRESSION") {
-            c.compression = Compression::parse(&v).ok_or_else(|| bad("RINGREC_COMPRESSION", &v, "none, fp16, bf16 or 1bit"))?;
+            c.compression = Compression::parse(&v).ok_or_else(|| bad("RINGREC_COMPRESSION", &v, "none, fp16, bf16, 1bit or 1bit-l1"))?;
+        }
+        if let Some(v) = config::var("RINGREC_ONEBIT_LAMBDA") {
+            c.onebit_lambda = v.trim().parse::<f32>().ok().and_then(|l| compression::check_lambda(l).ok()).ok_or_else(|| bad("RINGREC_ONEBIT_LAMBDA", &v, "a factor in (0, 1], e.g. 0.5"))?;
         }
         c.timeline = config::var("RINGREC_TIMELINE").map(PathBuf::from);
         if let Some(s) = config::seconds("RINGREC_STALL_CHECK_TIME_SECONDS").map_err(EngineError::Config)? {
@@ -228,9 +235,6 @@ impl Engine {
     /// Starts the engine over all ranks of `topo`; tensors in a device's memory go to
     /// `device` (every rank passes one, or none).
     pub fn start_with_device(topo: &Topology, config: &EngineConfig, device: Option<Box<dyn ExecuteDevice>>) -> EngineResult<Engine> {
-        if device.is_some() && config.compression == Compression::OneBit {
-            return Err(EngineError::Config(device::ONEBIT_ON_DEVICE.into()));
-        }
         if !topo.thread_multiple && topo.size > 1 {
             return Err(EngineError::Config(
                 "the MPI library did not grant MPI_THREAD_MULTIPLE, which the engine's background thread needs; use an MPI built with thread support (Open MPI and MPICH are by default)".into(),
@@ -259,7 +263,8 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let stop: StopReason = Arc::new(Mutex::new(None));
         let device_name = device.as_ref().map(|d| d.describe());
-        let cfg = LoopConfig { params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
+        compression::check_lambda(config.onebit_lambda).map_err(EngineError::Config)?;
+        let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));
@@ -271,6 +276,11 @@ impl Engine {
             })
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine { tx: Mutex::new(Some(tx)), thread: Some(thread), stop, stats, compression: config.compression, backend_name, device: device_name, rank: topo.rank, size: topo.size })
+    }
+
+    /// The compression of allreduces that do not choose their own.
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 
     /// The host backend's name.
@@ -294,7 +304,6 @@ impl Engine {
         if req.location == Location::Device {
             let reason = match (&self.device, req.compression) {
                 (None, _) => Some("a device tensor was submitted to an engine started without a device executor; start it with Engine::start_with_device".to_string()),
-                (Some(_), Compression::OneBit) => Some(device::ONEBIT_ON_DEVICE.to_string()),
                 _ => None,
             };
             if let Some(reason) = reason {

@@ -48,7 +48,7 @@ use crate::comm::{self, Backend};
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::controller::AssertSend;
-use crate::engine::{DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
+use crate::engine::{Compression, DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
 use crate::model::DenseOptimizer;
 use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
@@ -144,6 +144,10 @@ pub struct TrainConfig {
     pub stop_at_loss: Option<f64>,
     /// Stop once the held-out AUC at an `--eval-every` report is at least this.
     pub stop_at_auc: Option<f64>,
+    /// Compression of the dense allreduce (`None`: `RINGREC_COMPRESSION`, else none).
+    pub compression: Option<Compression>,
+    /// The factor of 1-bit compression's L2 form (`None`: `RINGREC_ONEBIT_LAMBDA`, else 1).
+    pub onebit_lambda: Option<f32>,
     /// Keep every step's loss in the summary.
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
@@ -212,6 +216,8 @@ impl TrainConfig {
             metrics_out: None,
             stop_at_loss: None,
             stop_at_auc: None,
+            compression: None,
+            onebit_lambda: None,
             record_losses: false,
             eval: true,
             init_from: None,
@@ -225,6 +231,22 @@ impl TrainConfig {
             expire_after_steps: None,
             evict: Evict::Lru,
         }
+    }
+
+    /// The engine's settings for this run: `RINGREC_*`, then `--compression` and
+    /// `--onebit-lambda`.
+    pub fn engine_config(&self, topo: &Topology) -> TrainResult<EngineConfig> {
+        let mut engine = EngineConfig { backend: Some(self.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
+        if let Some(c) = self.compression {
+            engine.compression = c;
+        }
+        if let Some(l) = self.onebit_lambda {
+            if engine.compression != Compression::OneBit {
+                return Err(TrainError::Config(format!("--onebit-lambda {l} applies to the L2 form of 1-bit compression: add --compression 1bit (this run's is {})", engine.compression.name())));
+            }
+            engine.onebit_lambda = crate::engine::compression::check_lambda(l).map_err(|e| TrainError::Config(format!("--onebit-lambda: {e}")))?;
+        }
+        Ok(engine)
     }
 
     /// Refuses settings no run can use, saying which flag and why.
@@ -396,6 +418,7 @@ impl TrainConfig {
             ("RINGREC_ALLOW_SHARED_GPU", rc.allow_shared_gpu.to_string()),
             ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
             ("RINGREC_COMPRESSION", format!("{:?}", engine.compression)),
+            ("RINGREC_ONEBIT_LAMBDA", engine.onebit_lambda.to_string()),
             ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
             ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),
             ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", format!("{:?}", engine.stall_shutdown)),
@@ -516,6 +539,21 @@ pub struct TrainSummary {
     pub sparse_traffic_per_rank: Vec<RankTraffic>,
     /// Sparse-exchange bytes sent across hosts by all ranks, per sample trained.
     pub sparse_cross_host_bytes_per_sample: f64,
+    /// Compression of the dense allreduce (`none`, `fp16`, `bf16`, `1bit`, `1bit-l1`).
+    pub dense_compression: String,
+    /// Bytes of dense tensors each rank reduced per step (as float32).
+    pub dense_bytes_per_step: f64,
+    /// Bytes each rank put on the wire for them per step (after compression; 1-bit: the
+    /// encodings, 1/32 of the float32 bytes plus 4 bytes of scale per tensor).
+    pub dense_wire_bytes_per_step: f64,
+    /// Every rank's dense-allreduce bytes in this run by direction, inside its host and
+    /// across hosts, from the wire bytes and the backend's algorithm (the stated model of
+    /// [`crate::comm::traffic`]; `dense_traffic_model` names the backend).
+    pub dense_traffic_per_rank: Vec<RankTraffic>,
+    /// The backend whose algorithm `dense_traffic_per_rank` follows.
+    pub dense_traffic_model: String,
+    /// Bytes sent across hosts by all ranks, dense and sparse, per sample trained.
+    pub cross_host_bytes_per_sample: f64,
 }
 
 /// One rank's traffic, by direction.
@@ -550,7 +588,7 @@ pub struct StopTarget {
 /// rank after each step (each rank's own view: a display shows rank 0's, `--progress-dir`
 /// writes every rank's); returns the summary.
 pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progress)) -> TrainResult<TrainSummary> {
-    let engine = EngineConfig { backend: Some(cfg.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
+    let engine = cfg.engine_config(topo)?;
     topo.agree_settings(&cfg.settings(topo, &engine))?;
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);

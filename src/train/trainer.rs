@@ -713,14 +713,41 @@ impl<'a, D: Device> Trainer<'a, D> {
             stopped_at_target: self.stopped.clone(),
             sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
             sparse_traffic_per_rank: traffic,
-            ..self.table_summary()
+            ..self.dense_summary(cross_sent)
         })
+    }
+
+    /// The dense half of the summary's traffic, and its sum with the sparse cross-host
+    /// bytes sent (collective).
+    fn dense_summary(&self, sparse_cross_sent: u64) -> TrainSummary {
+        let s = self.engine.stats();
+        let backend = self.engine.device().and_then(|d| d.split_whitespace().next()).unwrap_or(self.engine.backend_name()).to_string();
+        let place = crate::comm::traffic::Place::of(self.topo);
+        let t = crate::comm::traffic::dense_model(&backend, &place, s.allreduce_wire_bytes as f64, s.allgather_wire_bytes as f64);
+        let traffic = self.gather_traffic([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received].map(|b| b.round() as u64));
+        let cross: u64 = traffic.iter().map(|t| t.cross_host_sent).sum::<u64>() + sparse_cross_sent;
+        let steps = self.counters.steps.max(1) as f64;
+        TrainSummary {
+            dense_compression: self.engine.compression().name().to_string(),
+            dense_bytes_per_step: s.bytes as f64 / steps,
+            dense_wire_bytes_per_step: (s.allreduce_wire_bytes + s.allgather_wire_bytes) as f64 / steps,
+            dense_traffic_per_rank: traffic,
+            dense_traffic_model: backend,
+            cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
+            ..self.table_summary()
+        }
     }
 
     /// Every rank's sparse-exchange bytes by direction (collective: gathered on every rank).
     fn traffic_per_rank(&self) -> Vec<super::RankTraffic> {
         let t = self.embedding.exchanger().totals();
-        let mine = [t.host_bytes_sent, t.host_bytes_received, t.cross_bytes_sent, t.cross_bytes_received, self.topo.host_id as u64];
+        self.gather_traffic([t.host_bytes_sent, t.host_bytes_received, t.cross_bytes_sent, t.cross_bytes_received])
+    }
+
+    /// Every rank's `[intra sent, intra received, cross sent, cross received]` (collective:
+    /// gathered on every rank).
+    fn gather_traffic(&self, t: [u64; 4]) -> Vec<super::RankTraffic> {
+        let mine = [t[0], t[1], t[2], t[3], self.topo.host_id as u64];
         let mut all = vec![0u64; mine.len() * self.topo.size];
         self.topo.world.comm.all_gather_into(&mine[..], &mut all[..]);
         all.chunks_exact(mine.len())

@@ -1,0 +1,102 @@
+//! `ringrec train --compression` under real mpirun, 4 ranks as 2 simulated hosts: the
+//! 1-bit forms of design 001 (L1 scale; L2 scale times lambda) on the CPU path and on the
+//! GPU code path (`--device host`: kernels/compress.cu compiled for the CPU, the device
+//! executor's allgather), the dense traffic in the summary, and the refusals.
+
+mod common;
+
+use std::path::PathBuf;
+
+fn data_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ringrec-compression-test-{}-data", std::process::id()));
+    std::fs::create_dir_all(&d).expect("data dir");
+    d
+}
+
+fn train(args: &[&str]) -> common::Job {
+    let dd = data_dir();
+    let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_RANKS_PER_HOST", "2")];
+    let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses", "--hidden", "32,16", "--max-steps", "40", "--epochs", "3"];
+    a.extend_from_slice(args);
+    common::mpirun(4, &env, &a)
+}
+
+fn summary(job: &common::Job) -> serde_json::Value {
+    job.assert_ok();
+    let line = job.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary:\n{}", job.all()));
+    serde_json::from_str(line).expect("summary JSON")
+}
+
+fn losses(s: &serde_json::Value) -> Vec<f64> {
+    s["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+fn field(t: &serde_json::Value, k: &str) -> u64 {
+    t[k].as_u64().unwrap_or_else(|| panic!("{k} in {t}"))
+}
+
+/// Sent == received summed over the ranks, inside hosts and across.
+fn balanced(traffic: &serde_json::Value, what: &str) -> (u64, u64) {
+    let all = traffic.as_array().unwrap();
+    assert_eq!(all.len(), 4, "{what}: one entry per rank");
+    let sum = |k: &str| all.iter().map(|t| field(t, k)).sum::<u64>();
+    let (cs, cr, is, ir) = (sum("cross_host_sent"), sum("cross_host_received"), sum("intra_host_sent"), sum("intra_host_received"));
+    // The model rounds each rank's figure to whole bytes.
+    assert!(cs.abs_diff(cr) <= 4 && is.abs_diff(ir) <= 4, "{what}: sent {cs}/{is} received {cr}/{ir}");
+    (cs, is)
+}
+
+#[test]
+fn each_one_bit_form_trains_sends_a_32nd_and_matches_on_the_gpu_code_path() {
+    let none = summary(&train(&[]));
+    assert_eq!(none["dense_compression"], "none");
+    let raw = none["dense_bytes_per_step"].as_f64().unwrap();
+    assert!(raw > 4.0 * 10_000.0, "{raw}");
+    assert_eq!(none["dense_wire_bytes_per_step"].as_f64().unwrap(), raw);
+    let (dense_cross, _) = balanced(&none["dense_traffic_per_rank"], "none");
+    let (sparse_cross, _) = balanced(&none["sparse_traffic_per_rank"], "sparse");
+    assert!(dense_cross > 0, "2 hosts: the dense allreduce crosses hosts");
+    let samples = none["samples"].as_f64().unwrap();
+    let per_sample = none["cross_host_bytes_per_sample"].as_f64().unwrap();
+    assert!((per_sample - (dense_cross + sparse_cross) as f64 / samples).abs() < 1e-6, "{per_sample}");
+    let base = losses(&none);
+    for (form, extra) in [("1bit", vec![]), ("1bit", vec!["--onebit-lambda", "0.5"]), ("1bit-l1", vec![])] {
+        let mut args = vec!["--compression", form];
+        args.extend_from_slice(&extra);
+        let cpu = summary(&train(&args));
+        let what = format!("{form} {extra:?}");
+        assert_eq!(cpu["dense_compression"], form, "{what}");
+        // Sign bits plus 4 bytes of scale per tensor (3 layers' weights + biases + the loss).
+        let wire = cpu["dense_wire_bytes_per_step"].as_f64().unwrap();
+        assert!(wire >= raw / 32.0 && wire <= raw / 32.0 + 16.0 * 8.0, "{what}: {wire} wire bytes per step for {raw}");
+        let (cross, _) = balanced(&cpu["dense_traffic_per_rank"], &what);
+        assert!((cross as f64) < dense_cross as f64 / 4.0, "{what}: {cross} dense cross-host bytes vs {dense_cross} uncompressed");
+        // It trains: finite, its last losses not far above the uncompressed run's.
+        let l = losses(&cpu);
+        assert!(l.iter().all(|v| v.is_finite()), "{what}: {l:?}");
+        let (tail, base_tail) = (l[30..].iter().sum::<f64>() / 10.0, base[30..].iter().sum::<f64>() / 10.0);
+        assert!(tail < base_tail + 0.05, "{what}: last losses {tail} vs {base_tail} without compression");
+        // The GPU code path: the same forms through kernels/compress.cu.
+        let mut dargs = args.clone();
+        dargs.extend_from_slice(&["--device", "host"]);
+        let dev = summary(&train(&dargs));
+        assert!(dev["device"].as_str().unwrap().starts_with("host"), "{dev}");
+        for (i, (a, b)) in l.iter().zip(losses(&dev)).enumerate() {
+            assert!((a - b).abs() <= 1e-3 * a.abs(), "{what}: step {i}: device path loss {b} vs cpu {a}");
+        }
+    }
+}
+
+#[test]
+fn bad_compression_flags_are_refused_with_what_to_do() {
+    for (args, says) in [
+        (vec!["--onebit-lambda", "0.5"], "add --compression 1bit"),
+        (vec!["--compression", "1bit", "--onebit-lambda", "1.5"], "must be in (0, 1]"),
+        (vec!["--compression", "1bit-l1", "--onebit-lambda", "0.5"], "add --compression 1bit"),
+        (vec!["--compression", "2bit"], "choose from none, fp16, bf16, 1bit, 1bit-l1"),
+    ] {
+        let job = train(&args);
+        assert!(job.code != Some(0), "{args:?} must fail");
+        assert!(job.all().contains(says), "{args:?}: {}", job.all());
+    }
+}

@@ -22,6 +22,7 @@ pub mod hash;
 pub mod header;
 pub mod hostsync;
 pub mod model;
+pub mod onebit;
 pub mod shm;
 pub mod signals;
 pub mod sparse;

@@ -100,3 +100,31 @@ fn bad_compression_flags_are_refused_with_what_to_do() {
         assert!(job.all().contains(says), "{args:?}: {}", job.all());
     }
 }
+
+#[test]
+fn sparse_rows_cross_hosts_as_scales_and_signs() {
+    let none = summary(&train(&[]));
+    let (cross_none, _) = balanced(&none["sparse_traffic_per_rank"], "sparse none");
+    let base = losses(&none);
+    for (form, extra) in [("1bit-l1", vec![]), ("1bit", vec!["--onebit-lambda", "0.5"])] {
+        let mut args = vec!["--sparse-compression", form];
+        args.extend_from_slice(&extra);
+        let s = summary(&train(&args));
+        let what = format!("{form} {extra:?}");
+        assert_eq!(s["sparse_compression"], form);
+        assert_eq!(s["dense_compression"], "none");
+        // A row of 16 f32s (64 bytes) + key and count becomes a scale and 2 bytes of signs.
+        let (cross, _) = balanced(&s["sparse_traffic_per_rank"], &what);
+        let ratio = cross as f64 / cross_none as f64;
+        assert!(ratio < 0.3 && ratio > 0.15, "{what}: sparse cross-host bytes {cross} vs {cross_none}: {ratio}");
+        assert!(s["sparse_compression_residual_rows"].as_u64().unwrap() > 100, "{what}: {s}");
+        let l = losses(&s);
+        assert!(l.iter().all(|v| v.is_finite()), "{what}: {l:?}");
+        let (tail, base_tail) = (l[30..].iter().sum::<f64>() / 10.0, base[30..].iter().sum::<f64>() / 10.0);
+        assert!(tail < base_tail + 0.05, "{what}: last losses {tail} vs {base_tail} without compression");
+    }
+    let job = train(&["--sparse-compression", "1bit", "--sparse-exchange", "flat"]);
+    assert!(job.code != Some(0) && job.all().contains("use --sparse-exchange hier"), "{}", job.all());
+    let job = train(&["--sparse-compression", "fp16"]);
+    assert!(job.code != Some(0) && job.all().contains("take none, 1bit or 1bit-l1"), "{}", job.all());
+}

@@ -153,6 +153,11 @@ pub struct TrainArgs {
     /// less shrinks the scale so a spiky gradient's error still shrinks (design 001).
     #[arg(long, value_name = "LAMBDA")]
     pub onebit_lambda: Option<f32>,
+    /// 1-bit compression of the sparse rows on the hierarchical exchange's cross-host leg:
+    /// none, 1bit (L2 scale times --onebit-lambda) or 1bit-l1; one scale and the signs per
+    /// row, with error feedback per key (a residual row per key sent).
+    #[arg(long, default_value = "none", value_parser = compression)]
+    pub sparse_compression: Compression,
     /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;
     /// appended to when resuming). Plot it with scripts/plot_metrics.py.
     #[arg(long)]
@@ -269,6 +274,7 @@ impl TrainArgs {
             stop_at_auc: self.stop_at_auc,
             compression: self.compression,
             onebit_lambda: self.onebit_lambda,
+            sparse_compression: self.sparse_compression,
             record_losses: self.record_losses,
             eval: !self.no_eval,
             init_from: self.init_from.clone(),

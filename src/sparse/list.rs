@@ -460,7 +460,7 @@ fn parse(bytes: &[u8], dim: usize) -> Result<Parsed<'_>, DecodeError> {
     Ok(Parsed::List { keys: &bytes[HEADER_LEN..keys_end], counts: with_counts.then(|| &bytes[keys_end..counts_end]), rows: &bytes[counts_end..] })
 }
 
-fn check_keys(keys: &[u64]) -> Result<(), DecodeError> {
+pub(crate) fn check_keys(keys: &[u64]) -> Result<(), DecodeError> {
     if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
         return Err(corrupt(format!("keys not strictly increasing at row {} ({} then {})", i + 1, keys[i], keys[i + 1])));
     }
@@ -470,7 +470,7 @@ fn check_keys(keys: &[u64]) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn check_counts(c: &[u32], max_count: u32) -> Result<(), DecodeError> {
+pub(crate) fn check_counts(c: &[u32], max_count: u32) -> Result<(), DecodeError> {
     match c.iter().position(|x| *x == 0 || *x > max_count) {
         Some(i) => Err(corrupt(format!("count {} of row {i} is outside 1..={max_count}", c[i]))),
         None => Ok(()),

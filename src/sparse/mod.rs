@@ -42,6 +42,7 @@ pub mod error;
 pub mod exchange;
 pub mod list;
 pub mod merge;
+pub mod onebit;
 mod radix;
 pub mod workload;
 

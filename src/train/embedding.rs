@@ -75,7 +75,8 @@ impl EmbeddingStage {
         let mut table = HostTable::open_from(topo, source)?;
         let h = *table.table().header();
         table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
-        let exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
+        let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
+        exchanger.set_row_compression(cfg.sparse_compression.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA)))?;
         Ok(EmbeddingStage {
             table,
             exchanger,

@@ -146,8 +146,12 @@ pub struct TrainConfig {
     pub stop_at_auc: Option<f64>,
     /// Compression of the dense allreduce (`None`: `RINGREC_COMPRESSION`, else none).
     pub compression: Option<Compression>,
-    /// The factor of 1-bit compression's L2 form (`None`: `RINGREC_ONEBIT_LAMBDA`, else 1).
+    /// The factor of 1-bit compression's L2 form (`None`: `RINGREC_ONEBIT_LAMBDA`, else 1),
+    /// dense and sparse.
     pub onebit_lambda: Option<f32>,
+    /// 1-bit compression of the sparse rows sent across hosts (`None`, `OneBit`,
+    /// `OneBitL1`; the hierarchical exchange only).
+    pub sparse_compression: Compression,
     /// Keep every step's loss in the summary.
     pub record_losses: bool,
     /// Evaluate on the held-out split at the end.
@@ -218,6 +222,7 @@ impl TrainConfig {
             stop_at_auc: None,
             compression: None,
             onebit_lambda: None,
+            sparse_compression: Compression::None,
             record_losses: false,
             eval: true,
             init_from: None,
@@ -241,10 +246,16 @@ impl TrainConfig {
             engine.compression = c;
         }
         if let Some(l) = self.onebit_lambda {
-            if engine.compression != Compression::OneBit {
-                return Err(TrainError::Config(format!("--onebit-lambda {l} applies to the L2 form of 1-bit compression: add --compression 1bit (this run's is {})", engine.compression.name())));
+            if engine.compression != Compression::OneBit && self.sparse_compression != Compression::OneBit {
+                return Err(TrainError::Config(format!("--onebit-lambda {l} applies to the L2 form of 1-bit compression: add --compression 1bit or --sparse-compression 1bit (this run's are {} and {})", engine.compression.name(), self.sparse_compression.name())));
             }
             engine.onebit_lambda = crate::engine::compression::check_lambda(l).map_err(|e| TrainError::Config(format!("--onebit-lambda: {e}")))?;
+        }
+        if matches!(self.sparse_compression, Compression::Fp16 | Compression::Bf16) {
+            return Err(TrainError::Config(format!("--sparse-compression {}: the sparse rows take none, 1bit or 1bit-l1", self.sparse_compression.name())));
+        }
+        if self.sparse_compression != Compression::None && self.sparse_exchange != SparseExchange::Hierarchical {
+            return Err(TrainError::Config("--sparse-compression compresses the hierarchical exchange's cross-host leg: use --sparse-exchange hier".into()));
         }
         Ok(engine)
     }
@@ -419,6 +430,7 @@ impl TrainConfig {
             ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
             ("RINGREC_COMPRESSION", format!("{:?}", engine.compression)),
             ("RINGREC_ONEBIT_LAMBDA", engine.onebit_lambda.to_string()),
+            ("--sparse-compression", self.sparse_compression.name().to_string()),
             ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
             ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),
             ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", format!("{:?}", engine.stall_shutdown)),
@@ -554,6 +566,10 @@ pub struct TrainSummary {
     pub dense_traffic_model: String,
     /// Bytes sent across hosts by all ranks, dense and sparse, per sample trained.
     pub cross_host_bytes_per_sample: f64,
+    /// Compression of the sparse rows sent across hosts (`none`, `1bit`, `1bit-l1`).
+    pub sparse_compression: String,
+    /// Keys whose 1-bit residual rank 0 keeps (`--sparse-compression`).
+    pub sparse_compression_residual_rows: u64,
 }
 
 /// One rank's traffic, by direction.
@@ -589,6 +605,7 @@ pub struct StopTarget {
 /// writes every rank's); returns the summary.
 pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progress)) -> TrainResult<TrainSummary> {
     let engine = cfg.engine_config(topo)?;
+    let cfg = &TrainConfig { onebit_lambda: Some(engine.onebit_lambda), ..cfg.clone() };
     topo.agree_settings(&cfg.settings(topo, &engine))?;
     cfg.validate()?;
     let threads = cfg.threads_per_rank(topo);

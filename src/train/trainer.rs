@@ -733,6 +733,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             dense_wire_bytes_per_step: (s.allreduce_wire_bytes + s.allgather_wire_bytes) as f64 / steps,
             dense_traffic_per_rank: traffic,
             dense_traffic_model: backend,
+            sparse_compression: self.cfg.sparse_compression.name().to_string(),
+            sparse_compression_residual_rows: self.embedding.exchanger().compression_residual_rows() as u64,
             cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
             ..self.table_summary()
         }

@@ -2,6 +2,7 @@
 //! range, merge into the host's result list (see [`crate::sparse`]).
 
 use super::*;
+use crate::sparse::onebit::{self, RowCompressor};
 
 /// `hier`: the ranks of every host with this rank's local rank, and the host's board.
 pub(super) struct Hier {
@@ -14,6 +15,8 @@ pub(super) struct Hier {
     pub(super) cross_of_host: Vec<usize>,
     /// Shared areas of this host's ranks (`None` with one rank per host).
     pub(super) board: Option<HostBoard>,
+    /// `--sparse-compression`: the cross-host rows' 1-bit form and residuals.
+    pub(super) compressor: Option<RowCompressor>,
 }
 
 impl SparseExchanger {
@@ -41,6 +44,14 @@ impl SparseExchanger {
             // this rank's list off the board (what they count as received).
             st.host_bytes_sent = st.keys_unique * (8 + 4 * dim) as u64;
         }
+        if let (true, true, Ok(()), Some(c)) = (owns_range, self.num_hosts > 1, &host_ok, hier.compressor.as_mut()) {
+            // `--sparse-compression`: the host list goes across hosts as scales and signs.
+            let t = Instant::now();
+            at_least(&mut b.pieces, 1);
+            let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
+            host_ok = view_piece(wire, dim, self.rank, self.world as u32, &mut b.pieces[0]).map(|host_list| c.encode(host_list, &mut b.packed));
+            st.merge_s += t.elapsed().as_secs_f64();
+        }
         // 2. Cross stage: the ranks of key range l (one per host) allgather their host lists;
         //    `views` are range l of every host's list, in host order.
         let views = if !owns_range {
@@ -50,7 +61,10 @@ impl SparseExchanger {
                 _ if self.num_hosts == 1 => host_ok,
                 Ok(()) => {
                     let t = Instant::now();
-                    let sent = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
+                    let sent = match hier.compressor {
+                        Some(_) => &b.packed[..],
+                        None => &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len],
+                    };
                     let g = allgather_aligned(&hier.cross.comm, sent, &mut b.recv, &mut b.spans);
                     st.cross_s = t.elapsed().as_secs_f64();
                     st.cross_bytes_sent = (sent.len() * (self.num_hosts - 1)) as u64;
@@ -65,7 +79,11 @@ impl SparseExchanger {
                     host_ok.and(g)
                 }
             };
-            let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
+            let wire = match hier.compressor {
+                // Every host merges the decoded lists, its own included.
+                Some(_) if self.num_hosts > 1 => &b.packed[..],
+                _ => &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len],
+            };
             let received: &[u8] = bytemuck::cast_slice(&b.recv);
             let (spans, cross_of_host, host_id) = (&b.spans, &hier.cross_of_host, self.host_id);
             let piece_of = |h: usize| match spans.get(cross_of_host[h]) {
@@ -160,6 +178,10 @@ fn merge_onto_board(board: &mut HostBoard, views: SparseResult<Vec<ListRef<'_>>>
 /// Reads the piece world rank `from` sent where it lies (or, if it cannot, decodes it into
 /// `scratch`); an error piece becomes its error.
 fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scratch: &'a mut SparseList) -> SparseResult<ListRef<'a>> {
+    if onebit::is_compressed(bytes) {
+        onebit::decode_into(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))?;
+        return Ok(scratch.view());
+    }
     match view(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))? {
         Viewed::List(l) => Ok(l),
         Viewed::Error { rank, message } => Err(SparseError::Peer { rank, message }),
@@ -308,6 +330,6 @@ impl Hier {
             return Err(SparseError::Invalid(format!("local rank {} is not on every host: its cross-host group holds hosts {hosts:?} of {}", topo.local_rank, topo.num_hosts)));
         }
         let board = if topo.local_size > 1 { Some(HostBoard::new(topo)?) } else { None };
-        Ok(Hier { ranges, cross, cross_of_host, board })
+        Ok(Hier { ranges, cross, cross_of_host, board, compressor: None })
     }
 }

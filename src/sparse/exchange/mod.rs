@@ -145,6 +145,9 @@ struct Buffers {
     /// aligned, so it is read in place), `wire_len` bytes.
     wire: Vec<u64>,
     wire_len: usize,
+    /// `hier` with `--sparse-compression`: this rank's key range of its host's list, 1-bit
+    /// compressed ([`crate::sparse::onebit`]).
+    packed: Vec<u8>,
     /// `hier`: the host lists received from the other hosts, 8-byte aligned pieces.
     recv: Vec<u64>,
     /// `hier`: each piece's bytes in `recv`.
@@ -295,6 +298,23 @@ impl SparseExchanger {
     /// The exchange mode.
     pub fn mode(&self) -> SparseExchange {
         self.mode
+    }
+    /// Sends the rows of the cross-host leg 1-bit compressed in `form` (with error
+    /// feedback per key), or as they are (`None`, the default). Only the hierarchical
+    /// exchange has that leg: `flat` refuses it.
+    pub fn set_row_compression(&mut self, form: Option<crate::onebit::OneBitForm>) -> SparseResult<()> {
+        match (self.hier.as_mut(), form) {
+            (Some(h), f) => {
+                h.compressor = f.map(crate::sparse::onebit::RowCompressor::new);
+                Ok(())
+            }
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err(SparseError::Invalid("sparse row compression applies to the hierarchical exchange's cross-host leg: use --sparse-exchange hier".into())),
+        }
+    }
+    /// Keys whose 1-bit residual this rank keeps (0 without row compression).
+    pub fn compression_residual_rows(&self) -> usize {
+        self.hier.as_ref().and_then(|h| h.compressor.as_ref()).map_or(0, |c| c.residual_rows())
     }
     /// The normalisation.
     pub fn normalize(&self) -> SparseNormalize {

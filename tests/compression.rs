@@ -60,15 +60,17 @@ fn each_one_bit_form_trains_sends_a_32nd_and_matches_on_the_gpu_code_path() {
     let per_sample = none["cross_host_bytes_per_sample"].as_f64().unwrap();
     assert!((per_sample - (dense_cross + sparse_cross) as f64 / samples).abs() < 1e-6, "{per_sample}");
     let base = losses(&none);
-    for (form, extra) in [("1bit", vec![]), ("1bit", vec!["--onebit-lambda", "0.5"]), ("1bit-l1", vec![])] {
+    for (form, extra) in [("1bit", vec![]), ("1bit", vec!["--onebit-lambda", "0.5", "--onebit-block", "0"]), ("1bit-l1", vec!["--onebit-block", "64"])] {
         let mut args = vec!["--compression", form];
         args.extend_from_slice(&extra);
         let cpu = summary(&train(&args));
         let what = format!("{form} {extra:?}");
         assert_eq!(cpu["dense_compression"], form, "{what}");
-        // Sign bits plus 4 bytes of scale per tensor (3 layers' weights + biases + the loss).
+        // Sign bits plus 4 bytes of scale per block (or per tensor: 3 layers + the loss).
+        let block = extra.iter().position(|a| *a == "--onebit-block").map_or(256.0, |i| extra[i + 1].parse::<f64>().unwrap());
+        let scales = if block == 0.0 { 4.0 * 4.0 } else { raw / 4.0 / block * 4.0 + 4.0 * 4.0 };
         let wire = cpu["dense_wire_bytes_per_step"].as_f64().unwrap();
-        assert!(wire >= raw / 32.0 && wire <= raw / 32.0 + 16.0 * 8.0, "{what}: {wire} wire bytes per step for {raw}");
+        assert!(wire >= raw / 32.0 && wire <= raw / 32.0 + scales + 16.0, "{what}: {wire} wire bytes per step for {raw} (scales {scales})");
         let (cross, _) = balanced(&cpu["dense_traffic_per_rank"], &what);
         assert!((cross as f64) < dense_cross as f64 / 4.0, "{what}: {cross} dense cross-host bytes vs {dense_cross} uncompressed");
         // It trains: finite, its last losses not far above the uncompressed run's.
@@ -94,6 +96,7 @@ fn bad_compression_flags_are_refused_with_what_to_do() {
         (vec!["--compression", "1bit", "--onebit-lambda", "1.5"], "must be in (0, 1]"),
         (vec!["--compression", "1bit-l1", "--onebit-lambda", "0.5"], "add --compression 1bit"),
         (vec!["--compression", "2bit"], "choose from none, fp16, bf16, 1bit, 1bit-l1"),
+        (vec!["--onebit-block", "64"], "add --compression 1bit or 1bit-l1"),
     ] {
         let job = train(&args);
         assert!(job.code != Some(0), "{args:?} must fail");

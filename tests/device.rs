@@ -206,58 +206,57 @@ fn ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
 /// decode in rank order, bit for bit.
 fn onebit_matches_the_host_compression<D: Device>(dev: &D) {
     use ringrec::device::ops::onebit_words;
-    use ringrec::engine::compression::{onebit_decode_add, OneBit, OneBitForm};
+    use ringrec::engine::compression::{onebit_decode_add, onebit_len, OneBit, OneBitForm};
     for n in [1usize, 31, 32, 33, 1000, 9000] {
-        for (l1, lambda) in [(true, 0.0f32), (false, 1.0), (false, 0.4)] {
+        for (l1, lambda, block) in [(true, 0.0f32, 0usize), (false, 1.0, 0), (false, 0.4, 0), (true, 0.0, 256), (false, 0.7, 7)] {
             let form = if l1 { OneBitForm::L1 } else { OneBitForm::L2 { lambda } };
+            let what = format!("n {n} {form:?} block {block}");
             let mut host = OneBit::default();
+            host.block = block;
             let mut residual = dev.alloc::<f32>(n).unwrap();
-            let mut partial = dev.alloc::<u32>(2 * 4096).unwrap();
-            let at = 3;
-            let mut enc = dev.alloc::<u32>(at + onebit_words(n)).unwrap();
-            let mut host_encs = Vec::new();
-            for round in 0..3u64 {
-                let x = random(n, 200 + round);
+            let mut partial = dev.alloc::<u32>(2 * 4096.max(n)).unwrap();
+            let (at, words) = (3, onebit_words(n, block));
+            let scales = words - n.div_ceil(32);
+            let mut enc = dev.alloc::<u32>(at + words).unwrap();
+            let mut encs = Vec::new();
+            for round in 0..4u64 {
+                // Round 3 sends zeros: what it sends is the residual of the rounds before.
+                let x = if round == 3 { vec![0f32; n] } else { random(n, 200 + round) };
                 let mut want = Vec::new();
                 host.encode_form("t", &x, form, &mut want);
-                dev.exec(Op::OneBitEncode { x: &dev.buffer_from(&x).unwrap(), residual: &mut residual, n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).unwrap();
-                let got = dev.to_vec(&enc, at + onebit_words(n)).unwrap();
-                let (gs, ws) = (f32::from_bits(got[at]), f32::from_le_bytes(want[..4].try_into().unwrap()));
-                assert!((gs - ws).abs() <= 1e-6 * ws.abs(), "n {n} {form:?} round {round}: scale {gs} vs {ws}");
-                let got_bits: Vec<u8> = bytemuck::cast_slice::<u32, u8>(&got[at + 1..]).to_vec();
-                assert_eq!(&got_bits[..n.div_ceil(8)], &want[4..], "n {n} {form:?} round {round}: signs");
-                host_encs.push(got[at..].to_vec());
+                dev.exec(Op::OneBitEncode { x: &dev.buffer_from(&x).unwrap(), residual: &mut residual, n, l1, lambda, block, partial: &mut partial, enc: &mut enc, at }).unwrap();
+                let got = dev.to_vec(&enc, at + words).unwrap();
+                for s in 0..scales {
+                    let (gs, ws) = (f32::from_bits(got[at + s]), f32::from_le_bytes(want[4 * s..4 * s + 4].try_into().unwrap()));
+                    assert!((gs - ws).abs() <= 1e-5 * ws.abs().max(1e-12), "{what} round {round}: scale {s}: {gs} vs {ws}");
+                }
+                let got_bits: Vec<u8> = bytemuck::cast_slice::<u32, u8>(&got[at + scales..]).to_vec();
+                assert_eq!(&got_bits[..n.div_ceil(8)], &want[4 * scales..], "{what} round {round}: signs");
+                encs.push(got[at..].to_vec());
             }
-            // Residuals agree after three rounds.
-            let mut probe = Vec::new();
-            host.encode_form("t", &vec![0f32; n], form, &mut probe);
-            let mut next = Vec::new();
-            let zero = dev.buffer_from(&vec![0f32; n]).unwrap();
-            dev.exec(Op::OneBitEncode { x: &zero, residual: &mut residual, n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).unwrap();
-            next.extend(dev.to_vec(&enc, at + onebit_words(n)).unwrap());
-            let (gs, ws) = (f32::from_bits(next[at]), f32::from_le_bytes(probe[..4].try_into().unwrap()));
-            assert!((gs - ws).abs() <= 1e-5 * ws.abs().max(1e-12), "n {n} {form:?}: residual scale {gs} vs {ws}");
-            // Decode: three "ranks" (the three rounds' encodings) gathered at stride, offset 2.
-            let (off, words) = (2, onebit_words(n));
+            assert_eq!(onebit_len(n, block), 4 * scales + n.div_ceil(8));
+            // Decode: three "ranks" (the first three rounds' encodings) at a stride, offset 2,
+            // == the host's decode in rank order, bit for bit.
+            let off = 2;
             let stride = off + words + 1;
             let mut gathered = vec![0u32; 3 * stride];
-            for (r, e) in host_encs.iter().enumerate() {
+            for (r, e) in encs[..3].iter().enumerate() {
                 gathered[r * stride + off..r * stride + off + words].copy_from_slice(e);
             }
             for average in [false, true] {
                 let mut want = vec![0f32; n];
-                for e in &host_encs {
+                for e in &encs[..3] {
                     let bytes: Vec<u8> = bytemuck::cast_slice::<u32, u8>(e).to_vec();
-                    let mut wire = bytes[..4].to_vec();
-                    wire.extend_from_slice(&bytes[4..4 + n.div_ceil(8)]);
-                    onebit_decode_add(&wire, &mut want).unwrap();
+                    let mut wire = bytes[..4 * scales].to_vec();
+                    wire.extend_from_slice(&bytes[4 * scales..4 * scales + n.div_ceil(8)]);
+                    onebit_decode_add(&wire, &mut want, block).unwrap();
                 }
                 if average {
                     want.iter_mut().for_each(|v| *v /= 3.0);
                 }
                 let mut x = dev.buffer_from(&vec![7f32; n]).unwrap();
-                dev.exec(Op::OneBitDecodeSum { gathered: &dev.buffer_from(&gathered).unwrap(), stride, at: off, ranks: 3, x: &mut x, n, average }).unwrap();
-                assert_eq!(dev.to_vec(&x, n).unwrap(), want, "n {n} {form:?} average {average}: decoded sum");
+                dev.exec(Op::OneBitDecodeSum { gathered: &dev.buffer_from(&gathered).unwrap(), stride, at: off, ranks: 3, x: &mut x, n, block, average }).unwrap();
+                assert_eq!(dev.to_vec(&x, n).unwrap(), want, "{what} average {average}: decoded sum");
             }
         }
     }

@@ -570,8 +570,8 @@ fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
     let path = std::env::temp_dir().join(format!("ringrec-timeline-device-{}.json", std::process::id()));
     let p = path.display().to_string();
     // The second run with random delays on the device's queues.
-    for (np, hosts, delays, lambda) in [(3, "3", "", "1"), (4, "2", "5", "0.5")] {
-        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000"), ("RINGREC_HOST_DELAY_SEED", delays), ("RINGREC_ONEBIT_LAMBDA", lambda)];
+    for (np, hosts, delays, lambda, block) in [(3, "3", "", "1", "0"), (4, "2", "5", "0.5", "100")] {
+        let env = [("RINGREC_TIMELINE", p.as_str()), ("RINGREC_RANKS_PER_HOST", hosts), ("RINGREC_CYCLE_TIME", "1000"), ("RINGREC_HOST_DELAY_SEED", delays), ("RINGREC_ONEBIT_LAMBDA", lambda), ("RINGREC_ONEBIT_BLOCK", block)];
         let job = common::run_worker("worker_device_tensors", np, &env, Duration::from_secs(180));
         job.assert_ok();
         assert_eq!(job.all().matches("DEVICE DONE").count(), np, "{}", job.all());

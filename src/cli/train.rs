@@ -153,6 +153,11 @@ pub struct TrainArgs {
     /// less shrinks the scale so a spiky gradient's error still shrinks (design 001).
     #[arg(long, value_name = "LAMBDA")]
     pub onebit_lambda: Option<f32>,
+    /// Values per scale of --compression 1bit / 1bit-l1: each block of that many consecutive
+    /// values of a tensor gets its own scale (0: one scale per tensor, design 001's literal
+    /// form). Default: RINGREC_ONEBIT_BLOCK, else 256.
+    #[arg(long, value_name = "VALUES")]
+    pub onebit_block: Option<usize>,
     /// 1-bit compression of the sparse rows on the hierarchical exchange's cross-host leg:
     /// none, 1bit (L2 scale times --onebit-lambda) or 1bit-l1; one scale and the signs per
     /// row, with error feedback per key (a residual row per key sent).
@@ -275,6 +280,7 @@ impl TrainArgs {
             compression: self.compression,
             onebit_lambda: self.onebit_lambda,
             sparse_compression: self.sparse_compression,
+            onebit_block: self.onebit_block,
             record_losses: self.record_losses,
             eval: !self.no_eval,
             init_from: self.init_from.clone(),

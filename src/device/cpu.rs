@@ -330,8 +330,8 @@ impl Device for CpuDevice {
                     HalfRef::Bf16(s) => s[src_at..src_at + n].convert_to_f32_slice(dst),
                 }
             }
-            Op::OneBitEncode { x, residual, n, l1, lambda, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, &mut enc[at..at + super::ops::onebit_words(n)]),
-            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], average),
+            Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
+            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
         }
         Ok(())
     }
@@ -346,33 +346,40 @@ impl Device for CpuDevice {
 }
 
 /// [`Op::OneBitEncode`] as kernels/compress.cu computes it (the same parts, the same order).
-fn onebit_encode(x: &[f32], residual: &mut [f32], l1: bool, lambda: f32, enc: &mut [u32]) {
+fn onebit_encode(x: &[f32], residual: &mut [f32], l1: bool, lambda: f32, block: usize, enc: &mut [u32]) {
     let n = x.len();
-    let parts = super::ops::onebit_parts(n);
-    let mut sum = 0f64;
-    for p in 0..parts {
-        let mut acc = 0f64;
-        for i in (p..n).step_by(parts) {
+    let (parts, scales) = (super::ops::onebit_parts(n, block), super::ops::onebit_scales(n, block));
+    let mut sums = vec![0f64; parts];
+    for (p, sum) in sums.iter_mut().enumerate() {
+        let idx: Box<dyn Iterator<Item = usize>> = if block > 0 { Box::new(p * block..((p + 1) * block).min(n)) } else { Box::new((p..n).step_by(parts)) };
+        for i in idx {
             let v = residual[i] + x[i];
             residual[i] = v;
-            acc += if l1 { v.abs() as f64 } else { v as f64 * v as f64 };
+            *sum += if l1 { v.abs() as f64 } else { v as f64 * v as f64 };
         }
-        sum += acc;
     }
-    let s = match (n, l1) {
+    let scale = |sum: f64, d: usize| match (d, l1) {
         (0, _) => 0.0,
-        (_, true) => (sum / n as f64) as f32,
-        (_, false) => lambda * (sum / n as f64).sqrt() as f32,
+        (_, true) => (sum / d as f64) as f32,
+        (_, false) => lambda * (sum / d as f64).sqrt() as f32,
     };
-    enc[0] = s.to_bits();
-    for (w, word) in enc[1..].iter_mut().enumerate() {
+    if block > 0 {
+        for (t, e) in enc[..scales].iter_mut().enumerate() {
+            *e = scale(sums[t], n.saturating_sub(t * block).min(block)).to_bits();
+        }
+    } else {
+        enc[0] = scale(sums.iter().sum::<f64>(), n).to_bits();
+    }
+    let (s, words) = enc.split_at_mut(scales);
+    for (w, word) in words.iter_mut().enumerate() {
         let mut bits = 0u32;
         for (b, v) in residual[32 * w..(32 * w + 32).min(n)].iter_mut().enumerate() {
+            let sc = f32::from_bits(s[if block > 0 { (32 * w + b) / block } else { 0 }]);
             if *v >= 0.0 {
                 bits |= 1 << b;
-                *v -= s;
+                *v -= sc;
             } else {
-                *v += s;
+                *v += sc;
             }
         }
         *word = bits;
@@ -380,13 +387,14 @@ fn onebit_encode(x: &[f32], residual: &mut [f32], l1: bool, lambda: f32, enc: &m
 }
 
 /// [`Op::OneBitDecodeSum`] as kernels/compress.cu computes it.
-fn onebit_decode_sum(gathered: &[u32], stride: usize, at: usize, ranks: usize, x: &mut [f32], average: bool) {
+fn onebit_decode_sum(gathered: &[u32], stride: usize, at: usize, ranks: usize, x: &mut [f32], block: usize, average: bool) {
+    let scales = super::ops::onebit_scales(x.len(), block);
     x.fill(0.0);
     for r in 0..ranks {
         let e = &gathered[r * stride + at..];
-        let s = f32::from_bits(e[0]);
         for (i, v) in x.iter_mut().enumerate() {
-            if (e[1 + i / 32] >> (i % 32)) & 1 == 1 {
+            let s = f32::from_bits(e[if block > 0 { i / block } else { 0 }]);
+            if (e[scales + i / 32] >> (i % 32)) & 1 == 1 {
                 *v += s;
             } else {
                 *v -= s;

@@ -161,26 +161,43 @@ pub enum Op<'a, D: Device> {
     /// `dst[dst_at + i] = f32(src[src_at + i])` for `n` elements.
     FromHalf { src: HalfRef<'a, D>, src_at: usize, dst: &'a mut D::Buf<f32>, dst_at: usize, n: usize },
     /// 1-bit encoding with error feedback (kernels/compress.cu, the reference
-    /// `engine::compression`): `residual[i] += x[i]` (= v), the scale of v (`l1`:
-    /// `||v||_1 / n`, else `lambda ||v||_2 / sqrt(n)`; the norm summed by [`onebit_parts`]
-    /// strided parts in f64, then over the parts in order) as f32 bits into `enc[at]`, the
-    /// signs of v into words `enc[at + 1 ..]` (bit b of word w: value 32 w + b, set when
-    /// v >= 0), and `residual[i] = v - s sign(v)`. `partial` holds 2 words per part.
-    OneBitEncode { x: &'a D::Buf<f32>, residual: &'a mut D::Buf<f32>, n: usize, l1: bool, lambda: f32, partial: &'a mut D::Buf<u32>, enc: &'a mut D::Buf<u32>, at: usize },
-    /// The sum over `ranks` encodings of one tensor (rank r's at word `r * stride + at` of
-    /// `gathered`), decoded and added in rank order from 0, into `x[..n]`; divided by
-    /// `ranks` when `average`.
-    OneBitDecodeSum { gathered: &'a D::Buf<u32>, stride: usize, at: usize, ranks: usize, x: &'a mut D::Buf<f32>, n: usize, average: bool },
+    /// `engine::compression`), per block of `block` values (0: one block): `residual[i] +=
+    /// x[i]` (= v), each block's scale (`l1`: `||v||_1 / d`, else `lambda ||v||_2 /
+    /// sqrt(d)`; summed in f64 in order within a block, or for one block by
+    /// [`onebit_parts`] strided parts, then over the parts in order) as f32 bits into
+    /// `enc[at ..]`, the signs of v into the words after them (bit b of word w: value 32 w +
+    /// b, set when v >= 0), and `residual[i] = v - s sign(v)`. `partial` holds 2 words per
+    /// part.
+    OneBitEncode { x: &'a D::Buf<f32>, residual: &'a mut D::Buf<f32>, n: usize, l1: bool, lambda: f32, block: usize, partial: &'a mut D::Buf<u32>, enc: &'a mut D::Buf<u32>, at: usize },
+    /// The sum over `ranks` encodings of one tensor in blocks of `block` (rank r's at word
+    /// `r * stride + at` of `gathered`), decoded and added in rank order from 0, into
+    /// `x[..n]`; divided by `ranks` when `average`.
+    OneBitDecodeSum { gathered: &'a D::Buf<u32>, stride: usize, at: usize, ranks: usize, x: &'a mut D::Buf<f32>, n: usize, block: usize, average: bool },
 }
 
-/// Words of a 1-bit encoding of `n` values: the scale, then the sign bits.
-pub fn onebit_words(n: usize) -> usize {
-    1 + n.div_ceil(32)
+/// Scales of a 1-bit encoding of `n` values in blocks of `block` (0: one).
+pub fn onebit_scales(n: usize, block: usize) -> usize {
+    if block == 0 {
+        1
+    } else {
+        n.div_ceil(block).max(1)
+    }
 }
 
-/// Parts the norm of a 1-bit encoding of `n` values is summed in (at least 1).
-pub fn onebit_parts(n: usize) -> usize {
-    n.clamp(1, ONEBIT_MAX_PARTS)
+/// Words of a 1-bit encoding of `n` values in blocks of `block`: the scales, then the
+/// sign bits.
+pub fn onebit_words(n: usize, block: usize) -> usize {
+    onebit_scales(n, block) + n.div_ceil(32)
+}
+
+/// Parts the norms of a 1-bit encoding of `n` values are summed in: one per block, or for
+/// one block (`block` 0) up to [`ONEBIT_MAX_PARTS`] (at least 1).
+pub fn onebit_parts(n: usize, block: usize) -> usize {
+    if block == 0 {
+        n.clamp(1, ONEBIT_MAX_PARTS)
+    } else {
+        onebit_scales(n, block)
+    }
 }
 
 /// The most parts of a 1-bit norm.
@@ -275,14 +292,14 @@ impl<D: Device> Op<'_, D> {
                 f("src", src.len(dev), src_at + n)?;
                 f("dst", dev.len(&**dst), dst_at + n)
             }
-            Op::OneBitEncode { x, residual, n, partial, enc, at, .. } => {
+            Op::OneBitEncode { x, residual, n, block, partial, enc, at, .. } => {
                 f("x", dev.len(*x), *n)?;
                 f("residual", dev.len(&**residual), *n)?;
-                f("partial", dev.len(&**partial), 2 * onebit_parts(*n))?;
-                f("enc", dev.len(&**enc), at + onebit_words(*n))
+                f("partial", dev.len(&**partial), 2 * onebit_parts(*n, *block))?;
+                f("enc", dev.len(&**enc), at + onebit_words(*n, *block))
             }
-            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, .. } => {
-                if at + onebit_words(*n) > *stride {
+            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, .. } => {
+                if at + onebit_words(*n, *block) > *stride {
                     return Err(DeviceError::refused("onebit_decode_sum", format!("an encoding of {n} values at word {at} does not fit a rank's {stride} words")));
                 }
                 f("gathered", dev.len(*gathered), ranks * stride)?;
@@ -360,15 +377,16 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
             HalfRef::F16(s) => dev.launch(Kernel::F16ToF32, n, &mut [KernelArg::InF16(s, src_at), Out(dst, dst_at), long(n)]),
             HalfRef::Bf16(s) => dev.launch(Kernel::Bf16ToF32, n, &mut [KernelArg::InBf16(s, src_at), Out(dst, dst_at), long(n)]),
         },
-        Op::OneBitEncode { x, residual, n, l1, lambda, partial, enc, at } => {
-            let parts = onebit_parts(n);
+        Op::OneBitEncode { x, residual, n, l1, lambda, block, partial, enc, at } => {
+            let (parts, scales) = (onebit_parts(n, block), onebit_scales(n, block));
             let l1 = l1 as i32;
-            dev.launch(Kernel::OneBitNorms, parts, &mut [In(x, 0), Out(residual, 0), KernelArg::OutU32(partial, 0), int(n)?, int(parts)?, KernelArg::I32(l1)])?;
-            dev.launch(Kernel::OneBitScale, 1, &mut [InU32(partial), KernelArg::OutU32(enc, at), int(n)?, int(parts)?, KernelArg::I32(l1), F32(lambda)])?;
-            dev.launch(Kernel::OneBitPack, n.div_ceil(32), &mut [Out(residual, 0), KernelArg::OutU32(enc, at), int(n)?])
+            dev.launch(Kernel::OneBitNorms, parts, &mut [In(x, 0), Out(residual, 0), KernelArg::OutU32(partial, 0), int(n)?, int(parts)?, KernelArg::I32(l1), int(block)?])?;
+            dev.launch(Kernel::OneBitScale, scales, &mut [InU32(partial), KernelArg::OutU32(enc, at), int(n)?, int(parts)?, KernelArg::I32(l1), F32(lambda), int(block)?])?;
+            dev.launch(Kernel::OneBitPack, n.div_ceil(32), &mut [Out(residual, 0), KernelArg::OutU32(enc, at), int(n)?, int(block)?, int(scales)?])
         }
-        Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, average } => {
-            dev.launch(Kernel::OneBitUnpackSum, n, &mut [InU32(gathered), Out(x, 0), int(n)?, int(ranks)?, long(stride), long(at), KernelArg::I32(average as i32)])
+        Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => {
+            let scales = onebit_scales(n, block);
+            dev.launch(Kernel::OneBitUnpackSum, n, &mut [InU32(gathered), Out(x, 0), int(n)?, int(ranks)?, long(stride), long(at), KernelArg::I32(average as i32), int(block)?, int(scales)?])
         }
     }
 }

@@ -9,7 +9,18 @@
 //! the same name next time (error feedback: what compression loses is not lost, only
 //! delayed). Ranks allgather the encodings (1/32 of the float32 bytes, plus 4 bytes of
 //! scale per tensor) and every rank decodes and sums them in rank order, so all ranks get
-//! the same result. The two forms of design 001 ([`OneBitForm`]):
+//! the same result.
+//!
+//! **Blocks.** Design 001 states one scale per tensor; `RINGREC_ONEBIT_BLOCK` (`train
+//! --onebit-block`, default [`DEFAULT_BLOCK`] values) gives every block of that many
+//! consecutive values its own scale (0: one per tensor, the design's literal form), for 4
+//! more bytes per block: 1/32 + 1/256 of the float32 bytes at 256. A tensor's values differ
+//! in size by layer row and between weights and biases, and Adam divides each update by
+//! the compressed gradient's second moment, which one scale per tensor flattens: measured
+//! in docs/BENCHMARKS.md, one scale per tensor costs 0.05 AUC after an epoch with Adam where
+//! blocks of 256 cost 0.001. Everything below holds per block, `d` its length.
+//!
+//! The two forms of design 001 ([`OneBitForm`]):
 //!
 //! - **L1** (`1bit-l1`, the original): `s = ||v||_1 / d`. `C[v] = s sign(v)` is the
 //!   closest multiple of `sign(v)` to `v`, and `||C[v] - v||^2 = ||v||^2 - ||v||_1^2 / d
@@ -131,9 +142,31 @@ pub fn from_half(src: &[u8], dst: &mut [f32], wire: DType) {
     }
 }
 
-/// Bytes of the 1-bit encoding of `n` values: the scale, then the sign bits.
-pub fn onebit_len(n: usize) -> usize {
-    4 + n.div_ceil(8)
+/// The default `RINGREC_ONEBIT_BLOCK`: values per scale.
+pub const DEFAULT_BLOCK: usize = 256;
+
+/// Scales of a 1-bit encoding of `n` values in blocks of `block` (0: one).
+pub fn onebit_scales(n: usize, block: usize) -> usize {
+    if block == 0 {
+        1
+    } else {
+        n.div_ceil(block).max(1)
+    }
+}
+
+/// The values per scale of `n` values in blocks of `block` (0: all of them, at least 1).
+fn block_len(n: usize, block: usize) -> usize {
+    if block == 0 {
+        n.max(1)
+    } else {
+        block
+    }
+}
+
+/// Bytes of the 1-bit encoding of `n` values in blocks of `block`: the scales, then the
+/// sign bits.
+pub fn onebit_len(n: usize, block: usize) -> usize {
+    4 * onebit_scales(n, block) + n.div_ceil(8)
 }
 
 pub use crate::onebit::{check_lambda, onebit_error_bound, OneBitForm, DEFAULT_LAMBDA};
@@ -143,11 +176,13 @@ pub struct OneBit {
     residuals: HashMap<String, Vec<f32>>,
     /// The L2 form's lambda.
     pub lambda: f32,
+    /// Values per scale (0: one scale per tensor).
+    pub block: usize,
 }
 
 impl Default for OneBit {
     fn default() -> OneBit {
-        OneBit { residuals: HashMap::new(), lambda: DEFAULT_LAMBDA }
+        OneBit { residuals: HashMap::new(), lambda: DEFAULT_LAMBDA, block: DEFAULT_BLOCK }
     }
 }
 
@@ -170,12 +205,20 @@ impl OneBit {
         for (ri, xi) in r.iter_mut().zip(x) {
             *ri += *xi; // r now holds v = x + residual
         }
-        let scale = form.scale_of(r);
-        out.extend_from_slice(&scale.to_le_bytes());
+        let bs = block_len(n, self.block);
+        let scales_at = out.len();
+        if n == 0 {
+            out.extend_from_slice(&0f32.to_le_bytes());
+        }
+        for b in r.chunks(bs) {
+            out.extend_from_slice(&form.scale_of(b).to_le_bytes());
+        }
         let start = out.len();
         out.resize(start + n.div_ceil(8), 0);
-        let bits = &mut out[start..];
+        let (scales, bits) = out[scales_at..].split_at_mut(start - scales_at);
         for (i, v) in r.iter_mut().enumerate() {
+            let o = 4 * (i / bs);
+            let scale = f32::from_le_bytes([scales[o], scales[o + 1], scales[o + 2], scales[o + 3]]);
             let positive = *v >= 0.0;
             if positive {
                 bits[i / 8] |= 1 << (i % 8);
@@ -192,17 +235,19 @@ impl OneBit {
     }
 }
 
-/// Adds the decoded values of one encoding of `acc.len()` values to `acc`; returns the
-/// bytes it used, or `None` when `enc` is too short.
-pub fn onebit_decode_add(enc: &[u8], acc: &mut [f32]) -> Option<usize> {
+/// Adds the decoded values of one encoding of `acc.len()` values in blocks of `block` to
+/// `acc`; returns the bytes it used, or `None` when `enc` is too short.
+pub fn onebit_decode_add(enc: &[u8], acc: &mut [f32], block: usize) -> Option<usize> {
     let n = acc.len();
-    let len = onebit_len(n);
+    let len = onebit_len(n, block);
     if enc.len() < len {
         return None;
     }
-    let scale = f32::from_le_bytes([enc[0], enc[1], enc[2], enc[3]]);
-    let bits = &enc[4..len];
+    let (bs, nb) = (block_len(n, block), onebit_scales(n, block));
+    let bits = &enc[4 * nb..len];
     for (i, a) in acc.iter_mut().enumerate() {
+        let o = 4 * (i / bs);
+        let scale = f32::from_le_bytes([enc[o], enc[o + 1], enc[o + 2], enc[o + 3]]);
         if bits[i / 8] >> (i % 8) & 1 == 1 {
             *a += scale;
         } else {
@@ -246,9 +291,9 @@ mod tests {
         let mut ob = OneBit::default();
         let mut enc = Vec::new();
         ob.encode("w", &x, &mut enc);
-        assert_eq!(enc.len(), onebit_len(5));
+        assert_eq!(enc.len(), onebit_len(5, DEFAULT_BLOCK));
         let mut dec = vec![0f32; 5];
-        assert_eq!(onebit_decode_add(&enc, &mut dec), Some(onebit_len(5)));
+        assert_eq!(onebit_decode_add(&enc, &mut dec, DEFAULT_BLOCK), Some(onebit_len(5, DEFAULT_BLOCK)));
         let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>().sqrt();
         assert!((norm(&dec) - norm(&x)).abs() < 1e-5);
         assert_eq!(dec.iter().map(|d| d.signum()).collect::<Vec<_>>(), vec![1.0, -1.0, 1.0, -1.0, 1.0]);
@@ -263,12 +308,12 @@ mod tests {
         for _ in 0..steps {
             let mut e = Vec::new();
             ob.encode("w", &x, &mut e);
-            onebit_decode_add(&e, &mut sum).unwrap();
+            onebit_decode_add(&e, &mut sum, DEFAULT_BLOCK).unwrap();
         }
         for i in 0..5 {
             assert!((sum[i] / steps as f32 - x[i]).abs() < 0.01, "{i}: {}", sum[i] / steps as f32);
         }
-        assert_eq!(onebit_decode_add(&enc[..3], &mut dec), None);
+        assert_eq!(onebit_decode_add(&enc[..3], &mut dec, DEFAULT_BLOCK), None);
     }
 
     /// ||C[v] - v||^2 of one encoding of `v` in `form` (no history).
@@ -277,7 +322,7 @@ mod tests {
         let mut enc = Vec::new();
         ob.encode_form("v", v, form, &mut enc);
         let mut dec = vec![0f32; v.len()];
-        onebit_decode_add(&enc, &mut dec).unwrap();
+        onebit_decode_add(&enc, &mut dec, DEFAULT_BLOCK).unwrap();
         // The residual is exactly what was not sent.
         for i in 0..v.len() {
             assert!((ob.residuals["v"][i] - (v[i] - dec[i])).abs() <= 1e-6 * v[i].abs().max(1.0));
@@ -327,5 +372,33 @@ mod tests {
         assert!(error_of(OneBitForm::L2 { lambda: 0.1 }, &spiky) < n2);
         assert!(error_of(OneBitForm::L1, &spiky) < n2);
         assert!(check_lambda(0.0).is_err() && check_lambda(1.5).is_err() && check_lambda(0.5).is_ok());
+    }
+
+    #[test]
+    fn blocks_scale_each_run_of_values_alone() {
+        // Two blocks of 4 of very different sizes, and a short last block of 2.
+        let x = [1.0f32, -1.0, 3.0, -3.0, 100.0, -100.0, 100.0, 100.0, 0.5, -0.25];
+        for (form, want) in [(OneBitForm::L1, [2.0f32, 100.0, 0.375]), (OneBitForm::L2 { lambda: 0.5 }, [0.5 * 5f32.sqrt(), 50.0, 0.5 * (0.3125f32 / 2.0).sqrt()])] {
+            let mut ob = OneBit { block: 4, ..OneBit::default() };
+            let mut enc = Vec::new();
+            ob.encode_form("b", &x, form, &mut enc);
+            assert_eq!(enc.len(), onebit_len(10, 4));
+            assert_eq!(onebit_len(10, 4), 3 * 4 + 2);
+            let scales: Vec<f32> = enc[..12].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            for (g, w) in scales.iter().zip(want) {
+                assert!((g - w).abs() < 1e-5, "{form:?}: {scales:?} vs {want:?}");
+            }
+            let mut dec = vec![0f32; 10];
+            assert_eq!(onebit_decode_add(&enc, &mut dec, 4), Some(14));
+            for (i, d) in dec.iter().enumerate() {
+                assert_eq!(*d, want[i / 4] * x[i].signum(), "{form:?} value {i}");
+            }
+        }
+        // One scale per tensor (block 0) is the design's literal form.
+        let mut ob = OneBit { block: 0, ..OneBit::default() };
+        let mut enc = Vec::new();
+        ob.encode_form("t", &x, OneBitForm::L1, &mut enc);
+        assert_eq!(enc.len(), 4 + 2);
+        assert_eq!(onebit_scales(10, 0), 1);
     }
 }

@@ -169,6 +169,8 @@ pub struct LoopConfig {
     pub device: Option<Box<dyn ExecuteDevice>>,
     /// The L2 form's lambda of 1-bit compression.
     pub onebit_lambda: f32,
+    /// Values per scale of 1-bit compression (0: per tensor).
+    pub onebit_block: usize,
 }
 
 /// The background thread's state.
@@ -221,9 +223,9 @@ impl Controller {
             size,
             control,
             ctl,
-            exec: Executor::with_onebit_lambda(backend, cfg.onebit_lambda),
+            exec: Executor::with_onebit(backend, cfg.onebit_lambda, cfg.onebit_block),
             device: cfg.device.map(|mut d| {
-                d.set_onebit_lambda(cfg.onebit_lambda);
+                d.set_onebit(cfg.onebit_lambda, cfg.onebit_block);
                 d
             }),
             rx,
@@ -563,7 +565,7 @@ impl Controller {
             self.stats.collectives.fetch_add(1, Ordering::Relaxed);
             self.stats.bytes.fetch_add(resp.bytes() as u64, Ordering::Relaxed);
             let widens = resp.location == Location::Host && self.exec.backend.name() == "hier";
-            let (allreduce, allgather) = resp.wire_bytes(widens);
+            let (allreduce, allgather) = resp.wire_bytes(widens, self.exec.onebit.block);
             self.stats.allreduce_wire.fetch_add(allreduce as u64, Ordering::Relaxed);
             self.stats.allgather_wire.fetch_add(allgather as u64, Ordering::Relaxed);
             if let Some(tl) = self.timeline.as_mut() {

@@ -37,14 +37,16 @@ pub trait ExecuteDevice: Send {
     /// Runs `resp` over `tensors` (device tensors, in the response's entry order) in place;
     /// returns the steps it took, with their times.
     fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>>;
-    /// Sets the factor of 1-bit compression's L2 form.
-    fn set_onebit_lambda(&mut self, lambda: f32);
+    /// Sets the factor of 1-bit compression's L2 form and its values per scale (0: one
+    /// scale per tensor).
+    fn set_onebit(&mut self, lambda: f32, block: usize);
 }
 
 /// 1-bit compression's state on a device: a residual per tensor name, the encoding, the
 /// gathered encodings and the norm's parts (buffers grown as needed and reused).
 struct OneBitState<D: Device> {
     lambda: f32,
+    block: usize,
     residuals: HashMap<String, D::Buf<f32>>,
     enc: Option<D::Buf<u32>>,
     gathered: Option<D::Buf<u32>>,
@@ -67,7 +69,7 @@ fn device_err(e: DeviceError) -> EngineError {
 impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
     /// An executor queueing on `dev` (a fork of the model's device) and reducing with `coll`.
     pub fn new(dev: D, coll: C) -> Self {
-        let onebit = OneBitState { lambda: super::compression::DEFAULT_LAMBDA, residuals: HashMap::new(), enc: None, gathered: None, partial: None };
+        let onebit = OneBitState { lambda: super::compression::DEFAULT_LAMBDA, block: super::compression::DEFAULT_BLOCK, residuals: HashMap::new(), enc: None, gathered: None, partial: None };
         DeviceExecutor { dev, coll, fusion: HashMap::new(), onebit }
     }
 
@@ -167,11 +169,11 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
     /// 1-bit allreduce of f32 tensors (see the module docs).
     fn allreduce_onebit(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
-        let (l1, lambda) = (resp.compression == Compression::OneBitL1, self.onebit.lambda);
+        let (l1, lambda, block) = (resp.compression == Compression::OneBitL1, self.onebit.lambda, self.onebit.block);
         let mut bufs = Self::buffers::<f32>(tensors)?;
         let lens: Vec<usize> = resp.entries.iter().map(|e| e.count as usize).collect();
-        let stride: usize = lens.iter().map(|n| onebit_words(*n)).sum();
-        let parts = lens.iter().map(|n| onebit_parts(*n)).max().unwrap_or(1);
+        let stride: usize = lens.iter().map(|n| onebit_words(*n, block)).sum();
+        let parts = lens.iter().map(|n| onebit_parts(*n, block)).max().unwrap_or(1);
         let ob = &mut self.onebit;
         let mut enc = Self::words(&self.dev, &mut ob.enc, stride)?;
         let mut partial = Self::words(&self.dev, &mut ob.partial, 2 * parts)?;
@@ -182,9 +184,9 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
                 _ => self.dev.alloc(*n).map_err(device_err)?, // new, or resized: no history
             };
             let mut residual = residual;
-            self.dev.exec(Op::OneBitEncode { x: &**b, residual: &mut residual, n: *n, l1, lambda, partial: &mut partial, enc: &mut enc, at }).map_err(device_err)?;
+            self.dev.exec(Op::OneBitEncode { x: &**b, residual: &mut residual, n: *n, l1, lambda, block, partial: &mut partial, enc: &mut enc, at }).map_err(device_err)?;
             ob.residuals.insert(e.name.clone(), residual);
-            at += onebit_words(*n);
+            at += onebit_words(*n, block);
         }
         self.dev.synchronize().map_err(device_err)?;
         let t1 = Instant::now();
@@ -196,8 +198,8 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
         let average = resp.op == ReduceOp::Average;
         let mut at = 0;
         for (b, n) in bufs.iter_mut().zip(&lens) {
-            self.dev.exec(Op::OneBitDecodeSum { gathered: &gathered, stride, at, ranks: size, x: &mut **b, n: *n, average }).map_err(device_err)?;
-            at += onebit_words(*n);
+            self.dev.exec(Op::OneBitDecodeSum { gathered: &gathered, stride, at, ranks: size, x: &mut **b, n: *n, block, average }).map_err(device_err)?;
+            at += onebit_words(*n, block);
         }
         self.dev.synchronize().map_err(device_err)?;
         let ob = &mut self.onebit;
@@ -248,7 +250,8 @@ impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> 
         }
     }
 
-    fn set_onebit_lambda(&mut self, lambda: f32) {
+    fn set_onebit(&mut self, lambda: f32, block: usize) {
         self.onebit.lambda = lambda;
+        self.onebit.block = block;
     }
 }

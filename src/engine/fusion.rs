@@ -67,10 +67,12 @@ impl Executor {
         Executor { backend, onebit: OneBit::default(), fusion: Vec::new() }
     }
 
-    /// An executor on `backend` whose 1-bit L2 form scales by `lambda`.
-    pub fn with_onebit_lambda(backend: Box<dyn Collectives>, lambda: f32) -> Executor {
+    /// An executor on `backend` whose 1-bit L2 form scales by `lambda`, one scale per
+    /// `block` values (0: per tensor).
+    pub fn with_onebit(backend: Box<dyn Collectives>, lambda: f32, block: usize) -> Executor {
         let mut e = Executor::new(backend);
         e.onebit.lambda = lambda;
+        e.onebit.block = block;
         e
     }
 
@@ -174,7 +176,7 @@ impl Executor {
             let mut piece = g.piece(r);
             for t in tensors.iter_mut() {
                 let x = Self::f32s(t)?;
-                let used = compression::onebit_decode_add(piece, x).ok_or_else(|| EngineError::Comm(format!("rank {r} sent a short 1-bit encoding")))?;
+                let used = compression::onebit_decode_add(piece, x, self.onebit.block).ok_or_else(|| EngineError::Comm(format!("rank {r} sent a short 1-bit encoding")))?;
                 piece = &piece[used..];
             }
         }

@@ -179,12 +179,13 @@ impl Response {
 
     /// The bytes this rank contributes as they travel: (allreduced, allgathered). fp16/bf16
     /// halve an allreduce (unless the backend `widens_halves` back to f32 to reduce them);
-    /// 1-bit sends its encodings by allgather; broadcasts count in neither.
-    pub fn wire_bytes(&self, widens_halves: bool) -> (usize, usize) {
+    /// 1-bit sends its encodings (one scale per `onebit_block` values) by allgather;
+    /// broadcasts count in neither.
+    pub fn wire_bytes(&self, widens_halves: bool, onebit_block: usize) -> (usize, usize) {
         let count = || self.entries.iter().map(|e| e.count as usize).sum::<usize>();
         match (self.kind, self.compression) {
             (OpKind::Allreduce, Compression::Fp16 | Compression::Bf16) => (count() * if widens_halves { 4 } else { 2 }, 0),
-            (OpKind::Allreduce, c) if c.is_onebit() => (0, self.entries.iter().map(|e| super::compression::onebit_len(e.count as usize)).sum()),
+            (OpKind::Allreduce, c) if c.is_onebit() => (0, self.entries.iter().map(|e| super::compression::onebit_len(e.count as usize, onebit_block)).sum()),
             (OpKind::Allreduce, _) => (self.bytes(), 0),
             (OpKind::Allgather, _) => (0, self.bytes()),
             (OpKind::Broadcast, _) => (0, 0),

@@ -76,6 +76,8 @@ pub struct EngineConfig {
     /// The factor lambda of 1-bit compression's L2 form (`RINGREC_ONEBIT_LAMBDA`, in
     /// `(0, 1]`; 1 keeps the norm).
     pub onebit_lambda: f32,
+    /// Values per scale of 1-bit compression (`RINGREC_ONEBIT_BLOCK`; 0: one per tensor).
+    pub onebit_block: usize,
     /// Chrome trace written by rank 0.
     pub timeline: Option<PathBuf>,
     /// Stall warning after this wait (`None`: no stall checks).
@@ -101,6 +103,7 @@ impl Default for EngineConfig {
             cache_capacity: 1024,
             compression: Compression::None,
             onebit_lambda: compression::DEFAULT_LAMBDA,
+            onebit_block: compression::DEFAULT_BLOCK,
             timeline: None,
             stall_check: Some(Duration::from_secs(60)),
             stall_shutdown: None,
@@ -137,6 +140,9 @@ impl EngineConfig {
         }
         if let Some(v) = config::var("RINGREC_COMPRESSION") {
             c.compression = Compression::parse(&v).ok_or_else(|| bad("RINGREC_COMPRESSION", &v, "none, fp16, bf16, 1bit or 1bit-l1"))?;
+        }
+        if let Some(v) = config::var("RINGREC_ONEBIT_BLOCK") {
+            c.onebit_block = v.trim().parse::<usize>().ok().filter(|b| *b <= 1 << 30).ok_or_else(|| bad("RINGREC_ONEBIT_BLOCK", &v, "values per scale, e.g. 256 (0: one scale per tensor)"))?;
         }
         if let Some(v) = config::var("RINGREC_ONEBIT_LAMBDA") {
             c.onebit_lambda = v.trim().parse::<f32>().ok().and_then(|l| compression::check_lambda(l).ok()).ok_or_else(|| bad("RINGREC_ONEBIT_LAMBDA", &v, "a factor in (0, 1], e.g. 0.5"))?;
@@ -264,7 +270,7 @@ impl Engine {
         let stop: StopReason = Arc::new(Mutex::new(None));
         let device_name = device.as_ref().map(|d| d.describe());
         compression::check_lambda(config.onebit_lambda).map_err(EngineError::Config)?;
-        let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
+        let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, onebit_block: config.onebit_block, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));

@@ -149,6 +149,9 @@ pub struct TrainConfig {
     /// The factor of 1-bit compression's L2 form (`None`: `RINGREC_ONEBIT_LAMBDA`, else 1),
     /// dense and sparse.
     pub onebit_lambda: Option<f32>,
+    /// Values per scale of dense 1-bit compression (`None`: `RINGREC_ONEBIT_BLOCK`, else
+    /// 256; 0: one scale per tensor).
+    pub onebit_block: Option<usize>,
     /// 1-bit compression of the sparse rows sent across hosts (`None`, `OneBit`,
     /// `OneBitL1`; the hierarchical exchange only).
     pub sparse_compression: Compression,
@@ -223,6 +226,7 @@ impl TrainConfig {
             compression: None,
             onebit_lambda: None,
             sparse_compression: Compression::None,
+            onebit_block: None,
             record_losses: false,
             eval: true,
             init_from: None,
@@ -250,6 +254,12 @@ impl TrainConfig {
                 return Err(TrainError::Config(format!("--onebit-lambda {l} applies to the L2 form of 1-bit compression: add --compression 1bit or --sparse-compression 1bit (this run's are {} and {})", engine.compression.name(), self.sparse_compression.name())));
             }
             engine.onebit_lambda = crate::engine::compression::check_lambda(l).map_err(|e| TrainError::Config(format!("--onebit-lambda: {e}")))?;
+        }
+        if let Some(b) = self.onebit_block {
+            if !engine.compression.is_onebit() {
+                return Err(TrainError::Config(format!("--onebit-block {b} applies to 1-bit compression of the dense gradients: add --compression 1bit or 1bit-l1")));
+            }
+            engine.onebit_block = b;
         }
         if matches!(self.sparse_compression, Compression::Fp16 | Compression::Bf16) {
             return Err(TrainError::Config(format!("--sparse-compression {}: the sparse rows take none, 1bit or 1bit-l1", self.sparse_compression.name())));
@@ -430,6 +440,7 @@ impl TrainConfig {
             ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
             ("RINGREC_COMPRESSION", format!("{:?}", engine.compression)),
             ("RINGREC_ONEBIT_LAMBDA", engine.onebit_lambda.to_string()),
+            ("RINGREC_ONEBIT_BLOCK", engine.onebit_block.to_string()),
             ("--sparse-compression", self.sparse_compression.name().to_string()),
             ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
             ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),

@@ -374,7 +374,7 @@ fn onebit_encode(x: &[f32], residual: &mut [f32], l1: bool, lambda: f32, block: 
     for (w, word) in words.iter_mut().enumerate() {
         let mut bits = 0u32;
         for (b, v) in residual[32 * w..(32 * w + 32).min(n)].iter_mut().enumerate() {
-            let sc = f32::from_bits(s[if block > 0 { (32 * w + b) / block } else { 0 }]);
+            let sc = f32::from_bits(s[(32 * w + b).checked_div(block).unwrap_or(0)]);
             if *v >= 0.0 {
                 bits |= 1 << b;
                 *v -= sc;
@@ -393,7 +393,7 @@ fn onebit_decode_sum(gathered: &[u32], stride: usize, at: usize, ranks: usize, x
     for r in 0..ranks {
         let e = &gathered[r * stride + at..];
         for (i, v) in x.iter_mut().enumerate() {
-            let s = f32::from_bits(e[if block > 0 { i / block } else { 0 }]);
+            let s = f32::from_bits(e[i.checked_div(block).unwrap_or(0)]);
             if (e[scales + i / 32] >> (i % 32)) & 1 == 1 {
                 *v += s;
             } else {

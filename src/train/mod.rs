@@ -569,6 +569,8 @@ pub struct TrainSummary {
     /// Each host's table rows at the end, as a CRC-32 of every live key and its row in key
     /// order (hex, host order): all equal when the hosts hold the same rows.
     pub table_rows_crc_per_host: Vec<String>,
+    /// Every rank's `params_fnv` (rank order): all equal, as the replicas are.
+    pub params_fnv_per_rank: Vec<String>,
 }
 
 /// One rank's traffic, by direction.

@@ -823,6 +823,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mine = [d.touched_rows, d.delta_rows, d.cross_bytes_sent, d.cross_bytes_received];
         let mut all = [0u64; 4];
         world.all_reduce_into(&mine[..], &mut all[..], SystemOperation::sum());
+        let fnv = crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?));
+        let mut fnvs = vec![0u64; self.topo.size];
+        world.all_gather_into(&fnv, &mut fnvs[..]);
         let crc = if self.topo.is_leader() { self.embedding.rows_crc()? as u64 } else { u64::MAX };
         let mut crcs = vec![0u64; self.topo.size];
         world.all_gather_into(&crc, &mut crcs[..]);
@@ -845,6 +848,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             sync_delta_cross_bytes_sent: all[2],
             sync_delta_cross_bytes_received: all[3],
             table_rows_crc_per_host: per_host,
+            params_fnv_per_rank: fnvs.iter().map(|f| format!("{f:016x}")).collect(),
             ..self.table_summary()
         })
     }

@@ -113,8 +113,12 @@ fn sync_every_4_scope_host_two_hosts() {
 
 #[test]
 fn sync_every_4_one_host_two_ranks() {
-    let k4 = summary(&train(2, false, &["--sync-every", "4"]));
+    // Interval reports every 5 steps: each evaluation syncs first (steps 4, 5, 9, 10, ...).
+    let k4 = summary(&train(2, false, &["--sync-every", "4", "--eval-every", "5"]));
     assert_trains(&k4);
+    let steps = k4["steps"].as_u64().expect("steps");
+    let syncs = (1..=steps).filter(|s| s % 5 == 0 || s % 5 == 4 || *s == steps).count() as u64;
+    assert_eq!(k4["syncs"].as_u64(), Some(syncs), "{k4}");
     assert_synchronised(&k4, 1, 2);
     // One host: nothing crosses hosts, the deltas included.
     assert_eq!(k4["sparse_cross_host_bytes_per_sample"].as_f64(), Some(0.0));

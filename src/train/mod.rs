@@ -17,6 +17,9 @@
 //! 5. the reduced dense gradients come back from the engine; the dense optimizer runs on
 //!    every rank (identical inputs, identical replicas).
 //!
+//! With `--sync-every k > 1` steps 3-5 stay on the rank (or host) and a sync every k steps
+//! averages the dense delta and exchanges the tables' row deltas instead ([`sync`]).
+//!
 //! The data is one or more files trained in order, each cached as a memory-mappable
 //! binary as training reaches it, the next one prepared in the background ([`data`]); it
 //! defaults to a synthetic Criteo-format file that ringrec generates once.

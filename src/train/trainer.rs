@@ -89,6 +89,8 @@ struct Mark {
     train_seconds: f64,
     intra_bytes: f64,
     cross_bytes: f64,
+    /// Allreduces of the dense model over the world ([`Trainer::dense_allreduces`]).
+    dense_allreduces: u64,
 }
 
 /// The held-out evaluation (rank 0).
@@ -624,6 +626,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(w[0] == 1)
     }
 
+    /// Allreduces of the dense model over the world in this run: one per step, or with
+    /// `--sync-every` k > 1 one per sync.
+    fn dense_allreduces(&self) -> u64 {
+        self.local.as_ref().map_or(self.counters.steps, |l| l.counts().syncs)
+    }
+
     /// Seconds of training so far (wall time less the evaluations during training).
     fn train_seconds(&self) -> f64 {
         self.started.elapsed().as_secs_f64() - self.eval_seconds
@@ -652,6 +660,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             train_seconds: self.train_seconds(),
             intra_bytes: self.counters.intra_bytes,
             cross_bytes: self.counters.cross_bytes,
+            dense_allreduces: self.dense_allreduces(),
         };
         let (m, l) = (self.mark, &mut self.losses);
         let train_loss = (l.interval_steps > 0).then(|| l.interval_sum / l.interval_steps as f64);
@@ -661,7 +670,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let Some(w) = self.metrics.as_mut() else { return Ok(()) };
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
-        let steps = (now.step - m.step) as f64;
+        let reduced = (now.dense_allreduces - m.dense_allreduces) as f64;
         // The table's counts since the run started (admissions are rows inserted).
         let (h, c) = (*self.embedding.table().table().header(), self.embedding.counts());
         let line = serde_json::json!({
@@ -683,7 +692,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             "table_expirations": c.expired,
             "table_refused": c.refused,
             "admission_sketch_bytes": h.layout.sketch_len,
-            "dense_bytes_reduced": steps * 4.0 * (self.model.mlp().num_params() + 1) as f64,
+            "dense_bytes_reduced": reduced * 4.0 * (self.model.mlp().num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
             "train_seconds": now.train_seconds,
@@ -833,10 +842,8 @@ impl<'a, D: Device> Trainer<'a, D> {
         for (r, c) in crcs.iter().enumerate().filter(|(_, c)| **c != u64::MAX) {
             per_host[self.topo.host_of_rank[r]] = format!("{c:08x}");
         }
-        let (every, scope, syncs) = match &self.local {
-            Some(l) => (l.every(), l.scope(), l.counts().syncs),
-            None => (1, self.cfg.sync_scope, self.counters.steps),
-        };
+        let (every, scope) = self.local.as_ref().map_or((1, self.cfg.sync_scope), |l| (l.every(), l.scope()));
+        let syncs = self.dense_allreduces();
         Ok(TrainSummary {
             sync_every: every,
             sync_scope: scope.to_string(),

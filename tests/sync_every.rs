@@ -142,6 +142,24 @@ fn sync_every_4_checkpoint_and_resume() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn non_finite_local_step_stops_every_rank_at_the_sync_or_is_skipped() {
+    // Rank 0's gradients of step 6 are NaN (a local step between the syncs of steps 4 and 8):
+    // its dense update and its host's table update are skipped (the counts are rank 0's).
+    let dd = data_dir();
+    let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_FAULT_NAN", "0:5")];
+    let base = ["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--sync-every", "4"];
+    let stop = common::mpirun(4, &env, &base);
+    assert_ne!(stop.code, Some(0), "{}", stop.all());
+    assert!(stop.all().contains("step 8: a local update since the last sync (2 skipped over the ranks) is not finite"), "{}", stop.all());
+    let skip = common::mpirun(4, &env, &[&base[..], &["--nan-policy", "skip-step"]].concat());
+    let s = summary(&skip);
+    assert_eq!(s["nan_skips"]["dense"], 1, "{s}");
+    assert_eq!(s["nan_skips"]["sparse"], 1, "{s}");
+    assert!(s["test_auc"].as_f64().is_some_and(|a| a > 0.6), "{s}");
+    assert_synchronised(&s, 2, 4);
+}
+
 /// A resumed run's losses: all finite, and it evaluated.
 fn assert_trains_from_resume(s: &Value) {
     let losses = s["losses"].as_array().expect("losses");
@@ -160,6 +178,7 @@ fn bad_sync_flags_are_refused_with_what_to_do() {
         (&["--sync-every", "4", "--expire-after-steps", "5"][..], "drop it, or use --sync-every 1"),
         (&["--sync-every", "4", "--sync-scope", "node"][..], "`node` is not one of rank, host"),
         (&["--sync-every", "four"][..], "invalid value 'four' for '--sync-every <K>'"),
+        (&["--sync-every", "4", "--sync-scope", "host", "--device", "host"][..], "use --device cpu, or --sync-scope rank"),
     ] {
         let job = train(1, false, args);
         assert_ne!(job.code, Some(0), "{args:?} was accepted:\n{}", job.all());

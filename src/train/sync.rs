@@ -44,7 +44,9 @@
 //! non-finite local gradient or table update is skipped there. Under `--nan-policy stop`
 //! each skip is also counted, and the count travels with the dense delta, so every rank
 //! stops at the same sync; under `skip-step` a sync whose mean delta is not finite is
-//! dropped (every rank returns to the last synchronised parameters).
+//! dropped (every rank returns to the last synchronised parameters). The summary's
+//! `nan_skips` are then rank 0's own counts (its dense skips, its host's table skips).
+//! `RINGREC_FAULT_NAN` injects a NaN into a local step as into a synchronous one.
 
 use super::{NanPolicy, TrainError, TrainResult};
 use crate::comm::shm::ShmCollectives;

@@ -258,6 +258,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         };
         let local = match cfg.sync_every {
             0 | 1 => None,
+            _ if cfg.sync_scope == super::SyncScope::Host && dev.kind() != "cpu" => {
+                return Err(TrainError::Config(format!("--sync-scope host sums the dense gradients over the host's shared memory, in host memory, and this run's dense model is on {}: use --device cpu, or --sync-scope rank", dev.describe())));
+            }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
@@ -485,7 +488,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         let cfg = self.cfg;
         let Some(local) = self.local.as_mut() else { return Err(TrainError::Config("internal: a local step without --sync-every".into())) };
         self.phases.enter("mlp");
-        let (scale, loss_rows) = local.loss_scale(global.clone());
+        let (mut scale, loss_rows) = local.loss_scale(global.clone());
+        let topo = self.topo;
+        if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
+            crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of local step {} NaN", topo.rank, self.position.step + 1));
+            scale = f32::NAN;
+        }
         let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
         self.phases.enter("scatter");

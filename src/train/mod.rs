@@ -569,8 +569,9 @@ pub struct TrainSummary {
     pub sync_delta_cross_bytes_sent: u64,
     /// Bytes the sparse delta exchanges received across hosts, summed over the ranks.
     pub sync_delta_cross_bytes_received: u64,
-    /// Each host's table rows at the end, as a CRC-32 of every live key and its row in key
-    /// order (hex, host order): all equal when the hosts hold the same rows.
+    /// With `--sync-every` k > 1, each host's table rows at the end, as a CRC-32 of every
+    /// live key and its row in key order (hex, host order): all equal when the hosts hold
+    /// the same rows. Empty strings with k = 1 (the tables are byte-identical files).
     pub table_rows_crc_per_host: Vec<String>,
     /// Every rank's `params_fnv` (rank order): all equal, as the replicas are.
     pub params_fnv_per_rank: Vec<String>,

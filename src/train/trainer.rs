@@ -843,7 +843,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         let fnv = crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?));
         let mut fnvs = vec![0u64; self.topo.size];
         world.all_gather_into(&fnv, &mut fnvs[..]);
-        let crc = if self.topo.is_leader() { self.embedding.rows_crc()? as u64 } else { u64::MAX };
+        // The hosts' rows (k > 1 only: it reads the whole table, which a synchronous run's
+        // invariant makes pointless).
+        let crc = if self.topo.is_leader() && self.local.is_some() { self.embedding.rows_crc()? as u64 } else { u64::MAX };
         let mut crcs = vec![0u64; self.topo.size];
         world.all_gather_into(&crc, &mut crcs[..]);
         let mut per_host = vec![String::new(); self.topo.num_hosts];

@@ -15,14 +15,19 @@ fn data_dir() -> PathBuf {
     d
 }
 
-/// `ringrec train` on the small synthetic set; `hosts` simulated hosts of 2 ranks each
-/// (or one host of `np`).
+/// `ringrec train` on the small synthetic set: simulated hosts of 2 ranks each with
+/// `two_hosts`, else one host of `np` ranks.
 fn train(np: usize, two_hosts: bool, args: &[&str]) -> common::Job {
+    train_hosts_of(np, if two_hosts { Some("2") } else { None }, args)
+}
+
+/// `ringrec train` on the small synthetic set, in simulated hosts of `ranks_per_host`.
+fn train_hosts_of(np: usize, ranks_per_host: Option<&str>, args: &[&str]) -> common::Job {
     let dd = data_dir();
     let dd = dd.to_str().expect("utf8");
     let mut env = vec![("RINGREC_DATA_DIR", dd)];
-    if two_hosts {
-        env.push(("RINGREC_RANKS_PER_HOST", "2"));
+    if let Some(n) = ranks_per_host {
+        env.push(("RINGREC_RANKS_PER_HOST", n));
     }
     let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses"];
     a.extend_from_slice(args);
@@ -135,6 +140,15 @@ fn sync_every_4_one_host_two_ranks() {
     // One host: nothing crosses hosts, the deltas included.
     assert_eq!(k4["sparse_cross_host_bytes_per_sample"].as_f64(), Some(0.0));
     assert_eq!(k4["sync_delta_cross_bytes_sent"], 0);
+}
+
+#[test]
+fn sync_every_4_one_rank_per_host() {
+    // No host board: the host-only steps and the delta exchange of one-rank hosts.
+    let k4 = summary(&train_hosts_of(2, Some("1"), &["--sync-every", "4"]));
+    assert_trains(&k4);
+    assert_synchronised(&k4, 2, 2);
+    assert!(k4["sync_delta_cross_bytes_sent"].as_u64().unwrap() > 0, "{k4}");
 }
 
 #[test]

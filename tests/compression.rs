@@ -121,6 +121,9 @@ fn sparse_rows_cross_hosts_as_scales_and_signs() {
         let ratio = cross as f64 / cross_none as f64;
         assert!(ratio < 0.3 && ratio > 0.15, "{what}: sparse cross-host bytes {cross} vs {cross_none}: {ratio}");
         assert!(s["sparse_compression_residual_rows"].as_u64().unwrap() > 100, "{what}: {s}");
+        // Every host merged the same decoded rows: the hosts' tables hold the same rows.
+        let crcs: Vec<&str> = s["table_rows_crc_per_host"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        assert!(crcs.len() == 2 && crcs[0] == crcs[1] && !crcs[0].is_empty(), "{what}: {crcs:?}");
         let l = losses(&s);
         assert!(l.iter().all(|v| v.is_finite()), "{what}: {l:?}");
         let (tail, base_tail) = (l[30..].iter().sum::<f64>() / 10.0, base[30..].iter().sum::<f64>() / 10.0);

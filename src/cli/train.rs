@@ -137,6 +137,18 @@ pub struct TrainArgs {
     /// interval report of loss, samples/s and traffic (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub eval_every: u64,
+    /// Synchronise every K steps (1: every step, fully synchronous). With K > 1 each rank
+    /// (or host, --sync-scope) trains K local steps from the last synchronised state, then
+    /// the ranks average their dense delta through the engine's allreduce and the hosts
+    /// exchange their tables' zero-filtered row deltas; evaluations, checkpoints and the
+    /// end of the run always see a synchronised state.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub sync_every: u64,
+    /// With --sync-every K > 1: `rank` (each rank trains on its own between syncs) or
+    /// `host` (the ranks of a host sum their dense gradients every step over shared memory;
+    /// only hosts sync every K steps).
+    #[arg(long, default_value = "rank")]
+    pub sync_scope: train::SyncScope,
     /// Stop every rank once the held-out log loss at an --eval-every report is at most X
     /// (the summary's `stopped_at_target` says when).
     #[arg(long, value_name = "X")]
@@ -293,6 +305,8 @@ impl TrainArgs {
             admit_sketch_mib: self.admit_sketch_mib,
             expire_after_steps: self.expire_after_steps,
             evict: self.evict,
+            sync_every: self.sync_every,
+            sync_scope: self.sync_scope,
         }
     }
 }

@@ -353,6 +353,15 @@ impl<D: Device> DenseModel<D> {
         self.dev.to_vec(self.mlp.params(), self.mlp.num_params())
     }
 
+    /// Replaces the parameters with `params` (the flat layout of [`Mlp`]), keeping the
+    /// optimizer state (a sync of `--sync-every`).
+    pub fn set_params(&mut self, params: &[f32]) -> DeviceResult<()> {
+        if params.len() != self.mlp.num_params() {
+            return Err(DeviceError::refused("setting the parameters", format!("{} values given, the model has {}", params.len(), self.mlp.num_params())));
+        }
+        self.dev.write(params, self.mlp.params_mut(), 0)
+    }
+
     /// The optimizer state with its moments copied to the host (checkpoints).
     pub fn optim_state(&self) -> DeviceResult<DenseOptimState> {
         self.opt.state(&self.dev)

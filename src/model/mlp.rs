@@ -118,6 +118,10 @@ impl<D: Device> Mlp<D> {
     pub fn params(&self) -> &D::Buf<f32> {
         &self.params
     }
+    /// The flat parameters, to overwrite.
+    pub(crate) fn params_mut(&mut self) -> &mut D::Buf<f32> {
+        &mut self.params
+    }
     /// Layer `l`'s gradient, unless it is handed out.
     pub fn grad(&self, l: usize) -> Option<&D::Buf<f32>> {
         self.grads[l].as_ref()

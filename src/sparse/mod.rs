@@ -38,6 +38,7 @@
 
 pub mod board;
 mod dedupe;
+pub mod delta;
 pub mod error;
 pub mod exchange;
 pub mod list;

@@ -14,8 +14,9 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::embedding::{HostTable, RowCounts, TablePolicy, TableSource};
+use crate::sparse::delta::RowsAtSync;
 use crate::sparse::error::NON_FINITE;
-use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseResult, SparseStats};
+use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseNormalize, SparseResult, SparseStats};
 use crate::topology::Topology;
 
 /// The host table and the sparse exchanger of a run.
@@ -33,6 +34,32 @@ pub struct EmbeddingStage {
     growth_max_seconds: f64,
     /// World rank 0 reports growths.
     report: bool,
+    /// `--sync-every` k > 1: the sparse half of lazy synchronisation.
+    sync: Option<SparseSync>,
+}
+
+/// The sparse half of `--sync-every` (see [`super::sync`] and [`crate::sparse::delta`]):
+/// the steps' exchange stays inside each host, the leader records the rows at the last
+/// sync, and a sync exchanges the zero-filtered deltas through an exchanger of its own.
+struct SparseSync {
+    rows: RowsAtSync,
+    exchanger: SparseExchanger,
+    /// Table updates skipped as not finite since the last sync (leader).
+    skipped: u64,
+    counts: DeltaCounts,
+}
+
+/// What the sparse syncs of a run did on this rank (leaders' rows; every rank's bytes).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeltaCounts {
+    /// Rows this host's leader updated between syncs, summed over the syncs.
+    pub touched_rows: u64,
+    /// Of those, rows whose value changed: the zero-filtered deltas sent.
+    pub delta_rows: u64,
+    /// Bytes this rank sent to other hosts in the delta exchanges.
+    pub cross_bytes_sent: u64,
+    /// Bytes this rank received from other hosts in the delta exchanges.
+    pub cross_bytes_received: u64,
 }
 
 /// Share of the free space of the shared-memory directory a host table may grow to by
@@ -77,6 +104,14 @@ impl EmbeddingStage {
         table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
         let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
         exchanger.set_row_compression(cfg.sparse_compression.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA)))?;
+        let sync = if cfg.sync_every > 1 {
+            exchanger.set_host_only(true);
+            // Only leaders send deltas: a key's count is the number of hosts that changed it.
+            let exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.dim, "sparse-delta")?;
+            Some(SparseSync { rows: RowsAtSync::new(cfg.dim), exchanger, skipped: 0, counts: DeltaCounts::default() })
+        } else {
+            None
+        };
         Ok(EmbeddingStage {
             table,
             exchanger,
@@ -87,6 +122,7 @@ impl EmbeddingStage {
             growth_seconds: 0.0,
             growth_max_seconds: 0.0,
             report: topo.rank == 0,
+            sync,
         })
     }
 
@@ -110,22 +146,38 @@ impl EmbeddingStage {
     /// the host barrier; returns what the exchange moved. A merged gradient that is not
     /// finite is never applied: under `NanPolicy::Stop` every rank fails this `step` with
     /// [`TrainError::NonFinite`], under `SkipStep` the update is skipped (and counted).
+    ///
+    /// With `--sync-every` k > 1 the exchange stays inside the host, the leader records
+    /// the rows at the last sync before it updates them, and a non-finite update is skipped
+    /// on this host under either policy (under `Stop` every rank stops at the next sync).
     pub fn exchange_and_apply(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
         let skips = &mut self.nan_skips;
-        let mut check = |g: &AggregatedGrads<'_>| -> SparseResult<bool> {
+        let mut sync = self.sync.as_mut();
+        let lr = self.lr;
+        let mut update = |table: &mut HostTable, g: AggregatedGrads<'_>| -> SparseResult<()> {
             let dim = g.grads.len() / g.keys.len().max(1);
-            let Some(i) = crate::train::checkpoint::first_non_finite(g.grads) else { return Ok(true) };
-            let e = SparseError::NonFinite { key: g.keys[i / dim.max(1)], at: i % dim.max(1), value: g.grads[i] };
-            match policy {
-                NanPolicy::Stop => Err(e),
-                NanPolicy::SkipStep => {
-                    *skips += 1;
-                    crate::eprint_line(&format!("ringrec: warning: step {step}: {e}: skipped (--nan-policy skip-step)"));
-                    Ok(false)
+            if let Some(i) = crate::train::checkpoint::first_non_finite(g.grads) {
+                let e = SparseError::NonFinite { key: g.keys[i / dim.max(1)], at: i % dim.max(1), value: g.grads[i] };
+                match (policy, sync.as_mut()) {
+                    (NanPolicy::Stop, None) => return Err(e),
+                    (NanPolicy::Stop, Some(s)) => {
+                        s.skipped += 1;
+                        crate::eprint_line(&format!("ringrec: step {step}: {e}: this host skips it; every rank stops at the next sync (--nan-policy stop)"));
+                    }
+                    (NanPolicy::SkipStep, _) => {
+                        *skips += 1;
+                        crate::eprint_line(&format!("ringrec: warning: step {step}: {e}: skipped (--nan-policy skip-step)"));
+                    }
                 }
+                return Ok(());
             }
+            if let Some(s) = sync.as_mut() {
+                s.rows.record(table.table(), g.keys)?;
+            }
+            table.apply_updates(g.keys, g.grads, lr)?;
+            Ok(())
         };
-        let done = self.exchanger.exchange_and_apply_checked(&mut self.table, keys, grads, self.lr, &mut check);
+        let done = self.exchanger.exchange_and_update(&mut self.table, keys, grads, &mut update);
         for g in self.table.take_growths() {
             self.growth_seconds += g.seconds;
             self.growth_max_seconds = self.growth_max_seconds.max(g.seconds);
@@ -141,6 +193,78 @@ impl EmbeddingStage {
             Err(SparseError::Peer { message, .. }) if message.starts_with(NON_FINITE) => Err(TrainError::NonFinite { step, what: message }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The sparse half of a `--sync-every` sync (collective over the world; nothing
+    /// without lazy synchronisation): each leader sends the zero-filtered deltas of the rows
+    /// its host changed since the last sync, combined per key over the hosts that changed
+    /// it, and every leader sets those rows to their value at the last sync plus the
+    /// combined delta (see [`crate::sparse::delta`]); then the host barrier. Afterwards every
+    /// host holds the same rows. Returns the exchange's counters (`None` without sync) and
+    /// the table updates this host skipped as not finite since the last sync (leader).
+    pub fn sync_tables(&mut self) -> TrainResult<(Option<SparseStats>, u64)> {
+        let Some(s) = self.sync.as_mut() else { return Ok((None, 0)) };
+        let (mut keys, mut deltas) = (Vec::new(), Vec::new());
+        let leader = self.table.is_leader();
+        // Only a lookup of the leader's own table can fail here: an impossible shape error.
+        let found = if leader { s.rows.deltas(self.table.table(), &mut keys, &mut deltas) } else { Ok(()) };
+        if found.is_err() {
+            keys.clear();
+            deltas.clear();
+        }
+        if leader {
+            s.counts.touched_rows += s.rows.len() as u64;
+            s.counts.delta_rows += keys.len() as u64;
+        }
+        let rows = &mut s.rows;
+        let mut values = Vec::new();
+        let mut update = |table: &mut HostTable, g: AggregatedGrads<'_>| -> SparseResult<()> {
+            rows.rows_after_sync(table.table(), g.keys, g.grads, &mut values)?;
+            // Absent keys are inserted first (the table grows if it must) by a step of
+            // zero, which leaves every row as it is; then the rows are set.
+            table.apply_updates(g.keys, &vec![0.0; g.grads.len()], 0.0)?;
+            table.table_mut()?.put_rows(g.keys, &values)?;
+            Ok(())
+        };
+        let (_, st) = s.exchanger.exchange_and_update(&mut self.table, &keys, &deltas, &mut update)?;
+        found?;
+        s.rows.clear();
+        s.counts.cross_bytes_sent += st.cross_bytes_sent;
+        s.counts.cross_bytes_received += st.cross_bytes_received;
+        Ok((Some(st), std::mem::take(&mut s.skipped)))
+    }
+
+    /// A CRC-32 of the table's rows: every live key with its row, in key order (the same
+    /// on two hosts whose tables hold the same rows, wherever the rows lie in the file).
+    pub fn rows_crc(&self) -> TrainResult<u32> {
+        let t = self.table.table();
+        let keys: Vec<u64> = t.live_keys().into_iter().map(|(k, _)| k).collect();
+        let mut crc = crate::hash::Crc32::new();
+        let mut rows = Vec::new();
+        for chunk in keys.chunks(4096) {
+            rows.resize(chunk.len() * t.dim(), 0.0);
+            t.lookup(chunk, &mut rows)?;
+            for (k, row) in chunk.iter().zip(rows.chunks_exact(t.dim())) {
+                crc.update(&k.to_le_bytes());
+                crc.update(bytemuck::cast_slice(row));
+            }
+        }
+        Ok(crc.finish())
+    }
+
+    /// What the sparse syncs did so far (zero without `--sync-every`).
+    pub fn delta_counts(&self) -> DeltaCounts {
+        self.sync.as_ref().map(|s| s.counts).unwrap_or_default()
+    }
+
+    /// Sums of this rank's sparse-exchange counters over the run: the steps' exchange and
+    /// the syncs' delta exchange.
+    pub fn traffic_totals(&self) -> SparseStats {
+        let mut t = self.exchanger.totals().clone();
+        if let Some(s) = &self.sync {
+            t.add(s.exchanger.totals());
+        }
+        t
     }
 
     /// Table updates this host's leader skipped as not finite (`NanPolicy::SkipStep`).

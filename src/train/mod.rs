@@ -17,6 +17,9 @@
 //! 5. the reduced dense gradients come back from the engine; the dense optimizer runs on
 //!    every rank (identical inputs, identical replicas).
 //!
+//! With `--sync-every k > 1` steps 3-5 stay on the rank (or host) and a sync every k steps
+//! averages the dense delta and exchanges the tables' row deltas instead ([`sync`]).
+//!
 //! The data is one or more files trained in order, each cached as a memory-mappable
 //! binary as training reaches it, the next one prepared in the background ([`data`]); it
 //! defaults to a synthetic Criteo-format file that ringrec generates once.
@@ -35,6 +38,7 @@ pub mod metrics;
 pub mod phases;
 pub mod predict;
 pub mod source;
+pub mod sync;
 pub mod trainer;
 pub mod warm;
 
@@ -54,6 +58,7 @@ use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
 
 pub use error::{TrainError, TrainResult};
+pub use sync::SyncScope;
 
 /// What a non-finite (NaN or infinite) loss, gradient or parameter does to a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +190,11 @@ pub struct TrainConfig {
     pub expire_after_steps: Option<u64>,
     /// Which rows go when the table at its largest size needs room.
     pub evict: Evict,
+    /// Synchronise every this many steps (1: every step, fully synchronous; k > 1: local
+    /// SGD, [`sync`]).
+    pub sync_every: u64,
+    /// Who trains together between syncs (with `sync_every` > 1).
+    pub sync_scope: SyncScope,
 }
 
 impl TrainConfig {
@@ -239,6 +249,8 @@ impl TrainConfig {
             admit_sketch_mib: crate::embedding::admit::DEFAULT_SKETCH_BYTES >> 20,
             expire_after_steps: None,
             evict: Evict::Lru,
+            sync_every: 1,
+            sync_scope: SyncScope::Rank,
         }
     }
 
@@ -312,7 +324,24 @@ impl TrainConfig {
         if self.init_dense.is_some() && self.init_from.is_none() {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
         }
+        self.validate_sync()?;
         self.validate_table()
+    }
+
+    /// `--sync-every` and `--sync-scope`, and what lazy synchronisation cannot run with.
+    pub fn validate_sync(&self) -> TrainResult<()> {
+        let k = self.sync_every;
+        let refuse = |why: &str| Err(TrainError::Config(format!("--sync-every {k}: {why}")));
+        match k {
+            0 => refuse("must be at least 1 (1: every step, the fully synchronous training; k > 1: each rank or host trains k local steps between syncs)"),
+            1 if self.sync_scope == SyncScope::Host => refuse("--sync-scope host chooses who trains together between syncs, and there are none: give --sync-every k > 1, or drop --sync-scope"),
+            1 => Ok(()),
+            _ if self.sparse_exchange == SparseExchange::Flat => refuse("the sparse deltas travel through the hierarchical exchange: use --sparse-exchange hier (the default)"),
+            _ if self.sparse_optimizer != OptimizerKind::Sgd => refuse("the table's optimizer must be sgd (row-wise Adagrad accumulators would differ between hosts): use --sparse-optimizer sgd, or --sync-every 1"),
+            _ if self.admit_after > 1 => refuse("--admit-after counts each step's global keys, which local steps do not have: drop --admit-after, or use --sync-every 1"),
+            _ if self.expire_after_steps.is_some() => refuse("--expire-after-steps removes rows by each step's global keys, which local steps do not have: drop it, or use --sync-every 1"),
+            _ => Ok(()),
+        }
     }
 
     /// The table flags' own checks: `--admit-after` and its sketch, `--expire-after-steps`,
@@ -455,6 +484,8 @@ impl TrainConfig {
             ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
             ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
             ("--evict", self.evict.to_string()),
+            ("--sync-every", self.sync_every.to_string()),
+            ("--sync-scope", self.sync_scope.to_string()),
         ]
     }
 }
@@ -581,6 +612,34 @@ pub struct TrainSummary {
     pub sparse_compression: String,
     /// Keys whose 1-bit residual rank 0 keeps (`--sparse-compression`).
     pub sparse_compression_residual_rows: u64,
+    /// `--sync-every` (1: every step).
+    pub sync_every: u64,
+    /// `--sync-scope`.
+    pub sync_scope: String,
+    /// Syncs in this run: one per step with `--sync-every 1`.
+    pub syncs: u64,
+    /// Allreduces of the dense model over the world: the gradient every step with
+    /// `--sync-every 1`, else the delta at every sync (each `dense_param_bytes`, plus a
+    /// value).
+    pub dense_world_allreduces: u64,
+    /// Bytes of the dense parameters (f32).
+    pub dense_param_bytes: u64,
+    /// Table rows the hosts updated between syncs, summed over hosts and syncs
+    /// (`--sync-every` > 1).
+    pub sync_touched_rows: u64,
+    /// Of those, the rows whose zero-filtered delta was sent (the others did not change).
+    pub sync_delta_rows: u64,
+    /// Bytes the sparse delta exchanges sent across hosts, summed over the ranks (part of
+    /// `sparse_traffic_per_rank`).
+    pub sync_delta_cross_bytes_sent: u64,
+    /// Bytes the sparse delta exchanges received across hosts, summed over the ranks.
+    pub sync_delta_cross_bytes_received: u64,
+    /// With `--sync-every` k > 1 or `--sparse-compression`, each host's table rows at the end, as a CRC-32 of every
+    /// live key and its row in key order (hex, host order): all equal when the hosts hold
+    /// the same rows. Empty strings with k = 1 (the tables are byte-identical files).
+    pub table_rows_crc_per_host: Vec<String>,
+    /// Every rank's `params_fnv` (rank order): all equal, as the replicas are.
+    pub params_fnv_per_rank: Vec<String>,
 }
 
 /// One rank's traffic, by direction.

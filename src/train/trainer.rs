@@ -12,6 +12,7 @@ use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::phases::PhaseTimer;
 use super::predict;
+use super::sync::LocalSgd;
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
@@ -20,6 +21,8 @@ use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
 use crate::model::{DenseModel, DenseOptimState, InputLayout, MlpShape, Part};
+use crate::sparse::SparseStats;
+use crate::tensor::Tensor;
 use crate::topology::Topology;
 
 /// Where a run is: global steps done, and the epoch and step within it of the next step.
@@ -86,6 +89,8 @@ struct Mark {
     train_seconds: f64,
     intra_bytes: f64,
     cross_bytes: f64,
+    /// Allreduces of the dense model over the world ([`Trainer::dense_allreduces`]).
+    dense_allreduces: u64,
 }
 
 /// The held-out evaluation (rank 0).
@@ -152,6 +157,8 @@ pub struct Trainer<'a, D: Device> {
     stopped: Option<super::StopTarget>,
     /// Rank 0's `--metrics-out` file.
     metrics: Option<std::io::BufWriter<std::fs::File>>,
+    /// `--sync-every` k > 1: lazy synchronisation ([`super::sync`]).
+    local: Option<LocalSgd>,
 }
 
 /// The checkpoint a run resumes from, as every rank gets it.
@@ -249,6 +256,13 @@ impl<'a, D: Device> Trainer<'a, D> {
             Some(t) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
             None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
         };
+        let local = match cfg.sync_every {
+            0 | 1 => None,
+            _ if cfg.sync_scope == super::SyncScope::Host && dev.kind() != "cpu" => {
+                return Err(TrainError::Config(format!("--sync-scope host sums the dense gradients over the host's shared memory, in host memory, and this run's dense model is on {}: use --device cpu, or --sync-scope rank", dev.describe())));
+            }
+            k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
+        };
         let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
         data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
@@ -298,6 +312,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             last_eval: None,
             stopped: None,
             metrics,
+            local,
         })
     }
 
@@ -314,7 +329,9 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Records the global loss sum of a step once it is read (the same on every rank).
     fn record(&mut self, loss_sum: f64, u: Unread) -> TrainResult<()> {
         let loss = loss_sum / u.global_batch as f64;
-        if !loss.is_finite() && self.cfg.nan_policy == NanPolicy::Stop {
+        // A local step's loss is its rank's own: a non-finite one stops every rank at the
+        // next sync instead (see `super::sync`).
+        if !loss.is_finite() && self.cfg.nan_policy == NanPolicy::Stop && self.local.is_none() {
             return Err(TrainError::NonFinite { step: u.step, what: "the global loss".into() });
         }
         let l = &mut self.losses;
@@ -379,6 +396,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let epoch = self.position.epoch;
         let global = shard::global_batch_range(self.position.in_epoch as usize, cfg.batch, self.data.train_rows());
         let global_batch = global.len();
+        let global_rows = global.clone();
 
         self.phases.enter("batch");
         let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
@@ -387,6 +405,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.model.load()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
+        }
+        if self.local.is_some() {
+            let (st, loss_rows) = self.local_step(global_rows)?;
+            return self.finish_step(&st, global_batch, loss_rows, epoch);
         }
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
@@ -430,17 +452,95 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
         }
         self.phases.stop();
+        self.finish_step(&st, global_batch, global_batch, epoch)
+    }
 
+    /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, the
+    /// samples its loss sum covers), then a sync when one is due (`--sync-every`), then
+    /// [`Trainer::end_step`].
+    fn finish_step(&mut self, st: &SparseStats, global_batch: usize, loss_rows: usize, epoch: u64) -> TrainResult<bool> {
         self.counters.samples += self.batch.len() as u64;
         self.counters.global_samples += global_batch as u64;
-        self.counters.intra_bytes += (st.host_bytes_sent + st.host_bytes_received) as f64;
-        self.counters.cross_bytes += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
+        self.count_sparse(st);
         self.counters.steps += 1;
         self.position.step += 1;
         self.position.in_epoch += 1;
-        self.unread = Some(Unread { global_batch, epoch, step: self.position.step });
+        self.unread = Some(Unread { global_batch: loss_rows, epoch, step: self.position.step });
+        if self.local.as_mut().is_some_and(|l| l.stepped()) {
+            self.sync()?;
+        }
         self.end_step()?;
         Ok(true)
+    }
+
+    /// Adds an exchange's bytes to the run's sparse traffic.
+    fn count_sparse(&mut self, st: &SparseStats) {
+        self.counters.intra_bytes += (st.host_bytes_sent + st.host_bytes_received) as f64;
+        self.counters.cross_bytes += (st.cross_bytes_sent + st.cross_bytes_received) as f64;
+    }
+
+    /// A local step of `--sync-every` on the loaded batch of global batch `global` (see
+    /// [`super::sync`]): the dense step at the local loss scale, its gradients kept on
+    /// this rank (scope rank) or summed over the host (scope host), the sparse update
+    /// inside the host, the rank's own optimizer step. Returns the sparse exchange's
+    /// counters and the samples the step's loss sum covers.
+    fn local_step(&mut self, global: std::ops::Range<usize>) -> TrainResult<(SparseStats, usize)> {
+        let cfg = self.cfg;
+        let Some(local) = self.local.as_mut() else { return Err(TrainError::Config("internal: a local step without --sync-every".into())) };
+        self.phases.enter("mlp");
+        let (mut scale, loss_rows) = local.loss_scale(global.clone());
+        let topo = self.topo;
+        if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
+            crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of local step {} NaN", topo.rank, self.position.step + 1));
+            scale = f32::NAN;
+        }
+        let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
+        self.phases.enter("scatter");
+        let key_grads = local.host_key_grads(self.model.key_grads()?, global);
+        self.phases.enter("sparse");
+        let step = self.position.step + 1;
+        let st = self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy)?;
+        self.phases.enter("allreduce");
+        for (part, mut t) in parts {
+            local.reduce_over_host(&mut t)?;
+            self.model.give_back(part, t)?;
+        }
+        self.phases.enter("optimizer");
+        match self.model.non_finite_gradient()? {
+            None => self.model.apply()?,
+            Some(what) => {
+                let then = if cfg.nan_policy == NanPolicy::SkipStep {
+                    self.counters.nan_skips_dense += 1;
+                    "(--nan-policy skip-step)"
+                } else {
+                    local.skipped_non_finite();
+                    "; every rank stops at the next sync (--nan-policy stop)"
+                };
+                crate::eprint_line(&format!("ringrec: warning: rank {}: step {step}: {what} of this local step is not finite: its dense update is skipped{then}", self.topo.rank));
+            }
+        }
+        self.phases.stop();
+        Ok((st, loss_rows))
+    }
+
+    /// A sync of `--sync-every` when local steps were taken since the last one (collective;
+    /// nothing otherwise): the tables' deltas, then the dense delta ([`super::sync`]).
+    fn sync(&mut self) -> TrainResult<()> {
+        if !self.local.as_ref().is_some_and(|l| l.pending()) {
+            return Ok(());
+        }
+        self.phases.enter("sync");
+        let (st, sparse_skips) = self.embedding.sync_tables()?;
+        if let Some(st) = st {
+            self.count_sparse(&st);
+        }
+        let step = self.position.step;
+        if let Some(local) = self.local.as_mut() {
+            local.sync_dense(&mut self.model, &self.engine, sparse_skips, step, self.cfg.nan_policy)?;
+        }
+        self.phases.stop();
+        Ok(())
     }
 
     /// What follows a step on every rank (collective): its checkpoint, its interval report
@@ -499,6 +599,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// since the last checkpoint and skips it (saying so) when that is less. Returns
     /// whether a checkpoint was written.
     fn save_checkpoint(&mut self, dir: &Path, gated: bool) -> TrainResult<bool> {
+        // A checkpoint holds a synchronised state (`--sync-every`).
+        self.sync()?;
         let mine = if self.topo.rank == 0 {
             (|| -> Result<bool, String> {
                 let p = self.position;
@@ -532,6 +634,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         Ok(w[0] == 1)
     }
 
+    /// Allreduces of the dense model over the world in this run: one per step, or with
+    /// `--sync-every` k > 1 one per sync.
+    fn dense_allreduces(&self) -> u64 {
+        self.local.as_ref().map_or(self.counters.steps, |l| l.counts().syncs)
+    }
+
     /// Seconds of training so far (wall time less the evaluations during training).
     fn train_seconds(&self) -> f64 {
         self.started.elapsed().as_secs_f64() - self.eval_seconds
@@ -541,6 +649,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// last report, the held-out evaluation, throughput and traffic; rank 0 writes it as
     /// one JSON line to `--metrics-out` and shows it in the progress.
     fn report_interval(&mut self) -> TrainResult<()> {
+        // The evaluation sees a synchronised state (`--sync-every`).
+        self.sync()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
         }
@@ -558,6 +668,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             train_seconds: self.train_seconds(),
             intra_bytes: self.counters.intra_bytes,
             cross_bytes: self.counters.cross_bytes,
+            dense_allreduces: self.dense_allreduces(),
         };
         let (m, l) = (self.mark, &mut self.losses);
         let train_loss = (l.interval_steps > 0).then(|| l.interval_sum / l.interval_steps as f64);
@@ -567,7 +678,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let Some(w) = self.metrics.as_mut() else { return Ok(()) };
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
-        let steps = (now.step - m.step) as f64;
+        let reduced = (now.dense_allreduces - m.dense_allreduces) as f64;
         // The table's counts since the run started (admissions are rows inserted).
         let (h, c) = (*self.embedding.table().table().header(), self.embedding.counts());
         let line = serde_json::json!({
@@ -589,7 +700,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             "table_expirations": c.expired,
             "table_refused": c.refused,
             "admission_sketch_bytes": h.layout.sketch_len,
-            "dense_bytes_reduced": steps * 4.0 * (self.model.mlp().num_params() + 1) as f64,
+            "dense_bytes_reduced": reduced * 4.0 * (self.model.mlp().num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
             "train_seconds": now.train_seconds,
@@ -652,6 +763,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// (unless disabled) and the summary (the same on every rank but the evaluation,
     /// which rank 0 holds).
     pub fn summary(mut self) -> TrainResult<TrainSummary> {
+        // The run ends synchronised (`--sync-every`).
+        self.sync()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
         }
@@ -681,6 +794,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mlp = self.phases.seconds("mlp");
         let steps = self.counters.steps.max(1) as f64;
         let on_cpu = self.model.device().kind() == "cpu";
+        let sync = self.sync_summary()?;
         Ok(TrainSummary {
             ranks: topo.size,
             hosts: topo.num_hosts,
@@ -713,13 +827,53 @@ impl<'a, D: Device> Trainer<'a, D> {
             stopped_at_target: self.stopped.clone(),
             sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
             sparse_traffic_per_rank: traffic,
-            ..self.dense_summary(cross_sent)
+            ..self.dense_summary(cross_sent, sync)
+        })
+    }
+
+    /// The `--sync-every` part of the summary, with the table's part (collective): the
+    /// syncs, the sparse deltas summed over the hosts and ranks, each host's table rows'
+    /// CRC-32.
+    fn sync_summary(&self) -> TrainResult<TrainSummary> {
+        let world = &self.topo.world.comm;
+        let d = self.embedding.delta_counts();
+        let mine = [d.touched_rows, d.delta_rows, d.cross_bytes_sent, d.cross_bytes_received];
+        let mut all = [0u64; 4];
+        world.all_reduce_into(&mine[..], &mut all[..], SystemOperation::sum());
+        let fnv = crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?));
+        let mut fnvs = vec![0u64; self.topo.size];
+        world.all_gather_into(&fnv, &mut fnvs[..]);
+        // The hosts' rows (k > 1 or --sparse-compression only: it reads the whole table,
+        // which a synchronous run's invariant makes pointless).
+        let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None;
+        let crc = if self.topo.is_leader() && check { self.embedding.rows_crc()? as u64 } else { u64::MAX };
+        let mut crcs = vec![0u64; self.topo.size];
+        world.all_gather_into(&crc, &mut crcs[..]);
+        let mut per_host = vec![String::new(); self.topo.num_hosts];
+        for (r, c) in crcs.iter().enumerate().filter(|(_, c)| **c != u64::MAX) {
+            per_host[self.topo.host_of_rank[r]] = format!("{c:08x}");
+        }
+        let (every, scope) = self.local.as_ref().map_or((1, self.cfg.sync_scope), |l| (l.every(), l.scope()));
+        let syncs = self.dense_allreduces();
+        Ok(TrainSummary {
+            sync_every: every,
+            sync_scope: scope.to_string(),
+            syncs,
+            dense_world_allreduces: syncs,
+            dense_param_bytes: 4 * self.model.mlp().num_params() as u64,
+            sync_touched_rows: all[0],
+            sync_delta_rows: all[1],
+            sync_delta_cross_bytes_sent: all[2],
+            sync_delta_cross_bytes_received: all[3],
+            table_rows_crc_per_host: per_host,
+            params_fnv_per_rank: fnvs.iter().map(|f| format!("{f:016x}")).collect(),
+            ..self.table_summary()
         })
     }
 
     /// The dense half of the summary's traffic, and its sum with the sparse cross-host
     /// bytes sent (collective).
-    fn dense_summary(&self, sparse_cross_sent: u64) -> TrainSummary {
+    fn dense_summary(&self, sparse_cross_sent: u64, rest: TrainSummary) -> TrainSummary {
         let s = self.engine.stats();
         let backend = self.engine.device().and_then(|d| d.split_whitespace().next()).unwrap_or(self.engine.backend_name()).to_string();
         let place = crate::comm::traffic::Place::of(self.topo);
@@ -736,13 +890,13 @@ impl<'a, D: Device> Trainer<'a, D> {
             sparse_compression: self.cfg.sparse_compression.name().to_string(),
             sparse_compression_residual_rows: self.embedding.exchanger().compression_residual_rows() as u64,
             cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
-            ..self.table_summary()
+            ..rest
         }
     }
 
     /// Every rank's sparse-exchange bytes by direction (collective: gathered on every rank).
     fn traffic_per_rank(&self) -> Vec<super::RankTraffic> {
-        let t = self.embedding.exchanger().totals();
+        let t = self.embedding.traffic_totals();
         self.gather_traffic([t.host_bytes_sent, t.host_bytes_received, t.cross_bytes_sent, t.cross_bytes_received])
     }
 

@@ -6,6 +6,9 @@ use super::*;
 impl SparseExchanger {
     /// `flat`: every rank allgathers every rank's list over the world and merges them all.
     pub(super) fn flat(&mut self, own: SparseResult<()>, st: &mut SparseStats) -> SparseResult<()> {
+        if self.host_only {
+            return Err(SparseError::Invalid("the flat exchange has no host-only steps (--sync-every > 1 needs --sparse-exchange hier)".into()));
+        }
         let mine = encode_piece(self.rank, self.dim, own, &self.b.own, false, &mut self.b.send);
         let t = Instant::now();
         let gathered = match &mut self.net {

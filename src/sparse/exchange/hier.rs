@@ -27,6 +27,9 @@ impl SparseExchanger {
         let (l, dim) = (self.local_rank, self.dim);
         let owns_range = l < hier.ranges;
         let ranks = &self.host_ranks[self.host_id];
+        // Host-only steps (`--sync-every`): this host is the whole world of the step.
+        let (num_hosts, world, host_id) = if self.host_only { (1, self.local_size, 0) } else { (self.num_hosts, self.world, self.host_id) };
+        let host_ranks = if self.host_only { std::slice::from_ref(ranks) } else { &self.host_ranks[..] };
         let b = &mut self.b;
         // 1. Host stage: every local rank writes its list onto the board (the dedupe's second
         //    pass); rank l merges key range l of all of them (local-rank order), serialized
@@ -58,7 +61,7 @@ impl SparseExchanger {
             host_ok.map(|()| Vec::new())
         } else {
             let gathered = match &host_ok {
-                _ if self.num_hosts == 1 => host_ok,
+                _ if num_hosts == 1 => host_ok,
                 Ok(()) => {
                     let t = Instant::now();
                     let sent = match hier.compressor {
@@ -85,21 +88,21 @@ impl SparseExchanger {
                 _ => &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len],
             };
             let received: &[u8] = bytemuck::cast_slice(&b.recv);
-            let (spans, cross_of_host, host_id) = (&b.spans, &hier.cross_of_host, self.host_id);
+            let (spans, cross_of_host) = (&b.spans, &hier.cross_of_host);
             let piece_of = |h: usize| match spans.get(cross_of_host[h]) {
                 _ if h == host_id => Ok(wire),
                 Some(span) => Ok(&received[span.clone()]),
                 None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
             };
             let t = Instant::now();
-            let views = gathered.and_then(|()| host_views(&self.host_ranks, l, dim, piece_of, &mut b.pieces));
+            let views = gathered.and_then(|()| host_views(host_ranks, l, dim, piece_of, &mut b.pieces));
             st.merge_s += t.elapsed().as_secs_f64();
             views
         };
         // 3. Each rank merges them in host order, normalising each row as it is finished: with
         //    one rank per host into `b.result`, else straight into its part of the host's
         //    result list on the board, where the leader reads it.
-        let finish = Finish::normalise(self.normalize, self.world);
+        let finish = Finish::normalise(self.normalize, world);
         match &mut hier.board {
             None => {
                 let t = Instant::now();
@@ -107,7 +110,7 @@ impl SparseExchanger {
                 st.merge_s += t.elapsed().as_secs_f64();
                 merged
             }
-            Some(board) => merge_onto_board(board, views, ranks, l, dim, self.rank, self.world, finish, &mut b.result, &mut b.result_on_board, st),
+            Some(board) => merge_onto_board(board, views, ranks, l, dim, self.rank, world, finish, &mut b.result, &mut b.result_on_board, st),
         }
     }
 }

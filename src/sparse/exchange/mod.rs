@@ -181,6 +181,9 @@ pub struct SparseExchanger {
     net: Option<MpiCollectives>,
     /// `hier`: how the key ranges travel.
     hier: Option<Hier>,
+    /// The next steps stay inside this host: no cross-host stage, normalised over the
+    /// host's ranks ([`SparseExchanger::set_host_only`]; `--sync-every`'s local steps).
+    host_only: bool,
     deduper: Deduper,
     b: Buffers,
     steps: u64,
@@ -250,6 +253,12 @@ impl SparseExchanger {
     /// same `mode`, `normalize` and `dim`, else every rank gets [`SparseError::Mismatch`]).
     /// Maps a shared-memory segment per host and duplicates an MPI communicator.
     pub fn new(topo: &Topology, mode: SparseExchange, normalize: SparseNormalize, dim: usize) -> SparseResult<SparseExchanger> {
+        SparseExchanger::new_tagged(topo, mode, normalize, dim, "sparse")
+    }
+
+    /// [`SparseExchanger::new`] whose host segments are named by `tag`: several exchangers
+    /// of one job need different tags (the sparse deltas of `--sync-every` have their own).
+    pub fn new_tagged(topo: &Topology, mode: SparseExchange, normalize: SparseNormalize, dim: usize, tag: &str) -> SparseResult<SparseExchanger> {
         let mine = [dim as u64, code_of(SparseExchange::ALL, &mode), code_of(SparseNormalize::ALL, &normalize)];
         let mut all = vec![0u64; 3 * topo.size];
         topo.world.comm.all_gather_into(&mine[..], &mut all[..]);
@@ -262,7 +271,7 @@ impl SparseExchanger {
         if dim == 0 || dim > u32::MAX as usize {
             return Err(SparseError::Invalid(format!("dim {dim} is out of range; rows need 1..={} values", u32::MAX)));
         }
-        let host = comm::host_collectives(topo, "sparse")?;
+        let host = comm::host_collectives(topo, tag)?;
         let mut host_ranks = vec![Vec::new(); topo.num_hosts];
         for r in 0..topo.size {
             host_ranks[topo.host_of_rank[r]].push(r);
@@ -288,6 +297,7 @@ impl SparseExchanger {
             host,
             net,
             hier,
+            host_only: false,
             deduper: Deduper::new(),
             b: Buffers::default(),
             steps: 0,
@@ -333,6 +343,14 @@ impl SparseExchanger {
         &self.totals
     }
 
+    /// With `on`, the next steps stay inside each host (every rank must set the same): the
+    /// host stage as always, then no cross-host stage; each host's result is its own
+    /// ranks' merged list, normalised as if the host were the world (`world` = its ranks).
+    /// `hier` only: a `flat` step refuses it.
+    pub fn set_host_only(&mut self, on: bool) {
+        self.host_only = on;
+    }
+
     /// One step: this rank's `keys` (repeats allowed) with one row of `dim` values each in
     /// `grads`. Collective over all ranks. Returns the final gradients (sorted by key,
     /// normalised) on host leaders — in `flat` mode on every rank, as each computes them —
@@ -363,14 +381,28 @@ impl SparseExchanger {
         lr: f32,
         check: &mut dyn FnMut(&AggregatedGrads<'_>) -> SparseResult<bool>,
     ) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
-        let _w = crate::watchdog::waiting("the sparse exchange");
-        let dim = table.table().dim();
-        let mut update = |g: AggregatedGrads<'_>| {
+        let mut update = |table: &mut HostTable, g: AggregatedGrads<'_>| {
             if check(&g)? {
                 table.apply_updates(g.keys, g.grads, lr).map_err(SparseError::from)?;
             }
             Ok(())
         };
+        self.exchange_and_update(table, keys, grads, &mut update)
+    }
+
+    /// [`SparseExchanger::exchange`], then the leader hands the result and its host's table
+    /// to `update` (which writes the table as it sees fit; its error fails the step on
+    /// every rank), and every local rank passes the host barrier ([`HostTable::sync`]).
+    pub fn exchange_and_update(
+        &mut self,
+        table: &mut HostTable,
+        keys: &[u64],
+        grads: &[f32],
+        update: &mut dyn FnMut(&mut HostTable, AggregatedGrads<'_>) -> SparseResult<()>,
+    ) -> SparseResult<(Option<AggregatedGrads<'_>>, SparseStats)> {
+        let _w = crate::watchdog::waiting("the sparse exchange");
+        let dim = table.table().dim();
+        let mut update = |g: AggregatedGrads<'_>| update(&mut *table, g);
         let (has, mut st) = self.step(keys, grads, Some(Apply { dim, f: &mut update }))?;
         let t = Instant::now();
         table.sync()?;

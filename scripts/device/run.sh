@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's check, one call (scripts/device/bundle.sh prepared .gpu/ beside it):
-#   OUT=<dir> PART=bench|tests|all DEADLINE=<s> bash .gpu/run.sh
+#   OUT=<dir> PART=bench|tests|all|i17 DEADLINE=<s> bash .gpu/run.sh
 # bench: ringrec train --device cuda vs --device cpu vs the PyTorch reference on the same
 #   GPU (scripts/bench/torch_ctr.py --device cuda: model and whole data set on the GPU,
 #   sparse embedding gradients), 200k-row synthetic set, 3 epochs, batch 1024 and 8192,
@@ -35,7 +35,7 @@ R=target/release/ringrec
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 { echo "pwd=$PWD"; date -u; nvidia-smi; nproc; free -g; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'; } >> "$LOG" 2>&1
 step info 30 $R info
-if [ "$PART" != tests ]; then
+if [ "$PART" != tests ] && [ "$PART" != i17 ]; then
   step nccl-bench 90 mpirun --allow-run-as-root --oversubscribe -np "$GPUS" $R bench allreduce --backends nccl,shm -b 8 -e 256M
   step data-synth 60 $R data synth --rows 200000 --out /tmp/synth-200k.tsv --seed 1
   TP=(python3 scripts/bench/torch_ctr.py --data /tmp/synth-200k.tsv --dim 16 --epochs 3 --json --progress-every 0 --cache-dir /tmp/torch-cache)
@@ -50,7 +50,20 @@ if [ "$PART" != tests ]; then
   done
   step torch-cpu-b1024 60 "${TP[@]}" --batch 1024 --device cpu
 fi
-if [ "$PART" != bench ]; then
+if [ "$PART" = i17 ]; then
+  # Issue 17 on the GPU: the 1-bit forms through kernels/compress.cu in training (one rank:
+  # the device executor without NCCL), against --device cpu on the same data.
+  [ -x .gpu/bin/device ] && step tests-device 150 .gpu/bin/device --test-threads=4
+  step data-synth 60 $R data synth --rows 200000 --out /tmp/synth-200k.tsv --seed 1
+  C=(--data /tmp/synth-200k.tsv --dim 16 --json --no-progress)
+  for c in none 1bit 1bit-l1; do
+    for d in cuda cpu; do step "train-$d-$c" 60 $R train "${C[@]}" --device $d --compression $c; done
+  done
+  step train-cuda-1bit-block0 60 $R train "${C[@]}" --device cuda --compression 1bit --onebit-block 0
+  step train-cuda-1bit-lambda 60 $R train "${C[@]}" --device cuda --compression 1bit --onebit-lambda 0.5
+  [ -n "${I17_EXTRA:-}" ] && eval "$I17_EXTRA"
+fi
+if [ "$PART" != bench ] && [ "$PART" != i17 ]; then
   for t in .gpu/bin/*; do
     [ "$(basename "$t")" = ringrec ] && continue
     step "tests-$(basename "$t")" 200 "$t" --test-threads=4

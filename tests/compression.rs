@@ -129,6 +129,16 @@ fn sparse_rows_cross_hosts_as_scales_and_signs() {
         let (tail, base_tail) = (l[30..].iter().sum::<f64>() / 10.0, base[30..].iter().sum::<f64>() / 10.0);
         assert!(tail < base_tail + 0.05, "{what}: last losses {tail} vs {base_tail} without compression");
     }
+    // With --sync-every, the deltas of a sync cross hosts compressed: the hosts still end
+    // with the same rows, and fewer bytes than uncompressed deltas.
+    let plain = summary(&train(&["--sync-every", "4"]));
+    let packed = summary(&train(&["--sync-every", "4", "--sparse-compression", "1bit-l1"]));
+    for s in [&plain, &packed] {
+        let crcs: Vec<&str> = s["table_rows_crc_per_host"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        assert!(crcs.len() == 2 && crcs[0] == crcs[1], "{crcs:?}");
+    }
+    let (a, b) = (plain["sync_delta_cross_bytes_sent"].as_f64().unwrap(), packed["sync_delta_cross_bytes_sent"].as_f64().unwrap());
+    assert!(b < 0.3 * a && b > 0.0, "compressed deltas {b} vs {a}");
     let job = train(&["--sparse-compression", "1bit", "--sparse-exchange", "flat"]);
     assert!(job.code != Some(0) && job.all().contains("use --sparse-exchange hier"), "{}", job.all());
     let job = train(&["--sparse-compression", "fp16"]);

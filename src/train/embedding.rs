@@ -103,11 +103,15 @@ impl EmbeddingStage {
         let h = *table.table().header();
         table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
         let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
-        exchanger.set_row_compression(cfg.sparse_compression.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA)))?;
+        // `--sparse-compression`: the rows that cross hosts, gradients or (with
+        // `--sync-every`) the deltas of a sync.
+        let row_form = cfg.sparse_compression.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA));
+        exchanger.set_row_compression(row_form)?;
         let sync = if cfg.sync_every > 1 {
             exchanger.set_host_only(true);
             // Only leaders send deltas: a key's count is the number of hosts that changed it.
-            let exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.dim, "sparse-delta")?;
+            let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.dim, "sparse-delta")?;
+            exchanger.set_row_compression(row_form)?;
             Some(SparseSync { rows: RowsAtSync::new(cfg.dim), exchanger, skipped: 0, counts: DeltaCounts::default() })
         } else {
             None

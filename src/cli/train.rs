@@ -194,6 +194,9 @@ pub struct TrainArgs {
     /// updated) or lfu (least often updated).
     #[arg(long, default_value = "lru")]
     pub evict: Evict,
+    /// Per-sample weights.
+    #[command(flatten)]
+    pub weights: super::weights::WeightArgs,
 }
 
 /// Parses a size flag: bytes, or a number with K, M or G.
@@ -264,6 +267,7 @@ impl TrainArgs {
             admit_sketch_mib: self.admit_sketch_mib,
             expire_after_steps: self.expire_after_steps,
             evict: self.evict,
+            weights: self.weights.config(),
         }
     }
 }

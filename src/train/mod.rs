@@ -37,6 +37,7 @@ pub mod predict;
 pub mod source;
 pub mod trainer;
 pub mod warm;
+pub mod weights;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,7 @@ use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
 use crate::comm::{self, Backend};
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
+use crate::data::weights::WeightConfig;
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::controller::AssertSend;
 use crate::engine::{DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
@@ -174,6 +176,9 @@ pub struct TrainConfig {
     pub expire_after_steps: Option<u64>,
     /// Which rows go when the table at its largest size needs room.
     pub evict: Evict,
+    /// Per-sample weights: time decay, merged duplicates, dropped light rows
+    /// ([`crate::data::weights`]; the default weighs every row 1).
+    pub weights: WeightConfig,
 }
 
 impl TrainConfig {
@@ -224,11 +229,13 @@ impl TrainConfig {
             admit_sketch_mib: crate::embedding::admit::DEFAULT_SKETCH_BYTES >> 20,
             expire_after_steps: None,
             evict: Evict::Lru,
+            weights: WeightConfig::default(),
         }
     }
 
     /// Refuses settings no run can use, saying which flag and why.
     pub fn validate(&self) -> TrainResult<()> {
+        self.weights.validate()?;
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
             return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
         }
@@ -323,7 +330,7 @@ impl TrainConfig {
     /// identity, in order: [`data::TrainData::identity`]); `rows` are those of the first.
     /// `--eval-data` may change.
     pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
-        vec![
+        let mut v = vec![
             ("--data", data_identity.to_string()),
             ("rows of --data", rows.to_string()),
             ("--batch", self.batch.to_string()),
@@ -344,7 +351,12 @@ impl TrainConfig {
             ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
             ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
             ("--evict", self.evict.to_string()),
-        ]
+        ];
+        // Only a weighted run records it: checkpoints of unweighted runs stay resumable.
+        if self.weights.active() {
+            v.push(("sample weights", weights::describe(&self.weights)));
+        }
+        v
     }
 
     /// Every setting that must be the same on every rank (`Topology::agree_settings`),
@@ -409,6 +421,7 @@ impl TrainConfig {
             ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
             ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
             ("--evict", self.evict.to_string()),
+            ("sample weights", weights::describe(&self.weights)),
         ]
     }
 }
@@ -516,6 +529,12 @@ pub struct TrainSummary {
     pub sparse_traffic_per_rank: Vec<RankTraffic>,
     /// Sparse-exchange bytes sent across hosts by all ranks, per sample trained.
     pub sparse_cross_host_bytes_per_sample: f64,
+    /// Training rows left out for weighing less than `--min-sample-weight` (after merging;
+    /// over the files opened).
+    pub samples_dropped_by_weight: u64,
+    /// Training rows merged into an identical earlier row of their file
+    /// (`--merge-duplicates`).
+    pub samples_merged: u64,
 }
 
 /// One rank's traffic, by direction.

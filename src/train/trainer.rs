@@ -56,7 +56,8 @@ pub struct Progress {
 /// device the staging overlaps the step's tail.
 #[derive(Clone, Copy)]
 struct Unread {
-    global_batch: usize,
+    /// What the global loss sum is divided by: the global batch, or its weight sum.
+    divisor: f64,
     epoch: u64,
     /// The step it belongs to (1-based).
     step: u64,
@@ -313,7 +314,7 @@ impl<'a, D: Device> Trainer<'a, D> {
 
     /// Records the global loss sum of a step once it is read (the same on every rank).
     fn record(&mut self, loss_sum: f64, u: Unread) -> TrainResult<()> {
-        let loss = loss_sum / u.global_batch as f64;
+        let loss = loss_sum / u.divisor;
         if !loss.is_finite() && self.cfg.nan_policy == NanPolicy::Stop {
             return Err(TrainError::NonFinite { step: u.step, what: "the global loss".into() });
         }
@@ -382,8 +383,11 @@ impl<'a, D: Device> Trainer<'a, D> {
 
         self.phases.enter("batch");
         let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
-        self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
+        let weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
         self.stage()?;
+        if let Some(w) = &weights {
+            self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
+        }
         self.model.load()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
@@ -391,7 +395,13 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         let engine = &self.engine;
-        let mut scale = 1.0 / global_batch as f32;
+        // The gradient of the global (weighted) mean loss: see train::weights.
+        let (mut scale, divisor) = match &weights {
+            // A batch that weighs nothing (weights that underflowed) contributes nothing.
+            Some(w) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
+            Some(_) => (0.0, 1.0),
+            None => (1.0 / global_batch as f32, global_batch as f64),
+        };
         if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
             crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of step {} NaN", topo.rank, self.position.step + 1));
             scale = f32::NAN;
@@ -438,7 +448,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.counters.steps += 1;
         self.position.step += 1;
         self.position.in_epoch += 1;
-        self.unread = Some(Unread { global_batch, epoch, step: self.position.step });
+        self.unread = Some(Unread { divisor, epoch, step: self.position.step });
         self.end_step()?;
         Ok(true)
     }
@@ -713,6 +723,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             stopped_at_target: self.stopped.clone(),
             sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
             sparse_traffic_per_rank: traffic,
+            samples_merged: self.data.weight_counts().0,
+            samples_dropped_by_weight: self.data.weight_counts().1,
             ..self.table_summary()
         })
     }

@@ -179,3 +179,103 @@ fn bad_weight_flags_say_what_to_do() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The table of the newest checkpoint in `dir`.
+fn table_file(dir: &Path) -> Vec<u8> {
+    let step = ringrec::train::checkpoint::latest_step(dir).unwrap_or_else(|| panic!("no checkpoint in {}", dir.display()));
+    std::fs::read(ringrec::train::checkpoint::step_dir(dir, step).join("table.rrt")).expect("table file")
+}
+
+#[test]
+fn weighted_sparse_normalisation_with_unit_weights_is_frequency() {
+    let dir = tmpdir("sparse");
+    let d = write_lines(&dir.join("d.tsv"), &synth_lines(&dir, 4800, 6));
+    for exchange in ["hier", "flat"] {
+        let run = |norm: &str| {
+            let ck = dir.join(format!("ck-{exchange}-{norm}"));
+            let args = ["--data", &d, "--batch", "240", "--sparse-exchange", exchange, "--sparse-normalize", norm, "--checkpoint-dir", ck.to_str().unwrap()];
+            let dd = dir.join("data");
+            let mut a = vec!["train", "--no-progress", "--json", "--hidden", "32,16"];
+            a.extend_from_slice(&args);
+            let job = common::mpirun(4, &[("RINGREC_DATA_DIR", dd.to_str().unwrap()), ("RINGREC_RANKS_PER_HOST", "2")], &a);
+            job.assert_ok();
+            (summary(&job), table_file(&ck))
+        };
+        let (f, ft) = run("frequency");
+        let (w, wt) = run("weighted");
+        assert_eq!(w["sparse_normalize"], "weighted");
+        assert_eq!(f["params_fnv"], w["params_fnv"], "{exchange}: weighted with every weight 1 must train exactly as frequency");
+        assert!(ft == wt, "{exchange}: the tables differ");
+        // More bytes on the wire: each row carries its weight (4 bytes).
+        assert!(w["sparse_bytes_cross_host_per_step"].as_f64() > f["sparse_bytes_cross_host_per_step"].as_f64(), "{w}");
+        // And a world-normalised run does differ (the comparison can fail).
+        let (n, _) = run("world");
+        assert_ne!(n["params_fnv"], f["params_fnv"]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Rank `r`'s batch at `step`: 40 keys out of 64 (repeats allowed), rows of 3 values.
+fn sparse_batch(step: u64, r: usize) -> (Vec<u64>, Vec<f32>) {
+    let mut s = step * 1000 + r as u64 + 1;
+    let mut next = || ringrec::hash::splitmix64_next(&mut s);
+    let keys: Vec<u64> = (0..40).map(|_| next() % 64).collect();
+    let grads: Vec<f32> = (0..40 * 3).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    (keys, grads)
+}
+
+#[test]
+#[ignore = "runs under mpirun, launched by the tests below"]
+fn worker_weighted_sparse() {
+    use ringrec::sparse::{SparseExchange, SparseExchanger, SparseNormalize};
+    use std::collections::BTreeMap;
+    let topo = ringrec::topology::Topology::init().expect("MPI");
+    let world = topo.size;
+    // Unequal weights: rank r weighs 1 + 2r.
+    let weight = |r: usize| 1.0 + 2.0 * r as f32;
+    let total: f32 = (0..world).map(weight).sum();
+    let mut hier = SparseExchanger::new(&topo, SparseExchange::Hierarchical, SparseNormalize::Weighted, 3).expect("hier");
+    let mut flat = SparseExchanger::new(&topo, SparseExchange::Flat, SparseNormalize::Weighted, 3).expect("flat");
+    assert_eq!(hier.dim(), 3);
+    for ex in [&mut hier, &mut flat] {
+        ex.set_weights(weight(topo.rank), total);
+    }
+    for step in 0..6 {
+        let batches: Vec<_> = (0..world).map(|r| sparse_batch(step, r)).collect();
+        // Reference: per key, the sum of every holder's rows over the holders' weights.
+        let mut want: BTreeMap<u64, (Vec<f64>, std::collections::BTreeSet<usize>)> = BTreeMap::new();
+        for (r, (keys, grads)) in batches.iter().enumerate() {
+            for (i, k) in keys.iter().enumerate() {
+                let e = want.entry(*k).or_insert_with(|| (vec![0.0; 3], Default::default()));
+                e.0.iter_mut().zip(&grads[i * 3..i * 3 + 3]).for_each(|(a, g)| *a += *g as f64);
+                e.1.insert(r);
+            }
+        }
+        let (keys, grads) = &batches[topo.rank];
+        let f = flat.exchange(keys, grads).expect("flat").0.expect("flat holds the result");
+        let (fk, fg) = (f.keys.to_vec(), f.grads.to_vec());
+        assert_eq!(fk, want.keys().copied().collect::<Vec<_>>());
+        for (i, (row, holders)) in want.values().enumerate() {
+            let w: f64 = holders.iter().map(|r| weight(*r) as f64).sum();
+            let d = w * world as f64 / total as f64;
+            for (j, v) in row.iter().enumerate() {
+                let got = fg[i * 3 + j] as f64;
+                assert!((got - v / d).abs() <= 1e-5 * (1.0 + (v / d).abs()), "step {step} key {} value {j}: {got} vs {}", fk[i], v / d);
+            }
+        }
+        if let Some(h) = hier.exchange(keys, grads).expect("hier").0 {
+            assert_eq!(h.keys, &fk[..]);
+            assert_eq!(h.grads.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), fg.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "hier and flat differ");
+        }
+    }
+    println!("WEIGHTED SPARSE OK rank={}", topo.rank);
+}
+
+#[test]
+fn weighted_sparse_normalisation_divides_by_the_holders_weights() {
+    for (np, per_host) in [(4, "2"), (3, "3")] {
+        let job = common::run_worker("worker_weighted_sparse", np, &[("RINGREC_RANKS_PER_HOST", per_host)], Duration::from_secs(120));
+        job.assert_ok();
+        assert_eq!(job.all().matches("WEIGHTED SPARSE OK").count(), np, "{}", job.all());
+    }
+}

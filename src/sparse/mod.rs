@@ -72,5 +72,9 @@ pub enum SparseNormalize {
     World,
     /// Not at all: the plain sum.
     None,
+    /// By the sum of the weights of the ranks whose batch held the key, scaled by
+    /// `world / sum of all ranks' weights`, so that equal weights give `frequency`
+    /// (weighted aggregation: see [`exchange::weighted`]).
+    Weighted,
 }
-crate::config::named_enum!(SparseNormalize { Frequency => "frequency", World => "world", None => "none" });
+crate::config::named_enum!(SparseNormalize { Frequency => "frequency", World => "world", None => "none", Weighted => "weighted" });

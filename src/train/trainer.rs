@@ -20,6 +20,7 @@ use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
 use crate::model::{DenseModel, DenseOptimState, InputLayout, MlpShape, Part};
+use crate::sparse::SparseNormalize;
 use crate::topology::Topology;
 
 /// Where a run is: global steps done, and the epoch and step within it of the next step.
@@ -411,6 +412,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");
         let step = self.position.step + 1;
+        if cfg.sparse_normalize == SparseNormalize::Weighted {
+            self.embedding.set_sparse_weights(super::weights::rank_weights(weights.as_ref(), self.batch.len(), global_batch));
+        }
         let st = match self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy) {
             Ok(st) => st,
             Err(e @ TrainError::NonFinite { .. }) => {

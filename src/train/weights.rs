@@ -74,6 +74,15 @@ pub struct BatchWeights {
     pub global_sum: f64,
 }
 
+/// This rank's weight and the global batch's (`--sparse-normalize weighted`): the sums of
+/// the sample weights, or the sample counts in a run without weights.
+pub fn rank_weights(weights: Option<&BatchWeights>, mine: usize, global: usize) -> (f32, f32) {
+    match weights {
+        Some(w) => (w.mine.iter().map(|v| *v as f64).sum::<f64>() as f32, w.global_sum as f32),
+        None => (mine as f32, global as f32),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ pub(super) struct Hier {
 
 impl SparseExchanger {
     pub(super) fn hierarchical(&mut self, own: SparseResult<()>, grads: &[f32], st: &mut SparseStats) -> SparseResult<()> {
+        let finish = self.finish_rule();
         let Some(hier) = self.hier.as_mut() else {
             return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
         };
@@ -81,8 +82,7 @@ impl SparseExchanger {
         // 3. Each rank merges them in host order, normalising each row as it is finished: with
         //    one rank per host into `b.result`, else straight into its part of the host's
         //    result list on the board, where the leader reads it.
-        let finish = Finish::normalise(self.normalize, self.world);
-        match &mut hier.board {
+                match &mut hier.board {
             None => {
                 let t = Instant::now();
                 let merged = views.map(|v| merge_views_into(&v, dim, finish, &mut b.result));

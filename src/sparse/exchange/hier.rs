@@ -22,7 +22,7 @@ impl SparseExchanger {
         let Some(hier) = self.hier.as_mut() else {
             return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
         };
-        let (l, dim) = (self.local_rank, self.dim);
+        let (l, dim) = (self.local_rank, self.wire_dim);
         let owns_range = l < hier.ranges;
         let ranks = &self.host_ranks[self.host_id];
         let b = &mut self.b;

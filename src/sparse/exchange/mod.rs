@@ -171,9 +171,9 @@ pub struct SparseExchanger {
     mode: SparseExchange,
     normalize: SparseNormalize,
     /// Values per row on the wire: the table's dim, plus one (the weight) in `weighted`.
-    dim: usize,
+    wire_dim: usize,
     /// Values per row of the table (of the caller's gradients and of the result).
-    row_dim: usize,
+    dim: usize,
     /// `weighted`: this rank's weight and the sum of all ranks' ([`weighted`]).
     weights: (f32, f32),
     /// `weighted`: the dedupe of this rank's input before its weight is appended.
@@ -288,8 +288,8 @@ impl SparseExchanger {
         Ok(SparseExchanger {
             mode,
             normalize,
-            dim: if normalize == SparseNormalize::Weighted { dim + 1 } else { dim },
-            row_dim: dim,
+            wire_dim: if normalize == SparseNormalize::Weighted { dim + 1 } else { dim },
+            dim,
             weights: (1.0, topo.size as f32),
             pre: Deduper::new(),
             rank: topo.rank,
@@ -319,7 +319,7 @@ impl SparseExchanger {
     }
     /// Values per row (of the table, the input gradients and the result).
     pub fn dim(&self) -> usize {
-        self.row_dim
+        self.dim
     }
     /// Steps run so far (failed ones included).
     pub fn steps(&self) -> u64 {
@@ -385,7 +385,7 @@ impl SparseExchanger {
     fn result(&self) -> AggregatedGrads<'_> {
         let full = self.full_result();
         match self.weighted() {
-            true => ListRef { dim: self.row_dim, keys: full.keys, counts: full.counts, grads: &self.b.stripped },
+            true => ListRef { dim: self.dim, keys: full.keys, counts: full.counts, grads: &self.b.stripped },
             false => full,
         }
     }
@@ -394,7 +394,7 @@ impl SparseExchanger {
     /// weight sum).
     fn full_result(&self) -> AggregatedGrads<'_> {
         let on_board = self.hier.as_ref().and_then(|h| h.board.as_ref()).filter(|_| self.b.result_on_board);
-        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.dim)) {
+        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.wire_dim)) {
             Some(l) => l,
             None => self.b.result.view(),
         }
@@ -404,12 +404,12 @@ impl SparseExchanger {
     fn step(&mut self, keys: &[u64], grads: &[f32], apply: Option<Apply<'_>>) -> SparseResult<(bool, SparseStats)> {
         let t0 = Instant::now();
         let mut st = SparseStats { keys_in: keys.len() as u64, ..SparseStats::default() };
-        self.b.result.clear(self.dim);
+        self.b.result.clear(self.wire_dim);
         self.b.result_on_board = false;
         let own = match &apply {
-            Some(a) if a.dim != self.row_dim => Err(SparseError::Invalid(format!(
+            Some(a) if a.dim != self.dim => Err(SparseError::Invalid(format!(
                 "the host table has rows of dim {} but the exchanger was built for dim {}; build both from the same embedding dim",
-                a.dim, self.row_dim
+                a.dim, self.dim
             ))),
             _ => Ok(()),
         };
@@ -417,7 +417,7 @@ impl SparseExchanger {
         let mut ext = std::mem::take(&mut self.b.ext);
         let own = own.and_then(|()| if self.weighted() { self.weigh_rows(keys, grads, &mut ext) } else { Ok(()) });
         let (keys, grads): (&[u64], &[f32]) = if self.weighted() && own.is_ok() { (&ext.keys, &ext.grads) } else { (keys, grads) };
-        let own = own.and_then(|()| self.deduper.index(keys, grads, self.dim).map(|_| ()));
+        let own = own.and_then(|()| self.deduper.index(keys, grads, self.wire_dim).map(|_| ()));
         // The list goes into `b.own` now, or, in `hier` with a host board, straight onto the
         // board once its place there is ready.
         let on_board = self.hier.as_ref().is_some_and(|h| h.board.is_some());
@@ -496,7 +496,7 @@ impl SparseExchanger {
         let mut status = [0u8; STATUS_LEN];
         if let Some(e) = leader_err {
             let mut piece = Vec::new();
-            error_piece(self.rank, self.dim, e, STATUS_LEN - 4, &mut piece);
+            error_piece(self.rank, self.wire_dim, e, STATUS_LEN - 4, &mut piece);
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
@@ -515,7 +515,7 @@ impl SparseExchanger {
         let Some(piece) = status.get(4..4 + len) else {
             return Ok(Some(SparseError::Corrupt { rank: leader, reason: format!("status of {len} bytes in a {STATUS_LEN}-byte buffer") }));
         };
-        Ok(Some(match decode(piece, self.dim, 1) {
+        Ok(Some(match decode(piece, self.wire_dim, 1) {
             Ok(Piece::Error { rank, message }) => SparseError::Peer { rank, message },
             Ok(Piece::List(_)) => SparseError::Corrupt { rank: leader, reason: "status holds a list instead of an error report".into() },
             Err(e) => e.from_rank(leader),

@@ -44,11 +44,11 @@ impl SparseExchanger {
     /// whose rows end in this rank's weight, in `out`.
     pub(super) fn weigh_rows(&mut self, keys: &[u64], grads: &[f32], out: &mut SparseList) -> SparseResult<()> {
         let mut summed = std::mem::take(&mut self.b.summed);
-        let r = self.pre.index(keys, grads, self.row_dim).and_then(|_| self.pre.write_list(grads, &mut summed));
+        let r = self.pre.index(keys, grads, self.dim).and_then(|_| self.pre.write_list(grads, &mut summed));
         if r.is_ok() {
-            out.clear(self.dim);
+            out.clear(self.wire_dim);
             out.keys.extend_from_slice(&summed.keys);
-            for row in summed.grads.chunks_exact(self.row_dim) {
+            for row in summed.grads.chunks_exact(self.dim) {
                 out.grads.extend_from_slice(row);
                 out.grads.push(self.weights.0);
             }
@@ -63,8 +63,8 @@ impl SparseExchanger {
         let mut out = std::mem::take(&mut self.b.stripped);
         out.clear();
         let full = self.full_result();
-        for row in full.grads.chunks_exact(self.dim) {
-            out.extend_from_slice(&row[..self.row_dim]);
+        for row in full.grads.chunks_exact(self.wire_dim) {
+            out.extend_from_slice(&row[..self.dim]);
         }
         self.b.stripped = out;
     }

@@ -189,7 +189,7 @@ fn table_file(dir: &Path) -> Vec<u8> {
 #[test]
 fn weighted_sparse_normalisation_with_unit_weights_is_frequency() {
     let dir = tmpdir("sparse");
-    let d = write_lines(&dir.join("d.tsv"), &synth_lines(&dir, 4800, 6));
+    let d = write_lines(&dir.join("d.tsv"), &synth_lines(&dir, 2400, 6));
     for exchange in ["hier", "flat"] {
         let run = |norm: &str| {
             let ck = dir.join(format!("ck-{exchange}-{norm}"));

@@ -10,7 +10,7 @@
 //! normalisations are exactly as before), and the merge code is unchanged but for the
 //! finish rule ([`Finish::Weighted`]), which divides by `w * world / total` and keeps `w`.
 //! Before the leader applies the result (or a caller reads it), the extra value is
-//! stripped ([`SparseExchanger::result`] returns rows of `dim`). The cost: 4 bytes more
+//! stripped (the result returned and applied has rows of `dim`). The cost: 4 bytes more
 //! per row sent. Every rank says its weight and the total before each step
 //! ([`SparseExchanger::set_weights`]: the trainer knows both from the data, no
 //! collective); without it every rank weighs 1.

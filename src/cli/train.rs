@@ -290,6 +290,9 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         s.test_auc.map_or("-".into(), |v| format!("{v:.4}")),
         s.peak_rss_mib
     );
+    if s.samples_merged + s.samples_dropped_by_weight > 0 {
+        println!("sample weights: {} rows merged into identical ones, {} left out below --min-sample-weight", s.samples_merged, s.samples_dropped_by_weight);
+    }
     if s.table_growths + s.table_evictions + s.table_expirations + s.table_refused > 0 {
         println!(
             "table: {} rows in {} slots ({:.1} MiB); grew {} times ({:.2} s); {} rows evicted, {} expired; {} gradients of keys without a row dropped",

@@ -281,7 +281,9 @@ impl TrainData {
             self.open_file(topo, i, step)?;
         }
         if self.opened() == self.files.len() && self.train_rows() == 0 {
-            return Err(TrainError::Config(format!("no training rows: the {} --data file(s) hold none", self.files.len())));
+            let dropped = self.weight_counts().1;
+            let why = if dropped > 0 { format!(" ({dropped} rows weigh less than --min-sample-weight: lower it, or use a larger --decay-base)") } else { String::new() };
+            return Err(TrainError::Config(format!("no training rows: the {} --data file(s) hold none{why}", self.files.len())));
         }
         Ok(())
     }
@@ -374,12 +376,12 @@ impl TrainData {
             match (&f.weights, weights.as_mut()) {
                 (Some(fw), Some(bw)) => {
                     bw.mine.extend(positions.iter().map(|&p| fw.weights[p as usize]));
-                    loaded.push((ds, positions.iter().map(|&p| fw.kept[p as usize]).collect::<Vec<u32>>()));
+                    loaded.push((ds, Rows::Kept(positions.iter(), &fw.kept)));
                 }
-                _ => loaded.push((ds, positions.to_vec())),
+                _ => loaded.push((ds, Rows::All(positions.iter()))),
             }
         }
-        batch.load_pieces(loaded.into_iter().map(|(ds, rows)| (ds, rows.into_iter())))?;
+        batch.load_pieces(loaded)?;
         if let Some(bw) = weights.as_mut() {
             for (i, r) in globals {
                 let (f, order) = (&files[i], files[i].order.as_ref().ok_or_else(missing)?);
@@ -423,6 +425,23 @@ impl TrainData {
         match &self.held_out {
             HeldOut::Open(set) => Ok(set),
             HeldOut::Files(_) => Err(TrainError::Config("the held-out files are not open".into())),
+        }
+    }
+}
+
+/// The rows of a file that a batch reads: its positions, or in a weighted run the kept
+/// rows they name.
+enum Rows<'a> {
+    All(std::slice::Iter<'a, u32>),
+    Kept(std::slice::Iter<'a, u32>, &'a [u32]),
+}
+
+impl Iterator for Rows<'_> {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        match self {
+            Rows::All(p) => p.next().copied(),
+            Rows::Kept(p, kept) => p.next().map(|p| kept[*p as usize]),
         }
     }
 }

@@ -280,3 +280,38 @@ fn weighted_sparse_normalisation_divides_by_the_holders_weights() {
         assert_eq!(job.all().matches("WEIGHTED SPARSE OK").count(), np, "{}", job.all());
     }
 }
+
+#[test]
+fn weighted_training_on_the_gpu_code_path_matches_the_cpu() {
+    // --device host: the weights staged and uploaded like a GPU's, the weighted loss from
+    // kernels/dense.cu compiled for the CPU; with random delays on the queues, a missing
+    // wait on the weights' staging slot would change the bits.
+    let dir = tmpdir("host");
+    let mut day0 = synth_lines(&dir, 700, 21);
+    day0.extend(day0[..300].to_vec());
+    let days = [write_lines(&dir.join("day_0.tsv"), &day0), write_lines(&dir.join("day_1.tsv"), &synth_lines(&dir, 1000, 22))];
+    let data = days.join(",");
+    let args = ["--data", data.as_str(), "--batch", "400", "--epochs", "2", "--no-eval", "--decay-base", "e", "--merge-duplicates"];
+    let run = |device: &str, delay: Option<&str>| {
+        let dd = dir.join("data");
+        let mut a = vec!["train", "--no-progress", "--json", "--record-losses", "--hidden", "32,16", "--device", device];
+        a.extend_from_slice(&args);
+        let mut env = vec![("RINGREC_DATA_DIR", dd.to_str().unwrap())];
+        if let Some(seed) = delay {
+            env.push(("RINGREC_HOST_DELAY_SEED", seed));
+        }
+        let job = common::mpirun(2, &env, &a);
+        job.assert_ok();
+        summary(&job)
+    };
+    let (cpu, host, delayed) = (run("cpu", None), run("host", None), run("host", Some("2")));
+    assert_eq!(cpu["samples_merged"].as_u64(), Some(300), "{cpu}");
+    let (a, b) = (cpu["losses"].as_array().unwrap(), host["losses"].as_array().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-3 * x.abs(), "host device loss {y} vs the CPU's {x}");
+    }
+    assert_eq!(delayed["params_fnv"], host["params_fnv"], "random delays changed the weighted run");
+    std::fs::remove_dir_all(&dir).ok();
+}

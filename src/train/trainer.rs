@@ -12,6 +12,7 @@ use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::phases::PhaseTimer;
 use super::predict;
+use super::weights::{self, BatchWeights};
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
@@ -336,9 +337,13 @@ impl<'a, D: Device> Trainer<'a, D> {
     }
 
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
-    /// map, dense features and labels; then moves it to the device.
-    fn stage(&mut self) -> TrainResult<()> {
-        predict::stage(&mut self.model, self.embedding.table(), &self.batch)
+    /// map, dense features and labels, and in a weighted run its samples' weights.
+    fn stage(&mut self, weights: Option<&BatchWeights>) -> TrainResult<()> {
+        predict::stage(&mut self.model, self.embedding.table(), &self.batch)?;
+        if let Some(w) = weights {
+            self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
+        }
+        Ok(())
     }
 
     /// Whether the run ends after `step` global steps: `--max-steps`, or the last epoch's
@@ -384,11 +389,8 @@ impl<'a, D: Device> Trainer<'a, D> {
 
         self.phases.enter("batch");
         let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
-        let weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
-        self.stage()?;
-        if let Some(w) = &weights {
-            self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
-        }
+        let batch_weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
+        self.stage(batch_weights.as_ref())?;
         self.model.load()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
@@ -396,13 +398,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         let engine = &self.engine;
-        // The gradient of the global (weighted) mean loss: see train::weights.
-        let (mut scale, divisor) = match &weights {
-            // A batch that weighs nothing (weights that underflowed) contributes nothing.
-            Some(w) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
-            Some(_) => (0.0, 1.0),
-            None => (1.0 / global_batch as f32, global_batch as f64),
-        };
+        let (mut scale, divisor) = weights::loss_scale(batch_weights.as_ref(), global_batch);
         if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
             crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of step {} NaN", topo.rank, self.position.step + 1));
             scale = f32::NAN;
@@ -413,7 +409,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("sparse");
         let step = self.position.step + 1;
         if cfg.sparse_normalize == SparseNormalize::Weighted {
-            self.embedding.set_sparse_weights(super::weights::rank_weights(weights.as_ref(), self.batch.len(), global_batch));
+            self.embedding.set_sparse_weights(weights::rank_weights(batch_weights.as_ref(), self.batch.len(), global_batch));
         }
         let st = match self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy) {
             Ok(st) => st,

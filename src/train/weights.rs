@@ -74,6 +74,17 @@ pub struct BatchWeights {
     pub global_sum: f64,
 }
 
+/// The loss scale of a step and what its global loss sum is divided by: 1 / the global
+/// batch and the global batch (unweighted: the bits of a run without weights), or 1 / the
+/// global weight sum and that sum (a batch weighing nothing contributes nothing).
+pub fn loss_scale(weights: Option<&BatchWeights>, global_batch: usize) -> (f32, f64) {
+    match weights {
+        Some(w) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
+        Some(_) => (0.0, 1.0),
+        None => (1.0 / global_batch as f32, global_batch as f64),
+    }
+}
+
 /// This rank's weight and the global batch's (`--sparse-normalize weighted`): the sums of
 /// the sample weights, or the sample counts in a run without weights.
 pub fn rank_weights(weights: Option<&BatchWeights>, mine: usize, global: usize) -> (f32, f32) {

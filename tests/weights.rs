@@ -315,3 +315,29 @@ fn weighted_training_on_the_gpu_code_path_matches_the_cpu() {
     assert_eq!(delayed["params_fnv"], host["params_fnv"], "random delays changed the weighted run");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_resumed_weighted_run_equals_an_uninterrupted_one_and_refuses_other_weights() {
+    let dir = tmpdir("resume");
+    let mut day0 = synth_lines(&dir, 900, 31);
+    day0.extend(day0[..300].to_vec());
+    let days = [write_lines(&dir.join("day_0.tsv"), &day0), write_lines(&dir.join("day_1.tsv"), &synth_lines(&dir, 1200, 32))];
+    let data = days.join(",");
+    let ck = dir.join("ck");
+    let ck = ck.to_str().unwrap();
+    let w = ["--data", data.as_str(), "--batch", "200", "--no-eval", "--decay-base", "2", "--merge-duplicates", "--shuffle"];
+    let full = train(2, &dir, &[&w[..], &["--max-steps", "9"]].concat());
+    full.assert_ok();
+    let part = train(2, &dir, &[&w[..], &["--max-steps", "4", "--checkpoint-dir", ck]].concat());
+    part.assert_ok();
+    let resumed = train(2, &dir, &[&w[..], &["--max-steps", "9", "--checkpoint-dir", ck, "--resume"]].concat());
+    resumed.assert_ok();
+    let (f, r) = (summary(&full), summary(&resumed));
+    assert_eq!(r["steps"], 5, "{r}");
+    assert_eq!(r["params_fnv"], f["params_fnv"], "a resumed weighted run must continue exactly");
+    // Other weights cannot resume it.
+    let other = train(2, &dir, &["--data", data.as_str(), "--batch", "200", "--no-eval", "--shuffle", "--max-steps", "9", "--checkpoint-dir", ck, "--resume"]);
+    assert!(other.code != Some(0), "resuming without the weights must fail");
+    assert!(other.all().contains("sample weights"), "{}", other.all());
+    std::fs::remove_dir_all(&dir).ok();
+}

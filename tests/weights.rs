@@ -2,6 +2,8 @@
 //! the engine's weighted allreduce over uneven shards equals the one-rank mean gradient;
 //! `--merge-duplicates` counts exactly the repeated rows and trains like the unmerged data
 //! at twice the batch; `--decay-base` with `--min-sample-weight` drops exactly the old days;
+//! `--sparse-normalize weighted` (unit weights: `frequency` bit for bit; unequal weights:
+//! a reference); the GPU code path (`--device host`) and a resumed weighted run agree;
 //! bad weight flags are refused with what to do.
 
 mod common;
@@ -26,11 +28,26 @@ fn summary(job: &common::Job) -> serde_json::Value {
 
 /// `ringrec train` on `np` ranks with the data dir under `dir`.
 fn train(np: usize, dir: &Path, args: &[&str]) -> common::Job {
+    train_env(np, dir, &[], args)
+}
+
+/// [`train`] with more environment.
+fn train_env(np: usize, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     let dd = dir.join("data");
-    let dd = dd.to_str().expect("utf8");
+    let mut e = vec![("RINGREC_DATA_DIR", dd.to_str().expect("utf8"))];
+    e.extend_from_slice(env);
     let mut a = vec!["train", "--no-progress", "--json", "--record-losses", "--hidden", "32,16"];
     a.extend_from_slice(args);
-    common::mpirun(np, &[("RINGREC_DATA_DIR", dd)], &a)
+    common::mpirun(np, &e, &a)
+}
+
+/// Two day files in `dir`: day 0 of `rows0` rows and 300 copies of its first rows, day 1 of
+/// `rows1` rows (synthetic, seeds `seed` and `seed + 1`); their `--data` value.
+fn two_days(dir: &Path, rows0: u64, rows1: u64, seed: u64) -> String {
+    let mut day0 = synth_lines(dir, rows0, seed);
+    day0.extend(day0[..300].to_vec());
+    let days = [write_lines(&dir.join("day_0.tsv"), &day0), write_lines(&dir.join("day_1.tsv"), &synth_lines(dir, rows1, seed + 1))];
+    days.join(",")
 }
 
 /// A synthetic TSV of `rows` rows (seed `seed`), its lines.
@@ -195,10 +212,7 @@ fn weighted_sparse_normalisation_with_unit_weights_is_frequency() {
         let run = |norm: &str| {
             let ck = dir.join(format!("ck-{exchange}-{norm}"));
             let args = ["--data", &d, "--batch", "240", "--sparse-exchange", exchange, "--sparse-normalize", norm, "--checkpoint-dir", ck.to_str().unwrap()];
-            let dd = dir.join("data");
-            let mut a = vec!["train", "--no-progress", "--json", "--hidden", "32,16"];
-            a.extend_from_slice(&args);
-            let job = common::mpirun(4, &[("RINGREC_DATA_DIR", dd.to_str().unwrap()), ("RINGREC_RANKS_PER_HOST", "2")], &a);
+            let job = train_env(4, &dir, &[("RINGREC_RANKS_PER_HOST", "2")], &args);
             job.assert_ok();
             (summary(&job), table_file(&ck))
         };
@@ -287,24 +301,13 @@ fn weighted_training_on_the_gpu_code_path_matches_the_cpu() {
     // kernels/dense.cu compiled for the CPU; with random delays on the queues, a missing
     // wait on the weights' staging slot would change the bits.
     let dir = tmpdir("host");
-    let mut day0 = synth_lines(&dir, 700, 21);
-    day0.extend(day0[..300].to_vec());
-    let days = [write_lines(&dir.join("day_0.tsv"), &day0), write_lines(&dir.join("day_1.tsv"), &synth_lines(&dir, 1000, 22))];
-    let data = days.join(",");
-    let args = ["--data", data.as_str(), "--batch", "400", "--epochs", "2", "--no-eval", "--decay-base", "e", "--merge-duplicates"];
-    let run = |device: &str, delay: Option<&str>| {
-        let dd = dir.join("data");
-        let mut a = vec!["train", "--no-progress", "--json", "--record-losses", "--hidden", "32,16", "--device", device];
-        a.extend_from_slice(&args);
-        let mut env = vec![("RINGREC_DATA_DIR", dd.to_str().unwrap())];
-        if let Some(seed) = delay {
-            env.push(("RINGREC_HOST_DELAY_SEED", seed));
-        }
-        let job = common::mpirun(2, &env, &a);
+    let data = two_days(&dir, 700, 1000, 21);
+    let run = |device: &str, env: &[(&str, &str)]| {
+        let job = train_env(2, &dir, env, &["--device", device, "--data", &data, "--batch", "400", "--epochs", "2", "--no-eval", "--decay-base", "e", "--merge-duplicates"]);
         job.assert_ok();
         summary(&job)
     };
-    let (cpu, host, delayed) = (run("cpu", None), run("host", None), run("host", Some("2")));
+    let (cpu, host, delayed) = (run("cpu", &[]), run("host", &[]), run("host", &[("RINGREC_HOST_DELAY_SEED", "2")]));
     assert_eq!(cpu["samples_merged"].as_u64(), Some(300), "{cpu}");
     let (a, b) = (cpu["losses"].as_array().unwrap(), host["losses"].as_array().unwrap());
     assert_eq!(a.len(), b.len());
@@ -319,10 +322,7 @@ fn weighted_training_on_the_gpu_code_path_matches_the_cpu() {
 #[test]
 fn a_resumed_weighted_run_equals_an_uninterrupted_one_and_refuses_other_weights() {
     let dir = tmpdir("resume");
-    let mut day0 = synth_lines(&dir, 900, 31);
-    day0.extend(day0[..300].to_vec());
-    let days = [write_lines(&dir.join("day_0.tsv"), &day0), write_lines(&dir.join("day_1.tsv"), &synth_lines(&dir, 1200, 32))];
-    let data = days.join(",");
+    let data = two_days(&dir, 900, 1200, 31);
     let ck = dir.join("ck");
     let ck = ck.to_str().unwrap();
     let w = ["--data", data.as_str(), "--batch", "200", "--no-eval", "--decay-base", "2", "--merge-duplicates", "--shuffle"];

@@ -188,6 +188,7 @@ fn bad_weight_flags_say_what_to_do() {
         (vec!["--decay-base", "2", "--day-of", "x.tsv"], "FILE=N"),
         (vec!["--min-sample-weight=-1"], "--min-sample-weight must be a number >= 0"),
         (vec!["--decay-base", "2", "--min-sample-weight", "2"], "rows weigh less than --min-sample-weight: lower it"),
+        (vec!["--min-sample-weight", "2"], "without --decay-base or --merge-duplicates every sample weighs 1"),
     ] {
         let mut a = vec!["--data", d.as_str(), "--batch", "100"];
         a.extend_from_slice(&args);

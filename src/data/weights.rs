@@ -95,9 +95,10 @@ pub const DEFAULT_MIN_WEIGHT_WITH_DECAY: f64 = 0.001;
 
 impl WeightConfig {
     /// Whether any row may weigh other than 1 or be left out: the run then stages
-    /// weights and uses the weighted loss. False: today's unweighted run, bit for bit.
+    /// weights and uses the weighted loss. False: today's unweighted run, bit for bit
+    /// (also with a `--min-sample-weight` of at most 1 alone: every row weighs 1 and stays).
     pub fn active(&self) -> bool {
-        self.decay_base.is_some() || self.merge_duplicates || self.min_sample_weight.is_some_and(|m| m > 0.0)
+        self.decay_base.is_some() || self.merge_duplicates
     }
 
     /// The weight below which a row is dropped.
@@ -115,6 +116,11 @@ impl WeightConfig {
         if let Some(m) = self.min_sample_weight {
             if !(m.is_finite() && m >= 0.0) {
                 return Err(DataError::InvalidArgument(format!("--min-sample-weight must be a number >= 0, got {m}")));
+            }
+            if m > 1.0 && !self.active() {
+                return Err(DataError::InvalidArgument(format!(
+                    "--min-sample-weight {m} would leave out every sample: without --decay-base or --merge-duplicates every sample weighs 1"
+                )));
             }
         }
         if !self.day_of.is_empty() && self.decay_base.is_none() {
@@ -252,6 +258,9 @@ mod tests {
         assert_eq!(WeightConfig::default().min_weight(), 0.0);
         assert!(!WeightConfig::default().active());
         assert!(WeightConfig { merge_duplicates: true, ..WeightConfig::default() }.active());
+        // A minimum alone weighs nothing: the unweighted run, or an error past 1.
+        assert!(!WeightConfig { min_sample_weight: Some(0.5), ..WeightConfig::default() }.active());
+        assert!(WeightConfig { min_sample_weight: Some(2.0), ..WeightConfig::default() }.validate().unwrap_err().to_string().contains("every sample weighs 1"));
         assert!(WeightConfig { day_of: vec![(PathBuf::from("x"), 1)], ..WeightConfig::default() }.validate().is_err());
     }
 }

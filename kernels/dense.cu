@@ -56,6 +56,18 @@ extern "C" __global__ void bce_with_logits(const float* __restrict__ z, const fl
     }
 }
 
+// The same with a weight per sample: loss[i] = w[i] * bce(z[i], y[i]);
+// delta[i] = w[i] * (sigmoid(z) - y) * scale, the gradient of scale * sum(loss).
+extern "C" __global__ void weighted_bce(const float* __restrict__ z, const float* __restrict__ y,
+                                        const float* __restrict__ w, float* __restrict__ loss,
+                                        float* __restrict__ delta, int n, float scale) {
+    for (long long i = RR_TID; i < n; i += RR_STRIDE) {
+        float v = z[i], t = y[i], wi = w[i];
+        loss[i] = wi * (fmaxf(v, 0.0f) - v * t + log1pf(expf(-fabsf(v))));
+        delta[i] = wi * (1.0f / (1.0f + expf(-v)) - t) * scale;
+    }
+}
+
 // Segmented sum, the backward of gather_rows: out[u, d] = sum of src[(p / per_row) * stride +
 // (p % per_row) * dim + d] over the blocks p listed in slots[offsets[u] .. offsets[u+1]], in
 // list order (the host lists a key's slots in sample order, as the CPU sums them).

@@ -158,6 +158,15 @@ fn ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
     let want_d: Vec<f32> = logits.iter().zip(&labels).map(|(z, y)| (1.0 / (1.0 + (-z).exp()) - y) * 0.25).collect();
     assert!(close(&dev.to_vec(&loss, n).unwrap(), &want_loss, 1e-6), "bce loss");
     assert!(close(&dev.to_vec(&d, n).unwrap(), &want_d, 1e-6), "bce delta");
+    // Weighted: each sample's loss and delta times its weight (0 drops it).
+    let w: Vec<f32> = (0..n).map(|i| [0.0, 0.5, 1.0, 3.25][i % 4]).collect();
+    let (mut wl, mut wd) = (dev.alloc(n).unwrap(), dev.alloc(n).unwrap());
+    dev.exec(Op::WeightedBce { z: &dev.buffer_from(&logits).unwrap(), y: &dev.buffer_from(&labels).unwrap(), w: &dev.buffer_from(&w).unwrap(), loss: &mut wl, delta: &mut wd, n, scale: 0.25 }).unwrap();
+    let want_wl: Vec<f32> = want_loss.iter().zip(&w).map(|(l, w)| l * w).collect();
+    let want_wd: Vec<f32> = want_d.iter().zip(&w).map(|(d, w)| d * w).collect();
+    assert!(close(&dev.to_vec(&wl, n).unwrap(), &want_wl, 1e-6), "weighted bce loss");
+    assert!(close(&dev.to_vec(&wd, n).unwrap(), &want_wd, 1e-6), "weighted bce delta");
+    assert_eq!(dev.to_vec(&wl, n).unwrap()[0], 0.0, "a zero weight drops the sample");
     let mut sum = dev.alloc(4).unwrap();
     dev.exec(Op::Sum { x: &loss, n, out: &mut sum, at: 3 }).unwrap();
     let want_sum = want_loss.iter().map(|v| *v as f64).sum::<f64>() as f32;

@@ -104,6 +104,7 @@ fn worker_worked_example() {
                 SparseNormalize::Frequency => vec![div(e, 2.0), f, div(g, 2.0), h, div(i, 3.0)],
                 SparseNormalize::World => [e, f, g, h, i].into_iter().map(|s| div(s, 3.0)).collect(),
                 SparseNormalize::None => vec![e, f, g, h, i],
+                SparseNormalize::Weighted => unreachable!("not run here: tests/weights.rs"),
             };
             let want: Vec<f32> = want.concat();
             assert_eq!(agg.grads, want, "{mode} {norm}");
@@ -205,6 +206,8 @@ fn reference(batches: &[(Vec<u64>, Vec<f32>)], hosts: &[Vec<usize>], norm: Spars
             SparseNormalize::Frequency => c as f32,
             SparseNormalize::World => world as f32,
             SparseNormalize::None => 1.0,
+            // Every rank weighing 1 (the exchanger's default): frequency.
+            SparseNormalize::Weighted => c as f32,
         };
         out.keys.push(k);
         out.counts.push(c);

@@ -231,6 +231,9 @@ pub struct TrainArgs {
     /// updated) or lfu (least often updated).
     #[arg(long, default_value = "lru")]
     pub evict: Evict,
+    /// Per-sample weights.
+    #[command(flatten)]
+    pub weights: super::weights::WeightArgs,
 }
 
 /// Parses a size flag: bytes, or a number with K, M or G.
@@ -307,6 +310,7 @@ impl TrainArgs {
             evict: self.evict,
             sync_every: self.sync_every,
             sync_scope: self.sync_scope,
+            weights: self.weights.config(),
         }
     }
 }
@@ -329,6 +333,9 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         s.test_auc.map_or("-".into(), |v| format!("{v:.4}")),
         s.peak_rss_mib
     );
+    if s.samples_merged + s.samples_dropped_by_weight > 0 {
+        println!("sample weights: {} rows merged into identical ones, {} left out below --min-sample-weight", s.samples_merged, s.samples_dropped_by_weight);
+    }
     if s.table_growths + s.table_evictions + s.table_expirations + s.table_refused > 0 {
         println!(
             "table: {} rows in {} slots ({:.1} MiB); grew {} times ({:.2} s); {} rows evicted, {} expired; {} gradients of keys without a row dropped",

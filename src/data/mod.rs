@@ -35,6 +35,7 @@ pub mod inputs;
 pub mod prepare;
 pub mod shard;
 pub mod synth;
+pub mod weights;
 
 pub use cache::{CacheHeader, Dataset, SourceStat};
 pub use criteo::{BadLine, BadLineKind, BadLineReport, Columns, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};

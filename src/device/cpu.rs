@@ -272,6 +272,13 @@ impl Device for CpuDevice {
                     delta[i] = (sigmoid(z[i]) - y[i]) * scale;
                 }
             }
+            Op::WeightedBce { z, y, w, loss, delta, n, scale } => {
+                let (loss, delta) = (&mut loss[..n], &mut delta[..n]);
+                for i in 0..n {
+                    loss[i] = w[i] * bce_with_logits(z[i], y[i]);
+                    delta[i] = w[i] * (sigmoid(z[i]) - y[i]) * scale;
+                }
+            }
             Op::Sum { x, n, out, at } => {
                 let parts = self.parts(n);
                 let partial = |i: usize| x[part(n, parts, i)].iter().fold(0f64, |s, v| s + *v as f64);

@@ -45,6 +45,8 @@ pub enum Kernel {
     ColumnSum,
     /// Sigmoid + binary cross-entropy and its gradient.
     BceWithLogits,
+    /// The same with a weight per sample.
+    WeightedBce,
     /// The sum of a vector.
     Sum,
     /// Segmented sum of row blocks (the backward of the gather).
@@ -73,13 +75,14 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
         Kernel::ReluGrad,
         Kernel::ColumnSum,
         Kernel::BceWithLogits,
+        Kernel::WeightedBce,
         Kernel::Sum,
         Kernel::SegmentSum,
         Kernel::SgdUpdate,
@@ -103,6 +106,7 @@ impl Kernel {
             Kernel::ReluGrad => "relu_grad",
             Kernel::ColumnSum => "column_sum",
             Kernel::BceWithLogits => "bce_with_logits",
+            Kernel::WeightedBce => "weighted_bce",
             Kernel::Sum => "sum",
             Kernel::SegmentSum => "segment_sum",
             Kernel::SgdUpdate => "sgd_update",

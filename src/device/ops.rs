@@ -138,6 +138,11 @@ pub enum Op<'a, D: Device> {
     /// Binary cross-entropy of `n` logits `z` against 0/1 labels `y`: `loss[i]`, and the
     /// gradient of `scale * sum(loss)`, `delta[i] = (sigmoid(z[i]) - y[i]) * scale`.
     BceWithLogits { z: &'a D::Buf<f32>, y: &'a D::Buf<f32>, loss: &'a mut D::Buf<f32>, delta: &'a mut D::Buf<f32>, n: usize, scale: f32 },
+    /// [`Op::BceWithLogits`] with a weight per sample (`--decay-base`,
+    /// `--merge-duplicates`): `loss[i] = w[i] * bce(z[i], y[i])` and the gradient of
+    /// `scale * sum(loss)`, `delta[i] = w[i] * (sigmoid(z[i]) - y[i]) * scale`. A run without
+    /// weights never launches it, so its bits stay those of [`Op::BceWithLogits`].
+    WeightedBce { z: &'a D::Buf<f32>, y: &'a D::Buf<f32>, w: &'a D::Buf<f32>, loss: &'a mut D::Buf<f32>, delta: &'a mut D::Buf<f32>, n: usize, scale: f32 },
     /// `out[at] = sum of x[0..n)`, accumulated in f64.
     Sum { x: &'a D::Buf<f32>, n: usize, out: &'a mut D::Buf<f32>, at: usize },
     /// Embedding lookup into row blocks: for `i < rows * per_row`, row `index[i]` of
@@ -211,6 +216,7 @@ impl<D: Device> Op<'_, D> {
             Op::ReluGrad { .. } => "relu_grad",
             Op::ColumnSum { .. } => "column_sum",
             Op::BceWithLogits { .. } => "bce_with_logits",
+            Op::WeightedBce { .. } => "weighted_bce",
             Op::Sum { .. } => "sum",
             Op::GatherRows { .. } => "gather_rows",
             Op::CopyColumns { .. } => "copy_columns",
@@ -244,6 +250,13 @@ impl<D: Device> Op<'_, D> {
             Op::BceWithLogits { z, y, loss, delta, n, .. } => {
                 f("z", dev.len(*z), *n)?;
                 f("labels", dev.len(*y), *n)?;
+                f("loss", dev.len(&**loss), *n)?;
+                f("delta", dev.len(&**delta), *n)
+            }
+            Op::WeightedBce { z, y, w, loss, delta, n, .. } => {
+                f("z", dev.len(*z), *n)?;
+                f("labels", dev.len(*y), *n)?;
+                f("weights", dev.len(*w), *n)?;
                 f("loss", dev.len(&**loss), *n)?;
                 f("delta", dev.len(&**delta), *n)
             }
@@ -359,6 +372,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::ReluGrad { delta, act, n } => dev.launch(Kernel::ReluGrad, n, &mut [Out(delta, 0), In(act, 0), long(n)]),
         Op::ColumnSum { x, rows, cols, out, at } => dev.launch(Kernel::ColumnSum, cols, &mut [In(x, 0), Out(out, at), int(rows)?, int(cols)?]),
         Op::BceWithLogits { z, y, loss, delta, n, scale } => dev.launch(Kernel::BceWithLogits, n, &mut [In(z, 0), In(y, 0), Out(loss, 0), Out(delta, 0), int(n)?, F32(scale)]),
+        Op::WeightedBce { z, y, w, loss, delta, n, scale } => dev.launch(Kernel::WeightedBce, n, &mut [In(z, 0), In(y, 0), In(w, 0), Out(loss, 0), Out(delta, 0), int(n)?, F32(scale)]),
         Op::Sum { x, n, out, at } => dev.launch(Kernel::Sum, 1, &mut [In(x, 0), Out(out, at), int(n)?]),
         Op::GatherRows { table, index, out, rows, per_row, dim, stride } => dev.launch(Kernel::GatherRows, rows * per_row * dim, &mut [In(table, 0), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?]),
         Op::CopyColumns { src, out, rows, cols, stride, col } => dev.launch(Kernel::CopyColumns, rows * cols, &mut [In(src, 0), Out(out, 0), int(rows)?, int(cols)?, int(stride)?, int(col)?]),

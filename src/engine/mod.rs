@@ -36,6 +36,7 @@ pub mod error;
 pub mod fusion;
 pub mod message;
 pub mod timeline;
+pub mod weighted;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -47,6 +48,7 @@ pub use compression::Compression;
 pub use error::{EngineError, EngineResult};
 pub use device::{DeviceExecutor, ExecuteDevice};
 pub use message::OpKind;
+pub use weighted::WeightedHandle;
 pub use crate::tensor::{DeviceTensor, Location, Tensor};
 
 use self::autotune::{Autotuner, Params};

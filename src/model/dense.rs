@@ -57,6 +57,10 @@ struct Arrays<F, U> {
 /// One staging slot: a batch in (page-locked) host memory.
 struct Stage<D: Device> {
     arrays: Arrays<D::Staging<f32>, D::Staging<u32>>,
+    /// Per-sample weights ([`DenseModel::stage_weights`]); allocated on first use.
+    weights: Option<D::Staging<f32>>,
+    /// Whether the staged batch has weights.
+    weighted: bool,
     /// (samples, unique keys) staged here and not yet loaded.
     staged: Option<(usize, usize)>,
 }
@@ -65,7 +69,7 @@ impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, staged: None })
+        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, weights: None, weighted: false, staged: None })
     }
 }
 
@@ -88,13 +92,15 @@ struct Batch<D: Device> {
     dx: D::Buf<f32>,
     loss: D::Buf<f32>,
     key_grads: D::Buf<f32>,
+    /// Per-sample weights of a weighted batch (`None`: every sample weighs 1).
+    weights: Option<D::Buf<f32>>,
 }
 
 impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()? })
+        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -206,6 +212,7 @@ impl<D: Device> DenseModel<D> {
         let dev = &self.dev;
         let st = &mut self.stages[self.fill];
         st.staged = Some((batch, keys));
+        st.weighted = false;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         grow_staging(dev, &mut a.offsets, keys + 1, to)?;
@@ -216,6 +223,24 @@ impl<D: Device> DenseModel<D> {
             dense: grow_staging(dev, &mut a.dense, batch * ndense, to)?,
             labels: grow_staging(dev, &mut a.labels, batch, to)?,
         })
+    }
+
+    /// Host view of the staged batch's per-sample weights (`batch` values), for the caller
+    /// to fill after [`DenseModel::stage`]: the step then uses the weighted loss
+    /// ([`Op::WeightedBce`]). A batch staged without it has every sample weigh 1 and runs
+    /// the unweighted loss, the same code and bits as before weights existed.
+    pub fn stage_weights(&mut self, batch: usize) -> DeviceResult<&mut [f32]> {
+        let dev = &self.dev;
+        let st = &mut self.stages[self.fill];
+        if st.staged.map(|s| s.0) != Some(batch) {
+            return Err(DeviceError::refused("staging weights", format!("the staged batch does not have {batch} samples (call stage() first)")));
+        }
+        st.weighted = true;
+        if st.weights.is_none() {
+            st.weights = Some(dev.staging(0, Direction::ToDevice)?);
+        }
+        let w = st.weights.as_mut().ok_or_else(|| DeviceError::refused("staging weights", "no staging buffer"))?;
+        grow_staging(dev, w, batch, Direction::ToDevice)
     }
 
     /// Moves the staged batch to the device (checking its inverse map and building the
@@ -242,6 +267,18 @@ impl<D: Device> DenseModel<D> {
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
         dev.upload(&mut st.offsets, keys + 1, &mut b.offsets)?;
         dev.upload(&mut st.slots, batch * fields, &mut b.slots)?;
+        let stage = &mut self.stages[slot];
+        match (stage.weighted, &mut stage.weights) {
+            (true, Some(w)) => {
+                if self.batch.weights.is_none() {
+                    self.batch.weights = Some(dev.alloc(0)?);
+                }
+                let buf = self.batch.weights.as_mut().ok_or_else(|| DeviceError::refused("loading weights", "no buffer"))?;
+                grow(dev, buf, batch)?;
+                dev.upload(w, batch, buf)?;
+            }
+            _ => self.batch.weights = None,
+        }
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
@@ -257,14 +294,18 @@ impl<D: Device> DenseModel<D> {
 
     /// One training step on the loaded batch: forward, the loss (its gradient scaled by
     /// `loss_scale`: the trainer passes 1 / global batch, so the sum over ranks is the
-    /// gradient of the global mean loss), backward. Hands each layer's gradient to `out` as
+    /// gradient of the global mean loss; for a batch staged with weights, each sample's
+    /// loss times its weight and 1 / the global batch's weight sum), backward. Hands each layer's gradient to `out` as
     /// soon as it is final, last layer first, then the loss sum.
     pub fn step(&mut self, loss_scale: f32, out: &mut dyn FnMut(Part, Tensor)) -> DeviceResult<()> {
         let (batch, _) = self.loaded()?;
         let (dev, mlp, b) = (&self.dev, &mut self.mlp, &mut self.batch);
         mlp.forward(dev, &b.x, batch)?;
         let (z, delta) = mlp.output_and_delta();
-        dev.exec(Op::BceWithLogits { z, y: &b.arrays.labels, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?;
+        match &b.weights {
+            Some(w) => dev.exec(Op::WeightedBce { z, y: &b.arrays.labels, w, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?,
+            None => dev.exec(Op::BceWithLogits { z, y: &b.arrays.labels, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?,
+        }
         let mut sum = self.loss_sum.take().ok_or_else(|| DeviceError::refused("a dense step", "the last step's loss sum was not given back"))?;
         dev.exec(Op::Sum { x: &b.loss, n: batch, out: &mut sum, at: 0 })?;
         mlp.backward(dev, &b.x, &mut b.dx, batch, &mut |l, g| {

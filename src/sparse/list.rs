@@ -505,11 +505,16 @@ pub fn check_input(keys: &[u64], grads: &[f32], dim: usize) -> SparseResult<()> 
 /// Turns summed rows into the final gradient: `/ count` (frequency), `/ world` (Horovod's
 /// average) or unchanged (`none`). One f32 division per value, the same on every rank.
 pub fn normalise(list: &mut SparseList, how: SparseNormalize, world: usize) {
+    normalise_with(list, Finish::normalise(how, world))
+}
+
+/// Finishes every row of `list` with `finish` (the rule [`normalise`] picks, or the
+/// exchanger's, which knows the ranks' weights).
+pub fn normalise_with(list: &mut SparseList, finish: Finish) {
     let dim = list.dim;
     if dim == 0 {
         return;
     }
-    let finish = Finish::normalise(how, world);
     if finish == Finish::Sum {
         return;
     }

@@ -20,6 +20,16 @@ pub enum Finish {
     Divide(f32),
     /// Divide by the row's count.
     DivideByCount,
+    /// `--sparse-normalize weighted`: the row's last value is the sum of its holders'
+    /// weights `w`; the other values are divided by `w * world / total` (0 where that is
+    /// not a positive number). With equal integer weights `w * world / total` is exactly
+    /// the count, so the bits are those of [`Finish::DivideByCount`].
+    Weighted {
+        /// Ranks.
+        world: f32,
+        /// The sum of all ranks' weights.
+        total: f32,
+    },
 }
 
 impl Finish {
@@ -29,6 +39,8 @@ impl Finish {
             SparseNormalize::None => Finish::Sum,
             SparseNormalize::World => Finish::Divide(world as f32),
             SparseNormalize::Frequency => Finish::DivideByCount,
+            // Every rank weighing 1 unless the exchanger is told otherwise.
+            SparseNormalize::Weighted => Finish::Weighted { world: world as f32, total: world as f32 },
         }
     }
     /// Applies it to one summed row of `count` contributions.
@@ -38,6 +50,16 @@ impl Finish {
             Finish::Sum => return,
             Finish::Divide(d) => d,
             Finish::DivideByCount => count as f32,
+            Finish::Weighted { world, total } => {
+                let Some((w, grads)) = row.split_last_mut() else { return };
+                let d = *w * world / total;
+                if d > 0.0 && d.is_finite() {
+                    grads.iter_mut().for_each(|g| *g /= d);
+                } else {
+                    grads.iter_mut().for_each(|g| *g = 0.0);
+                }
+                return;
+            }
         };
         row.iter_mut().for_each(|g| *g /= d);
     }

@@ -17,7 +17,9 @@
 //! 3. **Cross-host allgatherv** per key range: the ranks of range l (one per host, over
 //!    `topo.cross`) allgather their host lists, so each host's rows cross the network once
 //!    instead of once per rank, then merge them in host order into range l of the result,
-//!    normalising each row as it is finished ([`SparseNormalize`], fused into the merge).
+//!    normalising each row as it is finished ([`SparseNormalize`], fused into the merge;
+//!    `weighted` carries each rank's weight as one more value of its rows:
+//!    [`exchange::weighted`]).
 //! 4. **Collect and apply** ([`SparseExchanger::exchange_and_apply`]): the merge in step 3
 //!    writes each range's rows straight into one list on the board
 //!    ([`board::HostBoard::publish_list`]: range l after ranges 0..l, so the list is in key
@@ -74,5 +76,9 @@ pub enum SparseNormalize {
     World,
     /// Not at all: the plain sum.
     None,
+    /// By the sum of the weights of the ranks whose batch held the key, scaled by
+    /// `world / sum of all ranks' weights`, so that equal weights give `frequency`
+    /// (weighted aggregation: see [`exchange::weighted`]).
+    Weighted,
 }
-crate::config::named_enum!(SparseNormalize { Frequency => "frequency", World => "world", None => "none" });
+crate::config::named_enum!(SparseNormalize { Frequency => "frequency", World => "world", None => "none", Weighted => "weighted" });

@@ -492,6 +492,13 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
             None => diffs.push(format!("{flag}: the checkpoint does not record it, this run has {value}")),
         }
     }
+    // A setting only some runs record (the sample weights of a weighted run) must not be
+    // dropped by the resume either.
+    for (flag, saved) in &ck.manifest.settings {
+        if !settings.iter().any(|(k, _)| k == flag) {
+            diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has none"));
+        }
+    }
     if diffs.is_empty() {
         return Ok(());
     }

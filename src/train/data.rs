@@ -34,8 +34,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::batch::Batch;
+use super::weights::{BatchWeights, Weighting};
 use super::{TrainConfig, TrainError, TrainResult};
 use crate::data::cache::{Dataset, FileLock, CACHE_EXT};
+use crate::data::weights::FileWeights;
 use crate::data::{inputs, shard, synth, DataError, EvalSet, PrepareOptions};
 use crate::hash::splitmix64;
 use crate::topology::Topology;
@@ -52,6 +54,9 @@ struct TrainFile {
     order: Option<(u64, Vec<u32>)>,
     /// Whether batches read its pages since they were last handed back.
     touched: bool,
+    /// Its kept rows and their weights, in a weighted run ([`super::weights`]): positions
+    /// `0..rows` then name `kept[p]`.
+    weights: Option<FileWeights>,
 }
 
 /// The held-out rows.
@@ -74,6 +79,11 @@ pub struct TrainData {
     preparer: Option<Preparer>,
     /// Rank 0 says when training reaches each later file.
     report: bool,
+    /// The files' weighting (`None`: every row weighs 1 and trains).
+    weighting: Option<Weighting>,
+    /// Whether the first file is split into training and held-out rows (then weighed
+    /// after the split).
+    split_first: bool,
 }
 
 /// The synthetic default set under `dir`, generated on first use (under a lock, so the
@@ -136,14 +146,18 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         Ok((files, eval))
     })();
     let (files, eval) = topo.agree(resolved.map_err(|e| e.to_string()))?;
+    let weighting = topo.agree(Weighting::new(&cfg.weights, &files).map_err(|e| e.to_string()))?;
+    let split_first = files.len() == 1 && eval.is_empty();
     let threads = cfg.threads_per_rank(topo);
     let mut data = TrainData {
-        files: files.into_iter().map(|path| TrainFile { path, ds: None, rows: 0, order: None, touched: false }).collect(),
+        files: files.into_iter().map(|path| TrainFile { path, ds: None, rows: 0, order: None, touched: false, weights: None }).collect(),
         held_out: HeldOut::Files(eval),
         cache_dir: dir.join("cache"),
         prepare: PrepareOptions::new(cfg.max_bad_lines),
         preparer: None,
         report: topo.rank == 0,
+        weighting,
+        split_first,
     };
     let later: Vec<PathBuf> = data.files[1..].iter().map(|f| f.path.clone()).chain(data.eval_files().iter().cloned()).filter(|p| !is_cache(p)).collect();
     if topo.local_rank == 0 && !later.is_empty() {
@@ -162,6 +176,7 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         let mut set = EvalSet::new();
         set.push(ds, test)?;
         data.held_out = HeldOut::Open(set);
+        data.weigh(0);
     }
     // Then the held-out files, ready for the first evaluation.
     for p in data.eval_files().to_vec() {
@@ -217,11 +232,36 @@ impl TrainData {
         let f = &mut self.files[i];
         f.rows = ds.len();
         f.ds = Some(Arc::new(ds));
+        if !(self.split_first && i == 0) {
+            self.weigh(i);
+        }
         // The next file is prepared while this one trains.
         if let Some(next) = self.files.get(i + 1).map(|f| f.path.clone()) {
             self.request(&next);
         }
         Ok(())
+    }
+
+    /// Weighs training file `i` (open, its training rows final): keeps its merged,
+    /// heavy-enough rows. Nothing in an unweighted run.
+    fn weigh(&mut self, i: usize) {
+        let (Some(w), f) = (self.weighting.as_mut(), &mut self.files[i]) else { return };
+        if let Some(ds) = &f.ds {
+            let fw = w.weigh(i, ds, f.rows);
+            f.rows = fw.kept.len();
+            f.weights = Some(fw);
+        }
+    }
+
+    /// Whether the rows carry weights ([`TrainData::load`] then returns them).
+    pub fn weighted(&self) -> bool {
+        self.weighting.is_some()
+    }
+
+    /// Rows merged and rows dropped by weight over the files opened so far (0, 0 in an
+    /// unweighted run).
+    pub fn weight_counts(&self) -> (u64, u64) {
+        self.weighting.as_ref().map_or((0, 0), |w| (w.merged, w.dropped))
     }
 
     /// Files opened so far (a prefix of the list).
@@ -241,7 +281,9 @@ impl TrainData {
             self.open_file(topo, i, step)?;
         }
         if self.opened() == self.files.len() && self.train_rows() == 0 {
-            return Err(TrainError::Config(format!("no training rows: the {} --data file(s) hold none", self.files.len())));
+            let dropped = self.weight_counts().1;
+            let why = if dropped > 0 { format!(" ({dropped} rows weigh less than --min-sample-weight: lower it, or use a larger --decay-base)") } else { String::new() };
+            return Err(TrainError::Config(format!("no training rows: the {} --data file(s) hold none{why}", self.files.len())));
         }
         Ok(())
     }
@@ -293,11 +335,13 @@ impl TrainData {
     /// Loads into `batch` this rank's `mine` of the global batch `global` (positions in
     /// epoch `epoch`'s concatenation of the training files, already [`TrainData::reach`]ed):
     /// each position is a row of a file through that file's order for the epoch
-    /// (shuffled with `shuffle_seed`). Files the global batch does not touch hand their
-    /// pages back.
-    pub fn load(&mut self, batch: &mut Batch, epoch: u64, global: Range<usize>, mine: Range<usize>, shuffle_seed: Option<u64>) -> TrainResult<()> {
+    /// (shuffled with `shuffle_seed`), and in a weighted run through the file's kept rows.
+    /// Files the global batch does not touch hand their pages back. A weighted run gets
+    /// the batch's weights: this rank's samples' and the global batch's sum.
+    pub fn load(&mut self, batch: &mut Batch, epoch: u64, global: Range<usize>, mine: Range<usize>, shuffle_seed: Option<u64>) -> TrainResult<Option<BatchWeights>> {
         let mut start = 0;
         let mut pieces: Vec<(usize, Range<usize>)> = Vec::with_capacity(2);
+        let mut globals: Vec<(usize, Range<usize>)> = Vec::with_capacity(2);
         for (i, f) in self.files.iter_mut().enumerate() {
             let end = start + f.rows;
             let in_global = global.start < end && start < global.end;
@@ -313,6 +357,7 @@ impl TrainData {
                 if f.order.as_ref().map(|o| o.0) != Some(epoch) {
                     f.order = Some((epoch, shard::epoch_order(f.rows, epoch, shuffle_seed.map(|s| file_seed(s, i)))?));
                 }
+                globals.push((i, global.start.max(start) - start..global.end.min(end) - start));
             }
             let (a, b) = (mine.start.max(start), mine.end.min(end));
             if a < b {
@@ -323,13 +368,28 @@ impl TrainData {
         let files = &self.files;
         let missing = || TrainError::Config("a batch reaches a data file that is not open".into());
         let mut loaded = Vec::with_capacity(pieces.len());
+        let mut weights = self.weighting.as_ref().map(|_| BatchWeights::default());
         for (i, r) in pieces {
             let f = &files[i];
             let (ds, order) = (f.ds.as_deref().ok_or_else(missing)?, f.order.as_ref().ok_or_else(missing)?);
-            loaded.push((ds, order.1[r].iter().copied()));
+            let positions = &order.1[r];
+            match (&f.weights, weights.as_mut()) {
+                (Some(fw), Some(bw)) => {
+                    bw.mine.extend(positions.iter().map(|&p| fw.weights[p as usize]));
+                    loaded.push((ds, Rows::Kept(positions.iter(), &fw.kept)));
+                }
+                _ => loaded.push((ds, Rows::All(positions.iter()))),
+            }
         }
         batch.load_pieces(loaded)?;
-        Ok(())
+        if let Some(bw) = weights.as_mut() {
+            for (i, r) in globals {
+                let (f, order) = (&files[i], files[i].order.as_ref().ok_or_else(missing)?);
+                let fw = f.weights.as_ref().ok_or_else(missing)?;
+                bw.global_sum += order.1[r].iter().map(|&p| fw.weights[p as usize] as f64).sum::<f64>();
+            }
+        }
+        Ok(weights)
     }
 
     /// Whether the run has held-out rows (or `--eval-data` files, not opened yet).
@@ -365,6 +425,23 @@ impl TrainData {
         match &self.held_out {
             HeldOut::Open(set) => Ok(set),
             HeldOut::Files(_) => Err(TrainError::Config("the held-out files are not open".into())),
+        }
+    }
+}
+
+/// The rows of a file that a batch reads: its positions, or in a weighted run the kept
+/// rows they name.
+enum Rows<'a> {
+    All(std::slice::Iter<'a, u32>),
+    Kept(std::slice::Iter<'a, u32>, &'a [u32]),
+}
+
+impl Iterator for Rows<'_> {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        match self {
+            Rows::All(p) => p.next().copied(),
+            Rows::Kept(p, kept) => p.next().map(|p| kept[*p as usize]),
         }
     }
 }

@@ -140,6 +140,12 @@ impl EmbeddingStage {
         &self.exchanger
     }
 
+    /// This rank's weight and all ranks' for the next exchange (`--sparse-normalize
+    /// weighted`: [`SparseExchanger::set_weights`]).
+    pub fn set_sparse_weights(&mut self, (mine, total): (f32, f32)) {
+        self.exchanger.set_weights(mine, total);
+    }
+
     /// The rows of `keys` (keys x dim) into `out`.
     pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> TrainResult<()> {
         Ok(self.table.lookup(keys, out)?)

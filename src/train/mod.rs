@@ -41,6 +41,7 @@ pub mod source;
 pub mod sync;
 pub mod trainer;
 pub mod warm;
+pub mod weights;
 
 use std::path::PathBuf;
 
@@ -50,6 +51,7 @@ use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
 use crate::comm::{self, Backend};
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
+use crate::data::weights::WeightConfig;
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::controller::AssertSend;
 use crate::engine::{Compression, DeviceExecutor, Engine, EngineConfig, ExecuteDevice};
@@ -195,6 +197,9 @@ pub struct TrainConfig {
     pub sync_every: u64,
     /// Who trains together between syncs (with `sync_every` > 1).
     pub sync_scope: SyncScope,
+    /// Per-sample weights: time decay, merged duplicates, dropped light rows
+    /// ([`crate::data::weights`]; the default weighs every row 1).
+    pub weights: WeightConfig,
 }
 
 impl TrainConfig {
@@ -251,6 +256,7 @@ impl TrainConfig {
             evict: Evict::Lru,
             sync_every: 1,
             sync_scope: SyncScope::Rank,
+            weights: WeightConfig::default(),
         }
     }
 
@@ -276,6 +282,9 @@ impl TrainConfig {
         if matches!(self.sparse_compression, Compression::Fp16 | Compression::Bf16) {
             return Err(TrainError::Config(format!("--sparse-compression {}: the sparse rows take none, 1bit or 1bit-l1", self.sparse_compression.name())));
         }
+        if self.sparse_compression != Compression::None && self.sparse_normalize == SparseNormalize::Weighted {
+            return Err(TrainError::Config("--sparse-compression with --sparse-normalize weighted: the rows carry their rank's weight, which signs and a scale would lose; use frequency, or no --sparse-compression".into()));
+        }
         if self.sparse_compression != Compression::None && self.sparse_exchange != SparseExchange::Hierarchical {
             return Err(TrainError::Config("--sparse-compression compresses the hierarchical exchange's cross-host leg: use --sparse-exchange hier".into()));
         }
@@ -284,6 +293,7 @@ impl TrainConfig {
 
     /// Refuses settings no run can use, saying which flag and why.
     pub fn validate(&self) -> TrainResult<()> {
+        self.weights.validate()?;
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
             return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
         }
@@ -339,6 +349,8 @@ impl TrainConfig {
             _ if self.sparse_exchange == SparseExchange::Flat => refuse("the sparse deltas travel through the hierarchical exchange: use --sparse-exchange hier (the default)"),
             _ if self.sparse_optimizer != OptimizerKind::Sgd => refuse("the table's optimizer must be sgd (row-wise Adagrad accumulators would differ between hosts): use --sparse-optimizer sgd, or --sync-every 1"),
             _ if self.admit_after > 1 => refuse("--admit-after counts each step's global keys, which local steps do not have: drop --admit-after, or use --sync-every 1"),
+            _ if self.weights.active() => refuse("sample weights (--decay-base, --merge-duplicates) are not combined with local steps yet: drop them, or use --sync-every 1"),
+            _ if self.sparse_normalize == SparseNormalize::Weighted => refuse("--sparse-normalize weighted weighs the ranks of every step, which local steps do not share: use frequency, or --sync-every 1"),
             _ if self.expire_after_steps.is_some() => refuse("--expire-after-steps removes rows by each step's global keys, which local steps do not have: drop it, or use --sync-every 1"),
             _ => Ok(()),
         }
@@ -395,7 +407,7 @@ impl TrainConfig {
     /// identity, in order: [`data::TrainData::identity`]); `rows` are those of the first.
     /// `--eval-data` may change.
     pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
-        vec![
+        let mut v = vec![
             ("--data", data_identity.to_string()),
             ("rows of --data", rows.to_string()),
             ("--batch", self.batch.to_string()),
@@ -416,7 +428,12 @@ impl TrainConfig {
             ("--admit-sketch-mib", self.admit_sketch_mib.to_string()),
             ("--expire-after-steps", format!("{:?}", self.expire_after_steps)),
             ("--evict", self.evict.to_string()),
-        ]
+        ];
+        // Only a weighted run records it: checkpoints of unweighted runs stay resumable.
+        if self.weights.active() {
+            v.push(("sample weights", weights::describe(&self.weights)));
+        }
+        v
     }
 
     /// Every setting that must be the same on every rank (`Topology::agree_settings`),
@@ -486,6 +503,7 @@ impl TrainConfig {
             ("--evict", self.evict.to_string()),
             ("--sync-every", self.sync_every.to_string()),
             ("--sync-scope", self.sync_scope.to_string()),
+            ("sample weights", weights::describe(&self.weights)),
         ]
     }
 }
@@ -640,6 +658,12 @@ pub struct TrainSummary {
     pub table_rows_crc_per_host: Vec<String>,
     /// Every rank's `params_fnv` (rank order): all equal, as the replicas are.
     pub params_fnv_per_rank: Vec<String>,
+    /// Training rows left out for weighing less than `--min-sample-weight` (after merging;
+    /// over the files opened).
+    pub samples_dropped_by_weight: u64,
+    /// Training rows merged into an identical earlier row of their file
+    /// (`--merge-duplicates`).
+    pub samples_merged: u64,
 }
 
 /// One rank's traffic, by direction.

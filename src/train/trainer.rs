@@ -13,6 +13,7 @@ use super::embedding::EmbeddingStage;
 use super::phases::PhaseTimer;
 use super::predict;
 use super::sync::LocalSgd;
+use super::weights::{self, BatchWeights};
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
@@ -21,7 +22,7 @@ use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
 use crate::model::{DenseModel, DenseOptimState, InputLayout, MlpShape, Part};
-use crate::sparse::SparseStats;
+use crate::sparse::{SparseNormalize, SparseStats};
 use crate::tensor::Tensor;
 use crate::topology::Topology;
 
@@ -59,7 +60,8 @@ pub struct Progress {
 /// device the staging overlaps the step's tail.
 #[derive(Clone, Copy)]
 struct Unread {
-    global_batch: usize,
+    /// What the global loss sum is divided by: the global batch, or its weight sum.
+    divisor: f64,
     epoch: u64,
     /// The step it belongs to (1-based).
     step: u64,
@@ -328,7 +330,7 @@ impl<'a, D: Device> Trainer<'a, D> {
 
     /// Records the global loss sum of a step once it is read (the same on every rank).
     fn record(&mut self, loss_sum: f64, u: Unread) -> TrainResult<()> {
-        let loss = loss_sum / u.global_batch as f64;
+        let loss = loss_sum / u.divisor;
         // A local step's loss is its rank's own: a non-finite one stops every rank at the
         // next sync instead (see `super::sync`).
         if !loss.is_finite() && self.cfg.nan_policy == NanPolicy::Stop && self.local.is_none() {
@@ -351,9 +353,13 @@ impl<'a, D: Device> Trainer<'a, D> {
     }
 
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
-    /// map, dense features and labels; then moves it to the device.
-    fn stage(&mut self) -> TrainResult<()> {
-        predict::stage(&mut self.model, self.embedding.table(), &self.batch)
+    /// map, dense features and labels, and in a weighted run its samples' weights.
+    fn stage(&mut self, weights: Option<&BatchWeights>) -> TrainResult<()> {
+        predict::stage(&mut self.model, self.embedding.table(), &self.batch)?;
+        if let Some(w) = weights {
+            self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
+        }
+        Ok(())
     }
 
     /// Whether the run ends after `step` global steps: `--max-steps`, or the last epoch's
@@ -400,20 +406,20 @@ impl<'a, D: Device> Trainer<'a, D> {
 
         self.phases.enter("batch");
         let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
-        self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
-        self.stage()?;
+        let batch_weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
+        self.stage(batch_weights.as_ref())?;
         self.model.load()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
         }
         if self.local.is_some() {
             let (st, loss_rows) = self.local_step(global_rows)?;
-            return self.finish_step(&st, global_batch, loss_rows, epoch);
+            return self.finish_step(&st, global_batch, loss_rows as f64, epoch);
         }
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         let engine = &self.engine;
-        let mut scale = 1.0 / global_batch as f32;
+        let (mut scale, divisor) = weights::loss_scale(batch_weights.as_ref(), global_batch);
         if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
             crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of step {} NaN", topo.rank, self.position.step + 1));
             scale = f32::NAN;
@@ -423,6 +429,9 @@ impl<'a, D: Device> Trainer<'a, D> {
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");
         let step = self.position.step + 1;
+        if cfg.sparse_normalize == SparseNormalize::Weighted {
+            self.embedding.set_sparse_weights(weights::rank_weights(batch_weights.as_ref(), self.batch.len(), global_batch));
+        }
         let st = match self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy) {
             Ok(st) => st,
             Err(e @ TrainError::NonFinite { .. }) => {
@@ -452,20 +461,20 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
         }
         self.phases.stop();
-        self.finish_step(&st, global_batch, global_batch, epoch)
+        self.finish_step(&st, global_batch, divisor, epoch)
     }
 
-    /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, the
-    /// samples its loss sum covers), then a sync when one is due (`--sync-every`), then
+    /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, what its
+    /// loss sum is divided by: the samples it covers or their weight sum), then a sync when one is due (`--sync-every`), then
     /// [`Trainer::end_step`].
-    fn finish_step(&mut self, st: &SparseStats, global_batch: usize, loss_rows: usize, epoch: u64) -> TrainResult<bool> {
+    fn finish_step(&mut self, st: &SparseStats, global_batch: usize, divisor: f64, epoch: u64) -> TrainResult<bool> {
         self.counters.samples += self.batch.len() as u64;
         self.counters.global_samples += global_batch as u64;
         self.count_sparse(st);
         self.counters.steps += 1;
         self.position.step += 1;
         self.position.in_epoch += 1;
-        self.unread = Some(Unread { global_batch: loss_rows, epoch, step: self.position.step });
+        self.unread = Some(Unread { divisor, epoch, step: self.position.step });
         if self.local.as_mut().is_some_and(|l| l.stepped()) {
             self.sync()?;
         }
@@ -867,6 +876,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             sync_delta_cross_bytes_received: all[3],
             table_rows_crc_per_host: per_host,
             params_fnv_per_rank: fnvs.iter().map(|f| format!("{f:016x}")).collect(),
+            samples_merged: self.data.weight_counts().0,
+            samples_dropped_by_weight: self.data.weight_counts().1,
             ..self.table_summary()
         })
     }

@@ -9,7 +9,7 @@ impl SparseExchanger {
         if self.host_only {
             return Err(SparseError::Invalid("the flat exchange has no host-only steps (--sync-every > 1 needs --sparse-exchange hier)".into()));
         }
-        let mine = encode_piece(self.rank, self.dim, own, &self.b.own, false, &mut self.b.send);
+        let mine = encode_piece(self.rank, self.wire_dim, own, &self.b.own, false, &mut self.b.send);
         let t = Instant::now();
         let gathered = match &mut self.net {
             Some(net) => net.allgatherv_raw(&self.b.send).map_err(SparseError::from),
@@ -51,14 +51,14 @@ impl SparseExchanger {
         at_least(&mut b.pieces, self.world);
         at_least(&mut b.hosts, self.num_hosts);
         for r in (0..self.world).filter(|r| *r != self.rank) {
-            decode_piece(g.piece(r), self.dim, r, 1, &mut b.pieces[r])?;
+            decode_piece(g.piece(r), self.wire_dim, r, 1, &mut b.pieces[r])?;
         }
         for (h, ranks) in self.host_ranks.iter().enumerate() {
             let refs: Vec<&SparseList> = ranks.iter().map(|r| if *r == self.rank { &b.own } else { &b.pieces[*r] }).collect();
-            merge_into(&refs, self.dim, &mut b.hosts[h]);
+            merge_into(&refs, self.wire_dim, &mut b.hosts[h]);
         }
         let refs: Vec<&SparseList> = b.hosts[..self.num_hosts].iter().collect();
-        merge_into(&refs, self.dim, &mut b.result);
+        merge_into(&refs, self.wire_dim, &mut b.result);
         if self.local_rank == 0 {
             st.keys_host = b.hosts[self.host_id].len() as u64;
         }

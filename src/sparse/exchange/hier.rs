@@ -21,10 +21,11 @@ pub(super) struct Hier {
 
 impl SparseExchanger {
     pub(super) fn hierarchical(&mut self, own: SparseResult<()>, grads: &[f32], st: &mut SparseStats) -> SparseResult<()> {
+        let finish = self.finish_rule();
         let Some(hier) = self.hier.as_mut() else {
             return Err(SparseError::Invalid("the hierarchical exchange has no cross-host communicator".into()));
         };
-        let (l, dim) = (self.local_rank, self.dim);
+        let (l, dim) = (self.local_rank, self.wire_dim);
         let owns_range = l < hier.ranges;
         let ranks = &self.host_ranks[self.host_id];
         // Host-only steps (`--sync-every`): this host is the whole world of the step.
@@ -102,7 +103,9 @@ impl SparseExchanger {
         // 3. Each rank merges them in host order, normalising each row as it is finished: with
         //    one rank per host into `b.result`, else straight into its part of the host's
         //    result list on the board, where the leader reads it.
-        let finish = Finish::normalise(self.normalize, world);
+        // A host-only step normalises over this host's ranks (`--sync-every` refuses the
+        // weighted form, whose weights are the world's).
+        let finish = if num_hosts == 1 && self.host_only { Finish::normalise(self.normalize, world) } else { finish };
         match &mut hier.board {
             None => {
                 let t = Instant::now();

@@ -26,6 +26,7 @@ use crate::topology::{Group, Topology};
 
 mod flat;
 mod hier;
+pub mod weighted;
 
 use hier::Hier;
 
@@ -152,6 +153,12 @@ struct Buffers {
     recv: Vec<u64>,
     /// `hier`: each piece's bytes in `recv`.
     spans: Vec<std::ops::Range<usize>>,
+    /// `weighted`: this rank's list with its weight ending each row, before the dedupe.
+    ext: SparseList,
+    /// `weighted`: this rank's rows summed per key (rows of the table's dim).
+    summed: SparseList,
+    /// `weighted`: the result's rows without their weight value.
+    stripped: Vec<f32>,
 }
 
 /// What a step does with its result on the leader: the host table's update (its rows' dim,
@@ -166,7 +173,14 @@ struct Apply<'a> {
 pub struct SparseExchanger {
     mode: SparseExchange,
     normalize: SparseNormalize,
+    /// Values per row on the wire: the table's dim, plus one (the weight) in `weighted`.
+    wire_dim: usize,
+    /// Values per row of the table (of the caller's gradients and of the result).
     dim: usize,
+    /// `weighted`: this rank's weight and the sum of all ranks' ([`weighted`]).
+    weights: (f32, f32),
+    /// `weighted`: the dedupe of this rank's input before its weight is appended.
+    pre: Deduper,
     rank: usize,
     world: usize,
     local_rank: usize,
@@ -286,7 +300,10 @@ impl SparseExchanger {
         Ok(SparseExchanger {
             mode,
             normalize,
+            wire_dim: if normalize == SparseNormalize::Weighted { dim + 1 } else { dim },
             dim,
+            weights: (1.0, topo.size as f32),
+            pre: Deduper::new(),
             rank: topo.rank,
             world: topo.size,
             local_rank: topo.local_rank,
@@ -330,7 +347,7 @@ impl SparseExchanger {
     pub fn normalize(&self) -> SparseNormalize {
         self.normalize
     }
-    /// Values per row.
+    /// Values per row (of the table, the input gradients and the result).
     pub fn dim(&self) -> usize {
         self.dim
     }
@@ -418,8 +435,18 @@ impl SparseExchanger {
     /// leader, the host's list on the board, which the step checked (and which stays as it
     /// is until the next step), so reading it again cannot fail.
     fn result(&self) -> AggregatedGrads<'_> {
+        let full = self.full_result();
+        match self.weighted() {
+            true => ListRef { dim: self.dim, keys: full.keys, counts: full.counts, grads: &self.b.stripped },
+            false => full,
+        }
+    }
+
+    /// The result as the exchange made it (in `weighted`, each row ends in its holders'
+    /// weight sum).
+    fn full_result(&self) -> AggregatedGrads<'_> {
         let on_board = self.hier.as_ref().and_then(|h| h.board.as_ref()).filter(|_| self.b.result_on_board);
-        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.dim)) {
+        match on_board.and_then(|board| list::view_checked(board.piece(0, Area::Range), self.wire_dim)) {
             Some(l) => l,
             None => self.b.result.view(),
         }
@@ -429,15 +456,20 @@ impl SparseExchanger {
     fn step(&mut self, keys: &[u64], grads: &[f32], apply: Option<Apply<'_>>) -> SparseResult<(bool, SparseStats)> {
         let t0 = Instant::now();
         let mut st = SparseStats { keys_in: keys.len() as u64, ..SparseStats::default() };
-        self.b.result.clear(self.dim);
+        self.b.result.clear(self.wire_dim);
         self.b.result_on_board = false;
         let own = match &apply {
             Some(a) if a.dim != self.dim => Err(SparseError::Invalid(format!(
                 "the host table has rows of dim {} but the exchanger was built for dim {}; build both from the same embedding dim",
                 a.dim, self.dim
             ))),
-            _ => self.deduper.index(keys, grads, self.dim).map(|_| ()),
+            _ => Ok(()),
         };
+        // `weighted`: the rows that travel end in this rank's weight (see [`weighted`]).
+        let mut ext = std::mem::take(&mut self.b.ext);
+        let own = own.and_then(|()| if self.weighted() { self.weigh_rows(keys, grads, &mut ext) } else { Ok(()) });
+        let (keys, grads): (&[u64], &[f32]) = if self.weighted() && own.is_ok() { (&ext.keys, &ext.grads) } else { (keys, grads) };
+        let own = own.and_then(|()| self.deduper.index(keys, grads, self.wire_dim).map(|_| ()));
         // The list goes into `b.own` now, or, in `hier` with a host board, straight onto the
         // board once its place there is ready.
         let on_board = self.hier.as_ref().is_some_and(|h| h.board.is_some());
@@ -451,6 +483,7 @@ impl SparseExchanger {
             SparseExchange::Flat => self.flat(own, &mut st),
         };
         let out = self.conclude(global, apply, &mut st);
+        self.b.ext = ext;
         st.total_s = t0.elapsed().as_secs_f64();
         self.steps += 1;
         self.totals.add(&st);
@@ -460,7 +493,8 @@ impl SparseExchanger {
     /// Normalises `self.b.result` (the whole list, or this rank's key range of it).
     fn normalise(&mut self, st: &mut SparseStats) {
         let t = Instant::now();
-        list::normalise(&mut self.b.result, self.normalize, self.world);
+        let finish = self.finish_rule();
+        list::normalise_with(&mut self.b.result, finish);
         st.merge_s += t.elapsed().as_secs_f64();
     }
 
@@ -492,6 +526,9 @@ impl SparseExchanger {
                 None => Ok(false),
             };
         }
+        if global.is_ok() && self.weighted() {
+            self.strip();
+        }
         let result = self.finish(global, apply, st);
         if tell {
             let told = self.host_status(if self.local_rank == 0 { result.as_ref().err() } else { None });
@@ -511,7 +548,7 @@ impl SparseExchanger {
         let mut status = [0u8; STATUS_LEN];
         if let Some(e) = leader_err {
             let mut piece = Vec::new();
-            error_piece(self.rank, self.dim, e, STATUS_LEN - 4, &mut piece);
+            error_piece(self.rank, self.wire_dim, e, STATUS_LEN - 4, &mut piece);
             status[..4].copy_from_slice(&(piece.len() as u32).to_le_bytes());
             status[4..4 + piece.len()].copy_from_slice(&piece);
         }
@@ -530,7 +567,7 @@ impl SparseExchanger {
         let Some(piece) = status.get(4..4 + len) else {
             return Ok(Some(SparseError::Corrupt { rank: leader, reason: format!("status of {len} bytes in a {STATUS_LEN}-byte buffer") }));
         };
-        Ok(Some(match decode(piece, self.dim, 1) {
+        Ok(Some(match decode(piece, self.wire_dim, 1) {
             Ok(Piece::Error { rank, message }) => SparseError::Peer { rank, message },
             Ok(Piece::List(_)) => SparseError::Corrupt { rank: leader, reason: "status holds a list instead of an error report".into() },
             Err(e) => e.from_rank(leader),

@@ -1,0 +1,266 @@
+//! Per-sample weights of training rows (design 002): time decay by the day of a row's
+//! file, merging of identical rows, and dropping rows that weigh too little.
+//!
+//! **Days.** Every training file carries a day: by default its position in the `--data`
+//! list after directories and globs are expanded (the i-th file is day i), or
+//! `--day-of FILE=N`. The newest day is the largest; a row's age is `newest - day`.
+//!
+//! **Weight.** `w = base^(-age) * count`: `base` is `--decay-base` (`e`, `2` or a number
+//! above 1; without it every age weighs 1) and `count` the rows merged into this one
+//! (`--merge-duplicates`; 1 otherwise).
+//!
+//! **Merging** (`--merge-duplicates`): rows of one file (one day: the time bucket) with
+//! the same label, the same 13 dense values (bit for bit) and the same 26 keys become
+//! one row, the first in file order, with a count. It depends on the file alone, so
+//! every rank computes the same kept rows without communication.
+//!
+//! **Dropping**: after merging, rows whose weight is below `--min-sample-weight`
+//! (default 0.001 with `--decay-base`, else 0) are left out. So for every file,
+//! `kept + merged + dropped` = its rows.
+//!
+//! Everything is a function of the data and the flags: every rank knows the weight of
+//! every row of a global batch, so the global weight sum of a step needs no collective.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::cache::Dataset;
+use super::{DataError, DataResult};
+use crate::hash::splitmix64;
+
+/// `--decay-unit`: what one unit of age is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecayUnit {
+    /// One day: one step of a file's day number.
+    #[default]
+    Day,
+}
+
+impl std::str::FromStr for DecayUnit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "day" | "days" => Ok(DecayUnit::Day),
+            _ => Err(format!("`{s}` is not a decay unit; the only unit is `day` (a file's day from --day-of or its position in --data)")),
+        }
+    }
+}
+
+impl std::fmt::Display for DecayUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("day")
+    }
+}
+
+/// Parses `--decay-base`: `e`, `2`, or a number above 1.
+pub fn parse_decay_base(s: &str) -> Result<f64, String> {
+    let v = match s {
+        "e" => std::f64::consts::E,
+        _ => s.parse::<f64>().map_err(|_| format!("`{s}` is not a decay base; give e, 2 or a number above 1 (a sample of age a weighs base^-a)"))?,
+    };
+    if !(v.is_finite() && v > 1.0) {
+        return Err(format!("--decay-base must be above 1 (e, 2 or x > 1), got {s}: a base of 1 or less would not decay"));
+    }
+    Ok(v)
+}
+
+/// Parses one `--day-of FILE=N`.
+pub fn parse_day_of(s: &str) -> Result<(PathBuf, i64), String> {
+    let (file, day) = s.rsplit_once('=').ok_or_else(|| format!("`{s}`: give --day-of FILE=N (a --data file and its day number)"))?;
+    let day = day.trim().parse::<i64>().map_err(|_| format!("`{s}`: the day after `=` must be an integer (e.g. --day-of day_7.tsv=7)"))?;
+    if file.is_empty() {
+        return Err(format!("`{s}`: the file before `=` is empty; give --day-of FILE=N"));
+    }
+    Ok((PathBuf::from(file), day))
+}
+
+/// How the training rows are weighted (the `--decay-*`, `--day-of`, `--min-sample-weight`
+/// and `--merge-duplicates` flags). The default weighs every row 1 and keeps every row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WeightConfig {
+    /// `--decay-base`: a row of age a weighs `base^-a` (`None`: no decay).
+    pub decay_base: Option<f64>,
+    /// `--decay-unit`.
+    pub decay_unit: DecayUnit,
+    /// `--day-of FILE=N`: days given explicitly.
+    pub day_of: Vec<(PathBuf, i64)>,
+    /// `--min-sample-weight` (`None`: 0.001 with decay, else 0).
+    pub min_sample_weight: Option<f64>,
+    /// `--merge-duplicates`.
+    pub merge_duplicates: bool,
+}
+
+/// `--min-sample-weight` when decay is on and it is not given (seed 002).
+pub const DEFAULT_MIN_WEIGHT_WITH_DECAY: f64 = 0.001;
+
+impl WeightConfig {
+    /// Whether any row may weigh other than 1 or be left out: the run then stages
+    /// weights and uses the weighted loss. False: today's unweighted run, bit for bit
+    /// (also with a `--min-sample-weight` of at most 1 alone: every row weighs 1 and stays).
+    pub fn active(&self) -> bool {
+        self.decay_base.is_some() || self.merge_duplicates
+    }
+
+    /// The weight below which a row is dropped.
+    pub fn min_weight(&self) -> f64 {
+        self.min_sample_weight.unwrap_or(if self.decay_base.is_some() { DEFAULT_MIN_WEIGHT_WITH_DECAY } else { 0.0 })
+    }
+
+    /// Refuses values no run can use, naming the flag.
+    pub fn validate(&self) -> DataResult<()> {
+        if let Some(b) = self.decay_base {
+            if !(b.is_finite() && b > 1.0) {
+                return Err(DataError::InvalidArgument(format!("--decay-base must be above 1, got {b}")));
+            }
+        }
+        if let Some(m) = self.min_sample_weight {
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(DataError::InvalidArgument(format!("--min-sample-weight must be a number >= 0, got {m}")));
+            }
+            if m > 1.0 && !self.active() {
+                return Err(DataError::InvalidArgument(format!(
+                    "--min-sample-weight {m} would leave out every sample: without --decay-base or --merge-duplicates every sample weighs 1"
+                )));
+            }
+        }
+        if !self.day_of.is_empty() && self.decay_base.is_none() {
+            return Err(DataError::InvalidArgument("--day-of gives the days that --decay-base ages samples by; add --decay-base (e, 2 or x > 1) or drop --day-of".into()));
+        }
+        Ok(())
+    }
+
+    /// The day of each training file (`files` as resolved, in order): its position, or
+    /// its `--day-of`. A `--day-of` that names no training file is an error.
+    pub fn days(&self, files: &[PathBuf]) -> DataResult<Vec<i64>> {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let names: Vec<PathBuf> = files.iter().map(|p| canon(p)).collect();
+        let mut days: Vec<i64> = (0..files.len() as i64).collect();
+        for (file, day) in &self.day_of {
+            let c = canon(file);
+            let hits: Vec<usize> = names.iter().enumerate().filter(|(_, n)| **n == c).map(|(i, _)| i).collect();
+            if hits.is_empty() {
+                return Err(DataError::InvalidArgument(format!("--day-of {}={day}: {} is not one of the --data files; name a training file as --data resolves it", file.display(), file.display())));
+            }
+            for i in hits {
+                days[i] = *day;
+            }
+        }
+        Ok(days)
+    }
+
+    /// The decay weight of each file of `days`: `base^-(newest - day)` (1 without decay).
+    pub fn day_weights(&self, days: &[i64]) -> Vec<f64> {
+        let newest = days.iter().copied().max().unwrap_or(0);
+        days.iter().map(|d| self.decay_base.map_or(1.0, |b| b.powf(-((newest - d) as f64)))).collect()
+    }
+}
+
+/// The rows of one file that train, with their weights.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileWeights {
+    /// Rows of the file kept (ascending: first occurrences in file order).
+    pub kept: Vec<u32>,
+    /// The weight of each kept row (`day weight * count`).
+    pub weights: Vec<f32>,
+    /// Rows that were merged into an earlier identical row.
+    pub merged: u64,
+    /// Rows (after merging) left out for weighing less than the minimum.
+    pub dropped: u64,
+}
+
+/// A row's identity for merging: a hash of its label, dense bits and keys.
+fn row_hash(ds: &Dataset, i: usize) -> u64 {
+    let mut h = splitmix64(ds.label(i).to_bits() as u64);
+    for d in ds.dense(i) {
+        h = splitmix64(h ^ d.to_bits() as u64);
+    }
+    for k in ds.keys(i) {
+        h = splitmix64(h ^ k);
+    }
+    h
+}
+
+/// Whether rows `a` and `b` are identical (label, dense bits, keys).
+fn same_row(ds: &Dataset, a: usize, b: usize) -> bool {
+    ds.label(a).to_bits() == ds.label(b).to_bits() && ds.dense(a).iter().zip(ds.dense(b)).all(|(x, y)| x.to_bits() == y.to_bits()) && ds.keys(a) == ds.keys(b)
+}
+
+/// Weighs rows `0..rows` of `ds`, each of decay weight `day_weight`: merges identical
+/// rows when `merge` (the first kept, counts multiplying the weight), then drops rows
+/// weighing less than `min_weight`.
+pub fn weigh_file(ds: &Dataset, rows: usize, day_weight: f64, merge: bool, min_weight: f64) -> FileWeights {
+    let mut kept: Vec<u32> = Vec::with_capacity(rows);
+    let mut counts: Vec<u32> = Vec::with_capacity(rows);
+    if merge {
+        // hash -> kept positions with that hash (collisions compared row by row).
+        let mut seen: HashMap<u64, Vec<u32>> = HashMap::with_capacity(rows);
+        for i in 0..rows {
+            let slot = seen.entry(row_hash(ds, i)).or_default();
+            match slot.iter().find(|&&k| same_row(ds, kept[k as usize] as usize, i)) {
+                Some(&k) => counts[k as usize] += 1,
+                None => {
+                    slot.push(kept.len() as u32);
+                    kept.push(i as u32);
+                    counts.push(1);
+                }
+            }
+        }
+    } else {
+        kept.extend(0..rows as u32);
+        counts.resize(rows, 1);
+    }
+    let merged = (rows - kept.len()) as u64;
+    let mut out = FileWeights { merged, ..FileWeights::default() };
+    for (row, count) in kept.into_iter().zip(counts) {
+        let w = day_weight * count as f64;
+        if w < min_weight {
+            out.dropped += 1;
+        } else {
+            out.kept.push(row);
+            out.weights.push(w as f32);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decay_bases_and_units_parse_or_say_what_to_give() {
+        assert_eq!(parse_decay_base("e").unwrap(), std::f64::consts::E);
+        assert_eq!(parse_decay_base("2").unwrap(), 2.0);
+        assert_eq!(parse_decay_base("1.5").unwrap(), 1.5);
+        assert!(parse_decay_base("1").unwrap_err().contains("above 1"));
+        assert!(parse_decay_base("0.5").unwrap_err().contains("above 1"));
+        assert!(parse_decay_base("x").unwrap_err().contains("e, 2"));
+        assert_eq!("day".parse::<DecayUnit>().unwrap(), DecayUnit::Day);
+        assert!("hour".parse::<DecayUnit>().unwrap_err().contains("only unit is `day`"));
+        assert_eq!(parse_day_of("a/b.tsv=7").unwrap(), (PathBuf::from("a/b.tsv"), 7));
+        assert!(parse_day_of("a.tsv").unwrap_err().contains("FILE=N"));
+        assert!(parse_day_of("a.tsv=x").unwrap_err().contains("integer"));
+    }
+
+    #[test]
+    fn days_follow_the_order_or_day_of_and_weights_decay_from_the_newest() {
+        let files: Vec<PathBuf> = ["/nonexistent/d0", "/nonexistent/d1", "/nonexistent/d2"].iter().map(PathBuf::from).collect();
+        let mut c = WeightConfig { decay_base: Some(2.0), ..WeightConfig::default() };
+        assert_eq!(c.days(&files).unwrap(), vec![0, 1, 2]);
+        assert_eq!(c.day_weights(&[0, 1, 2]), vec![0.25, 0.5, 1.0]);
+        c.day_of = vec![(PathBuf::from("/nonexistent/d0"), 5)];
+        assert_eq!(c.days(&files).unwrap(), vec![5, 1, 2]);
+        assert_eq!(c.day_weights(&[5, 1, 2]), vec![1.0, 1.0 / 16.0, 1.0 / 8.0]);
+        c.day_of = vec![(PathBuf::from("/nonexistent/other"), 1)];
+        assert!(c.days(&files).unwrap_err().to_string().contains("not one of the --data files"));
+        assert_eq!(WeightConfig::default().day_weights(&[0, 9]), vec![1.0, 1.0]);
+        assert_eq!(c.min_weight(), 0.001);
+        assert_eq!(WeightConfig::default().min_weight(), 0.0);
+        assert!(!WeightConfig::default().active());
+        assert!(WeightConfig { merge_duplicates: true, ..WeightConfig::default() }.active());
+        // A minimum alone weighs nothing: the unweighted run, or an error past 1.
+        assert!(!WeightConfig { min_sample_weight: Some(0.5), ..WeightConfig::default() }.active());
+        assert!(WeightConfig { min_sample_weight: Some(2.0), ..WeightConfig::default() }.validate().unwrap_err().to_string().contains("every sample weighs 1"));
+        assert!(WeightConfig { day_of: vec![(PathBuf::from("x"), 1)], ..WeightConfig::default() }.validate().is_err());
+    }
+}

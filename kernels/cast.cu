@@ -2,9 +2,6 @@
 // round to nearest, ties to even, NaN kept quiet, as the `half` crate converts on the CPU.
 // Used for compressed gradient allreduce over NCCL (RINGREC_COMPRESSION=fp16|bf16).
 
-static __device__ __forceinline__ u32 f32_bits(float f) { union { float f; u32 u; } c; c.f = f; return c.u; }
-static __device__ __forceinline__ float bits_f32(u32 u) { union { float f; u32 u; } c; c.u = u; return c.f; }
-
 static __device__ __forceinline__ u16 to_bf16(float f) {
     u32 u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);

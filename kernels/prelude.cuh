@@ -9,3 +9,6 @@ typedef unsigned int u32;
 // The global thread index and the grid's thread count (grid-stride loops).
 #define RR_TID ((long long)blockIdx.x * blockDim.x + threadIdx.x)
 #define RR_STRIDE ((long long)blockDim.x * gridDim.x)
+// An f32's bits and back (casts, 1-bit scales), for every source.
+static __device__ __forceinline__ u32 f32_bits(float f) { union { float f; u32 u; } c; c.f = f; return c.u; }
+static __device__ __forceinline__ float bits_f32(u32 u) { union { float f; u32 u; } c; c.u = u; return c.f; }

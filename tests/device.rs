@@ -658,6 +658,8 @@ fn host_kernels_bad_launches_are_refused() {
 fn gpu() -> Option<CudaDevice> {
     match CudaDevice::new(0) {
         Ok(d) => Some(d),
+        // A GPU whose kernels do not compile or load is a failure, not a machine without one.
+        Err(e @ (ringrec::device::DeviceError::Kernel { .. } | ringrec::device::DeviceError::KernelLoad(_))) => panic!("the GPU is there but its kernels failed: {e}"),
         Err(e) => {
             eprintln!("skipped: no GPU here ({e})");
             None

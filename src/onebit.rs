@@ -72,3 +72,13 @@ pub fn onebit_error_bound(form: OneBitForm, v: &[f32]) -> Option<f64> {
     }
 }
 
+
+/// Scales of a 1-bit encoding of `n` values in blocks of `block` values (0: one scale for
+/// all of them); at least 1.
+pub fn scales(n: usize, block: usize) -> usize {
+    if block == 0 {
+        1
+    } else {
+        n.div_ceil(block).max(1)
+    }
+}

@@ -180,14 +180,7 @@ pub enum Op<'a, D: Device> {
     OneBitDecodeSum { gathered: &'a D::Buf<u32>, stride: usize, at: usize, ranks: usize, x: &'a mut D::Buf<f32>, n: usize, block: usize, average: bool },
 }
 
-/// Scales of a 1-bit encoding of `n` values in blocks of `block` (0: one).
-pub fn onebit_scales(n: usize, block: usize) -> usize {
-    if block == 0 {
-        1
-    } else {
-        n.div_ceil(block).max(1)
-    }
-}
+pub use crate::onebit::scales as onebit_scales;
 
 /// Words of a 1-bit encoding of `n` values in blocks of `block`: the scales, then the
 /// sign bits.

@@ -145,14 +145,7 @@ pub fn from_half(src: &[u8], dst: &mut [f32], wire: DType) {
 /// The default `RINGREC_ONEBIT_BLOCK`: values per scale.
 pub const DEFAULT_BLOCK: usize = 256;
 
-/// Scales of a 1-bit encoding of `n` values in blocks of `block` (0: one).
-pub fn onebit_scales(n: usize, block: usize) -> usize {
-    if block == 0 {
-        1
-    } else {
-        n.div_ceil(block).max(1)
-    }
-}
+pub use crate::onebit::scales as onebit_scales;
 
 /// The values per scale of `n` values in blocks of `block` (0: all of them, at least 1).
 fn block_len(n: usize, block: usize) -> usize {

@@ -97,11 +97,36 @@ fn bad_compression_flags_are_refused_with_what_to_do() {
         (vec!["--compression", "1bit-l1", "--onebit-lambda", "0.5"], "add --compression 1bit"),
         (vec!["--compression", "2bit"], "choose from none, fp16, bf16, 1bit, 1bit-l1"),
         (vec!["--onebit-block", "64"], "add --compression 1bit or 1bit-l1"),
+        (vec!["--compression-warmup", "5"], "add --compression (1bit, 1bit-l1, fp16 or bf16)"),
     ] {
         let job = train(&args);
         assert!(job.code != Some(0), "{args:?} must fail");
         assert!(job.all().contains(says), "{args:?}: {}", job.all());
     }
+}
+
+/// `--compression-warmup N`: the first N steps' gradients go exact, the rest compressed.
+#[test]
+fn compression_warmup_sends_exact_gradients_first() {
+    let none = summary(&train(&[]));
+    let raw = none["dense_bytes_per_step"].as_f64().unwrap();
+    // A warmup as long as the run is the uncompressed run, bit for bit.
+    let all = summary(&train(&["--compression", "1bit", "--compression-warmup", "40"]));
+    assert_eq!(all["params_fnv"], none["params_fnv"], "a 40-step warmup of a 40-step run compresses nothing");
+    assert_eq!(all["dense_wire_bytes_per_step"].as_f64().unwrap(), raw);
+    let onebit = summary(&train(&["--compression", "1bit"]));
+    let compressed = onebit["dense_wire_bytes_per_step"].as_f64().unwrap();
+    assert!(compressed < raw / 25.0, "{compressed} vs {raw}");
+    let part = summary(&train(&["--compression", "1bit", "--compression-warmup", "10"]));
+    let (l, base) = (losses(&part), losses(&none));
+    // Steps 1..=10 update with exact gradients: the losses up to the 11th match the
+    // uncompressed run's; the 12th is the first after a compressed update.
+    assert_eq!(l[..11], base[..11], "the warmup's steps are the uncompressed run's");
+    assert_ne!(l[11], base[11], "after the warmup the gradients are compressed");
+    assert_ne!(part["params_fnv"], none["params_fnv"]);
+    // 10 steps at the f32 bytes, 30 at the 1-bit bytes (the sizes depend only on shapes).
+    let wire = part["dense_wire_bytes_per_step"].as_f64().unwrap() * 40.0;
+    assert!((wire - (10.0 * raw + 30.0 * compressed)).abs() < 1.0, "{wire} wire bytes over 40 steps; raw {raw}, compressed {compressed} per step");
 }
 
 #[test]

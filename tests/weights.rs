@@ -176,6 +176,34 @@ fn decay_drops_the_days_below_the_minimum_and_weighs_the_rest() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--loss-normalize rows`: a batch of one old day is scaled by its weight (not cancelled).
+#[test]
+fn loss_normalized_by_rows_lets_decay_act_on_one_day_batches() {
+    let dir = tmpdir("rows");
+    let days: Vec<String> = (0..3).map(|d| write_lines(&dir.join(format!("day_{d}.tsv")), &synth_lines(&dir, 1200, 20 + d))).collect();
+    let data = days.join(",");
+    let run = |extra: &[&str]| {
+        let mut a = vec!["--data", data.as_str(), "--batch", "240", "--no-eval"];
+        a.extend_from_slice(extra);
+        summary(&train(2, &dir, &a))
+    };
+    let plain = run(&[]);
+    let mean = run(&["--decay-base", "2"]);
+    let rows = run(&["--decay-base", "2", "--loss-normalize", "rows"]);
+    let loss = |s: &serde_json::Value, i: usize| s["losses"][i].as_f64().unwrap();
+    // Batch 1 is day 0's (weight 1/4 for every row): the weighted mean is the plain loss,
+    // the row-normalised loss a quarter of it.
+    assert!((loss(&mean, 0) - loss(&plain, 0)).abs() <= 1e-6, "{} vs {}", loss(&mean, 0), loss(&plain, 0));
+    assert!((loss(&rows, 0) - 0.25 * loss(&plain, 0)).abs() <= 1e-6, "{} vs {} / 4", loss(&rows, 0), loss(&plain, 0));
+    // Its updates are a quarter (day 0) and a half (day 1) of the weighted mean's: the
+    // sparse SGD moves less, so the run ends elsewhere.
+    assert_ne!(rows["params_fnv"], mean["params_fnv"]);
+    // Refused where nothing is weighted.
+    let job = train(1, &dir, &["--data", &days[0], "--batch", "100", "--loss-normalize", "rows"]);
+    assert!(job.code != Some(0) && job.all().contains("add --decay-base or --merge-duplicates"), "{}", job.all());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn bad_weight_flags_say_what_to_do() {
     let dir = tmpdir("bad");

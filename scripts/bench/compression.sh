@@ -5,7 +5,9 @@
 # sample (../shared/data, skipped with a note when absent), several seeds each. Reports test
 # AUC (mean, spread, difference to none; target within 0.01), the dense bytes on the wire
 # per step against the float32 bytes (target 1/32 plus the scales) and the cross-host bytes
-# per sample (dense + sparse). Writes docs/bench/compression.{jsonl,txt,log}.
+# per sample (dense + sparse). Each dense form also with --compression-warmup $WARMUP (20)
+# exact steps first. Criteo: --batch 256 (108 steps; the default 1024 gives 27 steps and an
+# underfit reference). Writes docs/bench/compression.{jsonl,txt,log}.
 #   scripts/bench/compression.sh
 #   SEEDS="1 2 3 4 5" SKIP_BUILD=1 scripts/bench/compression.sh
 set -uo pipefail
@@ -24,12 +26,15 @@ RINGREC=target/release/ringrec
 record() { "$PY" scripts/bench/json_run.py --out "$OUT" --log "$LOG" "$@" > /dev/null; }
 sets=(synthetic)
 if [ -s "$CRITEO" ]; then sets+=(criteo); else echo "compression.sh: $CRITEO is absent: the Criteo half is skipped" >&2; fi
+W=${WARMUP:-20}
 modes=("none|" "1bit|--compression 1bit" "1bit-lambda0.5|--compression 1bit --onebit-lambda 0.5" "1bit-l1|--compression 1bit-l1"
+       "1bit+warmup$W|--compression 1bit --compression-warmup $W" "1bit-lambda0.5+warmup$W|--compression 1bit --onebit-lambda 0.5 --compression-warmup $W"
+       "1bit-l1+warmup$W|--compression 1bit-l1 --compression-warmup $W"
        "sparse-1bit-l1|--sparse-compression 1bit-l1" "sparse-1bit-lambda0.5|--sparse-compression 1bit --onebit-lambda 0.5")
 for set in "${sets[@]}"; do
   case $set in
     synthetic) data=() ;;
-    criteo) data=(--data "$CRITEO" --test-fraction 0.1 --epochs 3 --hidden 256,128 --lr 0.001 --sparse-lr 0.05 --sparse-optimizer sgd) ;;
+    criteo) data=(--data "$CRITEO" --test-fraction 0.1 --epochs 3 --batch 256 --hidden 256,128 --lr 0.001 --sparse-lr 0.05 --sparse-optimizer sgd) ;;
   esac
   for seed in $SEEDS; do
     for m in "${modes[@]}"; do
@@ -54,8 +59,8 @@ ok = [r for r in rows if "error" not in r and r.get("test_auc") is not None]
 for s in dict.fromkeys(r["set"] for r in ok):
     base = [r["test_auc"] for r in ok if r["set"] == s and r["mode"] == "none"]
     print(f"\n## {s}\n")
-    print("| mode | test AUC mean (min..max) | AUC - none | dense wire / f32 bytes | dense wire bytes per step | cross-host bytes per sample (dense + sparse) | sparse cross-host bytes per sample |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | test AUC mean (min..max) | AUC - none | per seed | dense wire / f32 bytes | dense wire bytes per step | cross-host bytes per sample (dense + sparse) | sparse cross-host bytes per sample |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in dict.fromkeys(r["mode"] for r in ok if r["set"] == s):
         rs = [r for r in ok if r["set"] == s and r["mode"] == m]
         auc = [r["test_auc"] for r in rs]
@@ -64,6 +69,8 @@ for s in dict.fromkeys(r["set"] for r in ok):
         cross = st.mean(r["cross_host_bytes_per_sample"] for r in rs)
         sparse = st.mean(r["sparse_cross_host_bytes_per_sample"] for r in rs)
         diff = st.mean(auc) - st.mean(base) if base else float("nan")
-        print(f"| {m} | {st.mean(auc):.5f} ({min(auc):.5f}..{max(auc):.5f}) | {diff:+.5f} | 1/{1 / wire:.1f} | {wps:,.0f} | {cross:,.0f} | {sparse:,.0f} |")
+        by_seed = {r["seed"]: r["test_auc"] for r in ok if r["set"] == s and r["mode"] == "none"}
+        paired = " ".join(f"{r['test_auc'] - by_seed[r['seed']]:+.4f}" for r in rs if r["seed"] in by_seed)
+        print(f"| {m} | {st.mean(auc):.5f} ({min(auc):.5f}..{max(auc):.5f}) | {diff:+.5f} | {paired} | 1/{1 / wire:.1f} | {wps:,.0f} | {cross:,.0f} | {sparse:,.0f} |")
 PY
 } | tee docs/bench/$NAME.txt

@@ -8,7 +8,9 @@
 #                                      BATCH=1024 EXTRA= MODES="unweighted weighted")
 # MODES: unweighted (no flag), weighted (--decay-base 2 --merge-duplicates), decay
 # (--decay-base 2 alone), merge (--merge-duplicates alone), reweigh (--decay-base 2
-# --min-sample-weight 0: weights without dropping old days). EXTRA: flags for every run.
+# --min-sample-weight 0: weights without dropping old days), weighted-rows and decay-rows
+# (the same with --loss-normalize rows: a batch's loss divided by its rows, not its weight
+# sum). EXTRA: flags for every run.
 # Writes OUT (default docs/bench/i17/decay.jsonl, one record per run) and the table beside it (.txt).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,6 +43,8 @@ for s in $SEEDS; do
       decay) flags=(--decay-base 2) ;;
       merge) flags=(--merge-duplicates) ;;
       reweigh) flags=(--decay-base 2 --min-sample-weight 0) ;;
+      weighted-rows) flags=(--decay-base 2 --merge-duplicates --loss-normalize rows) ;;
+      decay-rows) flags=(--decay-base 2 --loss-normalize rows) ;;
       *) echo "decay.sh: unknown mode $mode" >&2; exit 2 ;;
     esac
     # shellcheck disable=SC2086

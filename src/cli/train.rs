@@ -170,6 +170,16 @@ pub struct TrainArgs {
     /// form). Default: RINGREC_ONEBIT_BLOCK, else 256.
     #[arg(long, value_name = "VALUES")]
     pub onebit_block: Option<usize>,
+    /// Train the first STEPS steps with the dense gradients uncompressed, then switch to
+    /// --compression (1-bit Adam's warmup: Adam's moments settle on exact gradients
+    /// first; error feedback starts at the switch). Default 0.
+    #[arg(long, value_name = "STEPS", default_value_t = 0)]
+    pub compression_warmup: u64,
+    /// What a weighted step's loss sum is divided by: weights (the global batch's weight
+    /// sum: the weighted mean) or rows (its rows: light, old samples move the model less,
+    /// so --decay-base acts on days trained in order too).
+    #[arg(long, default_value = "weights", value_name = "BY")]
+    pub loss_normalize: ringrec::train::weights::LossNormalize,
     /// 1-bit compression of the sparse rows on the hierarchical exchange's cross-host leg:
     /// none, 1bit (L2 scale times --onebit-lambda) or 1bit-l1; one scale and the signs per
     /// row, with error feedback per key (a residual row per key sent).
@@ -296,6 +306,8 @@ impl TrainArgs {
             onebit_lambda: self.onebit_lambda,
             sparse_compression: self.sparse_compression,
             onebit_block: self.onebit_block,
+            compression_warmup: self.compression_warmup,
+            loss_normalize: self.loss_normalize,
             record_losses: self.record_losses,
             eval: !self.no_eval,
             init_from: self.init_from.clone(),

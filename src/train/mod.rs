@@ -159,6 +159,13 @@ pub struct TrainConfig {
     /// Values per scale of dense 1-bit compression (`None`: `RINGREC_ONEBIT_BLOCK`, else
     /// 256; 0: one scale per tensor).
     pub onebit_block: Option<usize>,
+    /// Steps at the start of training whose dense gradients go uncompressed before
+    /// `--compression` takes over (0: compressed from the first step; 1-bit Adam's
+    /// warmup, DeepSpeed's `freeze_step`): Adam's moments settle on exact gradients first.
+    pub compression_warmup: u64,
+    /// What a weighted step's loss sum is divided by: the global batch's weight sum (the
+    /// weighted mean, default) or its rows.
+    pub loss_normalize: weights::LossNormalize,
     /// 1-bit compression of the sparse rows sent across hosts (`None`, `OneBit`,
     /// `OneBitL1`; the hierarchical exchange only).
     pub sparse_compression: Compression,
@@ -242,6 +249,8 @@ impl TrainConfig {
             onebit_lambda: None,
             sparse_compression: Compression::None,
             onebit_block: None,
+            compression_warmup: 0,
+            loss_normalize: weights::LossNormalize::Weights,
             record_losses: false,
             eval: true,
             init_from: None,
@@ -279,6 +288,9 @@ impl TrainConfig {
             }
             engine.onebit_block = b;
         }
+        if self.compression_warmup > 0 && engine.compression == Compression::None {
+            return Err(TrainError::Config(format!("--compression-warmup {} delays the dense gradients' compression, and this run has none: add --compression (1bit, 1bit-l1, fp16 or bf16) or drop --compression-warmup", self.compression_warmup)));
+        }
         if matches!(self.sparse_compression, Compression::Fp16 | Compression::Bf16) {
             return Err(TrainError::Config(format!("--sparse-compression {}: the sparse rows take none, 1bit or 1bit-l1", self.sparse_compression.name())));
         }
@@ -291,9 +303,22 @@ impl TrainConfig {
         Ok(engine)
     }
 
+    /// The compression of step `step`'s (0-based) dense allreduces: none during
+    /// `--compression-warmup`, then the engine's (`engine_default`).
+    pub fn dense_compression_at(&self, step: u64, engine_default: Compression) -> Compression {
+        if step < self.compression_warmup {
+            Compression::None
+        } else {
+            engine_default
+        }
+    }
+
     /// Refuses settings no run can use, saying which flag and why.
     pub fn validate(&self) -> TrainResult<()> {
         self.weights.validate()?;
+        if self.loss_normalize != weights::LossNormalize::Weights && !self.weights.active() {
+            return Err(TrainError::Config(format!("--loss-normalize {} chooses how a weighted loss is averaged, and every sample of this run weighs 1: add --decay-base or --merge-duplicates, or drop --loss-normalize", self.loss_normalize)));
+        }
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
             return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
         }
@@ -432,6 +457,9 @@ impl TrainConfig {
         // Only a weighted run records it: checkpoints of unweighted runs stay resumable.
         if self.weights.active() {
             v.push(("sample weights", weights::describe(&self.weights)));
+            if self.loss_normalize != weights::LossNormalize::Weights {
+                v.push(("--loss-normalize", self.loss_normalize.to_string()));
+            }
         }
         v
     }
@@ -487,6 +515,8 @@ impl TrainConfig {
             ("RINGREC_COMPRESSION", format!("{:?}", engine.compression)),
             ("RINGREC_ONEBIT_LAMBDA", engine.onebit_lambda.to_string()),
             ("RINGREC_ONEBIT_BLOCK", engine.onebit_block.to_string()),
+            ("--compression-warmup", self.compression_warmup.to_string()),
+            ("--loss-normalize", self.loss_normalize.to_string()),
             ("--sparse-compression", self.sparse_compression.name().to_string()),
             ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
             ("RINGREC_STALL_CHECK_TIME_SECONDS", format!("{:?}", engine.stall_check)),

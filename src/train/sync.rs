@@ -54,7 +54,7 @@ use crate::comm::{self, CollectivesExt};
 use crate::data::shard;
 use crate::device::Device;
 use crate::dtype::ReduceOp;
-use crate::engine::Engine;
+use crate::engine::{Compression, Engine};
 use crate::model::DenseModel;
 use crate::tensor::Tensor;
 use crate::topology::Topology;
@@ -189,12 +189,13 @@ impl LocalSgd {
     /// The dense half of a sync (collective over the world through `engine`): the mean of
     /// the ranks' deltas since the last sync, applied to the parameters at the last sync on
     /// every rank. `sparse_skips` are the table updates this rank's host skipped as not
-    /// finite since the last sync (counted on its leader). `step` names the step in errors.
-    pub fn sync_dense<D: Device>(&mut self, model: &mut DenseModel<D>, engine: &Engine, sparse_skips: u64, step: u64, policy: NanPolicy) -> TrainResult<()> {
+    /// finite since the last sync (counted on its leader). `step` names the step in errors;
+    /// `compression` is the delta's (the run's, or none during `--compression-warmup`).
+    pub fn sync_dense<D: Device>(&mut self, model: &mut DenseModel<D>, engine: &Engine, compression: Compression, sparse_skips: u64, step: u64, policy: NanPolicy) -> TrainResult<()> {
         let params = model.params()?;
         let mut delta: Vec<f32> = params.iter().zip(&self.synced).map(|(p, s)| p - s).collect();
         delta.push((self.non_finite + sparse_skips) as f32);
-        let summed = engine.allreduce_async("sync.dense", Tensor::from_vec(delta), ReduceOp::Sum).wait()?;
+        let summed = engine.allreduce_async_with("sync.dense", Tensor::from_vec(delta), ReduceOp::Sum, compression).wait()?;
         let mut summed = summed.into_vec::<f32>().map_err(|_| TrainError::Config("internal: the dense sync came back in device memory".into()))?;
         let skips = summed.pop().unwrap_or(0.0);
         self.since = 0;

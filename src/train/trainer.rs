@@ -419,12 +419,13 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("mlp");
         let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
         let engine = &self.engine;
-        let (mut scale, divisor) = weights::loss_scale(batch_weights.as_ref(), global_batch);
+        let (mut scale, divisor) = weights::loss_scale(batch_weights.as_ref(), global_batch, cfg.loss_normalize);
         if topo.config.fault_nan == Some((topo.rank, self.position.step)) {
             crate::eprint_line(&format!("ringrec: fault injection: rank {} makes the gradients of step {} NaN", topo.rank, self.position.step + 1));
             scale = f32::NAN;
         }
-        self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async(&part.name(), t, ReduceOp::Sum))))?;
+        let compression = cfg.dense_compression_at(self.position.step, engine.compression());
+        self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async_with(&part.name(), t, ReduceOp::Sum, compression))))?;
         self.phases.enter("scatter");
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");
@@ -546,7 +547,8 @@ impl<'a, D: Device> Trainer<'a, D> {
         }
         let step = self.position.step;
         if let Some(local) = self.local.as_mut() {
-            local.sync_dense(&mut self.model, &self.engine, sparse_skips, step, self.cfg.nan_policy)?;
+            let compression = self.cfg.dense_compression_at(step.saturating_sub(1), self.engine.compression());
+            local.sync_dense(&mut self.model, &self.engine, compression, sparse_skips, step, self.cfg.nan_policy)?;
         }
         self.phases.stop();
         Ok(())

@@ -74,14 +74,48 @@ pub struct BatchWeights {
     pub global_sum: f64,
 }
 
+/// `--loss-normalize`: what a weighted step's loss sum `sum_i w_i l_i` is divided by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LossNormalize {
+    /// The global batch's weight sum: the weighted mean (design 001/002's aggregation).
+    /// Inside a batch whose rows weigh the same (one day's), the weights cancel.
+    #[default]
+    Weights,
+    /// The global batch's rows, as Keras' `sum_over_batch_size` and PyTorch's weighted
+    /// `reduction="mean"`: a batch of light (old) rows moves the model less, so time decay
+    /// acts on days trained in order too.
+    Rows,
+}
+
+impl std::str::FromStr for LossNormalize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "weights" => Ok(LossNormalize::Weights),
+            "rows" => Ok(LossNormalize::Rows),
+            _ => Err(format!("`{s}`: choose weights (divide by the batch's weight sum: the weighted mean) or rows (divide by the batch's rows)")),
+        }
+    }
+}
+
+impl std::fmt::Display for LossNormalize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossNormalize::Weights => "weights",
+            LossNormalize::Rows => "rows",
+        })
+    }
+}
+
 /// The loss scale of a step and what its global loss sum is divided by: 1 / the global
-/// batch and the global batch (unweighted: the bits of a run without weights), or 1 / the
-/// global weight sum and that sum (a batch weighing nothing contributes nothing).
-pub fn loss_scale(weights: Option<&BatchWeights>, global_batch: usize) -> (f32, f64) {
-    match weights {
-        Some(w) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
-        Some(_) => (0.0, 1.0),
-        None => (1.0 / global_batch as f32, global_batch as f64),
+/// batch and the global batch (unweighted: the bits of a run without weights; a weighted
+/// run under [`LossNormalize::Rows`]), or 1 / the global weight sum and that sum (a batch
+/// weighing nothing contributes nothing).
+pub fn loss_scale(weights: Option<&BatchWeights>, global_batch: usize, normalize: LossNormalize) -> (f32, f64) {
+    match (weights, normalize) {
+        (Some(w), LossNormalize::Weights) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
+        (Some(_), LossNormalize::Weights) => (0.0, 1.0),
+        _ => (1.0 / global_batch as f32, global_batch as f64),
     }
 }
 
@@ -107,5 +141,19 @@ mod tests {
         assert_eq!(w.min_weight, 0.001);
         let d = describe(&cfg);
         assert!(d.contains("--decay-base Some(2.0)") && d.contains("--merge-duplicates true") && d.contains("--min-sample-weight 0.001"), "{d}");
+    }
+
+    #[test]
+    fn loss_scale_divides_by_the_weight_sum_or_the_rows() {
+        let w = BatchWeights { mine: vec![0.25; 3], global_sum: 2.5 };
+        assert_eq!(loss_scale(Some(&w), 10, LossNormalize::Weights), (0.4, 2.5));
+        assert_eq!(loss_scale(Some(&w), 10, LossNormalize::Rows), (0.1, 10.0));
+        assert_eq!(loss_scale(None, 8, LossNormalize::Weights), (0.125, 8.0));
+        assert_eq!(loss_scale(None, 8, LossNormalize::Rows), (0.125, 8.0));
+        let nothing = BatchWeights { mine: vec![0.0; 2], global_sum: 0.0 };
+        assert_eq!(loss_scale(Some(&nothing), 4, LossNormalize::Weights), (0.0, 1.0), "a batch weighing nothing moves nothing");
+        assert_eq!(loss_scale(Some(&nothing), 4, LossNormalize::Rows), (0.25, 4.0), "its gradients are zero already");
+        assert_eq!("rows".parse::<LossNormalize>(), Ok(LossNormalize::Rows));
+        assert!("mean".parse::<LossNormalize>().unwrap_err().contains("choose weights"));
     }
 }

@@ -63,13 +63,13 @@ for r in rows:
     by.setdefault(r["mode"], []).append(r)
 print("| mode | seeds | last-day AUC mean | spread (min..max) | train rows | merged | dropped | steps |")
 print("|---|---|---|---|---|---|---|---|")
-for m in ("unweighted", "weighted", "decay", "merge", "reweigh"):
+for m in ("unweighted", "weighted", "decay", "merge", "reweigh", "weighted-rows", "decay-rows"):
     rs = by.get(m, [])
     if not rs: continue
     a = [r["test_auc"] for r in rs]
     print(f"| {m} | {len(rs)} | {st.mean(a):.4f} | {min(a):.4f}..{max(a):.4f} | {st.mean(r['train_rows'] for r in rs):.0f} | {st.mean(r['samples_merged'] for r in rs):.0f} | {st.mean(r['samples_dropped_by_weight'] for r in rs):.0f} | {st.mean(r['steps'] for r in rs):.0f} |")
 u = {r["seed"]: r["test_auc"] for r in by.get("unweighted", [])}
-for m in ("weighted", "decay", "merge", "reweigh"):
+for m in ("weighted", "decay", "merge", "reweigh", "weighted-rows", "decay-rows"):
     d = [r["test_auc"] - u[r["seed"]] for r in by.get(m, []) if r["seed"] in u]
     if d:
         print(f"\n{m} - unweighted AUC per seed: {', '.join(f'{x:+.4f}' for x in d)}; mean {st.mean(d):+.4f}")

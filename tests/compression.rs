@@ -166,6 +166,31 @@ fn sparse_rows_cross_hosts_as_scales_and_signs() {
     assert!(b < 0.3 * a && b > 0.0, "compressed deltas {b} vs {a}");
     let job = train(&["--sparse-compression", "1bit", "--sparse-exchange", "flat"]);
     assert!(job.code != Some(0) && job.all().contains("use --sparse-exchange hier"), "{}", job.all());
-    let job = train(&["--sparse-compression", "fp16"]);
-    assert!(job.code != Some(0) && job.all().contains("take none, 1bit or 1bit-l1"), "{}", job.all());
+}
+
+/// `--sparse-compression fp16|bf16`: rows of halves (no residuals), hosts identical.
+#[test]
+fn sparse_rows_cross_hosts_as_halves() {
+    let none = summary(&train(&[]));
+    let (cross_none, _) = balanced(&none["sparse_traffic_per_rank"], "sparse none");
+    let base = losses(&none);
+    for form in ["fp16", "bf16"] {
+        let s = summary(&train(&["--sparse-compression", form]));
+        assert_eq!(s["sparse_compression"], form);
+        // A row of 16 f32 (64 bytes) + key 8 + count 4 = 76 bytes becomes 32 + 12 = 44.
+        let (cross, _) = balanced(&s["sparse_traffic_per_rank"], form);
+        let ratio = cross as f64 / cross_none as f64;
+        assert!((ratio - 44.0 / 76.0).abs() < 0.02, "{form}: sparse cross-host bytes {cross} vs {cross_none}: {ratio}");
+        assert_eq!(s["sparse_compression_residual_rows"].as_u64(), Some(0), "{form}: no error feedback");
+        let crcs: Vec<&str> = s["table_rows_crc_per_host"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        assert!(crcs.len() == 2 && crcs[0] == crcs[1] && !crcs[0].is_empty(), "{form}: {crcs:?}");
+        // Rounding a gradient to 11 (8) significant bits barely moves training.
+        let l = losses(&s);
+        let worst = l.iter().zip(&base).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 0.01, "{form}: step losses differ from uncompressed by up to {worst}");
+        assert_ne!(s["params_fnv"], none["params_fnv"], "{form}: the rows were rounded");
+    }
+    let packed = summary(&train(&["--sync-every", "4", "--sparse-compression", "bf16"]));
+    let crcs: Vec<&str> = packed["table_rows_crc_per_host"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(crcs.len() == 2 && crcs[0] == crcs[1], "{crcs:?}");
 }

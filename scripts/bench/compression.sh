@@ -10,6 +10,7 @@
 # underfit reference). Writes docs/bench/compression.{jsonl,txt,log}.
 #   scripts/bench/compression.sh
 #   SEEDS="1 2 3 4 5" SKIP_BUILD=1 scripts/bench/compression.sh
+#   NAME=compression-half MODES="none sparse-fp16 sparse-bf16" scripts/bench/compression.sh   (a subset, by label)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-1 2 3}
@@ -30,7 +31,8 @@ W=${WARMUP:-20}
 modes=("none|" "1bit|--compression 1bit" "1bit-lambda0.5|--compression 1bit --onebit-lambda 0.5" "1bit-l1|--compression 1bit-l1"
        "1bit+warmup$W|--compression 1bit --compression-warmup $W" "1bit-lambda0.5+warmup$W|--compression 1bit --onebit-lambda 0.5 --compression-warmup $W"
        "1bit-l1+warmup$W|--compression 1bit-l1 --compression-warmup $W"
-       "sparse-1bit-l1|--sparse-compression 1bit-l1" "sparse-1bit-lambda0.5|--sparse-compression 1bit --onebit-lambda 0.5")
+       "sparse-1bit-l1|--sparse-compression 1bit-l1" "sparse-1bit-lambda0.5|--sparse-compression 1bit --onebit-lambda 0.5"
+       "sparse-fp16|--sparse-compression fp16" "sparse-bf16|--sparse-compression bf16")
 for set in "${sets[@]}"; do
   case $set in
     synthetic) data=() ;;
@@ -39,6 +41,7 @@ for set in "${sets[@]}"; do
   for seed in $SEEDS; do
     for m in "${modes[@]}"; do
       label=${m%%|*}
+      if [ -n "${MODES:-}" ] && [[ " $MODES " != *" $label "* ]]; then continue; fi
       read -r -a flags <<< "${m#*|}"
       record --label "$set $label" --set set="$set" --set mode="$label" --set seed="$seed" -- \
         env RINGREC_RANKS_PER_HOST=2 scripts/mpirun.sh -x RINGREC_RANKS_PER_HOST -np 4 "$RINGREC" train \

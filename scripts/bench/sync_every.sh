@@ -2,7 +2,7 @@
 # Lazy synchronisation figure (issue 17 part 1): 4 ranks as 2 simulated hosts
 # (RINGREC_RANKS_PER_HOST=2) on one machine, `--sync-every 1` (the synchronous reference)
 # vs `--sync-every 4` with `--sync-scope rank` and `host` (and `--sync-every 8`, scope rank,
-# to show the trend; and k=4 with --sparse-compression 1bit-l1, the deltas packed), on two data sets, several seeds
+# to show the trend; and k=4 with --sparse-compression 1bit-l1 or bf16, the deltas packed), on two data sets, several seeds
 # each, every configuration of a seed run back to back in the same script:
 #   synth : the default synthetic set (200,000 rows, 10% held out), --batch 1024, 1 epoch;
 #   criteo: the real Criteo sample (../shared/data, 10,000 rows, last 10% held out),
@@ -25,8 +25,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then cargo build --release --locked; fi
 export RINGREC_RANKS_PER_HOST=2
 DD=$(mktemp -d)
 trap 'rm -rf "$DD"' EXIT
-declare -A CFG=([k1]="" [k4-rank]="--sync-every 4" [k4-host]="--sync-every 4 --sync-scope host" [k8-rank]="--sync-every 8" [k4-rank-sparse1bit]="--sync-every 4 --sparse-compression 1bit-l1")
-CONFIGS=${CONFIGS:-k1 k4-rank k4-host k8-rank k4-rank-sparse1bit}
+declare -A CFG=([k1]="" [k4-rank]="--sync-every 4" [k4-host]="--sync-every 4 --sync-scope host" [k8-rank]="--sync-every 8" [k4-rank-sparse1bit]="--sync-every 4 --sparse-compression 1bit-l1" [k4-rank-sparsebf16]="--sync-every 4 --sparse-compression bf16")
+CONFIGS=${CONFIGS:-k1 k4-rank k4-host k8-rank k4-rank-sparse1bit k4-rank-sparsebf16}
 for set in $SETS; do
   case $set in
     synth) set_args=(--batch 1024) ;;

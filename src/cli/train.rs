@@ -180,9 +180,10 @@ pub struct TrainArgs {
     /// so --decay-base acts on days trained in order too).
     #[arg(long, default_value = "weights", value_name = "BY")]
     pub loss_normalize: ringrec::train::weights::LossNormalize,
-    /// 1-bit compression of the sparse rows on the hierarchical exchange's cross-host leg:
-    /// none, 1bit (L2 scale times --onebit-lambda) or 1bit-l1; one scale and the signs per
-    /// row, with error feedback per key (a residual row per key sent).
+    /// Compression of the sparse rows on the hierarchical exchange's cross-host leg: none,
+    /// 1bit (L2 scale times --onebit-lambda) or 1bit-l1 (one scale and the signs per row,
+    /// with error feedback per key: a residual row per key sent), fp16 or bf16 (each value
+    /// rounded to half precision).
     #[arg(long, default_value = "none", value_parser = compression)]
     pub sparse_compression: Compression,
     /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;

@@ -45,7 +45,7 @@ pub mod error;
 pub mod exchange;
 pub mod list;
 pub mod merge;
-pub mod onebit;
+pub mod compress;
 mod radix;
 pub mod workload;
 

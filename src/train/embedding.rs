@@ -14,6 +14,8 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::embedding::{HostTable, RowCounts, TablePolicy, TableSource};
+use crate::engine::Compression;
+use crate::sparse::compress::RowForm;
 use crate::sparse::delta::RowsAtSync;
 use crate::sparse::error::NON_FINITE;
 use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseNormalize, SparseResult, SparseStats};
@@ -105,7 +107,11 @@ impl EmbeddingStage {
         let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
         // `--sparse-compression`: the rows that cross hosts, gradients or (with
         // `--sync-every`) the deltas of a sync.
-        let row_form = cfg.sparse_compression.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA));
+        let row_form = match cfg.sparse_compression {
+            Compression::Fp16 => Some(RowForm::Fp16),
+            Compression::Bf16 => Some(RowForm::Bf16),
+            c => c.onebit_form(cfg.onebit_lambda.unwrap_or(crate::onebit::DEFAULT_LAMBDA)).map(RowForm::OneBit),
+        };
         exchanger.set_row_compression(row_form)?;
         let sync = if cfg.sync_every > 1 {
             exchanger.set_host_only(true);

@@ -291,11 +291,8 @@ impl TrainConfig {
         if self.compression_warmup > 0 && engine.compression == Compression::None {
             return Err(TrainError::Config(format!("--compression-warmup {} delays the dense gradients' compression, and this run has none: add --compression (1bit, 1bit-l1, fp16 or bf16) or drop --compression-warmup", self.compression_warmup)));
         }
-        if matches!(self.sparse_compression, Compression::Fp16 | Compression::Bf16) {
-            return Err(TrainError::Config(format!("--sparse-compression {}: the sparse rows take none, 1bit or 1bit-l1", self.sparse_compression.name())));
-        }
         if self.sparse_compression != Compression::None && self.sparse_normalize == SparseNormalize::Weighted {
-            return Err(TrainError::Config("--sparse-compression with --sparse-normalize weighted: the rows carry their rank's weight, which signs and a scale would lose; use frequency, or no --sparse-compression".into()));
+            return Err(TrainError::Config("--sparse-compression with --sparse-normalize weighted: the rows carry their rank's weight, which signs and a scale (or half precision) would lose; use frequency, or no --sparse-compression".into()));
         }
         if self.sparse_compression != Compression::None && self.sparse_exchange != SparseExchange::Hierarchical {
             return Err(TrainError::Config("--sparse-compression compresses the hierarchical exchange's cross-host leg: use --sparse-exchange hier".into()));

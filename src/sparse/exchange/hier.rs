@@ -2,7 +2,7 @@
 //! range, merge into the host's result list (see [`crate::sparse`]).
 
 use super::*;
-use crate::sparse::onebit::{self, RowCompressor};
+use crate::sparse::compress::{self, RowCompressor};
 
 /// `hier`: the ranks of every host with this rank's local rank, and the host's board.
 pub(super) struct Hier {
@@ -15,7 +15,7 @@ pub(super) struct Hier {
     pub(super) cross_of_host: Vec<usize>,
     /// Shared areas of this host's ranks (`None` with one rank per host).
     pub(super) board: Option<HostBoard>,
-    /// `--sparse-compression`: the cross-host rows' 1-bit form and residuals.
+    /// `--sparse-compression`: the cross-host rows' form (and 1-bit residuals).
     pub(super) compressor: Option<RowCompressor>,
 }
 
@@ -49,7 +49,7 @@ impl SparseExchanger {
             st.host_bytes_sent = st.keys_unique * (8 + 4 * dim) as u64;
         }
         if let (true, true, Ok(()), Some(c)) = (owns_range, self.num_hosts > 1, &host_ok, hier.compressor.as_mut()) {
-            // `--sparse-compression`: the host list goes across hosts as scales and signs.
+            // `--sparse-compression`: the host list goes across hosts compressed.
             let t = Instant::now();
             at_least(&mut b.pieces, 1);
             let wire = &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len];
@@ -184,8 +184,8 @@ fn merge_onto_board(board: &mut HostBoard, views: SparseResult<Vec<ListRef<'_>>>
 /// Reads the piece world rank `from` sent where it lies (or, if it cannot, decodes it into
 /// `scratch`); an error piece becomes its error.
 fn view_piece<'a>(bytes: &'a [u8], dim: usize, from: usize, max_count: u32, scratch: &'a mut SparseList) -> SparseResult<ListRef<'a>> {
-    if onebit::is_compressed(bytes) {
-        onebit::decode_into(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))?;
+    if compress::is_compressed(bytes) {
+        compress::decode_into(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))?;
         return Ok(scratch.view());
     }
     match view(bytes, dim, max_count, scratch).map_err(|e| e.from_rank(from))? {

@@ -146,8 +146,8 @@ struct Buffers {
     /// aligned, so it is read in place), `wire_len` bytes.
     wire: Vec<u64>,
     wire_len: usize,
-    /// `hier` with `--sparse-compression`: this rank's key range of its host's list, 1-bit
-    /// compressed ([`crate::sparse::onebit`]).
+    /// `hier` with `--sparse-compression`: this rank's key range of its host's list,
+    /// compressed ([`crate::sparse::compress`]).
     packed: Vec<u8>,
     /// `hier`: the host lists received from the other hosts, 8-byte aligned pieces.
     recv: Vec<u64>,
@@ -326,13 +326,13 @@ impl SparseExchanger {
     pub fn mode(&self) -> SparseExchange {
         self.mode
     }
-    /// Sends the rows of the cross-host leg 1-bit compressed in `form` (with error
-    /// feedback per key), or as they are (`None`, the default). Only the hierarchical
-    /// exchange has that leg: `flat` refuses it.
-    pub fn set_row_compression(&mut self, form: Option<crate::onebit::OneBitForm>) -> SparseResult<()> {
+    /// Sends the rows of the cross-host leg compressed in `form` (1-bit with error
+    /// feedback per key, or half precision), or as they are (`None`, the default). Only
+    /// the hierarchical exchange has that leg: `flat` refuses it.
+    pub fn set_row_compression(&mut self, form: Option<crate::sparse::compress::RowForm>) -> SparseResult<()> {
         match (self.hier.as_mut(), form) {
             (Some(h), f) => {
-                h.compressor = f.map(crate::sparse::onebit::RowCompressor::new);
+                h.compressor = f.map(crate::sparse::compress::RowCompressor::new);
                 Ok(())
             }
             (None, None) => Ok(()),

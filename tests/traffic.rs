@@ -86,12 +86,18 @@ fn ring_and_hier_count_as_modelled_on_two_hosts() {
 
 #[test]
 fn shm_ring_and_hier_count_as_modelled_on_one_host() {
-    for backend in ["auto", "ring", "hier"] {
-        let s = train(3, None, &["--backend", backend]);
-        let c = counted_as_modelled(&s, backend);
-        assert!(c.iter().all(|t| t[2] == 0 && t[3] == 0 && t[0] > 0), "{backend}: one host, nothing crosses: {c:?}");
-        if backend == "auto" {
+    for args in [vec!["--backend", "auto"], vec!["--backend", "ring"], vec!["--backend", "hier"], vec!["--backend", "shm", "--compression", "fp16"]] {
+        let what = format!("{args:?}");
+        let s = train(3, None, &args);
+        let c = counted_as_modelled(&s, &what);
+        assert!(c.iter().all(|t| t[2] == 0 && t[3] == 0 && t[0] > 0), "{what}: one host, nothing crosses: {c:?}");
+        if args[1] != "ring" && args[1] != "hier" {
             assert_eq!(s["dense_traffic_model"], "shm");
+        }
+        if args.len() > 2 {
+            // shm reduces halves as they are: half the bytes of f32 on the wire.
+            let raw = s["dense_bytes_per_step"].as_f64().unwrap();
+            assert_eq!(s["dense_wire_bytes_per_step"].as_f64().unwrap(), raw / 2.0, "{what}");
         }
     }
 }
@@ -113,9 +119,14 @@ fn sync_scope_host_counts_its_host_allreduces_inside_the_host() {
 
 #[test]
 fn mpi_and_a_collective_left_to_mpi_fall_back_to_the_model() {
-    for args in [vec!["--backend", "mpi"], vec!["--backend", "ring", "--compression", "1bit"]] {
+    for args in [vec!["--backend", "mpi"], vec!["--backend", "ring", "--compression", "1bit"], vec!["--backend", "mpi", "--compression", "fp16"]] {
         let s = train(4, Some("2"), &args);
         assert_eq!(s["dense_traffic_source"], "model", "{args:?}");
+        if args.contains(&"fp16") {
+            // MPI has no half type: ringrec widens halves to f32 for it.
+            let raw = s["dense_bytes_per_step"].as_f64().unwrap();
+            assert_eq!(s["dense_wire_bytes_per_step"].as_f64().unwrap(), raw, "{args:?}");
+        }
         let t = per_rank(&s, "dense_traffic_per_rank");
         assert_eq!(t, per_rank(&s, "dense_traffic_model_per_rank"), "{args:?}");
         assert!(sums(&t)[2] > 0, "{args:?}: 2 hosts, the model crosses them: {t:?}");

@@ -205,6 +205,9 @@ impl Collectives for HierCollectives {
     fn traffic(&self) -> Option<Traffic> {
         count::sum(self.local.traffic(), self.cross_counter.traffic())
     }
+    fn widens_halves(&self) -> bool {
+        true
+    }
 }
 
 /// Serialises a Gathered as [n][counts; n][data].

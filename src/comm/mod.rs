@@ -131,6 +131,11 @@ pub trait Collectives {
     fn zero_copy_fusion(&self) -> bool {
         false
     }
+    /// True when half-precision buffers travel as f32 (the backend widens them before
+    /// reducing): their wire bytes are those of f32.
+    fn widens_halves(&self) -> bool {
+        false
+    }
     /// The bytes this instance moved so far, by direction inside and across hosts, where
     /// the backend runs its own algorithm and counts them ([`count`]); `None` where it
     /// cannot see them (MPI's and NCCL's own collectives: use [`traffic::dense_model`]).
@@ -345,6 +350,9 @@ impl Collectives for Watched {
     }
     fn traffic(&self) -> Option<traffic::Traffic> {
         self.0.traffic()
+    }
+    fn widens_halves(&self) -> bool {
+        self.0.widens_halves()
     }
 }
 

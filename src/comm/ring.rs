@@ -239,4 +239,7 @@ impl Collectives for RingCollectives {
     fn traffic(&self) -> Option<Traffic> {
         self.counter.traffic()
     }
+    fn widens_halves(&self) -> bool {
+        true
+    }
 }

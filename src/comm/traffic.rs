@@ -19,8 +19,9 @@
 //!   rank reads every peer's whole buffer: `(n-1) B` each way. `hier` reduces inside
 //!   the host (`2 (L-1)/L B`, L ranks per host), then rings part `B / L` among the h ranks
 //!   of equal local rank, one per host (`2 (h-1)/h B / L` across hosts), then shares the
-//!   result inside the host. Half-precision payloads travel as f32 on `hier` and `ring`
-//!   (they widen before reducing), which the caller's byte count must already reflect.
+//!   result inside the host. Half-precision payloads travel as f32 on `hier`, `ring` and
+//!   `mpi` (they widen before reducing: [`super::Collectives::widens_halves`]), which the
+//!   caller's byte count must already reflect.
 //! - **allgather of E bytes per rank** (1-bit compression's encodings): a ring sends and
 //!   receives `(n-1) E` per rank. On `hier`, the ranks of a host gather inside it
 //!   (`(L-1) E`), the leaders exchange their hosts' blobs (`(h-1) L E` each way across

@@ -582,8 +582,7 @@ impl Controller {
     /// ([`dense_model`]), and the data backend's counts.
     fn account(&self, resp: &Response) {
         let host = resp.location == Location::Host;
-        // `ring` and `hier` widen halves to f32 before reducing them.
-        let widens = host && matches!(self.exec.backend.name(), "hier" | "ring");
+        let widens = host && self.exec.backend.widens_halves();
         let (allreduce, allgather) = resp.wire_bytes(widens, self.exec.onebit.block);
         self.stats.allreduce_wire.fetch_add(allreduce as u64, Ordering::Relaxed);
         self.stats.allgather_wire.fetch_add(allgather as u64, Ordering::Relaxed);

@@ -87,7 +87,7 @@ impl PeerCounter {
 
     /// The counts, or `None` once an opaque collective ran.
     pub fn traffic(&self) -> Option<Traffic> {
-        (self.opaque == 0).then(|| Traffic {
+        (self.opaque == 0).then_some(Traffic {
             intra_sent: self.intra_sent as f64,
             intra_received: self.intra_received as f64,
             cross_sent: self.cross_sent as f64,

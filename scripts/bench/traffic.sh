@@ -22,6 +22,7 @@ for n in $NAMES; do
   cmd="scripts/mpirun.sh -np $np -x RINGREC_RANKS_PER_HOST target/release/ringrec train --json --no-progress --max-steps 50 ${CFG[$n]}"
   echo "+ RINGREC_RANKS_PER_HOST=$RINGREC_RANKS_PER_HOST $cmd" >&2
   $cmd 2>"$RAW/traffic-$n.log" | grep '^{' > "$RAW/traffic-$n.json"
+  [ -s "$RAW/traffic-$n.log" ] || rm -f "$RAW/traffic-$n.log"
 done
 python3 - "$RAW" $NAMES <<'PY' | tee docs/bench/i17/traffic-table.md
 import json, sys

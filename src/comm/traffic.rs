@@ -86,6 +86,11 @@ impl Place {
             predecessor_elsewhere: host((topo.rank + n - 1) % n) != topo.host_id,
         }
     }
+
+    /// Rank `rank` of `size` ranks that all share one host (a host's own collectives).
+    pub fn one_host(rank: usize, size: usize) -> Place {
+        Place { rank, size, local_size: size, local_rank: rank, hosts: 1, successor_elsewhere: false, predecessor_elsewhere: false }
+    }
 }
 
 /// A ring's `sent` bytes to the successor and as many from the predecessor.

@@ -123,7 +123,7 @@ impl LocalSgd {
             SyncScope::Rank => None,
         };
         let host_ranks = (0..topo.size).filter(|r| topo.host_of_rank[*r] == topo.host_id).collect();
-        let host_place = Place { rank: topo.local_rank, size: topo.local_size, local_size: topo.local_size, local_rank: topo.local_rank, hosts: 1, successor_elsewhere: false, predecessor_elsewhere: false };
+        let host_place = Place::one_host(topo.local_rank, topo.local_size);
         let shm_direct_max = comm::shm::direct_max(topo.config.shm_chunk_bytes);
         Ok(LocalSgd { every, scope, since: 0, synced: params, host, host_place, shm_direct_max, host_model: Traffic::default(), host_ranks, world: topo.size, rank: topo.rank, non_finite: 0, key_grads: Vec::new(), counts: SyncCounts::default() })
     }

@@ -7,12 +7,19 @@
 //! over local_size rings. Every part is finished by one ring, so all ranks get
 //! bit-identical results. Needs the same number of ranks on every host.
 //! Headers are checked once over the whole world (MPI allgather) unless `RINGREC_VERIFY=0`.
+//!
+//! Counted traffic ([`super::count`]): the host's `shm` steps count inside the host, the
+//! ring among equal local ranks across hosts. allgatherv and broadcast across hosts run
+//! MPI's own algorithm among the leaders, gatherv MPI's over the world: on several hosts
+//! they void the count (every rank's, so that all ranks agree).
 
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
 use super::mpi_backend::{self, MpiCollectives};
+use super::count::{self, PeerCounter};
 use super::shm::ShmCollectives;
+use super::traffic::Traffic;
 use super::{part, ring, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::topology::{Group, Topology};
@@ -30,6 +37,8 @@ pub struct HierCollectives {
     local_rank_of_rank: Vec<usize>,
     chunk_bytes: usize,
     scratch: Vec<u8>,
+    /// The ring across hosts' bytes (every peer of `cross` is on another host).
+    cross_counter: PeerCounter,
 }
 
 impl HierCollectives {
@@ -49,6 +58,7 @@ impl HierCollectives {
             local_rank_of_rank: topo.local_rank_of_rank.clone(),
             chunk_bytes: ring::DEFAULT_CHUNK_BYTES,
             scratch: Vec::new(),
+            cross_counter: PeerCounter::one_per_host(topo.cross.size(), topo.cross.rank()),
         })
     }
 
@@ -57,7 +67,7 @@ impl HierCollectives {
         let n = buf.len() / esz;
         self.local.reduce_scatter_parts(buf, dtype, op.combine())?;
         let mine = part(n, self.local_size, self.local_rank);
-        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], dtype, op.combine(), self.chunk_bytes, &mut self.scratch)?;
+        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], dtype, op.combine(), self.chunk_bytes, &mut self.scratch, &mut self.cross_counter)?;
         self.local.allgather_parts(buf, dtype)?;
         if op == ReduceOp::Average {
             dtype::scale(buf, dtype, self.size())?;
@@ -141,6 +151,9 @@ impl Collectives for HierCollectives {
         if self.world.verify() {
             verify::agree(self.world.comm(), &Header::allgatherv(send.len()))?;
         }
+        if self.cross.size() > 1 {
+            self.cross_counter.opaque();
+        }
         let local = self.local.allgatherv_raw(send)?;
         let mut blob_len = [0u64; 1];
         let mut blob = Vec::new();
@@ -165,6 +178,9 @@ impl Collectives for HierCollectives {
             verify::agree(self.world.comm(), &Header::broadcast(buf.len(), root))?;
         }
         let root_host = self.host_of_rank[root];
+        if self.cross.size() > 1 && !buf.is_empty() {
+            self.cross_counter.opaque();
+        }
         if root_host == self.host_id {
             self.local.broadcast_raw(buf, self.local_rank_of_rank[root])?;
         }
@@ -178,12 +194,19 @@ impl Collectives for HierCollectives {
         Ok(())
     }
     fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>> {
+        self.cross_counter.opaque();
         self.world.gatherv_raw(send, root)
     }
     fn barrier(&mut self) -> CommResult<()> {
         // The world header exchange is itself a barrier (with verification); a shm-only
         // barrier could not see a rank of another host calling something else.
         self.world.barrier()
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        count::sum(self.local.traffic(), self.cross_counter.traffic())
+    }
+    fn widens_halves(&self) -> bool {
+        true
     }
 }
 

@@ -13,6 +13,7 @@
 //! backends exchange a 32-byte header first, unless `RINGREC_VERIFY=0`.
 
 pub mod arrival;
+pub mod count;
 pub mod device;
 pub mod hier;
 pub mod mpi_backend;
@@ -129,6 +130,17 @@ pub trait Collectives {
     /// copy through a separate fusion buffer.
     fn zero_copy_fusion(&self) -> bool {
         false
+    }
+    /// True when half-precision buffers travel as f32 (the backend widens them before
+    /// reducing): their wire bytes are those of f32.
+    fn widens_halves(&self) -> bool {
+        false
+    }
+    /// The bytes this instance moved so far, by direction inside and across hosts, where
+    /// the backend runs its own algorithm and counts them ([`count`]); `None` where it
+    /// cannot see them (MPI's and NCCL's own collectives: use [`traffic::dense_model`]).
+    fn traffic(&self) -> Option<traffic::Traffic> {
+        None
     }
 }
 
@@ -336,6 +348,12 @@ impl Collectives for Watched {
     fn zero_copy_fusion(&self) -> bool {
         self.0.zero_copy_fusion()
     }
+    fn traffic(&self) -> Option<traffic::Traffic> {
+        self.0.traffic()
+    }
+    fn widens_halves(&self) -> bool {
+        self.0.widens_halves()
+    }
 }
 
 /// Builds a backend over all ranks of the world; `tag` names its shared segments so that
@@ -348,7 +366,7 @@ pub fn build_tagged(backend: Backend, topo: &Topology, tag: &str) -> CommResult<
 fn build_unwatched(backend: Backend, topo: &Topology, tag: &str) -> CommResult<Box<dyn Collectives>> {
     Ok(match backend {
         Backend::Mpi => Box::new(mpi_backend::MpiCollectives::new(topo.world.duplicate(), topo.config.verify)),
-        Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), topo.config.verify, topo.config.ring_chunk_bytes)),
+        Backend::Ring => Box::new(ring::RingCollectives::new(topo.world.duplicate(), topo.config.verify, topo.config.ring_chunk_bytes, count::PeerCounter::world(topo))),
         Backend::Shm => {
             if topo.num_hosts > 1 {
                 return Err(CommError::Unsupported {

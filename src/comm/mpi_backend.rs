@@ -226,4 +226,7 @@ impl Collectives for MpiCollectives {
         }
         Ok(())
     }
+    fn widens_halves(&self) -> bool {
+        true
+    }
 }

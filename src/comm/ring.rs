@@ -13,10 +13,17 @@
 //! the ring, so all ranks end with bit-identical results. f16/bf16 are widened to f32
 //! for the whole ring (accumulate in f32) and narrowed once.
 //! allgatherv, broadcast, gatherv and barrier use MPI's own algorithms.
+//!
+//! The ring counts what it moves ([`PeerCounter`]): every chunk posted to the right
+//! neighbour as sent, every chunk posted from the left one as received, inside or across
+//! hosts by the neighbour's host. A collective left to MPI's own algorithm voids the count
+//! (see [`super::count`]).
 
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
+use super::count::PeerCounter;
+use super::traffic::Traffic;
 use super::{mpi_backend, part, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::topology::Group;
@@ -30,12 +37,14 @@ pub struct RingCollectives {
     mpi: mpi_backend::MpiCollectives,
     chunk_bytes: usize,
     scratch: Vec<u8>,
+    counter: PeerCounter,
 }
 
 impl RingCollectives {
-    /// Over `group`; `verify` exchanges headers first; pipeline chunks of `chunk_bytes`.
-    pub fn new(group: Group, verify: bool, chunk_bytes: usize) -> RingCollectives {
-        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new() }
+    /// Over `group`; `verify` exchanges headers first; pipeline chunks of `chunk_bytes`;
+    /// the bytes moved counted by `counter` (indexed by rank in `group`).
+    pub fn new(group: Group, verify: bool, chunk_bytes: usize, counter: PeerCounter) -> RingCollectives {
+        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new(), counter }
     }
 }
 
@@ -79,8 +88,8 @@ fn wait_all(reqs: &mut [mpi::ffi::MPI_Request]) {
 }
 
 /// In-place ring allreduce (Sum/Min/Max combine; Average scaled by the caller) of a buffer
-/// of a full-precision dtype.
-pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>) -> CommResult<()> {
+/// of a full-precision dtype; the chunks posted are counted in `counter`.
+pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     let r = comm.rank() as usize;
     let esz = dtype.size();
@@ -116,6 +125,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
             // SAFETY: `send` is inside `buf`; nothing writes it during this step (only `recv`,
             // a disjoint segment, is written) and we wait for the sends before returning.
             sends.push(unsafe { isend(comm, base.add(off), len, right) });
+            counter.sent(right, len);
             off += len;
         }
         let pieces: Vec<(usize, usize)> = {
@@ -123,6 +133,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
             let mut o = recv.start;
             while o < recv.end {
                 let len = chunk.min(recv.end - o);
+                counter.received(left, len);
                 v.push((o, len));
                 o += len;
             }
@@ -156,6 +167,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
             let len = chunk.min(recv.end - o);
             // SAFETY: `recv` is a segment of `buf` disjoint from `send`; waited below.
             reqs.push(unsafe { irecv(comm, base.add(o), len, left) });
+            counter.received(left, len);
             o += len;
         }
         let mut o = send.start;
@@ -163,6 +175,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
             let len = chunk.min(send.end - o);
             // SAFETY: `send` is not written during this step; waited below.
             reqs.push(unsafe { isend(comm, base.add(o), len, right) });
+            counter.sent(right, len);
             o += len;
         }
         wait_all(&mut reqs);
@@ -171,7 +184,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
 }
 
 /// Ring allreduce for every dtype and op: half types through f32, Average scaled at the end.
-pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>) -> CommResult<()> {
+pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     if dtype == DType::U8 {
         return Err(CommError::Invalid("uint8 buffers cannot be reduced".into()));
@@ -179,13 +192,13 @@ pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtyp
     if dtype.is_half() {
         let mut wide = dtype::half_to_f32(buf, dtype)?;
         let wb: &mut [u8] = bytemuck::cast_slice_mut(&mut wide);
-        ring_allreduce(comm, wb, DType::F32, op, chunk_bytes, scratch)?;
+        ring_allreduce(comm, wb, DType::F32, op, chunk_bytes, scratch, counter)?;
         if op == ReduceOp::Average {
             dtype::scale(wb, DType::F32, p)?;
         }
         return dtype::f32_to_half(&wide, buf, dtype);
     }
-    ring_allreduce(comm, buf, dtype, op, chunk_bytes, scratch)?;
+    ring_allreduce(comm, buf, dtype, op, chunk_bytes, scratch, counter)?;
     if op == ReduceOp::Average {
         dtype::scale(buf, dtype, p)?;
     }
@@ -206,18 +219,27 @@ impl Collectives for RingCollectives {
         if self.mpi.verify() {
             verify::agree(self.mpi.comm(), &Header::allreduce(buf.len() / dtype.size(), dtype, op))?;
         }
-        ring_allreduce_any(self.mpi.comm(), buf, dtype, op, self.chunk_bytes, &mut self.scratch)
+        ring_allreduce_any(self.mpi.comm(), buf, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
+        self.counter.opaque();
         self.mpi.allgatherv_raw(send)
     }
     fn broadcast_raw(&mut self, buf: &mut [u8], root: usize) -> CommResult<()> {
+        self.counter.opaque();
         self.mpi.broadcast_raw(buf, root)
     }
     fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>> {
+        self.counter.opaque();
         self.mpi.gatherv_raw(send, root)
     }
     fn barrier(&mut self) -> CommResult<()> {
         self.mpi.barrier()
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        self.counter.traffic()
+    }
+    fn widens_halves(&self) -> bool {
+        true
     }
 }

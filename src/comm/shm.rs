@@ -25,13 +25,23 @@
 //! Small buffers take a one-sync direct path: every rank reduces the whole buffer itself.
 //! Waits spin, then yield, then sleep in short naps, check a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`, default 300)
 //! and that peer processes are still alive.
+//!
+//! **Counted traffic** ([`super::count`], all of it inside the host): *sent* is what this
+//! rank wrote into its slots for other ranks to read, once per rank that reads it (a
+//! sliced allreduce's piece for rank l counts once, its reduced part once per peer, a
+//! direct allreduce's whole buffer once per peer); *received* is what it read from other
+//! ranks' slots. A sliced allreduce of B bytes thus sends and receives about
+//! `2 (P-1)/P B` per rank (parts round to whole elements), a direct one `(P-1) B`.
+//! Headers and arrival words are not counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mpi::collective::CommunicatorCollectives;
 
+use super::count::PeerCounter;
 use super::scattered::{aligned_bytes, ByteView};
+use super::traffic::Traffic;
 use super::{check_headers, part, Collectives, Gathered, Header, Scattered};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::hostsync::PeerWatch;
@@ -43,6 +53,17 @@ use crate::{CommError, CommResult};
 pub const DEFAULT_SLOT_BYTES: usize = 1 << 20;
 /// Buffers up to this size take the direct (one-sync) allreduce path.
 pub const DIRECT_MAX_BYTES: usize = 16 << 10;
+
+/// The largest buffer an allreduce reduces by the direct path, for a configured
+/// `RINGREC_SHM_CHUNK_BYTES` of `chunk_bytes`.
+pub fn direct_max(chunk_bytes: usize) -> usize {
+    DIRECT_MAX_BYTES.min(slot_bytes(chunk_bytes))
+}
+
+/// The data slot's size for a configured chunk: rounded up to whole cache lines.
+fn slot_bytes(chunk_bytes: usize) -> usize {
+    (chunk_bytes + 63) & !63
+}
 
 #[repr(C, align(64))]
 struct Line {
@@ -77,6 +98,8 @@ pub struct ShmCollectives {
     watch: PeerWatch,
     /// Reduction target for pieces of a scattered buffer that straddle its parts.
     scratch: Vec<u64>,
+    /// The payload bytes moved through the slots (see the module docs).
+    counter: PeerCounter,
 }
 
 impl ShmCollectives {
@@ -84,7 +107,7 @@ impl ShmCollectives {
     /// `tag` tells apart several segments of one job.
     pub fn on_host(topo: &Topology, tag: &str) -> CommResult<ShmCollectives> {
         let size = topo.local_size;
-        let slot_bytes = (topo.config.shm_chunk_bytes + 63) & !63;
+        let slot_bytes = slot_bytes(topo.config.shm_chunk_bytes);
         let ctrl_bytes = size * std::mem::size_of::<Ctrl>();
         let data_off = (ctrl_bytes + 4095) & !4095;
         let len = data_off + size * 2 * slot_bytes;
@@ -99,6 +122,7 @@ impl ShmCollectives {
             iter: 0,
             watch: PeerWatch::new(topo),
             scratch: Vec::new(),
+            counter: PeerCounter::one_host(size),
         };
         me.ctrl(me.rank).pid.v.store(std::process::id() as u64, Ordering::Release);
         topo.local.comm.barrier();
@@ -165,6 +189,15 @@ impl ShmCollectives {
                 last_check = now;
                 let late: Vec<usize> = (0..self.size).filter(|q| *q != self.rank && self.line(*q, phase).v.load(Ordering::Acquire) < target).collect();
                 self.watch.check(what, &start, &late)?;
+            }
+        }
+    }
+
+    /// Counts `bytes` of this rank's slot read by every peer (`None`) or by `reader` only.
+    fn count_sent(&mut self, bytes: usize, reader: Option<usize>) {
+        for q in 0..self.size {
+            if q != self.rank && reader.is_none_or(|r| r == q) {
+                self.counter.sent(q, bytes);
             }
         }
     }
@@ -267,6 +300,10 @@ impl ShmCollectives {
         let b = self.begin();
         self.put_from(b, 0, buf, 0..len);
         self.arrive_with_header(Some(h), "allreduce")?;
+        self.count_sent(len, None);
+        for q in (0..self.size).filter(|q| *q != self.rank) {
+            self.counter.received(q, len);
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         let scale = (op == ReduceOp::Average).then_some(self.size);
         // reduce_into only fails on ragged buffers, excluded by the header check.
@@ -322,11 +359,17 @@ impl ShmCollectives {
             for l in 0..self.size {
                 if l != self.rank || !in_place {
                     let r = self.piece_range(n, l, k, piece, esz);
+                    if l != self.rank {
+                        self.counter.sent(l, r.len());
+                    }
                     self.put_from(b, l * pb, buf, r);
                 }
             }
             self.arrive_with_header((k == 0).then_some(h), "allreduce")?;
             let len = mine.len();
+            for q in (0..self.size).filter(|q| *q != self.rank) {
+                self.counter.received(q, len);
+            }
             {
                 let mut scratch = std::mem::take(&mut self.scratch);
                 let r = if in_place {
@@ -346,6 +389,7 @@ impl ShmCollectives {
                 self.finish();
                 continue;
             }
+            self.count_sent(mine.len(), None);
             self.put_from(b, self.rank * pb, buf, mine);
             self.publish(Phase::Reduced);
             self.wait_all(Phase::Reduced, self.iter + 1, "allreduce")?;
@@ -353,6 +397,7 @@ impl ShmCollectives {
                 if q != self.rank {
                     let r = self.piece_range(n, q, k, piece, esz);
                     let len = r.len();
+                    self.counter.received(q, len);
                     buf.write_range(r, self.peer(q, b, q * pb, len));
                 }
             }
@@ -379,12 +424,14 @@ impl ShmCollectives {
         for k in 0..rounds {
             let b = self.begin();
             let mine = self.piece_range(n, self.rank, k, piece, esz);
+            self.count_sent(mine.len(), None);
             self.put(b, 0, &buf[mine]);
             self.arrive_with_header((k == 0).then_some(&h), "allgather")?;
             for q in 0..self.size {
                 if q != self.rank {
                     let r = self.piece_range(n, q, k, piece, esz);
                     let len = r.len();
+                    self.counter.received(q, len);
                     buf[r].copy_from_slice(self.peer(q, b, 0, len));
                 }
             }
@@ -425,11 +472,16 @@ impl ShmCollectives {
                 self.arrive_with_header(None, what)?;
             }
             let b = (self.iter % 2) as usize;
+            let chunk = |c: usize| ((k + 1) * slot).min(c) - (k * slot).min(c);
+            self.count_sent(chunk(send.len()), root);
             if receiving {
                 for q in 0..self.size {
                     let s = (k * slot).min(counts[q]);
                     let e = ((k + 1) * slot).min(counts[q]);
                     if e > s {
+                        if q != self.rank {
+                            self.counter.received(q, e - s);
+                        }
                         data[offsets[q] + s..offsets[q] + e].copy_from_slice(self.peer(q, b, 0, e - s));
                     }
                 }
@@ -468,7 +520,7 @@ impl ShmCollectives {
         if self.size == 1 {
             return Ok(()); // sum, min, max and average of one rank are the input
         }
-        if buf.view_len() <= DIRECT_MAX_BYTES.min(self.slot_bytes) {
+        if buf.view_len() <= direct_max(self.slot_bytes) {
             self.allreduce_direct(buf, dtype, op, &h)
         } else {
             self.allreduce_sliced(buf, dtype, op, &h, false)
@@ -516,8 +568,11 @@ impl Collectives for ShmCollectives {
                 self.finish();
                 return Err(CommError::Invalid(format!("broadcast root {root} is not a rank of a group of {}", self.size)));
             }
-            if root != self.rank {
+            if root == self.rank {
+                self.count_sent(r.len(), None);
+            } else {
                 let len = r.len();
+                self.counter.received(root, len);
                 buf[r].copy_from_slice(self.peer(root, b, 0, len));
             }
             self.finish();
@@ -534,5 +589,8 @@ impl Collectives for ShmCollectives {
         self.arrive_with_header(Some(&Header::barrier()), "barrier")?;
         self.finish();
         Ok(())
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        self.counter.traffic()
     }
 }

@@ -28,6 +28,7 @@ use super::message::{Reader, Request, Response, ResponseList, Writer};
 use super::timeline::Timeline;
 use crate::tensor::{Location, Tensor};
 use crate::comm::mpi_backend::MpiCollectives;
+use crate::comm::traffic::{dense_model, Place, Traffic};
 use crate::comm::{Collectives, CollectivesExt};
 use crate::topology::Group;
 
@@ -88,13 +89,21 @@ pub struct Stats {
     bytes: AtomicU64,
     allreduce_wire: AtomicU64,
     allgather_wire: AtomicU64,
+    /// The data backend's counted bytes: intra sent, intra received, cross sent, cross
+    /// received ([`crate::comm::Collectives::traffic`]).
+    counted: [AtomicU64; 4],
+    /// Nonzero once the counts are void: the backend does not count, or a collective ran
+    /// where it cannot (a device tensor's).
+    counted_void: AtomicU64,
+    /// The modelled bytes, in the order of `counted`, as f64 bits (one writer: the thread).
+    modelled: [AtomicU64; 4],
     fusion_threshold: AtomicU64,
     cycle_time_us: AtomicU64,
     tuning: AtomicU64,
 }
 
 /// A copy of the counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StatsSnapshot {
     /// Background cycles run.
     pub cycles: u64,
@@ -113,6 +122,13 @@ pub struct StatsSnapshot {
     pub allreduce_wire_bytes: u64,
     /// Bytes this rank contributed to allgathers (1-bit encodings and allgathered tensors).
     pub allgather_wire_bytes: u64,
+    /// The bytes the data backend counted moving for the engine's collectives (intra-host
+    /// sent, received, cross-host sent, received), where it counts them all; `None` where
+    /// it does not (`mpi`, a collective left to MPI's own algorithm, device tensors).
+    pub counted_traffic: Option<[u64; 4]>,
+    /// The same bytes as modelled from each collective's wire bytes and the backend's
+    /// algorithm ([`dense_model`]).
+    pub modelled_traffic: [f64; 4],
     /// The fusion threshold in use (bytes).
     pub fusion_threshold: u64,
     /// The cycle time in use (microseconds).
@@ -129,6 +145,25 @@ impl Stats {
         self.tuning.store(tuning as u64, Ordering::Relaxed);
     }
 
+    /// Adds one collective's modelled traffic (called by the background thread only).
+    fn add_modelled(&self, t: Traffic) {
+        for (a, v) in self.modelled.iter().zip([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received]) {
+            a.store((f64::from_bits(a.load(Ordering::Relaxed)) + v).to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// Records the data backend's counts after a collective (`None`: void from now on).
+    pub fn record_traffic(&self, t: Option<Traffic>) {
+        match t {
+            Some(t) => {
+                for (a, v) in self.counted.iter().zip([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received]) {
+                    a.store(v as u64, Ordering::Relaxed);
+                }
+            }
+            None => self.counted_void.store(1, Ordering::Relaxed),
+        }
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -141,6 +176,8 @@ impl Stats {
             bytes: g(&self.bytes),
             allreduce_wire_bytes: g(&self.allreduce_wire),
             allgather_wire_bytes: g(&self.allgather_wire),
+            counted_traffic: (g(&self.counted_void) == 0).then(|| self.counted.each_ref().map(g)),
+            modelled_traffic: self.modelled.each_ref().map(|a| f64::from_bits(g(a))),
             fusion_threshold: g(&self.fusion_threshold),
             cycle_time_us: g(&self.cycle_time_us),
             tuning: g(&self.tuning) != 0,
@@ -171,6 +208,10 @@ pub struct LoopConfig {
     pub onebit_lambda: f32,
     /// Values per scale of 1-bit compression (0: per tensor).
     pub onebit_block: usize,
+    /// This rank's place, for the modelled traffic.
+    pub place: Place,
+    /// The largest buffer `shm` reduces by its direct path ([`crate::comm::shm::direct_max`]).
+    pub shm_direct_max: usize,
 }
 
 /// The background thread's state.
@@ -195,6 +236,10 @@ pub struct Controller {
     leaving: bool,
     stop: StopReason,
     stats: Arc<Stats>,
+    /// The model's name of the device executor's collectives (`nccl`, or a host backend).
+    device_backend: String,
+    place: Place,
+    shm_direct_max: usize,
 }
 
 /// Moves values that hold MPI handles or shared mappings into the background thread.
@@ -218,6 +263,8 @@ impl Controller {
     pub fn new(control: Group, ctl: MpiCollectives, backend: Box<dyn Collectives>, rx: Receiver<Msg>, cfg: LoopConfig, stop: StopReason, stats: Arc<Stats>) -> Controller {
         let rank = control.rank();
         let size = control.size();
+        stats.record_traffic(backend.traffic());
+        let device_backend = cfg.device.as_ref().and_then(|d| d.describe().split_whitespace().next().map(str::to_string)).unwrap_or_default();
         Controller {
             rank,
             size,
@@ -242,6 +289,9 @@ impl Controller {
             leaving: false,
             stop,
             stats,
+            device_backend,
+            place: cfg.place,
+            shm_direct_max: cfg.shm_direct_max,
         }
     }
 
@@ -528,6 +578,19 @@ impl Controller {
 
     /// Fuses and runs `responses`, answering the handles; returns the bytes reduced and the
     /// requests that ran.
+    /// Adds an executed response's bytes to the stats: on the wire, modelled by direction
+    /// ([`dense_model`]), and the data backend's counts.
+    fn account(&self, resp: &Response) {
+        let host = resp.location == Location::Host;
+        let widens = host && self.exec.backend.widens_halves();
+        let (allreduce, allgather) = resp.wire_bytes(widens, self.exec.onebit.block);
+        self.stats.allreduce_wire.fetch_add(allreduce as u64, Ordering::Relaxed);
+        self.stats.allgather_wire.fetch_add(allgather as u64, Ordering::Relaxed);
+        let backend = if host { self.exec.backend.name() } else { self.device_backend.as_str() };
+        self.stats.add_modelled(dense_model(backend, &self.place, allreduce as f64, allgather as f64, self.shm_direct_max));
+        self.stats.record_traffic(if host { self.exec.backend.traffic() } else { None });
+    }
+
     fn execute(&mut self, responses: Vec<Response>, agreed: Instant) -> EngineResult<(usize, HashMap<String, Request>)> {
         let mut bytes = 0;
         let mut ran = HashMap::new();
@@ -564,10 +627,7 @@ impl Controller {
             bytes += resp.bytes();
             self.stats.collectives.fetch_add(1, Ordering::Relaxed);
             self.stats.bytes.fetch_add(resp.bytes() as u64, Ordering::Relaxed);
-            let widens = resp.location == Location::Host && self.exec.backend.name() == "hier";
-            let (allreduce, allgather) = resp.wire_bytes(widens, self.exec.onebit.block);
-            self.stats.allreduce_wire.fetch_add(allreduce as u64, Ordering::Relaxed);
-            self.stats.allgather_wire.fetch_add(allgather as u64, Ordering::Relaxed);
+            self.account(&resp);
             if let Some(tl) = self.timeline.as_mut() {
                 let args = format!("{{\"fused\": {}, \"bytes\": {}}}", resp.entries.len(), resp.bytes());
                 for s in &subs {

@@ -272,7 +272,7 @@ impl Engine {
         let stop: StopReason = Arc::new(Mutex::new(None));
         let device_name = device.as_ref().map(|d| d.describe());
         compression::check_lambda(config.onebit_lambda).map_err(EngineError::Config)?;
-        let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, onebit_block: config.onebit_block, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device };
+        let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, onebit_block: config.onebit_block, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device, place: comm::traffic::Place::of(topo), shm_direct_max: comm::shm::direct_max(topo.config.shm_chunk_bytes) };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
         let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));

@@ -645,12 +645,24 @@ pub struct TrainSummary {
     /// Bytes each rank put on the wire for them per step (after compression; 1-bit: the
     /// encodings, 1/32 of the float32 bytes plus 4 bytes of scale per tensor).
     pub dense_wire_bytes_per_step: f64,
-    /// Every rank's dense-allreduce bytes in this run by direction, inside its host and
-    /// across hosts, from the wire bytes and the backend's algorithm (the stated model of
-    /// [`crate::comm::traffic`]; `dense_traffic_model` names the backend).
+    /// Every rank's dense bytes in this run (the engine's collectives and, with
+    /// `--sync-scope host`, the per-step host allreduces) by direction, inside its host and
+    /// across hosts: as counted by ringrec's own backends ([`crate::comm::count`]; no
+    /// agreement headers), else as modelled (`dense_traffic_source` says which).
     pub dense_traffic_per_rank: Vec<RankTraffic>,
-    /// The backend whose algorithm `dense_traffic_per_rank` follows.
+    /// `counted` (every rank's backends counted every dense collective) or `model` (MPI's
+    /// or NCCL's collectives, or one left to MPI's own algorithm: 1-bit's allgather on
+    /// `ring` or across the hosts of `hier`).
+    pub dense_traffic_source: String,
+    /// The same bytes from each collective's wire bytes and the backend's algorithm (the
+    /// stated model of [`crate::comm::traffic`]), whatever the source.
+    pub dense_traffic_model_per_rank: Vec<RankTraffic>,
+    /// The backend whose algorithm `dense_traffic_model_per_rank` follows.
     pub dense_traffic_model: String,
+    /// Collectives the engine ran on each rank (a fused one counts once): the counted and
+    /// the modelled traffic differ by less than 16 bytes per collective, rank and direction
+    /// (parts rounded to whole elements).
+    pub dense_collectives: u64,
     /// Bytes sent across hosts by all ranks, dense and sparse, per sample trained.
     pub cross_host_bytes_per_sample: f64,
     /// Compression of the sparse rows sent across hosts (`none`, `1bit`, `1bit-l1`).

@@ -47,10 +47,16 @@
 //! dropped (every rank returns to the last synchronised parameters). The summary's
 //! `nan_skips` are then rank 0's own counts (its dense skips, its host's table skips).
 //! `RINGREC_FAULT_NAN` injects a NaN into a local step as into a synchronous one.
+//!
+//! **Traffic.** Scope host's per-step host allreduces run outside the engine, over their
+//! own shared memory: their bytes are counted there and modelled like the engine's
+//! ([`LocalSgd::host_traffic`]), and the summary adds them to the dense traffic (all of
+//! them inside the host).
 
 use super::{NanPolicy, TrainError, TrainResult};
 use crate::comm::shm::ShmCollectives;
-use crate::comm::{self, CollectivesExt};
+use crate::comm::traffic::{dense_model, Place, Traffic};
+use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::shard;
 use crate::device::Device;
 use crate::dtype::ReduceOp;
@@ -90,6 +96,12 @@ pub struct LocalSgd {
     synced: Vec<f32>,
     /// Scope host: the host's shared-memory collectives.
     host: Option<ShmCollectives>,
+    /// This rank's place in its host (a world of the host's ranks), for the model.
+    host_place: Place,
+    /// The direct-path limit of the host's shared memory.
+    shm_direct_max: usize,
+    /// The host allreduces' modelled traffic.
+    host_model: Traffic,
     /// World ranks of this host.
     host_ranks: Vec<usize>,
     world: usize,
@@ -111,7 +123,9 @@ impl LocalSgd {
             SyncScope::Rank => None,
         };
         let host_ranks = (0..topo.size).filter(|r| topo.host_of_rank[*r] == topo.host_id).collect();
-        Ok(LocalSgd { every, scope, since: 0, synced: params, host, host_ranks, world: topo.size, rank: topo.rank, non_finite: 0, key_grads: Vec::new(), counts: SyncCounts::default() })
+        let host_place = Place::one_host(topo.local_rank, topo.local_size);
+        let shm_direct_max = comm::shm::direct_max(topo.config.shm_chunk_bytes);
+        Ok(LocalSgd { every, scope, since: 0, synced: params, host, host_place, shm_direct_max, host_model: Traffic::default(), host_ranks, world: topo.size, rank: topo.rank, non_finite: 0, key_grads: Vec::new(), counts: SyncCounts::default() })
     }
 
     /// `--sync-every`.
@@ -167,7 +181,14 @@ impl LocalSgd {
             return Err(TrainError::Config("--sync-scope host sums the dense gradients over the host's shared memory, which needs them in host memory: use --device cpu, or --sync-scope rank".into()));
         };
         host.allreduce(values, ReduceOp::Sum)?;
+        self.host_model.add(dense_model("shm", &self.host_place, (4 * values.len()) as f64, 0.0, self.shm_direct_max));
         Ok(())
+    }
+
+    /// The traffic of scope host's host allreduces on this rank: counted by the host's
+    /// shared memory, and modelled; zero with scope rank.
+    pub fn host_traffic(&self) -> (Option<Traffic>, Traffic) {
+        (self.host.as_ref().map_or(Some(Traffic::default()), |h| h.traffic()), self.host_model)
     }
 
     /// Counts a local update skipped as not finite on this rank (see the module docs).

@@ -15,6 +15,8 @@ use super::predict;
 use super::sync::LocalSgd;
 use super::weights::{self, BatchWeights};
 use super::{metrics, NanPolicy, TrainConfig, TrainError, TrainResult, TrainSummary};
+use crate::comm::count;
+use crate::comm::traffic::Traffic;
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{shard, EvalSet};
@@ -889,9 +891,9 @@ impl<'a, D: Device> Trainer<'a, D> {
     fn dense_summary(&self, sparse_cross_sent: u64, rest: TrainSummary) -> TrainSummary {
         let s = self.engine.stats();
         let backend = self.engine.device().and_then(|d| d.split_whitespace().next()).unwrap_or(self.engine.backend_name()).to_string();
-        let place = crate::comm::traffic::Place::of(self.topo);
-        let t = crate::comm::traffic::dense_model(&backend, &place, s.allreduce_wire_bytes as f64, s.allgather_wire_bytes as f64);
-        let traffic = self.gather_traffic([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received].map(|b| b.round() as u64));
+        let (model, counted) = self.dense_traffic(&s);
+        let source = if counted.is_some() { "counted" } else { "model" };
+        let traffic = counted.unwrap_or_else(|| model.clone());
         let cross: u64 = traffic.iter().map(|t| t.cross_host_sent).sum::<u64>() + sparse_cross_sent;
         let steps = self.counters.steps.max(1) as f64;
         TrainSummary {
@@ -899,12 +901,31 @@ impl<'a, D: Device> Trainer<'a, D> {
             dense_bytes_per_step: s.bytes as f64 / steps,
             dense_wire_bytes_per_step: (s.allreduce_wire_bytes + s.allgather_wire_bytes) as f64 / steps,
             dense_traffic_per_rank: traffic,
+            dense_traffic_source: source.to_string(),
+            dense_traffic_model_per_rank: model,
             dense_traffic_model: backend,
+            dense_collectives: s.collectives,
             sparse_compression: self.cfg.sparse_compression.name().to_string(),
             sparse_compression_residual_rows: self.embedding.exchanger().compression_residual_rows() as u64,
             cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
             ..rest
         }
+    }
+
+    /// Every rank's dense traffic (the engine's collectives, and scope host's host
+    /// allreduces) as modelled, and as counted where every rank's backends count it
+    /// (collective: gathered on every rank).
+    fn dense_traffic(&self, s: &crate::engine::StatsSnapshot) -> (Vec<super::RankTraffic>, Option<Vec<super::RankTraffic>>) {
+        let (host_counted, host_model) = self.local.as_ref().map_or((Some(Traffic::default()), Traffic::default()), |l| l.host_traffic());
+        let [a, b, c, d] = s.modelled_traffic;
+        let mut m = Traffic { intra_sent: a, intra_received: b, cross_sent: c, cross_received: d };
+        m.add(host_model);
+        let model = self.gather_traffic([m.intra_sent, m.intra_received, m.cross_sent, m.cross_received].map(|b| b.round() as u64));
+        let engine_counted = s.counted_traffic.map(|[a, b, c, d]| Traffic { intra_sent: a as f64, intra_received: b as f64, cross_sent: c as f64, cross_received: d as f64 });
+        let mine = count::sum(engine_counted, host_counted).map_or([u64::MAX; 4], |t| [t.intra_sent, t.intra_received, t.cross_sent, t.cross_received].map(|b| b as u64));
+        let counted = self.gather_traffic(mine);
+        let all = counted.iter().all(|t| t.intra_host_sent != u64::MAX);
+        (model, all.then_some(counted))
     }
 
     /// Every rank's sparse-exchange bytes by direction (collective: gathered on every rank).

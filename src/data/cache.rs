@@ -911,6 +911,51 @@ mod tests {
     }
 
     #[test]
+    fn a_weight_column_gives_a_version_3_cache_beside_the_version_2_one() {
+        let dir = std::env::temp_dir().join(format!("ringrec-cache-v3-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plain = dir.join("plain.tsv");
+        crate::data::synth::synth(&plain, 300, 7).unwrap();
+        // The same rows with a weight in field 2 (row i weighs i / 4), and one bad weight.
+        let text = std::fs::read_to_string(&plain).unwrap();
+        let with_weight = |(i, l): (usize, &str)| {
+            let (label, rest) = l.split_once('\t').unwrap();
+            format!("{label}\t{}\t{rest}", i as f32 / 4.0)
+        };
+        let mut lines: Vec<String> = text.lines().enumerate().map(with_weight).collect();
+        lines.push(lines[0].replacen("\t0\t", "\tnan\t", 1));
+        let weighted = dir.join("weighted.tsv");
+        std::fs::write(&weighted, lines.join("\n") + "\n").unwrap();
+        let cache_dir = dir.join("cache");
+        let v2 = Dataset::from_tsv_cached(&plain, &cache_dir, 0).unwrap();
+        let opts = PrepareOptions::new(1).weight_column(Some(2));
+        let v3 = Dataset::from_tsv_cached_with(&weighted, &cache_dir, &opts).unwrap();
+        assert_eq!((v2.header().weight_column, v2.weights(), rd_u32(&std::fs::read(v2.path()).unwrap(), 8)), (None, None, 2));
+        assert_eq!((v3.header().weight_column, rd_u32(&std::fs::read(v3.path()).unwrap(), 8)), (Some(2), 3));
+        assert_eq!(v3.header().bad_counts, [0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!((v3.len(), v2.len()), (300, 300));
+        let want: Vec<f32> = (0..300).map(|i| i as f32 / 4.0).collect();
+        assert_eq!(v3.weights().unwrap(), &want[..]);
+        assert_eq!((v3.labels(), v3.dense_all(), v3.keys_all()), (v2.labels(), v2.dense_all(), v2.keys_all()));
+        // The names differ with and without the column, and with another column.
+        let names = [cache_path(&weighted, &cache_dir).unwrap(), cache_path_for(&weighted, &cache_dir, Some(2)).unwrap(), cache_path_for(&weighted, &cache_dir, Some(41)).unwrap()];
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2], "{names:?}");
+        assert_eq!(names[1], v3.path());
+        // A damaged weight is found, naming the section.
+        let mut bytes = std::fs::read(v3.path()).unwrap();
+        let at = v3.header().layout.weights_offset as usize + 40;
+        bytes[at] ^= 1;
+        let damaged = dir.join("damaged.rrdata");
+        std::fs::write(&damaged, &bytes).unwrap();
+        match Dataset::open(&damaged).unwrap_err() {
+            DataError::Damaged { section, start, .. } => assert_eq!((section, start), ("weights", v3.header().layout.weights_offset)),
+            e => panic!("{e}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic() {
         crate::header::fuzz_headers(&FORMAT, &header().encode(), 50_000, |b, len| {
             let _ = CacheHeader::parse(Path::new("fuzz"), b, len);

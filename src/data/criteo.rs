@@ -494,7 +494,8 @@ fn parse_careful(line: &[u8], weight_column: Option<usize>) -> Result<Sample, Li
         }
     }
     if n != NUM_FIELDS {
-        return Err(LineError { kind: BadLineKind::FieldCount, detail: format!("wrong field count: found {n}, expected {NUM_FIELDS} tab-separated fields") });
+        let hint = if n == NUM_FIELDS + 1 && weight_column.is_none() { "; if one field is a sample weight, give its field number with --weight-column N" } else { "" };
+        return Err(LineError { kind: BadLineKind::FieldCount, detail: format!("wrong field count: found {n}, expected {NUM_FIELDS} tab-separated fields{hint}") });
     }
     starts[NUM_FIELDS] = line.len() + 1;
     let field = |i: usize| &line[starts[i]..starts[i + 1] - 1];
@@ -1059,6 +1060,9 @@ mod tests {
         let e = parse_weighted_line(good().as_bytes(), 41).unwrap_err();
         assert_eq!(e.kind, BadLineKind::FieldCount);
         assert!(e.detail.contains("found 40, expected 41") && e.detail.contains("--weight-column 41"), "{}", e.detail);
+        // Without the flag, a line of 41 fields says how to read it.
+        let e = parse_line(with_weight(41, "1").as_bytes()).unwrap_err();
+        assert!(e.detail.contains("found 41, expected 40") && e.detail.contains("give its field number with --weight-column N"), "{}", e.detail);
         // The Criteo fields' messages number the fields of the line with the weight.
         let l = with_weight(2, "1").replacen("1\t1\t0\t1", "1\t1\tx\t1", 1);
         let e = parse_weighted_line(l.as_bytes(), 2).unwrap_err();

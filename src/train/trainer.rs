@@ -878,6 +878,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             params_fnv_per_rank: fnvs.iter().map(|f| format!("{f:016x}")).collect(),
             samples_merged: self.data.weight_counts().0,
             samples_dropped_by_weight: self.data.weight_counts().1,
+            weight_column: self.cfg.weights.weight_column,
             ..self.table_summary()
         })
     }

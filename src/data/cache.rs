@@ -251,7 +251,7 @@ pub struct CacheHeader {
     pub bad_lines: u64,
     /// Malformed lines per kind, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order
     /// (a version-2 file records the first 6; its `weight` count is 0).
-    pub bad_counts: [u64; BAD_LINE_KINDS],
+    pub bad_counts: [u64; 7],
     /// `--weight-column`: the 1-based field of each source line that held the row's weight
     /// (the file is then version 3, with a weights section); `None`: version 2.
     pub weight_column: Option<u32>,

@@ -49,7 +49,8 @@ pub const NUM_SPARSE: usize = 26;
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 /// Default for `--max-bad-lines`.
 pub const DEFAULT_MAX_BAD_LINES: u64 = 1000;
-/// Kinds of malformed line ([`BadLineKind::ALL`]).
+/// Kinds of malformed line ([`BadLineKind::ALL`]; the arrays of counts are typed with the
+/// literal, which a test keeps equal to this).
 pub const BAD_LINE_KINDS: usize = 7;
 /// The largest `--weight-column`: a line with a weight has one field more than Criteo's.
 pub const MAX_WEIGHT_COLUMN: u32 = NUM_FIELDS as u32 + 1;
@@ -140,7 +141,7 @@ pub enum BadLineKind {
 
 impl BadLineKind {
     /// Every kind, in report order.
-    pub const ALL: [BadLineKind; BAD_LINE_KINDS] =
+    pub const ALL: [BadLineKind; 7] =
         [BadLineKind::Empty, BadLineKind::FieldCount, BadLineKind::Label, BadLineKind::Integer, BadLineKind::Categorical, BadLineKind::Utf8, BadLineKind::Weight];
 
     /// Short name, as in reports and JSON.
@@ -203,7 +204,7 @@ pub struct BadLineReport {
     /// Lines parsed into samples.
     pub rows: u64,
     /// Malformed lines per kind, indexed like [`BadLineKind::ALL`].
-    pub counts: [u64; BAD_LINE_KINDS],
+    pub counts: [u64; 7],
     /// The first [`BAD_LINE_EXAMPLES`] malformed lines.
     pub first: Vec<BadLine>,
 }
@@ -1029,6 +1030,13 @@ mod tests {
         let mut f: Vec<&str> = g.split('\t').collect();
         f.insert(column - 1, weight);
         f.join("\t")
+    }
+
+    #[test]
+    fn every_kind_is_counted() {
+        assert_eq!(BadLineKind::ALL.len(), BAD_LINE_KINDS);
+        assert_eq!(BadLineReport::default().counts.len(), BAD_LINE_KINDS);
+        assert!(BadLineKind::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
     }
 
     #[test]

@@ -1,15 +1,25 @@
 //! The binary dataset cache: a Criteo TSV parsed once into column arrays that every rank maps
 //! read-only, with a CRC-32 of every MiB so that damage is found before a row is used.
 //!
-//! # File format (version 2, little-endian)
+//! # File format (versions 2 and 3, little-endian)
 //!
 //! ```text
-//! [0, 4096)            header (fields below, then zero padding to one page)
-//! [labels_offset, ..)  labels: rows x f32 (0.0 or 1.0)
-//! [dense_offset, ..)   dense:  rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
-//! [keys_offset, ..)    keys:   rows x 26 u64, row-major (field-salted keys of C1..C26)
-//! [sums_offset, ..)    sums:   u32 CRC-32 of every block of the three sections above
+//! [0, 4096)             header (fields below, then zero padding to one page)
+//! [labels_offset, ..)   labels:  rows x f32 (0.0 or 1.0)
+//! [dense_offset, ..)    dense:   rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
+//! [keys_offset, ..)     keys:    rows x 26 u64, row-major (field-salted keys of C1..C26)
+//! [weights_offset, ..)  weights: rows x f32 (version 3 only: the `--weight-column` field)
+//! [sums_offset, ..)     sums:    u32 CRC-32 of every block of the sections above
 //! ```
+//!
+//! A TSV read without `--weight-column` is prepared into **version 2**, byte for byte what
+//! this code wrote before version 3 existed (so every older cache stays valid); a TSV read
+//! with one into **version 3**: the same sections plus the weights after the keys, covered
+//! by the block sums like the others, with the weights' offset and length, the weight
+//! column and a seventh malformed-line count (`weight`) in the header. The reader opens
+//! both ([`FORMAT`], [`FORMAT_V3`]); the cache's name ([`cache_path_for`]) covers the weight
+//! column, so a cache prepared with it never serves a run without it (or with another
+//! column), and the other way round: each is prepared on its own.
 //!
 //! The column sections are sized for `row_capacity` rows (the TSV's line count, so a file
 //! can be written in one pass before the number of malformed lines is known), start on
@@ -17,7 +27,8 @@
 //! section's *extent* runs from its offset to the next section's (its zero padding
 //! included); each extent is cut into blocks of [`CHECKSUM_BLOCK`] bytes (1 MiB, the last
 //! one shorter) whose CRC-32s fill the sums section: the labels' blocks, then the dense
-//! features', then the keys'. The file ends with the sums (no padding after them).
+//! features', then the keys', then (version 3) the weights'. The file ends with the sums
+//! (no padding after them).
 //!
 //! | offset | size | header field |
 //! |---|---|---|
@@ -40,8 +51,18 @@
 //! | 100 | 4 | reserved (0) |
 //! | 104 | 8 | when the source's identity was last checked by `prepare`, ns since the Unix epoch |
 //! | 112 | 72 | labels offset, labels length, dense offset, dense length, keys offset, keys length, sums offset, sums length, file length (u64 each) |
-//! | 184 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order) |
+//! | 184 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order, without `weight`) |
 //! | 232 | 8 | FNV-1a 64 checksum of bytes 0..232 |
+//!
+//! Version 3 (format version 3 at byte 8) has the same fields up to byte 232, then:
+//!
+//! | offset | size | header field (version 3) |
+//! |---|---|---|
+//! | 184 | 56 | malformed lines per kind (7 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order, `weight` last) |
+//! | 240 | 16 | weights offset, weights length (u64 each) |
+//! | 256 | 4 | the weight column (1-based field number, 1 to 41) |
+//! | 260 | 4 | reserved (0) |
+//! | 264 | 8 | FNV-1a 64 checksum of bytes 0..264 |
 //!
 //! # Integrity
 //!
@@ -552,7 +573,8 @@ impl Dataset {
     /// `opts` says.
     ///
     /// The cache is `cache_dir/<stem>.<hash>.rrdata`, the hash covering the TSV's canonical
-    /// path, size and mtime and the format version, so an edited TSV gets a fresh cache. An
+    /// path, size and mtime, the format version and (version 3) `opts.weight_column`, so an
+    /// edited TSV, or one read with another weight column, gets a fresh cache. An
     /// existing cache is reused when it opens (a damaged, foreign or older-version one is
     /// prepared again, like a missing one), the TSV's size, mtime, ctime and inode are the
     /// recorded ones (and, for a racy cache, its CRC-32: see the module docs), it skipped no

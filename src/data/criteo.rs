@@ -31,6 +31,17 @@
 //! failing check in this order: empty line, field count, label, integers, categoricals.
 //! A file that ends without a final newline still has its last line read; a final newline
 //! does not start an extra (empty) line.
+//!
+//! **A weight column** (`--weight-column N`, [`parse_weighted_line`]): lines of 41 fields,
+//! field N (1-based, 1 to 41, like `cut -f`) the sample's weight, a finite decimal >= 0
+//! (`1`, `0.25`, `3e-2`; Rust's `f32` syntax, `-0` read as 0), the other 40 Criteo's in
+//! order. Checked in the order empty line, field count (41 expected: a 40-field line is
+//! [`BadLineKind::FieldCount`] naming the weight column), the weight
+//! ([`BadLineKind::Weight`]: empty, negative, NaN, infinite, or not a number), then the
+//! Criteo fields, whose messages number the fields of the 41-field line. Without the flag, a
+//! line of 41 fields is a field-count error that suggests `--weight-column`.
+//! [`CriteoReader`] and [`read_tsv`] read Criteo's 40 fields only; [`parse_text`] (what
+//! [`prepare`](super::prepare()) uses) reads either.
 
 use std::fmt;
 use std::fs::File;

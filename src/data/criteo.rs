@@ -573,36 +573,61 @@ fn parse_weight(f: &[u8]) -> Option<f32> {
 /// not a number), then the Criteo fields as [`parse_line`] does, their messages numbering
 /// the fields of this line.
 pub fn parse_weighted_line(line: &[u8], column: usize) -> Result<(Sample, f32), LineError> {
-    let parsed = parse_weighted_fields(line, column);
+    parse_weighted_line_with(line, column, &mut Vec::new())
+}
+
+/// [`parse_weighted_line`] with `scratch` for the line without its weight (reused over
+/// the lines of a chunk: no allocation a line).
+fn parse_weighted_line_with(line: &[u8], column: usize, scratch: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
+    let parsed = parse_weighted_fields(line, column, scratch);
     match (parsed, std::str::from_utf8(line)) {
         (Err(_), Err(u)) => Err(LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) }),
         (r, _) => r,
     }
 }
 
-fn parse_weighted_fields(line: &[u8], column: usize) -> Result<(Sample, f32), LineError> {
+fn parse_weighted_fields(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.is_empty() {
         return Err(LineError { kind: BadLineKind::Empty, detail: "empty line".into() });
     }
-    let fields = 1 + line.iter().filter(|&&b| b == b'\t').count();
+    // One pass over the tabs: their count, and the weight's bytes a..b.
+    let (mut fields, mut a, mut b, mut at) = (1usize, 0usize, line.len(), 0usize);
+    while let Some(p) = find_byte(&line[at..], b'\t') {
+        let tab = at + p;
+        if fields + 1 == column {
+            a = tab + 1;
+        } else if fields == column {
+            b = tab;
+        }
+        fields += 1;
+        at = tab + 1;
+    }
     if fields != NUM_FIELDS + 1 {
         return Err(LineError {
             kind: BadLineKind::FieldCount,
             detail: format!("wrong field count: found {fields}, expected {} tab-separated fields (the {NUM_FIELDS} Criteo fields and the weight in field {column}, --weight-column {column})", NUM_FIELDS + 1),
         });
     }
-    // The weight is bytes a..b; the line without it (and one tab beside it) is Criteo's.
-    let a = if column == 1 { 0 } else { line.iter().enumerate().filter(|(_, &c)| c == b'\t').nth(column - 2).map_or(0, |(i, _)| i + 1) };
-    let b = find_byte(&line[a..], b'\t').map_or(line.len(), |p| a + p);
     let weight = parse_weight(&line[a..b]).ok_or_else(|| LineError {
         kind: BadLineKind::Weight,
         detail: format!("field {column} (the weight, --weight-column {column}) {} is not a finite number >= 0", show(&line[a..b])),
     })?;
-    let rest: Vec<u8> = if b == line.len() { line[..a - 1].to_vec() } else { [&line[..a], &line[b + 1..]].concat() };
-    let sample = match parse_fast(&rest) {
+    // The line without the weight and one tab beside it: Criteo's 40 fields (a slice of
+    // the line when the weight is first or last, else copied into `rest`).
+    let rest: &[u8] = if b == line.len() {
+        &line[..a - 1]
+    } else if a == 0 {
+        &line[b + 1..]
+    } else {
+        rest.clear();
+        rest.extend_from_slice(&line[..a]);
+        rest.extend_from_slice(&line[b + 1..]);
+        rest
+    };
+    let sample = match parse_fast(rest) {
         Some(s) => s,
-        None => parse_careful(&rest, Some(column))?,
+        None => parse_careful(rest, Some(column))?,
     };
     Ok((sample, weight))
 }
@@ -663,6 +688,7 @@ impl Columns {
 pub fn parse_text(text: &[u8], weight_column: Option<u32>, out: &mut Columns, report: &mut BadLineReport, max_bad_lines: u64) -> Option<u64> {
     let mut rest = text;
     let mut line = 0u64;
+    let mut scratch = Vec::new();
     while !rest.is_empty() {
         let (l, next) = match find_byte(rest, b'\n') {
             Some(p) => (&rest[..p], &rest[p + 1..]),
@@ -673,7 +699,7 @@ pub fn parse_text(text: &[u8], weight_column: Option<u32>, out: &mut Columns, re
         report.lines += 1;
         let parsed = match weight_column {
             None => parse_line(l).map(|s| out.push(&s)),
-            Some(c) => parse_weighted_line(l, c as usize).map(|(s, w)| out.push_weighted(&s, w)),
+            Some(c) => parse_weighted_line_with(l, c as usize, &mut scratch).map(|(s, w)| out.push_weighted(&s, w)),
         };
         match parsed {
             Ok(()) => report.rows += 1,

@@ -586,7 +586,55 @@ fn parse_weighted_line_with(line: &[u8], column: usize, scratch: &mut Vec<u8>) -
     }
 }
 
+/// The line without its weight and one tab beside it: Criteo's 40 fields, given the
+/// weight's bytes `a..b` (a slice of the line when the weight is first or last, else copied
+/// into `rest`).
+fn without_weight<'a>(line: &'a [u8], a: usize, b: usize, rest: &'a mut Vec<u8>) -> &'a [u8] {
+    if b == line.len() {
+        &line[..a.saturating_sub(1)]
+    } else if a == 0 {
+        &line[b + 1..]
+    } else {
+        rest.clear();
+        rest.extend_from_slice(&line[..a]);
+        rest.extend_from_slice(&line[b + 1..]);
+        rest
+    }
+}
+
+/// The common case without counting every tab: the weight found from the nearer end of the
+/// line, then Criteo's fields through [`parse_fast`] (which checks that they are exactly
+/// 40, so the line had 41 and the weight was field `column`). `None` on anything unusual,
+/// which [`parse_weighted_fields`] then classifies.
+fn parse_weighted_fast(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Option<(Sample, f32)> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let (a, b) = if 2 * column <= NUM_FIELDS + 1 {
+        let mut a = 0;
+        for _ in 1..column {
+            a += find_byte(&line[a..], b'\t')? + 1;
+        }
+        (a, find_byte(&line[a..], b'\t').map_or(line.len(), |p| a + p))
+    } else {
+        let mut b = line.len();
+        for _ in column..NUM_FIELDS + 1 {
+            b = line[..b].iter().rposition(|&c| c == b'\t')?;
+        }
+        (line[..b].iter().rposition(|&c| c == b'\t').map_or(0, |p| p + 1), b)
+    };
+    let weight = parse_weight(&line[a..b])?;
+    Some((parse_fast(without_weight(line, a, b, rest))?, weight))
+}
+
 fn parse_weighted_fields(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
+    match parse_weighted_fast(line, column, rest) {
+        Some(parsed) => Ok(parsed),
+        None => parse_weighted_careful(line, column, rest),
+    }
+}
+
+/// Every tab counted, every failure with its reason: the reference that
+/// [`parse_weighted_fast`] must agree with.
+fn parse_weighted_careful(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.is_empty() {
         return Err(LineError { kind: BadLineKind::Empty, detail: "empty line".into() });
@@ -613,18 +661,7 @@ fn parse_weighted_fields(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Resu
         kind: BadLineKind::Weight,
         detail: format!("field {column} (the weight, --weight-column {column}) {} is not a finite number >= 0", show(&line[a..b])),
     })?;
-    // The line without the weight and one tab beside it: Criteo's 40 fields (a slice of
-    // the line when the weight is first or last, else copied into `rest`).
-    let rest: &[u8] = if b == line.len() {
-        &line[..a - 1]
-    } else if a == 0 {
-        &line[b + 1..]
-    } else {
-        rest.clear();
-        rest.extend_from_slice(&line[..a]);
-        rest.extend_from_slice(&line[b + 1..]);
-        rest
-    };
+    let rest = without_weight(line, a, b, rest);
     let sample = match parse_fast(rest) {
         Some(s) => s,
         None => parse_careful(rest, Some(column))?,
@@ -1002,6 +1039,40 @@ mod tests {
             if let Some(s) = parse_fast(&l) {
                 fast += 1;
                 assert_eq!(Ok(s), parse_careful(&l, None), "{:?}", String::from_utf8_lossy(&l));
+            }
+        }
+        assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");
+    }
+
+    #[test]
+    fn the_weighted_fast_path_agrees_with_the_careful_one() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let alphabet = b"0123456789abcdef.e-\t\r xn";
+        let (mut fast, mut total) = (0, 0);
+        for case in 0..100_000u64 {
+            let column = [1, 2, 20, 21, 22, 40, 41][(case % 7) as usize];
+            let mut l = with_weight(column, ["1", "0.25", "3e-2"][(case % 3) as usize]).into_bytes();
+            for _ in 0..(next() % 3) {
+                let i = (next() as usize) % (l.len() + 1);
+                match next() % 3 {
+                    0 if i < l.len() => {
+                        l.remove(i);
+                    }
+                    1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
+                    _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
+                }
+            }
+            total += 1;
+            let careful = parse_weighted_careful(&l, column, &mut Vec::new());
+            if let Some(got) = parse_weighted_fast(&l, column, &mut Vec::new()) {
+                fast += 1;
+                assert_eq!(Ok(got), careful, "column {column}: {:?}", String::from_utf8_lossy(&l));
             }
         }
         assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");

@@ -54,7 +54,7 @@ T="$O/train.jsonl"
 for v in plain ones w41; do
   case $v in plain) col=() ;; *) col=(--weight-column 41) ;; esac
   RINGREC_DATA_DIR="$D/data" scripts/mpirun.sh -np "$NP" -x RINGREC_DATA_DIR "$R" train --json --no-progress \
-    --data "$D/$TRAIN_ROWS/$v.tsv" "${col[@]}" 2> "$O/train-$v.log" | tail -1 | sed "s/^{/{\"file\":\"$v\",/" >> "$T"
+    --data "$D/$TRAIN_ROWS/$v.tsv" "${col[@]}" 2> "$D/train-$v.log" | tail -1 | sed "s/^{/{\"file\":\"$v\",/" >> "$T"
 done
 python3 - "$T" <<'EOF'
 import json, sys

@@ -132,7 +132,7 @@ impl WeightConfig {
             }
             if m > 1.0 && !self.active() {
                 return Err(DataError::InvalidArgument(format!(
-                    "--min-sample-weight {m} would leave out every sample: without --decay-base, --merge-duplicates or --weight-column every sample weighs 1"
+                    "--min-sample-weight {m} would leave out every sample: without --decay-base or --merge-duplicates every sample weighs 1 (unless --weight-column gives the weights)"
                 )));
             }
         }

@@ -3,8 +3,9 @@
 //! in the weighted mean), weights all 1 train like the same rows without the column through
 //! the weighted path, uneven weights change the model the same wherever the column is, a
 //! malformed weight is skipped and counted (or stops the run, naming the line and the
-//! column), a global batch of weight 0 changes no parameter and reports no NaN, and bad
-//! settings are refused with what to do.
+//! column), a global batch of weight 0 changes no parameter and reports no NaN, bad
+//! settings are refused with what to do, and `predict --weight-column` scores such lines as
+//! it scores the rows without the column.
 
 mod common;
 
@@ -176,5 +177,36 @@ fn bad_weight_column_settings_say_what_to_do() {
     let job = run(&dir, &["--data", cache, "--no-eval"]);
     assert!(job.code != Some(0));
     assert!(job.all().contains("was prepared with --weight-column 41 and this run reads its data with no weight column"), "{}", job.all());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn predict_reads_past_the_weight_column() {
+    let dir = scratch("predict");
+    let rows = criteo_lines(&dir, 960, 11);
+    let plain = save(&dir, "plain.tsv", &rows);
+    let data = save(&dir, "w.tsv", &weighted(&rows, 2, |i| format!("{}", 1 + i % 2)));
+    let ck = dir.join("ck");
+    let ck = ck.to_str().expect("utf8");
+    json_of(&run(&dir, &["--data", &data, "--weight-column", "2", "--no-eval", "--checkpoint-dir", ck]));
+    let data_dir = dir.join("data");
+    let env = [("RINGREC_DATA_DIR", data_dir.to_str().expect("utf8"))];
+    let predict = |file: &str, extra: &[&str], out: &str| {
+        let out = dir.join(out);
+        let mut a = vec!["predict", "--model", ck, "--data", file, "--out", out.to_str().expect("utf8"), "--json"];
+        a.extend_from_slice(extra);
+        (common::mpirun(2, &env, &a), out)
+    };
+    let (w, w_out) = predict(&data, &["--weight-column", "2"], "w.scores");
+    let (p, p_out) = predict(&plain, &[], "p.scores");
+    assert_eq!(json_of(&w)["rows"].as_u64(), Some(960), "{}", w.all());
+    json_of(&p);
+    let scores = std::fs::read_to_string(&w_out).expect("scores");
+    assert_eq!(scores.lines().count(), 960);
+    assert_eq!(scores, std::fs::read_to_string(&p_out).expect("scores"), "a score must not depend on the sample's weight");
+    // Without the flag the 41-field lines are malformed, and say how to read them.
+    let (bad, _) = predict(&data, &["--max-bad-lines", "0"], "bad.scores");
+    assert!(bad.code != Some(0));
+    assert!(bad.all().contains("--weight-column N"), "{}", bad.all());
     std::fs::remove_dir_all(&dir).ok();
 }

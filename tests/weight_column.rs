@@ -210,3 +210,31 @@ fn predict_reads_past_the_weight_column() {
     assert!(bad.all().contains("--weight-column N"), "{}", bad.all());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_checkpoint_records_the_weight_column() {
+    let dir = scratch("resume");
+    // C26 all digits: the file reads with the weight in field 2 or (the digits) in field 41.
+    let rows: Vec<String> = criteo_lines(&dir, 1440, 13)
+        .iter()
+        .map(|l| {
+            let (head, _) = l.rsplit_once('\t').expect("40 fields");
+            format!("{head}\t12345678")
+        })
+        .collect();
+    let data = save(&dir, "w.tsv", &weighted(&rows, 2, |i| format!("{}", 1 + i % 3)));
+    let ck = dir.join("ck");
+    let ck = ck.to_str().expect("utf8");
+    let w = ["--data", data.as_str(), "--no-eval", "--weight-column", "2", "--shuffle"];
+    let full = json_of(&run(&dir, &[&w[..], &["--max-steps", "5"]].concat()));
+    json_of(&run(&dir, &[&w[..], &["--max-steps", "2", "--checkpoint-dir", ck]].concat()));
+    let resumed = json_of(&run(&dir, &[&w[..], &["--max-steps", "5", "--checkpoint-dir", ck, "--resume"]].concat()));
+    assert_eq!(resumed["steps"], 3, "{resumed}");
+    assert_eq!(resumed["params_fnv"], full["params_fnv"], "a resumed run with a weight column must continue exactly");
+    // The same file read with the weight in field 41 cannot resume it.
+    let other = ["--data", data.as_str(), "--no-eval", "--weight-column", "41", "--shuffle", "--max-steps", "5", "--checkpoint-dir", ck, "--resume"];
+    let job = run(&dir, &other);
+    assert!(job.code != Some(0), "resuming with another weight column must fail");
+    assert!(job.all().contains("sample weights") && job.all().contains("--weight-column 2"), "{}", job.all());
+    std::fs::remove_dir_all(&dir).ok();
+}

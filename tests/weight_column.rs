@@ -125,6 +125,12 @@ fn a_malformed_weight_is_skipped_and_counted_or_stops_the_run_naming_the_line() 
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The table file of the newest checkpoint in `dir`.
+fn table_of(dir: &Path) -> Vec<u8> {
+    let step = ringrec::train::checkpoint::latest_step(dir).unwrap_or_else(|| panic!("no checkpoint in {}", dir.display()));
+    std::fs::read(ringrec::train::checkpoint::step_dir(dir, step).join("table.rrt")).expect("table file")
+}
+
 #[test]
 fn batches_of_weight_zero_change_no_parameter_and_report_no_nan() {
     let dir = scratch("zero");
@@ -144,6 +150,26 @@ fn batches_of_weight_zero_change_no_parameter_and_report_no_nan() {
     // Neither file's rows moved the model: both end where they started.
     assert_eq!(za["params_fnv"], zb["params_fnv"], "steps of weight 0 must leave the parameters as they were");
     assert_ne!(one["params_fnv"], za["params_fnv"], "the same rows of weight 1 do train");
+    // The same rows with every label flipped: a zero gradient must not see the labels, so
+    // the dense parameters and the table (rows, optimizer state) are the same bytes, with
+    // either sparse normalisation (`weighted` divides by a weight sum of 0).
+    let flipped: Vec<String> = std::fs::read_to_string(&a)
+        .expect("read")
+        .lines()
+        .map(|l| if let Some(rest) = l.strip_prefix("0\t") { format!("1\t{rest}") } else { format!("0\t{}", &l[2..]) })
+        .collect();
+    let flipped = save(&dir, "zero_a_flipped.tsv", &flipped);
+    for norm in ["frequency", "weighted"] {
+        let ran = |data: &str, name: &str| {
+            let ck = dir.join(format!("ck-{norm}-{name}"));
+            let s = json_of(&run(&dir, &["--data", data, "--weight-column", "41", "--no-eval", "--sparse-normalize", norm, "--checkpoint-dir", ck.to_str().expect("utf8")]));
+            (s, table_of(&ck))
+        };
+        let ((s, t), (sf, tf)) = (ran(&a, "a"), ran(&flipped, "flipped"));
+        assert_eq!(s["params_fnv"], za["params_fnv"], "{norm}");
+        assert_eq!(sf["params_fnv"], s["params_fnv"], "{norm}: flipped labels of weight 0 changed the dense parameters");
+        assert!(t == tf, "{norm}: flipped labels of weight 0 changed the table");
+    }
     // --min-sample-weight above 0 drops them instead, and says so.
     let job = run(&dir, &["--data", &a, "--weight-column", "41", "--no-eval", "--min-sample-weight", "0.001"]);
     assert!(job.code != Some(0));

@@ -27,6 +27,10 @@
 //!
 //! Everything is a function of the data and the flags: every rank knows the weight of
 //! every row of a global batch, so the global weight sum of a step needs no collective.
+//!
+//! Held-out rows (`--eval-data` files, or the test split of a single file) are read with
+//! the same `--weight-column` layout, but evaluation ignores weights: its AUC and log loss
+//! are unweighted, as without the column.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

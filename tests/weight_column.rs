@@ -131,12 +131,15 @@ fn table_of(dir: &Path) -> Vec<u8> {
     std::fs::read(ringrec::train::checkpoint::step_dir(dir, step).join("table.rrt")).expect("table file")
 }
 
+/// `rows` synthetic rows (seed `seed`) with every weight `w` in field 41, saved as `name`.
+fn all_weigh(dir: &Path, name: &str, rows: u64, seed: u64, w: &str) -> String {
+    save(dir, name, &weighted(&criteo_lines(dir, rows, seed), 41, |_| w.into()))
+}
+
 #[test]
 fn batches_of_weight_zero_change_no_parameter_and_report_no_nan() {
     let dir = scratch("zero");
-    let zero = |seed: u64, name: &str| save(&dir, name, &weighted(&criteo_lines(&dir, 1200, seed), 41, |_| "0".into()));
-    let (a, b) = (zero(7, "zero_a.tsv"), zero(8, "zero_b.tsv"));
-    let ones = save(&dir, "ones.tsv", &weighted(&criteo_lines(&dir, 1200, 7), 41, |_| "1".into()));
+    let (a, b, ones) = (all_weigh(&dir, "zero_a.tsv", 1200, 7, "0"), all_weigh(&dir, "zero_b.tsv", 1200, 8, "0"), all_weigh(&dir, "ones.tsv", 1200, 7, "1"));
     let col = |data: &str| json_of(&run(&dir, &["--data", data, "--weight-column", "41", "--no-eval"]));
     let (za, zb, one) = (col(&a), col(&b), col(&ones));
     // Weight-0 rows are kept (0 is not below the default minimum 0) and weigh nothing.
@@ -150,9 +153,27 @@ fn batches_of_weight_zero_change_no_parameter_and_report_no_nan() {
     // Neither file's rows moved the model: both end where they started.
     assert_eq!(za["params_fnv"], zb["params_fnv"], "steps of weight 0 must leave the parameters as they were");
     assert_ne!(one["params_fnv"], za["params_fnv"], "the same rows of weight 1 do train");
+    // After batches that trained, batches of weight 0 leave the model where it was: the
+    // dense optimizer (Adam, whose moments would still move it) is not stepped.
+    let eval = all_weigh(&dir, "eval.tsv", 240, 10, "1");
+    let days = |files: &str| json_of(&run(&dir, &["--data", files, "--eval-data", &eval, "--weight-column", "41"]));
+    let (trained, then_zero) = (days(&ones), days(&format!("{ones},{a}")));
+    assert_eq!(then_zero["steps"].as_u64(), Some(2 * trained["steps"].as_u64().unwrap()), "{then_zero}");
+    assert_eq!(then_zero["params_fnv"], trained["params_fnv"], "steps of weight 0 after training moved the model");
+    // --min-sample-weight above 0 drops them instead, and says so.
+    let job = run(&dir, &["--data", &a, "--weight-column", "41", "--no-eval", "--min-sample-weight", "0.001"]);
+    assert!(job.code != Some(0));
+    assert!(job.all().contains(&format!("{} rows weigh less than --min-sample-weight", za["train_rows"])), "{}", job.all());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn rows_of_weight_zero_leave_the_dense_parameters_and_the_table_as_they_were() {
+    let dir = scratch("zero-table");
     // The same rows with every label flipped: a zero gradient must not see the labels, so
     // the dense parameters and the table (rows, optimizer state) are the same bytes, with
     // either sparse normalisation (`weighted` divides by a weight sum of 0).
+    let a = all_weigh(&dir, "zero_a.tsv", 1200, 7, "0");
     let flipped: Vec<String> = std::fs::read_to_string(&a)
         .expect("read")
         .lines()
@@ -166,14 +187,10 @@ fn batches_of_weight_zero_change_no_parameter_and_report_no_nan() {
             (s, table_of(&ck))
         };
         let ((s, t), (sf, tf)) = (ran(&a, "a"), ran(&flipped, "flipped"));
-        assert_eq!(s["params_fnv"], za["params_fnv"], "{norm}");
         assert_eq!(sf["params_fnv"], s["params_fnv"], "{norm}: flipped labels of weight 0 changed the dense parameters");
         assert!(t == tf, "{norm}: flipped labels of weight 0 changed the table");
+        assert!(sf["losses"].as_array().expect("losses").iter().all(|l| l.as_f64() == Some(0.0)), "{sf}");
     }
-    // --min-sample-weight above 0 drops them instead, and says so.
-    let job = run(&dir, &["--data", &a, "--weight-column", "41", "--no-eval", "--min-sample-weight", "0.001"]);
-    assert!(job.code != Some(0));
-    assert!(job.all().contains(&format!("{} rows weigh less than --min-sample-weight", za["train_rows"])), "{}", job.all());
     std::fs::remove_dir_all(&dir).ok();
 }
 

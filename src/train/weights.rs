@@ -79,9 +79,10 @@ pub struct BatchWeights {
 /// The loss scale of a step and what its global loss sum is divided by: 1 / the global
 /// batch and the global batch (unweighted: the bits of a run without weights), or 1 / the
 /// global weight sum and that sum. A global batch whose weights sum to 0 (every row of
-/// weight 0: `--weight-column`) gets scale 0 and divisor 1: its gradients are zero, so
-/// the step changes no parameter under SGD (nor Adam or Adagrad from a zero state), and its
-/// reported loss is 0, never NaN.
+/// weight 0: `--weight-column`) gets scale 0 and divisor 1: its gradients are zero and its
+/// reported loss is 0, never NaN; the trainer then skips its dense optimizer step (Adam's
+/// moments would move the parameters even so), and the table's SGD and Adagrad leave
+/// rows with a zero gradient as they are: the step changes no parameter.
 pub fn loss_scale(weights: Option<&BatchWeights>, global_batch: usize) -> (f32, f64) {
     match weights {
         Some(w) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),

@@ -1011,30 +1011,39 @@ mod tests {
         assert_eq!(category_key(3, v), u64::MAX - 1);
     }
 
-    #[test]
-    fn fast_path_agrees_with_the_careful_parser() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
+    /// A xorshift64 stream from `x` (nonzero).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    /// Up to two random edits of `l`: a byte removed, replaced or inserted (from `alphabet`).
+    fn mutate(l: &mut Vec<u8>, alphabet: &[u8], next: &mut impl FnMut() -> u64) {
+        for _ in 0..(next() % 3) {
+            let i = (next() as usize) % (l.len() + 1);
+            match next() % 3 {
+                0 if i < l.len() => {
+                    l.remove(i);
+                }
+                1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
+                _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_agrees_with_the_careful_parser() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let alphabet = b"0123456789abcdefABCDEF-\t\r x\xff";
         let base = [good(), format!("0{}", &good()[1..]).replace("68fd1e64", ""), good().replace('\t', "\t-")];
         let (mut fast, mut total) = (0, 0);
         for case in 0..200_000u64 {
             let mut l = base[(case % 3) as usize].clone().into_bytes();
-            for _ in 0..(next() % 3) {
-                let i = (next() as usize) % (l.len() + 1);
-                match next() % 3 {
-                    0 if i < l.len() => {
-                        l.remove(i);
-                    }
-                    1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
-                    _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
-                }
-            }
+            mutate(&mut l, alphabet, &mut next);
             total += 1;
             if let Some(s) = parse_fast(&l) {
                 fast += 1;
@@ -1046,28 +1055,13 @@ mod tests {
 
     #[test]
     fn the_weighted_fast_path_agrees_with_the_careful_one() {
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let alphabet = b"0123456789abcdef.e-\t\r xn";
         let (mut fast, mut total) = (0, 0);
         for case in 0..100_000u64 {
             let column = [1, 2, 20, 21, 22, 40, 41][(case % 7) as usize];
             let mut l = with_weight(column, ["1", "0.25", "3e-2"][(case % 3) as usize]).into_bytes();
-            for _ in 0..(next() % 3) {
-                let i = (next() as usize) % (l.len() + 1);
-                match next() % 3 {
-                    0 if i < l.len() => {
-                        l.remove(i);
-                    }
-                    1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
-                    _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
-                }
-            }
+            mutate(&mut l, alphabet, &mut next);
             total += 1;
             let careful = parse_weighted_careful(&l, column, &mut Vec::new());
             if let Some(got) = parse_weighted_fast(&l, column, &mut Vec::new()) {

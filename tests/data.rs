@@ -107,7 +107,7 @@ fn every_kind_of_bad_line_is_counted_and_reported() {
     assert_eq!(sum.rows, 2);
     let ds = Dataset::open(&out).unwrap();
     assert_eq!(ds.header().bad_lines, 10);
-    assert_eq!(ds.header().bad_counts, [2, 1, 2, 2, 2, 1]);
+    assert_eq!(ds.header().bad_counts, [2, 1, 2, 2, 2, 1, 0]);
     assert_eq!(ds.header().lines, 12);
 }
 
@@ -344,12 +344,12 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
     assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
-    // A future version, and the previous one.
+    // A future version (3 is a cache with weights), and the previous one.
     let mut b = bytes.clone();
-    b[8] = 3;
+    b[8] = 4;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 3, supported: 2, .. })), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 4, supported: 2, .. })), "{e:?}");
     b[8] = 1;
     fix_checksum(&mut b);
     let e = try_open("version1.rrdata", &b);
@@ -753,7 +753,7 @@ fn a_cache_larger_than_the_free_space_is_refused_before_writing() {
     // 5000 rows need 1.3 MB: more than the 1 MiB mount.
     let tsv = d.path("big.tsv");
     synth(&tsv, 5000, 3).unwrap();
-    let need = CacheLayout::compute(0, 5000).unwrap().file_len;
+    let need = CacheLayout::compute(0, 5000, false).unwrap().file_len;
     assert!(need > 1 << 20);
     let e = prepare(&tsv, &small.join("big.rrdata"), 0).unwrap_err();
     let msg = e.to_string();

@@ -25,6 +25,10 @@ pub enum DataCommand {
         /// byte whatever their number.
         #[arg(long)]
         threads: Option<usize>,
+        /// The lines have 41 fields, field N (1-based) the sample's weight (see `train
+        /// --weight-column`): the cache is then version 3, with the weights.
+        #[arg(long, value_name = "N")]
+        weight_column: Option<u32>,
     },
     /// Write a synthetic Criteo-format TSV with a planted logistic model and print the
     /// planted model's (Bayes) AUC on it.
@@ -52,10 +56,11 @@ pub enum DataCommand {
 /// Runs a `ringrec data` command.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
-        DataCommand::Prepare { input, output, max_bad_lines, threads } => {
+        DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column } => {
             let t = Instant::now();
             // The errors name the file already.
-            let s = prepare_with(&input, &output, &PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)))?;
+            let opts = PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)).weight_column(weight_column);
+            let s = prepare_with(&input, &output, &opts)?;
             let secs = t.elapsed().as_secs_f64().max(1e-9);
             println!(
                 "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s, {:.1} MB/s of TSV, {} threads); source crc32 {:08x}; {}",
@@ -102,6 +107,9 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("  rows            {}", h.rows);
                 println!("  positives       {positives} (ctr {ctr:.4})");
                 println!("  features        13 dense (ln(1+max(x,0))), 26 categorical keys");
+                if let Some(c) = h.weight_column {
+                    println!("  weights         one per row, from field {c} of each line (format version 3)");
+                }
                 let src = &h.source;
                 println!("  source          {} lines, {} bytes, crc32 {:08x}", h.lines, src.size, h.source_crc32);
                 println!("  source stat     mtime {} ns, ctime {} ns, inode {}", src.mtime_ns, src.ctime_ns, src.inode);

@@ -47,6 +47,10 @@ pub struct PredictArgs {
     /// Malformed input lines tolerated per file (they are skipped: no score is written for them).
     #[arg(long, default_value_t = ringrec::data::criteo::DEFAULT_MAX_BAD_LINES)]
     pub max_bad_lines: u64,
+    /// The input lines have 41 fields, field N (1-based) a sample weight that scoring reads
+    /// past (as `train --weight-column N` reads it).
+    #[arg(long, value_name = "N")]
+    pub weight_column: Option<u32>,
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
@@ -107,6 +111,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         device: args.device,
         threads: args.threads,
         max_bad_lines: args.max_bad_lines,
+        weight_column: args.weight_column,
         backend: args.backend.0,
     };
     let p = predict::run(topo, &cfg)?;

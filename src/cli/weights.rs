@@ -1,5 +1,5 @@
 //! The sample-weight flags of `ringrec train` ([`ringrec::data::weights`]), flattened into
-//! its flags.
+//! its flags: time decay, merging, the minimum weight and the weight column.
 
 use std::path::PathBuf;
 
@@ -28,6 +28,13 @@ pub struct WeightArgs {
     /// order; `samples_merged` counts the rows merged away).
     #[arg(long)]
     pub merge_duplicates: bool,
+    /// The --data and --eval-data lines have 41 tab-separated fields: field N (1-based, like
+    /// `cut -f`; e.g. 41 last, 2 right after the label) is the sample's weight, a finite
+    /// number >= 0, and the other 40 are Criteo's in order. A training row weighs its
+    /// weight times its decay weight; merged rows add their weights. A bad weight makes
+    /// the line malformed (counted, --max-bad-lines). Evaluation stays unweighted.
+    #[arg(long, value_name = "N")]
+    pub weight_column: Option<u32>,
 }
 
 impl WeightArgs {
@@ -39,6 +46,7 @@ impl WeightArgs {
             day_of: self.day_of.clone(),
             min_sample_weight: self.min_sample_weight,
             merge_duplicates: self.merge_duplicates,
+            weight_column: self.weight_column,
         }
     }
 }

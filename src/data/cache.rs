@@ -1,15 +1,25 @@
 //! The binary dataset cache: a Criteo TSV parsed once into column arrays that every rank maps
 //! read-only, with a CRC-32 of every MiB so that damage is found before a row is used.
 //!
-//! # File format (version 2, little-endian)
+//! # File format (versions 2 and 3, little-endian)
 //!
 //! ```text
-//! [0, 4096)            header (fields below, then zero padding to one page)
-//! [labels_offset, ..)  labels: rows x f32 (0.0 or 1.0)
-//! [dense_offset, ..)   dense:  rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
-//! [keys_offset, ..)    keys:   rows x 26 u64, row-major (field-salted keys of C1..C26)
-//! [sums_offset, ..)    sums:   u32 CRC-32 of every block of the three sections above
+//! [0, 4096)             header (fields below, then zero padding to one page)
+//! [labels_offset, ..)   labels:  rows x f32 (0.0 or 1.0)
+//! [dense_offset, ..)    dense:   rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
+//! [keys_offset, ..)     keys:    rows x 26 u64, row-major (field-salted keys of C1..C26)
+//! [weights_offset, ..)  weights: rows x f32 (version 3 only: the `--weight-column` field)
+//! [sums_offset, ..)     sums:    u32 CRC-32 of every block of the sections above
 //! ```
+//!
+//! A TSV read without `--weight-column` is prepared into **version 2**, byte for byte what
+//! this code wrote before version 3 existed (so every older cache stays valid); a TSV read
+//! with one into **version 3**: the same sections plus the weights after the keys, covered
+//! by the block sums like the others, with the weights' offset and length, the weight
+//! column and a seventh malformed-line count (`weight`) in the header. The reader opens
+//! both ([`FORMAT`], [`FORMAT_V3`]); the cache's name ([`cache_path_for`]) covers the weight
+//! column, so a cache prepared with it never serves a run without it (or with another
+//! column), and the other way round: each is prepared on its own.
 //!
 //! The column sections are sized for `row_capacity` rows (the TSV's line count, so a file
 //! can be written in one pass before the number of malformed lines is known), start on
@@ -17,7 +27,8 @@
 //! section's *extent* runs from its offset to the next section's (its zero padding
 //! included); each extent is cut into blocks of [`CHECKSUM_BLOCK`] bytes (1 MiB, the last
 //! one shorter) whose CRC-32s fill the sums section: the labels' blocks, then the dense
-//! features', then the keys'. The file ends with the sums (no padding after them).
+//! features', then the keys', then (version 3) the weights'. The file ends with the sums
+//! (no padding after them).
 //!
 //! | offset | size | header field |
 //! |---|---|---|
@@ -40,8 +51,18 @@
 //! | 100 | 4 | reserved (0) |
 //! | 104 | 8 | when the source's identity was last checked by `prepare`, ns since the Unix epoch |
 //! | 112 | 72 | labels offset, labels length, dense offset, dense length, keys offset, keys length, sums offset, sums length, file length (u64 each) |
-//! | 184 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order) |
+//! | 184 | 48 | malformed lines per [`BadLineKind`](super::criteo::BadLineKind) (6 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order, without `weight`) |
 //! | 232 | 8 | FNV-1a 64 checksum of bytes 0..232 |
+//!
+//! Version 3 (format version 3 at byte 8) has the same fields up to byte 232, then:
+//!
+//! | offset | size | header field (version 3) |
+//! |---|---|---|
+//! | 184 | 56 | malformed lines per kind (7 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order, `weight` last) |
+//! | 240 | 16 | weights offset, weights length (u64 each) |
+//! | 256 | 4 | the weight column (1-based field number, 1 to 41) |
+//! | 260 | 4 | reserved (0) |
+//! | 264 | 8 | FNV-1a 64 checksum of bytes 0..264 |
 //!
 //! # Integrity
 //!
@@ -79,18 +100,27 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
-use super::criteo::{NUM_DENSE, NUM_SPARSE};
+use super::criteo::{BAD_LINE_KINDS, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
 use super::prepare::{count_lines, prepare_with, PrepareOptions};
 use crate::hash::{crc32, first_bad_block, fnv1a64, CHECKSUM_BLOCK};
 use crate::header::{align_up, rd_u32, rd_u64, wr_u32, wr_u64, Format, HEADER_LEN};
 
-/// Bytes of the header that carry fields (the rest of the header page is zero).
+/// Bytes of a version-2 header that carry fields (the rest of the header page is zero).
 pub const HEADER_FIELDS: usize = 240;
-/// Offset of the checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
+/// Offset of a version-2 header's checksum: FNV-1a 64 over bytes `0..CHECKSUM_AT`.
 pub const CHECKSUM_AT: usize = 232;
-/// The dataset cache format (magic `RRDATA`, version 2).
-pub static FORMAT: Format = Format {
+/// Bytes of a version-3 header (a cache with weights) that carry fields.
+pub const HEADER_FIELDS_V3: usize = 272;
+/// Offset of a version-3 header's checksum.
+pub const CHECKSUM_AT_V3: usize = 264;
+/// The dataset cache format without weights (magic `RRDATA`, version 2): what every TSV
+/// without `--weight-column` is prepared into.
+pub static FORMAT: Format = BASE_FORMAT;
+/// The dataset cache format with a weight column (version 3: version 2 and a weights
+/// section; see the module docs).
+pub static FORMAT_V3: Format = Format { version: 3, checksum_at: CHECKSUM_AT_V3, ..BASE_FORMAT };
+const BASE_FORMAT: Format = Format {
     magic: *b"RRDATA\0\0",
     version: 2,
     header_len: HEADER_LEN,
@@ -111,8 +141,9 @@ pub const CACHE_MODE: u32 = 0o600;
 /// digest to match (see the module docs).
 pub const RACY_NS: u64 = 2_000_000_000;
 
-/// Bytes of a row's label, dense features and keys.
+/// Bytes of a row's label, dense features, keys and weight.
 pub(crate) const LABEL_BYTES: u64 = 4;
+pub(crate) const WEIGHT_BYTES: u64 = 4;
 pub(crate) const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
 pub(crate) const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
 const BLOCK: u64 = CHECKSUM_BLOCK as u64;
@@ -135,6 +166,10 @@ pub struct CacheLayout {
     pub keys_offset: u64,
     /// Their length (`rows * 208`).
     pub keys_len: u64,
+    /// Start of the weights (f32 per row; `sums_offset` in a cache without weights).
+    pub weights_offset: u64,
+    /// Their length (`rows * 4`; 0 without weights).
+    pub weights_len: u64,
     /// Start of the block sums (u32 per block of the column sections).
     pub sums_offset: u64,
     /// Their length (4 bytes per block).
@@ -144,18 +179,21 @@ pub struct CacheLayout {
 }
 
 impl CacheLayout {
-    /// The one layout of a file sized for `row_capacity` rows and holding `rows`; `None` on
-    /// overflow or when `rows > row_capacity`.
-    pub fn compute(rows: u64, row_capacity: u64) -> Option<CacheLayout> {
+    /// The one layout of a file sized for `row_capacity` rows and holding `rows`, with a
+    /// weights section when `weighted` (version 3); `None` on overflow or when
+    /// `rows > row_capacity`.
+    pub fn compute(rows: u64, row_capacity: u64, weighted: bool) -> Option<CacheLayout> {
         if rows > row_capacity {
             return None;
         }
         let labels_offset = HEADER_LEN;
         let dense_offset = align_up(labels_offset.checked_add(row_capacity.checked_mul(LABEL_BYTES)?)?)?;
         let keys_offset = align_up(dense_offset.checked_add(row_capacity.checked_mul(DENSE_BYTES)?)?)?;
-        let sums_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
+        let weights_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
+        let sums_offset = if weighted { align_up(weights_offset.checked_add(row_capacity.checked_mul(WEIGHT_BYTES)?)?)? } else { weights_offset };
         // Each extent is under 2^64 bytes, so under 2^44 blocks: the sum and `* 4` cannot overflow.
-        let blocks: u64 = [dense_offset - labels_offset, keys_offset - dense_offset, sums_offset - keys_offset].iter().map(|e| e.div_ceil(BLOCK)).sum();
+        let extents = [dense_offset - labels_offset, keys_offset - dense_offset, weights_offset - keys_offset, sums_offset - weights_offset];
+        let blocks: u64 = extents.iter().map(|e| e.div_ceil(BLOCK)).sum();
         let sums_len = blocks * 4;
         let file_len = sums_offset.checked_add(sums_len)?;
         if file_len > isize::MAX as u64 {
@@ -168,6 +206,8 @@ impl CacheLayout {
             dense_len: rows * DENSE_BYTES,
             keys_offset,
             keys_len: rows * KEYS_BYTES,
+            weights_offset,
+            weights_len: if weighted { rows * WEIGHT_BYTES } else { 0 },
             sums_offset,
             sums_len,
             file_len,
@@ -175,12 +215,14 @@ impl CacheLayout {
     }
 
     /// The checksummed sections in the order of their sums: name, offset and extent (bytes
-    /// up to the next section, padding included).
-    pub fn checksummed(&self) -> [(&'static str, u64, u64); 3] {
+    /// up to the next section, padding included; the weights' extent is 0 without weights,
+    /// so a version-2 file has the sums of its three sections only).
+    pub fn checksummed(&self) -> [(&'static str, u64, u64); 4] {
         [
             ("labels", self.labels_offset, self.dense_offset.saturating_sub(self.labels_offset)),
             ("dense", self.dense_offset, self.keys_offset.saturating_sub(self.dense_offset)),
-            ("keys", self.keys_offset, self.sums_offset.saturating_sub(self.keys_offset)),
+            ("keys", self.keys_offset, self.weights_offset.saturating_sub(self.keys_offset)),
+            ("weights", self.weights_offset, self.sums_offset.saturating_sub(self.weights_offset)),
         ]
     }
 }
@@ -228,8 +270,12 @@ pub struct CacheHeader {
     pub lines: u64,
     /// Malformed lines skipped (`lines - rows`).
     pub bad_lines: u64,
-    /// Malformed lines per kind, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order.
-    pub bad_counts: [u64; 6],
+    /// Malformed lines per kind, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order
+    /// (a version-2 file records the first 6; its `weight` count is 0).
+    pub bad_counts: [u64; 7],
+    /// `--weight-column`: the 1-based field of each source line that held the row's weight
+    /// (the file is then version 3, with a weights section); `None`: version 2.
+    pub weight_column: Option<u32>,
     /// The source TSV's size, times and inode when it was read.
     pub source: SourceStat,
     /// CRC-32 of the whole source TSV (its content digest).
@@ -243,9 +289,21 @@ pub struct CacheHeader {
 }
 
 impl CacheHeader {
-    /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`).
-    pub fn encode(&self) -> [u8; HEADER_FIELDS] {
-        let mut b = [0u8; HEADER_FIELDS];
+    /// The format of the file: version 3 with a weight column, else version 2.
+    pub fn format(&self) -> &'static Format {
+        if self.weight_column.is_some() {
+            &FORMAT_V3
+        } else {
+            &FORMAT
+        }
+    }
+
+    /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`, or
+    /// `0..HEADER_FIELDS_V3` with a weight column). A version-2 header is that of the code
+    /// before version 3 byte for byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let format = self.format();
+        let mut b = vec![0u8; format.fields_len()];
         wr_u32(&mut b, 16, NUM_DENSE as u32);
         wr_u32(&mut b, 20, NUM_SPARSE as u32);
         wr_u32(&mut b, 24, CHECKSUM_BLOCK as u32);
@@ -261,18 +319,26 @@ impl CacheHeader {
         for (i, v) in sections.into_iter().enumerate() {
             wr_u64(&mut b, 112 + 8 * i, v);
         }
-        for (i, v) in self.bad_counts.into_iter().enumerate() {
+        let kinds = if self.weight_column.is_some() { BAD_LINE_KINDS } else { BAD_LINE_KINDS - 1 };
+        for (i, v) in self.bad_counts.into_iter().take(kinds).enumerate() {
             wr_u64(&mut b, 184 + 8 * i, v);
         }
-        FORMAT.seal(&mut b);
+        if let Some(column) = self.weight_column {
+            wr_u64(&mut b, 240, l.weights_offset);
+            wr_u64(&mut b, 248, l.weights_len);
+            wr_u32(&mut b, 256, column);
+        }
+        format.seal(&mut b);
         b
     }
 
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` its
     /// real length. Arbitrary bytes give an error, never a panic.
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
-        FORMAT.check(path, bytes, file_len)?;
-        let bad = |field: &'static str, detail: String| DataError::from(FORMAT.bad(path, field, detail));
+        let v3 = bytes.len() >= 12 && rd_u32(bytes, 8) == FORMAT_V3.version;
+        let format: &'static Format = if v3 { &FORMAT_V3 } else { &FORMAT };
+        format.check(path, bytes, file_len)?;
+        let bad = |field: &'static str, detail: String| DataError::from(format.bad(path, field, detail));
         let expect_u32 = |at: usize, field: &'static str, want: u32| {
             let v = rd_u32(bytes, at);
             if v == want {
@@ -288,10 +354,19 @@ impl CacheHeader {
         let f = |i: usize| rd_u64(bytes, 32 + 8 * i);
         let (rows, row_capacity, lines, bad_lines) = (f(0), f(1), f(2), f(3));
         let source = SourceStat { size: f(4), mtime_ns: f(5), ctime_ns: f(6), inode: f(7) };
-        let mut bad_counts = [0u64; 6];
-        for (i, c) in bad_counts.iter_mut().enumerate() {
+        let mut bad_counts = [0u64; BAD_LINE_KINDS];
+        let kinds = if v3 { BAD_LINE_KINDS } else { BAD_LINE_KINDS - 1 };
+        for (i, c) in bad_counts.iter_mut().take(kinds).enumerate() {
             *c = rd_u64(bytes, 184 + 8 * i);
         }
+        let weight_column = if v3 {
+            expect_u32(260, "reserved", 0)?;
+            let column = rd_u32(bytes, 256);
+            super::criteo::check_weight_column(column).map_err(|e| bad("weight_column", e))?;
+            Some(column)
+        } else {
+            None
+        };
         if rows > row_capacity {
             return Err(bad("rows", format!("{rows} rows exceed the row capacity {row_capacity}")));
         }
@@ -309,17 +384,19 @@ impl CacheHeader {
             dense_len: g(3),
             keys_offset: g(4),
             keys_len: g(5),
+            weights_offset: if v3 { rd_u64(bytes, 240) } else { g(6) },
+            weights_len: if v3 { rd_u64(bytes, 248) } else { 0 },
             sums_offset: g(6),
             sums_len: g(7),
             file_len: g(8),
         };
-        let bad_layout = |detail: String| DataError::from(FORMAT.layout(path, detail));
-        let want = CacheLayout::compute(rows, row_capacity).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
+        let bad_layout = |detail: String| DataError::from(format.layout(path, detail));
+        let want = CacheLayout::compute(rows, row_capacity, v3).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
         if stored_layout != want {
             return Err(bad_layout(format!("sections {stored_layout:?} differ from the layout of {rows} rows in room for {row_capacity}: {want:?}")));
         }
         if file_len < want.file_len {
-            return Err(FORMAT.truncated(path, file_len, want.file_len).into());
+            return Err(format.truncated(path, file_len, want.file_len).into());
         }
         if file_len > want.file_len {
             return Err(bad_layout(format!("file is {file_len} bytes, the header says {}", want.file_len)));
@@ -330,6 +407,7 @@ impl CacheHeader {
             lines,
             bad_lines,
             bad_counts,
+            weight_column,
             source,
             source_crc32: rd_u32(bytes, 96),
             prepared_ns: rd_u64(bytes, 104),
@@ -375,8 +453,8 @@ enum Reuse {
 }
 
 /// The reuse rule of [`Dataset::from_tsv_cached`] (see the module docs).
-fn reuse(h: &CacheHeader, now: &SourceStat, max_bad_lines: u64) -> Reuse {
-    if h.source != *now || h.bad_lines > max_bad_lines || h.rows == 0 {
+fn reuse(h: &CacheHeader, now: &SourceStat, opts: &PrepareOptions) -> Reuse {
+    if h.source != *now || h.bad_lines > opts.max_bad_lines || h.rows == 0 || h.weight_column != opts.weight_column {
         Reuse::No
     } else if h.prepared_ns < h.source.ctime_ns.saturating_add(RACY_NS) {
         Reuse::IfDigestMatches
@@ -414,7 +492,7 @@ impl Dataset {
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
         // reported before anything is mapped.
-        let mut head = vec![0u8; HEADER_FIELDS.min(len as usize)];
+        let mut head = vec![0u8; HEADER_FIELDS_V3.min(len as usize)];
         file.read_exact_at(&mut head, 0).map_err(|e| DataError::io(path, "read", e))?;
         CacheHeader::parse(path, &head, len)?;
         // SAFETY: the mapping is read-only and cache files are never modified in place:
@@ -435,8 +513,9 @@ impl Dataset {
     /// stay in this process's resident set.
     pub fn verify(&self) -> DataResult<()> {
         let damaged = |section: &'static str, start: u64, end: u64| DataError::Damaged { path: self.path.clone(), section, start, end };
-        if let Some(i) = self.map[HEADER_FIELDS..HEADER_LEN as usize].iter().position(|&b| b != 0) {
-            let at = (HEADER_FIELDS + i) as u64;
+        let fields = self.header.format().fields_len();
+        if let Some(i) = self.map[fields..HEADER_LEN as usize].iter().position(|&b| b != 0) {
+            let at = (fields + i) as u64;
             return Err(damaged("header", at, at + 1));
         }
         let l = &self.header.layout;
@@ -494,7 +573,8 @@ impl Dataset {
     /// `opts` says.
     ///
     /// The cache is `cache_dir/<stem>.<hash>.rrdata`, the hash covering the TSV's canonical
-    /// path, size and mtime and the format version, so an edited TSV gets a fresh cache. An
+    /// path, size and mtime, the format version and (version 3) `opts.weight_column`, so an
+    /// edited TSV, or one read with another weight column, gets a fresh cache. An
     /// existing cache is reused when it opens (a damaged, foreign or older-version one is
     /// prepared again, like a missing one), the TSV's size, mtime, ctime and inode are the
     /// recorded ones (and, for a racy cache, its CRC-32: see the module docs), it skipped no
@@ -520,13 +600,13 @@ impl Dataset {
     /// Under the cache's lock (returned, held until dropped): the cache of `tsv`, reused
     /// (`Some`) or prepared (`None`).
     fn cached(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<(FileLock, PathBuf, Option<Dataset>)> {
-        let out = cache_path(tsv, cache_dir)?;
+        let out = cache_path_for(tsv, cache_dir, opts.weight_column)?;
         std::fs::create_dir_all(cache_dir).map_err(|e| DataError::io(cache_dir, "create directory", e))?;
         let lock = FileLock::exclusive(&out.with_extension("lock"))?;
         let now = SourceStat::of(tsv)?;
         if let Ok(ds) = Dataset::open(&out) {
             let h = ds.header();
-            let serves = match reuse(h, &now, opts.max_bad_lines) {
+            let serves = match reuse(h, &now, opts) {
                 Reuse::Yes => true,
                 Reuse::IfDigestMatches => count_lines(tsv, now.size, opts.threads)?.1 == h.source_crc32,
                 Reuse::No => false,
@@ -538,7 +618,7 @@ impl Dataset {
         prepare_with(tsv, &out, opts)?;
         for version in 1..FORMAT.version {
             // Best effort: an old file that cannot be removed stays as it was.
-            if let Ok(old) = cache_path_of(tsv, cache_dir, version) {
+            if let Ok(old) = cache_path_of(tsv, cache_dir, version, None) {
                 let _ = std::fs::remove_file(old.with_extension("lock"));
                 let _ = std::fs::remove_file(old);
             }
@@ -586,6 +666,12 @@ impl Dataset {
     pub fn keys_all(&self) -> &[u64] {
         let l = &self.header.layout;
         bytemuck::cast_slice(self.section(l.keys_offset, l.keys_len))
+    }
+
+    /// All weights (`len()` values), in a cache prepared with a weight column (version 3).
+    pub fn weights(&self) -> Option<&[f32]> {
+        let l = &self.header.layout;
+        self.header.weight_column.map(|_| bytemuck::cast_slice(self.section(l.weights_offset, l.weights_len)))
     }
 
     /// Label of row `i`. Panics when `i >= len()`, like slice indexing.
@@ -641,17 +727,28 @@ impl Dataset {
 
 /// The cache file [`Dataset::from_tsv_cached`] uses for `tsv` under `cache_dir`.
 pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
-    cache_path_of(tsv, cache_dir, FORMAT.version)
+    cache_path_for(tsv, cache_dir, None)
 }
 
-/// The cache file of `tsv` under `cache_dir` in format `version`.
-fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32) -> DataResult<PathBuf> {
+/// The cache file of `tsv` under `cache_dir` read with `weight_column` (`None`: the
+/// version-2 cache of [`cache_path`]; a column: a version-3 cache whose name also covers the
+/// column, so caches of one TSV read with and without it, or with another, never meet).
+pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) -> DataResult<PathBuf> {
+    let version = if weight_column.is_some() { FORMAT_V3.version } else { FORMAT.version };
+    cache_path_of(tsv, cache_dir, version, weight_column)
+}
+
+/// The cache file of `tsv` under `cache_dir` in format `version` (with `weight_column`).
+fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32, weight_column: Option<u32>) -> DataResult<PathBuf> {
     let canonical = std::fs::canonicalize(tsv).map_err(|e| DataError::io(tsv, "resolve", e))?;
     let source = SourceStat::of(&canonical)?;
     let mut id = canonical.as_os_str().as_encoded_bytes().to_vec();
     id.extend_from_slice(&source.size.to_le_bytes());
     id.extend_from_slice(&source.mtime_ns.to_le_bytes());
     id.extend_from_slice(&version.to_le_bytes());
+    if let Some(column) = weight_column {
+        id.extend_from_slice(&column.to_le_bytes());
+    }
     let stem: String = tsv
         .file_stem()
         .map(|s| s.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect())
@@ -695,18 +792,19 @@ mod tests {
             row_capacity: 10,
             lines: 10,
             bad_lines: 1,
-            bad_counts: [0, 1, 0, 0, 0, 0],
+            bad_counts: [0, 1, 0, 0, 0, 0, 0],
+            weight_column: None,
             source: SourceStat { size: 1234, mtime_ns: 5678, ctime_ns: 10 * RACY_NS, inode: 42 },
             source_crc32: 0xdead_beef,
             prepared_ns: 12 * RACY_NS,
             sums_crc32: 0x1234_5678,
-            layout: CacheLayout::compute(9, 10).unwrap(),
+            layout: CacheLayout::compute(9, 10, false).unwrap(),
         }
     }
 
     #[test]
     fn layout_is_page_aligned_and_sums_cover_every_block() {
-        let l = CacheLayout::compute(1000, 1000).unwrap();
+        let l = CacheLayout::compute(1000, 1000, false).unwrap();
         assert_eq!(l.labels_offset, 4096);
         assert_eq!(l.dense_offset, 8192);
         assert_eq!(l.keys_offset, 8192 + 53248);
@@ -714,27 +812,53 @@ mod tests {
         // One block per section (each under 1 MiB), 4 bytes each, and the file ends there.
         assert_eq!(l.sums_len, 12);
         assert_eq!(l.file_len, 8192 + 53248 + 208_896 + 12);
-        assert_eq!(l.checksummed(), [("labels", 4096, 4096), ("dense", 8192, 53248), ("keys", 61440, 208_896)]);
+        assert_eq!(l.checksummed(), [("labels", 4096, 4096), ("dense", 8192, 53248), ("keys", 61440, 208_896), ("weights", 270_336, 0)]);
         // 10,000 rows: the keys' 2,080,768 bytes are two blocks.
-        let l = CacheLayout::compute(10_000, 10_000).unwrap();
-        assert_eq!(l.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768]);
+        let l = CacheLayout::compute(10_000, 10_000, false).unwrap();
+        assert_eq!(l.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 0]);
         assert_eq!(l.sums_len, 16);
-        let empty = CacheLayout::compute(0, 0).unwrap();
+        // With weights: one section more after the keys, one block more of sums.
+        let w = CacheLayout::compute(10_000, 10_000, true).unwrap();
+        assert_eq!(w.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 40960]);
+        assert_eq!((w.weights_offset, w.weights_len, w.sums_offset, w.sums_len), (l.sums_offset, 40_000, l.sums_offset + 40960, 20));
+        let empty = CacheLayout::compute(0, 0, false).unwrap();
         assert_eq!((empty.sums_offset, empty.sums_len, empty.file_len), (4096, 0, 4096));
-        assert!(CacheLayout::compute(2, 1).is_none());
-        assert!(CacheLayout::compute(0, u64::MAX / 8).is_none());
+        assert!(CacheLayout::compute(2, 1, false).is_none());
+        assert!(CacheLayout::compute(0, u64::MAX / 8, false).is_none());
+    }
+
+    /// [`header`] of a cache with weights from field 41, and a malformed weight.
+    fn header_v3() -> CacheHeader {
+        CacheHeader { weight_column: Some(41), bad_counts: [0, 0, 0, 0, 0, 0, 1], layout: CacheLayout::compute(9, 10, true).unwrap(), ..header() }
     }
 
     #[test]
     fn header_round_trips() {
         let h = header();
+        assert_eq!(h.encode().len(), HEADER_FIELDS);
         assert_eq!(CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap(), h);
+        let v3 = header_v3();
+        let b = v3.encode();
+        assert_eq!((b.len(), rd_u32(&b, 8), rd_u32(&b, 256)), (HEADER_FIELDS_V3, 3, 41));
+        assert_eq!(CacheHeader::parse(Path::new("x"), &b, v3.layout.file_len).unwrap(), v3);
+        // A version-3 header whose weight column is out of range.
+        let mut bad = b.clone();
+        wr_u32(&mut bad, 256, 42);
+        FORMAT_V3.seal(&mut bad);
+        let e = CacheHeader::parse(Path::new("x"), &bad, v3.layout.file_len).unwrap_err();
+        assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: "weight_column", .. })), "{e}");
+        // The weights' offset in the header must be the layout's.
+        let mut bad = b;
+        wr_u64(&mut bad, 240, v3.layout.weights_offset + 4096);
+        FORMAT_V3.seal(&mut bad);
+        let e = CacheHeader::parse(Path::new("x"), &bad, v3.layout.file_len).unwrap_err();
+        assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
     }
 
     #[test]
     fn inconsistent_counts_are_refused() {
         let mut h = header();
-        h.bad_counts = [0, 2, 0, 0, 0, 0];
+        h.bad_counts = [0, 2, 0, 0, 0, 0, 0];
         let e = CacheHeader::parse(Path::new("x"), &h.encode(), h.layout.file_len).unwrap_err();
         assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: "bad_counts", .. })), "{e}");
         let mut h = header();
@@ -760,7 +884,13 @@ mod tests {
     fn a_cache_is_reused_only_for_the_same_stat_and_a_racy_one_only_by_its_digest() {
         let h = header();
         let same = h.source;
-        assert_eq!(reuse(&h, &same, 1), Reuse::Yes);
+        let opts = |max_bad_lines: u64| PrepareOptions::new(max_bad_lines);
+        assert_eq!(reuse(&h, &same, &opts(1)), Reuse::Yes);
+        // A cache read with another weight column (or none) is prepared again.
+        assert_eq!(reuse(&h, &same, &opts(1).weight_column(Some(41))), Reuse::No);
+        assert_eq!(reuse(&header_v3(), &header_v3().source, &opts(1)), Reuse::No);
+        assert_eq!(reuse(&header_v3(), &header_v3().source, &opts(1).weight_column(Some(41))), Reuse::Yes);
+        assert_eq!(reuse(&header_v3(), &header_v3().source, &opts(1).weight_column(Some(2))), Reuse::No);
         // Any field of the stat differs: prepared again (a rewrite in place changes the ctime
         // even when the size and mtime are restored; a replaced file has another inode).
         for now in [
@@ -769,15 +899,15 @@ mod tests {
             SourceStat { ctime_ns: same.ctime_ns + 1, ..same },
             SourceStat { inode: 43, ..same },
         ] {
-            assert_eq!(reuse(&h, &now, 1), Reuse::No, "{now:?}");
+            assert_eq!(reuse(&h, &now, &opts(1)), Reuse::No, "{now:?}");
         }
         // The bad-line rule, and caches of no row.
-        assert_eq!(reuse(&h, &same, 0), Reuse::No);
-        assert_eq!(reuse(&CacheHeader { rows: 0, lines: 1, ..h }, &same, 1), Reuse::No);
+        assert_eq!(reuse(&h, &same, &opts(0)), Reuse::No);
+        assert_eq!(reuse(&CacheHeader { rows: 0, lines: 1, ..h }, &same, &opts(1)), Reuse::No);
         // Checked within RACY_NS of the ctime (or before it: a clock set back): racy.
-        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS - 1, ..h }, &same, 1), Reuse::IfDigestMatches);
-        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns - 1, ..h }, &same, 1), Reuse::IfDigestMatches);
-        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS, ..h }, &same, 1), Reuse::Yes);
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS - 1, ..h }, &same, &opts(1)), Reuse::IfDigestMatches);
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns - 1, ..h }, &same, &opts(1)), Reuse::IfDigestMatches);
+        assert_eq!(reuse(&CacheHeader { prepared_ns: same.ctime_ns + RACY_NS, ..h }, &same, &opts(1)), Reuse::Yes);
     }
 
     #[test]
@@ -789,7 +919,7 @@ mod tests {
         crate::data::synth::synth(&tsv, 50, 1).unwrap();
         let cache_dir = dir.join("cache");
         std::fs::create_dir_all(&cache_dir).unwrap();
-        let old = cache_path_of(&tsv, &cache_dir, 1).unwrap();
+        let old = cache_path_of(&tsv, &cache_dir, 1, None).unwrap();
         assert_ne!(old, cache_path(&tsv, &cache_dir).unwrap());
         std::fs::write(&old, b"RRDATA\0\0 a version-1 cache").unwrap();
         std::fs::write(old.with_extension("lock"), b"").unwrap();
@@ -803,8 +933,56 @@ mod tests {
     }
 
     #[test]
+    fn a_weight_column_gives_a_version_3_cache_beside_the_version_2_one() {
+        let dir = std::env::temp_dir().join(format!("ringrec-cache-v3-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plain = dir.join("plain.tsv");
+        crate::data::synth::synth(&plain, 300, 7).unwrap();
+        // The same rows with a weight in field 2 (row i weighs i / 4), and one bad weight.
+        let text = std::fs::read_to_string(&plain).unwrap();
+        let with_weight = |(i, l): (usize, &str)| {
+            let (label, rest) = l.split_once('\t').unwrap();
+            format!("{label}\t{}\t{rest}", i as f32 / 4.0)
+        };
+        let mut lines: Vec<String> = text.lines().enumerate().map(with_weight).collect();
+        lines.push(lines[0].replacen("\t0\t", "\tnan\t", 1));
+        let weighted = dir.join("weighted.tsv");
+        std::fs::write(&weighted, lines.join("\n") + "\n").unwrap();
+        let cache_dir = dir.join("cache");
+        let v2 = Dataset::from_tsv_cached(&plain, &cache_dir, 0).unwrap();
+        let opts = PrepareOptions::new(1).weight_column(Some(2));
+        let v3 = Dataset::from_tsv_cached_with(&weighted, &cache_dir, &opts).unwrap();
+        assert_eq!((v2.header().weight_column, v2.weights(), rd_u32(&std::fs::read(v2.path()).unwrap(), 8)), (None, None, 2));
+        assert_eq!((v3.header().weight_column, rd_u32(&std::fs::read(v3.path()).unwrap(), 8)), (Some(2), 3));
+        assert_eq!(v3.header().bad_counts, [0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!((v3.len(), v2.len()), (300, 300));
+        let want: Vec<f32> = (0..300).map(|i| i as f32 / 4.0).collect();
+        assert_eq!(v3.weights().unwrap(), &want[..]);
+        assert_eq!((v3.labels(), v3.dense_all(), v3.keys_all()), (v2.labels(), v2.dense_all(), v2.keys_all()));
+        // The names differ with and without the column, and with another column.
+        let names = [cache_path(&weighted, &cache_dir).unwrap(), cache_path_for(&weighted, &cache_dir, Some(2)).unwrap(), cache_path_for(&weighted, &cache_dir, Some(41)).unwrap()];
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2], "{names:?}");
+        assert_eq!(names[1], v3.path());
+        // A damaged weight is found, naming the section.
+        let mut bytes = std::fs::read(v3.path()).unwrap();
+        let at = v3.header().layout.weights_offset as usize + 40;
+        bytes[at] ^= 1;
+        let damaged = dir.join("damaged.rrdata");
+        std::fs::write(&damaged, &bytes).unwrap();
+        match Dataset::open(&damaged).unwrap_err() {
+            DataError::Damaged { section, start, .. } => assert_eq!((section, start), ("weights", v3.header().layout.weights_offset)),
+            e => panic!("{e}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic() {
         crate::header::fuzz_headers(&FORMAT, &header().encode(), 50_000, |b, len| {
+            let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
+        });
+        crate::header::fuzz_headers(&FORMAT_V3, &header_v3().encode(), 50_000, |b, len| {
             let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
         });
     }

@@ -31,6 +31,17 @@
 //! failing check in this order: empty line, field count, label, integers, categoricals.
 //! A file that ends without a final newline still has its last line read; a final newline
 //! does not start an extra (empty) line.
+//!
+//! **A weight column** (`--weight-column N`, [`parse_weighted_line`]): lines of 41 fields,
+//! field N (1-based, 1 to 41, like `cut -f`) the sample's weight, a finite decimal >= 0
+//! (`1`, `0.25`, `3e-2`; Rust's `f32` syntax, `-0` read as 0), the other 40 Criteo's in
+//! order. Checked in the order empty line, field count (41 expected: a 40-field line is
+//! [`BadLineKind::FieldCount`] naming the weight column), the weight
+//! ([`BadLineKind::Weight`]: empty, negative, NaN, infinite, or not a number), then the
+//! Criteo fields, whose messages number the fields of the 41-field line. Without the flag, a
+//! line of 41 fields is a field-count error that suggests `--weight-column`.
+//! [`CriteoReader`] and [`read_tsv`] read Criteo's 40 fields only; [`parse_text`] (what
+//! [`prepare`](super::prepare()) uses) reads either.
 
 use std::fmt;
 use std::fs::File;
@@ -49,6 +60,11 @@ pub const NUM_SPARSE: usize = 26;
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 /// Default for `--max-bad-lines`.
 pub const DEFAULT_MAX_BAD_LINES: u64 = 1000;
+/// Kinds of malformed line ([`BadLineKind::ALL`]; the arrays of counts are typed with the
+/// literal, which a test keeps equal to this).
+pub const BAD_LINE_KINDS: usize = 7;
+/// The largest `--weight-column`: a line with a weight has one field more than Criteo's.
+pub const MAX_WEIGHT_COLUMN: u32 = NUM_FIELDS as u32 + 1;
 /// Malformed lines whose number and reason a [`BadLineReport`] keeps.
 pub const BAD_LINE_EXAMPLES: usize = 5;
 /// The value a missing categorical hashes as (the bytes of `"missing\0"`).
@@ -130,12 +146,14 @@ pub enum BadLineKind {
     Categorical,
     /// The line is not valid UTF-8.
     Utf8,
+    /// The weight field (`--weight-column`) is not a finite decimal number >= 0.
+    Weight,
 }
 
 impl BadLineKind {
     /// Every kind, in report order.
-    pub const ALL: [BadLineKind; 6] =
-        [BadLineKind::Empty, BadLineKind::FieldCount, BadLineKind::Label, BadLineKind::Integer, BadLineKind::Categorical, BadLineKind::Utf8];
+    pub const ALL: [BadLineKind; 7] =
+        [BadLineKind::Empty, BadLineKind::FieldCount, BadLineKind::Label, BadLineKind::Integer, BadLineKind::Categorical, BadLineKind::Utf8, BadLineKind::Weight];
 
     /// Short name, as in reports and JSON.
     pub fn name(self) -> &'static str {
@@ -146,6 +164,7 @@ impl BadLineKind {
             BadLineKind::Integer => "integer",
             BadLineKind::Categorical => "categorical",
             BadLineKind::Utf8 => "utf8",
+            BadLineKind::Weight => "weight",
         }
     }
 
@@ -196,7 +215,7 @@ pub struct BadLineReport {
     /// Lines parsed into samples.
     pub rows: u64,
     /// Malformed lines per kind, indexed like [`BadLineKind::ALL`].
-    pub counts: [u64; 6],
+    pub counts: [u64; 7],
     /// The first [`BAD_LINE_EXAMPLES`] malformed lines.
     pub first: Vec<BadLine>,
 }
@@ -450,13 +469,24 @@ fn parse_fast(line: &[u8]) -> Option<Sample> {
 fn parse_fields(line: &[u8]) -> Result<Sample, LineError> {
     match parse_fast(line) {
         Some(s) => Ok(s),
-        None => parse_careful(line),
+        None => parse_careful(line, None),
+    }
+}
+
+/// The 1-based number, in the file's line, of Criteo field `n` (1-based among the 40):
+/// one more from the weight's column on.
+fn field_number(n: usize, weight_column: Option<usize>) -> usize {
+    if weight_column.is_some_and(|c| n >= c) {
+        n + 1
+    } else {
+        n
     }
 }
 
 /// Field by field, with a reason for every failure: the reference that the fast path
-/// must agree with.
-fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
+/// must agree with. `weight_column`: the line came from a line with a weight there (the
+/// messages number the fields of that line).
+fn parse_careful(line: &[u8], weight_column: Option<usize>) -> Result<Sample, LineError> {
     let line = match line.split_last() {
         Some((b'\r', rest)) => rest,
         _ => line,
@@ -476,7 +506,8 @@ fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
         }
     }
     if n != NUM_FIELDS {
-        return Err(LineError { kind: BadLineKind::FieldCount, detail: format!("wrong field count: found {n}, expected {NUM_FIELDS} tab-separated fields") });
+        let hint = if n == NUM_FIELDS + 1 && weight_column.is_none() { "; if one field is a sample weight, give its field number with --weight-column N" } else { "" };
+        return Err(LineError { kind: BadLineKind::FieldCount, detail: format!("wrong field count: found {n}, expected {NUM_FIELDS} tab-separated fields{hint}") });
     }
     starts[NUM_FIELDS] = line.len() + 1;
     let field = |i: usize| &line[starts[i]..starts[i + 1] - 1];
@@ -495,7 +526,7 @@ fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
         match parse_int(f) {
             Some(x) => s.dense[j] = dense_value(x),
             None => {
-                return Err(LineError { kind: BadLineKind::Integer, detail: format!("field {} ({}) {} is not an integer", 2 + j, field_name(1 + j), show(f)) })
+                return Err(LineError { kind: BadLineKind::Integer, detail: format!("field {} ({}) {} is not an integer", field_number(2 + j, weight_column), field_name(1 + j), show(f)) })
             }
         }
     }
@@ -509,13 +540,133 @@ fn parse_careful(line: &[u8]) -> Result<Sample, LineError> {
                 None => {
                     return Err(LineError {
                         kind: BadLineKind::Categorical,
-                        detail: format!("field {} ({}) {} is not 1 to 16 hex digits", 2 + NUM_DENSE + j, field_name(1 + NUM_DENSE + j), show(f)),
+                        detail: format!("field {} ({}) {} is not 1 to 16 hex digits", field_number(2 + NUM_DENSE + j, weight_column), field_name(1 + NUM_DENSE + j), show(f)),
                     })
                 }
             }
         };
     }
     Ok(s)
+}
+
+/// Checks a `--weight-column` value: a field number of a line of 41 fields, 1 to 41.
+pub fn check_weight_column(column: u32) -> Result<(), String> {
+    if (1..=MAX_WEIGHT_COLUMN).contains(&column) {
+        Ok(())
+    } else {
+        Err(format!(
+            "--weight-column {column} is not a field of a line with a weight: give 1 to {MAX_WEIGHT_COLUMN}, the weight's 1-based field number among the {MAX_WEIGHT_COLUMN} tab-separated fields (like `cut -f`; e.g. {MAX_WEIGHT_COLUMN} for a weight after C26, 2 for one right after the label)"
+        ))
+    }
+}
+
+/// A weight field: a finite decimal number >= 0 (`1`, `0.25`, `3e-2`; `-0` is 0).
+fn parse_weight(f: &[u8]) -> Option<f32> {
+    let w: f32 = std::str::from_utf8(f).ok()?.parse().ok()?;
+    (w.is_finite() && w >= 0.0).then_some(w + 0.0)
+}
+
+/// Parses one line of 41 fields whose field `column` (1-based, 1 to 41:
+/// [`check_weight_column`]) is the sample's weight and the other 40 Criteo's, in order
+/// (without its `\n`; one trailing `\r` is ignored). Checked in the order empty line, field
+/// count (41 expected), weight ([`BadLineKind::Weight`]: empty, negative, NaN, infinite or
+/// not a number), then the Criteo fields as [`parse_line`] does, their messages numbering
+/// the fields of this line.
+pub fn parse_weighted_line(line: &[u8], column: usize) -> Result<(Sample, f32), LineError> {
+    parse_weighted_line_with(line, column, &mut Vec::new())
+}
+
+/// [`parse_weighted_line`] with `scratch` for the line without its weight (reused over
+/// the lines of a chunk: no allocation a line).
+fn parse_weighted_line_with(line: &[u8], column: usize, scratch: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
+    let parsed = parse_weighted_fields(line, column, scratch);
+    match (parsed, std::str::from_utf8(line)) {
+        (Err(_), Err(u)) => Err(LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) }),
+        (r, _) => r,
+    }
+}
+
+/// The line without its weight and one tab beside it: Criteo's 40 fields, given the
+/// weight's bytes `a..b` (a slice of the line when the weight is first or last, else copied
+/// into `rest`).
+fn without_weight<'a>(line: &'a [u8], a: usize, b: usize, rest: &'a mut Vec<u8>) -> &'a [u8] {
+    if b == line.len() {
+        &line[..a.saturating_sub(1)]
+    } else if a == 0 {
+        &line[b + 1..]
+    } else {
+        rest.clear();
+        rest.extend_from_slice(&line[..a]);
+        rest.extend_from_slice(&line[b + 1..]);
+        rest
+    }
+}
+
+/// The common case without counting every tab: the weight found from the nearer end of the
+/// line, then Criteo's fields through [`parse_fast`] (which checks that they are exactly
+/// 40, so the line had 41 and the weight was field `column`). `None` on anything unusual,
+/// which [`parse_weighted_fields`] then classifies.
+fn parse_weighted_fast(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Option<(Sample, f32)> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let (a, b) = if 2 * column <= NUM_FIELDS + 1 {
+        let mut a = 0;
+        for _ in 1..column {
+            a += find_byte(&line[a..], b'\t')? + 1;
+        }
+        (a, find_byte(&line[a..], b'\t').map_or(line.len(), |p| a + p))
+    } else {
+        let mut b = line.len();
+        for _ in column..NUM_FIELDS + 1 {
+            b = line[..b].iter().rposition(|&c| c == b'\t')?;
+        }
+        (line[..b].iter().rposition(|&c| c == b'\t').map_or(0, |p| p + 1), b)
+    };
+    let weight = parse_weight(&line[a..b])?;
+    Some((parse_fast(without_weight(line, a, b, rest))?, weight))
+}
+
+fn parse_weighted_fields(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
+    match parse_weighted_fast(line, column, rest) {
+        Some(parsed) => Ok(parsed),
+        None => parse_weighted_careful(line, column, rest),
+    }
+}
+
+/// Every tab counted, every failure with its reason: the reference that
+/// [`parse_weighted_fast`] must agree with.
+fn parse_weighted_careful(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return Err(LineError { kind: BadLineKind::Empty, detail: "empty line".into() });
+    }
+    // One pass over the tabs: their count, and the weight's bytes a..b.
+    let (mut fields, mut a, mut b, mut at) = (1usize, 0usize, line.len(), 0usize);
+    while let Some(p) = find_byte(&line[at..], b'\t') {
+        let tab = at + p;
+        if fields + 1 == column {
+            a = tab + 1;
+        } else if fields == column {
+            b = tab;
+        }
+        fields += 1;
+        at = tab + 1;
+    }
+    if fields != NUM_FIELDS + 1 {
+        return Err(LineError {
+            kind: BadLineKind::FieldCount,
+            detail: format!("wrong field count: found {fields}, expected {} tab-separated fields (the {NUM_FIELDS} Criteo fields and the weight in field {column}, --weight-column {column})", NUM_FIELDS + 1),
+        });
+    }
+    let weight = parse_weight(&line[a..b]).ok_or_else(|| LineError {
+        kind: BadLineKind::Weight,
+        detail: format!("field {column} (the weight, --weight-column {column}) {} is not a finite number >= 0", show(&line[a..b])),
+    })?;
+    let rest = without_weight(line, a, b, rest);
+    let sample = match parse_fast(rest) {
+        Some(s) => s,
+        None => parse_careful(rest, Some(column))?,
+    };
+    Ok((sample, weight))
 }
 
 /// Parsed rows as columns, the layout of the cache's sections: labels, dense features
@@ -528,6 +679,8 @@ pub struct Columns {
     pub dense: Vec<f32>,
     /// 26 keys a row.
     pub keys: Vec<u64>,
+    /// One weight a row, for lines with a weight column (empty otherwise).
+    pub weights: Vec<f32>,
 }
 
 impl Columns {
@@ -548,22 +701,31 @@ impl Columns {
         self.keys.extend_from_slice(&s.keys);
     }
 
+    /// Appends one row with its weight.
+    pub fn push_weighted(&mut self, s: &Sample, weight: f32) {
+        self.push(s);
+        self.weights.push(weight);
+    }
+
     /// Drops every row, keeping the allocations.
     pub fn clear(&mut self) {
         self.labels.clear();
         self.dense.clear();
         self.keys.clear();
+        self.weights.clear();
     }
 }
 
 /// Parses `text`, whole lines of a TSV (each ends with `\n` but perhaps the last of the
 /// file), as [`CriteoReader`] reads them: appends the samples to `out` and counts the lines in
-/// `report`, numbering them from 1 at the start of `text`. Returns the number of the line
-/// at which `report` came to hold more than `max_bad_lines` malformed lines, having
-/// stopped there, or `None` once every line is read.
-pub fn parse_text(text: &[u8], out: &mut Columns, report: &mut BadLineReport, max_bad_lines: u64) -> Option<u64> {
+/// `report`, numbering them from 1 at the start of `text`. With a `weight_column` the lines
+/// have 41 fields ([`parse_weighted_line`]) and `out.weights` gets the weights. Returns the
+/// number of the line at which `report` came to hold more than `max_bad_lines` malformed
+/// lines, having stopped there, or `None` once every line is read.
+pub fn parse_text(text: &[u8], weight_column: Option<u32>, out: &mut Columns, report: &mut BadLineReport, max_bad_lines: u64) -> Option<u64> {
     let mut rest = text;
     let mut line = 0u64;
+    let mut scratch = Vec::new();
     while !rest.is_empty() {
         let (l, next) = match find_byte(rest, b'\n') {
             Some(p) => (&rest[..p], &rest[p + 1..]),
@@ -572,11 +734,12 @@ pub fn parse_text(text: &[u8], out: &mut Columns, report: &mut BadLineReport, ma
         rest = next;
         line += 1;
         report.lines += 1;
-        match parse_line(l) {
-            Ok(s) => {
-                report.rows += 1;
-                out.push(&s);
-            }
+        let parsed = match weight_column {
+            None => parse_line(l).map(|s| out.push(&s)),
+            Some(c) => parse_weighted_line_with(l, c as usize, &mut scratch).map(|(s, w)| out.push_weighted(&s, w)),
+        };
+        match parsed {
+            Ok(()) => report.rows += 1,
             Err(e) => {
                 report.record(line, e);
                 if report.bad() > max_bad_lines {
@@ -848,34 +1011,62 @@ mod tests {
         assert_eq!(category_key(3, v), u64::MAX - 1);
     }
 
-    #[test]
-    fn fast_path_agrees_with_the_careful_parser() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
+    /// A xorshift64 stream from `x` (nonzero).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    /// Up to two random edits of `l`: a byte removed, replaced or inserted (from `alphabet`).
+    fn mutate(l: &mut Vec<u8>, alphabet: &[u8], next: &mut impl FnMut() -> u64) {
+        for _ in 0..(next() % 3) {
+            let i = (next() as usize) % (l.len() + 1);
+            match next() % 3 {
+                0 if i < l.len() => {
+                    l.remove(i);
+                }
+                1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
+                _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_agrees_with_the_careful_parser() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let alphabet = b"0123456789abcdefABCDEF-\t\r x\xff";
         let base = [good(), format!("0{}", &good()[1..]).replace("68fd1e64", ""), good().replace('\t', "\t-")];
         let (mut fast, mut total) = (0, 0);
         for case in 0..200_000u64 {
             let mut l = base[(case % 3) as usize].clone().into_bytes();
-            for _ in 0..(next() % 3) {
-                let i = (next() as usize) % (l.len() + 1);
-                match next() % 3 {
-                    0 if i < l.len() => {
-                        l.remove(i);
-                    }
-                    1 if i < l.len() => l[i] = alphabet[(next() as usize) % alphabet.len()],
-                    _ => l.insert(i, alphabet[(next() as usize) % alphabet.len()]),
-                }
-            }
+            mutate(&mut l, alphabet, &mut next);
             total += 1;
             if let Some(s) = parse_fast(&l) {
                 fast += 1;
-                assert_eq!(Ok(s), parse_careful(&l), "{:?}", String::from_utf8_lossy(&l));
+                assert_eq!(Ok(s), parse_careful(&l, None), "{:?}", String::from_utf8_lossy(&l));
+            }
+        }
+        assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");
+    }
+
+    #[test]
+    fn the_weighted_fast_path_agrees_with_the_careful_one() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+        let alphabet = b"0123456789abcdef.e-\t\r xn";
+        let (mut fast, mut total) = (0, 0);
+        for case in 0..100_000u64 {
+            let column = [1, 2, 20, 21, 22, 40, 41][(case % 7) as usize];
+            let mut l = with_weight(column, ["1", "0.25", "3e-2"][(case % 3) as usize]).into_bytes();
+            mutate(&mut l, alphabet, &mut next);
+            total += 1;
+            let careful = parse_weighted_careful(&l, column, &mut Vec::new());
+            if let Some(got) = parse_weighted_fast(&l, column, &mut Vec::new()) {
+                fast += 1;
+                assert_eq!(Ok(got), careful, "column {column}: {:?}", String::from_utf8_lossy(&l));
             }
         }
         assert!(fast > total / 10, "the fast path takes the common case ({fast} of {total})");
@@ -895,7 +1086,7 @@ mod tests {
             let (mut cols, mut report) = (Columns::default(), BadLineReport::default());
             for piece in [&text[..cut], &text[cut..]] {
                 let mut r = BadLineReport::default();
-                assert_eq!(parse_text(piece.as_bytes(), &mut cols, &mut r, u64::MAX), None);
+                assert_eq!(parse_text(piece.as_bytes(), None, &mut cols, &mut r, u64::MAX), None);
                 report.append(&r);
             }
             assert_eq!(report, want, "cut at {cut}");
@@ -904,7 +1095,7 @@ mod tests {
         }
         // The limit stops at the line that exceeds it: lines 2, 4 and 6 are malformed.
         let (mut cols, mut r) = (Columns::default(), BadLineReport::default());
-        assert_eq!(parse_text(text.as_bytes(), &mut cols, &mut r, 2), Some(6));
+        assert_eq!(parse_text(text.as_bytes(), None, &mut cols, &mut r, 2), Some(6));
         assert_eq!((r.lines, r.rows, r.bad()), (6, 3, 3));
     }
 
@@ -933,6 +1124,73 @@ mod tests {
             assert_eq!(e.kind, kind, "{:?}", String::from_utf8_lossy(&l));
             assert!(e.detail.starts_with(msg), "{} does not start with {msg}", e.detail);
         }
+    }
+
+    /// `good()` with `weight` inserted as field `column` (1-based).
+    fn with_weight(column: usize, weight: &str) -> String {
+        let g = good();
+        let mut f: Vec<&str> = g.split('\t').collect();
+        f.insert(column - 1, weight);
+        f.join("\t")
+    }
+
+    #[test]
+    fn every_kind_is_counted() {
+        assert_eq!(BadLineKind::ALL.len(), BAD_LINE_KINDS);
+        assert_eq!(BadLineReport::default().counts.len(), BAD_LINE_KINDS);
+        assert!(BadLineKind::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
+    }
+
+    #[test]
+    fn a_weight_column_anywhere_parses_to_the_same_sample() {
+        let want = parse_line(good().as_bytes()).unwrap();
+        for column in [1, 2, 15, 40, 41] {
+            for (text, w) in [("1", 1.0f32), ("0.25", 0.25), ("3e-2", 0.03), ("0", 0.0), ("-0", 0.0), ("2.5\r", 2.5)] {
+                let (text, crlf) = text.strip_suffix('\r').map_or((text, ""), |t| (t, "\r"));
+                let line = format!("{}{crlf}", with_weight(column, text));
+                let (s, got) = parse_weighted_line(line.as_bytes(), column).unwrap_or_else(|e| panic!("column {column} weight {text}: {}", e.detail));
+                assert_eq!(s, want, "column {column}");
+                assert_eq!(got.to_bits(), w.to_bits(), "column {column} weight {text}");
+            }
+        }
+        assert!(check_weight_column(1).is_ok() && check_weight_column(41).is_ok());
+        for bad in [0, 42] {
+            assert!(check_weight_column(bad).unwrap_err().contains("give 1 to 41"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_weights_and_40_fields_are_their_own_kinds() {
+        for w in ["", "-1", "-0.5", "NaN", "nan", "inf", "-inf", "1e40", "x", "1,5", "0x1", " 1"] {
+            let e = parse_weighted_line(with_weight(41, w).as_bytes(), 41).unwrap_err();
+            assert_eq!(e.kind, BadLineKind::Weight, "weight {w:?}: {}", e.detail);
+            assert!(e.detail.starts_with("field 41 (the weight, --weight-column 41)"), "{}", e.detail);
+        }
+        // 40 fields: a Criteo line without its weight.
+        let e = parse_weighted_line(good().as_bytes(), 41).unwrap_err();
+        assert_eq!(e.kind, BadLineKind::FieldCount);
+        assert!(e.detail.contains("found 40, expected 41") && e.detail.contains("--weight-column 41"), "{}", e.detail);
+        // Without the flag, a line of 41 fields says how to read it.
+        let e = parse_line(with_weight(41, "1").as_bytes()).unwrap_err();
+        assert!(e.detail.contains("found 41, expected 40") && e.detail.contains("give its field number with --weight-column N"), "{}", e.detail);
+        // The Criteo fields' messages number the fields of the line with the weight.
+        let l = with_weight(2, "1").replacen("1\t1\t0\t1", "1\t1\tx\t1", 1);
+        let e = parse_weighted_line(l.as_bytes(), 2).unwrap_err();
+        assert_eq!(e.kind, BadLineKind::Integer);
+        assert!(e.detail.starts_with("field 3 (I1) \"x\""), "{}", e.detail);
+        let l = with_weight(41, "1").replacen("68fd1e64", "zz", 1);
+        let e = parse_weighted_line(l.as_bytes(), 41).unwrap_err();
+        assert!(e.detail.starts_with("field 15 (C1)"), "{}", e.detail);
+        assert_eq!(parse_weighted_line(b"", 41).unwrap_err().kind, BadLineKind::Empty);
+        let e = parse_weighted_line(&[with_weight(41, "x").as_bytes(), b"\xff"].concat(), 41).unwrap_err();
+        assert_eq!(e.kind, BadLineKind::Utf8);
+        // parse_text counts them and keeps the weights of the good lines.
+        let text = format!("{}\n{}\n{}\n", with_weight(41, "2"), with_weight(41, "-2"), with_weight(41, "0.5"));
+        let (mut cols, mut r) = (Columns::default(), BadLineReport::default());
+        assert_eq!(parse_text(text.as_bytes(), Some(41), &mut cols, &mut r, 5), None);
+        assert_eq!((r.rows, r.count(BadLineKind::Weight)), (2, 1));
+        assert_eq!(cols.weights, vec![2.0, 0.5]);
+        assert_eq!(cols.len(), 2);
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub enum DataError {
     Damaged {
         /// The cache file.
         path: PathBuf,
-        /// The section (`header`, `labels`, `dense`, `keys`, `checksums`).
+        /// The section (`header`, `labels`, `dense`, `keys`, `weights`, `checksums`).
         section: &'static str,
         /// First byte of the damaged block (offset in the file).
         start: u64,

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_BYTES, KEYS_BYTES, LABEL_BYTES};
+use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_BYTES, KEYS_BYTES, LABEL_BYTES, WEIGHT_BYTES};
 use super::criteo::{parse_text, BadLineReport, Columns};
 use super::error::{DataError, DataResult};
 use crate::fileio::{reserve, AtomicFile};
@@ -52,12 +52,20 @@ pub struct PrepareOptions {
     pub chunk_bytes: u64,
     /// Set from another thread to stop the preparation ([`DataError::Cancelled`]).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// `--weight-column`: the 1-based field of the weight in lines of 41 fields (the cache
+    /// is then version 3, with the weights); `None`: Criteo's 40 fields (version 2).
+    pub weight_column: Option<u32>,
 }
 
 impl PrepareOptions {
     /// One thread per core, 2 MiB chunks, no cancellation.
     pub fn new(max_bad_lines: u64) -> PrepareOptions {
-        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None }
+        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None, weight_column: None }
+    }
+
+    /// The same reading lines with a weight in field `column` (or not).
+    pub fn weight_column(self, column: Option<u32>) -> PrepareOptions {
+        PrepareOptions { weight_column: column, ..self }
     }
 
     /// The same with `threads` threads.
@@ -201,12 +209,16 @@ pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<Prepare
 /// error naming the directory and the bytes needed and free, and leaves no temporary file.
 /// Memory use is about two chunks per thread, whatever the size of the file.
 pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<PrepareSummary> {
+    if let Some(c) = opts.weight_column {
+        super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
+    }
     let threads = opts.threads.max(1);
+    let weighted = opts.weight_column.is_some();
     let source = SourceStat::of(tsv)?;
     let len = source.size;
     let (capacity, source_crc32) = count_lines(tsv, len, threads)?;
     let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
-    let layout0 = CacheLayout::compute(0, capacity).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
+    let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
 
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     let file = tmp.file();
@@ -256,7 +268,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
             }
             let mut report = BadLineReport::default();
             cols.clear();
-            parse_text(&text, &mut cols, &mut report, u64::MAX);
+            parse_text(&text, opts.weight_column, &mut cols, &mut report, u64::MAX);
             let mut digest = Crc32::new();
             digest.update(&text);
             // Commit it in file order.
@@ -273,7 +285,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
                 } else if st.report.bad() + report.bad() > opts.max_bad_lines {
                     // Parsed again up to the line that exceeds the limit.
                     let mut upto = BadLineReport::default();
-                    let stop = parse_text(&text, &mut Columns::default(), &mut upto, opts.max_bad_lines - st.report.bad());
+                    let stop = parse_text(&text, opts.weight_column, &mut Columns::default(), &mut upto, opts.max_bad_lines - st.report.bad());
                     let line = st.report.lines + stop.unwrap_or(upto.lines);
                     st.report.append(&upto);
                     Some(DataError::TooManyBadLines { path: tsv.to_path_buf(), count: st.report.bad(), limit: opts.max_bad_lines, at_line: line, first: st.report.first_lines() })
@@ -293,12 +305,14 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
                 turn.notify_all();
                 at
             };
-            let pieces: [(&[u8], u64); 3] = [
+            // Without a weight column `cols.weights` is empty: nothing is written there.
+            let pieces: [(&[u8], u64); 4] = [
                 (bytemuck::cast_slice(&cols.labels), layout0.labels_offset + at * LABEL_BYTES),
                 (bytemuck::cast_slice(&cols.dense), layout0.dense_offset + at * DENSE_BYTES),
                 (bytemuck::cast_slice(&cols.keys), layout0.keys_offset + at * KEYS_BYTES),
+                (bytemuck::cast_slice(&cols.weights), layout0.weights_offset + at * WEIGHT_BYTES),
             ];
-            for (bytes, offset) in pieces {
+            for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
                 if let Err(e) = file.write_all_at(bytes, offset) {
                     return fail(None, werr(e));
                 }
@@ -326,7 +340,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     if now != source {
         return Err(changed(format!("its stat was {source:?} before reading and is {now:?} after")));
     }
-    let layout = CacheLayout::compute(rows, capacity).ok_or_else(|| changed("row count exceeds line count".into()))?;
+    let layout = CacheLayout::compute(rows, capacity, weighted).ok_or_else(|| changed("row count exceeds line count".into()))?;
     let sums_crc32 = write_sums(&tmp, &layout, threads)?;
     let header = CacheHeader {
         rows,
@@ -334,6 +348,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
         lines: report.lines,
         bad_lines: report.bad(),
         bad_counts: report.counts,
+        weight_column: opts.weight_column,
         source,
         source_crc32,
         prepared_ns,

@@ -5,21 +5,32 @@
 //! list after directories and globs are expanded (the i-th file is day i), or
 //! `--day-of FILE=N`. The newest day is the largest; a row's age is `newest - day`.
 //!
-//! **Weight.** `w = base^(-age) * count`: `base` is `--decay-base` (`e`, `2` or a number
-//! above 1; without it every age weighs 1) and `count` the rows merged into this one
-//! (`--merge-duplicates`; 1 otherwise).
+//! **Weight.** `w = base^(-age) * c`: `base` is `--decay-base` (`e`, `2` or a number
+//! above 1; without it every age weighs 1) and `c` the sum of the column weights of the
+//! rows merged into this one (`--merge-duplicates`; the row's own otherwise). The column
+//! weight is the row's `--weight-column` field (a finite number >= 0, read when the TSV
+//! is prepared: [`crate::data::criteo::parse_weighted_line`]), 1 without the flag: `c` is
+//! then the count of merged rows.
 //!
 //! **Merging** (`--merge-duplicates`): rows of one file (one day: the time bucket) with
 //! the same label, the same 13 dense values (bit for bit) and the same 26 keys become
-//! one row, the first in file order, with a count. It depends on the file alone, so
-//! every rank computes the same kept rows without communication.
+//! one row, the first in file order, whose column weight is the sum of theirs (their
+//! column weights are not compared). It depends on the file alone, so every rank
+//! computes the same kept rows without communication.
 //!
 //! **Dropping**: after merging, rows whose weight is below `--min-sample-weight`
 //! (default 0.001 with `--decay-base`, else 0) are left out. So for every file,
-//! `kept + merged + dropped` = its rows.
+//! `kept + merged + dropped` = its rows. A row of weight 0 is therefore *kept* by default
+//! (0 is not below 0): it trains with no effect on the gradient (a global batch of weight 0
+//! changes no parameter: [`crate::train::weights::loss_scale`]); `--min-sample-weight` with
+//! any value above 0 drops such rows and counts them.
 //!
 //! Everything is a function of the data and the flags: every rank knows the weight of
 //! every row of a global batch, so the global weight sum of a step needs no collective.
+//!
+//! Held-out rows (`--eval-data` files, or the test split of a single file) are read with
+//! the same `--weight-column` layout, but evaluation ignores weights: its AUC and log loss
+//! are unweighted, as without the column.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -88,6 +99,9 @@ pub struct WeightConfig {
     pub min_sample_weight: Option<f64>,
     /// `--merge-duplicates`.
     pub merge_duplicates: bool,
+    /// `--weight-column`: the 1-based field of the weight in lines of 41 fields (training
+    /// and held-out files alike); `None`: Criteo's 40 fields, every column weight 1.
+    pub weight_column: Option<u32>,
 }
 
 /// `--min-sample-weight` when decay is on and it is not given (seed 002).
@@ -98,7 +112,7 @@ impl WeightConfig {
     /// weights and uses the weighted loss. False: today's unweighted run, bit for bit
     /// (also with a `--min-sample-weight` of at most 1 alone: every row weighs 1 and stays).
     pub fn active(&self) -> bool {
-        self.decay_base.is_some() || self.merge_duplicates
+        self.decay_base.is_some() || self.merge_duplicates || self.weight_column.is_some()
     }
 
     /// The weight below which a row is dropped.
@@ -108,6 +122,9 @@ impl WeightConfig {
 
     /// Refuses values no run can use, naming the flag.
     pub fn validate(&self) -> DataResult<()> {
+        if let Some(c) = self.weight_column {
+            super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
+        }
         if let Some(b) = self.decay_base {
             if !(b.is_finite() && b > 1.0) {
                 return Err(DataError::InvalidArgument(format!("--decay-base must be above 1, got {b}")));
@@ -119,7 +136,7 @@ impl WeightConfig {
             }
             if m > 1.0 && !self.active() {
                 return Err(DataError::InvalidArgument(format!(
-                    "--min-sample-weight {m} would leave out every sample: without --decay-base or --merge-duplicates every sample weighs 1"
+                    "--min-sample-weight {m} would leave out every sample: without --decay-base or --merge-duplicates every sample weighs 1 (unless --weight-column gives the weights)"
                 )));
             }
         }
@@ -160,7 +177,7 @@ impl WeightConfig {
 pub struct FileWeights {
     /// Rows of the file kept (ascending: first occurrences in file order).
     pub kept: Vec<u32>,
-    /// The weight of each kept row (`day weight * count`).
+    /// The weight of each kept row (`day weight * the merged rows' column weights`).
     pub weights: Vec<f32>,
     /// Rows that were merged into an earlier identical row.
     pub merged: u64,
@@ -185,34 +202,38 @@ fn same_row(ds: &Dataset, a: usize, b: usize) -> bool {
     ds.label(a).to_bits() == ds.label(b).to_bits() && ds.dense(a).iter().zip(ds.dense(b)).all(|(x, y)| x.to_bits() == y.to_bits()) && ds.keys(a) == ds.keys(b)
 }
 
-/// Weighs rows `0..rows` of `ds`, each of decay weight `day_weight`: merges identical
-/// rows when `merge` (the first kept, counts multiplying the weight), then drops rows
+/// Weighs rows `0..rows` of `ds`, each of decay weight `day_weight` and of its column
+/// weight in `ds` (1 when the cache has none): merges identical rows when `merge` (the
+/// first kept, the column weights of the rows merged into it added), then drops rows
 /// weighing less than `min_weight`.
 pub fn weigh_file(ds: &Dataset, rows: usize, day_weight: f64, merge: bool, min_weight: f64) -> FileWeights {
+    let column = ds.weights();
+    let weight = |i: usize| column.map_or(1.0, |w| w[i] as f64);
     let mut kept: Vec<u32> = Vec::with_capacity(rows);
-    let mut counts: Vec<u32> = Vec::with_capacity(rows);
+    // The column weights of each kept row's group (without a column: its count, exactly).
+    let mut sums: Vec<f64> = Vec::with_capacity(rows);
     if merge {
         // hash -> kept positions with that hash (collisions compared row by row).
         let mut seen: HashMap<u64, Vec<u32>> = HashMap::with_capacity(rows);
         for i in 0..rows {
             let slot = seen.entry(row_hash(ds, i)).or_default();
             match slot.iter().find(|&&k| same_row(ds, kept[k as usize] as usize, i)) {
-                Some(&k) => counts[k as usize] += 1,
+                Some(&k) => sums[k as usize] += weight(i),
                 None => {
                     slot.push(kept.len() as u32);
                     kept.push(i as u32);
-                    counts.push(1);
+                    sums.push(weight(i));
                 }
             }
         }
     } else {
         kept.extend(0..rows as u32);
-        counts.resize(rows, 1);
+        sums.extend((0..rows).map(weight));
     }
     let merged = (rows - kept.len()) as u64;
     let mut out = FileWeights { merged, ..FileWeights::default() };
-    for (row, count) in kept.into_iter().zip(counts) {
-        let w = day_weight * count as f64;
+    for (row, sum) in kept.into_iter().zip(sums) {
+        let w = day_weight * sum;
         if w < min_weight {
             out.dropped += 1;
         } else {

@@ -103,13 +103,25 @@ fn is_cache(path: &Path) -> bool {
 }
 
 /// Opens the cache of `path`: the file itself when it is a cache, else the TSV's cache
-/// under `cache_dir`, prepared first when needed (under its lock: once per host).
+/// under `cache_dir`, prepared first when needed (under its lock: once per host). A cache
+/// given as it is must have been prepared with the run's `--weight-column` (or without,
+/// both): its weights would otherwise be ignored, or missing.
 pub(crate) fn open_one(path: &Path, cache_dir: &Path, opts: &PrepareOptions) -> Result<Dataset, DataError> {
-    if is_cache(path) {
-        Dataset::open(path)
-    } else {
-        Dataset::from_tsv_cached_with(path, cache_dir, opts)
+    if !is_cache(path) {
+        return Dataset::from_tsv_cached_with(path, cache_dir, opts);
     }
+    let ds = Dataset::open(path)?;
+    let (have, want) = (ds.header().weight_column, opts.weight_column);
+    if have != want {
+        let column = |c: Option<u32>| c.map_or("no weight column".to_string(), |c| format!("--weight-column {c}"));
+        return Err(DataError::InvalidArgument(format!(
+            "{} was prepared with {} and this run reads its data with {}: give the same --weight-column as `ringrec data prepare` had, or prepare the TSV again",
+            path.display(),
+            column(have),
+            column(want)
+        )));
+    }
+    Ok(ds)
 }
 
 /// The `--data` (or `--eval-data`) setting the ranks compare: each file the inputs stand
@@ -153,7 +165,7 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         files: files.into_iter().map(|path| TrainFile { path, ds: None, rows: 0, order: None, touched: false, weights: None }).collect(),
         held_out: HeldOut::Files(eval),
         cache_dir: dir.join("cache"),
-        prepare: PrepareOptions::new(cfg.max_bad_lines),
+        prepare: PrepareOptions::new(cfg.max_bad_lines).weight_column(cfg.weights.weight_column),
         preparer: None,
         report: topo.rank == 0,
         weighting,

@@ -371,7 +371,7 @@ impl TrainConfig {
             _ if self.sparse_exchange == SparseExchange::Flat => refuse("the sparse deltas travel through the hierarchical exchange: use --sparse-exchange hier (the default)"),
             _ if self.sparse_optimizer != OptimizerKind::Sgd => refuse("the table's optimizer must be sgd (row-wise Adagrad accumulators would differ between hosts): use --sparse-optimizer sgd, or --sync-every 1"),
             _ if self.admit_after > 1 => refuse("--admit-after counts each step's global keys, which local steps do not have: drop --admit-after, or use --sync-every 1"),
-            _ if self.weights.active() => refuse("sample weights (--decay-base, --merge-duplicates) are not combined with local steps yet: drop them, or use --sync-every 1"),
+            _ if self.weights.active() => refuse("sample weights (--decay-base, --merge-duplicates, --weight-column) are not combined with local steps yet: drop them, or use --sync-every 1"),
             _ if self.sparse_normalize == SparseNormalize::Weighted => refuse("--sparse-normalize weighted weighs the ranks of every step, which local steps do not share: use frequency, or --sync-every 1"),
             _ if self.expire_after_steps.is_some() => refuse("--expire-after-steps removes rows by each step's global keys, which local steps do not have: drop it, or use --sync-every 1"),
             _ => Ok(()),
@@ -703,6 +703,9 @@ pub struct TrainSummary {
     /// Training rows merged into an identical earlier row of their file
     /// (`--merge-duplicates`).
     pub samples_merged: u64,
+    /// `--weight-column`: the field of each line that held its sample's weight (`None`:
+    /// no weight column).
+    pub weight_column: Option<u32>,
 }
 
 /// One rank's traffic, by direction.

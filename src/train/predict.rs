@@ -97,6 +97,9 @@ pub struct PredictConfig {
     pub threads: Option<usize>,
     /// Malformed input lines tolerated per file.
     pub max_bad_lines: u64,
+    /// `--weight-column`: the lines have 41 fields, the weight in this one (read past: a
+    /// score does not depend on a weight); `None`: Criteo's 40.
+    pub weight_column: Option<u32>,
     /// Host collectives backend (`None`: the best for the topology).
     pub backend: Option<Backend>,
 }
@@ -167,6 +170,9 @@ impl PredictConfig {
         if self.data.is_empty() {
             return Err(TrainError::Config("--data needs at least one file".into()));
         }
+        if let Some(c) = self.weight_column {
+            crate::data::criteo::check_weight_column(c).map_err(TrainError::Config)?;
+        }
         Ok(())
     }
 
@@ -186,6 +192,7 @@ impl PredictConfig {
             ("--test-fraction", self.test_fraction.to_string()),
             ("--device", self.device.to_string()),
             ("--max-bad-lines", self.max_bad_lines.to_string()),
+            ("--weight-column", format!("{:?}", self.weight_column)),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
             ("RINGREC_RANKS_PER_HOST", format!("{:?}", rc.ranks_per_host)),
@@ -222,7 +229,7 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
 /// host on this rank's share of the cores; a `.rrdata` cache as it is) on every rank; every rank learns
 /// whether all could and that they agree on its rows.
 fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
-    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo));
+    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo)).weight_column(cfg.weight_column);
     let ds = topo.agree(super::data::open_one(path, &cfg.data_dir.join("cache"), &opts).map_err(|e| e.to_string()))?;
     topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
     Ok(ds)

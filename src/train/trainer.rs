@@ -452,8 +452,12 @@ impl<'a, D: Device> Trainer<'a, D> {
             self.model.give_back(part, h.wait()?)?;
         }
         self.phases.enter("optimizer");
-        // The reduced dense gradient is the same on every rank: so is this decision.
+        // The reduced dense gradient is the same on every rank: so is this decision. A global
+        // batch of weight 0 (its sum known to every rank from the data) updates nothing, not
+        // even the optimizer's moments: its gradient is zero, and Adam would still move.
+        let weightless = batch_weights.as_ref().is_some_and(|w| w.global_sum <= 0.0);
         match (self.model.non_finite_gradient()?, cfg.nan_policy) {
+            (None, _) if weightless => {}
             (None, _) => self.model.apply()?,
             (Some(what), NanPolicy::Stop) => return Err(TrainError::NonFinite { step, what }),
             (Some(what), NanPolicy::SkipStep) => {
@@ -882,6 +886,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             params_fnv_per_rank: fnvs.iter().map(|f| format!("{f:016x}")).collect(),
             samples_merged: self.data.weight_counts().0,
             samples_dropped_by_weight: self.data.weight_counts().1,
+            weight_column: self.cfg.weights.weight_column,
             ..self.table_summary()
         })
     }

@@ -52,11 +52,13 @@ impl Weighting {
 }
 
 /// The weight settings in words (the ranks compare them; a weighted checkpoint records
-/// them).
+/// them). `--weight-column` appears only when given, so the words of the settings before
+/// it existed (in older checkpoints) are unchanged.
 pub fn describe(cfg: &WeightConfig) -> String {
     let days: Vec<String> = cfg.day_of.iter().map(|(p, d)| format!("{}={d}", p.display())).collect();
+    let column = cfg.weight_column.map_or(String::new(), |c| format!(" --weight-column {c}"));
     format!(
-        "--decay-base {:?} --decay-unit {} --day-of [{}] --min-sample-weight {} --merge-duplicates {}",
+        "--decay-base {:?} --decay-unit {} --day-of [{}] --min-sample-weight {} --merge-duplicates {}{column}",
         cfg.decay_base,
         cfg.decay_unit,
         days.join(", "),
@@ -109,8 +111,12 @@ impl std::fmt::Display for LossNormalize {
 
 /// The loss scale of a step and what its global loss sum is divided by: 1 / the global
 /// batch and the global batch (unweighted: the bits of a run without weights; a weighted
-/// run under [`LossNormalize::Rows`]), or 1 / the global weight sum and that sum (a batch
-/// weighing nothing contributes nothing).
+/// run under [`LossNormalize::Rows`]), or 1 / the global weight sum and that sum. A global
+/// batch whose weights sum to 0 (every row of weight 0: `--weight-column`) gets scale 0 and
+/// divisor 1 under [`LossNormalize::Weights`] (under `Rows` its gradients are zero
+/// anyway): its reported loss is 0, never NaN; the trainer then skips its dense optimizer
+/// step (Adam's moments would move the parameters even so), and the table's SGD and
+/// Adagrad leave rows with a zero gradient as they are: the step changes no parameter.
 pub fn loss_scale(weights: Option<&BatchWeights>, global_batch: usize, normalize: LossNormalize) -> (f32, f64) {
     match (weights, normalize) {
         (Some(w), LossNormalize::Weights) if w.global_sum > 0.0 => ((1.0 / w.global_sum) as f32, w.global_sum),
@@ -141,6 +147,10 @@ mod tests {
         assert_eq!(w.min_weight, 0.001);
         let d = describe(&cfg);
         assert!(d.contains("--decay-base Some(2.0)") && d.contains("--merge-duplicates true") && d.contains("--min-sample-weight 0.001"), "{d}");
+        assert!(!d.contains("--weight-column"), "{d}");
+        let col = WeightConfig { weight_column: Some(41), ..WeightConfig::default() };
+        assert!(col.active());
+        assert!(describe(&col).ends_with("--merge-duplicates false --weight-column 41"), "{}", describe(&col));
     }
 
     #[test]

@@ -349,7 +349,8 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     b[8] = 4;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 4, supported: 2, .. })), "{e:?}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 4, supported: 3, .. })), "{e:?}");
+    assert!(e.to_string().contains("format version 4, this build reads version 3"), "{e}");
     b[8] = 1;
     fix_checksum(&mut b);
     let e = try_open("version1.rrdata", &b);

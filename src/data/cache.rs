@@ -335,7 +335,8 @@ impl CacheHeader {
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` its
     /// real length. Arbitrary bytes give an error, never a panic.
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
-        let v3 = bytes.len() >= 12 && rd_u32(bytes, 8) == FORMAT_V3.version;
+        // Version 3 (and a newer one, so that its error names the newest version read).
+        let v3 = bytes.len() >= 12 && rd_u32(bytes, 8) >= FORMAT_V3.version;
         let format: &'static Format = if v3 { &FORMAT_V3 } else { &FORMAT };
         format.check(path, bytes, file_len)?;
         let bad = |field: &'static str, detail: String| DataError::from(format.bad(path, field, detail));

@@ -202,6 +202,13 @@ impl ShmCollectives {
         }
     }
 
+    /// Counts `bytes` read from every peer's slot.
+    fn count_received_from_all(&mut self, bytes: usize) {
+        for q in (0..self.size).filter(|q| *q != self.rank) {
+            self.counter.received(q, bytes);
+        }
+    }
+
     fn check_usable(&self) -> CommResult<()> {
         self.watch.usable()
     }
@@ -301,9 +308,7 @@ impl ShmCollectives {
         self.put_from(b, 0, buf, 0..len);
         self.arrive_with_header(Some(h), "allreduce")?;
         self.count_sent(len, None);
-        for q in (0..self.size).filter(|q| *q != self.rank) {
-            self.counter.received(q, len);
-        }
+        self.count_received_from_all(len);
         let mut scratch = std::mem::take(&mut self.scratch);
         let scale = (op == ReduceOp::Average).then_some(self.size);
         // reduce_into only fails on ragged buffers, excluded by the header check.
@@ -367,9 +372,7 @@ impl ShmCollectives {
             }
             self.arrive_with_header((k == 0).then_some(h), "allreduce")?;
             let len = mine.len();
-            for q in (0..self.size).filter(|q| *q != self.rank) {
-                self.counter.received(q, len);
-            }
+            self.count_received_from_all(len);
             {
                 let mut scratch = std::mem::take(&mut self.scratch);
                 let r = if in_place {

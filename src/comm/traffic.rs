@@ -43,6 +43,16 @@ pub struct Traffic {
 }
 
 impl Traffic {
+    /// The bytes as `[intra sent, intra received, cross sent, cross received]`.
+    pub fn to_array(self) -> [f64; 4] {
+        [self.intra_sent, self.intra_received, self.cross_sent, self.cross_received]
+    }
+
+    /// The bytes of `[intra sent, intra received, cross sent, cross received]`.
+    pub fn from_array([intra_sent, intra_received, cross_sent, cross_received]: [f64; 4]) -> Traffic {
+        Traffic { intra_sent, intra_received, cross_sent, cross_received }
+    }
+
     /// Adds `o`'s bytes, direction by direction.
     pub fn add(&mut self, o: Traffic) {
         self.intra_sent += o.intra_sent;
@@ -91,6 +101,12 @@ impl Place {
     pub fn one_host(rank: usize, size: usize) -> Place {
         Place { rank, size, local_size: size, local_rank: rank, hosts: 1, successor_elsewhere: false, predecessor_elsewhere: false }
     }
+}
+
+/// The backend name [`dense_model`] takes for a device executor described as `describe`
+/// (`nccl on <GPU>`: `nccl`; `None` for an empty description).
+pub fn model_name(describe: &str) -> Option<&str> {
+    describe.split_whitespace().next()
 }
 
 /// A ring's `sent` bytes to the successor and as many from the predecessor.

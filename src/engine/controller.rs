@@ -147,7 +147,7 @@ impl Stats {
 
     /// Adds one collective's modelled traffic (called by the background thread only).
     fn add_modelled(&self, t: Traffic) {
-        for (a, v) in self.modelled.iter().zip([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received]) {
+        for (a, v) in self.modelled.iter().zip(t.to_array()) {
             a.store((f64::from_bits(a.load(Ordering::Relaxed)) + v).to_bits(), Ordering::Relaxed);
         }
     }
@@ -156,7 +156,7 @@ impl Stats {
     pub fn record_traffic(&self, t: Option<Traffic>) {
         match t {
             Some(t) => {
-                for (a, v) in self.counted.iter().zip([t.intra_sent, t.intra_received, t.cross_sent, t.cross_received]) {
+                for (a, v) in self.counted.iter().zip(t.to_array()) {
                     a.store(v as u64, Ordering::Relaxed);
                 }
             }
@@ -264,7 +264,7 @@ impl Controller {
         let rank = control.rank();
         let size = control.size();
         stats.record_traffic(backend.traffic());
-        let device_backend = cfg.device.as_ref().and_then(|d| d.describe().split_whitespace().next().map(str::to_string)).unwrap_or_default();
+        let device_backend = cfg.device.as_ref().and_then(|d| crate::comm::traffic::model_name(&d.describe()).map(str::to_string)).unwrap_or_default();
         Controller {
             rank,
             size,
@@ -576,8 +576,6 @@ impl Controller {
         Ok(list)
     }
 
-    /// Fuses and runs `responses`, answering the handles; returns the bytes reduced and the
-    /// requests that ran.
     /// Adds an executed response's bytes to the stats: on the wire, modelled by direction
     /// ([`dense_model`]), and the data backend's counts.
     fn account(&self, resp: &Response) {
@@ -591,6 +589,8 @@ impl Controller {
         self.stats.record_traffic(if host { self.exec.backend.traffic() } else { None });
     }
 
+    /// Fuses and runs `responses`, answering the handles; returns the bytes reduced and the
+    /// requests that ran.
     fn execute(&mut self, responses: Vec<Response>, agreed: Instant) -> EngineResult<(usize, HashMap<String, Request>)> {
         let mut bytes = 0;
         let mut ran = HashMap::new();

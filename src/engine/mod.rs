@@ -309,14 +309,9 @@ impl Engine {
         if req.kind == OpKind::Allreduce && req.dtype == DType::U8 {
             return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason: "uint8 tensors cannot be reduced; use int32 or float".into() });
         }
-        if req.location == Location::Device {
-            let reason = match (&self.device, req.compression) {
-                (None, _) => Some("a device tensor was submitted to an engine started without a device executor; start it with Engine::start_with_device".to_string()),
-                _ => None,
-            };
-            if let Some(reason) = reason {
-                return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason });
-            }
+        if req.location == Location::Device && self.device.is_none() {
+            let reason = "a device tensor was submitted to an engine started without a device executor; start it with Engine::start_with_device".to_string();
+            return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason });
         }
         let (reply, rx) = mpsc::channel();
         let msg = Msg::Submit(Box::new(Submission { req, tensor, reply, submitted: Instant::now() }));

@@ -895,7 +895,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// bytes sent (collective).
     fn dense_summary(&self, sparse_cross_sent: u64, rest: TrainSummary) -> TrainSummary {
         let s = self.engine.stats();
-        let backend = self.engine.device().and_then(|d| d.split_whitespace().next()).unwrap_or(self.engine.backend_name()).to_string();
+        let backend = self.engine.device().and_then(crate::comm::traffic::model_name).unwrap_or(self.engine.backend_name()).to_string();
         let (model, counted) = self.dense_traffic(&s);
         let source = if counted.is_some() { "counted" } else { "model" };
         let traffic = counted.unwrap_or_else(|| model.clone());
@@ -922,12 +922,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// (collective: gathered on every rank).
     fn dense_traffic(&self, s: &crate::engine::StatsSnapshot) -> (Vec<super::RankTraffic>, Option<Vec<super::RankTraffic>>) {
         let (host_counted, host_model) = self.local.as_ref().map_or((Some(Traffic::default()), Traffic::default()), |l| l.host_traffic());
-        let [a, b, c, d] = s.modelled_traffic;
-        let mut m = Traffic { intra_sent: a, intra_received: b, cross_sent: c, cross_received: d };
+        let mut m = Traffic::from_array(s.modelled_traffic);
         m.add(host_model);
-        let model = self.gather_traffic([m.intra_sent, m.intra_received, m.cross_sent, m.cross_received].map(|b| b.round() as u64));
-        let engine_counted = s.counted_traffic.map(|[a, b, c, d]| Traffic { intra_sent: a as f64, intra_received: b as f64, cross_sent: c as f64, cross_received: d as f64 });
-        let mine = count::sum(engine_counted, host_counted).map_or([u64::MAX; 4], |t| [t.intra_sent, t.intra_received, t.cross_sent, t.cross_received].map(|b| b as u64));
+        let model = self.gather_traffic(m.to_array().map(|b| b.round() as u64));
+        let engine_counted = s.counted_traffic.map(|c| Traffic::from_array(c.map(|b| b as f64)));
+        let mine = count::sum(engine_counted, host_counted).map_or([u64::MAX; 4], |t| t.to_array().map(|b| b as u64));
         let counted = self.gather_traffic(mine);
         let all = counted.iter().all(|t| t.intra_host_sent != u64::MAX);
         (model, all.then_some(counted))

@@ -288,14 +288,28 @@ pub struct CacheHeader {
     pub layout: CacheLayout,
 }
 
+/// The format of a cache with weights (version 3) or without (version 2).
+fn format_of(weighted: bool) -> &'static Format {
+    if weighted {
+        &FORMAT_V3
+    } else {
+        &FORMAT
+    }
+}
+
+/// Malformed-line kinds a header records: version 2 the first 6 (no `weight` kind).
+fn bad_line_kinds(weighted: bool) -> usize {
+    if weighted {
+        BAD_LINE_KINDS
+    } else {
+        BAD_LINE_KINDS - 1
+    }
+}
+
 impl CacheHeader {
     /// The format of the file: version 3 with a weight column, else version 2.
     pub fn format(&self) -> &'static Format {
-        if self.weight_column.is_some() {
-            &FORMAT_V3
-        } else {
-            &FORMAT
-        }
+        format_of(self.weight_column.is_some())
     }
 
     /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`, or
@@ -319,7 +333,7 @@ impl CacheHeader {
         for (i, v) in sections.into_iter().enumerate() {
             wr_u64(&mut b, 112 + 8 * i, v);
         }
-        let kinds = if self.weight_column.is_some() { BAD_LINE_KINDS } else { BAD_LINE_KINDS - 1 };
+        let kinds = bad_line_kinds(self.weight_column.is_some());
         for (i, v) in self.bad_counts.into_iter().take(kinds).enumerate() {
             wr_u64(&mut b, 184 + 8 * i, v);
         }
@@ -337,7 +351,7 @@ impl CacheHeader {
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
         // Version 3 (and a newer one, so that its error names the newest version read).
         let v3 = bytes.len() >= 12 && rd_u32(bytes, 8) >= FORMAT_V3.version;
-        let format: &'static Format = if v3 { &FORMAT_V3 } else { &FORMAT };
+        let format = format_of(v3);
         format.check(path, bytes, file_len)?;
         let bad = |field: &'static str, detail: String| DataError::from(format.bad(path, field, detail));
         let expect_u32 = |at: usize, field: &'static str, want: u32| {
@@ -356,7 +370,7 @@ impl CacheHeader {
         let (rows, row_capacity, lines, bad_lines) = (f(0), f(1), f(2), f(3));
         let source = SourceStat { size: f(4), mtime_ns: f(5), ctime_ns: f(6), inode: f(7) };
         let mut bad_counts = [0u64; BAD_LINE_KINDS];
-        let kinds = if v3 { BAD_LINE_KINDS } else { BAD_LINE_KINDS - 1 };
+        let kinds = bad_line_kinds(v3);
         for (i, c) in bad_counts.iter_mut().take(kinds).enumerate() {
             *c = rd_u64(bytes, 184 + 8 * i);
         }
@@ -735,7 +749,7 @@ pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
 /// version-2 cache of [`cache_path`]; a column: a version-3 cache whose name also covers the
 /// column, so caches of one TSV read with and without it, or with another, never meet).
 pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) -> DataResult<PathBuf> {
-    let version = if weight_column.is_some() { FORMAT_V3.version } else { FORMAT.version };
+    let version = format_of(weight_column.is_some()).version;
     cache_path_of(tsv, cache_dir, version, weight_column)
 }
 

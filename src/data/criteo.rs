@@ -388,13 +388,16 @@ pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
 
 /// Parses one line (without its `\n`; one trailing `\r` is ignored).
 pub fn parse_line(line: &[u8]) -> Result<Sample, LineError> {
-    match parse_fields(line) {
-        Ok(s) => Ok(s),
-        Err(e) => match std::str::from_utf8(line) {
-            Err(u) => Err(LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) }),
-            Ok(_) => Err(e),
-        },
-    }
+    utf8_first(line, parse_fields(line))
+}
+
+/// A malformed `line`'s error: [`BadLineKind::Utf8`] when it is not valid UTF-8, else
+/// `parsed`'s own (a parsed line is not checked again: UTF-8 is looked at only on failure).
+fn utf8_first<T>(line: &[u8], parsed: Result<T, LineError>) -> Result<T, LineError> {
+    parsed.map_err(|e| match std::str::from_utf8(line) {
+        Err(u) => LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) },
+        Ok(_) => e,
+    })
 }
 
 /// The common case in one pass: `None` on anything unusual (malformed, or integers of more
@@ -579,11 +582,7 @@ pub fn parse_weighted_line(line: &[u8], column: usize) -> Result<(Sample, f32), 
 /// [`parse_weighted_line`] with `scratch` for the line without its weight (reused over
 /// the lines of a chunk: no allocation a line).
 fn parse_weighted_line_with(line: &[u8], column: usize, scratch: &mut Vec<u8>) -> Result<(Sample, f32), LineError> {
-    let parsed = parse_weighted_fields(line, column, scratch);
-    match (parsed, std::str::from_utf8(line)) {
-        (Err(_), Err(u)) => Err(LineError { kind: BadLineKind::Utf8, detail: format!("not valid UTF-8 (bad byte at offset {})", u.valid_up_to()) }),
-        (r, _) => r,
-    }
+    utf8_first(line, parse_weighted_fields(line, column, scratch))
 }
 
 /// The line without its weight and one tab beside it: Criteo's 40 fields, given the

@@ -89,25 +89,7 @@ pub enum LossNormalize {
     Rows,
 }
 
-impl std::str::FromStr for LossNormalize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "weights" => Ok(LossNormalize::Weights),
-            "rows" => Ok(LossNormalize::Rows),
-            _ => Err(format!("`{s}`: choose weights (divide by the batch's weight sum: the weighted mean) or rows (divide by the batch's rows)")),
-        }
-    }
-}
-
-impl std::fmt::Display for LossNormalize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            LossNormalize::Weights => "weights",
-            LossNormalize::Rows => "rows",
-        })
-    }
-}
+crate::config::named_enum!(LossNormalize { Weights => "weights", Rows => "rows" });
 
 /// The loss scale of a step and what its global loss sum is divided by: 1 / the global
 /// batch and the global batch (unweighted: the bits of a run without weights; a weighted
@@ -164,6 +146,6 @@ mod tests {
         assert_eq!(loss_scale(Some(&nothing), 4, LossNormalize::Weights), (0.0, 1.0), "a batch weighing nothing moves nothing");
         assert_eq!(loss_scale(Some(&nothing), 4, LossNormalize::Rows), (0.25, 4.0), "its gradients are zero already");
         assert_eq!("rows".parse::<LossNormalize>(), Ok(LossNormalize::Rows));
-        assert!("mean".parse::<LossNormalize>().unwrap_err().contains("choose weights"));
+        assert_eq!("mean".parse::<LossNormalize>().unwrap_err(), "`mean` is not one of weights, rows");
     }
 }

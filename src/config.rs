@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::error::{CommError, CommResult};
 
 /// For an option enum: `ALL`, `name()` (the word on the command line and in logs),
-/// `FromStr` (that word, any case; else an error listing the choices) and `Display`.
+/// `FromStr` (that word, any case; else an error listing the choices), `Display`, and a
+/// setting of one word ([`crate::settings::Word`]).
 macro_rules! named_enum {
     ($t:ident { $($v:ident => $n:literal),+ $(,)? }) => {
         impl $t {
@@ -32,6 +33,15 @@ macro_rules! named_enum {
                 f.write_str(self.name())
             }
         }
+        impl $crate::settings::Word for $t {
+            fn parse_word(s: &str) -> Result<$t, String> {
+                s.trim().parse()
+            }
+            fn word(&self) -> String {
+                self.name().to_string()
+            }
+        }
+        $crate::settings::word_settings!($t);
     };
 }
 pub(crate) use named_enum;
@@ -113,6 +123,17 @@ impl RuntimeConfig {
         c.log_sparse = flag("RINGREC_LOG_SPARSE").map_err(invalid)?.unwrap_or(false);
         Ok(c)
     }
+}
+
+/// The variables the command line reads as the default of a flag (`ringrec train
+/// --data-dir`, `--threads`, `--max-bad-lines`; `ringrec table create`'s shape).
+pub const CLI_VARIABLES: [&str; 8] = ["RINGREC_DATA_DIR", "RINGREC_THREADS", "RINGREC_MAX_BAD_LINES", "RINGREC_TABLE_DIM", "RINGREC_TABLE_CAPACITY", "RINGREC_TABLE_DTYPE", "RINGREC_TABLE_OPTIMIZER", "RINGREC_TABLE_SEED"];
+
+/// The value of `name` where it is one of the [`CLI_VARIABLES`] and set: the default of
+/// its flag (other variables a setting names, e.g. `RINGREC_COMPRESSION`, are read by the
+/// library where they apply).
+pub fn cli_default(name: &str) -> Option<String> {
+    CLI_VARIABLES.contains(&name).then(|| var(name)).flatten()
 }
 
 /// The variable's value, `None` when unset or blank.

@@ -23,6 +23,7 @@ pub mod header;
 pub mod hostsync;
 pub mod model;
 pub mod onebit;
+pub mod settings;
 pub mod shm;
 pub mod signals;
 pub mod sparse;

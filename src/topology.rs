@@ -261,37 +261,33 @@ impl Topology {
     /// and every rank's value. Collective over the world; a digest of the list travels
     /// first, the lists themselves only when the digests differ.
     pub fn agree_settings(&self, settings: &[(&str, String)]) -> CommResult<()> {
+        let shown: Vec<(&str, String, String)> = settings.iter().map(|(k, v)| (*k, v.clone(), v.clone())).collect();
+        self.agree_settings_shown(&shown)
+    }
+
+    /// [`Topology::agree_settings`] for settings `(name, value, shown)`: the ranks compare
+    /// `value`, and a mismatch shows each rank's `shown` (the value as that rank's user
+    /// typed it, e.g. naming the environment variable that gave it).
+    pub fn agree_settings_shown(&self, settings: &[(&str, String, String)]) -> CommResult<()> {
         let _w = crate::watchdog::waiting("every rank comparing its settings");
-        let text: String = settings.iter().map(|(k, v)| format!("{k}\t{}\n", v.replace(['\t', '\n'], " "))).collect();
-        let digest = crate::hash::fnv1a64(text.as_bytes());
+        let one_line = |v: &str| v.replace(['\t', '\n'], " ");
+        let compared: String = settings.iter().map(|(k, v, _)| format!("{k}\t{}\n", one_line(v))).collect();
+        let digest = crate::hash::fnv1a64(compared.as_bytes());
         let mut all = vec![0u64; self.size];
         self.world.comm.all_gather_into(&digest, &mut all[..]);
         if all.iter().all(|d| *d == digest) {
             return Ok(());
         }
+        let text: String = settings.iter().map(|(k, v, shown)| format!("{k}\t{}\t{}\n", one_line(v), one_line(shown))).collect();
         let g = crate::comm::mpi_backend::mpi_allgatherv(&self.world.comm, text.as_bytes())?;
-        let mut by_rank: Vec<std::collections::BTreeMap<String, String>> = Vec::new();
+        let mut by_rank: Vec<std::collections::BTreeMap<String, (String, String)>> = Vec::new();
         let mut at = 0;
         for c in &g.counts {
             let t = String::from_utf8_lossy(&g.data[at..at + c]);
-            by_rank.push(t.lines().filter_map(|l| l.split_once('\t')).map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            by_rank.push(t.lines().filter_map(|l| l.split_once('\t')).map(|(k, rest)| (k.to_string(), rest.split_once('\t').map_or((rest.to_string(), rest.to_string()), |(v, s)| (v.to_string(), s.to_string())))).collect());
             at += c;
         }
-        let mut names: Vec<&String> = by_rank.iter().flat_map(|m| m.keys()).collect();
-        names.sort();
-        names.dedup();
-        let missing = String::from("(not set)");
-        let mut parts = Vec::new();
-        for name in names {
-            let values: Vec<&String> = by_rank.iter().map(|m| m.get(name).unwrap_or(&missing)).collect();
-            if values.iter().all(|v| *v == values[0]) {
-                continue;
-            }
-            let shown: Vec<String> = values.iter().enumerate().take(8).map(|(r, v)| format!("rank {r} has {v}")).collect();
-            let more = if values.len() > 8 { format!(" and {} more ranks", values.len() - 8) } else { String::new() };
-            parts.push(format!("{name}: {}{more}", shown.join(", ")));
-        }
-        Err(CommError::Failed(format!("the ranks were started with different settings that must match: {}; start every rank with the same command and environment", parts.join("; "))))
+        Err(CommError::Failed(format!("the ranks were started with different settings that must match: {}; start every rank with the same command and environment", settings_mismatch(&by_rank))))
     }
 
     /// Ends the whole job now (`MPI_Abort` with `code`): for a rank that failed while its
@@ -324,6 +320,26 @@ impl Topology {
 /// Keeps `[A-Za-z0-9._-]`, replaces the rest, so an id can name a file.
 pub fn sanitize(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).take(40).collect()
+}
+
+/// The settings that differ between ranks (`by_rank[r]`: name -> (value, shown)), each as
+/// `name: rank 0 has A, rank 1 has B` (at most 8 ranks named), in name order.
+fn settings_mismatch(by_rank: &[std::collections::BTreeMap<String, (String, String)>]) -> String {
+    let mut names: Vec<&String> = by_rank.iter().flat_map(|m| m.keys()).collect();
+    names.sort();
+    names.dedup();
+    let missing = (String::new(), String::from("(not set)"));
+    let mut parts = Vec::new();
+    for name in names {
+        let values: Vec<&(String, String)> = by_rank.iter().map(|m| m.get(name).unwrap_or(&missing)).collect();
+        if values.iter().all(|v| v.0 == values[0].0) {
+            continue;
+        }
+        let shown: Vec<String> = values.iter().enumerate().take(8).map(|(r, v)| format!("rank {r} has {}", v.1)).collect();
+        let more = if values.len() > 8 { format!(" and {} more ranks", values.len() - 8) } else { String::new() };
+        parts.push(format!("{name}: {}{more}", shown.join(", ")));
+    }
+    parts.join("; ")
 }
 
 #[cfg(test)]

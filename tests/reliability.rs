@@ -384,7 +384,7 @@ fn ranks_started_with_different_flags_stop_with_the_flag_named() {
     // A protocol knob of the environment, set per rank (`-x VAR=value` per app context).
     for (var, a, b) in [("RINGREC_COMPRESSION", "none", "fp16"), ("RINGREC_VERIFY", "1", "0")] {
         let (done, hung) = mpmd_env(&format!("env{var}"), (var, a), (var, b));
-        assert!(!hung && done.stderr.lines().filter(|l| l.contains("started with different settings") && l.contains(&format!("{var}:"))).count() == 2, "{var}:\n{}", done.all());
+        assert!(!hung && done.stderr.lines().filter(|l| l.contains("started with different settings") && l.contains(var)).count() == 2, "{var}:\n{}", done.all());
         report.push(format!("{var}: refused"));
     }
     // Free to differ (documented in TrainConfig::settings): the run goes through.
@@ -396,6 +396,36 @@ fn ranks_started_with_different_flags_stop_with_the_flag_named() {
         report.push(format!("{flag}: may differ"));
     }
     eprintln!("{}", report.join("\n"));
+}
+
+/// Issue 36: a mismatch names the flag the user typed and the values as typed; the
+/// environment variable only where it gave the value.
+#[test]
+fn mismatches_name_the_flags_and_values_as_typed() {
+    let ck = tmpdir("mpmd-typed").join("ck");
+    let ckd = ck.to_str().unwrap();
+    let cases: Vec<(&str, Vec<&str>, Vec<&str>, String)> = vec![
+        ("steps", vec!["--max-steps", "10"], vec!["--max-steps", "20"], "--max-steps: rank 0 has 10, rank 1 has 20".into()),
+        ("compression", vec!["--compression", "none"], vec!["--compression", "fp16"], "--compression: rank 0 has none, rank 1 has fp16".into()),
+        ("block", vec!["--compression", "1bit", "--onebit-block", "64"], vec!["--compression", "1bit", "--onebit-block", "128"], "--onebit-block: rank 0 has 64, rank 1 has 128".into()),
+        ("ckdir", vec!["--checkpoint-dir", ckd], vec![], format!("--checkpoint-dir: rank 0 has {ckd}, rank 1 has (not set)")),
+        ("hidden", vec!["--hidden", "64,32"], vec![], "--hidden: rank 0 has 64,32, rank 1 has 256,128".into()),
+    ];
+    for (name, a, b, want) in &cases {
+        let (done, hung) = mpmd(&format!("typed-{name}"), a, b);
+        assert!(!hung, "{name}: the job hung:\n{}", done.all());
+        let lines = done.stderr.lines().filter(|l| l.contains("started with different settings")).count();
+        assert!(lines == 2 && done.stderr.lines().filter(|l| l.contains(want.as_str())).count() == 2, "{name}: every rank must say `{want}`:\n{}", done.all());
+        for internal in ["Some(", "None", "Fp16", "RINGREC_ONEBIT_BLOCK", "RINGREC_COMPRESSION"] {
+            assert!(!done.stderr.contains(internal), "{name}: `{internal}` is an internal name:\n{}", done.all());
+        }
+    }
+    let (done, hung) = mpmd_env("typed-env", ("RINGREC_COMPRESSION", "none"), ("RINGREC_COMPRESSION", "fp16"));
+    let want = "--compression: rank 0 has none (RINGREC_COMPRESSION=none), rank 1 has fp16 (RINGREC_COMPRESSION=fp16)";
+    assert!(!hung && done.stderr.lines().filter(|l| l.contains(want)).count() == 2, "every rank must say `{want}`:\n{}", done.all());
+    let (done, hung) = mpmd_env("typed-var", ("RINGREC_SHM_CHUNK_BYTES", "1M"), ("RINGREC_SHM_CHUNK_BYTES", "2M"));
+    let want = "RINGREC_SHM_CHUNK_BYTES: rank 0 has 1M, rank 1 has 2M";
+    assert!(!hung && done.stderr.lines().filter(|l| l.contains(want)).count() == 2, "every rank must say `{want}`:\n{}", done.all());
 }
 
 #[test]

@@ -11,7 +11,6 @@ pub mod progress;
 pub mod serve;
 pub mod table;
 pub mod train;
-pub mod weights;
 
 /// The message of `e` and its causes, each cause once: a cause whose text its parent
 /// already contains (typed errors often quote their source) is not repeated.

@@ -78,6 +78,8 @@ impl std::fmt::Display for Backend {
     }
 }
 
+crate::settings::word_enum!(Backend, "mpi, ring, shm, hier");
+
 /// The result of an allgatherv or gatherv: every rank's bytes, concatenated in rank order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Gathered {

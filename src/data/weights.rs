@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use super::cache::Dataset;
 use super::{DataError, DataResult};
 use crate::hash::splitmix64;
+use crate::settings::{Scope, ServiceRole};
 
 /// `--decay-unit`: what one unit of age is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -85,23 +86,73 @@ pub fn parse_day_of(s: &str) -> Result<(PathBuf, i64), String> {
     Ok((PathBuf::from(file), day))
 }
 
-/// How the training rows are weighted (the `--decay-*`, `--day-of`, `--min-sample-weight`
-/// and `--merge-duplicates` flags). The default weighs every row 1 and keeps every row.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WeightConfig {
-    /// `--decay-base`: a row of age a weighs `base^-a` (`None`: no decay).
-    pub decay_base: Option<f64>,
-    /// `--decay-unit`.
-    pub decay_unit: DecayUnit,
-    /// `--day-of FILE=N`: days given explicitly.
-    pub day_of: Vec<(PathBuf, i64)>,
-    /// `--min-sample-weight` (`None`: 0.001 with decay, else 0).
-    pub min_sample_weight: Option<f64>,
-    /// `--merge-duplicates`.
-    pub merge_duplicates: bool,
-    /// `--weight-column`: the 1-based field of the weight in lines of 41 fields (training
-    /// and held-out files alike); `None`: Criteo's 40 fields, every column weight 1.
-    pub weight_column: Option<u32>,
+impl crate::settings::Word for DecayUnit {
+    fn parse_word(s: &str) -> Result<DecayUnit, String> {
+        s.trim().parse()
+    }
+    fn word(&self) -> String {
+        self.to_string()
+    }
+}
+
+crate::settings::word_settings!(DecayUnit);
+
+impl crate::settings::Word for (PathBuf, i64) {
+    fn parse_word(s: &str) -> Result<(PathBuf, i64), String> {
+        parse_day_of(s)
+    }
+    fn word(&self) -> String {
+        format!("{}={}", self.0.display(), self.1)
+    }
+}
+
+crate::settings::list_settings!((PathBuf, i64) => crate::settings::Arity::Repeated);
+
+fn parse_decay(values: &[&str]) -> Result<Option<f64>, String> {
+    parse_decay_base(crate::settings::one(values)?).map(Some)
+}
+
+crate::settings::settings! {
+    /// How the training rows are weighted (the `--decay-*`, `--day-of`,
+    /// `--min-sample-weight`, `--merge-duplicates` and `--weight-column` flags). The default
+    /// weighs every row 1 and keeps every row.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct WeightConfig {
+        /// Time decay: a sample of age a (days before the newest --data file's day) weighs
+        /// BASE^-a: e, 2, or a number above 1. Default: every sample weighs 1.
+        #[setting(flag = "--decay-base", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BASE", parse = parse_decay)]
+        pub decay_base: Option<f64> = None,
+        /// The unit of age for --decay-base: day (a file's day: its position in --data, or
+        /// --day-of).
+        #[setting(flag = "--decay-unit", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "UNIT")]
+        pub decay_unit: DecayUnit = DecayUnit::Day,
+        /// The day of a --data file, FILE=N (repeatable); files not named are day = their
+        /// position in --data (0, 1, ...). The newest day is the largest.
+        #[setting(flag = "--day-of", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "FILE=N")]
+        pub day_of: Vec<(PathBuf, i64)> = Vec::new(),
+        /// Samples weighing less than W are left out and counted
+        /// (`samples_dropped_by_weight`) [default: 0.001 with --decay-base, else 0].
+        #[setting(flag = "--min-sample-weight", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "W")]
+        pub min_sample_weight: Option<f64> = None,
+        /// Identical samples (same label, dense values and keys) of one --data file become
+        /// one sample whose weight is multiplied by their count (the first kept, in file
+        /// order; `samples_merged` counts the rows merged away).
+        #[setting(flag = "--merge-duplicates", scope = Scope::Resumed, service = ServiceRole::Args)]
+        pub merge_duplicates: bool = false,
+        /// The --data and --eval-data lines have 41 tab-separated fields: field N (1-based,
+        /// like `cut -f`; e.g. 41 last, 2 right after the label) is the sample's weight, a
+        /// finite number >= 0, and the other 40 are Criteo's in order. A training row weighs
+        /// its weight times its decay weight; merged rows add their weights. A bad weight
+        /// makes the line malformed (counted, --max-bad-lines). Evaluation stays unweighted.
+        #[setting(flag = "--weight-column", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "N")]
+        pub weight_column: Option<u32> = None,
+    }
+}
+
+impl Default for WeightConfig {
+    fn default() -> WeightConfig {
+        WeightConfig::defaults()
+    }
 }
 
 /// `--min-sample-weight` when decay is on and it is not given (seed 002).

@@ -86,6 +86,8 @@ impl std::fmt::Display for Placement {
     }
 }
 
+crate::settings::word_enum!(Placement, "auto, cpu, cuda, host");
+
 /// The GPU ordinal of a rank: `local_rank % devices`, where `local_rank` counts the ranks
 /// of its machine. Every launcher's layout works: with all GPUs visible to all ranks, rank
 /// `l` takes GPU `l`; with one visible GPU per rank (`CUDA_VISIBLE_DEVICES` set per rank by

@@ -165,6 +165,8 @@ impl std::fmt::Display for StorageDtype {
     }
 }
 
+crate::settings::word_enum!(StorageDtype, "f32, f16, bf16");
+
 /// The sparse optimizer whose state the table carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -126,6 +126,14 @@ impl Compression {
     }
 }
 
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+crate::settings::word_enum!(Compression, "none, fp16, bf16, 1bit, 1bit-l1");
+
 /// Casts `src` to the half type `wire` into `dst` (2 bytes per element).
 pub fn to_half(src: &[f32], dst: &mut [u8], wire: DType) {
     match wire {

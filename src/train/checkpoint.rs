@@ -420,7 +420,32 @@ pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     if ck.file_name().and_then(|n| step_of(&n.to_string_lossy())) != Some(m.step) {
         return Err(damaged(&p, format!("it describes step {} but lies in {}", m.step, ck.display())));
     }
-    Ok(m)
+    Ok(Manifest { settings: settings_as_typed(m.settings), ..m })
+}
+
+/// A manifest's settings in this version's spelling (values as typed,
+/// [`crate::settings::SettingValue::show`]): older versions wrote `--hidden` as `[256,
+/// 128]`, an unset `--expire-after-steps` as `None` (a set one as `Some(N)`), an unset
+/// `--table-max-bytes` as `auto`, and recorded `--loss-normalize` only in weighted runs
+/// (an unweighted run's is the default, `weights`).
+pub fn settings_as_typed(mut settings: Vec<(String, String)>) -> Vec<(String, String)> {
+    use crate::settings::NOT_SET;
+    for (flag, v) in settings.iter_mut() {
+        let legacy = match (flag.as_str(), v.as_str()) {
+            ("--hidden", h) => h.strip_prefix('[').and_then(|h| h.strip_suffix(']')).map(|h| h.split(',').map(str::trim).collect::<Vec<_>>().join(",")),
+            ("--expire-after-steps", "None") | ("--table-max-bytes", "auto") => Some(NOT_SET.to_string()),
+            ("--expire-after-steps", s) => s.strip_prefix("Some(").and_then(|s| s.strip_suffix(')')).map(str::to_string),
+            _ => None,
+        };
+        if let Some(l) = legacy {
+            *v = l;
+        }
+    }
+    let has = |f: &str| settings.iter().any(|(k, _)| k == f);
+    if has("--batch") && !has("--loss-normalize") {
+        settings.push(("--loss-normalize".into(), "weights".into()));
+    }
+    settings
 }
 
 /// Reads the checkpoint `ck` and checks every part (sizes, checksums, lengths, finite

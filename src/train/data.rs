@@ -149,7 +149,7 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, "create the data directory", e))?;
         let files = if cfg.data.is_empty() { vec![default_set(dir, cfg.synth_rows)?] } else { inputs::resolve("--data", &cfg.data)? };
         let eval = inputs::resolve("--eval-data", &cfg.eval_data)?;
-        if files.len() > 1 && cfg.test_fraction_given {
+        if files.len() > 1 && cfg.test_fraction.is_some() {
             return Err(DataError::InvalidArgument(format!(
                 "--test-fraction holds out the last rows of a single --data file, and --data names {} files; hold a file out with --eval-data instead",
                 files.len()
@@ -180,9 +180,9 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
     if data.files.len() == 1 && data.eval_files().is_empty() {
         let f = &mut data.files[0];
         let ds = f.ds.clone().ok_or_else(|| TrainError::Config("the data file is not open".into()))?;
-        let (train, test) = shard::split(ds.len(), cfg.test_fraction)?;
+        let (train, test) = shard::split(ds.len(), cfg.test_fraction())?;
         if train.is_empty() {
-            return Err(TrainError::Config(format!("{}: no training rows (the data set has {} rows, --test-fraction {})", f.path.display(), ds.len(), cfg.test_fraction)));
+            return Err(TrainError::Config(format!("{}: no training rows (the data set has {} rows, --test-fraction {})", f.path.display(), ds.len(), cfg.test_fraction())));
         }
         f.rows = train.len();
         let mut set = EvalSet::new();

@@ -183,12 +183,12 @@ pub fn input_width(dim: usize) -> usize {
     NUM_SPARSE * dim + NUM_DENSE
 }
 
-/// The hidden widths a checkpoint's manifest records (`--hidden`, as `[256, 128]`).
+/// The hidden widths a checkpoint's manifest records (`--hidden`, as typed: `256,128`;
+/// older manifests' `[256, 128]` are read as typed by [`checkpoint::read_manifest`]).
 fn hidden_of(ck: &Path, m: &Manifest) -> Result<Vec<usize>, SourceError> {
     let bad = |detail: String| SourceError::Checkpoint(CheckpointError::Damaged { path: ck.join(checkpoint::MANIFEST), detail });
     let (_, v) = m.settings.iter().find(|(k, _)| k == "--hidden").ok_or_else(|| bad("it does not record --hidden (the MLP's shape)".into()))?;
-    let inner = v.trim().strip_prefix('[').and_then(|s| s.strip_suffix(']')).ok_or_else(|| bad(format!("--hidden is {v:?}, expected a list like [256, 128]")))?;
-    inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<usize>().map_err(|_| bad(format!("--hidden is {v:?}, expected a list like [256, 128]")))).collect()
+    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<usize>().map_err(|_| bad(format!("--hidden is {v:?}, expected a list like 256,128")))).collect()
 }
 
 /// The header of a table file (its first page only: the checksums are checked where the
@@ -349,8 +349,11 @@ mod tests {
             table: checkpoint::TableFacts { generation: 0, live_rows: 0, dim: 1, capacity: 16 },
             files: Vec::new(),
         };
-        assert_eq!(hidden_of(Path::new("c"), &m("[256, 128]")).unwrap(), vec![256, 128]);
-        assert_eq!(hidden_of(Path::new("c"), &m("[]")).unwrap(), Vec::<usize>::new());
-        assert!(hidden_of(Path::new("c"), &m("256,128")).unwrap_err().to_string().contains("expected a list"));
+        assert_eq!(hidden_of(Path::new("c"), &m("256,128")).unwrap(), vec![256, 128]);
+        assert_eq!(hidden_of(Path::new("c"), &m("")).unwrap(), Vec::<usize>::new());
+        assert!(hidden_of(Path::new("c"), &m("[256, 128]")).unwrap_err().to_string().contains("expected a list"));
+        // An older manifest's spelling, as read_manifest gives it.
+        let old = checkpoint::settings_as_typed(vec![("--hidden".into(), "[256, 128]".into()), ("--batch".into(), "1024".into()), ("--expire-after-steps".into(), "Some(5)".into()), ("--table-max-bytes".into(), "auto".into())]);
+        assert_eq!(old, [("--hidden", "256,128"), ("--batch", "1024"), ("--expire-after-steps", "5"), ("--table-max-bytes", crate::settings::NOT_SET), ("--loss-normalize", "weights")].map(|(k, v)| (k.to_string(), v.to_string())));
     }
 }

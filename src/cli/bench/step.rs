@@ -224,7 +224,7 @@ fn print_row(row: &StepRow) {
 /// Runs the benchmark; prints on rank 0.
 pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> {
     let mut cfg = TrainConfig::new(args.data_dir.clone().unwrap_or_else(crate::cli::train::default_data_dir));
-    (cfg.data, cfg.synth_rows, cfg.dim, cfg.table_capacity, cfg.test_fraction) = (args.data.iter().cloned().collect(), args.synth_rows, args.dim, args.table_capacity, 0.0);
+    (cfg.data, cfg.synth_rows, cfg.dim, cfg.table_capacity, cfg.test_fraction) = (args.data.iter().cloned().collect(), args.synth_rows, args.dim, args.table_capacity, Some(0.0));
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let data = data::open(topo, &cfg)?;

@@ -13,6 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
+use ringrec::settings::ServiceRole;
+use ringrec::train::TrainConfig;
 use serde::{Deserialize, Serialize};
 
 /// A request the service refuses (HTTP 400), with what to do instead.
@@ -136,26 +138,15 @@ pub struct Limits {
     pub slurm: bool,
 }
 
-/// Flags the service sets itself for every job: never in `args`.
-const OWNED_FLAGS: [&str; 9] = ["--data-dir", "--metrics-out", "--progress-dir", "--checkpoint-dir", "--resume", "--json", "--no-progress", "--help", "--version"];
-
-/// Flags that a typed field carries: in `args` they are refused, naming the field.
-const TYPED_FLAGS: [(&str, &str); 14] = [
-    ("--data", "data"),
-    ("--eval-data", "eval_data"),
-    ("--test-fraction", "test_fraction"),
-    ("--threads", "threads"),
-    ("--hidden", "hidden"),
-    ("--dim", "dim"),
-    ("--batch", "batch"),
-    ("--epochs", "epochs"),
-    ("--max-steps", "max_steps"),
-    ("--sync-every", "sync_every"),
-    ("--eval-every", "eval_every"),
-    ("--checkpoint-every", "checkpoint_every"),
-    ("--keep-checkpoints", "keep_checkpoints"),
-    ("--record-losses", "(nothing: a job's losses are its metrics)"),
-];
+/// What the service does with the `ringrec train` flag `flag` (`--name`): the role its
+/// setting declares ([`ringrec::settings::ServiceRole`]); the output's flags, `--help` and
+/// `--version` are the service's own. `None`: not a flag of this build's settings.
+fn role(flag: &str) -> Option<ServiceRole> {
+    if crate::cli::train::OUTPUT_FLAGS.contains(&flag) || flag == "--help" || flag == "--version" {
+        return Some(ServiceRole::Owned);
+    }
+    TrainConfig::all_settings().into_iter().find(|s| s.flag == flag).map(|s| s.service)
+}
 
 /// The most extra arguments, and bytes in one string field.
 const MAX_ARGS: usize = 64;
@@ -442,11 +433,11 @@ impl Limits {
             if !flag.starts_with("--") {
                 return bad(format!("args: `{}`: give flags in their long form (`--name`)", a.escape_debug()));
             }
-            if OWNED_FLAGS.contains(&flag) {
-                return bad(format!("args: {flag} is set by the service for every job; leave it out"));
-            }
-            if let Some((_, field)) = TYPED_FLAGS.iter().find(|(f, _)| *f == flag) {
-                return bad(format!("args: {flag} is set through the spec's field `{field}`"));
+            match role(flag) {
+                Some(ServiceRole::Owned) => return bad(format!("args: {flag} is set by the service for every job; leave it out")),
+                Some(ServiceRole::Typed(field)) => return bad(format!("args: {flag} is set through the spec's field `{field}`")),
+                Some(ServiceRole::Refused(why)) => return bad(format!("args: {flag} may not be given: {why}")),
+                Some(ServiceRole::Args) | None => {}
             }
             if !self.train_flags.contains(flag) {
                 return bad(format!("args: {flag} is not a flag of `ringrec train` (see `ringrec train --help`)"));
@@ -541,6 +532,53 @@ mod tests {
         assert!(refused(&l, r#"{"data": "escape"}"#).contains("outside the data roots"));
         assert!(serde_json::from_str::<JobSpec>(r#"{"rank": 2}"#).is_err(), "unknown fields are refused");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_spec_carries_the_typed_settings_and_no_other() {
+        // Every field set: a new field of JobSpec does not compile here until it is placed.
+        let full = JobSpec {
+            name: Some("x".into()),
+            backend: Some("local".into()),
+            ranks: Some(1),
+            hosts: vec!["h".into()],
+            nodes: Some(1),
+            threads: Some(1),
+            hidden: Some(vec![1]),
+            dim: Some(1),
+            batch: Some(1),
+            epochs: Some(1),
+            max_steps: Some(1),
+            data: Some("d".into()),
+            eval_data: Some("e".into()),
+            test_fraction: Some(0.1),
+            sync_every: Some(1),
+            eval_every: Some(1),
+            checkpoint_every: Some(1),
+            keep_checkpoints: Some(1),
+            warm_start: Some(1),
+            env: [("RINGREC_X".to_string(), "1".to_string())].into(),
+            args: vec!["--lr".into()],
+        };
+        let json = serde_json::to_value(&full).unwrap();
+        let not_settings = ["name", "backend", "ranks", "hosts", "nodes", "warm_start", "env", "args"];
+        let fields: BTreeSet<&str> = json.as_object().unwrap().keys().map(String::as_str).filter(|k| !not_settings.contains(k)).collect();
+        let typed: BTreeSet<&str> = TrainConfig::all_settings().into_iter().filter_map(|s| match s.service {
+            ServiceRole::Typed(f) => Some(f),
+            _ => None,
+        }).collect();
+        assert_eq!(fields, typed, "the spec's typed fields are the settings declared ServiceRole::Typed");
+        // Each typed setting is refused in args, naming its field; the service's own flags too.
+        let l = limits(&std::env::temp_dir());
+        for s in TrainConfig::all_settings() {
+            let e = l.plan(&spec(&format!(r#"{{"args": ["{}"]}}"#, s.flag))).err().map(|e| e.0);
+            match s.service {
+                ServiceRole::Typed(f) => assert!(e.as_deref().is_some_and(|e| e.contains(&format!("field `{f}`"))), "{}: {e:?}", s.flag),
+                ServiceRole::Owned => assert!(e.as_deref().is_some_and(|e| e.contains("set by the service")), "{}: {e:?}", s.flag),
+                ServiceRole::Refused(why) => assert!(e.as_deref().is_some_and(|e| e.contains(why)), "{}: {e:?}", s.flag),
+                ServiceRole::Args => {}
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,610 @@
+//! [`TrainConfig`]: every setting of a training run, declared once ([`crate::settings`]):
+//! its flag and help (`ringrec train`'s flags are built from [`TrainConfig::SETTINGS`]),
+//! whether every rank must agree on it ([`TrainConfig::settings`], compared at start) and
+//! whether a resume must repeat it ([`TrainConfig::resume_settings`], recorded in each
+//! checkpoint), and what the job service does with it. The run's checks
+//! ([`TrainConfig::validate`]) and the derived configurations (engine, table) follow.
+
+use std::path::PathBuf;
+
+use super::{data, sync::SyncScope, weights, TrainError, TrainResult};
+use crate::comm::Backend;
+use crate::data::weights::WeightConfig;
+use crate::device::Placement;
+use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
+use crate::engine::{Compression, EngineConfig};
+use crate::model::DenseOptimizer;
+use crate::settings::{one, settings, Scope, ServiceRole, SettingValue, Word};
+use crate::sparse::{SparseExchange, SparseNormalize};
+use crate::topology::Topology;
+
+/// What a non-finite (NaN or infinite) loss, gradient or parameter does to a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Stop every rank at that step with a message naming the step and the tensor; the
+    /// last checkpoint stays the newest (default).
+    Stop,
+    /// Skip the step's update of the part that is not finite (the dense optimizer step when
+    /// the reduced dense gradient is not, the table update when the merged sparse gradient
+    /// is not: each decided on data every rank holds identically) and go on; every skip is
+    /// reported and counted.
+    SkipStep,
+}
+
+crate::config::named_enum!(NanPolicy { Stop => "stop", SkipStep => "skip-step" });
+
+/// `--test-fraction` when it is not given.
+pub const DEFAULT_TEST_FRACTION: f64 = 0.1;
+
+/// `~/.cache/ringrec` (or `$XDG_CACHE_HOME/ringrec`, or a per-user temporary directory):
+/// where the default data set and the TSV caches live unless `--data-dir` or
+/// `RINGREC_DATA_DIR` say otherwise.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("XDG_CACHE_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join("ringrec");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("ringrec");
+    }
+    // SAFETY: getuid has no preconditions.
+    std::env::temp_dir().join(format!("ringrec-{}", unsafe { libc::getuid() }))
+}
+
+/// `--backend`: `auto` (the best for the topology) or a backend.
+fn parse_backend(values: &[&str]) -> Result<Option<Backend>, String> {
+    match one(values)? {
+        "auto" => Ok(None),
+        s => Backend::parse_word(s).map(Some).map_err(|_| format!("`{s}` is not a backend; choose from auto, mpi, ring, shm, hier")),
+    }
+}
+
+fn show_backend(b: &Option<Backend>) -> String {
+    b.map_or_else(|| "auto".to_string(), |b| b.name().to_string())
+}
+
+/// `--no-eval`: the switch turns the evaluation off.
+fn parse_no_eval(values: &[&str]) -> Result<bool, String> {
+    bool::from_values(values).map(|no| !no)
+}
+
+fn show_no_eval(eval: &bool) -> String {
+    (!eval).to_string()
+}
+
+/// A size flag: bytes, or a number with K, M or G.
+pub fn parse_bytes(values: &[&str]) -> Result<Option<u64>, String> {
+    let s = one(values)?;
+    crate::config::parse_bytes(s).map(|b| Some(b as u64)).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
+}
+
+const DEFAULT_SKETCH_MIB: u64 = crate::embedding::admit::DEFAULT_SKETCH_BYTES >> 20;
+
+settings! {
+    /// What a training run does: every flag of `ringrec train` but its presentation
+    /// (`--json`, `--no-progress`, `--progress-dir`).
+    #[derive(Clone, Debug)]
+    pub struct TrainConfig {
+        /// Training data, trained in the order given: Criteo-format TSVs or prepared `.rrdata`
+        /// caches, directories (their files in natural order: day_2 before day_10) and quoted
+        /// globs (`'days/day_*'`, `'day_[0-8].tsv'`, natural order); repeated or
+        /// comma-separated. One epoch is a pass over all of them; each TSV is prepared once
+        /// into a cache (the next one while the current one trains). Default: a synthetic set
+        /// that ringrec generates once under --data-dir.
+        #[setting(flag = "--data", scope = Scope::Resumed, service = ServiceRole::Typed("data"), value_name = "PATHS")]
+        pub data: Vec<PathBuf> = Vec::new(),
+        /// Where the default data set and TSV caches live [default: ~/.cache/ringrec].
+        #[setting(flag = "--data-dir", scope = Scope::Free("each host's cache location"), service = ServiceRole::Owned, value_name = "DIR", env = "RINGREC_DATA_DIR")]
+        pub data_dir: PathBuf = default_data_dir(),
+        /// Rows of the default synthetic data set.
+        #[setting(flag = "--synth-rows", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N")]
+        pub synth_rows: u64 = 200_000,
+        /// Passes over the training split.
+        #[setting(flag = "--epochs", scope = Scope::Agreed, service = ServiceRole::Typed("epochs"), value_name = "N")]
+        pub epochs: u64 = 1,
+        /// Stop after this many global steps (counted from the start of the run, resumed
+        /// steps included).
+        #[setting(flag = "--max-steps", scope = Scope::Agreed, service = ServiceRole::Typed("max_steps"), value_name = "N")]
+        pub max_steps: Option<u64> = None,
+        /// Global batch (split over the ranks).
+        #[setting(flag = "--batch", scope = Scope::Resumed, service = ServiceRole::Typed("batch"), value_name = "N")]
+        pub batch: usize = 1024,
+        /// Embedding dimension.
+        #[setting(flag = "--dim", scope = Scope::Resumed, service = ServiceRole::Typed("dim"), value_name = "N")]
+        pub dim: usize = 16,
+        /// Hidden layer widths of the MLP.
+        #[setting(flag = "--hidden", scope = Scope::Resumed, service = ServiceRole::Typed("hidden"), value_name = "WIDTHS")]
+        pub hidden: Vec<usize> = vec![256, 128],
+        /// Dense learning rate.
+        #[setting(flag = "--lr", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "LR")]
+        pub lr: f32 = 0.001,
+        /// Dense optimizer: sgd or adam.
+        #[setting(flag = "--dense-optimizer", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "OPTIMIZER")]
+        pub dense_optimizer: DenseOptimizer = DenseOptimizer::Adam,
+        /// Embedding learning rate.
+        #[setting(flag = "--sparse-lr", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "LR")]
+        pub sparse_lr: f32 = 0.05,
+        /// Embedding optimizer (applied by each host leader): sgd or adagrad.
+        #[setting(flag = "--sparse-optimizer", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "OPTIMIZER")]
+        pub sparse_optimizer: OptimizerKind = OptimizerKind::Sgd,
+        /// Held-out fraction: the last rows of the data set when --data is one file and there
+        /// is no --eval-data [default: 0.1].
+        #[setting(flag = "--test-fraction", scope = Scope::Resumed, service = ServiceRole::Typed("test_fraction"), value_name = "FRACTION")]
+        pub test_fraction: Option<f64> = None,
+        /// Seed of the model's initial parameters and embedding rows.
+        #[setting(flag = "--seed", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "SEED")]
+        pub seed: u64 = 1,
+        /// Shuffle the training rows every epoch (deterministically from --seed).
+        #[setting(flag = "--shuffle", scope = Scope::Resumed, service = ServiceRole::Args)]
+        pub shuffle: bool = false,
+        /// Collective backend of the host tensors: auto (shm on one host, hier on several),
+        /// mpi, ring, shm, hier. Device tensors use the device's collectives (NCCL on GPUs).
+        #[setting(flag = "--backend", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "BACKEND", parse = parse_backend, show = show_backend)]
+        pub backend: Option<Backend> = None,
+        /// Where the dense model runs: cuda (one GPU per rank, NCCL between them), cpu, host
+        /// (the GPU's kernels compiled for the CPU, for tests), or auto (cuda when this ringrec
+        /// has the `cuda` feature, a driver and a GPU for each rank of a host; else cpu, with a
+        /// note when ranks would have shared a GPU).
+        #[setting(flag = "--device", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "DEVICE")]
+        pub device: Placement = Placement::Auto,
+        /// Sparse exchange: hier (per-host pre-aggregation) or flat (every rank allgathers).
+        #[setting(flag = "--sparse-exchange", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "EXCHANGE")]
+        pub sparse_exchange: SparseExchange = SparseExchange::Hierarchical,
+        /// What a key's summed gradient is divided by: frequency (ranks holding it), world,
+        /// none, or weighted (the summed weights of the ranks holding it).
+        #[setting(flag = "--sparse-normalize", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BY")]
+        pub sparse_normalize: SparseNormalize = SparseNormalize::Frequency,
+        /// Threads per rank [default: cores / ranks on this host].
+        #[setting(flag = "--threads", scope = Scope::Free("each rank's own threads"), service = ServiceRole::Typed("threads"), value_name = "N", env = "RINGREC_THREADS")]
+        pub threads: Option<usize> = None,
+        /// Slots of the host-shared embedding table (80% can hold rows).
+        #[setting(flag = "--table-capacity", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "SLOTS")]
+        pub table_capacity: u64 = 1 << 21,
+        /// Malformed input lines tolerated before stopping (they are counted and reported).
+        #[setting(flag = "--max-bad-lines", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N", env = "RINGREC_MAX_BAD_LINES")]
+        pub max_bad_lines: u64 = crate::data::criteo::DEFAULT_MAX_BAD_LINES,
+        /// Write checkpoints here (every --checkpoint-every steps and at the end).
+        #[setting(flag = "--checkpoint-dir", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "DIR")]
+        pub checkpoint_dir: Option<PathBuf> = None,
+        /// Steps between checkpoints (0: only at the end).
+        #[setting(flag = "--checkpoint-every", scope = Scope::Agreed, service = ServiceRole::Typed("checkpoint_every"), value_name = "STEPS")]
+        pub checkpoint_every: u64 = 0,
+        /// Continue from the newest complete checkpoint in --checkpoint-dir (a damaged newest
+        /// one falls back to the previous, with a warning).
+        #[setting(flag = "--resume", scope = Scope::Agreed, service = ServiceRole::Owned)]
+        pub resume: bool = false,
+        /// Checkpoints to keep (the newest ones).
+        #[setting(flag = "--keep-checkpoints", scope = Scope::Agreed, service = ServiceRole::Typed("keep_checkpoints"), value_name = "N")]
+        pub keep_checkpoints: usize = 2,
+        /// Write a periodic checkpoint only when the dense parameters moved by at least this
+        /// relative L2 change since the last one (e.g. 0.05; 0: always; design 002's
+        /// change-gated backup).
+        #[setting(flag = "--checkpoint-min-change", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "CHANGE")]
+        pub checkpoint_min_change: f64 = 0.0,
+        /// A NaN or infinite loss, gradient or parameter: `stop` every rank at that step, or
+        /// `skip-step` (skip that update and go on).
+        #[setting(flag = "--nan-policy", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "POLICY")]
+        pub nan_policy: NanPolicy = NanPolicy::Stop,
+        /// Evaluate on the held-out rows every N steps (global AUC and log loss), with an
+        /// interval report of loss, samples/s and traffic (0: only at the end).
+        #[setting(flag = "--eval-every", scope = Scope::Agreed, service = ServiceRole::Typed("eval_every"), value_name = "N")]
+        pub eval_every: u64 = 0,
+        /// Write each interval report (--eval-every) as one JSON line to this file (rank 0;
+        /// appended to when resuming). Plot it with scripts/plot_metrics.py.
+        #[setting(flag = "--metrics-out", scope = Scope::Free("rank 0's is written"), service = ServiceRole::Owned, value_name = "FILE")]
+        pub metrics_out: Option<PathBuf> = None,
+        /// Stop every rank once the held-out log loss at an --eval-every report is at most X
+        /// (the summary's `stopped_at_target` says when).
+        #[setting(flag = "--stop-at-loss", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "X")]
+        pub stop_at_loss: Option<f64> = None,
+        /// Stop every rank once the held-out AUC at an --eval-every report is at least Y.
+        #[setting(flag = "--stop-at-auc", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "Y")]
+        pub stop_at_auc: Option<f64> = None,
+        /// Compression of the dense gradients' allreduce: none, fp16, bf16, 1bit (sign bits
+        /// and an L2 scale times --onebit-lambda, with error feedback) or 1bit-l1 (an L1
+        /// scale). Default: RINGREC_COMPRESSION, else none.
+        #[setting(flag = "--compression", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "COMPRESSION", env = "RINGREC_COMPRESSION")]
+        pub compression: Option<Compression> = None,
+        /// The factor lambda of --compression 1bit, in (0, 1]: 1 keeps the gradient's norm,
+        /// less shrinks the scale so a spiky gradient's error still shrinks (design 001).
+        /// Default: RINGREC_ONEBIT_LAMBDA, else 1.
+        #[setting(flag = "--onebit-lambda", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "LAMBDA", env = "RINGREC_ONEBIT_LAMBDA")]
+        pub onebit_lambda: Option<f32> = None,
+        /// Values per scale of --compression 1bit / 1bit-l1: each block of that many
+        /// consecutive values of a tensor gets its own scale (0: one scale per tensor, design
+        /// 001's literal form). Default: RINGREC_ONEBIT_BLOCK, else 256.
+        #[setting(flag = "--onebit-block", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "VALUES", env = "RINGREC_ONEBIT_BLOCK")]
+        pub onebit_block: Option<usize> = None,
+        /// Train the first STEPS steps with the dense gradients uncompressed, then switch to
+        /// --compression (1-bit Adam's warmup, DeepSpeed's `freeze_step`: Adam's moments
+        /// settle on exact gradients first; error feedback starts at the switch).
+        #[setting(flag = "--compression-warmup", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "STEPS")]
+        pub compression_warmup: u64 = 0,
+        /// What a weighted step's loss sum is divided by: weights (the global batch's weight
+        /// sum: the weighted mean) or rows (its rows: light, old samples move the model less,
+        /// so --decay-base acts on days trained in order too).
+        #[setting(flag = "--loss-normalize", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BY")]
+        pub loss_normalize: weights::LossNormalize = weights::LossNormalize::Weights,
+        /// Compression of the sparse rows on the hierarchical exchange's cross-host leg: none,
+        /// 1bit (L2 scale times --onebit-lambda) or 1bit-l1 (one scale and the signs per row,
+        /// with error feedback per key: a residual row per key sent), fp16 or bf16 (each
+        /// value rounded to half precision).
+        #[setting(flag = "--sparse-compression", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "COMPRESSION")]
+        pub sparse_compression: Compression = Compression::None,
+        /// Include every step's loss in the JSON summary.
+        #[setting(flag = "--record-losses", scope = Scope::Free("rank 0's summary holds them"), service = ServiceRole::Refused("a job's losses are its metrics"))]
+        pub record_losses: bool = false,
+        /// Skip the evaluation on the held-out split.
+        #[setting(flag = "--no-eval", scope = Scope::Agreed, service = ServiceRole::Args, parse = parse_no_eval, show = show_no_eval)]
+        pub eval: bool = true,
+        /// Warm start: a new run from a trained model — a checkpoint directory (dense
+        /// parameters, optimizer state and table), an export bundle (dense parameters and
+        /// table) or a sparse-parameter file (table; dense weights with --init-dense). Its
+        /// steps count from 0 and its data from the beginning; exclusive with --resume.
+        #[setting(flag = "--init-from", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "PATH")]
+        pub init_from: Option<PathBuf> = None,
+        /// Dense weights (an export bundle's dense.bin layout) for an --init-from
+        /// sparse-parameter file.
+        #[setting(flag = "--init-dense", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "FILE")]
+        pub init_dense: Option<PathBuf> = None,
+        /// Held-out data (the syntax of --data), scored whole by every evaluation; the
+        /// training data is then not split.
+        #[setting(flag = "--eval-data", scope = Scope::Agreed, service = ServiceRole::Typed("eval_data"), value_name = "PATHS")]
+        pub eval_data: Vec<PathBuf> = Vec::new(),
+        /// Storage of the table's rows: f32, f16 or bf16 (arithmetic is f32 either way).
+        #[setting(flag = "--table-dtype", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "DTYPE")]
+        pub table_dtype: StorageDtype = StorageDtype::F32,
+        /// Largest size of the host table file (e.g. 8G): the table doubles when it passes
+        /// 70% load up to this size, then evicts (--evict). Default: half of what the
+        /// shared-memory directory has free at the start (shared among a machine's hosts).
+        #[setting(flag = "--table-max-bytes", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BYTES", parse = parse_bytes)]
+        pub table_max_bytes: Option<u64> = None,
+        /// A key gets its own row in the K-th step that holds it; until then it reads its
+        /// initial row and its gradient is dropped (1: at once).
+        #[setting(flag = "--admit-after", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "K")]
+        pub admit_after: u32 = 1,
+        /// MiB of the count-min sketch that counts the steps of keys not admitted yet.
+        #[setting(flag = "--admit-sketch-mib", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "MIB")]
+        pub admit_sketch_mib: u64 = DEFAULT_SKETCH_MIB,
+        /// Remove rows not updated for this many steps (they read their initial row again).
+        #[setting(flag = "--expire-after-steps", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "STEPS")]
+        pub expire_after_steps: Option<u64> = None,
+        /// Which rows go when the table at --table-max-bytes needs room: lru (least recently
+        /// updated) or lfu (least often updated).
+        #[setting(flag = "--evict", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "POLICY")]
+        pub evict: Evict = Evict::Lru,
+        /// Synchronise every K steps (1: every step, fully synchronous). With K > 1 each rank
+        /// (or host, --sync-scope) trains K local steps from the last synchronised state, then
+        /// the ranks average their dense delta through the engine's allreduce and the hosts
+        /// exchange their tables' zero-filtered row deltas; evaluations, checkpoints and the
+        /// end of the run always see a synchronised state.
+        #[setting(flag = "--sync-every", scope = Scope::Agreed, service = ServiceRole::Typed("sync_every"), value_name = "K")]
+        pub sync_every: u64 = 1,
+        /// With --sync-every K > 1: `rank` (each rank trains on its own between syncs) or
+        /// `host` (the ranks of a host sum their dense gradients every step over shared
+        /// memory; only hosts sync every K steps).
+        #[setting(flag = "--sync-scope", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "SCOPE")]
+        pub sync_scope: SyncScope = SyncScope::Rank,
+    }
+    nested {
+        /// Per-sample weights: time decay, merged duplicates, dropped light rows, a weight
+        /// column ([`crate::data::weights`]; the default weighs every row 1).
+        pub weights: WeightConfig,
+    }
+}
+
+impl TrainConfig {
+    /// The defaults of `ringrec train`, with the data under `data_dir`.
+    pub fn new(data_dir: PathBuf) -> TrainConfig {
+        TrainConfig { data_dir, ..TrainConfig::defaults() }
+    }
+
+    /// The held-out fraction: `--test-fraction`, else [`DEFAULT_TEST_FRACTION`].
+    pub fn test_fraction(&self) -> f64 {
+        self.test_fraction.unwrap_or(DEFAULT_TEST_FRACTION)
+    }
+
+    /// The engine's settings for this run: `RINGREC_*`, then `--compression` and
+    /// `--onebit-lambda`.
+    pub fn engine_config(&self, topo: &Topology) -> TrainResult<EngineConfig> {
+        let mut engine = EngineConfig { backend: Some(self.backend(topo)), tag: "train".into(), ..EngineConfig::from_env()? };
+        if let Some(c) = self.compression {
+            engine.compression = c;
+        }
+        if let Some(l) = self.onebit_lambda {
+            if engine.compression != Compression::OneBit && self.sparse_compression != Compression::OneBit {
+                return Err(TrainError::Config(format!("--onebit-lambda {l} applies to the L2 form of 1-bit compression: add --compression 1bit or --sparse-compression 1bit (this run's are {} and {})", engine.compression.name(), self.sparse_compression.name())));
+            }
+            engine.onebit_lambda = crate::engine::compression::check_lambda(l).map_err(|e| TrainError::Config(format!("--onebit-lambda: {e}")))?;
+        }
+        if let Some(b) = self.onebit_block {
+            if !engine.compression.is_onebit() {
+                return Err(TrainError::Config(format!("--onebit-block {b} applies to 1-bit compression of the dense gradients: add --compression 1bit or 1bit-l1")));
+            }
+            engine.onebit_block = b;
+        }
+        if self.compression_warmup > 0 && engine.compression == Compression::None {
+            return Err(TrainError::Config(format!("--compression-warmup {} delays the dense gradients' compression, and this run has none: add --compression (1bit, 1bit-l1, fp16 or bf16) or drop --compression-warmup", self.compression_warmup)));
+        }
+        if self.sparse_compression != Compression::None && self.sparse_normalize == SparseNormalize::Weighted {
+            return Err(TrainError::Config("--sparse-compression with --sparse-normalize weighted: the rows carry their rank's weight, which signs and a scale (or half precision) would lose; use frequency, or no --sparse-compression".into()));
+        }
+        if self.sparse_compression != Compression::None && self.sparse_exchange != SparseExchange::Hierarchical {
+            return Err(TrainError::Config("--sparse-compression compresses the hierarchical exchange's cross-host leg: use --sparse-exchange hier".into()));
+        }
+        Ok(engine)
+    }
+
+    /// The compression of step `step`'s (0-based) dense allreduces: none during
+    /// `--compression-warmup`, then the engine's (`engine_default`).
+    pub fn dense_compression_at(&self, step: u64, engine_default: Compression) -> Compression {
+        if step < self.compression_warmup {
+            Compression::None
+        } else {
+            engine_default
+        }
+    }
+
+    /// Refuses settings no run can use, saying which flag and why.
+    pub fn validate(&self) -> TrainResult<()> {
+        self.weights.validate()?;
+        if self.loss_normalize != weights::LossNormalize::Weights && !self.weights.active() {
+            return Err(TrainError::Config(format!("--loss-normalize {} chooses how a weighted loss is averaged, and every sample of this run weighs 1: add --decay-base or --merge-duplicates, or drop --loss-normalize", self.loss_normalize)));
+        }
+        if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
+            return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
+        }
+        for (flag, v, ok) in [("--stop-at-loss", self.stop_at_loss, "above 0"), ("--stop-at-auc", self.stop_at_auc, "in (0, 1]")] {
+            let Some(v) = v else { continue };
+            let valid = if flag == "--stop-at-loss" { v.is_finite() && v > 0.0 } else { v > 0.0 && v <= 1.0 };
+            if !valid {
+                return Err(TrainError::Config(format!("{flag} must be {ok}, got {v}")));
+            }
+            if self.eval_every == 0 || !self.eval {
+                return Err(TrainError::Config(format!("{flag} is checked on the held-out rows at each --eval-every report: add --eval-every N{}", if self.eval { "" } else { " and drop --no-eval" })));
+            }
+        }
+        if !(0.0..1.0).contains(&self.test_fraction()) {
+            return Err(TrainError::Config(format!("--test-fraction must be in [0, 1), got {}", self.test_fraction())));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err(TrainError::Config("--keep-checkpoints must be at least 1 (the newest checkpoint is always kept)".into()));
+        }
+        if !(self.checkpoint_min_change.is_finite() && self.checkpoint_min_change >= 0.0) {
+            return Err(TrainError::Config(format!("--checkpoint-min-change must be a finite value >= 0 (a relative change, e.g. 0.05), got {}", self.checkpoint_min_change)));
+        }
+        if self.test_fraction.is_some() && !self.eval_data.is_empty() {
+            return Err(TrainError::Config("--test-fraction and --eval-data: the held-out rows are either the last rows of one --data file or the --eval-data files; drop one".into()));
+        }
+        if self.resume && self.checkpoint_dir.is_none() {
+            return Err(TrainError::Config("--resume needs --checkpoint-dir (the directory of the run to continue)".into()));
+        }
+        if self.resume && self.init_from.is_some() {
+            return Err(TrainError::Config("--init-from and --resume are exclusive: --resume continues a run from its own --checkpoint-dir, --init-from starts a new run from a trained model".into()));
+        }
+        if let (Some(from), Some(dir)) = (&self.init_from, &self.checkpoint_dir) {
+            let same = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            if same(from) == same(dir) {
+                return Err(TrainError::Config(format!("--init-from and --checkpoint-dir are the same directory ({}): a warm start is a new run whose steps count from 0; write its checkpoints into another --checkpoint-dir", dir.display())));
+            }
+        }
+        if self.init_dense.is_some() && self.init_from.is_none() {
+            return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
+        }
+        self.validate_sync()?;
+        self.validate_table()
+    }
+
+    /// `--sync-every` and `--sync-scope`, and what lazy synchronisation cannot run with.
+    pub fn validate_sync(&self) -> TrainResult<()> {
+        let k = self.sync_every;
+        let refuse = |why: &str| Err(TrainError::Config(format!("--sync-every {k}: {why}")));
+        match k {
+            0 => refuse("must be at least 1 (1: every step, the fully synchronous training; k > 1: each rank or host trains k local steps between syncs)"),
+            1 if self.sync_scope == SyncScope::Host => refuse("--sync-scope host chooses who trains together between syncs, and there are none: give --sync-every k > 1, or drop --sync-scope"),
+            1 => Ok(()),
+            _ if self.sparse_exchange == SparseExchange::Flat => refuse("the sparse deltas travel through the hierarchical exchange: use --sparse-exchange hier (the default)"),
+            _ if self.sparse_optimizer != OptimizerKind::Sgd => refuse("the table's optimizer must be sgd (row-wise Adagrad accumulators would differ between hosts): use --sparse-optimizer sgd, or --sync-every 1"),
+            _ if self.admit_after > 1 => refuse("--admit-after counts each step's global keys, which local steps do not have: drop --admit-after, or use --sync-every 1"),
+            _ if self.weights.active() => refuse("sample weights (--decay-base, --merge-duplicates, --weight-column) are not combined with local steps yet: drop them, or use --sync-every 1"),
+            _ if self.sparse_normalize == SparseNormalize::Weighted => refuse("--sparse-normalize weighted weighs the ranks of every step, which local steps do not share: use frequency, or --sync-every 1"),
+            _ if self.expire_after_steps.is_some() => refuse("--expire-after-steps removes rows by each step's global keys, which local steps do not have: drop it, or use --sync-every 1"),
+            _ => Ok(()),
+        }
+    }
+
+    /// The table flags' own checks: `--admit-after` and its sketch, `--expire-after-steps`,
+    /// and an explicit `--table-max-bytes` that holds at least the initial table.
+    pub fn validate_table(&self) -> TrainResult<()> {
+        let tc = self.table_config();
+        let h = tc.header().map_err(|e| TrainError::Config(e.to_string()))?;
+        if self.expire_after_steps == Some(0) {
+            return Err(TrainError::Config("--expire-after-steps must be at least 1 (rows not updated for that many steps are removed)".into()));
+        }
+        if let Some(max) = self.table_max_bytes {
+            if max < h.layout.file_len {
+                return Err(TrainError::Config(format!(
+                    "--table-max-bytes {max} is smaller than the initial table ({} bytes for --table-capacity {}); raise it or lower --table-capacity",
+                    h.layout.file_len, self.table_capacity
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host table this run creates: `--dim`, `--table-capacity`, `--table-dtype`, the
+    /// sparse optimizer, `--seed`, admission, and the usage section that expiry and
+    /// eviction read.
+    pub fn table_config(&self) -> TableConfig {
+        let mut tc = TableConfig::new(self.dim as u32, self.table_capacity);
+        tc.seed = self.seed;
+        tc.optimizer = self.sparse_optimizer;
+        tc.dtype = self.table_dtype;
+        tc.track_usage = true;
+        tc.admit_after = self.admit_after;
+        tc.sketch_bytes = self.admit_sketch_mib.saturating_mul(1 << 20);
+        tc
+    }
+
+    /// Threads per rank on `topo`: the setting, else cores / ranks on this host.
+    pub fn threads_per_rank(&self, topo: &Topology) -> usize {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        self.threads.unwrap_or((cores / topo.local_size).max(1)).max(1)
+    }
+
+    /// The host collectives backend on `topo`.
+    pub fn backend(&self, topo: &Topology) -> Backend {
+        self.backend.unwrap_or_else(|| Backend::auto(topo))
+    }
+
+    /// What a checkpoint records and a resume must repeat (flag, value as typed): every
+    /// [`Scope::Resumed`] setting — the data and its order, the model's shape, the
+    /// optimizers and their learning rates, the table's shape. `data_identity` pins the
+    /// training files (each one's identity, in order: [`data::TrainData::identity`]); `rows`
+    /// are those of the first. The sub-configuration `weights` is recorded as one entry,
+    /// `sample weights`, and only by a weighted run, so that checkpoints of unweighted runs
+    /// stay resumable by any version ([`weights::describe`] names every weight flag).
+    pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
+        let mut v = Vec::new();
+        for s in TrainConfig::SETTINGS.iter().filter(|s| s.scope == Scope::Resumed) {
+            match s.field {
+                "data" => v.extend([("--data", data_identity.to_string()), ("rows of --data", rows.to_string())]),
+                "test_fraction" => v.push((s.flag, self.test_fraction().to_string())),
+                f => v.push((s.flag, self.show(f).unwrap_or_default())),
+            }
+        }
+        if self.weights.active() {
+            v.push(("sample weights", weights::describe(&self.weights)));
+        }
+        v
+    }
+
+    /// Every setting that must be the same on every rank (`Topology::agree_settings`): the
+    /// [`Scope::Agreed`] and [`Scope::Resumed`] settings by their flags (the weights' each by
+    /// its own), as typed, then the `RINGREC_*` variables that are part of a protocol
+    /// (`crate::config::VARIABLES` marked agreed). `--backend` is compared as resolved on
+    /// `topo`, `--data`/`--eval-data` with each file's identity, and the compression
+    /// settings as the engine has them (`engine`): from the flag, else from the variable,
+    /// which the third column then names.
+    pub fn settings(&self, topo: &Topology, engine: &EngineConfig) -> Vec<(&'static str, String, String)> {
+        let mut v = Vec::new();
+        for s in TrainConfig::all_settings().into_iter().filter(|s| !matches!(s.scope, Scope::Free(_))) {
+            let typed = self.show(s.field).unwrap_or_default();
+            let from_env = |value: String, given: bool| {
+                let shown = match s.env.and_then(crate::config::var) {
+                    Some(set) if !given => format!("{value} ({}={set})", s.env.unwrap_or_default()),
+                    _ => value.clone(),
+                };
+                (value, shown)
+            };
+            let (value, shown) = match s.field {
+                "data" if self.data.is_empty() => (format!("(the synthetic set of {} rows)", self.synth_rows), typed),
+                "data" => (data::describe_inputs("--data", &self.data), typed),
+                "eval_data" => (data::describe_inputs("--eval-data", &self.eval_data), typed),
+                "backend" => (self.backend(topo).to_string(), typed),
+                "compression" => from_env(engine.compression.name().to_string(), self.compression.is_some()),
+                "onebit_lambda" => from_env(engine.onebit_lambda.to_string(), self.onebit_lambda.is_some()),
+                "onebit_block" => from_env(engine.onebit_block.to_string(), self.onebit_block.is_some()),
+                _ => (typed.clone(), typed),
+            };
+            v.push((s.flag, value, shown));
+        }
+        let (rc, secs) = (&topo.config, |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64()).to_string());
+        let variables = [
+            ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
+            ("RINGREC_VERIFY", rc.verify.to_string()),
+            ("RINGREC_SHM_CHUNK_BYTES", rc.shm_chunk_bytes.to_string()),
+            ("RINGREC_RING_CHUNK_BYTES", rc.ring_chunk_bytes.to_string()),
+            ("RINGREC_RANKS_PER_HOST", rc.ranks_per_host.map_or(0, |k| k).to_string()),
+            ("RINGREC_ALLOW_SHARED_GPU", rc.allow_shared_gpu.to_string()),
+            ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
+            ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
+            ("RINGREC_STALL_CHECK_TIME_SECONDS", secs(engine.stall_check)),
+            ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", secs(engine.stall_shutdown)),
+        ];
+        for (name, value) in variables {
+            let shown = crate::config::var(name).unwrap_or_else(|| format!("{value} (default)"));
+            v.push((name, value, shown));
+        }
+        v
+    }
+
+    /// The `RINGREC_*` variables every rank must agree on (they are part of a protocol),
+    /// as [`TrainConfig::settings`] lists them.
+    pub const AGREED_VARIABLES: [&'static str; 10] = [
+        "RINGREC_SHM_DIR",
+        "RINGREC_VERIFY",
+        "RINGREC_SHM_CHUNK_BYTES",
+        "RINGREC_RING_CHUNK_BYTES",
+        "RINGREC_RANKS_PER_HOST",
+        "RINGREC_ALLOW_SHARED_GPU",
+        "RINGREC_CACHE_CAPACITY",
+        "RINGREC_AUTOTUNE",
+        "RINGREC_STALL_CHECK_TIME_SECONDS",
+        "RINGREC_STALL_SHUTDOWN_TIME_SECONDS",
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::NOT_SET;
+
+    #[test]
+    fn every_setting_has_a_flag_and_help_and_one_place() {
+        let mut flags = std::collections::BTreeSet::new();
+        for s in TrainConfig::all_settings() {
+            assert!(s.flag.starts_with("--") && s.flag.len() > 2, "{}: flag {:?}", s.field, s.flag);
+            assert!(flags.insert(s.flag), "{} is declared twice", s.flag);
+            assert!(!s.summary().is_empty(), "{} has no help", s.flag);
+        }
+        assert!(TrainConfig::all_settings().len() > TrainConfig::SETTINGS.len(), "the weights' settings are the run's too");
+    }
+
+    #[test]
+    fn defaults_are_those_of_the_command_line() {
+        let c = TrainConfig::new(PathBuf::from("/d"));
+        assert_eq!((c.batch, c.dim, c.hidden.clone(), c.lr, c.epochs, c.synth_rows, c.eval, c.test_fraction()), (1024, 16, vec![256, 128], 0.001, 1, 200_000, true, 0.1));
+        assert_eq!(c.data_dir, PathBuf::from("/d"));
+        assert_eq!(c.show("hidden").unwrap(), "256,128");
+        assert_eq!(c.show("backend").unwrap(), "auto");
+        assert_eq!(c.show("eval").unwrap(), "false", "--no-eval shows whether it was given");
+        assert_eq!(c.show("max_steps").unwrap(), NOT_SET);
+    }
+
+    #[test]
+    fn set_parses_like_the_command_line() {
+        let mut c = TrainConfig::new(PathBuf::from("/d"));
+        for (field, values) in [("backend", &["ring"][..]), ("eval", &[][..]), ("hidden", &["64", "32"][..]), ("table_max_bytes", &["8M"][..]), ("decay_base", &["e"][..]), ("day_of", &["a,b.tsv=3"][..]), ("compression", &["fp16"][..])] {
+            assert!(c.set(field, values).unwrap(), "{field}");
+        }
+        assert_eq!((c.backend, c.eval, c.hidden.clone(), c.table_max_bytes, c.compression), (Some(Backend::Ring), false, vec![64, 32], Some(8 << 20), Some(Compression::Fp16)));
+        assert_eq!(c.weights.decay_base, Some(std::f64::consts::E));
+        assert_eq!(c.weights.day_of, vec![(PathBuf::from("a,b.tsv"), 3)]);
+        assert_eq!(c.show("day_of").unwrap(), "a,b.tsv=3");
+        assert_eq!(c.show("eval").unwrap(), "true");
+        assert!(c.set("backend", &["tcp"]).unwrap_err().contains("choose from auto, mpi, ring, shm, hier"));
+        assert!(!c.set("nonsense", &["1"]).unwrap());
+    }
+
+    #[test]
+    fn a_weighted_run_records_every_weight_setting() {
+        let d = weights::describe(&WeightConfig { weight_column: Some(2), ..WeightConfig::default() });
+        for s in WeightConfig::SETTINGS {
+            assert!(d.contains(s.flag), "`sample weights` ({d}) must record {}", s.flag);
+        }
+    }
+
+    #[test]
+    fn resume_settings_are_the_resumed_scope() {
+        let c = TrainConfig::new(PathBuf::from("/d"));
+        let r = c.resume_settings("ID", 7);
+        let flags: Vec<&str> = r.iter().map(|(k, _)| *k).collect();
+        let mut want = vec!["--data", "rows of --data"];
+        want.extend(TrainConfig::SETTINGS.iter().filter(|s| s.scope == Scope::Resumed && s.field != "data" && s.field != "weights").map(|s| s.flag));
+        assert_eq!(flags, want);
+        assert!(r.contains(&("--hidden", "256,128".to_string())) && r.contains(&("--test-fraction", "0.1".to_string())) && r.contains(&("--expire-after-steps", NOT_SET.to_string())));
+        let mut w = c.clone();
+        w.weights.merge_duplicates = true;
+        assert_eq!(w.resume_settings("ID", 7).last().map(|(k, _)| *k), Some("sample weights"));
+    }
+}

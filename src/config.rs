@@ -119,26 +119,125 @@ impl RuntimeConfig {
         };
         c.fault_exit = parse("RINGREC_FAULT_EXIT", "RANK:STEP, e.g. 1:5", rank_step).map_err(invalid)?;
         c.fault_nan = parse("RINGREC_FAULT_NAN", "RANK:STEP, e.g. 1:5", rank_step).map_err(invalid)?;
-        c.fault_once = std::env::var_os("RINGREC_FAULT_ONCE").filter(|v| !v.is_empty()).map(PathBuf::from);
+        c.fault_once = var_os("RINGREC_FAULT_ONCE").map(PathBuf::from);
         c.log_sparse = flag("RINGREC_LOG_SPARSE").map_err(invalid)?.unwrap_or(false);
         Ok(c)
     }
 }
 
-/// The variables the command line reads as the default of a flag (`ringrec train
-/// --data-dir`, `--threads`, `--max-bad-lines`; `ringrec table create`'s shape).
-pub const CLI_VARIABLES: [&str; 8] = ["RINGREC_DATA_DIR", "RINGREC_THREADS", "RINGREC_MAX_BAD_LINES", "RINGREC_TABLE_DIM", "RINGREC_TABLE_CAPACITY", "RINGREC_TABLE_DTYPE", "RINGREC_TABLE_OPTIMIZER", "RINGREC_TABLE_SEED"];
-
-/// The value of `name` where it is one of the [`CLI_VARIABLES`] and set: the default of
-/// its flag (other variables a setting names, e.g. `RINGREC_COMPRESSION`, are read by the
-/// library where they apply).
-pub fn cli_default(name: &str) -> Option<String> {
-    CLI_VARIABLES.contains(&name).then(|| var(name)).flatten()
+/// Who reads a `RINGREC_*` variable (each through [`var`], the one reader).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// [`RuntimeConfig::from_env`]: the process's settings (`topo.config`).
+    Runtime,
+    /// `EngineConfig::from_env`: the engine's knobs.
+    Engine,
+    /// The command line: the default of a flag ([`cli_default`]).
+    Command,
+    /// The CUDA library probes (`device::libs`; before MPI, for `ringrec info`).
+    CudaLibs,
+    /// `--device host` (`device::host_kernels`): the tests' random delays and faults.
+    HostKernels,
 }
 
-/// The variable's value, `None` when unset or blank.
+impl Reader {
+    /// Its name in the documentation's table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reader::Runtime => "runtime",
+            Reader::Engine => "engine",
+            Reader::Command => "command line",
+            Reader::CudaLibs => "CUDA libraries",
+            Reader::HostKernels => "tests",
+        }
+    }
+}
+
+/// One `RINGREC_*` variable: the one list ([`VARIABLES`]) from which the documentation's
+/// table is made (docs/configuration.md, checked by a test) and against which every read
+/// is checked.
+#[derive(Clone, Copy, Debug)]
+pub struct Variable {
+    /// `RINGREC_...`.
+    pub name: &'static str,
+    /// Its value when unset, as a user would write it.
+    pub default: &'static str,
+    /// What it does.
+    pub meaning: &'static str,
+    /// Who reads it.
+    pub reader: Reader,
+}
+
+const fn v(name: &'static str, default: &'static str, reader: Reader, meaning: &'static str) -> Variable {
+    Variable { name, default, meaning, reader }
+}
+
+/// Every `RINGREC_*` variable ringrec reads.
+pub const VARIABLES: &[Variable] = &[
+    v("RINGREC_RANKS_PER_HOST", "unset", Reader::Runtime, "cut each host into simulated hosts of k consecutive ranks (tests multi-host paths on one machine; 0: real hosts)"),
+    v("RINGREC_JOB_ID", "made by rank 0", Reader::Runtime, "names the job's shared segments (e.g. `$SLURM_JOB_ID`)"),
+    v("RINGREC_SHM_DIR", "/dev/shm", Reader::Runtime, "where shared segments and host tables live; each job's start removes what killed jobs left there (files nobody holds a lock on, older than 10 s)"),
+    v("RINGREC_VERIFY", "1", Reader::Runtime, "MPI-based backends exchange a 32-byte header (count, dtype, op, root) before each collective; `0` skips it (`shm` always checks, for free)"),
+    v("RINGREC_COMM_TIMEOUT_SECONDS", "300", Reader::Runtime, "any wait on peers (collectives, shared memory, barriers, MPI requests, NCCL) that lasts longer ends the job naming the ranks that did not arrive; a stopped or dead local rank is reported after min(3 s, half of it)"),
+    v("RINGREC_SHM_CHUNK_BYTES", "1M", Reader::Runtime, "per-rank slot of the shared-memory collectives (pipeline piece; `K`/`M`/`G`, at least 256)"),
+    v("RINGREC_RING_CHUNK_BYTES", "512K", Reader::Runtime, "pipeline chunk of the ring allreduce (at least 64)"),
+    v("RINGREC_ALLOW_SHARED_GPU", "0", Reader::Runtime, "`1` lets ranks of a machine share a GPU (same PCI bus id; tests: NCCL itself refuses it)"),
+    v("RINGREC_LOG_SPARSE", "0", Reader::Runtime, "`1`: every rank prints its sparse-exchange totals at the end of a run"),
+    v("RINGREC_FAULT_EXIT", "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank exit abruptly before that step"),
+    v("RINGREC_FAULT_NAN", "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank's gradients of step STEP+1 NaN (`--nan-policy`)"),
+    v("RINGREC_FAULT_ONCE", "unset", Reader::Runtime, "tests: a path; the faults fire only while it does not exist (it is created when one fires)"),
+    v("RINGREC_ENGINE_BACKEND", "best for the topology", Reader::Engine, "the engine's host collectives in library use: `mpi`, `ring`, `shm`, `hier` (`ringrec train` uses `--backend`)"),
+    v("RINGREC_FUSION_THRESHOLD", "128M", Reader::Engine, "bytes per fused allreduce (`K`/`M`/`G`); `0` disables fusion"),
+    v("RINGREC_CYCLE_TIME", "1", Reader::Engine, "ms between the engine's background cycles (an idle engine backs off to 16x, a submission restores it)"),
+    v("RINGREC_CACHE_CAPACITY", "1024", Reader::Engine, "response-cache entries (`0` disables: every tensor is negotiated)"),
+    v("RINGREC_COMPRESSION", "none", Reader::Engine, "`fp16`, `bf16`, `1bit` (signs + L2 scale times lambda, error feedback) or `1bit-l1` (signs + L1 scale) for float32 sum/avg, host and device tensors; `train --compression` overrides"),
+    v("RINGREC_ONEBIT_LAMBDA", "1", Reader::Engine, "lambda of the `1bit` L2 form, in (0, 1]; `train --onebit-lambda` overrides"),
+    v("RINGREC_ONEBIT_BLOCK", "256", Reader::Engine, "values per scale of 1-bit compression (`0`: one scale per tensor); `train --onebit-block` overrides"),
+    v("RINGREC_TIMELINE", "unset", Reader::Engine, "rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this path"),
+    v("RINGREC_STALL_CHECK_TIME_SECONDS", "60", Reader::Engine, "warn (on every rank) about tensors some ranks have not submitted after this long; `0` disables"),
+    v("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", "0", Reader::Engine, "stop the job with that message after this long (`0`: never)"),
+    v("RINGREC_AUTOTUNE", "0", Reader::Engine, "`1`: search the fusion threshold and cycle time in the first steps"),
+    v("RINGREC_AUTOTUNE_LOG", "unset", Reader::Engine, "a CSV path where the autotuner logs its candidates"),
+    v("RINGREC_AUTOTUNE_SAMPLE_SECONDS", "0.5", Reader::Engine, "how long the autotuner measures each candidate"),
+    v("RINGREC_DATA_DIR", "~/.cache/ringrec", Reader::Command, "the default data set and TSV caches (`train`, `predict`, `bench step`: `--data-dir`)"),
+    v("RINGREC_THREADS", "cores / ranks per host", Reader::Command, "threads per rank (`train`, `predict`: `--threads`)"),
+    v("RINGREC_MAX_BAD_LINES", "1000", Reader::Command, "malformed input lines tolerated (`train`, `data prepare`: `--max-bad-lines`)"),
+    v("RINGREC_TABLE_DIM", "unset", Reader::Command, "`table create`/`import`: `--dim`"),
+    v("RINGREC_TABLE_CAPACITY", "unset", Reader::Command, "`table create`/`import`: `--table-capacity`"),
+    v("RINGREC_TABLE_DTYPE", "f32", Reader::Command, "`table create`/`import`: `--dtype`"),
+    v("RINGREC_TABLE_OPTIMIZER", "sgd", Reader::Command, "`table create`/`import`: `--optimizer`"),
+    v("RINGREC_TABLE_SEED", "0", Reader::Command, "`table create`/`import`: `--seed`"),
+    v("RINGREC_CUDA_LIB_DIR", "unset", Reader::CudaLibs, "directories (colon-separated) searched first for libcuda, libnvrtc, libcublas, libnccl (docs/gpus.md)"),
+    v("RINGREC_HOST_DELAY_SEED", "unset", Reader::HostKernels, "`--device host` (tests): every queued device operation first sleeps a random 0..max µs drawn from the seed, so an ordering bug changes the results"),
+    v("RINGREC_HOST_DELAY_MAX_US", "200", Reader::HostKernels, "`--device host` (tests): the longest of those delays"),
+    v("RINGREC_HOST_FAULT", "unset", Reader::HostKernels, "`--device host` (tests): `no-stream-waits` or `no-staging-wait` removes that wait on purpose (proves the delayed runs catch it)"),
+];
+
+/// The documentation's table of [`VARIABLES`] (markdown: docs/configuration.md holds it
+/// verbatim, which a test checks).
+pub fn variables_table() -> String {
+    let mut t = String::from("| variable | default | read by | what |\n|---|---|---|---|\n");
+    for v in VARIABLES {
+        t.push_str(&format!("| `{}` | {} | {} | {} |\n", v.name, v.default, v.reader.name(), v.meaning));
+    }
+    t
+}
+
+/// The variables the command line reads as the default of a flag ([`Reader::Command`]).
+pub fn cli_default(name: &str) -> Option<String> {
+    VARIABLES.iter().any(|v| v.name == name && v.reader == Reader::Command).then(|| var(name)).flatten()
+}
+
+/// The variable's value, `None` when unset or blank: the one place ringrec reads a
+/// `RINGREC_*` variable (a name not in [`VARIABLES`] is a bug, caught in debug builds).
 pub fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    var_os(name).map(|s| s.to_string_lossy().trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// The variable's raw value (paths, lists of directories), `None` when unset or empty.
+pub fn var_os(name: &str) -> Option<std::ffi::OsString> {
+    debug_assert!(VARIABLES.iter().any(|v| v.name == name), "{name} is not in config::VARIABLES");
+    std::env::var_os(name).filter(|v| !v.is_empty())
 }
 
 /// The variable parsed by `f`; an error naming it and `expected` when `f` refuses it.

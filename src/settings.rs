@@ -245,7 +245,7 @@ pub(crate) use first_of;
 /// ```text
 /// /// Its doc comment: the flag's help.
 /// #[setting(flag = "--name", scope = Scope::Agreed, service = ServiceRole::Args
-///           [, value_name = "N"] [, env = "RINGREC_X"] [, parse = FN] [, show = FN])]
+///           [, value_name = "N"] [, env = "RINGREC_THREADS"] [, parse = FN] [, show = FN])]
 /// pub name: Type = default,
 /// ```
 ///
@@ -387,6 +387,7 @@ mod tests {
     fn the_table_follows_the_declaration() {
         let s = Example::SETTINGS;
         assert_eq!(s.iter().map(|s| s.flag).collect::<Vec<_>>(), ["--rows", "--widths", "--limit", "--on", "--mode"]);
+        assert_eq!(Example::all_settings().len(), 5, "no nested configurations");
         assert_eq!(s.iter().map(|s| s.arity).collect::<Vec<_>>(), [Arity::Value, Arity::List, Arity::Optional, Arity::Switch, Arity::Optional]);
         assert_eq!((s[0].value_name, s[0].scope, s[0].service, s[0].env), ("N", Scope::Resumed, ServiceRole::Typed("rows"), None));
         assert_eq!(s[2].env, Some("RINGREC_EXAMPLE"));

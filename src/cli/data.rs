@@ -19,8 +19,9 @@ pub enum DataCommand {
         /// The cache file to write (replaced atomically if it exists).
         output: PathBuf,
         /// Malformed lines to skip (and count) before giving up; 0 accepts none.
-        #[arg(long, default_value_t = DEFAULT_MAX_BAD_LINES, env = "RINGREC_MAX_BAD_LINES")]
-        max_bad_lines: u64,
+        /// [default: 1000] [env: RINGREC_MAX_BAD_LINES]
+        #[arg(long)]
+        max_bad_lines: Option<u64>,
         /// Threads reading the TSV (default: every core); the cache is the same byte for
         /// byte whatever their number.
         #[arg(long)]
@@ -59,6 +60,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
         DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column } => {
             let t = Instant::now();
             // The errors name the file already.
+            let max_bad_lines = super::or_env(max_bad_lines, "RINGREC_MAX_BAD_LINES")?.unwrap_or(DEFAULT_MAX_BAD_LINES);
             let opts = PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)).weight_column(weight_column);
             let s = prepare_with(&input, &output, &opts)?;
             let secs = t.elapsed().as_secs_f64().max(1e-9);

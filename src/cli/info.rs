@@ -23,6 +23,11 @@ pub struct InfoArgs {
     /// nvrtc, cublas, nccl); for scripts and image builds.
     #[arg(long, value_delimiter = ',', value_name = "LIBS")]
     pub require: Vec<String>,
+    /// Only print the table of every RINGREC_* variable (name, default, who reads it,
+    /// what it does) and which of them this environment sets: the table of
+    /// docs/configuration.md.
+    #[arg(long)]
+    pub variables: bool,
 }
 
 fn lib_named(s: &str) -> Option<CudaLib> {
@@ -37,6 +42,12 @@ fn lib_named(s: &str) -> Option<CudaLib> {
 
 /// Runs `ringrec info`.
 pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
+    if args.variables {
+        print!("{}", ringrec::config::variables_table());
+        let set: Vec<String> = ringrec::config::VARIABLES.iter().filter_map(|v| ringrec::config::var(v.name).map(|x| format!("{}={x}", v.name))).collect();
+        println!("\nset here: {}", if set.is_empty() { "none".to_string() } else { set.join(" ") });
+        return Ok(());
+    }
     let archs: Vec<Arch> = args.compile_kernels.iter().filter(|s| !s.trim().is_empty()).map(|s| Arch::parse(s).with_context(|| format!("--compile-kernels: `{s}` is not an architecture (sm_80, sm_90, ...)"))).collect::<anyhow::Result<_>>()?;
     let required: Vec<CudaLib> = args.require.iter().filter(|s| !s.trim().is_empty()).map(|s| lib_named(s).with_context(|| format!("--require: `{s}` is not one of driver, nvrtc, cublas, nccl"))).collect::<anyhow::Result<_>>()?;
     let topo = if args.libs || !archs.is_empty() {
@@ -49,7 +60,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
     };
     let libs = libs::libraries();
     let build = if cfg!(feature = "cuda") { "this build has CUDA support" } else { "this build has NO CUDA support (rebuild with --features cuda to use them)" };
-    let set = std::env::var(libs::LIB_DIR_VAR).map(|v| format!("{}={v}", libs::LIB_DIR_VAR)).unwrap_or_else(|_| format!("{} not set", libs::LIB_DIR_VAR));
+    let set = ringrec::config::var(libs::LIB_DIR_VAR).map(|v| format!("{}={v}", libs::LIB_DIR_VAR)).unwrap_or_else(|| format!("{} not set", libs::LIB_DIR_VAR));
     println!("CUDA libraries ({build}; {set}):");
     print!("{}", libs.report());
     match (ringrec::device::probe(), &topo) {

@@ -12,6 +12,22 @@ pub mod serve;
 pub mod table;
 pub mod train;
 
+/// `given`, else the value of the variable `var` (a flag's default on the command line,
+/// [`ringrec::config::cli_default`]), parsed; a value that does not parse is an error
+/// naming the variable.
+pub fn or_env<T: std::str::FromStr>(given: Option<T>, var: &str) -> anyhow::Result<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    if given.is_some() {
+        return Ok(given);
+    }
+    match ringrec::config::cli_default(var) {
+        Some(v) => v.parse::<T>().map(Some).map_err(|e| anyhow::anyhow!("{var}={v:?} is not valid: {e}")),
+        None => Ok(None),
+    }
+}
+
 /// The message of `e` and its causes, each cause once: a cause whose text its parent
 /// already contains (typed errors often quote their source) is not repeated.
 pub fn render(e: &anyhow::Error) -> String {

@@ -36,13 +36,15 @@ pub struct PredictArgs {
     #[arg(long, default_value_t = 0.0)]
     pub test_fraction: f64,
     /// Where TSV caches live.
-    #[arg(long, env = "RINGREC_DATA_DIR")]
+    /// [env: RINGREC_DATA_DIR]
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Where the dense model runs: auto, cpu, cuda.
     #[arg(long, default_value = "auto", value_parser = placement)]
     pub device: Placement,
     /// Threads per rank (default: cores / ranks on this host).
-    #[arg(long, env = "RINGREC_THREADS")]
+    /// [env: RINGREC_THREADS]
+    #[arg(long)]
     pub threads: Option<usize>,
     /// Malformed input lines tolerated per file (they are skipped: no score is written for them).
     #[arg(long, default_value_t = ringrec::data::criteo::DEFAULT_MAX_BAD_LINES)]
@@ -105,11 +107,11 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
     let cfg = PredictConfig {
         model: args.model.clone(),
         data: args.data.clone(),
-        data_dir: args.data_dir.clone().unwrap_or_else(default_data_dir),
+        data_dir: super::or_env(args.data_dir.clone(), "RINGREC_DATA_DIR")?.unwrap_or_else(default_data_dir),
         batch: args.batch,
         test_fraction: args.test_fraction,
         device: args.device,
-        threads: args.threads,
+        threads: super::or_env(args.threads, "RINGREC_THREADS")?,
         max_bad_lines: args.max_bad_lines,
         weight_column: args.weight_column,
         backend: args.backend.0,

@@ -21,21 +21,25 @@ use ringrec::topology::Topology;
 #[derive(clap::Args, Clone, Debug)]
 pub struct TableArgs {
     /// Values per row (import: defaults to the parameter file's dim).
-    #[arg(long, env = "RINGREC_TABLE_DIM")]
+    /// [env: RINGREC_TABLE_DIM]
+    #[arg(long)]
     pub dim: Option<u32>,
     /// Slots in the table, rounded up to a power of two; at most 80% hold rows
     /// (import: defaults to what the parameter file needs).
-    #[arg(long = "table-capacity", env = "RINGREC_TABLE_CAPACITY")]
+    /// [env: RINGREC_TABLE_CAPACITY]
+    #[arg(long = "table-capacity")]
     pub capacity: Option<u64>,
-    /// Row storage: f32, f16 or bf16 (arithmetic is f32 either way).
-    #[arg(long, default_value = "f32", env = "RINGREC_TABLE_DTYPE")]
-    pub dtype: StorageDtype,
-    /// Sparse optimizer: sgd or adagrad (row-wise; keeps one f32 per row).
-    #[arg(long, default_value = "sgd", env = "RINGREC_TABLE_OPTIMIZER")]
-    pub optimizer: OptimizerKind,
-    /// Seed of the initial rows of unseen keys.
-    #[arg(long, default_value_t = 0, env = "RINGREC_TABLE_SEED")]
-    pub seed: u64,
+    /// Row storage: f32, f16 or bf16 (arithmetic is f32 either way) [default: f32]
+    /// [env: RINGREC_TABLE_DTYPE]
+    #[arg(long)]
+    pub dtype: Option<StorageDtype>,
+    /// Sparse optimizer: sgd or adagrad (row-wise; keeps one f32 per row) [default: sgd]
+    /// [env: RINGREC_TABLE_OPTIMIZER]
+    #[arg(long)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Seed of the initial rows of unseen keys [default: 0] [env: RINGREC_TABLE_SEED]
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Initial rows are uniform in [-s, s]; default 1/sqrt(dim).
     #[arg(long)]
     pub init_scale: Option<f32>,
@@ -44,11 +48,11 @@ pub struct TableArgs {
 impl TableArgs {
     /// The table configuration, with `dim` and `capacity` defaults supplied by the caller.
     pub fn config(&self, default_dim: Option<u32>, default_capacity: u64) -> anyhow::Result<TableConfig> {
-        let dim = self.dim.or(default_dim).context("--dim is required")?;
-        let mut cfg = TableConfig::new(dim, self.capacity.unwrap_or(default_capacity));
-        cfg.dtype = self.dtype;
-        cfg.optimizer = self.optimizer;
-        cfg.seed = self.seed;
+        let dim = super::or_env(self.dim, "RINGREC_TABLE_DIM")?.or(default_dim).context("--dim is required")?;
+        let mut cfg = TableConfig::new(dim, super::or_env(self.capacity, "RINGREC_TABLE_CAPACITY")?.unwrap_or(default_capacity));
+        cfg.dtype = super::or_env(self.dtype, "RINGREC_TABLE_DTYPE")?.unwrap_or(StorageDtype::F32);
+        cfg.optimizer = super::or_env(self.optimizer, "RINGREC_TABLE_OPTIMIZER")?.unwrap_or(OptimizerKind::Sgd);
+        cfg.seed = super::or_env(self.seed, "RINGREC_TABLE_SEED")?.unwrap_or(0);
         cfg.init_scale = self.init_scale;
         Ok(cfg)
     }

@@ -231,7 +231,7 @@ impl Search {
     /// The search this process's environment describes.
     pub fn from_env() -> Search {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let lib_dirs = std::env::var_os(LIB_DIR_VAR).map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect()).unwrap_or_default();
+        let lib_dirs = crate::config::var_os(LIB_DIR_VAR).map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect()).unwrap_or_default();
         let mut site_packages = Vec::new();
         for prefix in [var("VIRTUAL_ENV"), var("CONDA_PREFIX")].into_iter().flatten() {
             site_packages.extend(python_dirs(&prefix.join("lib"), "site-packages"));

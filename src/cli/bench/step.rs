@@ -52,7 +52,8 @@ pub struct StepBenchArgs {
     #[arg(long, default_value_t = 1_000_000)]
     pub synth_rows: u64,
     /// Where the default data set and TSV caches live.
-    #[arg(long, env = "RINGREC_DATA_DIR")]
+    /// [env: RINGREC_DATA_DIR]
+    #[arg(long)]
     pub data_dir: Option<std::path::PathBuf>,
     /// Slots of the host table.
     #[arg(long, default_value_t = 1 << 23)]
@@ -223,7 +224,7 @@ fn print_row(row: &StepRow) {
 
 /// Runs the benchmark; prints on rank 0.
 pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> {
-    let mut cfg = TrainConfig::new(args.data_dir.clone().unwrap_or_else(crate::cli::train::default_data_dir));
+    let mut cfg = TrainConfig::new(crate::cli::or_env(args.data_dir.clone(), "RINGREC_DATA_DIR")?.unwrap_or_else(crate::cli::train::default_data_dir));
     (cfg.data, cfg.synth_rows, cfg.dim, cfg.table_capacity, cfg.test_fraction) = (args.data.iter().cloned().collect(), args.synth_rows, args.dim, args.table_capacity, Some(0.0));
     let threads = cfg.threads_per_rank(topo);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();

@@ -166,59 +166,62 @@ pub struct Variable {
     pub meaning: &'static str,
     /// Who reads it.
     pub reader: Reader,
+    /// Whether every rank of a training job must have the same value (it is part of a
+    /// protocol): compared at the start (`TrainConfig::settings`).
+    pub agreed: bool,
 }
 
-const fn v(name: &'static str, default: &'static str, reader: Reader, meaning: &'static str) -> Variable {
-    Variable { name, default, meaning, reader }
+const fn v(name: &'static str, agreed: bool, default: &'static str, reader: Reader, meaning: &'static str) -> Variable {
+    Variable { name, agreed, default, meaning, reader }
 }
 
 /// Every `RINGREC_*` variable ringrec reads.
 pub const VARIABLES: &[Variable] = &[
-    v("RINGREC_RANKS_PER_HOST", "unset", Reader::Runtime, "cut each host into simulated hosts of k consecutive ranks (tests multi-host paths on one machine; 0: real hosts)"),
-    v("RINGREC_JOB_ID", "made by rank 0", Reader::Runtime, "names the job's shared segments (e.g. `$SLURM_JOB_ID`)"),
-    v("RINGREC_SHM_DIR", "/dev/shm", Reader::Runtime, "where shared segments and host tables live; each job's start removes what killed jobs left there (files nobody holds a lock on, older than 10 s)"),
-    v("RINGREC_VERIFY", "1", Reader::Runtime, "MPI-based backends exchange a 32-byte header (count, dtype, op, root) before each collective; `0` skips it (`shm` always checks, for free)"),
-    v("RINGREC_COMM_TIMEOUT_SECONDS", "300", Reader::Runtime, "any wait on peers (collectives, shared memory, barriers, MPI requests, NCCL) that lasts longer ends the job naming the ranks that did not arrive; a stopped or dead local rank is reported after min(3 s, half of it)"),
-    v("RINGREC_SHM_CHUNK_BYTES", "1M", Reader::Runtime, "per-rank slot of the shared-memory collectives (pipeline piece; `K`/`M`/`G`, at least 256)"),
-    v("RINGREC_RING_CHUNK_BYTES", "512K", Reader::Runtime, "pipeline chunk of the ring allreduce (at least 64)"),
-    v("RINGREC_ALLOW_SHARED_GPU", "0", Reader::Runtime, "`1` lets ranks of a machine share a GPU (same PCI bus id; tests: NCCL itself refuses it)"),
-    v("RINGREC_LOG_SPARSE", "0", Reader::Runtime, "`1`: every rank prints its sparse-exchange totals at the end of a run"),
-    v("RINGREC_FAULT_EXIT", "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank exit abruptly before that step"),
-    v("RINGREC_FAULT_NAN", "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank's gradients of step STEP+1 NaN (`--nan-policy`)"),
-    v("RINGREC_FAULT_ONCE", "unset", Reader::Runtime, "tests: a path; the faults fire only while it does not exist (it is created when one fires)"),
-    v("RINGREC_ENGINE_BACKEND", "best for the topology", Reader::Engine, "the engine's host collectives in library use: `mpi`, `ring`, `shm`, `hier` (`ringrec train` uses `--backend`)"),
-    v("RINGREC_FUSION_THRESHOLD", "128M", Reader::Engine, "bytes per fused allreduce (`K`/`M`/`G`); `0` disables fusion"),
-    v("RINGREC_CYCLE_TIME", "1", Reader::Engine, "ms between the engine's background cycles (an idle engine backs off to 16x, a submission restores it)"),
-    v("RINGREC_CACHE_CAPACITY", "1024", Reader::Engine, "response-cache entries (`0` disables: every tensor is negotiated)"),
-    v("RINGREC_COMPRESSION", "none", Reader::Engine, "`fp16`, `bf16`, `1bit` (signs + L2 scale times lambda, error feedback) or `1bit-l1` (signs + L1 scale) for float32 sum/avg, host and device tensors; `train --compression` overrides"),
-    v("RINGREC_ONEBIT_LAMBDA", "1", Reader::Engine, "lambda of the `1bit` L2 form, in (0, 1]; `train --onebit-lambda` overrides"),
-    v("RINGREC_ONEBIT_BLOCK", "256", Reader::Engine, "values per scale of 1-bit compression (`0`: one scale per tensor); `train --onebit-block` overrides"),
-    v("RINGREC_TIMELINE", "unset", Reader::Engine, "rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this path"),
-    v("RINGREC_STALL_CHECK_TIME_SECONDS", "60", Reader::Engine, "warn (on every rank) about tensors some ranks have not submitted after this long; `0` disables"),
-    v("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", "0", Reader::Engine, "stop the job with that message after this long (`0`: never)"),
-    v("RINGREC_AUTOTUNE", "0", Reader::Engine, "`1`: search the fusion threshold and cycle time in the first steps"),
-    v("RINGREC_AUTOTUNE_LOG", "unset", Reader::Engine, "a CSV path where the autotuner logs its candidates"),
-    v("RINGREC_AUTOTUNE_SAMPLE_SECONDS", "0.5", Reader::Engine, "how long the autotuner measures each candidate"),
-    v("RINGREC_DATA_DIR", "~/.cache/ringrec", Reader::Command, "the default data set and TSV caches (`train`, `predict`, `bench step`: `--data-dir`)"),
-    v("RINGREC_THREADS", "cores / ranks per host", Reader::Command, "threads per rank (`train`, `predict`: `--threads`)"),
-    v("RINGREC_MAX_BAD_LINES", "1000", Reader::Command, "malformed input lines tolerated (`train`, `data prepare`: `--max-bad-lines`)"),
-    v("RINGREC_TABLE_DIM", "unset", Reader::Command, "`table create`/`import`: `--dim`"),
-    v("RINGREC_TABLE_CAPACITY", "unset", Reader::Command, "`table create`/`import`: `--table-capacity`"),
-    v("RINGREC_TABLE_DTYPE", "f32", Reader::Command, "`table create`/`import`: `--dtype`"),
-    v("RINGREC_TABLE_OPTIMIZER", "sgd", Reader::Command, "`table create`/`import`: `--optimizer`"),
-    v("RINGREC_TABLE_SEED", "0", Reader::Command, "`table create`/`import`: `--seed`"),
-    v("RINGREC_CUDA_LIB_DIR", "unset", Reader::CudaLibs, "directories (colon-separated) searched first for libcuda, libnvrtc, libcublas, libnccl (docs/gpus.md)"),
-    v("RINGREC_HOST_DELAY_SEED", "unset", Reader::HostKernels, "`--device host` (tests): every queued device operation first sleeps a random 0..max µs drawn from the seed, so an ordering bug changes the results"),
-    v("RINGREC_HOST_DELAY_MAX_US", "200", Reader::HostKernels, "`--device host` (tests): the longest of those delays"),
-    v("RINGREC_HOST_FAULT", "unset", Reader::HostKernels, "`--device host` (tests): `no-stream-waits` or `no-staging-wait` removes that wait on purpose (proves the delayed runs catch it)"),
+    v("RINGREC_RANKS_PER_HOST", true, "unset", Reader::Runtime, "cut each host into simulated hosts of k consecutive ranks (tests multi-host paths on one machine; 0: real hosts)"),
+    v("RINGREC_JOB_ID", false, "made by rank 0", Reader::Runtime, "names the job's shared segments (e.g. `$SLURM_JOB_ID`)"),
+    v("RINGREC_SHM_DIR", true, "/dev/shm", Reader::Runtime, "where shared segments and host tables live; each job's start removes what killed jobs left there (files nobody holds a lock on, older than 10 s)"),
+    v("RINGREC_VERIFY", true, "1", Reader::Runtime, "MPI-based backends exchange a 32-byte header (count, dtype, op, root) before each collective; `0` skips it (`shm` always checks, for free)"),
+    v("RINGREC_COMM_TIMEOUT_SECONDS", false, "300", Reader::Runtime, "any wait on peers (collectives, shared memory, barriers, MPI requests, NCCL) that lasts longer ends the job naming the ranks that did not arrive; a stopped or dead local rank is reported after min(3 s, half of it)"),
+    v("RINGREC_SHM_CHUNK_BYTES", true, "1M", Reader::Runtime, "per-rank slot of the shared-memory collectives (pipeline piece; `K`/`M`/`G`, at least 256)"),
+    v("RINGREC_RING_CHUNK_BYTES", true, "512K", Reader::Runtime, "pipeline chunk of the ring allreduce (at least 64)"),
+    v("RINGREC_ALLOW_SHARED_GPU", true, "0", Reader::Runtime, "`1` lets ranks of a machine share a GPU (same PCI bus id; tests: NCCL itself refuses it)"),
+    v("RINGREC_LOG_SPARSE", false, "0", Reader::Runtime, "`1`: every rank prints its sparse-exchange totals at the end of a run"),
+    v("RINGREC_FAULT_EXIT", false, "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank exit abruptly before that step"),
+    v("RINGREC_FAULT_NAN", false, "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank's gradients of step STEP+1 NaN (`--nan-policy`)"),
+    v("RINGREC_FAULT_ONCE", false, "unset", Reader::Runtime, "tests: a path; the faults fire only while it does not exist (it is created when one fires)"),
+    v("RINGREC_ENGINE_BACKEND", false, "best for the topology", Reader::Engine, "the engine's host collectives in library use: `mpi`, `ring`, `shm`, `hier` (`ringrec train` uses `--backend`)"),
+    v("RINGREC_FUSION_THRESHOLD", false, "128M", Reader::Engine, "bytes per fused allreduce (`K`/`M`/`G`); `0` disables fusion"),
+    v("RINGREC_CYCLE_TIME", false, "1", Reader::Engine, "ms between the engine's background cycles (an idle engine backs off to 16x, a submission restores it)"),
+    v("RINGREC_CACHE_CAPACITY", true, "1024", Reader::Engine, "response-cache entries (`0` disables: every tensor is negotiated)"),
+    v("RINGREC_COMPRESSION", true, "none", Reader::Engine, "`fp16`, `bf16`, `1bit` (signs + L2 scale times lambda, error feedback) or `1bit-l1` (signs + L1 scale) for float32 sum/avg, host and device tensors; `train --compression` overrides"),
+    v("RINGREC_ONEBIT_LAMBDA", true, "1", Reader::Engine, "lambda of the `1bit` L2 form, in (0, 1]; `train --onebit-lambda` overrides"),
+    v("RINGREC_ONEBIT_BLOCK", true, "256", Reader::Engine, "values per scale of 1-bit compression (`0`: one scale per tensor); `train --onebit-block` overrides"),
+    v("RINGREC_TIMELINE", false, "unset", Reader::Engine, "rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this path"),
+    v("RINGREC_STALL_CHECK_TIME_SECONDS", true, "60", Reader::Engine, "warn (on every rank) about tensors some ranks have not submitted after this long; `0` disables"),
+    v("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", true, "0", Reader::Engine, "stop the job with that message after this long (`0`: never)"),
+    v("RINGREC_AUTOTUNE", true, "0", Reader::Engine, "`1`: search the fusion threshold and cycle time in the first steps"),
+    v("RINGREC_AUTOTUNE_LOG", false, "unset", Reader::Engine, "a CSV path where the autotuner logs its candidates"),
+    v("RINGREC_AUTOTUNE_SAMPLE_SECONDS", false, "0.5", Reader::Engine, "how long the autotuner measures each candidate"),
+    v("RINGREC_DATA_DIR", false, "~/.cache/ringrec", Reader::Command, "the default data set and TSV caches (`train`, `predict`, `bench step`: `--data-dir`)"),
+    v("RINGREC_THREADS", false, "cores / ranks per host", Reader::Command, "threads per rank (`train`, `predict`: `--threads`)"),
+    v("RINGREC_MAX_BAD_LINES", false, "1000", Reader::Command, "malformed input lines tolerated (`train`, `data prepare`: `--max-bad-lines`)"),
+    v("RINGREC_TABLE_DIM", false, "unset", Reader::Command, "`table create`/`import`: `--dim`"),
+    v("RINGREC_TABLE_CAPACITY", false, "unset", Reader::Command, "`table create`/`import`: `--table-capacity`"),
+    v("RINGREC_TABLE_DTYPE", false, "f32", Reader::Command, "`table create`/`import`: `--dtype`"),
+    v("RINGREC_TABLE_OPTIMIZER", false, "sgd", Reader::Command, "`table create`/`import`: `--optimizer`"),
+    v("RINGREC_TABLE_SEED", false, "0", Reader::Command, "`table create`/`import`: `--seed`"),
+    v("RINGREC_CUDA_LIB_DIR", false, "unset", Reader::CudaLibs, "directories (colon-separated) searched first for libcuda, libnvrtc, libcublas, libnccl (docs/gpus.md)"),
+    v("RINGREC_HOST_DELAY_SEED", false, "unset", Reader::HostKernels, "`--device host` (tests): every queued device operation first sleeps a random 0..max µs drawn from the seed, so an ordering bug changes the results"),
+    v("RINGREC_HOST_DELAY_MAX_US", false, "200", Reader::HostKernels, "`--device host` (tests): the longest of those delays"),
+    v("RINGREC_HOST_FAULT", false, "unset", Reader::HostKernels, "`--device host` (tests): `no-stream-waits` or `no-staging-wait` removes that wait on purpose (proves the delayed runs catch it)"),
 ];
 
 /// The documentation's table of [`VARIABLES`] (markdown: docs/configuration.md holds it
 /// verbatim, which a test checks).
 pub fn variables_table() -> String {
-    let mut t = String::from("| variable | default | read by | what |\n|---|---|---|---|\n");
+    let mut t = String::from("| variable | default | read by | same on every rank | what |\n|---|---|---|---|---|\n");
     for v in VARIABLES {
-        t.push_str(&format!("| `{}` | {} | {} | {} |\n", v.name, v.default, v.reader.name(), v.meaning));
+        t.push_str(&format!("| `{}` | {} | {} | {} | {} |\n", v.name, v.default, v.reader.name(), if v.agreed { "yes" } else { "no" }, v.meaning));
     }
     t
 }

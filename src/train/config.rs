@@ -508,40 +508,36 @@ impl TrainConfig {
             };
             v.push((s.flag, value, shown));
         }
-        let (rc, secs) = (&topo.config, |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64()).to_string());
-        let variables = [
-            ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
-            ("RINGREC_VERIFY", rc.verify.to_string()),
-            ("RINGREC_SHM_CHUNK_BYTES", rc.shm_chunk_bytes.to_string()),
-            ("RINGREC_RING_CHUNK_BYTES", rc.ring_chunk_bytes.to_string()),
-            ("RINGREC_RANKS_PER_HOST", rc.ranks_per_host.map_or(0, |k| k).to_string()),
-            ("RINGREC_ALLOW_SHARED_GPU", rc.allow_shared_gpu.to_string()),
-            ("RINGREC_CACHE_CAPACITY", engine.cache_capacity.to_string()),
-            ("RINGREC_AUTOTUNE", engine.autotune.to_string()),
-            ("RINGREC_STALL_CHECK_TIME_SECONDS", secs(engine.stall_check)),
-            ("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", secs(engine.stall_shutdown)),
-        ];
-        for (name, value) in variables {
-            let shown = crate::config::var(name).unwrap_or_else(|| format!("{value} (default)"));
-            v.push((name, value, shown));
+        // The agreed variables, as the run has them; those a setting's flag may override
+        // (`--compression`: RINGREC_COMPRESSION) are compared with that setting above.
+        let covered: Vec<&str> = TrainConfig::all_settings().into_iter().filter_map(|s| s.env).collect();
+        for var in crate::config::VARIABLES.iter().filter(|v| v.agreed && !covered.contains(&v.name)) {
+            let value = agreed_variable(var.name, topo, engine);
+            let shown = crate::config::var(var.name).unwrap_or_else(|| format!("{value} (default)"));
+            v.push((var.name, value, shown));
         }
         v
     }
+}
 
-    /// The `RINGREC_*` variables every rank must agree on (they are part of a protocol),
-    /// as [`TrainConfig::settings`] lists them.
-    pub const AGREED_VARIABLES: [&'static str; 10] = [
-        "RINGREC_SHM_DIR",
-        "RINGREC_VERIFY",
-        "RINGREC_SHM_CHUNK_BYTES",
-        "RINGREC_RING_CHUNK_BYTES",
-        "RINGREC_RANKS_PER_HOST",
-        "RINGREC_ALLOW_SHARED_GPU",
-        "RINGREC_CACHE_CAPACITY",
-        "RINGREC_AUTOTUNE",
-        "RINGREC_STALL_CHECK_TIME_SECONDS",
-        "RINGREC_STALL_SHUTDOWN_TIME_SECONDS",
-    ];
+/// The value the run has for the agreed variable `name`: what its reader made of it, so
+/// that `1` and `true` agree; a variable without a reader here is compared as typed.
+fn agreed_variable(name: &str, topo: &Topology, engine: &EngineConfig) -> String {
+    let rc = &topo.config;
+    let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64()).to_string();
+    match name {
+        "RINGREC_SHM_DIR" => rc.shm_dir.display().to_string(),
+        "RINGREC_VERIFY" => rc.verify.to_string(),
+        "RINGREC_SHM_CHUNK_BYTES" => rc.shm_chunk_bytes.to_string(),
+        "RINGREC_RING_CHUNK_BYTES" => rc.ring_chunk_bytes.to_string(),
+        "RINGREC_RANKS_PER_HOST" => rc.ranks_per_host.unwrap_or(0).to_string(),
+        "RINGREC_ALLOW_SHARED_GPU" => rc.allow_shared_gpu.to_string(),
+        "RINGREC_CACHE_CAPACITY" => engine.cache_capacity.to_string(),
+        "RINGREC_AUTOTUNE" => engine.autotune.to_string(),
+        "RINGREC_STALL_CHECK_TIME_SECONDS" => secs(engine.stall_check),
+        "RINGREC_STALL_SHUTDOWN_TIME_SECONDS" => secs(engine.stall_shutdown),
+        _ => crate::config::var(name).unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]

@@ -192,10 +192,10 @@ impl PredictConfig {
             ("--test-fraction", self.test_fraction.to_string()),
             ("--device", self.device.to_string()),
             ("--max-bad-lines", self.max_bad_lines.to_string()),
-            ("--weight-column", format!("{:?}", self.weight_column)),
+            ("--weight-column", crate::settings::SettingValue::show(&self.weight_column)),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
-            ("RINGREC_RANKS_PER_HOST", format!("{:?}", rc.ranks_per_host)),
+            ("RINGREC_RANKS_PER_HOST", rc.ranks_per_host.unwrap_or(0).to_string()),
             ("RINGREC_VERIFY", rc.verify.to_string()),
         ]
     }

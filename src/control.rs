@@ -89,3 +89,25 @@ impl Control<'_> {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The trainer speaks to its peers through the engine (tensors), the collectives
+    /// backends (start-up and evaluation data) and the control channel (scalars): no file
+    /// under `src/train` calls MPI itself.
+    #[test]
+    fn the_trainer_calls_no_mpi() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/train");
+        let mut files = vec![dir];
+        let mut offenders = Vec::new();
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                files.extend(std::fs::read_dir(&p).expect("src/train is readable").map(|e| e.expect("a directory entry").path()));
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).expect("a source file is readable");
+                offenders.extend(text.lines().enumerate().filter(|(_, l)| l.contains("mpi::")).map(|(i, l)| format!("{}:{}: {}", p.display(), i + 1, l.trim())));
+            }
+        }
+        assert!(offenders.is_empty(), "src/train calls MPI; use topo.control() (src/control.rs):\n{}", offenders.join("\n"));
+    }
+}

@@ -124,7 +124,8 @@ pub struct Trainer<'a, D: Device> {
     pub(super) resume_settings: Vec<(&'static str, String)>,
     /// Rank 0, with `--checkpoint-min-change`: the parameters of the last checkpoint.
     pub(super) last_saved: Option<Vec<f32>>,
-    /// Start-up broadcasts and evaluation's gather.
+    /// The bulk data outside the step: the start-up broadcasts of the parameters and the
+    /// optimizer's moments, evaluation's gather (scalars go through `topo.control()`).
     pub(super) coll: Box<dyn Collectives>,
     pub(super) engine: Engine,
     pub(super) model: DenseModel<D>,

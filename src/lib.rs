@@ -11,6 +11,7 @@
 
 pub mod comm;
 pub mod config;
+pub mod control;
 pub mod data;
 pub mod device;
 pub mod dtype;

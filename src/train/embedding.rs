@@ -10,8 +10,6 @@
 
 use std::path::Path;
 
-use mpi::collective::{CommunicatorCollectives, SystemOperation};
-
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::embedding::{HostTable, RowCounts, TablePolicy, TableSource};
 use crate::engine::Compression;
@@ -73,11 +71,7 @@ pub const AUTO_MAX_SHARE: f64 = 0.5;
 /// hosts of a machine (simulated hosts share one directory). The same on every rank.
 pub fn auto_max_bytes(topo: &Topology) -> u64 {
     let mine = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir).unwrap_or(u64::MAX) } else { u64::MAX };
-    let mut least = 0u64;
-    {
-        let _w = crate::watchdog::waiting("every rank's agreement on the table's largest size");
-        topo.world.comm.all_reduce_into(&mine, &mut least, SystemOperation::min());
-    }
+    let least = topo.control().all_min("every rank's agreement on the table's largest size", mine);
     let hosts_here = (topo.machine_local_size / topo.local_size.max(1)).max(1) as u64;
     (least as f64 * AUTO_MAX_SHARE) as u64 / hosts_here
 }

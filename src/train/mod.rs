@@ -31,20 +31,24 @@
 pub mod batch;
 pub mod bundle;
 pub mod checkpoint;
+pub mod checkpointing;
 pub mod config;
 pub mod data;
 pub mod embedding;
 pub mod error;
+pub mod fault;
 pub mod metrics;
 pub mod phases;
 pub mod predict;
+pub mod report;
 pub mod source;
+pub mod summary;
 pub mod sync;
+pub mod traffic;
 pub mod trainer;
 pub mod warm;
 pub mod weights;
 
-use serde::Serialize;
 
 use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
@@ -56,210 +60,11 @@ use crate::topology::Topology;
 
 pub use config::{NanPolicy, TrainConfig};
 pub use error::{TrainError, TrainResult};
+pub use summary::{RankTraffic, StopTarget, TrainSummary};
 pub use sync::SyncScope;
 
 pub use trainer::{Evaluation, Progress, Trainer};
 
-/// What a run reports (rank 0 prints it).
-#[derive(Serialize, Debug, Clone, Default)]
-pub struct TrainSummary {
-    /// World size.
-    pub ranks: usize,
-    /// Hosts.
-    pub hosts: usize,
-    /// Threads per rank.
-    pub threads_per_rank: usize,
-    /// The host collectives backend (start-up broadcasts, evaluation; the engine's for
-    /// host tensors).
-    pub backend: String,
-    /// Where the dense model ran: `cpu`, or the device's name.
-    pub device: String,
-    /// Sparse exchange.
-    pub sparse_exchange: String,
-    /// Sparse normalisation.
-    pub sparse_normalize: String,
-    /// Training rows.
-    pub train_rows: usize,
-    /// Held-out rows.
-    pub test_rows: usize,
-    /// Global steps taken in this run.
-    pub steps: u64,
-    /// Global step reached (resumed runs count earlier steps).
-    pub global_step: u64,
-    /// Samples trained on in this run.
-    pub samples: u64,
-    /// Wall time of the training loop (seconds).
-    pub train_seconds: f64,
-    /// Training samples per second (all ranks).
-    pub samples_per_sec: f64,
-    /// Mean training loss over the last epoch's steps of this run.
-    pub train_loss: f64,
-    /// Held-out log loss.
-    pub test_logloss: Option<f64>,
-    /// Held-out AUC over all ranks' predictions.
-    pub test_auc: Option<f64>,
-    /// Largest peak resident set over the ranks (MiB).
-    pub peak_rss_mib: f64,
-    /// MLP forward+backward GFLOP/s on rank 0 (CPU device; 0 on a GPU, whose step only
-    /// queues work).
-    pub mlp_gflops: f64,
-    /// Rows in the host table at the end.
-    pub table_rows: u64,
-    /// Sparse-exchange bytes rank 0 sent + received inside its host per step (mean).
-    pub sparse_bytes_intra_host_per_step: f64,
-    /// Sparse-exchange bytes rank 0 sent + received across hosts per step (mean).
-    pub sparse_bytes_cross_host_per_step: f64,
-    /// FNV-1a of the final dense parameters (same on every rank).
-    pub params_fnv: String,
-    /// Seconds rank 0 spent per phase: batch (data + lookup + input), mlp (forward,
-    /// backward and submitting the layers' gradients), scatter (key gradients), sparse
-    /// (exchange + apply + host barrier, overlapping the dense allreduce), allreduce (the
-    /// wait for the dense allreduce that remains after the sparse exchange), optimizer.
-    pub phase_seconds: std::collections::BTreeMap<String, f64>,
-    /// Checkpoints written by this run (rank 0).
-    pub checkpoints_written: u64,
-    /// Periodic checkpoints not written because the parameters moved less than
-    /// `--checkpoint-min-change` (rank 0).
-    pub checkpoints_skipped: u64,
-    /// Updates skipped under `--nan-policy skip-step` (dense and sparse halves counted
-    /// apart: `dense`, `sparse`).
-    pub nan_skips: std::collections::BTreeMap<String, u64>,
-    /// Every step's global mean loss (with `record_losses`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub losses: Vec<f64>,
-    /// Storage dtype of the table's rows.
-    pub table_dtype: String,
-    /// Slots of the host table at the end.
-    pub table_capacity: u64,
-    /// Bytes of the host table file at the end (one per host).
-    pub table_bytes: u64,
-    /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
-    /// directory allowed).
-    pub table_max_bytes: u64,
-    /// Times the table grew in this run.
-    pub table_growths: u64,
-    /// Seconds rank 0's host leader spent building grown tables in this run (sum).
-    pub table_growth_seconds: f64,
-    /// The longest of those growths (seconds).
-    pub table_growth_max_seconds: f64,
-    /// Rows inserted in this run.
-    pub table_inserted: u64,
-    /// Rows evicted in this run (the table at its largest size needed room).
-    pub table_evictions: u64,
-    /// Rows expired in this run (`--expire-after-steps`).
-    pub table_expirations: u64,
-    /// Gradient rows dropped in this run because their key had no row: not admitted yet
-    /// (`--admit-after`), or no room at the largest size.
-    pub table_refused: u64,
-    /// Bytes of the admission sketch (0 without `--admit-after`).
-    pub admission_sketch_bytes: u64,
-    /// Why the run ended before its last step: a `--stop-at-loss` / `--stop-at-auc` target
-    /// reached at an `--eval-every` report (every rank stops after that step).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stopped_at_target: Option<StopTarget>,
-    /// Every rank's sparse-exchange bytes in this run, by direction, inside its host and
-    /// across hosts (counted where the bytes are written and read; the sums of `sent` and
-    /// `received` over the ranks are equal).
-    pub sparse_traffic_per_rank: Vec<RankTraffic>,
-    /// Sparse-exchange bytes sent across hosts by all ranks, per sample trained.
-    pub sparse_cross_host_bytes_per_sample: f64,
-    /// Compression of the dense allreduce (`none`, `fp16`, `bf16`, `1bit`, `1bit-l1`).
-    pub dense_compression: String,
-    /// Bytes of dense tensors each rank reduced per step (as float32).
-    pub dense_bytes_per_step: f64,
-    /// Bytes each rank put on the wire for them per step (after compression; 1-bit: the
-    /// encodings, 1/32 of the float32 bytes plus 4 bytes of scale per tensor).
-    pub dense_wire_bytes_per_step: f64,
-    /// Every rank's dense bytes in this run (the engine's collectives and, with
-    /// `--sync-scope host`, the per-step host allreduces) by direction, inside its host and
-    /// across hosts: as counted by ringrec's own backends ([`crate::comm::count`]; no
-    /// agreement headers), else as modelled (`dense_traffic_source` says which).
-    pub dense_traffic_per_rank: Vec<RankTraffic>,
-    /// `counted` (every rank's backends counted every dense collective) or `model` (MPI's
-    /// or NCCL's collectives, or one left to MPI's own algorithm: 1-bit's allgather on
-    /// `ring` or across the hosts of `hier`).
-    pub dense_traffic_source: String,
-    /// The same bytes from each collective's wire bytes and the backend's algorithm (the
-    /// stated model of [`crate::comm::traffic`]), whatever the source.
-    pub dense_traffic_model_per_rank: Vec<RankTraffic>,
-    /// The backend whose algorithm `dense_traffic_model_per_rank` follows.
-    pub dense_traffic_model: String,
-    /// Collectives the engine ran on each rank (a fused one counts once): the counted and
-    /// the modelled traffic differ by less than 16 bytes per collective, rank and direction
-    /// (parts rounded to whole elements).
-    pub dense_collectives: u64,
-    /// Bytes sent across hosts by all ranks, dense and sparse, per sample trained.
-    pub cross_host_bytes_per_sample: f64,
-    /// Compression of the sparse rows sent across hosts (`none`, `1bit`, `1bit-l1`).
-    pub sparse_compression: String,
-    /// Keys whose 1-bit residual rank 0 keeps (`--sparse-compression`).
-    pub sparse_compression_residual_rows: u64,
-    /// `--sync-every` (1: every step).
-    pub sync_every: u64,
-    /// `--sync-scope`.
-    pub sync_scope: String,
-    /// Syncs in this run: one per step with `--sync-every 1`.
-    pub syncs: u64,
-    /// Allreduces of the dense model over the world: the gradient every step with
-    /// `--sync-every 1`, else the delta at every sync (each `dense_param_bytes`, plus a
-    /// value).
-    pub dense_world_allreduces: u64,
-    /// Bytes of the dense parameters (f32).
-    pub dense_param_bytes: u64,
-    /// Table rows the hosts updated between syncs, summed over hosts and syncs
-    /// (`--sync-every` > 1).
-    pub sync_touched_rows: u64,
-    /// Of those, the rows whose zero-filtered delta was sent (the others did not change).
-    pub sync_delta_rows: u64,
-    /// Bytes the sparse delta exchanges sent across hosts, summed over the ranks (part of
-    /// `sparse_traffic_per_rank`).
-    pub sync_delta_cross_bytes_sent: u64,
-    /// Bytes the sparse delta exchanges received across hosts, summed over the ranks.
-    pub sync_delta_cross_bytes_received: u64,
-    /// With `--sync-every` k > 1 or `--sparse-compression`, each host's table rows at the end, as a CRC-32 of every
-    /// live key and its row in key order (hex, host order): all equal when the hosts hold
-    /// the same rows. Empty strings with k = 1 (the tables are byte-identical files).
-    pub table_rows_crc_per_host: Vec<String>,
-    /// Every rank's `params_fnv` (rank order): all equal, as the replicas are.
-    pub params_fnv_per_rank: Vec<String>,
-    /// Training rows left out for weighing less than `--min-sample-weight` (after merging;
-    /// over the files opened).
-    pub samples_dropped_by_weight: u64,
-    /// Training rows merged into an identical earlier row of their file
-    /// (`--merge-duplicates`).
-    pub samples_merged: u64,
-    /// `--weight-column`: the field of each line that held its sample's weight (`None`:
-    /// no weight column).
-    pub weight_column: Option<u32>,
-}
-
-/// One rank's traffic, by direction.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RankTraffic {
-    /// World rank.
-    pub rank: usize,
-    /// Its host (0-based).
-    pub host: usize,
-    /// Bytes sent to ranks of its own host.
-    pub intra_host_sent: u64,
-    /// Bytes received from ranks of its own host.
-    pub intra_host_received: u64,
-    /// Bytes sent to ranks of other hosts.
-    pub cross_host_sent: u64,
-    /// Bytes received from ranks of other hosts.
-    pub cross_host_received: u64,
-}
-
-/// A `--stop-at-*` target reached.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StopTarget {
-    /// The global step after which every rank stopped.
-    pub step: u64,
-    /// The flag and its value (`--stop-at-auc 0.75`).
-    pub target: String,
-    /// The held-out value that reached it.
-    pub value: f64,
-}
 
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on every
 /// rank after each step (each rank's own view: a display shows rank 0's, `--progress-dir`

@@ -2,7 +2,8 @@
 # The whole test suite (what CI runs through .ci/run):
 #   1. installs the system packages a fresh Debian/Ubuntu machine lacks (scripts/setup.sh),
 #   2. builds and lints the CUDA feature, which must compile on machines without CUDA, and
-#      lints the build without it,
+#      lints the build without it; builds the library alone (--no-default-features: no
+#      clap, tokio, axum, rusqlite, anyhow, indicatif or sha2, checked with cargo tree),
 #   3. installs NVIDIA's CUDA runtime libraries from PyPI, only when missing (NVRTC, cuBLAS,
 #      NCCL; no GPU or driver needed) and shows what `ringrec info` finds of them,
 #   4. runs every unit and multi-process (real mpirun) test with the CUDA feature (GPU tests
@@ -26,6 +27,14 @@ step "cargo clippy --all-targets --features cuda"
 cargo clippy --locked --all-targets --features cuda -- -D warnings
 step "cargo clippy --all-targets (without the cuda feature)"
 cargo clippy --locked --all-targets -- -D warnings
+step "cargo build --lib --no-default-features (the library without the binary's crates)"
+cargo build --locked --lib --no-default-features
+tree=$(cargo tree --locked -e normal --no-default-features -p ringrec --prefix none)
+cli_only=$(printf '%s\n' "$tree" | sed 's/ .*//' | grep -xE 'clap|anyhow|indicatif|tokio|axum|rusqlite|sha2' | sort -u | tr '\n' ' ' || true)
+if [ -n "$cli_only" ]; then
+  echo "error: the library without feature cli depends on ${cli_only}(cargo tree -e normal --no-default-features -p ringrec -i <crate> shows why); they belong to the binary: make them optional and part of feature cli in Cargo.toml" >&2
+  exit 1
+fi
 step "CUDA libraries from PyPI (scripts/cuda-wheels.sh)"
 scripts/cuda-wheels.sh "$target/cuda-wheels"
 if [ -f "$target/cuda-wheels/.ringrec-wheels" ]; then

@@ -11,17 +11,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::shm::SharedSegment;
+use crate::stale::pid_alive;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
-
-/// True while process `pid` exists and is neither a zombie nor dead (read from /proc).
-pub fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // state is the first field after the parenthesised command name
-        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z') | Some('X')),
-        Err(_) => false,
-    }
-}
 
 /// When a wait started, and how long this process had been stopped by then (see
 /// [`crate::watchdog::stalled_total`]): time this process itself spends stopped is not

@@ -22,7 +22,7 @@ use mpi::collective::CommunicatorCollectives;
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
-use crate::topology::Group;
+use crate::group::Group;
 use crate::{CommError, CommResult};
 
 /// A mapped shared-memory segment.
@@ -39,9 +39,14 @@ unsafe impl Send for SharedSegment {}
 // SAFETY: as above; `&SharedSegment` only hands out raw pointers.
 unsafe impl Sync for SharedSegment {}
 
+/// Keeps `[A-Za-z0-9._-]`, replaces the rest, so an id can name a file.
+pub fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).take(40).collect()
+}
+
 /// `<dir>/ringrec-<job>-h<host>-<tag>`.
 pub fn segment_path(dir: &Path, job_id: &str, host_id: usize, tag: &str) -> PathBuf {
-    dir.join(format!("ringrec-{}-h{}-{}", crate::topology::sanitize(job_id), host_id, crate::topology::sanitize(tag)))
+    dir.join(format!("ringrec-{}-h{}-{}", sanitize(job_id), host_id, sanitize(tag)))
 }
 
 /// True for a file name [`segment_path`] makes (`ringrec-<job>-h<digits>-<tag>`): the only
@@ -181,6 +186,11 @@ fn read_status(buf: &[u8; STATUS_LEN]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn sanitize_keeps_file_safe_chars() {
+        assert_eq!(sanitize("job 12/a.b"), "job_12_a.b");
+        assert_eq!(sanitize(&"x".repeat(100)).len(), 40);
+    }
     #[test]
     fn create_is_exclusive_and_private() {
         let dir = std::env::temp_dir().join(format!("ringrec-shm-test-{}", std::process::id()));

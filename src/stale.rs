@@ -14,7 +14,7 @@
 //! - **Temporaries of atomic writes**: `.<name>.tmp-<pid>-<n>` files
 //!   ([`crate::fileio::AtomicFile`]) and checkpoint step directories
 //!   `.step-<digits>.tmp-<pid>`, stale when they are this user's, the process `<pid>` is
-//!   not alive on this machine ([`crate::hostsync::pid_alive`]) and they are older than
+//!   not alive on this machine ([`pid_alive`]) and they are older than
 //!   [`MIN_AGE`]. Swept in the data directories when training data is opened, in the
 //!   checkpoint directory by the trainer, and by `ringrec clean`.
 //!
@@ -32,6 +32,15 @@ use std::time::{Duration, SystemTime};
 
 /// How old (mtime) a file must be before a sweep may remove it.
 pub const MIN_AGE: Duration = Duration::from_secs(10);
+
+/// True while process `pid` exists and is neither a zombie nor dead (read from /proc).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // state is the first field after the parenthesised command name
+        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z') | Some('X')),
+        Err(_) => false,
+    }
+}
 
 /// The stale shared segments and host tables in `dir` (see the module docs), with their
 /// sizes in bytes; removes nothing.
@@ -61,7 +70,7 @@ pub fn stale_temporaries(dir: &Path) -> Vec<(PathBuf, u64)> {
         let Some((pid, is_step)) = temporary_pid(&name) else { continue };
         let ft = meta.file_type();
         // An atomic writer's temporary is a file; a checkpoint's step, a directory (or file).
-        if !(ft.is_file() || (is_step && ft.is_dir())) || crate::hostsync::pid_alive(pid) {
+        if !(ft.is_file() || (is_step && ft.is_dir())) || pid_alive(pid) {
             continue;
         }
         let (bytes, newest) = tree(&path, &meta);
@@ -185,7 +194,7 @@ mod tests {
     /// A pid that no process has: above the kernel's pid_max.
     fn dead_pid() -> i32 {
         let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(4_194_304);
-        assert!(!crate::hostsync::pid_alive(max + 1));
+        assert!(!pid_alive(max + 1));
         max + 1
     }
 

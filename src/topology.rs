@@ -9,54 +9,18 @@
 use std::sync::Arc;
 
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
-use mpi::environment::Universe;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::Root;
 
 use crate::config::RuntimeConfig;
+pub use crate::group::{Group, MpiContext};
 use crate::{CommError, CommResult};
-
-/// Keeps MPI initialised while anything that holds a communicator is alive.
-/// Every owner of a [`SimpleCommunicator`] also holds one of these, declared *after*
-/// the communicator so the communicator is freed before `MPI_Finalize`.
-pub struct MpiContext {
-    _universe: Universe,
-}
-
-impl std::fmt::Debug for MpiContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MpiContext")
-    }
-}
-
-/// An MPI communicator with the context that keeps MPI alive for it.
-pub struct Group {
-    /// The communicator. Declared first: dropped (freed) before `ctx`.
-    pub comm: SimpleCommunicator,
-    /// Keeps MPI initialised.
-    pub ctx: Arc<MpiContext>,
-}
-
-impl Group {
-    /// This process' rank in the group.
-    pub fn rank(&self) -> usize {
-        self.comm.rank() as usize
-    }
-    /// Number of ranks in the group.
-    pub fn size(&self) -> usize {
-        self.comm.size() as usize
-    }
-    /// A private copy of the communicator (its own tag space), as backends take.
-    pub fn duplicate(&self) -> Group {
-        Group { comm: self.comm.duplicate(), ctx: self.ctx.clone() }
-    }
-}
 
 /// Where this rank sits: world, host and cross-host coordinates.
 pub struct Topology {
     /// This process' watchdog (see [`crate::watchdog`]); dropped first, before the
     /// communicators and MPI itself.
-    watchdog: Option<crate::watchdog::Watchdog>,
+    watchdog: Option<crate::liveness::Watchdog>,
     /// Rank in the world.
     pub rank: usize,
     /// Number of ranks in the world.
@@ -115,7 +79,7 @@ impl Topology {
     pub fn init() -> CommResult<Topology> {
         let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| CommError::Mpi("MPI is already initialised in this process; call Topology::init once".into()))?;
-        let ctx = Arc::new(MpiContext { _universe: universe });
+        let ctx = Arc::new(MpiContext::new(universe));
         let world_comm = SimpleCommunicator::world();
         Self::from_world(world_comm, ctx, level == mpi::Threading::Multiple)
     }
@@ -165,7 +129,7 @@ impl Topology {
         let mut id = [0u8; 48];
         if rank == 0 {
             let s = match &config.job_id {
-                Some(s) => sanitize(s),
+                Some(s) => crate::shm::sanitize(s),
                 None => {
                     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
                     format!("{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
@@ -206,7 +170,7 @@ impl Topology {
         let mut local_world: Vec<usize> = (0..size).filter(|r| topo.host_of_rank[*r] == host_id).collect();
         local_world.sort_by_key(|r| topo.local_rank_of_rank[*r]);
         let beats = topo.segment_path("heartbeat");
-        topo.watchdog = Some(crate::watchdog::Watchdog::start(&topo.world.comm, &topo.local, &beats, local_world, topo.config.comm_timeout));
+        topo.watchdog = Some(crate::liveness::Watchdog::start(&topo.world.comm, &topo.local, &beats, local_world, topo.config.comm_timeout));
         Ok(topo)
     }
 
@@ -279,7 +243,7 @@ impl Topology {
             return Ok(());
         }
         let text: String = settings.iter().map(|(k, v, shown)| format!("{k}\t{}\t{}\n", one_line(v), one_line(shown))).collect();
-        let g = crate::comm::mpi_backend::mpi_allgatherv(&self.world.comm, text.as_bytes())?;
+        let g = crate::gather::mpi_allgatherv(&self.world.comm, text.as_bytes())?;
         let mut by_rank: Vec<std::collections::BTreeMap<String, (String, String)>> = Vec::new();
         let mut at = 0;
         for c in &g.counts {
@@ -317,11 +281,6 @@ impl Topology {
     }
 }
 
-/// Keeps `[A-Za-z0-9._-]`, replaces the rest, so an id can name a file.
-pub fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).take(40).collect()
-}
-
 /// The settings that differ between ranks (`by_rank[r]`: name -> (value, shown)), each as
 /// `name: rank 0 has A, rank 1 has B` (at most 8 ranks named), in name order.
 fn settings_mismatch(by_rank: &[std::collections::BTreeMap<String, (String, String)>]) -> String {
@@ -340,14 +299,4 @@ fn settings_mismatch(by_rank: &[std::collections::BTreeMap<String, (String, Stri
         parts.push(format!("{name}: {}{more}", shown.join(", ")));
     }
     parts.join("; ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn sanitize_keeps_file_safe_chars() {
-        assert_eq!(sanitize("job 12/a.b"), "job_12_a.b");
-        assert_eq!(sanitize(&"x".repeat(100)).len(), 40);
-    }
 }

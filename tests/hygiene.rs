@@ -120,7 +120,7 @@ fn wait_gone(job: &str, pids: &[i32]) {
     // exiting (out of a long syscall), which holds the process' files and their locks.
     let alive = |p: &i32| {
         let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
-        ringrec::hostsync::pid_alive(*p) || tasks.filter_map(|t| t.file_name().to_str()?.parse().ok()).any(ringrec::hostsync::pid_alive)
+        ringrec::stale::pid_alive(*p) || tasks.filter_map(|t| t.file_name().to_str()?.parse().ok()).any(ringrec::stale::pid_alive)
     };
     let t = Instant::now();
     while pids.iter().any(alive) {

@@ -117,7 +117,7 @@ impl Running {
 }
 
 fn alive(pid: i32) -> bool {
-    ringrec::hostsync::pid_alive(pid)
+    ringrec::stale::pid_alive(pid)
 }
 
 /// A seeded number in `0..n`.

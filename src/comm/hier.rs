@@ -16,12 +16,13 @@
 use mpi::topology::Communicator;
 use mpi::traits::Root;
 
-use super::mpi_backend::{self, MpiCollectives};
+use super::mpi_backend::MpiCollectives;
 use super::count::{self, PeerCounter};
 use super::shm::ShmCollectives;
 use super::traffic::Traffic;
-use super::{part, ring, verify, Collectives, Gathered, Header};
+use super::{ring, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
+use crate::partition::part;
 use crate::topology::{Group, Topology};
 use crate::{CommError, CommResult};
 
@@ -160,7 +161,7 @@ impl Collectives for HierCollectives {
         if self.is_leader() {
             let ranks: Vec<usize> = (0..self.host_of_rank.len()).filter(|r| self.host_of_rank[*r] == self.host_id).collect();
             let mine = pack_host(&ranks, &local);
-            let all = mpi_backend::mpi_allgatherv(&self.cross.comm, &mine)?;
+            let all = crate::gather::mpi_allgatherv(&self.cross.comm, &mine)?;
             blob = pack_gathered(&all);
             blob_len[0] = blob.len() as u64;
         }

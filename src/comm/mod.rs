@@ -26,6 +26,7 @@ pub mod verify;
 
 use crate::dtype::{DType, Element, ReduceOp};
 pub use device::{DeviceCollectives, HostCollectives};
+pub use crate::gather::Gathered;
 pub use scattered::Scattered;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
@@ -79,23 +80,6 @@ impl std::fmt::Display for Backend {
 }
 
 crate::settings::word_enum!(Backend, "mpi, ring, shm, hier");
-
-/// The result of an allgatherv or gatherv: every rank's bytes, concatenated in rank order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Gathered {
-    /// All pieces, rank 0 first.
-    pub data: Vec<u8>,
-    /// Length in bytes of each rank's piece.
-    pub counts: Vec<usize>,
-}
-
-impl Gathered {
-    /// Rank `r`'s piece.
-    pub fn piece(&self, r: usize) -> &[u8] {
-        let start: usize = self.counts[..r].iter().sum();
-        &self.data[start..start + self.counts[r]]
-    }
-}
 
 /// Collective operations among the ranks of one group (the world, a host, or the ranks
 /// across hosts). Every rank of the group must make the same sequence of calls.
@@ -405,11 +389,6 @@ pub fn wait_sleeping<'a, R: ?Sized, S: mpi::request::Scope<'a>>(mut req: mpi::re
     }
 }
 
-/// Splits `n` items into `parts` nearly equal consecutive ranges; range `i`.
-pub fn part(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
-    (n * i / parts)..(n * (i + 1) / parts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,20 +409,5 @@ mod tests {
         // Gathers may contribute different lengths.
         assert!(check_headers(&Header::allgatherv(3), &[Header::allgatherv(3), Header::allgatherv(0)]).is_ok());
         assert!(check_headers(&Header::barrier(), &[Header::barrier(), Header::allgatherv(0)]).is_err());
-    }
-
-    #[test]
-    fn parts_cover_everything_once() {
-        for n in [0, 1, 7, 13, 100] {
-            for p in 1..6 {
-                let mut next = 0;
-                for i in 0..p {
-                    let r = part(n, p, i);
-                    assert_eq!(r.start, next);
-                    next = r.end;
-                }
-                assert_eq!(next, n);
-            }
-        }
     }
 }

@@ -24,8 +24,9 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::count::PeerCounter;
 use super::traffic::Traffic;
-use super::{mpi_backend, part, verify, Collectives, Gathered, Header};
+use super::{mpi_backend, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
+use crate::partition::part;
 use crate::topology::Group;
 use crate::{CommError, CommResult};
 

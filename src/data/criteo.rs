@@ -50,7 +50,6 @@ use std::path::{Path, PathBuf};
 
 use super::error::{DataError, DataResult};
 use crate::hash::splitmix64;
-use crate::embedding::EMPTY_KEY;
 
 /// Integer features per line (I1..I13).
 pub const NUM_DENSE: usize = 13;
@@ -58,6 +57,9 @@ pub const NUM_DENSE: usize = 13;
 pub const NUM_SPARSE: usize = 26;
 /// Fields per line: label, integers, categoricals.
 pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
+/// The one key no sample carries: the embedding table marks its empty slots with it
+/// (re-exported as `embedding::EMPTY_KEY`), so the key hash never returns it.
+pub const EMPTY_KEY: u64 = u64::MAX;
 /// Default for `--max-bad-lines`.
 pub const DEFAULT_MAX_BAD_LINES: u64 = 1000;
 /// Kinds of malformed line ([`BadLineKind::ALL`]; the arrays of counts are typed with the

@@ -217,130 +217,23 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     let source = SourceStat::of(tsv)?;
     let len = source.size;
     let (capacity, source_crc32) = count_lines(tsv, len, threads)?;
-    let changed = |detail: String| DataError::SourceChanged { path: tsv.to_path_buf(), detail };
-    let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| changed(format!("{capacity} lines do not fit in the address space")))?;
+    let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| source_changed(tsv, format!("{capacity} lines do not fit in the address space")))?;
 
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     let file = tmp.file();
-    let werr = |e| DataError::io(tmp.path(), "write", e);
     reserve(file, tmp.path(), layout0.file_len)?;
     // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
-    file.set_len(layout0.file_len).map_err(werr)?;
+    file.set_len(layout0.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
 
-    let src = File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
-    let chunk = opts.chunk_bytes.max(1);
-    let chunks = len.div_ceil(chunk) as usize;
-    let claim = AtomicUsize::new(0);
-    let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
-    let turn = Condvar::new();
-    // Records a failure of chunk `c` once the chunks before it are committed (so the
-    // failure reported is the first in file order), or at once (`c = None`).
-    let fail = |c: Option<usize>, e: DataError| {
-        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-        while let (Some(c), None) = (c, &st.failed) {
-            if st.next == c {
-                break;
-            }
-            st = turn.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        st.failed.get_or_insert(e);
-        turn.notify_all();
-    };
-    on_threads(threads.min(chunks.max(1)), |_| {
-        let (mut text, mut cols) = (Vec::new(), Columns::default());
-        loop {
-            let c = claim.fetch_add(1, Ordering::Relaxed);
-            if c >= chunks || state.lock().map_or(true, |st| st.failed.is_some()) {
-                return;
-            }
-            if opts.cancelled() {
-                return fail(None, DataError::Cancelled { path: tsv.to_path_buf() });
-            }
-            // Parse chunk c.
-            let bounds = line_start(&src, tsv, c as u64 * chunk, len).and_then(|a| Ok((a, line_start(&src, tsv, (c as u64 + 1) * chunk, len)?)));
-            let (a, b) = match bounds {
-                Ok(r) => r,
-                Err(e) => return fail(Some(c), e),
-            };
-            text.resize((b - a) as usize, 0);
-            if let Err(e) = read_at(&src, tsv, &mut text, a) {
-                return fail(Some(c), e);
-            }
-            let mut report = BadLineReport::default();
-            cols.clear();
-            parse_text(&text, opts.weight_column, &mut cols, &mut report, u64::MAX);
-            let mut digest = Crc32::new();
-            digest.update(&text);
-            // Commit it in file order.
-            let at = {
-                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-                while st.next != c && st.failed.is_none() {
-                    st = turn.wait(st).unwrap_or_else(|p| p.into_inner());
-                }
-                if st.failed.is_some() {
-                    return;
-                }
-                let failure = if st.report.lines + report.lines > capacity {
-                    Some(changed(format!("it has more than the {capacity} lines counted a moment ago")))
-                } else if st.report.bad() + report.bad() > opts.max_bad_lines {
-                    // Parsed again up to the line that exceeds the limit.
-                    let mut upto = BadLineReport::default();
-                    let stop = parse_text(&text, opts.weight_column, &mut Columns::default(), &mut upto, opts.max_bad_lines - st.report.bad());
-                    let line = st.report.lines + stop.unwrap_or(upto.lines);
-                    st.report.append(&upto);
-                    Some(DataError::TooManyBadLines { path: tsv.to_path_buf(), count: st.report.bad(), limit: opts.max_bad_lines, at_line: line, first: st.report.first_lines() })
-                } else {
-                    None
-                };
-                if let Some(e) = failure {
-                    st.failed = Some(e);
-                    turn.notify_all();
-                    return;
-                }
-                let at = st.rows;
-                st.rows += cols.len() as u64;
-                st.report.append(&report);
-                st.digest.combine(&digest);
-                st.next += 1;
-                turn.notify_all();
-                at
-            };
-            // Without a weight column `cols.weights` is empty: nothing is written there.
-            let pieces: [(&[u8], u64); 4] = [
-                (bytemuck::cast_slice(&cols.labels), layout0.labels_offset + at * LABEL_BYTES),
-                (bytemuck::cast_slice(&cols.dense), layout0.dense_offset + at * DENSE_BYTES),
-                (bytemuck::cast_slice(&cols.keys), layout0.keys_offset + at * KEYS_BYTES),
-                (bytemuck::cast_slice(&cols.weights), layout0.weights_offset + at * WEIGHT_BYTES),
-            ];
-            for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
-                if let Err(e) = file.write_all_at(bytes, offset) {
-                    return fail(None, werr(e));
-                }
-                write_back(file, offset, bytes.len() as u64);
-            }
-        }
-    });
-    let st = state.into_inner().unwrap_or_else(|p| p.into_inner());
+    let chunks = Chunks::new(tsv, len, capacity, opts, &tmp, layout0)?;
+    on_threads(threads.min(chunks.count.max(1)), |_| chunks.work());
+    let st = chunks.state.into_inner().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = st.failed {
         return Err(e);
     }
+    let prepared_ns = check_whole(tsv, &st, capacity, &source, source_crc32)?;
     let (rows, report) = (st.rows, st.report);
-    if rows == 0 && report.bad() > 0 {
-        return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
-    }
-    if report.lines != capacity {
-        return Err(changed(format!("{} lines parsed, {capacity} counted", report.lines)));
-    }
-    let parsed_crc32 = st.digest.finish();
-    if parsed_crc32 != source_crc32 {
-        return Err(changed(format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
-    }
-    let now = SourceStat::of(tsv)?;
-    let prepared_ns = now_ns();
-    if now != source {
-        return Err(changed(format!("its stat was {source:?} before reading and is {now:?} after")));
-    }
-    let layout = CacheLayout::compute(rows, capacity, weighted).ok_or_else(|| changed("row count exceeds line count".into()))?;
+    let layout = CacheLayout::compute(rows, capacity, weighted).ok_or_else(|| source_changed(tsv, "row count exceeds line count".into()))?;
     let sums_crc32 = write_sums(&tmp, &layout, threads)?;
     let header = CacheHeader {
         rows,
@@ -355,9 +248,185 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
         sums_crc32,
         layout,
     };
-    file.write_all_at(&header.encode(), 0).map_err(werr)?;
+    file.write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
     Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report })
+}
+
+/// The error of a source that changed while it was read.
+fn source_changed(tsv: &Path, detail: String) -> DataError {
+    DataError::SourceChanged { path: tsv.to_path_buf(), detail }
+}
+
+/// Checks that the committed chunks `st` are the whole source, unchanged since it was
+/// counted: not every line malformed, as many lines as counted, the same CRC-32 and the
+/// same stat. Returns when the cache was prepared (nanoseconds, read with the last stat).
+fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, source_crc32: u32) -> DataResult<u64> {
+    let report = &st.report;
+    if st.rows == 0 && report.bad() > 0 {
+        return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
+    }
+    if report.lines != capacity {
+        return Err(source_changed(tsv, format!("{} lines parsed, {capacity} counted", report.lines)));
+    }
+    let parsed_crc32 = st.digest.clone().finish();
+    if parsed_crc32 != source_crc32 {
+        return Err(source_changed(tsv, format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+    }
+    let now = SourceStat::of(tsv)?;
+    let prepared_ns = now_ns();
+    if now != *source {
+        return Err(source_changed(tsv, format!("its stat was {source:?} before reading and is {now:?} after")));
+    }
+    Ok(prepared_ns)
+}
+
+/// One conversion's chunks, shared by its threads: each thread claims the next chunk,
+/// parses it, commits it in file order (its rows placed, its lines checked against the
+/// count and the bad-line limit) and writes its columns at the rows the commit gave it.
+struct Chunks<'a> {
+    tsv: &'a Path,
+    /// The source, open for reading.
+    src: File,
+    /// Its length in bytes.
+    len: u64,
+    /// Bytes per chunk (a chunk's lines are those that start in it).
+    chunk: u64,
+    /// Chunks in the source.
+    count: usize,
+    /// Lines counted before parsing.
+    capacity: u64,
+    opts: &'a PrepareOptions,
+    /// The cache file being written.
+    out: &'a AtomicFile,
+    /// Its sections for `capacity` rows.
+    layout: CacheLayout,
+    /// The next chunk to claim.
+    claim: AtomicUsize,
+    state: Mutex<Committed>,
+    /// Signalled at every commit and failure.
+    turn: Condvar,
+}
+
+impl<'a> Chunks<'a> {
+    fn new(tsv: &'a Path, len: u64, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> DataResult<Chunks<'a>> {
+        let src = File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
+        let chunk = opts.chunk_bytes.max(1);
+        let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
+        Ok(Chunks { tsv, src, len, chunk, count: len.div_ceil(chunk) as usize, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() })
+    }
+
+    /// One thread's work: chunks until none is left or the conversion failed.
+    fn work(&self) {
+        let (mut text, mut cols) = (Vec::new(), Columns::default());
+        loop {
+            let c = self.claim.fetch_add(1, Ordering::Relaxed);
+            if c >= self.count || self.state.lock().map_or(true, |st| st.failed.is_some()) {
+                return;
+            }
+            if self.opts.cancelled() {
+                return self.fail(None, DataError::Cancelled { path: self.tsv.to_path_buf() });
+            }
+            let (report, digest) = match self.parse(c, &mut text, &mut cols) {
+                Ok(r) => r,
+                Err(e) => return self.fail(Some(c), e),
+            };
+            let Some(at) = self.commit(c, &text, &cols, &report, &digest) else { return };
+            if let Err(e) = self.write(at, &cols) {
+                return self.fail(None, e);
+            }
+        }
+    }
+
+    /// Records a failure of chunk `c` once the chunks before it are committed (so the
+    /// failure reported is the first in file order), or at once (`c = None`).
+    fn fail(&self, c: Option<usize>, e: DataError) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while let (Some(c), None) = (c, &st.failed) {
+            if st.next == c {
+                break;
+            }
+            st = self.turn.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.failed.get_or_insert(e);
+        self.turn.notify_all();
+    }
+
+    /// Reads chunk `c` (its whole lines: from the first line start in it to the first in
+    /// the next chunk) into `text` and parses it into `cols`: its report and its bytes'
+    /// CRC-32.
+    fn parse(&self, c: usize, text: &mut Vec<u8>, cols: &mut Columns) -> DataResult<(BadLineReport, Crc32)> {
+        let a = line_start(&self.src, self.tsv, c as u64 * self.chunk, self.len)?;
+        let b = line_start(&self.src, self.tsv, (c as u64 + 1) * self.chunk, self.len)?;
+        text.resize((b - a) as usize, 0);
+        read_at(&self.src, self.tsv, text, a)?;
+        let mut report = BadLineReport::default();
+        cols.clear();
+        parse_text(text, self.opts.weight_column, cols, &mut report, u64::MAX);
+        let mut digest = Crc32::new();
+        digest.update(text);
+        Ok((report, digest))
+    }
+
+    /// Commits chunk `c` in file order, once the chunks before it are: the first row it
+    /// writes, or None when the conversion failed (before it, or at it).
+    fn commit(&self, c: usize, text: &[u8], cols: &Columns, report: &BadLineReport, digest: &Crc32) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.next != c && st.failed.is_none() {
+            st = self.turn.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.failed.is_some() {
+            return None;
+        }
+        if let Some(e) = self.refusal(&mut st, text, report) {
+            st.failed = Some(e);
+            self.turn.notify_all();
+            return None;
+        }
+        let at = st.rows;
+        st.rows += cols.len() as u64;
+        st.report.append(report);
+        st.digest.combine(digest);
+        st.next += 1;
+        self.turn.notify_all();
+        Some(at)
+    }
+
+    /// Why chunk `text` (parsed into `report`) cannot follow the chunks committed in `st`:
+    /// more lines than counted, or the bad-line limit passed (then `st.report` takes the
+    /// chunk's lines up to the one that passes it, for the error).
+    fn refusal(&self, st: &mut Committed, text: &[u8], report: &BadLineReport) -> Option<DataError> {
+        let (capacity, limit) = (self.capacity, self.opts.max_bad_lines);
+        if st.report.lines + report.lines > capacity {
+            return Some(source_changed(self.tsv, format!("it has more than the {capacity} lines counted a moment ago")));
+        }
+        if st.report.bad() + report.bad() <= limit {
+            return None;
+        }
+        // Parsed again up to the line that exceeds the limit.
+        let mut upto = BadLineReport::default();
+        let stop = parse_text(text, self.opts.weight_column, &mut Columns::default(), &mut upto, limit - st.report.bad());
+        let line = st.report.lines + stop.unwrap_or(upto.lines);
+        st.report.append(&upto);
+        Some(DataError::TooManyBadLines { path: self.tsv.to_path_buf(), count: st.report.bad(), limit, at_line: line, first: st.report.first_lines() })
+    }
+
+    /// Writes the columns of a committed chunk from row `at` on, each started back to disk.
+    fn write(&self, at: u64, cols: &Columns) -> DataResult<()> {
+        let (file, l) = (self.out.file(), &self.layout);
+        // Without a weight column `cols.weights` is empty: nothing is written there.
+        let pieces: [(&[u8], u64); 4] = [
+            (bytemuck::cast_slice(&cols.labels), l.labels_offset + at * LABEL_BYTES),
+            (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * DENSE_BYTES),
+            (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * KEYS_BYTES),
+            (bytemuck::cast_slice(&cols.weights), l.weights_offset + at * WEIGHT_BYTES),
+        ];
+        for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
+            file.write_all_at(bytes, offset).map_err(|e| DataError::io(self.out.path(), "write", e))?;
+            write_back(file, offset, bytes.len() as u64);
+        }
+        Ok(())
+    }
 }
 
 /// Starts writing bytes `offset..offset + len` of `file` back to its disk, without waiting

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use super::ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
 use super::sgemm::sgemm;
 use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
-use crate::comm::part;
+use crate::partition::part;
 use crate::dtype::Element;
 use crate::tensor::Tensor;
 

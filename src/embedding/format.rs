@@ -39,8 +39,9 @@ pub static FORMAT: Format = Format {
     on_version: "export it with the ringrec that wrote it and import it here",
     restore: "restore it from a saved copy",
 };
-/// The index value of an empty slot; the one key a table cannot hold.
-pub const EMPTY_KEY: u64 = u64::MAX;
+/// The index value of an empty slot; the one key a table cannot hold (defined with the
+/// key hash, which never returns it).
+pub use crate::data::criteo::EMPTY_KEY;
 /// Largest embedding dimension accepted.
 pub const MAX_DIM: u32 = 1 << 16;
 /// Smallest capacity in slots.

@@ -6,13 +6,14 @@
 //! gets a byte-identical file.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::error::{TableError, TableResult};
 use super::admit;
-use super::format::{self, OptimizerKind, StorageDtype, FORMAT, HEADER_FIELDS};
+use super::format::{self, Header, OptimizerKind, StorageDtype, FORMAT, HEADER_FIELDS};
 use super::index;
 use super::init::{self, Elem};
 use super::table::{cast_mut, EmbeddingTable, Mapping, PAR_CHUNK_KEYS, PAR_MIN_UPDATES, PREFETCH_AHEAD};
@@ -317,102 +318,12 @@ impl EmbeddingTable {
     /// distinct keys, disjoint rows, the same result).
     fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, mut slots: Vec<usize>, room: u64) -> TableResult<UpdateStats> {
         let mut h = self.header;
-        let d = h.dim as usize;
         let path = self.path.clone();
-        let p = self.parts_mut::<T>()?;
-        let distinct = keys.windows(2).all(|w| w[0] < w[1]);
-        let admitting = matches!(op, RowOp::Step(_)) && h.admit_after > 1;
-        let (depth, width) = (h.extras.sketch_depth, h.extras.sketch_width);
-        // Keys refused in this batch, when a key may come again in it.
-        let mut refused_keys: HashSet<u64> = HashSet::new();
-        let mut room = room;
-        let mut inserted = vec![false; keys.len()];
-        let mut stats = UpdateStats::default();
-        for (n, key) in keys.iter().enumerate() {
-            if slots[n] & ABSENT == 0 {
-                continue; // found by resolve_slots; nothing moves during a batch
-            }
-            if !distinct && refused_keys.contains(key) {
-                slots[n] = SKIP;
-                stats.refused += 1;
-                continue;
-            }
-            let Some((slot, insert)) = index::probe_from(p.index, *key, slots[n] & !ABSENT) else {
-                return Err(TableError::CorruptIndex { path, detail: "no free slot although the load limit holds".into() });
-            };
-            if insert {
-                let admitted = !admitting || admit::bump(p.sketch, depth, width, *key) as u32 >= h.admit_after;
-                if !admitted || room == 0 {
-                    slots[n] = SKIP;
-                    stats.refused += 1;
-                    if !distinct {
-                        refused_keys.insert(*key);
-                    }
-                    continue;
-                }
-                room -= 1;
-                p.index[slot] = *key;
-                h.live_rows += 1;
-                stats.inserted += 1;
-                inserted[n] = true;
-                if let Some(a) = p.state.get_mut(slot) {
-                    *a = h.adagrad_init;
-                }
-            }
-            slots[n] = slot;
-        }
+        let mut p = self.parts_mut::<T>()?;
+        let batch = Batch { keys, vals, op, distinct: keys.windows(2).all(|w| w[0] < w[1]) };
+        let (inserted, mut stats) = place_keys(&mut p, &mut h, &path, &batch, &mut slots, room)?;
         stats.updated = keys.len() as u64 - stats.refused;
-        let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
-        let usage = !p.usage.is_empty();
-        let in_bounds = |s: usize| (s + 1) * d <= p.rows.len() && (!adagrad || s < p.state.len()) && (!usage || 2 * s + 1 < p.usage.len());
-        if slots.iter().any(|s| *s != SKIP && !in_bounds(*s)) {
-            return Err(TableError::from(FORMAT.layout(&path, "row, state or usage outside its section")));
-        }
-        struct Shared<T>(*mut T, *mut f32, *mut u32);
-        // SAFETY: the pointers are only used for the rows/states/usage of the slots (below).
-        unsafe impl<T> Sync for Shared<T> {}
-        let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr(), p.usage.as_mut_ptr());
-        let shared = &shared;
-        let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
-        // Usage records the generation of this batch (its low 32 bits: ages wrap).
-        let now = h.generation.wrapping_add(1) as u32;
-        let step = |w: &mut Vec<f32>, n: usize| {
-            if let Some(ahead) = slots.get(n + PREFETCH_AHEAD).filter(|s| **s != SKIP) {
-                // The row (and usage) PREFETCH_AHEAD keys ahead (random slots: latency-bound).
-                prefetch(shared.0.wrapping_add(ahead * d));
-                if usage {
-                    prefetch(shared.2.wrapping_add(2 * ahead));
-                }
-            }
-            let slot = slots[n];
-            if slot == SKIP {
-                return;
-            }
-            // SAFETY: bounds checked above; the row and state of `slot` are touched by this
-            // call only (sequentially, or in parallel for distinct keys, hence distinct slots).
-            let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
-            if inserted[n] {
-                init::init_row::<T>(keys[n], seed, scale, w);
-            } else {
-                T::load(row, w);
-            }
-            // SAFETY: as for the row; slot < state.len() checked above.
-            let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
-            step_row(w, &vals[n * d..(n + 1) * d], op, acc, eps);
-            T::store(w, row);
-            if usage {
-                // SAFETY: as for the row; 2 * slot + 1 < usage.len() checked above.
-                let u = unsafe { std::slice::from_raw_parts_mut(shared.2.add(2 * slot), 2) };
-                u[0] = now;
-                u[1] = u[1].saturating_add(1);
-            }
-        };
-        if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 && keys.windows(2).all(|w| w[0] < w[1]) {
-            (0..keys.len()).into_par_iter().with_min_len(256).for_each_init(|| vec![0f32; d], step);
-        } else {
-            let mut w = vec![0f32; d];
-            (0..keys.len()).for_each(|n| step(&mut w, n));
-        }
+        step_rows(&mut p, &h, &path, &batch, &slots, &inserted)?;
         h.generation = h.generation.wrapping_add(1);
         h.counts.inserted += stats.inserted;
         h.counts.refused += stats.refused;
@@ -423,4 +334,123 @@ impl EmbeddingTable {
         self.header = h;
         Ok(stats)
     }
+}
+
+/// One batch of row writes: its keys, their values (gradients or rows, `dim` per key) and
+/// what to do with them.
+struct Batch<'a> {
+    keys: &'a [u64],
+    vals: &'a [f32],
+    op: RowOp,
+    /// Strictly increasing keys (what the sparse exchange hands the leader): each key comes
+    /// once, so rows are disjoint and pass 2 may run in parallel.
+    distinct: bool,
+}
+
+/// Pass 1 of [`EmbeddingTable::write_rows_t`]: the slot of every key absent from
+/// `slots` (found by its probe, or inserted in `h`'s table: for an optimizer step once the
+/// admission sketch admits it, and at most `room` keys), in list order; a refused key's
+/// slot becomes `SKIP`. Which occurrences inserted their row, and the counts.
+fn place_keys<T>(p: &mut Parts<'_, T>, h: &mut Header, path: &Path, batch: &Batch<'_>, slots: &mut [usize], mut room: u64) -> TableResult<(Vec<bool>, UpdateStats)> {
+    let Batch { keys, op, distinct, .. } = *batch;
+    let admitting = matches!(op, RowOp::Step(_)) && h.admit_after > 1;
+    let (depth, width) = (h.extras.sketch_depth, h.extras.sketch_width);
+    // Keys refused in this batch, when a key may come again in it.
+    let mut refused_keys: HashSet<u64> = HashSet::new();
+    let mut inserted = vec![false; keys.len()];
+    let mut stats = UpdateStats::default();
+    for (n, key) in keys.iter().enumerate() {
+        if slots[n] & ABSENT == 0 {
+            continue; // found by resolve_slots; nothing moves during a batch
+        }
+        if !distinct && refused_keys.contains(key) {
+            slots[n] = SKIP;
+            stats.refused += 1;
+            continue;
+        }
+        let Some((slot, insert)) = index::probe_from(p.index, *key, slots[n] & !ABSENT) else {
+            return Err(TableError::CorruptIndex { path: path.to_path_buf(), detail: "no free slot although the load limit holds".into() });
+        };
+        if insert {
+            let admitted = !admitting || admit::bump(p.sketch, depth, width, *key) as u32 >= h.admit_after;
+            if !admitted || room == 0 {
+                slots[n] = SKIP;
+                stats.refused += 1;
+                if !distinct {
+                    refused_keys.insert(*key);
+                }
+                continue;
+            }
+            room -= 1;
+            p.index[slot] = *key;
+            h.live_rows += 1;
+            stats.inserted += 1;
+            inserted[n] = true;
+            if let Some(a) = p.state.get_mut(slot) {
+                *a = h.adagrad_init;
+            }
+        }
+        slots[n] = slot;
+    }
+    Ok((inserted, stats))
+}
+
+/// Pass 2 of [`EmbeddingTable::write_rows_t`]: each occurrence's row (new rows from
+/// [`init::init_row`]) stepped with [`step_row`] and its usage recorded, in list order, or
+/// in parallel for `distinct` keys (disjoint rows, the same result).
+fn step_rows<T: Elem>(p: &mut Parts<'_, T>, h: &Header, path: &Path, batch: &Batch<'_>, slots: &[usize], inserted: &[bool]) -> TableResult<()> {
+    let Batch { keys, vals, op, distinct } = *batch;
+    let d = h.dim as usize;
+    let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
+    let usage = !p.usage.is_empty();
+    let in_bounds = |s: usize| (s + 1) * d <= p.rows.len() && (!adagrad || s < p.state.len()) && (!usage || 2 * s + 1 < p.usage.len());
+    if slots.iter().any(|s| *s != SKIP && !in_bounds(*s)) {
+        return Err(TableError::from(FORMAT.layout(path, "row, state or usage outside its section")));
+    }
+    struct Shared<T>(*mut T, *mut f32, *mut u32);
+    // SAFETY: the pointers are only used for the rows/states/usage of the slots (below).
+    unsafe impl<T> Sync for Shared<T> {}
+    let shared = Shared(p.rows.as_mut_ptr(), p.state.as_mut_ptr(), p.usage.as_mut_ptr());
+    let shared = &shared;
+    let (seed, scale, eps) = (h.seed, h.init_scale, h.adagrad_eps);
+    // Usage records the generation of this batch (its low 32 bits: ages wrap).
+    let now = h.generation.wrapping_add(1) as u32;
+    let step = |w: &mut Vec<f32>, n: usize| {
+        if let Some(ahead) = slots.get(n + PREFETCH_AHEAD).filter(|s| **s != SKIP) {
+            // The row (and usage) PREFETCH_AHEAD keys ahead (random slots: latency-bound).
+            prefetch(shared.0.wrapping_add(ahead * d));
+            if usage {
+                prefetch(shared.2.wrapping_add(2 * ahead));
+            }
+        }
+        let slot = slots[n];
+        if slot == SKIP {
+            return;
+        }
+        // SAFETY: bounds checked above; the row and state of `slot` are touched by this
+        // call only (sequentially, or in parallel for distinct keys, hence distinct slots).
+        let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
+        if inserted[n] {
+            init::init_row::<T>(keys[n], seed, scale, w);
+        } else {
+            T::load(row, w);
+        }
+        // SAFETY: as for the row; slot < state.len() checked above.
+        let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
+        step_row(w, &vals[n * d..(n + 1) * d], op, acc, eps);
+        T::store(w, row);
+        if usage {
+            // SAFETY: as for the row; 2 * slot + 1 < usage.len() checked above.
+            let u = unsafe { std::slice::from_raw_parts_mut(shared.2.add(2 * slot), 2) };
+            u[0] = now;
+            u[1] = u[1].saturating_add(1);
+        }
+    };
+    if keys.len() >= PAR_MIN_UPDATES && rayon::current_num_threads() > 1 && distinct {
+        (0..keys.len()).into_par_iter().with_min_len(256).for_each_init(|| vec![0f32; d], step);
+    } else {
+        let mut w = vec![0f32; d];
+        (0..keys.len()).for_each(|n| step(&mut w, n));
+    }
+    Ok(())
 }

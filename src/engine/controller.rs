@@ -242,13 +242,13 @@ pub struct Controller {
     shm_direct_max: usize,
 }
 
-/// Moves values that hold MPI handles or shared mappings into the background thread.
-pub struct AssertSend<T>(pub T);
-// SAFETY: the wrapped communicators and mappings are moved, whole, into the one thread that
-// uses them from then on; MPI runs at MPI_THREAD_MULTIPLE (checked before the engine
-// starts), so calling it from that thread is allowed while other threads use other
-// communicators.
-unsafe impl<T> Send for AssertSend<T> {}
+// SAFETY: a `Controller` is built on the caller's thread and moved, whole, into the engine's
+// background thread, which alone uses it from then on. What keeps it from being `Send` by
+// itself is MPI handles (its communicators) and shared mappings (the shm backends' segments,
+// a device's queue): MPI runs at MPI_THREAD_MULTIPLE (checked before the engine starts), so
+// calling it from that thread is allowed while other threads use other communicators, and a
+// mapping or a device handle is valid in every thread of the process.
+unsafe impl Send for Controller {}
 
 enum Flow {
     Go,

@@ -53,7 +53,7 @@ pub use crate::tensor::{DeviceTensor, Location, Tensor};
 
 use self::autotune::{Autotuner, Params};
 pub use self::controller::StatsSnapshot;
-use self::controller::{AssertSend, Controller, LoopConfig, Msg, Stats, StopReason, Submission};
+use self::controller::{Controller, LoopConfig, Msg, Stats, StopReason, Submission};
 use self::message::{GroupTag, Request};
 use self::timeline::Timeline;
 use crate::comm::mpi_backend::MpiCollectives;
@@ -275,13 +275,10 @@ impl Engine {
         let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, onebit_block: config.onebit_block, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device, place: comm::traffic::Place::of(topo), shm_direct_max: comm::shm::direct_max(topo.config.shm_chunk_bytes) };
         let stats = Arc::new(Stats::default());
         stats.publish_params(params, config.autotune);
-        let controller = AssertSend(Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone()));
+        let controller = Controller::new(control, ctl, data, rx, cfg, stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name("ringrec-engine".into())
-            .spawn(move || {
-                let c = controller;
-                c.0.run()
-            })
+            .spawn(move || controller.run())
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine { tx: Mutex::new(Some(tx)), thread: Some(thread), stop, stats, compression: config.compression, backend_name, device: device_name, rank: topo.rank, size: topo.size })
     }

@@ -54,7 +54,6 @@ use crate::comm::device::{Alone, HostCollectives};
 use crate::comm::nccl::NcclComm;
 use crate::comm;
 use crate::device::{CpuDevice, CudaDevice, Device, HostKernels, HostOptions, Placement};
-use crate::engine::controller::AssertSend;
 use crate::engine::{DeviceExecutor, Engine, ExecuteDevice};
 use crate::topology::Topology;
 
@@ -142,12 +141,15 @@ pub(crate) fn rank_gpu(topo: &Topology, asked: Placement, ordinal: usize, exclus
 /// a thread that takes part in them (a caller outside the pool would sleep and be woken at
 /// each of a step's dozen regions: measured 4-5% of a 2-thread step).
 fn on_pool<R: Send>(f: impl FnOnce() -> R) -> R {
-    // SAFETY of the Send assertion: the closure's captures (the topology's MPI
-    // communicators, the engine's handle) are used by one thread at a time: the pool
-    // worker while this thread waits in `rayon::scope`; MPI runs with
-    // MPI_THREAD_MULTIPLE (as for the engine's thread), and nothing captured is
-    // thread-local.
-    let f = AssertSend(f);
+    /// The caller's closure, run by one pool worker while the caller waits for it.
+    struct WhileCallerWaits<F>(F);
+    // SAFETY: the closure's captures (the topology's MPI communicators, the engine's handle)
+    // are used by one thread at a time: the pool worker while this thread waits in
+    // `rayon::scope`, as in a plain call; MPI runs with MPI_THREAD_MULTIPLE (as for the
+    // engine's thread), and nothing captured is thread-local. The type is local to this
+    // function: nothing else can send a value with it.
+    unsafe impl<F> Send for WhileCallerWaits<F> {}
+    let f = WhileCallerWaits(f);
     rayon::scope(move |_| {
         let f = f;
         (f.0)()

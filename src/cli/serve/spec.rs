@@ -310,16 +310,27 @@ impl Limits {
 
     /// Checks every field of `spec` and turns it into a plan.
     pub fn plan(&self, spec: &JobSpec) -> Result<Plan, SpecError> {
-        let name = match &spec.name {
-            Some(n) => {
-                printable("name", n, 64)?;
-                if !n.chars().all(|c| c.is_ascii_alphanumeric() || " _.-".contains(c)) {
-                    return bad("name may hold letters, digits, spaces and `_.-` only");
-                }
-                n.clone()
+        let name = job_name(spec)?;
+        let (backend, ranks, nodes) = self.placement(spec)?;
+        let threads = int_in("threads", spec.threads, 1, 256)?.map(|n| n as u32);
+        let mut args: Vec<String> = Vec::new();
+        if let Some(t) = threads {
+            args.extend(["--threads".into(), t.to_string()]);
+        }
+        self.model_args(spec, &mut args)?;
+        let ckpt_every = self.run_args(spec, &mut args)?;
+        if let Some(w) = spec.warm_start {
+            if w < 1 {
+                return bad(format!("warm_start must be the id of an earlier job (got {w})"));
             }
-            None => "job".into(),
-        };
+        }
+        self.extra_args(&spec.args, &mut args)?;
+        let env = env_vars(spec)?;
+        Ok(Plan { name, backend, ranks, hosts: spec.hosts.clone(), nodes, threads, train_args: args, env, warm_start: spec.warm_start, checkpoints: ckpt_every.is_some() || spec.warm_start.is_some() })
+    }
+
+    /// Where the job runs: its back end (one this service has), ranks, hosts and nodes.
+    fn placement(&self, spec: &JobSpec) -> Result<(BackendKind, u32, Option<u32>), SpecError> {
         let backend = match spec.backend.as_deref() {
             None => BackendKind::Local,
             Some(b) => BackendKind::parse(b).ok_or_else(|| SpecError(format!("backend must be `local` or `slurm` (got `{}`)", b.escape_debug())))?,
@@ -342,11 +353,12 @@ impl Limits {
         if nodes.is_some() && backend == BackendKind::Local {
             return bad("nodes is a Slurm setting; for `local` list hosts instead");
         }
-        let threads = int_in("threads", spec.threads, 1, 256)?.map(|n| n as u32);
-        let mut args: Vec<String> = Vec::new();
-        if let Some(t) = threads {
-            args.extend(["--threads".into(), t.to_string()]);
-        }
+        Ok((backend, ranks, nodes))
+    }
+
+    /// The model's and the schedule's flags (hidden, dim, batch, epochs, max_steps,
+    /// keep_checkpoints, sync_every), appended to `args`.
+    fn model_args(&self, spec: &JobSpec, args: &mut Vec<String>) -> Result<(), SpecError> {
         if let Some(h) = &spec.hidden {
             if h.is_empty() || h.len() > 8 {
                 return bad(format!("hidden must list 1 to 8 layer widths (got {})", h.len()));
@@ -372,6 +384,12 @@ impl Limits {
             self.needs_flag("--sync-every", "sync_every")?;
             args.extend(["--sync-every".into(), s.to_string()]);
         }
+        Ok(())
+    }
+
+    /// The evaluation, checkpoint and data flags (eval_every, checkpoint_every,
+    /// test_fraction, data, eval_data), appended to `args`; the checkpoint interval.
+    fn run_args(&self, spec: &JobSpec, args: &mut Vec<String>) -> Result<Option<u64>, SpecError> {
         let eval_every = int_in("eval_every", spec.eval_every, 1, 1 << 30)?.unwrap_or(10);
         args.extend(["--eval-every".into(), eval_every.to_string()]);
         let ckpt_every = int_in("checkpoint_every", spec.checkpoint_every, 0, 1 << 30)?;
@@ -391,28 +409,7 @@ impl Limits {
             self.needs_flag("--eval-data", "eval_data")?;
             args.extend(["--eval-data".into(), self.data_path("eval_data", d)?.to_string_lossy().into_owned()]);
         }
-        if let Some(w) = spec.warm_start {
-            if w < 1 {
-                return bad(format!("warm_start must be the id of an earlier job (got {w})"));
-            }
-        }
-        self.extra_args(&spec.args, &mut args)?;
-        if spec.env.len() > 32 {
-            return bad(format!("env sets {} variables; at most 32 are allowed", spec.env.len()));
-        }
-        let mut env = Vec::new();
-        for (k, v) in &spec.env {
-            let ok = k.len() <= 64 && k.strip_prefix("RINGREC_").is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
-            if !ok {
-                return bad(format!("env: `{}` is not a RINGREC_* variable (upper-case letters, digits, `_`); only ringrec's own settings may be set", k.escape_debug()));
-            }
-            printable(&format!("env {k}"), v, MAX_FIELD)?;
-            if v.contains('/') {
-                return bad(format!("env {k}: values may not hold a path (`/`)"));
-            }
-            env.push((k.clone(), v.clone()));
-        }
-        Ok(Plan { name, backend, ranks, hosts: spec.hosts.clone(), nodes, threads, train_args: args, env, warm_start: spec.warm_start, checkpoints: ckpt_every.is_some() || spec.warm_start.is_some() })
+        Ok(ckpt_every)
     }
 
     /// Checks the spec's extra flags and appends them to `out`.
@@ -446,6 +443,36 @@ impl Limits {
         out.extend(extra.iter().cloned());
         Ok(())
     }
+}
+
+/// The job's name: letters, digits, spaces and `_.-`; `job` when the spec has none.
+fn job_name(spec: &JobSpec) -> Result<String, SpecError> {
+    let Some(n) = &spec.name else { return Ok("job".into()) };
+    printable("name", n, 64)?;
+    if !n.chars().all(|c| c.is_ascii_alphanumeric() || " _.-".contains(c)) {
+        return bad("name may hold letters, digits, spaces and `_.-` only");
+    }
+    Ok(n.clone())
+}
+
+/// The job's environment: at most 32 `RINGREC_*` variables, none holding a path.
+fn env_vars(spec: &JobSpec) -> Result<Vec<(String, String)>, SpecError> {
+    if spec.env.len() > 32 {
+        return bad(format!("env sets {} variables; at most 32 are allowed", spec.env.len()));
+    }
+    let mut env = Vec::new();
+    for (k, v) in &spec.env {
+        let ok = k.len() <= 64 && k.strip_prefix("RINGREC_").is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
+        if !ok {
+            return bad(format!("env: `{}` is not a RINGREC_* variable (upper-case letters, digits, `_`); only ringrec's own settings may be set", k.escape_debug()));
+        }
+        printable(&format!("env {k}"), v, MAX_FIELD)?;
+        if v.contains('/') {
+            return bad(format!("env {k}: values may not hold a path (`/`)"));
+        }
+        env.push((k.clone(), v.clone()));
+    }
+    Ok(env)
 }
 
 /// The long flags (`--name`) that a `--help` text lists.

@@ -18,6 +18,7 @@ pub mod embedding;
 pub mod engine;
 pub mod error;
 pub mod fileio;
+pub mod frame;
 pub mod hash;
 pub mod header;
 pub mod hostsync;

@@ -194,7 +194,7 @@ fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, settings: &[(
             Ok(ck.dense)
         })
     } else {
-        Ok(DenseState { step: 0, epoch: 0, step_in_epoch: 0, opt: opt.clone(), params: Vec::new() })
+        Ok(DenseState { step: 0, epoch: 0, step_in_epoch: 0, opt: opt.clone(), widths: Vec::new(), params: Vec::new() })
     };
     let ck = topo.agree(found)?;
     let mut head = [ck.step as i64, ck.epoch as i64, ck.step_in_epoch as i64, ck.opt.step as i64];
@@ -633,7 +633,7 @@ impl<'a, D: Device> Trainer<'a, D> {
                     crate::eprint_line(&format!("ringrec: step {}: the parameters moved {:.3}% since the last checkpoint: written", p.step, 100.0 * change));
                 }
                 let opt = self.model.optim_state().map_err(|e| e.to_string())?;
-                let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, params };
+                let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, widths: self.model.mlp().shape().widths(), params };
                 checkpoint::write(dir, &dense, self.embedding.table().table(), &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
                 self.counters.checkpoints_written += 1;
                 if self.last_saved.is_some() {

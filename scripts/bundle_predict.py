@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Scores a Criteo TSV with a ringrec export bundle, with numpy only: an independent reader
 of the bundle format (it shares no code with ringrec; everything it needs is in the bundle's
-model.json and in the layouts documented there and in ringrec's src/train/bundle.rs).
+model.json and in the layouts documented there and in ringrec's src/train/bundle.rs,
+src/frame.rs, src/model/dense_bin.rs and src/embedding/params.rs).
 
     scripts/bundle_predict.py BUNDLE DATA.tsv [--out scores.tsv] [--test-fraction F]
                               [--compare ringrec_scores.tsv [--tolerance 1e-6]]

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Scores a Criteo TSV with a ringrec export bundle, with numpy only: an independent reader
 of the bundle format (it shares no code with ringrec; everything it needs is in the bundle's
-model.json and in the layouts documented there and in ringrec's src/train/bundle.rs).
+model.json and in the layouts documented there and in ringrec's src/train/bundle.rs,
+src/frame.rs, src/model/dense_bin.rs and src/embedding/params.rs).
 
     scripts/bundle_predict.py BUNDLE DATA.tsv [--out scores.tsv] [--test-fraction F]
                               [--compare ringrec_scores.tsv [--tolerance 1e-6]]
 
-It checks every file's size and CRC-32 against model.json (and each file's own trailer),
+It checks every file's size and CRC-32 against model.json (and each file's own trailer, and
+the frame's header CRC of bundle version 2),
 parses the TSV as ringrec does (malformed lines are skipped and counted), looks every
 categorical key up in table.bin, gives a key the table lacks its deterministic initial row
 (the splitmix64 rule in model.json, rounded to the table's dtype), runs the MLP in float64
@@ -62,15 +64,39 @@ def read_checked(bundle, name, model):
     return data
 
 
+def unframe(data, name, magic, framed):
+    """(version, payload) of a bundle file: framed (version >= framed: a 32-byte header of
+    magic, u32 version, u32 header length 32, u64 payload length, the header's CRC-32 and 4
+    zero bytes; the payload; the CRC-32 trailer) or an older unframed one (the whole file)."""
+    if data[:8] != magic:
+        fail(f"{name}: wrong magic")
+    (version,) = struct.unpack_from("<I", data, 8)
+    if version < framed:
+        return version, data
+    header_len, n, header_crc = struct.unpack_from("<IQI", data, 12)
+    if header_crc != zlib.crc32(data[:24]):
+        fail(f"{name}: header checksum mismatch: damaged")
+    if header_len != 32 or len(data) != 32 + n + 4:
+        fail(f"{name}: {len(data)} bytes, its header says {32 + n + 4}")
+    return version, data[32:32 + n]
+
+
 def load_dense(data):
-    """[(W, b)] per layer, float64, from dense.bin."""
-    if data[:8] != b"RRMLP\0\0\0":
-        fail("dense.bin: wrong magic")
-    version, layers = struct.unpack_from("<II", data, 8)
-    if version != 1:
-        fail(f"dense.bin: version {version}, this reader knows 1")
-    widths = struct.unpack_from(f"<{layers + 1}I", data, 16)
-    params = np.frombuffer(data, dtype="<f4", offset=20 + 4 * layers, count=(len(data) - 24 - 4 * layers) // 4)
+    """[(W, b)] per layer, float64, from dense.bin (RRMLP version 2, or 1 of older bundles)."""
+    version, p = unframe(data, "dense.bin", b"RRMLP\0\0\0", 2)
+    if version == 1:
+        (layers,) = struct.unpack_from("<I", p, 12)
+        widths = struct.unpack_from(f"<{layers + 1}I", p, 16)
+        params = np.frombuffer(p, dtype="<f4", offset=20 + 4 * layers, count=(len(p) - 24 - 4 * layers) // 4)
+    elif version == 2:
+        # u64 step, u32 layers L, L + 1 u32 widths, u32 moments K, then the parameters (and
+        # K optimizer moments of as many values, which a bundle does not have).
+        (layers,) = struct.unpack_from("<I", p, 8)
+        widths = struct.unpack_from(f"<{layers + 1}I", p, 12)
+        (moments,) = struct.unpack_from("<I", p, 16 + 4 * layers)
+        params = np.frombuffer(p, dtype="<f4", offset=20 + 4 * layers, count=(len(p) - 20 - 4 * layers) // 4 // (1 + moments))
+    else:
+        fail(f"dense.bin: version {version}, this reader knows 1 and 2")
     out, at = [], 0
     for fan_in, fan_out in zip(widths, widths[1:]):
         w = params[at:at + fan_in * fan_out].reshape(fan_in, fan_out)
@@ -84,16 +110,20 @@ def load_dense(data):
 
 
 def load_table(data):
-    """(keys ascending, rows float32) from table.bin (RRSPARAM version 2)."""
-    if data[:8] != b"RRSPARAM":
-        fail("table.bin: wrong magic")
-    version, dim, count = struct.unpack_from("<IIQ", data, 8)
-    if version != 2:
-        fail(f"table.bin: version {version}, this reader knows 2")
-    if len(data) != 28 + count * (8 + 4 * dim):
+    """(keys ascending, rows float32) from table.bin (RRSPARAM version 3, or 2 of older bundles)."""
+    version, p = unframe(data, "table.bin", b"RRSPARAM", 3)
+    if version == 2:
+        dim, count = struct.unpack_from("<IQ", p, 12)
+        at, end = 24, len(p) - 4
+    elif version == 3:
+        dim, zero, count = struct.unpack_from("<IIQ", p, 0)
+        at, end = 16, len(p)
+    else:
+        fail(f"table.bin: version {version}, this reader knows 2 and 3")
+    if end - at != count * (8 + 4 * dim):
         fail("table.bin: length does not match its header")
     rec = np.dtype([("key", "<u8"), ("row", "<f4", (dim,))])
-    r = np.frombuffer(data, dtype=rec, offset=24, count=count)
+    r = np.frombuffer(p, dtype=rec, offset=at, count=count)
     keys, rows = r["key"].astype(np.uint64), r["row"].astype(np.float32)
     if count > 1 and not np.all(keys[1:] > keys[:-1]):
         fail("table.bin: keys are not strictly ascending")
@@ -186,8 +216,8 @@ def main():
 
     with open(f"{a.bundle}/model.json") as f:
         model = json.load(f)
-    if model.get("format") != "ringrec-bundle" or model.get("version") != 1:
-        fail(f"{a.bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1")
+    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2):
+        fail(f"{a.bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 and 2")
     spec, tab, dense_spec = model["input"], model["table"], model["dense"]
     widths, layers = load_dense(read_checked(a.bundle, dense_spec["file"], model))
     if widths != dense_spec["widths"] or dense_spec["hidden_activation"] != "relu":

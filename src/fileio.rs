@@ -2,6 +2,12 @@
 //! destination's directory, fsynced, renamed over the destination, and the directory
 //! fsynced, so a reader (or a crash) sees the old file or the new one, never a part.
 //! Tables, parameter files, data caches and checkpoints are all written so.
+//!
+//! A directory of such files (a checkpoint's `step-N/`, an export bundle) is published the
+//! same way ([`AtomicDir`]): built under a temporary name (mode 0700), every file and the
+//! directory fsynced, renamed into place, the parent fsynced. Every temporary, file or
+//! directory, is named `.<name>.tmp-<pid>-<n>` beside its destination, which is how
+//! [`crate::stale`] finds those a killed writer left.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -40,9 +46,7 @@ pub struct AtomicFile {
 impl AtomicFile {
     /// Creates the temporary file next to `dest`, with permissions `mode`.
     pub fn create(dest: &Path, mode: u32) -> Result<AtomicFile, IoError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
-        let tmp = dest.with_file_name(format!(".{name}.tmp-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let tmp = temporary_name(dest);
         let file = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(|e| IoError::new(&tmp, "create", e))?;
         Ok(AtomicFile { tmp, dest: dest.to_path_buf(), file, committed: false })
     }
@@ -62,11 +66,103 @@ impl AtomicFile {
         self.file.sync_all().map_err(|e| IoError::new(&self.tmp, "fsync", e))?;
         std::fs::rename(&self.tmp, &self.dest).map_err(|e| IoError::new(&self.dest, "rename into place", e))?;
         self.committed = true;
-        let dir = match self.dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| IoError::new(&dir, "fsync directory", e))
+        fsync_dir(&parent_of(&self.dest))
+    }
+}
+
+/// A fresh temporary name beside `dest`: `.<name>.tmp-<pid>-<n>`.
+fn temporary_name(dest: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
+    dest.with_file_name(format!(".{name}.tmp-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// The directory `path` lies in (`.` for a bare name).
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// fsyncs the directory `dir` (its entries: a rename into it is durable).
+pub fn fsync_dir(dir: &Path) -> Result<(), IoError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| IoError::new(dir, "fsync directory", e))
+}
+
+/// fsyncs every file and directory under `dir`, then `dir` itself; links are not followed.
+fn fsync_tree(dir: &Path) -> Result<(), IoError> {
+    for e in std::fs::read_dir(dir).map_err(|e| IoError::new(dir, "list", e))? {
+        let p = e.map_err(|e| IoError::new(dir, "list", e))?.path();
+        let t = std::fs::symlink_metadata(&p).map_err(|e| IoError::new(&p, "stat", e))?.file_type();
+        if t.is_dir() {
+            fsync_tree(&p)?;
+        } else if t.is_file() {
+            File::open(&p).and_then(|f| f.sync_all()).map_err(|e| IoError::new(&p, "fsync", e))?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+/// A directory built under a temporary name beside its destination (mode 0700; its files
+/// are written 0600 by [`write_atomic`] or [`AtomicFile`]) and published by
+/// [`AtomicDir::publish`]: a reader (or a crash) sees the old directory or the new one
+/// whole, never a part. Dropped unpublished, it is removed with what it holds.
+pub struct AtomicDir {
+    tmp: PathBuf,
+    dest: PathBuf,
+    published: bool,
+}
+
+impl AtomicDir {
+    /// Creates the temporary directory beside `dest` (whose parent must exist).
+    pub fn create(dest: &Path) -> Result<AtomicDir, IoError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let tmp = temporary_name(dest);
+        std::fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(|e| IoError::new(&tmp, "create", e))?;
+        Ok(AtomicDir { tmp, dest: dest.to_path_buf(), published: false })
+    }
+
+    /// The temporary directory, to write the files into.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// fsyncs every file in it and the directory, renames it to its destination and fsyncs
+    /// the parent. An existing destination is an error (`AlreadyExists`) unless `replace`:
+    /// then it is first moved aside under a temporary name, and removed once the new one is
+    /// in place (put back if the rename fails).
+    pub fn publish(mut self, replace: bool) -> Result<(), IoError> {
+        fsync_tree(&self.tmp)?;
+        let mut aside = None;
+        if std::fs::symlink_metadata(&self.dest).is_ok() {
+            if !replace {
+                return Err(IoError::new(&self.dest, "publish", std::io::Error::new(std::io::ErrorKind::AlreadyExists, "it exists")));
+            }
+            let old = temporary_name(&self.dest);
+            std::fs::rename(&self.dest, &old).map_err(|e| IoError::new(&self.dest, "move aside", e))?;
+            aside = Some(old);
+        }
+        if let Err(e) = std::fs::rename(&self.tmp, &self.dest) {
+            if let Some(old) = &aside {
+                let _ = std::fs::rename(old, &self.dest);
+            }
+            return Err(IoError::new(&self.dest, "rename into place", e));
+        }
+        self.published = true;
+        let synced = fsync_dir(&parent_of(&self.dest));
+        if let Some(old) = aside {
+            let _ = std::fs::remove_dir_all(&old).or_else(|_| std::fs::remove_file(&old));
+        }
+        synced
+    }
+}
+
+impl Drop for AtomicDir {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
     }
 }
 
@@ -166,6 +262,54 @@ pub fn is_locked(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// What `dir` holds: names, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_directory_is_published_whole_replacing_or_refusing_the_old_one() {
+        let root = std::env::temp_dir().join(format!("ringrec-atomic-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let dest = root.join("step-1");
+        let d = AtomicDir::create(&dest).unwrap();
+        let tmp = d.path().to_path_buf();
+        let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(&format!(".step-1.tmp-{}-", std::process::id())), "{name}");
+        assert_eq!(mode(&tmp), 0o700);
+        write_atomic(&tmp.join("a"), 0o600, |w| w.write_all(b"one")).unwrap();
+        assert!(!dest.exists(), "nothing under the name before publish");
+        d.publish(false).unwrap();
+        assert_eq!((names(&root), std::fs::read(dest.join("a")).unwrap()), (vec!["step-1".to_string()], b"one".to_vec()));
+        assert_eq!((mode(&dest), mode(&dest.join("a"))), (0o700, 0o600));
+        // Refused over an existing one, which stays; the temporary goes with the writer.
+        let d = AtomicDir::create(&dest).unwrap();
+        write_atomic(&d.path().join("a"), 0o600, |w| w.write_all(b"two")).unwrap();
+        let e = d.publish(false).unwrap_err();
+        assert_eq!(e.source.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!((names(&root), std::fs::read(dest.join("a")).unwrap()), (vec!["step-1".to_string()], b"one".to_vec()));
+        // Replaced: the old one moved aside and removed.
+        let d = AtomicDir::create(&dest).unwrap();
+        write_atomic(&d.path().join("b"), 0o600, |w| w.write_all(b"three")).unwrap();
+        d.publish(true).unwrap();
+        assert_eq!((names(&root), names(&dest)), (vec!["step-1".to_string()], vec!["b".to_string()]));
+        // Dropped unpublished: nothing left.
+        let d = AtomicDir::create(&root.join("bundle")).unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        write_atomic(&d.path().join("sub/c"), 0o600, |w| w.write_all(b"x")).unwrap();
+        drop(d);
+        assert_eq!(names(&root), vec!["step-1".to_string()]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn a_created_file_is_locked_while_open() {

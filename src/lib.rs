@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod engine;
 pub mod error;
 pub mod fileio;
+pub mod frame;
 mod gather;
 mod group;
 pub mod hash;

@@ -12,11 +12,13 @@
 //!   ([`crate::fileio::is_locked`]) and it is older than [`MIN_AGE`]. The first rank of
 //!   every machine sweeps them at each job's start ([`crate::topology::Topology::init`]).
 //! - **Temporaries of atomic writes**: `.<name>.tmp-<pid>-<n>` files
-//!   ([`crate::fileio::AtomicFile`]) and checkpoint step directories
-//!   `.step-<digits>.tmp-<pid>`, stale when they are this user's, the process `<pid>` is
-//!   not alive on this machine ([`pid_alive`]) and they are older than
-//!   [`MIN_AGE`]. Swept in the data directories when training data is opened, in the
-//!   checkpoint directory by the trainer, and by `ringrec clean`.
+//!   ([`crate::fileio::AtomicFile`]) and directories ([`crate::fileio::AtomicDir`]: a
+//!   checkpoint's step, an export bundle, or one moved aside to be replaced), and the
+//!   checkpoint step directories `.step-<digits>.tmp-<pid>` of older builds, stale when they
+//!   are this user's, the process `<pid>` is not alive on this machine
+//!   ([`pid_alive`]) and they are older than [`MIN_AGE`]. Swept in the data
+//!   directories when training data is opened, in the checkpoint directory by the trainer,
+//!   and by `ringrec clean` (in the directories it is given: a bundle's parent too).
 //!
 //! [`MIN_AGE`] protects a segment in its first instants (between its creation and its
 //! creator's lock), and a temporary that a process of another machine sharing the directory
@@ -67,10 +69,10 @@ pub fn stale_temporaries(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut found = Vec::new();
     for (path, meta) in entries(dir) {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let Some((pid, is_step)) = temporary_pid(&name) else { continue };
+        let Some(pid) = temporary_pid(&name) else { continue };
         let ft = meta.file_type();
-        // An atomic writer's temporary is a file; a checkpoint's step, a directory (or file).
-        if !(ft.is_file() || (is_step && ft.is_dir())) || pid_alive(pid) {
+        // An atomic writer's temporary is a file or a directory (a checkpoint's step, a bundle).
+        if !(ft.is_file() || ft.is_dir()) || pid_alive(pid) {
             continue;
         }
         let (bytes, newest) = tree(&path, &meta);
@@ -124,9 +126,9 @@ fn mine_and_old(meta: &std::fs::Metadata) -> bool {
     meta.uid() == euid() && meta.modified().is_ok_and(older_than_min_age)
 }
 
-/// The pid in the name of a ringrec temporary, and whether it is a checkpoint step
-/// (`.step-<digits>.tmp-<pid>`) rather than an atomic writer's (`.<name>.tmp-<pid>-<n>`).
-fn temporary_pid(name: &str) -> Option<(i32, bool)> {
+/// The pid in the name of a ringrec temporary: an atomic writer's (`.<name>.tmp-<pid>-<n>`)
+/// or an older build's checkpoint step (`.step-<digits>.tmp-<pid>`).
+fn temporary_pid(name: &str) -> Option<i32> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let pid = |s: &str| s.parse::<i32>().ok().filter(|p| *p > 0);
     let (stem, tail) = name.strip_prefix('.')?.rsplit_once(".tmp-")?;
@@ -135,11 +137,11 @@ fn temporary_pid(name: &str) -> Option<(i32, bool)> {
     }
     if let Some(step) = stem.strip_prefix("step-") {
         if digits(step) && digits(tail) {
-            return pid(tail).map(|p| (p, true));
+            return pid(tail);
         }
     }
     let (p, n) = tail.split_once('-')?;
-    (digits(p) && digits(n)).then(|| pid(p)).flatten().map(|p| (p, false))
+    (digits(p) && digits(n)).then(|| pid(p)).flatten()
 }
 
 /// Bytes of the files under `path` (itself, for a file) and the newest mtime among them and
@@ -210,9 +212,11 @@ mod tests {
 
     #[test]
     fn names_of_temporaries() {
-        assert_eq!(temporary_pid(".dense.json.tmp-123-4"), Some((123, false)));
-        assert_eq!(temporary_pid(".a.tmp-b.tmp-77-0"), Some((77, false)));
-        assert_eq!(temporary_pid(".step-20.tmp-55"), Some((55, true)));
+        assert_eq!(temporary_pid(".dense.json.tmp-123-4"), Some(123));
+        assert_eq!(temporary_pid(".a.tmp-b.tmp-77-0"), Some(77));
+        assert_eq!(temporary_pid(".step-20.tmp-55"), Some(55));
+        assert_eq!(temporary_pid(".step-000000000020.tmp-55-3"), Some(55));
+        assert_eq!(temporary_pid(".bundle.tmp-56-0"), Some(56));
         for not_ours in ["dense.json.tmp-1-2", ".tmp-1-2", ".x.tmp-1", ".x.tmp-a-2", ".x.tmp-1-", ".step-.tmp-5", ".step-2.tmp-", ".x.tmp-0-1", ".x.tmp-99999999999-1", "ringrec-j-h0-table"] {
             assert_eq!(temporary_pid(not_ours), None, "{not_ours}");
         }
@@ -230,23 +234,37 @@ mod tests {
         let foreign_dot = d.join(format!(".notes-{dead}"));
         let step_dir = d.join(format!(".step-40.tmp-{dead}"));
         let live_step = d.join(format!(".step-60.tmp-{me}"));
+        // What fileio::AtomicDir leaves: a checkpoint's step and an export bundle.
+        let new_step = d.join(format!(".step-000000000080.tmp-{dead}-4"));
+        let bundle = d.join(format!(".bundle.tmp-{dead}-0"));
+        let live_bundle = d.join(format!(".bundle.tmp-{me}-1"));
         for (p, n) in [(&dead_file, 100), (&live_file, 200), (&fresh_file, 300), (&foreign, 400), (&foreign_dot, 500)] {
             write(p, n);
         }
-        for s in [&step_dir, &live_step] {
+        for s in [&step_dir, &live_step, &new_step, &bundle, &live_bundle] {
             std::fs::create_dir_all(s.join("sub")).unwrap();
             write(&s.join("dense.bin"), 1000);
             write(&s.join("sub/table.rrt"), 24);
         }
-        for p in [&dead_file, &live_file, &foreign, &foreign_dot, &step_dir.join("dense.bin"), &step_dir.join("sub/table.rrt"), &step_dir.join("sub"), &step_dir, &live_step] {
+        for p in [&dead_file, &live_file, &foreign, &foreign_dot, &live_step, &live_bundle] {
             backdate(p, 60);
         }
-        let want = vec![(format!(".dense.bin.tmp-{dead}-0"), 100), (format!(".step-40.tmp-{dead}"), 1024)];
+        for s in [&step_dir, &new_step, &bundle] {
+            for p in [&s.join("dense.bin"), &s.join("sub/table.rrt"), &s.join("sub"), s] {
+                backdate(p, 60);
+            }
+        }
+        let want = vec![
+            (format!(".bundle.tmp-{dead}-0"), 1024),
+            (format!(".dense.bin.tmp-{dead}-0"), 100),
+            (format!(".step-000000000080.tmp-{dead}-4"), 1024),
+            (format!(".step-40.tmp-{dead}"), 1024),
+        ];
         assert_eq!(names(&stale_temporaries(&d)), want, "listing");
         assert!(dead_file.exists() && step_dir.exists(), "a listing removes nothing");
         assert_eq!(names(&sweep_temporaries(&d)), want);
-        assert!(!dead_file.exists() && !step_dir.exists());
-        for kept in [&live_file, &fresh_file, &foreign, &foreign_dot, &live_step] {
+        assert!(!dead_file.exists() && !step_dir.exists() && !new_step.exists() && !bundle.exists());
+        for kept in [&live_file, &fresh_file, &foreign, &foreign_dot, &live_step, &live_bundle] {
             assert!(kept.exists(), "{} must stay", kept.display());
         }
         // Once old, the fresh one goes too; a second sweep finds nothing else.

@@ -328,7 +328,8 @@ fn damaged_checkpoint_files_are_refused_or_read_exactly() {
     opt.step = 9;
     opt.m.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-4);
     opt.v.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-6);
-    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, params: (0..n).map(|i| (i as f32).sin()).collect() };
+    // An MLP of 300 parameters: 21 x 13 + 13, then 13 x 1 + 1.
+    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, widths: vec![21, 13, 1], params: (0..n).map(|i| (i as f32).sin()).collect() };
     let settings = [("--dim", "8".to_string())];
     let ck = checkpoint::write(&dir.join("ck"), &dense, &table, &settings, 2).unwrap();
     let good = checkpoint::load(&ck).unwrap();

@@ -11,6 +11,7 @@ use common::TempDir;
 use ringrec::embedding::format::{CHECKSUM_AT, HEADER_LEN};
 use ringrec::embedding::*;
 use ringrec::hash::fnv1a64;
+use ringrec::frame::FrameError;
 use ringrec::header::FormatError;
 
 fn cfg(dim: u32, cap: u64, dtype: StorageDtype, opt: OptimizerKind) -> TableConfig {
@@ -237,7 +238,7 @@ fn params_export_import_round_trip_is_bit_exact() {
         t.apply_updates(&keys, &grads(&keys, 6, 8), 0.3).unwrap();
         let params = dir.path(&format!("p{i}.bin"));
         assert_eq!(t.export_params(&params).unwrap(), 150);
-        assert_eq!(std::fs::metadata(&params).unwrap().len(), 24 + 150 * (8 + 24) + 4, "header, records, CRC-32");
+        assert_eq!(std::fs::metadata(&params).unwrap().len(), 32 + 16 + 150 * (8 + 24) + 4, "frame header, payload header, records, CRC-32");
         let u = EmbeddingTable::import_params(&params, &dir.path(&format!("u{i}")), &c).unwrap();
         assert_eq!(u.live_rows(), 150);
         let mut a = vec![0f32; 150 * 6];
@@ -274,13 +275,13 @@ fn import_rejects_bad_params_files_and_leaves_no_table() {
     bytes.pop();
     std::fs::write(&params, &bytes).unwrap();
     let e = EmbeddingTable::import_params(&params, &table, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
-    assert!(matches!(e, TableError::BadParams { .. }) && e.to_string().contains("truncated"), "{e}");
+    assert!(matches!(e, TableError::Frame(FrameError::Truncated { .. })) && e.to_string().contains("truncated"), "{e}");
     write_params(&params, 4, &[1, u64::MAX], &[0.5; 8]).unwrap();
     let e = EmbeddingTable::import_params(&params, &table, &cfg(4, 64, StorageDtype::F32, OptimizerKind::Sgd)).unwrap_err();
     assert!(e.to_string().contains("reserved key"), "{e}");
     assert!(!table.exists(), "a failed import removes the new table");
     std::fs::write(&params, b"RRTABLE\0garbage-garbage-garbage").unwrap();
-    assert!(matches!(read_params_header(&params), Err(TableError::BadParams { .. })));
+    assert!(matches!(read_params_header(&params), Err(TableError::Frame(FrameError::BadMagic { .. }))));
     // Too many records for the capacity.
     let keys: Vec<u64> = (0..20).collect();
     write_params(&params, 1, &keys, &[1.0; 20]).unwrap();

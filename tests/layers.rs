@@ -22,7 +22,7 @@ const LAYERS: &[&str] = &["base", "data", "device", "comm", "embedding", "sparse
 /// The base layer's modules (`src/*.rs`), lowest first: each may use only those before it.
 /// `lib` stands for the crate root's own items (`eprint_line`).
 const BASE_ORDER: &[&str] = &[
-    "lib", "error", "hash", "dtype", "tensor", "header", "fileio", "signals", "onebit", "partition", "settings", "config", "group", "gather", "watchdog", "shm", "stale",
+    "lib", "error", "hash", "dtype", "tensor", "header", "fileio", "frame", "signals", "onebit", "partition", "settings", "config", "group", "gather", "watchdog", "shm", "stale",
     "liveness", "topology", "control", "hostsync",
 ];
 

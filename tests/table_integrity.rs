@@ -153,7 +153,8 @@ fn damaged_sparse_parameter_files_are_refused_naming_the_file() {
     let params = dir.path("rows.params");
     assert_eq!(live.export_params(&params).unwrap(), ROWS);
     let good = std::fs::read(&params).unwrap();
-    assert_eq!(good.len() as u64, 24 + ROWS * (8 + 4 * DIM as u64) + 4);
+    // Version 3: the 32-byte frame header, the 16-byte payload header, the records, the CRC.
+    assert_eq!(good.len() as u64, 32 + 16 + ROWS * (8 + 4 * DIM as u64) + 4);
     let cfg = TableConfig::new(DIM, 16384);
     let want = contents(&EmbeddingTable::import_params(&params, &dir.path("want"), &cfg).unwrap());
     assert_eq!(want.len() as u64, ROWS);

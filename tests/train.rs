@@ -41,9 +41,7 @@ fn newest(dir: &Path) -> std::path::PathBuf {
 }
 
 fn dense_params(dir: &Path) -> Vec<f32> {
-    let b = std::fs::read(newest(dir).join("dense.bin")).expect("dense.bin");
-    let n = u64::from_le_bytes(b[16..24].try_into().unwrap()) as usize;
-    bytemuck::pod_collect_to_vec(&b[24..24 + 4 * n])
+    ringrec::model::dense_bin::read(&newest(dir).join("dense.bin")).expect("dense.bin").params
 }
 
 fn table_file(dir: &Path) -> Vec<u8> {

@@ -20,6 +20,10 @@ pub enum TableError {
     /// The file is not a valid table file (truncated, foreign, another version, damaged).
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// A sparse-parameter file is not a valid framed file (truncated, foreign, newer,
+    /// damaged).
+    #[error(transparent)]
+    Frame(#[from] crate::frame::FrameError),
     /// The index does not agree with the header (e.g. live row count).
     #[error("{path}: corrupt index: {detail}; restore the table from a saved copy")]
     CorruptIndex {

@@ -4,11 +4,13 @@
 //! host-shared table ([`crate::embedding`]).
 
 pub mod dense;
+pub mod dense_bin;
 pub mod input;
 pub mod mlp;
 pub mod optim;
 
 pub use dense::{DenseModel, Part, StageMut};
+pub use dense_bin::DenseWeights;
 pub use input::InputLayout;
 pub use mlp::{Mlp, MlpShape};
 pub use optim::{DenseOptimState, DenseOptimizer, Optimizer};

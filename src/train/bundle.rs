@@ -3,29 +3,21 @@
 //! (`scripts/bundle_predict.py` does, with numpy only).
 //!
 //! ```text
-//! BUNDLE/model.json   what the model is: format name and version, the step it was trained
-//!                     to, the input (how a Criteo TSV line becomes the model's input, every
-//!                     constant included), the MLP's shape, the table's dtype and the rule
-//!                     of the initial rows of keys it does not hold, each file's size and
-//!                     CRC-32 (zlib's, of its bytes before its own 4-byte CRC trailer)
-//! BUNDLE/dense.bin    the MLP's weights and biases (layout below)
-//! BUNDLE/table.bin    the table's live rows: a sparse-parameter file (RRSPARAM version 2,
-//!                     keys ascending, values as f32, its own CRC-32 trailer; see
-//!                     [`crate::embedding::params`])
+//! BUNDLE/model.json   what the model is: format name and version (2), the step it was
+//!                     trained to, the input (how a Criteo TSV line becomes the model's
+//!                     input, every constant included), the MLP's shape, the table's dtype
+//!                     and the rule of the initial rows of keys it does not hold, each file's
+//!                     size and CRC-32 (zlib's, of its bytes before its own 4-byte CRC trailer)
+//! BUNDLE/dense.bin    the MLP's weights and biases: [`crate::model::dense_bin`]'s layout
+//!                     (version 2, no optimizer moments), framed ([`crate::frame`])
+//! BUNDLE/table.bin    the table's live rows: a sparse-parameter file (RRSPARAM version 3,
+//!                     framed, keys ascending, values as f32; see [`crate::embedding::params`])
 //! ```
+//! Both binary files are framed: a 32-byte header (magic, version, header length, payload
+//! length, the header's CRC-32), the payload, and the CRC-32 of every byte before it;
+//! `model.json` spells out both layouts for a reader without ringrec. Bundles of version 1
+//! (`dense.bin` RRMLP version 1, `table.bin` RRSPARAM version 2, both unframed) still open.
 //!
-//! `dense.bin` (little-endian):
-//! ```text
-//! offset        size       field
-//! 0             8          magic "RRMLP\0\0\0"
-//! 8             4          version (1)
-//! 12            4          layers L (hidden layers + 1)
-//! 16            4 (L + 1)  widths u32: input, hidden..., 1
-//! 20 + 4L       4 P        parameters f32, layer by layer (l = 0..L): W_l, widths[l] x
-//!                          widths[l+1] row-major (W_l[i][o] at i * widths[l+1] + o), then
-//!                          b_l (widths[l+1] values); P = sum of widths[l] * widths[l+1] + widths[l+1]
-//! 20 + 4L + 4P  4          CRC-32 (zlib's) of every byte before it
-//! ```
 //! The model: `h_0 = x`; `h_{l+1} = relu(h_l W_l + b_l)` for the hidden layers; the last
 //! layer gives one logit `z = h_{L-1} W_{L-1} + b_{L-1}`; the score is `1 / (1 + exp(-z))`.
 //! `x` is the 26 fields' embedding rows (C1..C26, `dim` values each) then the 13 transformed
@@ -36,18 +28,21 @@
 //! ([`crate::embedding::init`]; the formula and its seed are in `model.json`), exactly as
 //! `train`'s evaluation and `ringrec predict` do: the bundle stays as small as the live rows.
 //!
-//! A bundle is written under a temporary name beside `BUNDLE` (`.BUNDLE.tmp-<pid>`) and
-//! renamed into place, so a crash leaves no half bundle under the name (only that temporary,
-//! to remove); an existing `BUNDLE` is never overwritten.
+//! A bundle is published as one directory ([`crate::fileio::AtomicDir`]: built in
+//! `.BUNDLE.tmp-<pid>-<n>` beside `BUNDLE`, every file and the directory fsynced, renamed
+//! into place, the parent fsynced), so a crash leaves no half bundle under the name (only
+//! that temporary, which `ringrec clean PARENT` removes); an existing `BUNDLE` is never
+//! overwritten.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::embedding::{EmbeddingTable, StorageDtype, TableError};
-use crate::fileio::{write_atomic, IoError};
-use crate::hash::Crc32;
+use crate::fileio::{write_atomic, AtomicDir, IoError};
+use crate::frame::FrameError;
+use crate::model::DenseWeights;
 
 /// `model.json`.
 pub const MODEL_JSON: &str = "model.json";
@@ -57,12 +52,8 @@ pub const DENSE_BIN: &str = "dense.bin";
 pub const TABLE_BIN: &str = "table.bin";
 /// `model.json`'s format name.
 pub const FORMAT: &str = "ringrec-bundle";
-/// `model.json`'s version.
-pub const VERSION: u32 = 1;
-/// First 8 bytes of `dense.bin`.
-pub const DENSE_MAGIC: [u8; 8] = *b"RRMLP\0\0\0";
-/// `dense.bin`'s version.
-pub const DENSE_VERSION: u32 = 1;
+/// `model.json`'s version (this build writes it and reads it and every older one).
+pub const VERSION: u32 = 2;
 
 /// Errors of writing or reading a bundle (or a `dense.bin`); each names the file and what
 /// to do.
@@ -71,6 +62,9 @@ pub enum BundleError {
     /// A file operation failed.
     #[error(transparent)]
     Io(#[from] IoError),
+    /// `dense.bin` is damaged (or not one).
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     /// A file of the bundle is damaged, missing or not what `model.json` says.
     #[error("{path}: {detail}; export the model again (ringrec export --model CHECKPOINT_DIR --out BUNDLE)")]
     Damaged {
@@ -87,6 +81,9 @@ pub enum BundleError {
     Exists(PathBuf),
 }
 
+/// The frame of both binary files, as `model.json` spells it out.
+const FRAME_LAYOUT: &str = "little-endian; a 32-byte header: 8-byte magic, u32 version, u32 header length (32), u64 payload length n, the CRC-32 of the header's first 24 bytes, 4 zero bytes; then the n-byte payload, then the CRC-32 of every byte before it";
+
 /// Result alias of bundles.
 pub type BundleResult<T> = Result<T, BundleError>;
 
@@ -96,92 +93,6 @@ fn damaged(path: &Path, detail: impl Into<String>) -> BundleError {
 
 fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> BundleError + 'a {
     move |e| BundleError::Io(IoError::new(path, op, e))
-}
-
-/// The MLP's layer widths and flat parameters (the layout of [`crate::model::Mlp`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DenseWeights {
-    /// Input, hidden widths..., 1.
-    pub widths: Vec<usize>,
-    /// Per layer W (row-major, in x out) then b.
-    pub params: Vec<f32>,
-}
-
-impl DenseWeights {
-    /// The hidden widths (between the input and the logit).
-    pub fn hidden(&self) -> &[usize] {
-        self.widths.get(1..self.widths.len().saturating_sub(1)).unwrap_or(&[])
-    }
-
-    /// The input width.
-    pub fn input(&self) -> usize {
-        self.widths.first().copied().unwrap_or(0)
-    }
-
-    /// Parameters a model of `widths` has.
-    pub fn count(widths: &[usize]) -> Option<usize> {
-        widths.windows(2).try_fold(0usize, |n, p| n.checked_add(p[0].checked_mul(p[1])?.checked_add(p[1])?))
-    }
-
-    /// The `dense.bin` bytes (see the module docs).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(24 + 4 * (self.widths.len() + self.params.len()));
-        b.extend_from_slice(&DENSE_MAGIC);
-        b.extend_from_slice(&DENSE_VERSION.to_le_bytes());
-        b.extend_from_slice(&(self.widths.len().saturating_sub(1) as u32).to_le_bytes());
-        for w in &self.widths {
-            b.extend_from_slice(&(*w as u32).to_le_bytes());
-        }
-        b.extend_from_slice(bytemuck::cast_slice(&self.params));
-        let crc = crate::hash::crc32(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        b
-    }
-
-    /// Decodes and checks `dense.bin` bytes read from `path`: magic, version, a shape that
-    /// ends in one logit, the length, the CRC-32, finite values.
-    pub fn decode(path: &Path, b: &[u8]) -> BundleResult<DenseWeights> {
-        let word = |at: usize| b.get(at..at + 4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-        if b.get(..8) != Some(&DENSE_MAGIC[..]) {
-            return Err(damaged(path, format!("not a dense weight file (magic {:02x?}, expected \"RRMLP\\0\\0\\0\")", &b[..b.len().min(8)])));
-        }
-        match word(8) {
-            Some(DENSE_VERSION) => {}
-            Some(v) => return Err(damaged(path, format!("version {v}, this build reads version {DENSE_VERSION}"))),
-            None => return Err(damaged(path, "truncated in its header")),
-        }
-        let layers = word(12).ok_or_else(|| damaged(path, "truncated in its header"))? as usize;
-        if layers == 0 || layers > 64 {
-            return Err(damaged(path, format!("{layers} layers, expected 1..=64")));
-        }
-        let widths: Vec<usize> = (0..=layers).map(|i| word(16 + 4 * i).map(|w| w as usize)).collect::<Option<_>>().ok_or_else(|| damaged(path, "truncated in its widths"))?;
-        if widths.contains(&0) || widths.last() != Some(&1) {
-            return Err(damaged(path, format!("widths {widths:?}: every width must be positive and the last 1 (one logit)")));
-        }
-        let n = DenseWeights::count(&widths).ok_or_else(|| damaged(path, format!("widths {widths:?} overflow")))?;
-        let at = 20 + 4 * layers;
-        let want = n.checked_mul(4).and_then(|p| p.checked_add(at + 4));
-        if want != Some(b.len()) {
-            return Err(damaged(path, format!("{} bytes, but widths {widths:?} need {} ({n} parameters and the checksum); the file is truncated or its header is damaged", b.len(), want.map_or("more than 2^64".into(), |w| w.to_string()))));
-        }
-        let (body, trailer) = b.split_at(b.len() - 4);
-        let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-        let computed = crate::hash::crc32(body);
-        if stored != computed {
-            return Err(damaged(path, format!("checksum mismatch: the contents have CRC-32 {computed:#010x}, the file records {stored:#010x}")));
-        }
-        let params: Vec<f32> = bytemuck::pod_collect_to_vec(&body[at..]);
-        if let Some(i) = super::checkpoint::first_non_finite(&params) {
-            return Err(damaged(path, format!("parameter {i} is {} (not finite)", params[i])));
-        }
-        Ok(DenseWeights { widths, params })
-    }
-
-    /// Reads and decodes a `dense.bin` (`--init-dense`).
-    pub fn read(path: &Path) -> BundleResult<DenseWeights> {
-        let b = std::fs::read(path).map_err(io(path, "read"))?;
-        DenseWeights::decode(path, &b)
-    }
 }
 
 /// A file of the bundle as `model.json` lists it.
@@ -292,7 +203,7 @@ pub struct DenseSpec {
 pub struct ModelJson {
     /// `ringrec-bundle`.
     pub format: String,
-    /// Its version (1).
+    /// Its version (2; 1 for a bundle of an older ringrec).
     pub version: u32,
     /// The checkpoint it was exported from.
     pub source: String,
@@ -330,19 +241,7 @@ pub struct ExportSummary {
 /// A file of the bundle checked in one streamed read: its length, the CRC-32 of every
 /// byte before its 4-byte trailer, and that trailer (which must repeat that CRC).
 fn file_sum(path: &Path) -> BundleResult<(u64, u32)> {
-    let mut f = std::fs::File::open(path).map_err(io(path, "open"))?;
-    let len = f.metadata().map_err(io(path, "stat"))?.len();
-    let mut left = len.checked_sub(4).ok_or_else(|| damaged(path, format!("{len} bytes, shorter than its checksum")))?;
-    let (mut crc, mut buf) = (Crc32::new(), vec![0u8; 1 << 20]);
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        f.read_exact(&mut buf[..n]).map_err(io(path, "read"))?;
-        crc.update(&buf[..n]);
-        left -= n as u64;
-    }
-    let mut t = [0u8; 4];
-    f.read_exact(&mut t).map_err(io(path, "read"))?;
-    let (crc, stored) = (crc.finish(), u32::from_le_bytes(t));
+    let (len, crc, stored) = crate::frame::trailer_sum(path)?;
     if crc != stored {
         return Err(damaged(path, format!("checksum mismatch: its contents have CRC-32 {crc:#010x}, its trailer records {stored:#010x}")));
     }
@@ -363,12 +262,11 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "bundle".into());
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent, "create the output's directory"))?;
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let made = (|| -> BundleResult<ExportSummary> {
-        std::fs::create_dir(&tmp).map_err(io(&tmp, "create"))?;
+    let dir = AtomicDir::create(&parent.join(name))?;
+    let tmp = dir.path();
+    let summary = {
         let rows = table.export_params(&tmp.join(TABLE_BIN))?;
-        let bin = dense.encode();
+        let bin = dense.encode(step).map_err(|e| damaged(source, format!("the dense model is not one MLP: {e}")))?;
         write_atomic(&tmp.join(DENSE_BIN), 0o600, |w| w.write_all(&bin))?;
         let mut files = Vec::new();
         for f in [DENSE_BIN, TABLE_BIN] {
@@ -389,11 +287,11 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
                 hidden_activation: "relu".into(),
                 output: "one logit z (identity activation); score = 1 / (1 + exp(-z))".into(),
                 params: dense.params.len(),
-                layout: "magic \"RRMLP\\0\\0\\0\", u32 version 1, u32 layers L, L + 1 u32 widths, then per layer W (in x out, row-major) and b (out) as f32, then the CRC-32 of every byte before it; little-endian".into(),
+                layout: format!("magic \"RRMLP\\0\\0\\0\", version 2; {FRAME_LAYOUT}; the payload: u64 step, u32 layers L, L + 1 u32 widths, u32 moments K (0 here), then per layer W (in x out, row-major) and b (out) as f32"),
             },
             table: TableSpec {
                 file: TABLE_BIN.into(),
-                format: "RRSPARAM version 2: magic \"RRSPARAM\", u32 version 2, u32 dim, u64 count, count records of (u64 key, dim f32), then the CRC-32 of every byte before it; little-endian".into(),
+                format: format!("RRSPARAM version 3: magic \"RRSPARAM\", version 3; {FRAME_LAYOUT}; the payload: u32 dim, u32 zero, u64 count, count records of (u64 key, dim f32)"),
                 dim: h.dim,
                 rows,
                 dtype: h.dtype.name().into(),
@@ -407,19 +305,9 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
         let text = serde_json::to_vec_pretty(&json).map_err(|e| damaged(&tmp.join(MODEL_JSON), format!("encoding: {e}")))?;
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + text.len() as u64 + 1;
-        Ok(ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, rows, params: dense.params.len(), bytes })
-    })();
-    let summary = match made {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, rows, params: dense.params.len(), bytes }
     };
-    std::fs::rename(&tmp, out).map_err(|e| {
-        let _ = std::fs::remove_dir_all(&tmp);
-        BundleError::Io(IoError::new(out, "rename into place", e))
-    })?;
+    dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
 }
 
@@ -467,8 +355,8 @@ impl Bundle {
         let mp = dir.join(MODEL_JSON);
         let text = std::fs::read(&mp).map_err(io(&mp, "read"))?;
         let json: ModelJson = serde_json::from_slice(&text).map_err(|e| damaged(&mp, format!("not a bundle's model.json ({e})")))?;
-        if json.format != FORMAT || json.version != VERSION {
-            return Err(damaged(&mp, format!("format {} version {}, this build reads {FORMAT} version {VERSION}", json.format, json.version)));
+        if json.format != FORMAT || !(1..=VERSION).contains(&json.version) {
+            return Err(damaged(&mp, format!("format {} version {}, this build reads {FORMAT} versions 1 to {VERSION}", json.format, json.version)));
         }
         for name in [&json.dense.file, &json.table.file] {
             let f = json.files.iter().find(|f| &f.name == name).ok_or_else(|| damaged(&mp, format!("lists no checksum for {name}")))?;
@@ -500,22 +388,87 @@ impl Bundle {
 mod tests {
     use super::*;
 
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ringrec-bundle-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A model of dim 1: 26 + 13 inputs, one logit.
+    fn weights() -> DenseWeights {
+        DenseWeights { widths: vec![39, 1], params: (0..40).map(|i| i as f32 * 0.01).collect() }
+    }
+
     #[test]
-    fn dense_weights_round_trip_and_damage_is_named() {
-        let w = DenseWeights { widths: vec![3, 2, 1], params: (0..(3 * 2 + 2 + 2 + 1)).map(|i| i as f32 * 0.5 - 1.0).collect() };
-        let b = w.encode();
-        assert_eq!(b.len(), 20 + 4 * 2 + 4 * 11 + 4);
-        assert_eq!(&b[..8], b"RRMLP\0\0\0");
-        assert_eq!(DenseWeights::decode(Path::new("d"), &b).unwrap(), w);
-        assert_eq!(w.hidden(), &[2]);
-        let mut bad = b.clone();
-        bad[30] ^= 1;
-        assert!(DenseWeights::decode(Path::new("d"), &bad).unwrap_err().to_string().contains("checksum mismatch"));
-        assert!(DenseWeights::decode(Path::new("d"), &b[..b.len() - 1]).unwrap_err().to_string().contains("truncated or its header is damaged"));
-        let mut two = b.clone();
-        two[24] = 2; // last width 2: not one logit
-        assert!(DenseWeights::decode(Path::new("d"), &two).unwrap_err().to_string().contains("the last 1"));
-        assert!(DenseWeights::decode(Path::new("d"), b"RRDENSE2xxxxxxxx").unwrap_err().to_string().contains("not a dense weight file"));
+    fn a_bundle_is_published_whole_and_never_overwritten() {
+        use crate::embedding::TableConfig;
+        let d = scratch("new");
+        let mut t = EmbeddingTable::create(&d.join("live"), &TableConfig::new(1, 64)).unwrap();
+        t.put_rows(&[1, 2], &[0.5, -0.5]).unwrap();
+        let out = d.join("out").join("bundle");
+        let s = write(&out, Path::new("ck"), 7, &weights(), &t).unwrap();
+        assert_eq!((s.rows, s.params), (2, 40));
+        let b = Bundle::open(&out).unwrap();
+        assert_eq!((b.json.version, b.json.step, &b.dense), (2, 7, &weights()));
+        let f = crate::model::dense_bin::read(&out.join(DENSE_BIN)).unwrap();
+        assert_eq!((f.step, f.moments.len()), (Some(7), 0));
+        let ph = crate::embedding::read_params_header(&b.table()).unwrap().0;
+        assert_eq!((ph.version, ph.count), (3, 2));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
+        let names: Vec<String> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["bundle".to_string()], "no temporary left");
+        assert!(matches!(write(&out, Path::new("ck"), 7, &weights(), &t), Err(BundleError::Exists(_))));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_bundle_of_an_older_ringrec_still_opens() {
+        let d = scratch("v1");
+        let w = weights();
+        // dense.bin, RRMLP version 1: magic, u32 version, u32 layers, widths, the
+        // parameters, the CRC-32 of every byte before it.
+        let mut dense = b"RRMLP\0\0\0".to_vec();
+        [1u32, 1, 39, 1].iter().for_each(|x| dense.extend(x.to_le_bytes()));
+        w.params.iter().for_each(|x| dense.extend(x.to_le_bytes()));
+        let crc = crate::hash::crc32(&dense);
+        dense.extend(crc.to_le_bytes());
+        // table.bin, RRSPARAM version 2: magic, u32 version, u32 dim, u64 count, records, CRC.
+        let mut table = b"RRSPARAM".to_vec();
+        table.extend(2u32.to_le_bytes());
+        table.extend(1u32.to_le_bytes());
+        table.extend(2u64.to_le_bytes());
+        for (k, v) in [(1u64, 0.5f32), (2, -0.5)] {
+            table.extend(k.to_le_bytes());
+            table.extend(v.to_le_bytes());
+        }
+        let crc = crate::hash::crc32(&table);
+        table.extend(crc.to_le_bytes());
+        let entry = |name: &str, b: &[u8]| FileEntry { name: name.into(), bytes: b.len() as u64, crc32: crate::hash::crc32(&b[..b.len() - 4]) };
+        let json = ModelJson {
+            format: FORMAT.into(),
+            version: 1,
+            source: "ck".into(),
+            step: 3,
+            dim: 1,
+            input: InputSpec::criteo(),
+            dense: DenseSpec { file: DENSE_BIN.into(), widths: w.widths.clone(), hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
+            table: TableSpec { file: TABLE_BIN.into(), format: String::new(), dim: 1, rows: 2, dtype: "f32".into(), key_order: "ascending".into(), init_seed: 1, init_scale: 0.05, unseen_keys: String::new() },
+            files: vec![entry(DENSE_BIN, &dense), entry(TABLE_BIN, &table)],
+        };
+        std::fs::write(d.join(DENSE_BIN), &dense).unwrap();
+        std::fs::write(d.join(TABLE_BIN), &table).unwrap();
+        std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&json).unwrap()).unwrap();
+        let b = Bundle::open(&d).unwrap();
+        assert_eq!((b.json.version, &b.dense), (1, &w));
+        let s = crate::train::source::ModelSource::open(&d).unwrap().0;
+        assert_eq!((s.step, s.table.rows), (Some(3), 2));
+        // A model.json of a newer ringrec is refused naming its version.
+        let newer = ModelJson { version: 3, ..json };
+        std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&newer).unwrap()).unwrap();
+        assert!(Bundle::open(&d).unwrap_err().to_string().contains("version 3, this build reads ringrec-bundle versions 1 to 2"));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - an **export bundle** ([`super::bundle`]): dense parameters and the table's live rows,
 //!   no optimizer state;
 //! - a **sparse-parameter file** (`RRSPARAM`, [`crate::embedding::params`]): the table's
-//!   rows only (`--init-dense` may add dense weights in the bundle's `dense.bin` layout).
+//!   rows only (`--init-dense` may add dense weights: a bundle's or a checkpoint's `dense.bin`,
+//!   [`crate::model::dense_bin`]).
 //!
 //! Rank 0 resolves and checks the source (every checksum); [`ModelSource::share`] gives
 //! every rank the same description and dense values, and each host leader then fills its
@@ -19,14 +20,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::bundle::{Bundle, BundleError, DenseWeights};
+use super::bundle::{Bundle, BundleError};
 use super::checkpoint::{self, CheckpointError, Manifest};
 use super::TrainResult;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
-use crate::model::DenseOptimState;
+use crate::model::{DenseOptimState, DenseWeights};
 use crate::topology::Topology;
 
 /// What kind of model a path holds.
@@ -216,7 +217,7 @@ impl ModelSource {
             }
             return match &magic {
                 m if *m == crate::embedding::params::PARAMS_MAGIC => Ok((ModelSource::params(path)?, Vec::new())),
-                m if *m == super::bundle::DENSE_MAGIC => Err(not("dense weights only (a bundle's dense.bin): pass the table with --init-from and this file with --init-dense")),
+                m if *m == crate::model::dense_bin::DENSE_FRAME.magic => Err(not("dense weights only (a bundle's or a checkpoint's dense.bin): pass the table with --init-from and this file with --init-dense")),
                 _ => Err(not("not a sparse-parameter file (RRSPARAM), a checkpoint directory or an export bundle")),
             };
         }
@@ -224,14 +225,24 @@ impl ModelSource {
             return Ok((ModelSource::bundle(path, Bundle::open(path)?)?, Vec::new()));
         }
         let (ck, warnings) = if path.join(checkpoint::MANIFEST).is_file() { (checkpoint::load(path)?, Vec::new()) } else { checkpoint::find(path, |_| Ok(()))? };
-        let hidden = hidden_of(&ck.dir, &ck.manifest)?;
         let table = ck.table();
         let h = table_header(&table)?;
-        let mut widths = vec![input_width(h.dim as usize)];
-        widths.extend(&hidden);
-        widths.push(1);
-        if DenseWeights::count(&widths) != Some(ck.dense.params.len()) {
-            return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("{} dense parameters, but dim {} and --hidden {hidden:?} need {:?}", ck.dense.params.len(), h.dim, DenseWeights::count(&widths)) }.into());
+        let widths = if ck.dense.widths.is_empty() {
+            // A checkpoint of an older ringrec: dense.bin records no widths; the manifest's
+            // --hidden and the table's dim give them.
+            let hidden = hidden_of(&ck.dir, &ck.manifest)?;
+            let mut widths = vec![input_width(h.dim as usize)];
+            widths.extend(&hidden);
+            widths.push(1);
+            if DenseWeights::count(&widths) != Some(ck.dense.params.len()) {
+                return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("{} dense parameters, but dim {} and --hidden {hidden:?} need {:?}", ck.dense.params.len(), h.dim, DenseWeights::count(&widths)) }.into());
+            }
+            widths
+        } else {
+            ck.dense.widths.clone()
+        };
+        if widths.first() != Some(&input_width(h.dim as usize)) {
+            return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("widths {widths:?}: the input is not {} wide, as the table's dim {} needs", input_width(h.dim as usize), h.dim) }.into());
         }
         let dense = DenseWeights { widths, params: ck.dense.params };
         let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };

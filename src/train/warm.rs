@@ -30,7 +30,7 @@ use crate::embedding::TableConfig;
 use crate::model::DenseOptimState;
 use crate::topology::Topology;
 
-use super::bundle::DenseWeights;
+use crate::model::DenseWeights;
 use super::source::input_width;
 
 /// Rank 0's checks of `m` against this run (see the module docs); what to share: the

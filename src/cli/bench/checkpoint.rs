@@ -35,7 +35,7 @@ pub fn run(args: &CheckpointBenchArgs) -> anyhow::Result<()> {
     let params = shape.init_params(1);
     let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, params.len());
     opt.step = 1;
-    let dense = DenseState { step: 1, epoch: 0, step_in_epoch: 1, opt, params };
+    let dense = DenseState { step: 1, epoch: 0, step_in_epoch: 1, opt, widths: shape.widths(), params };
     println!("# ringrec bench checkpoint: dim 16 f32 table, {} dense parameters + Adam; best of {}; dir {}", dense.params.len(), args.repeats, args.dir.display());
     println!("{:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}", "rows", "MB", "write s", "verify s", "sums s", "MB/s sum", "sums %");
     for &rows in &args.rows {

@@ -14,11 +14,12 @@ ARG UBUNTU=ubuntu24.04
 FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
 ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
-# The same set-up script CI runs: Open MPI, libclang, pkg-config, a C compiler, Python, Rust;
+# The same set-up script CI runs (--tests: the build runs the test suite): Open MPI,
+# libclang, pkg-config, a C compiler, Python, Rust;
 # then the CUDA runtime libraries ringrec loads, where the image lacks them.
 COPY scripts/setup.sh scripts/cuda-runtime-libs.sh scripts/
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends curl ca-certificates \
-    && scripts/setup.sh && scripts/cuda-runtime-libs.sh && rm -rf /var/lib/apt/lists/*
+    && scripts/setup.sh --tests && scripts/cuda-runtime-libs.sh && rm -rf /var/lib/apt/lists/*
 ENV PATH=/root/.cargo/bin:${PATH}
 COPY . .
 RUN cargo build --release --locked --features cuda \

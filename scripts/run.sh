@@ -10,7 +10,7 @@
 #   scripts/run.sh --epochs 2 --json       # any `ringrec train` flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh          # only what building and training need (the tests' extras: scripts/test.sh)
 # A toolchain that setup.sh just installed with rustup is not on PATH yet.
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
 cargo build --release --locked

@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Installs the system packages ringrec needs on Debian/Ubuntu, only when missing.
 # Idempotent: a second run installs nothing and exits 0.
-#   Open MPI (mpirun + headers + pkg-config file) -- the launcher and the `mpi` crate's C side
-#   libclang + clang headers                    -- bindgen, used by mpi-sys to read mpi.h
-#   pkg-config, build-essential                -- locating and compiling the MPI shim
-#   python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
-#                                                 libraries from PyPI for the library probe test)
-#   python3-numpy                              -- scripts/bundle_predict.py (tests/predict.rs)
-#   slurm-wlm, munge                           -- tests/serve.rs: a real single-node Slurm
-#                                                 (scripts/slurm/cluster.sh) for `ringrec serve`
-#   chromium, chromium-driver                  -- tests/serve.rs: the dashboard in headless
-#                                                 Chromium (WebDriver)
-# The last two sets are installed apart and best effort: where the distribution lacks them
-# (Ubuntu ships Chromium only as a snap), those tests print `skipped: <reason>`.
+#   scripts/setup.sh           what building and running ringrec needs (scripts/run.sh):
+#     Open MPI (mpirun + headers + pkg-config file) -- the launcher and the `mpi` crate's C side
+#     libclang + clang headers                    -- bindgen, used by mpi-sys to read mpi.h
+#     pkg-config, build-essential                -- locating and compiling the MPI shim
+#     Rust (rustup, with clippy)                 -- when there is no cargo
+#   scripts/setup.sh --tests   the above, and what only the test suite needs (scripts/test.sh):
+#     g++                                        -- the CUDA kernels compiled as host C++
+#                                                   (HostKernels, `--device host`)
+#     python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
+#                                                   libraries from PyPI for the library probe test)
+#     python3-numpy                              -- scripts/bundle_predict.py (tests/predict.rs)
+#     slurm-wlm, munge                           -- tests/serve.rs: a real single-node Slurm
+#                                                   (scripts/slurm/cluster.sh) for `ringrec serve`
+#     chromium, chromium-driver                  -- tests/serve.rs: the dashboard in headless
+#                                                   Chromium (WebDriver)
+# Slurm and Chromium are installed apart and best effort: where the distribution lacks them
+# (Ubuntu ships Chromium only as a snap), or without root, those tests print `skipped: <reason>`.
 set -euo pipefail
+
+tests=0
+case "${1:-}" in
+  "") ;;
+  --tests) tests=1 ;;
+  *) echo "usage: scripts/setup.sh [--tests]" >&2; exit 2 ;;
+esac
 
 need=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -25,18 +37,20 @@ have_pkg libclang-dev || need+=(libclang-dev)
 have_pkg clang || need+=(clang)
 have_cmd pkg-config || need+=(pkg-config)
 have_cmd cc || need+=(build-essential)
-have_cmd c++ || need+=(g++)
-have_cmd python3 || need+=(python3)
-python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
-# numpy for scripts/bundle_predict.py (the independent reader of export bundles; its test
-# skips without it): the distribution's, for the system python3.
-python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || need+=(python3-numpy)
 
 serve_need=()
-{ have_cmd slurmctld || [ -x /usr/sbin/slurmctld ]; } && have_cmd sbatch || serve_need+=(slurm-wlm)
-have_cmd munged || [ -x /usr/sbin/munged ] || serve_need+=(munge)
-[ -x /usr/bin/chromium ] || serve_need+=(chromium)
-[ -x /usr/bin/chromedriver ] || serve_need+=(chromium-driver)
+if [ "$tests" = 1 ]; then
+  have_cmd c++ || need+=(g++)
+  have_cmd python3 || need+=(python3)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+  # numpy for scripts/bundle_predict.py (the independent reader of export bundles; its test
+  # skips without it): the distribution's, for the system python3.
+  python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || need+=(python3-numpy)
+  { have_cmd slurmctld || [ -x /usr/sbin/slurmctld ]; } && have_cmd sbatch || serve_need+=(slurm-wlm)
+  have_cmd munged || [ -x /usr/sbin/munged ] || serve_need+=(munge)
+  [ -x /usr/bin/chromium ] || serve_need+=(chromium)
+  [ -x /usr/bin/chromedriver ] || serve_need+=(chromium-driver)
+fi
 
 install_serve() {
   [ ${#serve_need[@]} -eq 0 ] && return
@@ -70,8 +84,10 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 
+present="Open MPI, libclang, pkg-config, cc"
+[ "$tests" = 0 ] || present="$present, c++, python3 with venv and numpy"
 if [ ${#need[@]} -eq 0 ]; then
-  echo "setup: system packages present (Open MPI, libclang, pkg-config, cc, python3 with venv)"
+  echo "setup: system packages present ($present)"
   [ ${#serve_need[@]} -eq 0 ] || $SUDO apt-get update -qq || true
   install_serve
   install_rust

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite (what CI runs through .ci/run):
-#   1. installs the system packages a fresh Debian/Ubuntu machine lacks (scripts/setup.sh),
+#   1. installs the system packages a fresh Debian/Ubuntu machine lacks, the tests' extras
+#      included (scripts/setup.sh --tests: Python, numpy, Slurm, Chromium),
 #   2. builds and lints the CUDA feature, which must compile on machines without CUDA, and
 #      lints the build without it; builds the library alone (--no-default-features: no
 #      clap, tokio, axum, rusqlite, anyhow, indicatif or sha2, checked with cargo tree),
@@ -14,7 +15,7 @@
 #      skipped, with the reason, without a Docker engine or RINGREC_DOCKER_CHECK=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 # A toolchain that setup.sh just installed with rustup is not on PATH yet.
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
 target=${CARGO_TARGET_DIR:-target}

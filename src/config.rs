@@ -46,7 +46,7 @@ macro_rules! named_enum {
 }
 pub(crate) use named_enum;
 
-/// The process-level settings (see the README's table of knobs).
+/// The process-level settings (see the table of docs/configuration.md).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {
     /// `RINGREC_RANKS_PER_HOST`: cut each host into simulated hosts of this many ranks.

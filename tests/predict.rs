@@ -51,7 +51,7 @@ fn python() -> Result<String, String> {
             return Ok(p.to_string());
         }
     }
-    Err("no python3 with numpy (scripts/setup.sh installs python3-numpy)".into())
+    Err("no python3 with numpy (scripts/setup.sh --tests installs python3-numpy)".into())
 }
 
 #[test]

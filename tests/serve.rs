@@ -527,7 +527,7 @@ impl Cluster {
         for b in ["slurmctld", "slurmd", "munged", "sbatch"] {
             let found = Command::new("sh").args(["-c", &format!("command -v {b} || test -x /usr/sbin/{b}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
             if !found {
-                eprintln!("skipped: {b} is not installed (scripts/setup.sh installs slurm-wlm and munge)");
+                eprintln!("skipped: {b} is not installed (scripts/setup.sh --tests installs slurm-wlm and munge)");
                 return None;
             }
         }
@@ -627,7 +627,7 @@ impl Browser {
     fn start() -> Option<Browser> {
         for b in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
             if !Path::new(b).exists() {
-                eprintln!("skipped: {b} is not installed (scripts/setup.sh installs chromium and chromium-driver)");
+                eprintln!("skipped: {b} is not installed (scripts/setup.sh --tests installs chromium and chromium-driver)");
                 return None;
             }
         }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node Slurm cluster in a directory of its own (tests, demos): munged, slurmctld and
-# slurmd from the distribution's packages (scripts/setup.sh installs them), configured for
+# slurmd from the distribution's packages (scripts/setup.sh --tests installs them), configured for
 # this machine and nothing else. Nothing is written outside DIR; the system's own Slurm and
 # munge configuration (if any) are untouched.
 #
@@ -43,7 +43,7 @@ fi
 [ "$cmd" = start ] || die "unknown command '$cmd' (start or stop)"
 
 for b in munged mungekey slurmctld slurmd sbatch squeue scontrol; do
-  command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || die "$b not found: run scripts/setup.sh (Debian packages slurm-wlm and munge)"
+  command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || die "$b not found: run scripts/setup.sh --tests (Debian packages slurm-wlm and munge)"
 done
 PATH=$PATH:/usr/sbin
 

@@ -63,7 +63,7 @@ fn sh_quote(s: &str) -> String {
 /// A command's stdout, or an error naming it and its stderr.
 fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let name = format!("{:?}", cmd.get_program());
-    let o = cmd.output().with_context(|| format!("running {name} (is Slurm installed? scripts/setup.sh)"))?;
+    let o = cmd.output().with_context(|| format!("running {name} (is Slurm installed? scripts/setup.sh --tests)"))?;
     if !o.status.success() {
         bail!("{name} failed ({}): {}", o.status, String::from_utf8_lossy(&o.stderr).trim());
     }

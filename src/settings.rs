@@ -212,12 +212,12 @@ pub(crate) use list_settings;
 list_settings!(usize => Arity::List, PathBuf => Arity::List);
 
 /// Makes an option enum with `parse(&str) -> Option<Self>` and `name()` a [`Word`] and a
-/// setting of one value; `$choices` is what the error lists.
+/// setting of one value; the error names `$what` and lists `$choices`.
 macro_rules! word_enum {
-    ($t:ty, $choices:literal) => {
+    ($t:ty, $what:literal, $choices:literal) => {
         impl $crate::settings::Word for $t {
             fn parse_word(s: &str) -> Result<$t, String> {
-                <$t>::parse(s).ok_or_else(|| format!("`{s}` is not one of {}", $choices))
+                <$t>::parse(s).ok_or_else(|| format!("`{s}` is not a {}; choose from {}", $what, $choices))
             }
             fn word(&self) -> String {
                 self.to_string()

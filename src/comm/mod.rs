@@ -79,7 +79,7 @@ impl std::fmt::Display for Backend {
     }
 }
 
-crate::settings::word_enum!(Backend, "mpi, ring, shm, hier");
+crate::settings::word_enum!(Backend, "backend", "mpi, ring, shm, hier");
 
 /// Collective operations among the ranks of one group (the world, a host, or the ranks
 /// across hosts). Every rank of the group must make the same sequence of calls.

@@ -86,7 +86,7 @@ impl std::fmt::Display for Placement {
     }
 }
 
-crate::settings::word_enum!(Placement, "auto, cpu, cuda, host");
+crate::settings::word_enum!(Placement, "device", "auto, cpu, cuda, host");
 
 /// The GPU ordinal of a rank: `local_rank % devices`, where `local_rank` counts the ranks
 /// of its machine. Every launcher's layout works: with all GPUs visible to all ranks, rank

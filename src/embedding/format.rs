@@ -166,7 +166,7 @@ impl std::fmt::Display for StorageDtype {
     }
 }
 
-crate::settings::word_enum!(StorageDtype, "f32, f16, bf16");
+crate::settings::word_enum!(StorageDtype, "storage dtype", "f32, f16, bf16");
 
 /// The sparse optimizer whose state the table carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

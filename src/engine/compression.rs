@@ -132,7 +132,7 @@ impl std::fmt::Display for Compression {
     }
 }
 
-crate::settings::word_enum!(Compression, "none, fp16, bf16, 1bit, 1bit-l1");
+crate::settings::word_enum!(Compression, "compression", "none, fp16, bf16, 1bit, 1bit-l1");
 
 /// Casts `src` to the half type `wire` into `dst` (2 bytes per element).
 pub fn to_half(src: &[f32], dst: &mut [u8], wire: DType) {

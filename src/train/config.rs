@@ -254,8 +254,10 @@ settings! {
         #[setting(flag = "--table-dtype", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "DTYPE")]
         pub table_dtype: StorageDtype = StorageDtype::F32,
         /// Largest size of the host table file (e.g. 8G): the table doubles when it passes
-        /// 70% load up to this size, then evicts (--evict). Default: half of what the
-        /// shared-memory directory has free at the start (shared among a machine's hosts).
+        /// 70% load up to this size, then evicts (--evict). Default: what a growth's peak
+        /// (old and new table at once) leaves room for beside the sparse exchange's host
+        /// boards in the shared-memory directory's free space at the start, at most half of
+        /// it (shared among a machine's hosts).
         #[setting(flag = "--table-max-bytes", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BYTES", parse = parse_bytes)]
         pub table_max_bytes: Option<u64> = None,
         /// A key gets its own row in the K-th step that holds it; until then it reads its

@@ -1,0 +1,89 @@
+//! Issue 36's rough edges, each pinned by the case that showed it: a growing table on a
+//! small shared-memory directory evicts instead of stopping the job (2 and 4 ranks on a
+//! tmpfs).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::TempDir;
+
+/// Where Open MPI's shared-memory transport puts its own segments (default /dev/shm): in the
+/// test's data directory, so that they do not take the test's tmpfs.
+const VADER_DIR: &str = "OMPI_MCA_btl_vader_backing_directory";
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_ringrec")
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A tmpfs mounted on a fresh directory, unmounted when dropped (before the directory is
+/// removed).
+struct Tmpfs(TempDir);
+
+impl Tmpfs {
+    /// A tmpfs of `size` (`20m`), or `None` (saying why) when it cannot be mounted.
+    fn mount(name: &str, size: &str) -> Option<Tmpfs> {
+        if !is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return None;
+        }
+        let dir = TempDir::new(name);
+        let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&dir.0).status();
+        if !mounted.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot mount a tmpfs of {size} on {}", dir.0.display());
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0 .0).status();
+    }
+}
+
+/// A field of a JSON summary line.
+fn field(stdout: &str, name: &str) -> u64 {
+    let v: serde_json::Value = stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("no JSON summary in:\n{stdout}"));
+    v[name].as_u64().unwrap_or_else(|| panic!("no {name} in {v}"))
+}
+
+/// `np` ranks on one host with a tmpfs of `size` as the shared-memory directory and a
+/// 16384-slot table that the data outgrows: the default --table-max-bytes leaves room for a
+/// growth's peak beside every segment, so the table grows, then evicts, and the job ends
+/// well (before issue 36, a growth failed for want of space and stopped the job).
+fn grows_then_evicts(np: usize, size: &str) {
+    let Some(shm) = Tmpfs::mount(&format!("edges-tmpfs-{np}"), size) else { return };
+    let data = TempDir::new(&format!("edges-tmpfs-data-{np}"));
+    let (s, d) = (shm.0 .0.display().to_string(), data.0.display().to_string());
+    let env = [("RINGREC_SHM_DIR", s.as_str()), ("RINGREC_DATA_DIR", d.as_str()), ("RINGREC_COMM_TIMEOUT_SECONDS", "60"), (VADER_DIR, d.as_str())];
+    let args = ["train", "--no-progress", "--json", "--no-eval", "--table-capacity", "16384", "--synth-rows", "100000", "--batch", "256", "--max-steps", "300"];
+    let job = common::mpirun_exe(Path::new(exe()), np, &env, &args, Duration::from_secs(600));
+    job.assert_ok();
+    let (growths, evictions, capacity, max_bytes) = (field(&job.stdout, "table_growths"), field(&job.stdout, "table_evictions"), field(&job.stdout, "table_capacity"), field(&job.stdout, "table_max_bytes"));
+    eprintln!("{np} ranks on {size}: {growths} growth(s) to {capacity} slots, {evictions} rows evicted, limit {max_bytes} bytes");
+    assert!(growths >= 1 && capacity > 16384, "the table grew while there was room: {growths} growths, {capacity} slots");
+    assert!(evictions > 0, "at its largest size the table evicted");
+    let left: Vec<_> = std::fs::read_dir(&shm.0 .0).expect("tmpfs").flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left in the tmpfs: {left:?}");
+}
+
+#[test]
+fn a_table_on_a_small_shared_memory_directory_evicts_instead_of_failing_with_2_ranks() {
+    grows_then_evicts(2, "20m");
+}
+
+#[test]
+fn a_table_on_a_small_shared_memory_directory_evicts_instead_of_failing_with_4_ranks() {
+    // 4 ranks' collective segments alone take about 17 MB: 40 MB leave the table as little
+    // room as 20 MB leave 2 ranks.
+    grows_then_evicts(4, "40m");
+}

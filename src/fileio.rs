@@ -185,6 +185,61 @@ pub fn write_atomic(dest: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&Fi
     f.commit()
 }
 
+/// What a file of type `t` is, in words, when it is not a regular file (`None` for one):
+/// `a FIFO`, `a socket`, `a character device`, `a block device`, `a directory`.
+pub fn special_kind(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    Some(match t {
+        t if t.is_file() => return None,
+        t if t.is_fifo() => "a FIFO",
+        t if t.is_socket() => "a socket",
+        t if t.is_char_device() => "a character device",
+        t if t.is_block_device() => "a block device",
+        t if t.is_dir() => "a directory",
+        _ => "not a regular file",
+    })
+}
+
+/// The error of an input that is `kind` ([`special_kind`]) rather than a regular file.
+fn not_regular(kind: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {kind}, not a regular file; ringrec reads its inputs from regular files only (a FIFO, a socket or a device could make it wait without end)"))
+}
+
+/// Opens `path` as `options` say, as an input: only a regular file. The open itself cannot
+/// wait (`O_NONBLOCK`: a FIFO without a writer would block it), the descriptor's type is
+/// checked (`fstat`, so a path swapped after a check is caught too), and a FIFO, socket or
+/// device is refused with an error saying what it is; reads then block as usual. Every
+/// file ringrec reads from a user, a checkpoint or a bundle is opened so.
+pub fn open_regular(options: &mut OpenOptions, path: &Path) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let f = options.custom_flags(libc::O_NONBLOCK).open(path)?;
+    if let Some(kind) = special_kind(f.metadata()?.file_type()) {
+        return Err(not_regular(kind));
+    }
+    // SAFETY: fcntl on a descriptor `f` owns; F_GETFL/F_SETFL touch no memory.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
+}
+
+/// Opens the input `path` for reading ([`open_regular`]).
+pub fn open_input(path: &Path) -> std::io::Result<File> {
+    open_regular(OpenOptions::new().read(true), path)
+}
+
+/// Reads the whole input `path` ([`open_regular`]).
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = open_input(path)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Bytes free for this user on the filesystem of `path` (`statvfs`), when it can be read.
 pub fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -273,6 +328,25 @@ mod tests {
         let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn inputs_that_are_not_regular_files_are_refused_without_waiting() {
+        let root = std::env::temp_dir().join(format!("ringrec-open-input-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let fifo = root.join("f.tsv");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: a plain open would block here for ever.
+        let e = open_input(&fifo).unwrap_err().to_string();
+        assert!(e.starts_with("it is a FIFO, not a regular file"), "{e}");
+        assert!(read_input(Path::new("/dev/null")).unwrap_err().to_string().starts_with("it is a character device"));
+        assert!(open_input(&root).unwrap_err().to_string().starts_with("it is a directory"));
+        std::fs::write(root.join("a"), b"x").unwrap();
+        assert_eq!(read_input(&root.join("a")).unwrap(), b"x");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -87,3 +87,42 @@ fn a_table_on_a_small_shared_memory_directory_evicts_instead_of_failing_with_4_r
     // room as 20 MB leave 2 ranks.
     grows_then_evicts(4, "40m");
 }
+
+/// A FIFO named `name` in `dir`, with no writer.
+fn fifo(dir: &TempDir, name: &str) -> std::path::PathBuf {
+    let p = dir.path(name);
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+    p
+}
+
+/// `ringrec ARGS` alone (a world of one rank), killed after `secs` seconds.
+fn ringrec(args: &[&str], env: &[(&str, &str)], secs: u64) -> common::Job {
+    let mut cmd = Command::new(exe());
+    cmd.args(args).envs(env.iter().copied());
+    common::run_with_timeout(cmd, Duration::from_secs(secs))
+}
+
+/// Every command that opens an input refuses a FIFO at once, saying what it is, as `train`
+/// does (before issue 36, `data prepare` on a FIFO without a writer waited for ever).
+#[test]
+fn every_command_that_opens_an_input_refuses_a_fifo_at_once() {
+    let dir = TempDir::new("edges-fifo");
+    let f = fifo(&dir, "f.tsv");
+    let (fs, out, data) = (f.display().to_string(), dir.path("o.rrdata").display().to_string(), dir.path("data").display().to_string());
+    let cases: [Vec<&str>; 5] = [
+        vec!["data", "prepare", &fs, &out],
+        vec!["data", "inspect", &fs],
+        vec!["table", "import", &fs, &out],
+        vec!["table", "inspect", &fs],
+        vec!["train", "--no-progress", "--data", &fs, "--max-steps", "1"],
+    ];
+    for args in cases {
+        let job = ringrec(&args, &[("RINGREC_DATA_DIR", &data)], 60);
+        assert!(!job.timed_out, "`ringrec {}` waited on the FIFO", args.join(" "));
+        assert!(job.code.is_some_and(|c| c != 0), "`ringrec {}` must fail:\n{}", args.join(" "), job.all());
+        assert!(job.stderr.contains(&fs) && job.stderr.contains("it is a FIFO, not a regular file"), "`ringrec {}` must name the FIFO and say what it is:\n{}", args.join(" "), job.stderr);
+    }
+    assert!(!dir.path("o.rrdata").exists());
+}

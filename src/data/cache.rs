@@ -503,7 +503,7 @@ impl Dataset {
 
     /// Maps `path` after checking its header and layout (not its sections' sums).
     fn map(path: &Path) -> DataResult<Dataset> {
-        let file = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+        let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
         // reported before anything is mapped.

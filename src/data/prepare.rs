@@ -133,7 +133,7 @@ fn count_newlines(bytes: &[u8]) -> u64 {
 /// Lines of the file `path` of `len` bytes (newlines, plus one for a last line without a
 /// newline) and its CRC-32, read in `threads` ranges at once.
 pub fn count_lines(path: &Path, len: u64, threads: usize) -> DataResult<(u64, u32)> {
-    let f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+    let f = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
     let threads = threads.max(1);
     let parts = on_threads(threads, |t| -> DataResult<(u64, Crc32)> {
         let (start, end) = (len * t as u64 / threads as u64, len * (t as u64 + 1) / threads as u64);
@@ -310,7 +310,7 @@ struct Chunks<'a> {
 
 impl<'a> Chunks<'a> {
     fn new(tsv: &'a Path, len: u64, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> DataResult<Chunks<'a>> {
-        let src = File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
+        let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
         let chunk = opts.chunk_bytes.max(1);
         let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
         Ok(Chunks { tsv, src, len, chunk, count: len.div_ceil(chunk) as usize, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() })

@@ -353,7 +353,7 @@ impl Bundle {
     /// `model.json`, `table.bin`'s header against `model.json`.
     pub fn open(dir: &Path) -> BundleResult<Bundle> {
         let mp = dir.join(MODEL_JSON);
-        let text = std::fs::read(&mp).map_err(io(&mp, "read"))?;
+        let text = crate::fileio::read_input(&mp).map_err(io(&mp, "read"))?;
         let json: ModelJson = serde_json::from_slice(&text).map_err(|e| damaged(&mp, format!("not a bundle's model.json ({e})")))?;
         if json.format != FORMAT || !(1..=VERSION).contains(&json.version) {
             return Err(damaged(&mp, format!("format {} version {}, this build reads {FORMAT} versions 1 to {VERSION}", json.format, json.version)));

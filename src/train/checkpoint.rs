@@ -341,7 +341,7 @@ fn prune(dir: &Path, keep: usize, current: u64) {
 
 /// The step `LATEST` points to, if it names a checkpoint directory.
 pub fn latest_step(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join(LATEST)).ok()?;
+    let text = String::from_utf8(crate::fileio::read_input(&dir.join(LATEST)).ok()?).ok()?;
     step_of(text.trim())
 }
 
@@ -370,7 +370,7 @@ fn damaged(path: &Path, detail: impl Into<String>) -> CheckpointError {
 /// Reads and checks the manifest of the checkpoint `ck`.
 pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     let p = ck.join(MANIFEST);
-    let bytes = std::fs::read(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
+    let bytes = crate::fileio::read_input(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
     let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
     let cut = text.iter().rposition(|b| *b == b'\n').ok_or_else(|| damaged(&p, "no checksum line"))?;
     let (body, seal) = (&text[..cut], &text[cut + 1..]);
@@ -428,7 +428,7 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     let entry = |name: &str| m.files.iter().find(|f| f.name == name).ok_or_else(|| damaged(&ck.join(MANIFEST), format!("lists no {name}")));
     let (de, _) = (entry(DENSE)?, entry(TABLE)?);
     let bp = ck.join(DENSE);
-    let bin = std::fs::read(&bp).map_err(|e| damaged(&bp, format!("cannot read it ({e})")))?;
+    let bin = crate::fileio::read_input(&bp).map_err(|e| damaged(&bp, format!("cannot read it ({e})")))?;
     if Some(crate::hash::crc32(&bin)) != de.crc32 {
         return Err(damaged(&bp, "its CRC-32 differs from the manifest's"));
     }

@@ -196,7 +196,7 @@ fn hidden_of(ck: &Path, m: &Manifest) -> Result<Vec<usize>, SourceError> {
 /// file is opened to be used).
 fn table_header(path: &Path) -> Result<Header, SourceError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| TableError::io(path, "open", e))?;
+    let f = crate::fileio::open_input(path).map_err(|e| TableError::io(path, "open", e))?;
     let len = f.metadata().map_err(|e| TableError::io(path, "stat", e))?.len();
     let mut head = Vec::with_capacity(crate::header::HEADER_LEN as usize);
     f.take(crate::header::HEADER_LEN).read_to_end(&mut head).map_err(|e| TableError::io(path, "read", e))?;
@@ -213,7 +213,7 @@ impl ModelSource {
             let mut magic = [0u8; 8];
             {
                 use std::io::Read;
-                let _ = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+                let _ = crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut magic));
             }
             return match &magic {
                 m if *m == crate::embedding::params::PARAMS_MAGIC => Ok((ModelSource::params(path)?, Vec::new())),

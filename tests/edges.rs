@@ -126,3 +126,54 @@ fn every_command_that_opens_an_input_refuses_a_fifo_at_once() {
     }
     assert!(!dir.path("o.rrdata").exists());
 }
+
+/// `data prepare` and the cache preparation under `train` say what an input that is not a
+/// TSV is, and an input without rows (empty, or only empty lines) is the same error
+/// naming it for both (before issue 36: "every one of its 1 line(s) is malformed (utf8 1)"
+/// for a cache, "not valid UTF-8" for a gzipped TSV, and an empty file gave a 0-row cache).
+#[test]
+fn inputs_that_are_not_tsv_or_hold_no_rows_are_named_for_what_they_are() {
+    let dir = TempDir::new("edges-not-tsv");
+    let data = dir.path("data").display().to_string();
+    let tsv = dir.path("s.tsv");
+    ringrec::data::synth(&tsv, 300, 1).expect("synth");
+    let cache = dir.path("s.rrdata");
+    ringrec::data::prepare(&tsv, &cache, 0).expect("prepare");
+    let bytes = std::fs::read(&tsv).unwrap();
+    let gz = dir.path("s.tsv.gz");
+    let mut gzip = Command::new("gzip");
+    gzip.args(["-k", "-f"]).arg(&tsv);
+    let have_gzip = gzip.status().is_ok_and(|s| s.success());
+    let zst = dir.path("s.tsv.zst");
+    std::fs::write(&zst, [&[0x28, 0xb5, 0x2f, 0xfd][..], &bytes[..64]].concat()).unwrap();
+    let (empty, blank) = (dir.path("empty.tsv"), dir.path("blank.tsv"));
+    std::fs::write(&empty, b"").unwrap();
+    std::fs::write(&blank, b"\n").unwrap();
+    let mut cases = vec![
+        (cache.clone(), "it is already a prepared dataset cache".to_string()),
+        (zst.clone(), "it is zstd-compressed, and ringrec reads plain TSV: decompress it first".to_string()),
+        (empty.clone(), "holds no rows (the file is empty)".to_string()),
+        (blank.clone(), "holds no rows (its 1 line(s) are all empty)".to_string()),
+    ];
+    if have_gzip {
+        cases.push((gz.clone(), "it is gzip-compressed, and ringrec reads plain TSV: decompress it first (gunzip -k".to_string()));
+    }
+    for (input, want) in &cases {
+        let p = input.display().to_string();
+        let out = dir.path("o.rrdata").display().to_string();
+        let job = ringrec(&["data", "prepare", &p, &out], &[], 60);
+        assert_eq!(job.code, Some(1), "data prepare {p}:\n{}", job.all());
+        assert!(job.stderr.contains(&format!("{p}: {want}")), "data prepare {p}: expected `{p}: {want}` in:\n{}", job.stderr);
+        if input == &cache {
+            continue; // train takes a cache as it is
+        }
+        let job = ringrec(&["train", "--no-progress", "--data", &p, "--max-steps", "1"], &[("RINGREC_DATA_DIR", &data)], 60);
+        assert_ne!(job.code, Some(0), "train --data {p}:\n{}", job.all());
+        assert!(job.stderr.contains(&format!("{p}: {want}")), "train --data {p}: expected `{p}: {want}` in:\n{}", job.stderr);
+    }
+    // A cache under another name is opened as the cache it is, not parsed as a TSV.
+    let renamed = dir.path("prepared.bin");
+    std::fs::copy(&cache, &renamed).unwrap();
+    let job = ringrec(&["train", "--no-progress", "--data", renamed.to_str().unwrap(), "--max-steps", "1", "--batch", "64"], &[("RINGREC_DATA_DIR", &data)], 120);
+    job.assert_ok();
+}

@@ -453,7 +453,11 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     // The table: its own checks (header, layout, index, block checksums), then what the
     // manifest says it must be.
     let tp = ck.join(TABLE);
-    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| damaged(&tp, e.to_string()))?;
+    // The table's errors name it already: the detail is what follows its name.
+    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| {
+        let e = e.to_string();
+        damaged(&tp, e.strip_prefix(&format!("{}: ", tp.display())).unwrap_or(&e))
+    })?;
     let h = table.header();
     let facts = TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity };
     if facts != m.table {

@@ -97,9 +97,13 @@ fn default_set(dir: &Path, rows: u64) -> Result<PathBuf, DataError> {
     Ok(p)
 }
 
-/// Whether `path` is a prepared cache (opened as it is) rather than a TSV.
+/// Whether `path` is a prepared cache (opened as it is) rather than a TSV: named `.rrdata`,
+/// or starting with a cache's magic.
 fn is_cache(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
     path.extension().and_then(|e| e.to_str()) == Some(CACHE_EXT)
+        || crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok_and(|_| magic == crate::data::cache::FORMAT.magic)
 }
 
 /// Opens the cache of `path`: the file itself when it is a cache, else the TSV's cache

@@ -283,6 +283,89 @@ pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
     }
 }
 
+/// Permissions of every file ringrec creates: owner-only (what it writes holds data, models
+/// or their metrics); directories it creates for them are 0700. Share one with `chmod`.
+pub const PRIVATE: u32 = 0o600;
+
+/// Creates (or truncates) `path` for writing, with [`PRIVATE`] permissions when it is new:
+/// a file written in place (a log, a metrics file, a timeline), not atomically.
+pub fn create_private(path: &Path, append: bool) -> std::io::Result<File> {
+    OpenOptions::new().create(true).write(true).append(append).truncate(!append).mode(PRIVATE).open(path)
+}
+
+/// An exclusive `flock` on a lock file that exists only while it is held: the holder
+/// removes the file before it lets go (on drop), so no lock file outlives its use. A
+/// process that waited on a file that was removed meanwhile finds the path no longer
+/// names the file it locked, and starts again (with the file now there, or a new one):
+/// so two processes never both hold "the" lock, and a sweep may remove a lock file that
+/// nobody holds ([`FileLock::try_exclusive`]).
+pub struct FileLock {
+    /// Holds the lock while open.
+    _file: File,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for FileLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileLock").field("path", &self.path).finish()
+    }
+}
+
+impl FileLock {
+    /// Blocks until this process holds the lock of `path` (the file created if missing,
+    /// [`PRIVATE`]).
+    pub fn exclusive(path: &Path) -> Result<FileLock, IoError> {
+        loop {
+            if let Some(lock) = FileLock::acquire(path, true)? {
+                return Ok(lock);
+            }
+        }
+    }
+
+    /// The lock of the existing lock file `path` when nobody holds it (`None` when someone
+    /// does, or it is gone): dropped, it removes the file.
+    pub fn try_exclusive(path: &Path) -> Result<Option<FileLock>, IoError> {
+        FileLock::acquire(path, false)
+    }
+
+    /// One try: `block` creates the file and waits for the lock; otherwise only an existing
+    /// file, and only a lock nobody holds. `None`: the path no longer names the file locked
+    /// (try again), or (without `block`) someone holds it.
+    fn acquire(path: &Path, block: bool) -> Result<Option<FileLock>, IoError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let opened = OpenOptions::new().create(block).truncate(false).write(true).mode(PRIVATE).open(path);
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if !block && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(IoError::new(path, "create lock file", e)),
+        };
+        let op = if block { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+        loop {
+            // SAFETY: flock on a descriptor `file` owns and keeps open; it touches no memory.
+            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock if !block => return Ok(None),
+                _ => return Err(IoError::new(path, "lock", e)),
+            }
+        }
+        let mine = file.metadata().map_err(|e| IoError::new(path, "stat", e))?;
+        let named = std::fs::metadata(path).ok().is_some_and(|m| (m.dev(), m.ino()) == (mine.dev(), mine.ino()));
+        Ok(named.then(|| FileLock { _file: file, path: path.to_path_buf() }))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // Removed while held: a process waiting on it finds it gone and starts again.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Takes a shared `flock` on `file`: held while the file (any descriptor of this open file
 /// description) stays open, released by the kernel when the process dies. Every process
 /// that creates or maps a shared file of a job holds one, so a file that nobody holds a
@@ -328,6 +411,37 @@ mod tests {
         let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_lock_file_exists_only_while_held_and_a_waiter_takes_the_next_one() {
+        let root = std::env::temp_dir().join(format!("ringrec-file-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let p = root.join("x.lock");
+        let held = FileLock::exclusive(&p).unwrap();
+        assert_eq!(mode(&p), PRIVATE);
+        assert!(FileLock::try_exclusive(&p).unwrap().is_none(), "held: a sweep leaves it");
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let lock = FileLock::exclusive(&p).unwrap();
+                // The waiter locked the file the holder removed, then the one now there.
+                let there = p.exists();
+                drop(lock);
+                there
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(held);
+        assert!(waiter.join().unwrap(), "the waiter holds a lock file that exists");
+        assert!(!p.exists(), "and removed it when done");
+        // A lock file a killed process left: nobody holds it, a sweep takes and removes it.
+        std::fs::write(&p, b"").unwrap();
+        drop(FileLock::try_exclusive(&p).unwrap().expect("nobody holds it"));
+        assert!(!p.exists());
+        assert!(FileLock::try_exclusive(&p).unwrap().is_none(), "a missing file is not created");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

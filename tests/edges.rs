@@ -177,3 +177,69 @@ fn inputs_that_are_not_tsv_or_hold_no_rows_are_named_for_what_they_are() {
     let job = ringrec(&["train", "--no-progress", "--data", renamed.to_str().unwrap(), "--max-steps", "1", "--batch", "64"], &[("RINGREC_DATA_DIR", &data)], 120);
     job.assert_ok();
 }
+
+/// The permission bits of `p`.
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
+}
+
+/// The files under `dir` (recursively) whose names end in `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_ending(&p, suffix));
+        } else if p.to_string_lossy().ends_with(suffix) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// No lock file outlives its preparation, a failed one included; `ringrec clean` removes
+/// one a killed process left and leaves one that is held; every file ringrec writes is
+/// private, 0600: the synthetic data, the caches, the metrics and progress files (before
+/// issue 36 every input left an empty `.lock`, and these outputs were 0644).
+#[test]
+fn lock_files_go_with_their_use_and_every_file_written_is_private() {
+    let dir = TempDir::new("edges-locks");
+    let data = dir.path("data");
+    let d = data.display().to_string();
+    let env = [("RINGREC_DATA_DIR", d.as_str())];
+    let tsv = dir.path("day.tsv");
+    let job = ringrec(&["data", "synth", "--rows", "2000", "--out", tsv.to_str().unwrap()], &[], 60);
+    job.assert_ok();
+    assert_eq!(mode(&tsv), 0o600, "data synth's TSV");
+    let (metrics, progress) = (dir.path("metrics.jsonl"), dir.path("progress"));
+    let args = ["train", "--no-progress", "--data", tsv.to_str().unwrap(), "--batch", "128", "--max-steps", "4", "--eval-every", "2", "--metrics-out", metrics.to_str().unwrap(), "--progress-dir", progress.to_str().unwrap()];
+    ringrec(&args, &env, 120).assert_ok();
+    // The default data set is generated under a lock too.
+    ringrec(&["train", "--no-progress", "--synth-rows", "1000", "--batch", "128", "--max-steps", "2"], &env, 120).assert_ok();
+    // A preparation that fails.
+    let empty = dir.path("empty.tsv");
+    std::fs::write(&empty, b"").unwrap();
+    assert_ne!(ringrec(&["train", "--no-progress", "--data", empty.to_str().unwrap()], &env, 60).code, Some(0));
+    assert_eq!(files_ending(&data, ".lock"), Vec::<std::path::PathBuf>::new(), "lock files left");
+    let caches = files_ending(&data, ".rrdata");
+    assert!(!caches.is_empty());
+    let progress_files = files_ending(&progress, "");
+    assert!(!progress_files.is_empty(), "--progress-dir wrote nothing");
+    for p in caches.iter().chain(&progress_files).chain([&metrics, &data.join("synth-1000-s1.tsv")]) {
+        assert_eq!(mode(p), 0o600, "{} must be private", p.display());
+    }
+    // A lock file a killed preparation left is removed by `ringrec clean`; a held one stays.
+    let cache = data.join("cache");
+    let (stale, held) = (cache.join("day.0123456789abcdef.lock"), cache.join("other.0123456789abcdef.lock"));
+    std::fs::write(&stale, b"").unwrap();
+    let lock = ringrec::fileio::FileLock::exclusive(&held).expect("lock");
+    let shm = dir.path("shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let job = ringrec(&["clean", "--shm-dir", shm.to_str().unwrap(), &d], &[], 60);
+    job.assert_ok();
+    assert!(job.stdout.contains(&format!("removed {}", stale.display())), "{}", job.stdout);
+    assert!(!stale.exists() && held.exists(), "the stale lock file goes, the held one stays:\n{}", job.stdout);
+    drop(lock);
+    assert!(!held.exists());
+}

@@ -124,7 +124,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
             let mut w = std::io::BufWriter::new(std::io::stdout().lock());
             write_scores(&mut w, &scores, &labels).and_then(|_| w.flush()).context("writing the scores to stdout")?;
         }
-        Some(path) => ringrec::fileio::write_atomic(path, 0o644, |w| write_scores(w, &scores, &labels)).with_context(|| format!("writing the scores to {}", path.display()))?,
+        Some(path) => ringrec::fileio::write_atomic(path, ringrec::fileio::PRIVATE, |w| write_scores(w, &scores, &labels)).with_context(|| format!("writing the scores to {}", path.display()))?,
         None => {}
     }
     print(&p.summary, args.out.as_deref(), args.json, stdout)

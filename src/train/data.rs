@@ -36,7 +36,7 @@ use std::time::Instant;
 use super::batch::Batch;
 use super::weights::{BatchWeights, Weighting};
 use super::{TrainConfig, TrainError, TrainResult};
-use crate::data::cache::{Dataset, FileLock, CACHE_EXT};
+use crate::data::cache::{lock_preparation, Dataset, CACHE_EXT};
 use crate::data::weights::FileWeights;
 use crate::data::{inputs, shard, synth, DataError, EvalSet, PrepareOptions};
 use crate::hash::splitmix64;
@@ -90,7 +90,7 @@ pub struct TrainData {
 /// ranks of a machine generate it once).
 fn default_set(dir: &Path, rows: u64) -> Result<PathBuf, DataError> {
     let p = dir.join(format!("synth-{rows}-s1.tsv"));
-    let _lock = FileLock::exclusive(&dir.join("synth.lock"))?;
+    let _lock = lock_preparation(&dir.join("synth.lock"))?;
     if !p.exists() {
         synth(&p, rows, 1)?; // written atomically
     }

@@ -220,12 +220,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
         let metrics = match (&cfg.metrics_out, topo.rank) {
             (Some(p), 0) => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(cfg.resume)
-                    .write(true)
-                    .truncate(!cfg.resume)
-                    .open(p)
+                crate::fileio::create_private(p, cfg.resume)
                     .map(std::io::BufWriter::new)
                     .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
             ),

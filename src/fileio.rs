@@ -284,7 +284,8 @@ pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
 }
 
 /// Permissions of every file ringrec creates: owner-only (what it writes holds data, models
-/// or their metrics); directories it creates for them are 0700. Share one with `chmod`.
+/// or their metrics); a directory published whole ([`AtomicDir`]) is 0700. Share one with
+/// `chmod`.
 pub const PRIVATE: u32 = 0o600;
 
 /// Creates (or truncates) `path` for writing, with [`PRIVATE`] permissions when it is new:

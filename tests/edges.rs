@@ -243,3 +243,78 @@ fn lock_files_go_with_their_use_and_every_file_written_is_private() {
     drop(lock);
     assert!(!held.exists());
 }
+
+/// The JSON object printed last on stdout.
+fn json(job: &common::Job) -> serde_json::Value {
+    job.stdout.lines().rev().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("no JSON in:\n{}", job.all()))
+}
+
+/// A checkpoint directory whose newest checkpoint is damaged: `export` refuses it unless
+/// told `--allow-older`; `predict` and `train --init-from` refuse it with
+/// `--require-newest`; each records the step and checkpoint it used and what it skipped
+/// (JSON, the bundle's model.json, the train summary); `--resume` keeps its fallback and
+/// names the damaged table once (before issue 36 all four fell back with a warning on
+/// stderr only, and the resume warning named the table twice).
+#[test]
+fn an_older_checkpoint_is_used_only_when_allowed_and_always_recorded() {
+    let dir = TempDir::new("edges-older");
+    let data = dir.path("data").display().to_string();
+    let env = [("RINGREC_DATA_DIR", data.as_str())];
+    let tsv = dir.path("day.tsv");
+    ringrec::data::synth(&tsv, 3000, 5).expect("synth");
+    let (t, ck) = (tsv.display().to_string(), dir.path("ck"));
+    let c = ck.display().to_string();
+    let base = ["train", "--no-progress", "--data", &t, "--batch", "128", "--hidden", "32"];
+    ringrec(&[&base[..], &["--max-steps", "6", "--checkpoint-every", "3", "--checkpoint-dir", &c]].concat(), &env, 180).assert_ok();
+    let (older, newest) = (ringrec::train::checkpoint::step_dir(&ck, 3), ringrec::train::checkpoint::step_dir(&ck, 6));
+    let table = newest.join("table.rrt");
+    let mut b = std::fs::read(&table).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0x10;
+    std::fs::write(&table, &b).unwrap();
+    let newest_name = newest.file_name().unwrap().to_string_lossy().into_owned();
+    let refused = |job: &common::Job, allow: &str| {
+        assert_eq!(job.code, Some(1), "{}", job.all());
+        let want = format!("{c}: its newest checkpoint is damaged (skipping {}", newest.display());
+        assert!(job.stderr.contains(&want) && job.stderr.contains("refusing to use the older checkpoint of step 3 instead") && job.stderr.contains(allow), "expected `{want}` and `{allow}` in:\n{}", job.stderr);
+    };
+    let skipped_newest = |v: &serde_json::Value| {
+        let s = v.as_array().unwrap_or_else(|| panic!("skipped: {v}"));
+        assert!(s.len() == 1 && s[0].as_str().unwrap().contains(&newest_name), "skipped: {v}");
+    };
+    // export: refuses by default; --allow-older exports step 3 and says so.
+    let bundle = dir.path("bundle").display().to_string();
+    refused(&ringrec(&["export", "--model", &c, "--out", &bundle, "--json"], &[], 60), "pass --allow-older");
+    assert!(!Path::new(&bundle).exists());
+    let job = ringrec(&["export", "--model", &c, "--out", &bundle, "--json", "--allow-older"], &[], 60);
+    job.assert_ok();
+    let s = json(&job);
+    assert_eq!((s["step"].as_u64(), s["source"].as_str()), (Some(3), Some(older.to_str().unwrap())), "{s}");
+    skipped_newest(&s["skipped"]);
+    let model: serde_json::Value = serde_json::from_slice(&std::fs::read(Path::new(&bundle).join("model.json")).unwrap()).unwrap();
+    assert_eq!((model["step"].as_u64(), model["source"].as_str()), (Some(3), Some(older.to_str().unwrap())));
+    skipped_newest(&model["skipped"]);
+    // predict: refuses with --require-newest; otherwise scores with step 3 and says so.
+    let scores = dir.path("scores.tsv");
+    refused(&ringrec(&["predict", "--model", &c, "--data", &t, "--require-newest"], &env, 120), "leave out --require-newest");
+    let job = ringrec(&["predict", "--model", &c, "--data", &t, "--json", "--out", scores.to_str().unwrap()], &env, 120);
+    job.assert_ok();
+    let s = json(&job);
+    assert_eq!((s["step"].as_u64(), s["model_path"].as_str()), (Some(3), Some(older.to_str().unwrap())), "{s}");
+    skipped_newest(&s["skipped"]);
+    assert_eq!(mode(&scores), 0o600, "predict --out is private like every file ringrec writes");
+    // train --init-from: the same.
+    let warm = [&base[..], &["--max-steps", "2", "--init-from", &c, "--json"]].concat();
+    refused(&ringrec(&[&warm[..], &["--require-newest"]].concat(), &env, 120), "leave out --require-newest");
+    let job = ringrec(&warm, &env, 120);
+    job.assert_ok();
+    let s = json(&job);
+    assert_eq!((s["init_from"]["step"].as_u64(), s["init_from"]["path"].as_str()), (Some(3), Some(older.to_str().unwrap())), "{s}");
+    skipped_newest(&s["init_from"]["skipped"]);
+    // --resume falls back as before, naming the damaged table once.
+    let job = ringrec(&[&base[..], &["--max-steps", "6", "--checkpoint-every", "3", "--checkpoint-dir", &c, "--resume"]].concat(), &env, 180);
+    job.assert_ok();
+    let line = job.stderr.lines().find(|l| l.contains("warning: skipping")).unwrap_or_else(|| panic!("no warning:\n{}", job.stderr));
+    assert_eq!(line.matches(&table.display().to_string()).count(), 1, "the table's path once: {line}");
+    assert!(job.stderr.contains("step-000000000003 (step 3)"), "{}", job.stderr);
+}

@@ -209,6 +209,10 @@ pub struct ModelJson {
     pub source: String,
     /// Global training steps the model was trained for.
     pub step: u64,
+    /// Newer checkpoints of the directory that were skipped as damaged (`export
+    /// --allow-older`), each with why; absent when the newest was exported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
     /// Embedding values per field.
     pub dim: u32,
     /// The input.
@@ -230,6 +234,8 @@ pub struct ExportSummary {
     pub source: PathBuf,
     /// The step it was trained to.
     pub step: u64,
+    /// Newer checkpoints skipped as damaged (`--allow-older`), each with why.
+    pub skipped: Vec<String>,
     /// Table rows written.
     pub rows: u64,
     /// Dense parameters written.
@@ -248,9 +254,22 @@ fn file_sum(path: &Path) -> BundleResult<(u64, u32)> {
     Ok((len, crc))
 }
 
+/// Where a bundle's model comes from: the checkpoint, the step it was trained to, and the
+/// newer checkpoints skipped as damaged (each with why).
+#[derive(Clone, Copy, Debug)]
+pub struct Provenance<'a> {
+    /// The checkpoint.
+    pub source: &'a Path,
+    /// Its step.
+    pub step: u64,
+    /// The newer checkpoints skipped.
+    pub skipped: &'a [String],
+}
+
 /// Writes the bundle of a model — its `dense` weights, its `table` (a verified, opened table
-/// file), trained to `step`, exported from `source` — into `out` (which must not exist).
-pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: &EmbeddingTable) -> BundleResult<ExportSummary> {
+/// file), from `from` — into `out` (which must not exist).
+pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable) -> BundleResult<ExportSummary> {
+    let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
     }
@@ -278,6 +297,7 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
             version: VERSION,
             source: source.display().to_string(),
             step,
+            skipped: skipped.to_vec(),
             dim: h.dim,
             input: InputSpec::criteo(),
             dense: DenseSpec {
@@ -305,7 +325,7 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
         let text = serde_json::to_vec_pretty(&json).map_err(|e| damaged(&tmp.join(MODEL_JSON), format!("encoding: {e}")))?;
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, rows, params: dense.params.len(), bytes }
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), rows, params: dense.params.len(), bytes }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
@@ -323,7 +343,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path) -> BundleResult<Export
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write(out, &m.path, m.step.unwrap_or(0), dense, &table)
+    write(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, dense, &table)
 }
 
 /// A bundle that passed every check.
@@ -451,6 +471,7 @@ mod tests {
             version: 1,
             source: "ck".into(),
             step: 3,
+            skipped: Vec::new(),
             dim: 1,
             input: InputSpec::criteo(),
             dense: DenseSpec { file: DENSE_BIN.into(), widths: w.widths.clone(), hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
@@ -462,7 +483,7 @@ mod tests {
         std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&json).unwrap()).unwrap();
         let b = Bundle::open(&d).unwrap();
         assert_eq!((b.json.version, &b.dense), (1, &w));
-        let s = crate::train::source::ModelSource::open(&d).unwrap().0;
+        let s = crate::train::source::ModelSource::open(&d, crate::train::source::Fallback::Allow).unwrap();
         assert_eq!((s.step, s.table.rows), (Some(3), 2));
         // A model.json of a newer ringrec is refused naming its version.
         let newer = ModelJson { version: 3, ..json };

@@ -242,6 +242,11 @@ settings! {
         /// steps count from 0 and its data from the beginning; exclusive with --resume.
         #[setting(flag = "--init-from", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "PATH")]
         pub init_from: Option<PathBuf> = None,
+        /// With --init-from a checkpoint directory: refuse to start when its newest
+        /// checkpoint is damaged, instead of starting from the newest one that passes every
+        /// check (a warning, and the summary's init_from says which).
+        #[setting(flag = "--require-newest", scope = Scope::Agreed, service = ServiceRole::Args)]
+        pub require_newest: bool = false,
         /// Dense weights (an export bundle's dense.bin layout) for an --init-from
         /// sparse-parameter file.
         #[setting(flag = "--init-dense", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "FILE")]

@@ -3,8 +3,9 @@
 //! (`scripts/bundle_predict.py` does, with numpy only).
 //!
 //! ```text
-//! BUNDLE/model.json   what the model is: format name and version (2), the step it was
-//!                     trained to, the input (how a Criteo TSV line becomes the model's
+//! BUNDLE/model.json   what the model is: format name and version (2), the checkpoint it
+//!                     was exported from and the step it was trained to (and newer
+//!                     checkpoints skipped as damaged, `export --allow-older`), the input (how a Criteo TSV line becomes the model's
 //!                     input, every constant included), the MLP's shape, the table's dtype
 //!                     and the rule of the initial rows of keys it does not hold, each file's
 //!                     size and CRC-32 (zlib's, of its bytes before its own 4-byte CRC trailer)

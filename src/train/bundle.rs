@@ -428,7 +428,7 @@ mod tests {
         let mut t = EmbeddingTable::create(&d.join("live"), &TableConfig::new(1, 64)).unwrap();
         t.put_rows(&[1, 2], &[0.5, -0.5]).unwrap();
         let out = d.join("out").join("bundle");
-        let s = write(&out, Path::new("ck"), 7, &weights(), &t).unwrap();
+        let s = write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t).unwrap();
         assert_eq!((s.rows, s.params), (2, 40));
         let b = Bundle::open(&out).unwrap();
         assert_eq!((b.json.version, b.json.step, &b.dense), (2, 7, &weights()));
@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
         let names: Vec<String> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names, vec!["bundle".to_string()], "no temporary left");
-        assert!(matches!(write(&out, Path::new("ck"), 7, &weights(), &t), Err(BundleError::Exists(_))));
+        assert!(matches!(write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t), Err(BundleError::Exists(_))));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

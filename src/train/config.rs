@@ -394,6 +394,9 @@ impl TrainConfig {
                 return Err(TrainError::Config(format!("--init-from and --checkpoint-dir are the same directory ({}): a warm start is a new run whose steps count from 0; write its checkpoints into another --checkpoint-dir", dir.display())));
             }
         }
+        if self.require_newest && self.init_from.is_none() {
+            return Err(TrainError::Config("--require-newest goes with --init-from (a --resume falls back from a damaged newest checkpoint to the previous one by design)".into()));
+        }
         if self.init_dense.is_some() && self.init_from.is_none() {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
         }

@@ -252,6 +252,9 @@ impl ModelSource {
                 _ => Err(not("not a sparse-parameter file (RRSPARAM), a checkpoint directory or an export bundle")),
             };
         }
+        if let Some(kind) = crate::fileio::special_kind(meta.file_type()).filter(|_| !meta.is_dir()) {
+            return Err(not(&format!("it is {kind}, not a checkpoint directory, an export bundle or a sparse-parameter file")));
+        }
         if path.join(super::bundle::MODEL_JSON).is_file() {
             return ModelSource::bundle(path, Bundle::open(path)?);
         }

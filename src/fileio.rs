@@ -185,6 +185,61 @@ pub fn write_atomic(dest: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&Fi
     f.commit()
 }
 
+/// What a file of type `t` is, in words, when it is not a regular file (`None` for one):
+/// `a FIFO`, `a socket`, `a character device`, `a block device`, `a directory`.
+pub fn special_kind(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    Some(match t {
+        t if t.is_file() => return None,
+        t if t.is_fifo() => "a FIFO",
+        t if t.is_socket() => "a socket",
+        t if t.is_char_device() => "a character device",
+        t if t.is_block_device() => "a block device",
+        t if t.is_dir() => "a directory",
+        _ => "not a regular file",
+    })
+}
+
+/// The error of an input that is `kind` ([`special_kind`]) rather than a regular file.
+fn not_regular(kind: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {kind}, not a regular file; ringrec reads its inputs from regular files only (a FIFO, a socket or a device could make it wait without end)"))
+}
+
+/// Opens `path` as `options` say, as an input: only a regular file. The open itself cannot
+/// wait (`O_NONBLOCK`: a FIFO without a writer would block it), the descriptor's type is
+/// checked (`fstat`, so a path swapped after a check is caught too), and a FIFO, socket or
+/// device is refused with an error saying what it is; reads then block as usual. Every
+/// file ringrec reads from a user, a checkpoint or a bundle is opened so.
+pub fn open_regular(options: &mut OpenOptions, path: &Path) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let f = options.custom_flags(libc::O_NONBLOCK).open(path)?;
+    if let Some(kind) = special_kind(f.metadata()?.file_type()) {
+        return Err(not_regular(kind));
+    }
+    // SAFETY: fcntl on a descriptor `f` owns; F_GETFL/F_SETFL touch no memory.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
+}
+
+/// Opens the input `path` for reading ([`open_regular`]).
+pub fn open_input(path: &Path) -> std::io::Result<File> {
+    open_regular(OpenOptions::new().read(true), path)
+}
+
+/// Reads the whole input `path` ([`open_regular`]).
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = open_input(path)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Bytes free for this user on the filesystem of `path` (`statvfs`), when it can be read.
 pub fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -225,6 +280,90 @@ pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
             ))
         }
         e => Err(IoError::new(path, "reserve space", std::io::Error::from_raw_os_error(e))),
+    }
+}
+
+/// Permissions of every file ringrec creates: owner-only (what it writes holds data, models
+/// or their metrics); a directory published whole ([`AtomicDir`]) is 0700. Share one with
+/// `chmod`.
+pub const PRIVATE: u32 = 0o600;
+
+/// Creates (or truncates) `path` for writing, with [`PRIVATE`] permissions when it is new:
+/// a file written in place (a log, a metrics file, a timeline), not atomically.
+pub fn create_private(path: &Path, append: bool) -> std::io::Result<File> {
+    OpenOptions::new().create(true).write(true).append(append).truncate(!append).mode(PRIVATE).open(path)
+}
+
+/// An exclusive `flock` on a lock file that exists only while it is held: the holder
+/// removes the file before it lets go (on drop), so no lock file outlives its use. A
+/// process that waited on a file that was removed meanwhile finds the path no longer
+/// names the file it locked, and starts again (with the file now there, or a new one):
+/// so two processes never both hold "the" lock, and a sweep may remove a lock file that
+/// nobody holds ([`FileLock::try_exclusive`]).
+pub struct FileLock {
+    /// Holds the lock while open.
+    _file: File,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for FileLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileLock").field("path", &self.path).finish()
+    }
+}
+
+impl FileLock {
+    /// Blocks until this process holds the lock of `path` (the file created if missing,
+    /// [`PRIVATE`]).
+    pub fn exclusive(path: &Path) -> Result<FileLock, IoError> {
+        loop {
+            if let Some(lock) = FileLock::acquire(path, true)? {
+                return Ok(lock);
+            }
+        }
+    }
+
+    /// The lock of the existing lock file `path` when nobody holds it (`None` when someone
+    /// does, or it is gone): dropped, it removes the file.
+    pub fn try_exclusive(path: &Path) -> Result<Option<FileLock>, IoError> {
+        FileLock::acquire(path, false)
+    }
+
+    /// One try: `block` creates the file and waits for the lock; otherwise only an existing
+    /// file, and only a lock nobody holds. `None`: the path no longer names the file locked
+    /// (try again), or (without `block`) someone holds it.
+    fn acquire(path: &Path, block: bool) -> Result<Option<FileLock>, IoError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let opened = OpenOptions::new().create(block).truncate(false).write(true).mode(PRIVATE).open(path);
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if !block && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(IoError::new(path, "create lock file", e)),
+        };
+        let op = if block { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+        loop {
+            // SAFETY: flock on a descriptor `file` owns and keeps open; it touches no memory.
+            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock if !block => return Ok(None),
+                _ => return Err(IoError::new(path, "lock", e)),
+            }
+        }
+        let mine = file.metadata().map_err(|e| IoError::new(path, "stat", e))?;
+        let named = std::fs::metadata(path).ok().is_some_and(|m| (m.dev(), m.ino()) == (mine.dev(), mine.ino()));
+        Ok(named.then(|| FileLock { _file: file, path: path.to_path_buf() }))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // Removed while held: a process waiting on it finds it gone and starts again.
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -273,6 +412,56 @@ mod tests {
         let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_lock_file_exists_only_while_held_and_a_waiter_takes_the_next_one() {
+        let root = std::env::temp_dir().join(format!("ringrec-file-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let p = root.join("x.lock");
+        let held = FileLock::exclusive(&p).unwrap();
+        assert_eq!(mode(&p), PRIVATE);
+        assert!(FileLock::try_exclusive(&p).unwrap().is_none(), "held: a sweep leaves it");
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let lock = FileLock::exclusive(&p).unwrap();
+                // The waiter locked the file the holder removed, then the one now there.
+                let there = p.exists();
+                drop(lock);
+                there
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(held);
+        assert!(waiter.join().unwrap(), "the waiter holds a lock file that exists");
+        assert!(!p.exists(), "and removed it when done");
+        // A lock file a killed process left: nobody holds it, a sweep takes and removes it.
+        std::fs::write(&p, b"").unwrap();
+        drop(FileLock::try_exclusive(&p).unwrap().expect("nobody holds it"));
+        assert!(!p.exists());
+        assert!(FileLock::try_exclusive(&p).unwrap().is_none(), "a missing file is not created");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn inputs_that_are_not_regular_files_are_refused_without_waiting() {
+        let root = std::env::temp_dir().join(format!("ringrec-open-input-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let fifo = root.join("f.tsv");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: a plain open would block here for ever.
+        let e = open_input(&fifo).unwrap_err().to_string();
+        assert!(e.starts_with("it is a FIFO, not a regular file"), "{e}");
+        assert!(read_input(Path::new("/dev/null")).unwrap_err().to_string().starts_with("it is a character device"));
+        assert!(open_input(&root).unwrap_err().to_string().starts_with("it is a directory"));
+        std::fs::write(root.join("a"), b"x").unwrap();
+        assert_eq!(read_input(&root.join("a")).unwrap(), b"x");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

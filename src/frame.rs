@@ -256,7 +256,7 @@ impl Frame {
     /// Reads `path` and [`Frame::decode`]s it: the head and the payload (framed) or the
     /// whole file (legacy).
     pub fn read(&'static self, path: &Path) -> Result<(Head, Vec<u8>), FrameError> {
-        let mut bytes = std::fs::read(path).map_err(|e| IoError::new(path, "read", e))?;
+        let mut bytes = crate::fileio::read_input(path).map_err(|e| IoError::new(path, "read", e))?;
         let (head, _) = self.decode(path, &bytes)?;
         if let Head::Framed { .. } = head {
             bytes.truncate(bytes.len() - TRAILER_LEN as usize);
@@ -320,7 +320,7 @@ impl<W: Write> FrameWriter<W> {
 /// the older layouts of its formats), read once, streamed: its length, the CRC-32 of every
 /// byte before the trailer, and the trailer.
 pub fn trailer_sum(path: &Path) -> Result<(u64, u32, u32), IoError> {
-    let mut f = std::fs::File::open(path).map_err(|e| IoError::new(path, "open", e))?;
+    let mut f = crate::fileio::open_input(path).map_err(|e| IoError::new(path, "open", e))?;
     let len = f.metadata().map_err(|e| IoError::new(path, "stat", e))?.len();
     let mut left = len.checked_sub(TRAILER_LEN).ok_or_else(|| IoError::new(path, "read", std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{len} bytes, shorter than its checksum"))))?;
     let (mut crc, mut buf) = (Crc32::new(), vec![0u8; 1 << 20]);

@@ -20,6 +20,11 @@
 //!   directories when training data is opened, in the checkpoint directory by the trainer,
 //!   and by `ringrec clean` (in the directories it is given: a bundle's parent too).
 //!
+//! - **Lock files** (`<cache>.lock`, `synth.lock`: [`crate::fileio::FileLock`]) that a
+//!   killed preparation left (a lock file is removed by its holder otherwise): empty
+//!   `*.lock` files of this user that nobody holds a lock on, removed under their own lock
+//!   (so a process about to take one starts again), by `ringrec clean`.
+//!
 //! [`MIN_AGE`] protects a segment in its first instants (between its creation and its
 //! creator's lock), and a temporary that a process of another machine sharing the directory
 //! is still writing (its pid means nothing here; a file being written keeps a fresh mtime).
@@ -87,6 +92,23 @@ pub fn stale_temporaries(dir: &Path) -> Vec<(PathBuf, u64)> {
 /// removed, with their sizes in bytes.
 pub fn sweep_temporaries(dir: &Path) -> Vec<(PathBuf, u64)> {
     remove(stale_temporaries(dir))
+}
+
+/// The stale lock files in `dir` (see the module docs): empty `*.lock` files of this user
+/// that nobody holds; removes nothing.
+pub fn stale_locks(dir: &Path) -> Vec<(PathBuf, u64)> {
+    entries(dir)
+        .filter(|(path, meta)| {
+            meta.file_type().is_file() && meta.len() == 0 && meta.uid() == euid() && path.extension().is_some_and(|e| e == "lock") && !crate::fileio::is_locked(path)
+        })
+        .map(|(path, _)| (path, 0))
+        .collect()
+}
+
+/// Removes the stale lock files in `dir` ([`stale_locks`]), each under its own lock (one
+/// taken meanwhile is left); returns those it removed.
+pub fn sweep_locks(dir: &Path) -> Vec<(PathBuf, u64)> {
+    stale_locks(dir).into_iter().filter(|(p, _)| crate::fileio::FileLock::try_exclusive(p).ok().flatten().is_some()).collect()
 }
 
 /// Prints one line on stderr saying what a sweep of `dir` removed (nothing when it removed

@@ -287,13 +287,13 @@ fn cache_round_trip_equals_direct_parsing() {
         assert_eq!(ds.positives(), 265);
     }
 
-    // An empty TSV makes an empty, valid dataset.
+    // An empty TSV holds no rows: an error naming it (as a TSV of empty lines is), no
+    // cache written (issue 36).
     let empty = d.path("empty.tsv");
     write(&empty, b"");
-    prepare(&empty, &d.path("empty.rrdata"), 0).unwrap();
-    let ds = Dataset::open(&d.path("empty.rrdata")).unwrap();
-    assert!(ds.is_empty());
-    assert_eq!(ds.labels().len(), 0);
+    let e = prepare(&empty, &d.path("empty.rrdata"), 0).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: holds no rows (the file is empty); a data file needs at least one Criteo TSV line", empty.display()));
+    assert!(!d.path("empty.rrdata").exists());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `ringrec clean`: removes what killed jobs left behind — shared segments and host tables in
-//! the shared-memory directory, temporaries of interrupted writes in checkpoint and data
-//! directories — never a file of a live job (the rules are [`ringrec::stale`]'s).
+//! the shared-memory directory, temporaries of interrupted writes and lock files of killed
+//! preparations in checkpoint and data directories — never a file of a live job (the rules are [`ringrec::stale`]'s).
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +13,9 @@ pub struct CleanArgs {
     /// The shared-memory directory to sweep (default: RINGREC_SHM_DIR, else /dev/shm).
     #[arg(long, value_name = "DIR")]
     pub shm_dir: Option<PathBuf>,
-    /// Checkpoint and data directories whose interrupted writes to remove (each, and the
-    /// directories directly inside it, such as a data directory's cache/).
+    /// Checkpoint and data directories whose interrupted writes and stale lock files to
+    /// remove (each, and the directories directly inside it, such as a data directory's
+    /// cache/).
     #[arg(value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
     /// Only list what would be removed.
@@ -39,6 +40,7 @@ pub fn run(args: &CleanArgs) -> anyhow::Result<()> {
     for d in &args.dirs {
         for dir in std::iter::once(d.clone()).chain(subdirectories(d)) {
             found.extend(if args.dry_run { stale::stale_temporaries(&dir) } else { stale::sweep_temporaries(&dir) });
+            found.extend(if args.dry_run { stale::stale_locks(&dir) } else { stale::sweep_locks(&dir) });
         }
     }
     let verb = if args.dry_run { "would remove" } else { "removed" };

@@ -4,15 +4,20 @@
 use std::path::PathBuf;
 
 use ringrec::train::bundle;
-use ringrec::train::source::ModelSource;
+use ringrec::train::source::{Fallback, ModelSource};
 
 /// Flags of `ringrec export`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExportArgs {
-    /// The model: a checkpoint directory (its newest checkpoint that passes every check) or
-    /// one checkpoint (DIR/step-N).
+    /// The model: a checkpoint directory (its newest checkpoint, which must pass every
+    /// check) or one checkpoint (DIR/step-N).
     #[arg(long)]
     pub model: PathBuf,
+    /// When the directory's newest checkpoint is damaged, export the newest one that passes
+    /// every check (with a warning; the bundle's model.json and the JSON summary list the
+    /// checkpoints skipped) instead of refusing.
+    #[arg(long)]
+    pub allow_older: bool,
     /// The bundle directory to write (must not exist).
     #[arg(long)]
     pub out: PathBuf,
@@ -23,19 +28,19 @@ pub struct ExportArgs {
 
 /// Exports; prints what was written.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
-    let (m, warnings) = ModelSource::open(&args.model)?;
-    for w in warnings {
-        ringrec::eprint_line(&format!("ringrec: warning: {w}"));
-    }
+    let fallback = if args.allow_older { Fallback::Allow } else { Fallback::Refuse("pass --allow-older to export it") };
+    let m = ModelSource::open(&args.model, fallback)?;
+    m.warn_skipped();
     let s = bundle::export(&m, &args.out)?;
     if args.json {
         println!("{}", serde_json::to_string(&s)?);
     } else {
         println!(
-            "ringrec export: {} -> {}: step {}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin)",
+            "ringrec export: {} -> {}: step {}{}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin)",
             s.source.display(),
             s.bundle.display(),
             s.step,
+            if s.skipped.is_empty() { String::new() } else { format!(" (an older checkpoint: {} newer one(s) skipped as damaged)", s.skipped.len()) },
             s.rows,
             s.params,
             s.bytes as f64 / (1024.0 * 1024.0)

@@ -56,6 +56,11 @@ pub struct PredictArgs {
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
+    /// Refuse a checkpoint directory whose newest checkpoint is damaged, instead of scoring
+    /// with the newest one that passes every check (a warning, and the summary's `skipped`
+    /// and `step` say which).
+    #[arg(long)]
+    pub require_newest: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -115,6 +120,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         max_bad_lines: args.max_bad_lines,
         weight_column: args.weight_column,
         backend: args.backend.0,
+        require_newest: args.require_newest,
     };
     let p = predict::run(topo, &cfg)?;
     let Some((scores, labels)) = p.scores else { return Ok(()) };
@@ -124,7 +130,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
             let mut w = std::io::BufWriter::new(std::io::stdout().lock());
             write_scores(&mut w, &scores, &labels).and_then(|_| w.flush()).context("writing the scores to stdout")?;
         }
-        Some(path) => ringrec::fileio::write_atomic(path, 0o644, |w| write_scores(w, &scores, &labels)).with_context(|| format!("writing the scores to {}", path.display()))?,
+        Some(path) => ringrec::fileio::write_atomic(path, ringrec::fileio::PRIVATE, |w| write_scores(w, &scores, &labels)).with_context(|| format!("writing the scores to {}", path.display()))?,
         None => {}
     }
     print(&p.summary, args.out.as_deref(), args.json, stdout)

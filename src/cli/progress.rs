@@ -66,7 +66,7 @@ impl RankProgress {
             "at": at,
         });
         let dir_ok = self.path.parent().is_none_or(|d| std::fs::create_dir_all(d).is_ok());
-        let written = dir_ok && ringrec::fileio::write_atomic(&self.path, 0o644, |w| std::io::Write::write_all(w, v.to_string().as_bytes())).is_ok();
+        let written = dir_ok && ringrec::fileio::write_atomic(&self.path, ringrec::fileio::PRIVATE, |w| std::io::Write::write_all(w, v.to_string().as_bytes())).is_ok();
         if !written && !self.warned {
             self.warned = true;
             ringrec::eprint_line(&format!("ringrec rank {}: warning: cannot write the progress file {}; training goes on without it", self.rank, self.path.display()));

@@ -94,8 +94,7 @@
 //! when the TSV's content digest still matches (git's "racily clean" rule). A large TSV
 //! takes longer than that to prepare, so only small ones are read again.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
@@ -135,7 +134,7 @@ const BASE_FORMAT: Format = Format {
 pub const CACHE_EXT: &str = "rrdata";
 /// Permissions of cache files and their temporary files: the owner's only (training data
 /// may be private).
-pub const CACHE_MODE: u32 = 0o600;
+pub const CACHE_MODE: u32 = crate::fileio::PRIVATE;
 /// A cache checked less than this long (2 s) after its source's ctime is "racy": the source
 /// could have been rewritten within the same timestamp tick, so reusing it needs the content
 /// digest to match (see the module docs).
@@ -503,7 +502,7 @@ impl Dataset {
 
     /// Maps `path` after checking its header and layout (not its sections' sums).
     fn map(path: &Path) -> DataResult<Dataset> {
-        let file = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+        let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
         // reported before anything is mapped.
@@ -617,7 +616,7 @@ impl Dataset {
     fn cached(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<(FileLock, PathBuf, Option<Dataset>)> {
         let out = cache_path_for(tsv, cache_dir, opts.weight_column)?;
         std::fs::create_dir_all(cache_dir).map_err(|e| DataError::io(cache_dir, "create directory", e))?;
-        let lock = FileLock::exclusive(&out.with_extension("lock"))?;
+        let lock = lock_preparation(&out.with_extension("lock"))?;
         let now = SourceStat::of(tsv)?;
         if let Ok(ds) = Dataset::open(&out) {
             let h = ds.header();
@@ -771,29 +770,15 @@ fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32, weight_column: Opti
     Ok(cache_dir.join(format!("{stem}.{:016x}.{CACHE_EXT}", fnv1a64(&id))))
 }
 
-/// An exclusive `flock`, released when the descriptor closes (on drop).
-pub struct FileLock(#[allow(dead_code)] File);
+/// The lock of a cache's preparation ([`crate::fileio::FileLock`]): held by one process of
+/// a host at a time, its file removed when it is let go.
+pub type FileLock = crate::fileio::FileLock;
 
-impl FileLock {
-    /// Blocks until this process holds the lock on `path` (created if missing).
-    pub fn exclusive(path: &Path) -> DataResult<FileLock> {
-        use std::os::fd::AsRawFd;
-        let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o644).open(path).map_err(|e| DataError::io(path, "create lock file", e))?;
-        // Another rank may hold it for minutes (preparing a cache); ended only if it stops.
-        let _w = crate::watchdog::waiting_on_work("a lock another rank holds (preparing a data file)");
-        loop {
-            // SAFETY: flock on a file descriptor this function owns and keeps open; it touches
-            // no memory.
-            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                return Ok(FileLock(f));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(DataError::io(path, "lock", e));
-            }
-        }
-    }
+/// Blocks until this process holds the lock file `path`, registered with the watchdog as a
+/// wait on another rank's work (preparing a data file can take minutes).
+pub fn lock_preparation(path: &Path) -> DataResult<FileLock> {
+    let _w = crate::watchdog::waiting_on_work("a lock another rank holds (preparing a data file)");
+    Ok(FileLock::exclusive(path)?)
 }
 
 #[cfg(test)]
@@ -943,7 +928,7 @@ mod tests {
         let mut left: Vec<String> = std::fs::read_dir(&cache_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
         let name = ds.path().file_name().unwrap().to_string_lossy().into_owned();
-        assert_eq!(left, vec![name.replace(".rrdata", ".lock"), name], "the version-1 cache and its lock are gone");
+        assert_eq!(left, vec![name], "the version-1 cache and its lock are gone, and the new cache's lock went with its preparation");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

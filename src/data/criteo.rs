@@ -773,7 +773,7 @@ const READ_BLOCK: usize = 1 << 20;
 impl CriteoReader<File> {
     /// Opens `path` for reading, stopping after more than `max_bad_lines` malformed lines.
     pub fn open(path: &Path, max_bad_lines: u64) -> DataResult<CriteoReader<File>> {
-        let f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+        let f = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
         Ok(CriteoReader::new(f, path, max_bad_lines))
     }
 }

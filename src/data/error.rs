@@ -44,6 +44,22 @@ pub enum DataError {
         /// The first malformed lines with their reasons.
         first: String,
     },
+    /// The input is not a TSV ringrec reads: a prepared cache, or a compressed file.
+    #[error("{path}: {what}")]
+    NotATsv {
+        /// The input.
+        path: PathBuf,
+        /// What it is and what to do.
+        what: String,
+    },
+    /// The input holds no rows: it is empty, or all its lines are.
+    #[error("{path}: holds no rows ({}); a data file needs at least one Criteo TSV line", if *.lines == 0 { "the file is empty".to_string() } else { format!("its {} line(s) are all empty", .lines) })]
+    NoRows {
+        /// The input.
+        path: PathBuf,
+        /// Its lines (all empty).
+        lines: u64,
+    },
     /// The TSV file changed while it was being converted.
     #[error("{path} changed while it was being read ({detail}); convert it again once it is complete")]
     SourceChanged {

@@ -37,7 +37,7 @@ pub fn resolve(flag: &'static str, specs: &[PathBuf]) -> DataResult<Vec<PathBuf>
                 }
                 files.extend(found);
             }
-            Ok(_) => return Err(err("not a regular file or a directory".into())),
+            Ok(m) => return Err(err(format!("{}, not a regular file or a directory", crate::fileio::special_kind(m.file_type()).map_or("it is not a regular file".into(), |k| format!("it is {k}"))))),
             Err(e) => {
                 let name = spec.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 if !name.contains(['*', '?', '[']) {

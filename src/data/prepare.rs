@@ -133,7 +133,7 @@ fn count_newlines(bytes: &[u8]) -> u64 {
 /// Lines of the file `path` of `len` bytes (newlines, plus one for a last line without a
 /// newline) and its CRC-32, read in `threads` ranges at once.
 pub fn count_lines(path: &Path, len: u64, threads: usize) -> DataResult<(u64, u32)> {
-    let f = File::open(path).map_err(|e| DataError::io(path, "open", e))?;
+    let f = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
     let threads = threads.max(1);
     let parts = on_threads(threads, |t| -> DataResult<(u64, Crc32)> {
         let (start, end) = (len * t as u64 / threads as u64, len * (t as u64 + 1) / threads as u64);
@@ -212,6 +212,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     if let Some(c) = opts.weight_column {
         super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
     }
+    refuse_foreign(tsv)?;
     let threads = opts.threads.max(1);
     let weighted = opts.weight_column.is_some();
     let source = SourceStat::of(tsv)?;
@@ -253,6 +254,25 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report })
 }
 
+/// Compressed formats by their magic bytes, with the command that decompresses one.
+const COMPRESSED: [(&[u8], &str, &str); 4] = [(b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\0", "xz", "unxz -k")];
+
+/// Refuses an input that is not a TSV, by its first bytes: a prepared cache (its magic),
+/// or a compressed file (gzip, zstd, bzip2, xz), each saying what to do.
+pub fn refuse_foreign(tsv: &Path) -> DataResult<()> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(8);
+    crate::fileio::open_input(tsv).and_then(|f| f.take(8).read_to_end(&mut head)).map_err(|e| DataError::io(tsv, "read", e))?;
+    let what = if head.starts_with(&super::cache::FORMAT.magic) {
+        format!("it is already a prepared dataset cache; give it to `train --data` or `predict --data` as it is, or read it with `ringrec data inspect {}`", tsv.display())
+    } else if let Some((_, name, undo)) = COMPRESSED.iter().find(|(magic, _, _)| head.starts_with(magic)) {
+        format!("it is {name}-compressed, and ringrec reads plain TSV: decompress it first ({undo} {})", tsv.display())
+    } else {
+        return Ok(());
+    };
+    Err(DataError::NotATsv { path: tsv.to_path_buf(), what })
+}
+
 /// The error of a source that changed while it was read.
 fn source_changed(tsv: &Path, detail: String) -> DataError {
     DataError::SourceChanged { path: tsv.to_path_buf(), detail }
@@ -263,6 +283,9 @@ fn source_changed(tsv: &Path, detail: String) -> DataError {
 /// same stat. Returns when the cache was prepared (nanoseconds, read with the last stat).
 fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, source_crc32: u32) -> DataResult<u64> {
     let report = &st.report;
+    if st.rows == 0 && report.bad() == report.count(super::criteo::BadLineKind::Empty) {
+        return Err(DataError::NoRows { path: tsv.to_path_buf(), lines: report.lines });
+    }
     if st.rows == 0 && report.bad() > 0 {
         return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
     }
@@ -310,7 +333,7 @@ struct Chunks<'a> {
 
 impl<'a> Chunks<'a> {
     fn new(tsv: &'a Path, len: u64, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> DataResult<Chunks<'a>> {
-        let src = File::open(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
+        let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
         let chunk = opts.chunk_bytes.max(1);
         let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
         Ok(Chunks { tsv, src, len, chunk, count: len.div_ceil(chunk) as usize, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() })

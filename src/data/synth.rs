@@ -273,7 +273,7 @@ fn histogram_auc(pos: &[u64], neg: &[u64]) -> f64 {
 /// planted model scores on them. Deterministic for a seed; uses every core.
 pub fn synth(out: &Path, rows: u64, seed: u64) -> DataResult<SynthSummary> {
     let planted = Planted::new(seed);
-    let tmp = AtomicFile::create(out, 0o644)?;
+    let tmp = AtomicFile::create(out, crate::fileio::PRIVATE)?;
     let werr = |e| DataError::io(tmp.path(), "write", e);
     let mut w = BufWriter::with_capacity(1 << 20, tmp.file());
     let (mut pos, mut neg) = (vec![0u64; AUC_BINS], vec![0u64; AUC_BINS]);

@@ -82,7 +82,7 @@ impl ParamsHeader {
 /// CRC: [`EmbeddingTable::load_params`] checks that). The reader is at the first record.
 pub fn read_params_header(path: &Path) -> TableResult<(ParamsHeader, BufReader<File>)> {
     let bad = |detail: String| TableError::BadParams { path: path.to_path_buf(), detail };
-    let file = File::open(path).map_err(|e| TableError::io(path, "open", e))?;
+    let file = crate::fileio::open_input(path).map_err(|e| TableError::io(path, "open", e))?;
     let len = file.metadata().map_err(|e| TableError::io(path, "stat", e))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut h = Vec::with_capacity((FRAME_HEADER_LEN + PAYLOAD_HEADER_LEN) as usize);
@@ -211,7 +211,7 @@ impl EmbeddingTable {
             return Err(PARAMS_FRAME.corrupt(params, stored, computed).into());
         }
         // Read again, from the start: the CRC of what is imported.
-        let mut r = BufReader::with_capacity(1 << 20, File::open(params).map_err(|e| TableError::io(params, "open", e))?);
+        let mut r = BufReader::with_capacity(1 << 20, crate::fileio::open_input(params).map_err(|e| TableError::io(params, "open", e))?);
         let mut crc = Crc32::new();
         let mut head = vec![0u8; ph.records_at as usize];
         r.read_exact(&mut head).map_err(|e| TableError::io(params, "read", e))?;

@@ -388,7 +388,7 @@ impl EmbeddingTable {
     /// Opens, takes the liveness lock, maps, and validates: header, layout, the index's
     /// row count and, when the file carries checksums (a saved table), every block of it.
     fn open(path: &Path, writable: bool) -> TableResult<EmbeddingTable> {
-        let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| TableError::io(path, "open", e))?;
+        let file = fileio::open_regular(OpenOptions::new().read(true).write(writable), path).map_err(|e| TableError::io(path, "open", e))?;
         fileio::lock_shared(&file, path)?;
         let meta = file.metadata().map_err(|e| TableError::io(path, "stat", e))?;
         if !meta.is_file() {

@@ -261,7 +261,7 @@ impl Engine {
         let autotuner = match (config.autotune, topo.rank) {
             (true, 0) => {
                 let log = match &config.autotune_log {
-                    Some(p) => Some(std::fs::File::create(p).map_err(|e| EngineError::Config(format!("RINGREC_AUTOTUNE_LOG={}: {e}; give a writable path", p.display())))?),
+                    Some(p) => Some(crate::fileio::create_private(p, false).map_err(|e| EngineError::Config(format!("RINGREC_AUTOTUNE_LOG={}: {e}; give a writable path", p.display())))?),
                     None => None,
                 };
                 Some(Autotuner::new(params, 2, config.autotune_sample, log))

@@ -31,7 +31,7 @@ fn json_str(s: &str) -> String {
 impl Timeline {
     /// Creates `path` (truncating it); events are timed from now.
     pub fn create(path: &Path, rank: usize) -> std::io::Result<Timeline> {
-        let mut out = BufWriter::new(File::create(path)?);
+        let mut out = BufWriter::new(crate::fileio::create_private(path, false)?);
         out.write_all(b"[\n")?;
         Ok(Timeline { out, start: Instant::now(), pid: rank, rows: HashMap::new(), closed: false })
     }

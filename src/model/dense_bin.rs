@@ -150,7 +150,7 @@ pub fn encode(step: u64, widths: &[usize], params: &[f32], moments: &[&[f32]]) -
 
 /// Reads and decodes the `dense.bin` at `path`.
 pub fn read(path: &Path) -> Result<DenseFile, FrameError> {
-    let b = std::fs::read(path).map_err(|e| crate::fileio::IoError::new(path, "read", e))?;
+    let b = crate::fileio::read_input(path).map_err(|e| crate::fileio::IoError::new(path, "read", e))?;
     decode(path, &b)
 }
 

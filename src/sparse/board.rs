@@ -86,6 +86,19 @@ impl std::fmt::Debug for HostBoard {
 
 const PAGE: usize = 4096;
 
+/// Bytes of one area of a board whose largest piece is `need` bytes: a quarter more, so
+/// that a slightly larger piece later does not make the board grow again, page-rounded.
+fn area_bytes(need: usize) -> usize {
+    (need.saturating_add(need / 4).saturating_add(PAGE)).div_ceil(PAGE) * PAGE
+}
+
+/// The largest segment a host board of `local_size` ranks holds when no piece is over
+/// `max_piece` bytes (two areas per local rank): what the shared-memory directory must keep
+/// free for it beside the host table.
+pub fn board_bytes(local_size: usize, max_piece: usize) -> u64 {
+    (area_bytes(max_piece) as u64).saturating_mul(2 * local_size as u64)
+}
+
 impl HostBoard {
     /// A board for this rank's host: maps the control block, and no data until the first
     /// publish. Collective over the host.
@@ -261,7 +274,7 @@ impl HostBoard {
         self.seg = None;
         self.area_bytes = 0;
         self.lens = [vec![0; self.local_size], vec![0; self.local_size]];
-        let area = (need + need / 4 + PAGE).div_ceil(PAGE) * PAGE;
+        let area = area_bytes(need);
         let len = area
             .checked_mul(2 * self.local_size)
             .ok_or_else(|| SparseError::Invalid(format!("a host board of {} local ranks with {need}-byte pieces overflows the address space", self.local_size)))?;

@@ -3,8 +3,9 @@
 //! (`scripts/bundle_predict.py` does, with numpy only).
 //!
 //! ```text
-//! BUNDLE/model.json   what the model is: format name and version (2), the step it was
-//!                     trained to, the input (how a Criteo TSV line becomes the model's
+//! BUNDLE/model.json   what the model is: format name and version (2), the checkpoint it
+//!                     was exported from and the step it was trained to (and newer
+//!                     checkpoints skipped as damaged, `export --allow-older`), the input (how a Criteo TSV line becomes the model's
 //!                     input, every constant included), the MLP's shape, the table's dtype
 //!                     and the rule of the initial rows of keys it does not hold, each file's
 //!                     size and CRC-32 (zlib's, of its bytes before its own 4-byte CRC trailer)
@@ -209,6 +210,10 @@ pub struct ModelJson {
     pub source: String,
     /// Global training steps the model was trained for.
     pub step: u64,
+    /// Newer checkpoints of the directory that were skipped as damaged (`export
+    /// --allow-older`), each with why; absent when the newest was exported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
     /// Embedding values per field.
     pub dim: u32,
     /// The input.
@@ -230,6 +235,8 @@ pub struct ExportSummary {
     pub source: PathBuf,
     /// The step it was trained to.
     pub step: u64,
+    /// Newer checkpoints skipped as damaged (`--allow-older`), each with why.
+    pub skipped: Vec<String>,
     /// Table rows written.
     pub rows: u64,
     /// Dense parameters written.
@@ -248,9 +255,22 @@ fn file_sum(path: &Path) -> BundleResult<(u64, u32)> {
     Ok((len, crc))
 }
 
+/// Where a bundle's model comes from: the checkpoint, the step it was trained to, and the
+/// newer checkpoints skipped as damaged (each with why).
+#[derive(Clone, Copy, Debug)]
+pub struct Provenance<'a> {
+    /// The checkpoint.
+    pub source: &'a Path,
+    /// Its step.
+    pub step: u64,
+    /// The newer checkpoints skipped.
+    pub skipped: &'a [String],
+}
+
 /// Writes the bundle of a model — its `dense` weights, its `table` (a verified, opened table
-/// file), trained to `step`, exported from `source` — into `out` (which must not exist).
-pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: &EmbeddingTable) -> BundleResult<ExportSummary> {
+/// file), from `from` — into `out` (which must not exist).
+pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable) -> BundleResult<ExportSummary> {
+    let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
     }
@@ -278,6 +298,7 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
             version: VERSION,
             source: source.display().to_string(),
             step,
+            skipped: skipped.to_vec(),
             dim: h.dim,
             input: InputSpec::criteo(),
             dense: DenseSpec {
@@ -305,7 +326,7 @@ pub fn write(out: &Path, source: &Path, step: u64, dense: &DenseWeights, table: 
         let text = serde_json::to_vec_pretty(&json).map_err(|e| damaged(&tmp.join(MODEL_JSON), format!("encoding: {e}")))?;
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, rows, params: dense.params.len(), bytes }
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), rows, params: dense.params.len(), bytes }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
@@ -323,7 +344,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path) -> BundleResult<Export
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write(out, &m.path, m.step.unwrap_or(0), dense, &table)
+    write(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, dense, &table)
 }
 
 /// A bundle that passed every check.
@@ -353,7 +374,7 @@ impl Bundle {
     /// `model.json`, `table.bin`'s header against `model.json`.
     pub fn open(dir: &Path) -> BundleResult<Bundle> {
         let mp = dir.join(MODEL_JSON);
-        let text = std::fs::read(&mp).map_err(io(&mp, "read"))?;
+        let text = crate::fileio::read_input(&mp).map_err(io(&mp, "read"))?;
         let json: ModelJson = serde_json::from_slice(&text).map_err(|e| damaged(&mp, format!("not a bundle's model.json ({e})")))?;
         if json.format != FORMAT || !(1..=VERSION).contains(&json.version) {
             return Err(damaged(&mp, format!("format {} version {}, this build reads {FORMAT} versions 1 to {VERSION}", json.format, json.version)));
@@ -407,7 +428,7 @@ mod tests {
         let mut t = EmbeddingTable::create(&d.join("live"), &TableConfig::new(1, 64)).unwrap();
         t.put_rows(&[1, 2], &[0.5, -0.5]).unwrap();
         let out = d.join("out").join("bundle");
-        let s = write(&out, Path::new("ck"), 7, &weights(), &t).unwrap();
+        let s = write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t).unwrap();
         assert_eq!((s.rows, s.params), (2, 40));
         let b = Bundle::open(&out).unwrap();
         assert_eq!((b.json.version, b.json.step, &b.dense), (2, 7, &weights()));
@@ -419,7 +440,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
         let names: Vec<String> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names, vec!["bundle".to_string()], "no temporary left");
-        assert!(matches!(write(&out, Path::new("ck"), 7, &weights(), &t), Err(BundleError::Exists(_))));
+        assert!(matches!(write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t), Err(BundleError::Exists(_))));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -451,6 +472,7 @@ mod tests {
             version: 1,
             source: "ck".into(),
             step: 3,
+            skipped: Vec::new(),
             dim: 1,
             input: InputSpec::criteo(),
             dense: DenseSpec { file: DENSE_BIN.into(), widths: w.widths.clone(), hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
@@ -462,7 +484,7 @@ mod tests {
         std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&json).unwrap()).unwrap();
         let b = Bundle::open(&d).unwrap();
         assert_eq!((b.json.version, &b.dense), (1, &w));
-        let s = crate::train::source::ModelSource::open(&d).unwrap().0;
+        let s = crate::train::source::ModelSource::open(&d, crate::train::source::Fallback::Allow).unwrap();
         assert_eq!((s.step, s.table.rows), (Some(3), 2));
         // A model.json of a newer ringrec is refused naming its version.
         let newer = ModelJson { version: 3, ..json };

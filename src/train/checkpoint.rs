@@ -341,7 +341,7 @@ fn prune(dir: &Path, keep: usize, current: u64) {
 
 /// The step `LATEST` points to, if it names a checkpoint directory.
 pub fn latest_step(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join(LATEST)).ok()?;
+    let text = String::from_utf8(crate::fileio::read_input(&dir.join(LATEST)).ok()?).ok()?;
     step_of(text.trim())
 }
 
@@ -370,7 +370,7 @@ fn damaged(path: &Path, detail: impl Into<String>) -> CheckpointError {
 /// Reads and checks the manifest of the checkpoint `ck`.
 pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     let p = ck.join(MANIFEST);
-    let bytes = std::fs::read(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
+    let bytes = crate::fileio::read_input(&p).map_err(|e| damaged(&p, format!("cannot read it ({e})")))?;
     let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
     let cut = text.iter().rposition(|b| *b == b'\n').ok_or_else(|| damaged(&p, "no checksum line"))?;
     let (body, seal) = (&text[..cut], &text[cut + 1..]);
@@ -428,7 +428,7 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     let entry = |name: &str| m.files.iter().find(|f| f.name == name).ok_or_else(|| damaged(&ck.join(MANIFEST), format!("lists no {name}")));
     let (de, _) = (entry(DENSE)?, entry(TABLE)?);
     let bp = ck.join(DENSE);
-    let bin = std::fs::read(&bp).map_err(|e| damaged(&bp, format!("cannot read it ({e})")))?;
+    let bin = crate::fileio::read_input(&bp).map_err(|e| damaged(&bp, format!("cannot read it ({e})")))?;
     if Some(crate::hash::crc32(&bin)) != de.crc32 {
         return Err(damaged(&bp, "its CRC-32 differs from the manifest's"));
     }
@@ -453,7 +453,11 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     // The table: its own checks (header, layout, index, block checksums), then what the
     // manifest says it must be.
     let tp = ck.join(TABLE);
-    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| damaged(&tp, e.to_string()))?;
+    // The table's errors name it already: the detail is what follows its name.
+    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| {
+        let e = e.to_string();
+        damaged(&tp, e.strip_prefix(&format!("{}: ", tp.display())).unwrap_or(&e))
+    })?;
     let h = table.header();
     let facts = TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity };
     if facts != m.table {

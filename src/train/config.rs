@@ -242,6 +242,11 @@ settings! {
         /// steps count from 0 and its data from the beginning; exclusive with --resume.
         #[setting(flag = "--init-from", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "PATH")]
         pub init_from: Option<PathBuf> = None,
+        /// With --init-from a checkpoint directory: refuse to start when its newest
+        /// checkpoint is damaged, instead of starting from the newest one that passes every
+        /// check (a warning, and the summary's init_from says which).
+        #[setting(flag = "--require-newest", scope = Scope::Agreed, service = ServiceRole::Args)]
+        pub require_newest: bool = false,
         /// Dense weights (an export bundle's dense.bin layout) for an --init-from
         /// sparse-parameter file.
         #[setting(flag = "--init-dense", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "FILE")]
@@ -254,8 +259,10 @@ settings! {
         #[setting(flag = "--table-dtype", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "DTYPE")]
         pub table_dtype: StorageDtype = StorageDtype::F32,
         /// Largest size of the host table file (e.g. 8G): the table doubles when it passes
-        /// 70% load up to this size, then evicts (--evict). Default: half of what the
-        /// shared-memory directory has free at the start (shared among a machine's hosts).
+        /// 70% load up to this size, then evicts (--evict). Default: what a growth's peak
+        /// (old and new table at once) leaves room for beside the sparse exchange's host
+        /// boards in the shared-memory directory's free space at the start, at most half of
+        /// it (shared among a machine's hosts).
         #[setting(flag = "--table-max-bytes", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BYTES", parse = parse_bytes)]
         pub table_max_bytes: Option<u64> = None,
         /// A key gets its own row in the K-th step that holds it; until then it reads its
@@ -386,6 +393,9 @@ impl TrainConfig {
             if same(from) == same(dir) {
                 return Err(TrainError::Config(format!("--init-from and --checkpoint-dir are the same directory ({}): a warm start is a new run whose steps count from 0; write its checkpoints into another --checkpoint-dir", dir.display())));
             }
+        }
+        if self.require_newest && self.init_from.is_none() {
+            return Err(TrainError::Config("--require-newest goes with --init-from (a --resume falls back from a damaged newest checkpoint to the previous one by design)".into()));
         }
         if self.init_dense.is_some() && self.init_from.is_none() {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));

@@ -36,7 +36,7 @@ use std::time::Instant;
 use super::batch::Batch;
 use super::weights::{BatchWeights, Weighting};
 use super::{TrainConfig, TrainError, TrainResult};
-use crate::data::cache::{Dataset, FileLock, CACHE_EXT};
+use crate::data::cache::{lock_preparation, Dataset, CACHE_EXT};
 use crate::data::weights::FileWeights;
 use crate::data::{inputs, shard, synth, DataError, EvalSet, PrepareOptions};
 use crate::hash::splitmix64;
@@ -90,16 +90,20 @@ pub struct TrainData {
 /// ranks of a machine generate it once).
 fn default_set(dir: &Path, rows: u64) -> Result<PathBuf, DataError> {
     let p = dir.join(format!("synth-{rows}-s1.tsv"));
-    let _lock = FileLock::exclusive(&dir.join("synth.lock"))?;
+    let _lock = lock_preparation(&dir.join("synth.lock"))?;
     if !p.exists() {
         synth(&p, rows, 1)?; // written atomically
     }
     Ok(p)
 }
 
-/// Whether `path` is a prepared cache (opened as it is) rather than a TSV.
+/// Whether `path` is a prepared cache (opened as it is) rather than a TSV: named `.rrdata`,
+/// or starting with a cache's magic.
 fn is_cache(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
     path.extension().and_then(|e| e.to_str()) == Some(CACHE_EXT)
+        || crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok_and(|_| magic == crate::data::cache::FORMAT.magic)
 }
 
 /// Opens the cache of `path`: the file itself when it is a cache, else the TSV's cache

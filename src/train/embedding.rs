@@ -63,17 +63,54 @@ pub struct DeltaCounts {
 }
 
 /// Share of the free space of the shared-memory directory a host table may grow to by
-/// default: a growth holds the old table and the new one (half as large again) at once.
+/// default, at most: a growth holds the old table and the new one (half as large again) at
+/// once.
 pub const AUTO_MAX_SHARE: f64 = 0.5;
 
-/// The default `--table-max-bytes` (collective over the world): [`AUTO_MAX_SHARE`] of the
-/// least free space any host leader sees in its shared-memory directory, divided among the
-/// hosts of a machine (simulated hosts share one directory). The same on every rank.
-pub fn auto_max_bytes(topo: &Topology) -> u64 {
-    let mine = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir).unwrap_or(u64::MAX) } else { u64::MAX };
-    let least = topo.control().all_min("every rank's agreement on the table's largest size", mine);
+/// The default `--table-max-bytes` (collective over the world), once the host table of
+/// `table_bytes` and the exchangers' segments exist: the largest table file whose growth
+/// fits, on every host, in its share of what its leader sees free in the shared-memory
+/// directory (simulated hosts share one directory) plus its own table — the growth's peak
+/// (the old table and the new one at once: 1.5 times the new file) beside the segments the
+/// run creates later (the sparse exchange's host boards, each at its largest:
+/// [`board_bound`]) — and at most [`AUTO_MAX_SHARE`] of that. At that size the table evicts
+/// instead of growing. The same on every rank.
+pub fn auto_max_bytes(topo: &Topology, cfg: &TrainConfig, table_bytes: u64) -> u64 {
     let hosts_here = (topo.machine_local_size / topo.local_size.max(1)).max(1) as u64;
-    (least as f64 * AUTO_MAX_SHARE) as u64 / hosts_here
+    // Measured once the table and the exchangers' segments exist: the host's share of the
+    // free space, plus its own table (a growth's old file is counted in the peak).
+    let free = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir) } else { None };
+    let mine = free.map_or(u64::MAX, |f| (f / hosts_here).saturating_add(table_bytes));
+    let least = topo.control().all_min("every rank's agreement on the table's largest size", mine);
+    growth_limit(least, board_bound(topo, cfg))
+}
+
+/// The largest table file one host may grow to in `free` bytes of its shared-memory
+/// directory that must also hold `boards` bytes of host boards: the growth's peak (the old
+/// file and the new one, 1.5 times the new) fits beside them, and it is at most
+/// [`AUTO_MAX_SHARE`] of `free`.
+pub fn growth_limit(free: u64, boards: u64) -> u64 {
+    let peak_room = free.saturating_sub(boards) / 3 * 2;
+    peak_room.min((free as f64 * AUTO_MAX_SHARE) as u64)
+}
+
+/// The most bytes the host boards of a run take in the shared-memory directory on one host
+/// ([`crate::sparse::board::board_bytes`]): the gradient exchange's board, whose largest
+/// piece is the host's list of a step (at most 26 keys per row of the host's share of the
+/// global batch), and with `--sync-every k > 1` the delta exchange's, whose list holds at
+/// most the rows of `k` steps.
+pub fn board_bound(topo: &Topology, cfg: &TrainConfig) -> u64 {
+    use crate::sparse::board::board_bytes;
+    use crate::sparse::list::encoded_len;
+    let host_rows = cfg.batch.div_ceil(topo.size.max(1)) * topo.local_size;
+    let step_keys = host_rows.saturating_mul(crate::data::criteo::NUM_SPARSE);
+    let (empty, row) = (encoded_len(0, cfg.dim, true), encoded_len(1, cfg.dim, true) - encoded_len(0, cfg.dim, true));
+    let list = |keys: usize| empty.saturating_add(keys.saturating_mul(row));
+    let mut bound = board_bytes(topo.local_size, list(step_keys));
+    if cfg.sync_every > 1 {
+        bound = bound.saturating_add(board_bytes(topo.local_size, list(step_keys.saturating_mul(cfg.sync_every as usize))));
+    }
+    bound
 }
 
 impl EmbeddingStage {
@@ -91,13 +128,8 @@ impl EmbeddingStage {
     /// `cfg` says: what [`EmbeddingStage::open`] does, and a warm start's table
     /// (`--init-from`).
     pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>) -> TrainResult<EmbeddingStage> {
-        let max_bytes = match cfg.table_max_bytes {
-            Some(b) => b,
-            None => auto_max_bytes(topo),
-        };
         let mut table = HostTable::open_from(topo, source)?;
         let h = *table.table().header();
-        table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
         let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
         // `--sparse-compression`: the rows that cross hosts, gradients or (with
         // `--sync-every`) the deltas of a sync.
@@ -116,6 +148,13 @@ impl EmbeddingStage {
         } else {
             None
         };
+        // After every segment made at the start, so that the free space measured is what
+        // the table's growths have.
+        let max_bytes = match cfg.table_max_bytes {
+            Some(b) => b,
+            None => auto_max_bytes(topo, cfg, h.layout.file_len),
+        };
+        table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
         Ok(EmbeddingStage {
             table,
             exchanger,
@@ -297,5 +336,27 @@ impl EmbeddingStage {
     /// and the longest.
     pub fn growth_seconds(&self) -> (f64, f64) {
         (self.growth_seconds, self.growth_max_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedding::{Extras, Layout, OptimizerKind, StorageDtype};
+
+    #[test]
+    fn the_default_limit_leaves_room_for_a_growth_beside_the_boards() {
+        // Issue 36's case: 2 ranks on a 20 MiB tmpfs, 16 MiB free when the table opens, the
+        // boards of a 1024-row batch at dim 16 (about 10 MiB) still to come.
+        let boards = crate::sparse::board::board_bytes(2, crate::sparse::list::encoded_len(1024 * 26, 16, true));
+        let free = 16_769_024;
+        let limit = growth_limit(free, boards);
+        let file = |cap: u64| Layout::compute(16, StorageDtype::F32, cap, OptimizerKind::Sgd, Extras { usage: true, sketch_depth: 0, sketch_width: 0 }).unwrap().file_len;
+        assert!(limit < file(65536), "limit {limit}: the growth to 65536 slots (old {} + new {}) would not fit beside {boards} bytes of boards", file(32768), file(65536));
+        assert!(file(32768) + file(16384) + boards <= free, "the growth to the largest size fits");
+        // A large directory keeps the old default: half the free space.
+        assert_eq!(growth_limit(64 << 30, boards), 32 << 30);
+        // No room beside the boards: no growth at all (the table evicts at its own size).
+        assert_eq!(growth_limit(boards / 2, boards), 0);
     }
 }

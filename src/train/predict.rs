@@ -28,7 +28,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::batch::Batch;
-use super::source::{ModelSource, SourceKind};
+use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
 use crate::data::cache::Dataset;
@@ -102,6 +102,9 @@ pub struct PredictConfig {
     pub weight_column: Option<u32>,
     /// Host collectives backend (`None`: the best for the topology).
     pub backend: Option<Backend>,
+    /// `--require-newest`: a checkpoint directory whose newest checkpoint is damaged is an
+    /// error, not a fallback to the previous one.
+    pub require_newest: bool,
 }
 
 /// One scored file.
@@ -128,6 +131,11 @@ pub struct PredictSummary {
     pub device: String,
     /// The model (`checkpoint of step 40 (ckpt/step-...)`).
     pub model: String,
+    /// What was used: the checkpoint (`ckpt/step-...`), the bundle or the file.
+    pub model_path: PathBuf,
+    /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
+    /// newest was used).
+    pub skipped: Vec<String>,
     /// The step it was trained to.
     pub step: Option<u64>,
     /// Rows of its table.
@@ -193,6 +201,7 @@ impl PredictConfig {
             ("--device", self.device.to_string()),
             ("--max-bad-lines", self.max_bad_lines.to_string()),
             ("--weight-column", crate::settings::SettingValue::show(&self.weight_column)),
+            ("--require-newest", self.require_newest.to_string()),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
             ("RINGREC_RANKS_PER_HOST", rc.ranks_per_host.unwrap_or(0).to_string()),
@@ -239,10 +248,9 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let started = Instant::now();
     let mut coll = comm::build(cfg.backend.unwrap_or_else(|| Backend::auto(topo)), topo)?;
     let mine = (topo.rank == 0).then(|| {
-        ModelSource::open(&cfg.model).map_err(|e| e.to_string()).and_then(|(m, warnings)| {
-            for w in warnings {
-                crate::eprint_line(&format!("ringrec: warning: {w}"));
-            }
+        let fallback = if cfg.require_newest { Fallback::Refuse("leave out --require-newest to score with it") } else { Fallback::Allow };
+        ModelSource::open(&cfg.model, fallback).map_err(|e| e.to_string()).and_then(|m| {
+            m.warn_skipped();
             match m.kind {
                 SourceKind::Params => Err(format!("{}: a sparse-parameter file holds no dense weights; predict needs a checkpoint directory or an export bundle (ringrec export)", cfg.model.display())),
                 _ => Ok(m),
@@ -285,6 +293,8 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         hosts: topo.num_hosts,
         device: model.device().describe(),
         model: model_src.describe(),
+        model_path: model_src.path.clone(),
+        skipped: model_src.skipped.clone(),
         step: model_src.step,
         table_rows: table.table().live_rows(),
         files,

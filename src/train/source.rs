@@ -3,7 +3,9 @@
 //!
 //! - a **checkpoint directory** (`--checkpoint-dir` of a run): its newest checkpoint that
 //!   passes every check, as `--resume` finds it ([`checkpoint::find`]; a damaged newest one
-//!   falls back to the previous with a warning), or one checkpoint (`D/step-N`) itself:
+//!   falls back to the previous with a warning, recorded in [`ModelSource::skipped`], unless
+//!   the caller refuses that: [`Fallback::Refuse`], `export`'s default and
+//!   `--require-newest`), or one checkpoint (`D/step-N`) itself:
 //!   dense parameters, the dense optimizer's state, the table as saved (with its optimizer
 //!   state);
 //! - an **export bundle** ([`super::bundle`]): dense parameters and the table's live rows,
@@ -53,6 +55,19 @@ pub enum SourceError {
     /// A table or sparse-parameter file is damaged.
     #[error(transparent)]
     Table(#[from] TableError),
+    /// The newest checkpoint of a directory is damaged and the caller refuses to fall back
+    /// to an older one ([`Fallback::Refuse`]).
+    #[error("{dir}: its newest checkpoint is damaged ({skipped}); refusing to use the older checkpoint of step {step} instead: repair or remove the damaged one, or {allow}")]
+    NotNewest {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The checkpoints skipped, each with why.
+        skipped: String,
+        /// The step of the newest usable checkpoint.
+        step: u64,
+        /// How to allow the fallback (`pass --allow-older`).
+        allow: &'static str,
+    },
     /// The path holds no model ringrec knows.
     #[error("{path}: {detail}")]
     NotAModel {
@@ -160,6 +175,18 @@ impl TableFile {
     }
 }
 
+/// Whether a checkpoint directory whose newest checkpoint is damaged may give the previous
+/// one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Use the newest checkpoint that passes every check; those skipped are recorded
+    /// ([`ModelSource::skipped`]) for the caller to report.
+    Allow,
+    /// Only the newest checkpoint: a damaged one is [`SourceError::NotNewest`], which says
+    /// how to allow the fallback (`pass --allow-older`).
+    Refuse(&'static str),
+}
+
 /// A model resolved from a path (see the module docs).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelSource {
@@ -177,6 +204,10 @@ pub struct ModelSource {
     pub opt: Option<DenseOptimState>,
     /// Its table.
     pub table: TableFile,
+    /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
+    /// newest was used).
+    #[serde(default)]
+    pub skipped: Vec<String>,
 }
 
 /// The input width of a model of embedding dimension `dim`.
@@ -196,7 +227,7 @@ fn hidden_of(ck: &Path, m: &Manifest) -> Result<Vec<usize>, SourceError> {
 /// file is opened to be used).
 fn table_header(path: &Path) -> Result<Header, SourceError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| TableError::io(path, "open", e))?;
+    let f = crate::fileio::open_input(path).map_err(|e| TableError::io(path, "open", e))?;
     let len = f.metadata().map_err(|e| TableError::io(path, "stat", e))?.len();
     let mut head = Vec::with_capacity(crate::header::HEADER_LEN as usize);
     f.take(crate::header::HEADER_LEN).read_to_end(&mut head).map_err(|e| TableError::io(path, "read", e))?;
@@ -204,27 +235,33 @@ fn table_header(path: &Path) -> Result<Header, SourceError> {
 }
 
 impl ModelSource {
-    /// Resolves and checks `path` (see the module docs); returns the source and the
-    /// warnings of checkpoints skipped as damaged.
-    pub fn open(path: &Path) -> Result<(ModelSource, Vec<String>), SourceError> {
+    /// Resolves and checks `path` (see the module docs), falling back from a damaged newest
+    /// checkpoint as `fallback` says.
+    pub fn open(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
         let not = |detail: &str| SourceError::NotAModel { path: path.to_path_buf(), detail: detail.into() };
         let meta = std::fs::metadata(path).map_err(|e| SourceError::NotAModel { path: path.to_path_buf(), detail: format!("cannot be read ({e})") })?;
         if meta.is_file() {
             let mut magic = [0u8; 8];
             {
                 use std::io::Read;
-                let _ = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+                let _ = crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut magic));
             }
             return match &magic {
-                m if *m == crate::embedding::params::PARAMS_MAGIC => Ok((ModelSource::params(path)?, Vec::new())),
+                m if *m == crate::embedding::params::PARAMS_MAGIC => ModelSource::params(path),
                 m if *m == crate::model::dense_bin::DENSE_FRAME.magic => Err(not("dense weights only (a bundle's or a checkpoint's dense.bin): pass the table with --init-from and this file with --init-dense")),
                 _ => Err(not("not a sparse-parameter file (RRSPARAM), a checkpoint directory or an export bundle")),
             };
         }
-        if path.join(super::bundle::MODEL_JSON).is_file() {
-            return Ok((ModelSource::bundle(path, Bundle::open(path)?)?, Vec::new()));
+        if let Some(kind) = crate::fileio::special_kind(meta.file_type()).filter(|_| !meta.is_dir()) {
+            return Err(not(&format!("it is {kind}, not a checkpoint directory, an export bundle or a sparse-parameter file")));
         }
-        let (ck, warnings) = if path.join(checkpoint::MANIFEST).is_file() { (checkpoint::load(path)?, Vec::new()) } else { checkpoint::find(path, |_| Ok(()))? };
+        if path.join(super::bundle::MODEL_JSON).is_file() {
+            return ModelSource::bundle(path, Bundle::open(path)?);
+        }
+        let (ck, skipped) = if path.join(checkpoint::MANIFEST).is_file() { (checkpoint::load(path)?, Vec::new()) } else { checkpoint::find(path, |_| Ok(()))? };
+        if let (false, Fallback::Refuse(allow)) = (skipped.is_empty(), fallback) {
+            return Err(SourceError::NotNewest { dir: path.to_path_buf(), skipped: skipped.join("; "), step: ck.dense.step, allow });
+        }
         let table = ck.table();
         let h = table_header(&table)?;
         let widths = if ck.dense.widths.is_empty() {
@@ -247,8 +284,7 @@ impl ModelSource {
         let dense = DenseWeights { widths, params: ck.dense.params };
         let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
         let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
-        let m = ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table };
-        Ok((m, warnings))
+        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped })
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
@@ -263,13 +299,13 @@ impl ModelSource {
         if b.dense.input() != input_width(table.dim as usize) {
             return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: format!("its input is {} wide, dim {} needs {}", b.dense.input(), table.dim, input_width(table.dim as usize)) }.into());
         }
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table })
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new() })
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
         let (ph, _) = crate::embedding::read_params_header(path)?;
         let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
-        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table })
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new() })
     }
 
     /// `checkpoint of step 40 (ckpt/step-000000000040)`.
@@ -279,6 +315,13 @@ impl ModelSource {
             SourceKind::Checkpoint => format!("checkpoint{step} ({})", self.path.display()),
             SourceKind::Bundle => format!("export bundle{step} ({})", self.path.display()),
             SourceKind::Params => format!("sparse-parameter file ({})", self.path.display()),
+        }
+    }
+
+    /// Prints a warning on stderr for each checkpoint skipped as damaged.
+    pub fn warn_skipped(&self) {
+        for s in &self.skipped {
+            crate::eprint_line(&format!("ringrec: warning: {s}"));
         }
     }
 

@@ -81,6 +81,10 @@ pub struct TrainSummary {
     pub table_capacity: u64,
     /// Bytes of the host table file at the end (one per host).
     pub table_bytes: u64,
+    /// `--init-from`: the model the run started from (the checkpoint used, its step, and
+    /// newer checkpoints skipped as damaged); absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<super::warm::WarmFrom>,
     /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
     /// directory allowed).
     pub table_max_bytes: u64,
@@ -273,6 +277,7 @@ impl<D: Device> Trainer<'_, D> {
             stopped_at_target: self.stopped.clone(),
             sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
             sparse_traffic_per_rank: traffic,
+            init_from: self.warm_from.clone(),
             ..self.dense_summary(cross_sent, sync)
         })
     }

@@ -157,6 +157,8 @@ pub struct Trainer<'a, D: Device> {
     pub(super) local: Option<LocalSgd>,
     /// `RINGREC_FAULT_*` on this rank ([`super::fault`]).
     pub(super) faults: Faults,
+    /// `--init-from`: what the run started from.
+    pub(super) warm_from: Option<super::warm::WarmFrom>,
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -203,7 +205,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
         };
         let embedding = match &warm {
-            Some(t) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
+            Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
             None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
         };
         let local = match cfg.sync_every {
@@ -220,12 +222,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
         let metrics = match (&cfg.metrics_out, topo.rank) {
             (Some(p), 0) => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(cfg.resume)
-                    .write(true)
-                    .truncate(!cfg.resume)
-                    .open(p)
+                crate::fileio::create_private(p, cfg.resume)
                     .map(std::io::BufWriter::new)
                     .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
             ),
@@ -261,6 +258,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             metrics,
             local,
             faults: Faults::new(topo),
+            warm_from: warm.map(|(_, from)| from),
         })
     }
 

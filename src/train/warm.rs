@@ -23,7 +23,7 @@
 //! A continued with `--init-from` for M steps on day B ends bit-identical to one run of N + M
 //! steps over A then B (tests/predict.rs).
 
-use super::source::{ModelSource, SourceKind, TableFile};
+use super::source::{Fallback, ModelSource, SourceKind, TableFile};
 use super::{TrainConfig, TrainResult};
 use crate::comm::Collectives;
 use crate::embedding::TableConfig;
@@ -93,6 +93,20 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     Ok((m, line))
 }
 
+/// What a warm start started from: the summary's `init_from`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WarmFrom {
+    /// The model (`checkpoint of step 40 (ckpt/step-...)`).
+    pub model: String,
+    /// What was used: the checkpoint (`ckpt/step-...`), the bundle or the file.
+    pub path: std::path::PathBuf,
+    /// The step it was trained to (checkpoints and bundles).
+    pub step: Option<u64>,
+    /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
+    /// newest was used; `--require-newest` refuses to skip).
+    pub skipped: Vec<String>,
+}
+
 /// Said when the dense optimizer's state is not carried: the continued run cannot equal one
 /// that never stopped (Adam's moments, Adagrad's accumulators; plain SGD keeps none).
 const NOT_EQUAL: &str = " (so this run will not be bit-identical to one that never stopped: a checkpoint directory carries the optimizer state, an export bundle does not)";
@@ -100,24 +114,25 @@ const NOT_EQUAL: &str = " (so this run will not be bit-identical to one that nev
 /// Sets this run up from `cfg.init_from` on every rank (collective; see the module docs):
 /// the dense parameters into `params`, the carried optimizer state (if any) into `opt`.
 /// Returns the table file each host leader fills the host table from (`run` is the run's
-/// own table configuration; [`TableFile::config`] turns it into the warm one).
-pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, run: &TableConfig, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<TableFile> {
+/// own table configuration; [`TableFile::config`] turns it into the warm one) and what the
+/// run started from.
+pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, run: &TableConfig, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<(TableFile, WarmFrom)> {
     let Some(path) = &cfg.init_from else { return Err(super::TrainError::Config("no --init-from".into())) };
     let mine = (topo.rank == 0).then(|| {
-        let (m, warnings) = ModelSource::open(path).map_err(|e| format!("--init-from: {e}"))?;
-        for w in warnings {
-            crate::eprint_line(&format!("ringrec: warning: {w}"));
-        }
+        let fallback = if cfg.require_newest { Fallback::Refuse("leave out --require-newest to start from it") } else { Fallback::Allow };
+        let m = ModelSource::open(path, fallback).map_err(|e| format!("--init-from: {e}"))?;
+        m.warn_skipped();
         let (m, line) = check(cfg, run, m)?;
         crate::eprint_line(&line);
         Ok(m)
     });
     let m = ModelSource::share(topo, coll, mine)?;
+    let from = WarmFrom { model: m.describe(), path: m.path.clone(), step: m.step, skipped: m.skipped.clone() };
     if let Some(d) = m.dense {
         *params = d.params;
     }
     if let Some(o) = m.opt {
         *opt = DenseOptimState { lr: cfg.lr, ..o };
     }
-    Ok(m.table)
+    Ok((m.table, from))
 }

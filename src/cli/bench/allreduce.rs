@@ -311,7 +311,8 @@ pub fn run(topo: &Topology, args: &AllreduceBenchArgs) -> anyhow::Result<Report>
         report.rows.extend(rows);
     }
     if let (true, Some(path)) = (root, &args.json_out) {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        let text = serde_json::to_string_pretty(&report)?;
+        ringrec::fileio::write_atomic(path, ringrec::fileio::PRIVATE, |w| std::io::Write::write_all(w, text.as_bytes())).with_context(|| format!("writing {}", path.display()))?;
     }
     if root {
         if args.json {

@@ -30,7 +30,7 @@ fn try_lock(f: &std::fs::File) -> bool {
 }
 
 fn write_small(path: &Path, text: &str) -> anyhow::Result<()> {
-    ringrec::fileio::write_atomic(path, 0o644, |w| std::io::Write::write_all(w, text.as_bytes()))?;
+    ringrec::fileio::write_atomic(path, ringrec::fileio::PRIVATE, |w| std::io::Write::write_all(w, text.as_bytes()))?;
     Ok(())
 }
 

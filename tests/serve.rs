@@ -288,6 +288,7 @@ fn api_refuses_bad_requests_and_wrong_tokens() {
         ("{\"args\": [\"--checkpoint-dir=/tmp\"]}".into(), 400, "holds a `/`"),
         ("{\"args\": [\"--no-such-flag\"]}".into(), 400, "not a flag of `ringrec train`"),
         ("{\"env\": {\"LD_PRELOAD\": \"x\"}}".into(), 400, "not a RINGREC_* variable"),
+        ("{\"env\": {\"RINGREC_NOPE\": \"1\"}}".into(), 400, "not a variable ringrec reads"),
         ("{\"hosts\": [\"a;rm -rf\"]}".into(), 400, "not a host name"),
         ("{\"warm_start\": 99}".into(), 400, "there is no job 99"),
         (format!("{{\"name\": \"{}\"}}", "x".repeat(100)), 400, "at most 64"),

@@ -466,6 +466,9 @@ fn env_vars(spec: &JobSpec) -> Result<Vec<(String, String)>, SpecError> {
         if !ok {
             return bad(format!("env: `{}` is not a RINGREC_* variable (upper-case letters, digits, `_`); only ringrec's own settings may be set", k.escape_debug()));
         }
+        if !ringrec::config::VARIABLES.iter().any(|known| known.name == k) {
+            return bad(format!("env: {k} is not a variable ringrec reads (a typo?); `ringrec info --variables` lists them"));
+        }
         printable(&format!("env {k}"), v, MAX_FIELD)?;
         if v.contains('/') {
             return bad(format!("env {k}: values may not hold a path (`/`)"));
@@ -542,6 +545,7 @@ mod tests {
         assert!(refused(&l, r#"{"backend": "slurm"}"#).contains("no Slurm back end"));
         assert!(refused(&l, r#"{"backend": "pbs"}"#).contains("`local` or `slurm`"));
         assert!(refused(&l, r#"{"args": ["--metrics-out", "x"]}"#).contains("set by the service"));
+        assert!(refused(&l, r#"{"env": {"RINGREC_VERIFI": "0"}}"#).contains("RINGREC_VERIFI is not a variable ringrec reads"));
         assert!(refused(&l, r#"{"args": ["--epochs=3"]}"#).contains("field `epochs`"));
         assert!(refused(&l, r#"{"args": ["--rm-rf"]}"#).contains("not a flag of `ringrec train`"));
         assert!(refused(&l, r#"{"args": ["--lr", "/tmp/x"]}"#).contains("holds a `/`"));

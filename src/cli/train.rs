@@ -8,7 +8,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use ringrec::comm::Backend;
 use ringrec::device::Placement;
-use ringrec::settings::{Arity, Setting};
+use ringrec::settings::{Arity, Setting, Word};
 use ringrec::topology::Topology;
 use ringrec::train::{self, Progress, TrainConfig, TrainSummary};
 
@@ -16,17 +16,14 @@ use ringrec::train::{self, Progress, TrainConfig, TrainSummary};
 #[derive(Clone, Copy, Debug)]
 pub struct BackendArg(pub Option<Backend>);
 
-/// Parses `--backend`.
+/// Parses `--backend` as `ringrec train` does ([`ringrec::train::config::parse_backend`]).
 pub fn backend(s: &str) -> Result<BackendArg, String> {
-    match s {
-        "auto" => Ok(BackendArg(None)),
-        _ => Backend::parse(s).map(|b| BackendArg(Some(b))).ok_or_else(|| format!("`{s}` is not a backend; choose from auto, mpi, ring, shm, hier")),
-    }
+    ringrec::train::config::parse_backend(&[s]).map(BackendArg)
 }
 
-/// Parses `--device`.
+/// Parses `--device` as `ringrec train` does (the setting's [`Word`]).
 pub fn placement(s: &str) -> Result<Placement, String> {
-    Placement::parse(s).ok_or_else(|| format!("`{s}` is not a device; choose from auto, cpu, cuda"))
+    Placement::parse_word(s)
 }
 
 /// Flags of `ringrec train`: every setting of [`TrainConfig`], built from its table
@@ -115,10 +112,8 @@ impl clap::FromArgMatches for Settings {
     }
 }
 
-/// Parses a size flag: bytes, or a number with K, M or G.
-pub fn bytes(s: &str) -> Result<u64, String> {
-    ringrec::config::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
-}
+/// Parses a size flag as `ringrec train` does.
+pub use ringrec::train::config::size as bytes;
 
 pub use ringrec::train::config::default_data_dir;
 

@@ -51,7 +51,7 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 /// `--backend`: `auto` (the best for the topology) or a backend.
-fn parse_backend(values: &[&str]) -> Result<Option<Backend>, String> {
+pub fn parse_backend(values: &[&str]) -> Result<Option<Backend>, String> {
     match one(values)? {
         "auto" => Ok(None),
         s => Backend::parse_word(s).map(Some).map_err(|_| format!("`{s}` is not a backend; choose from auto, mpi, ring, shm, hier")),
@@ -71,10 +71,14 @@ fn show_no_eval(eval: &bool) -> String {
     (!eval).to_string()
 }
 
-/// A size flag: bytes, or a number with K, M or G.
+/// A size: bytes, or a number with K, M or G.
+pub fn size(s: &str) -> Result<u64, String> {
+    crate::config::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
+}
+
+/// A size flag ([`size`]).
 pub fn parse_bytes(values: &[&str]) -> Result<Option<u64>, String> {
-    let s = one(values)?;
-    crate::config::parse_bytes(s).map(|b| Some(b as u64)).ok_or_else(|| format!("`{s}` is not a size; give bytes, or a number with K, M or G (e.g. 8G)"))
+    size(one(values)?).map(Some)
 }
 
 const DEFAULT_SKETCH_MIB: u64 = crate::embedding::admit::DEFAULT_SKETCH_BYTES >> 20;

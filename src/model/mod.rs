@@ -8,9 +8,11 @@ pub mod dense_bin;
 pub mod input;
 pub mod mlp;
 pub mod optim;
+pub mod spec;
 
 pub use dense::{DenseModel, Part, StageMut};
 pub use dense_bin::DenseWeights;
 pub use input::InputLayout;
 pub use mlp::{Mlp, MlpShape};
 pub use optim::{DenseOptimState, DenseOptimizer, Optimizer};
+pub use spec::{CrossStructure, Group, ModelKind, ModelSpec};

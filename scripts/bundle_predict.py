@@ -204,32 +204,12 @@ def parse_tsv(path, spec):
     return np.array(labels, dtype=np.float32), np.array(dense, dtype=np.float32).reshape(-1, nd), u64([v for row in values for v in row]).reshape(-1, nc), skipped
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bundle")
-    ap.add_argument("data")
-    ap.add_argument("--out", help="write score<TAB>label lines here")
-    ap.add_argument("--test-fraction", type=float, default=0.0, help="score only the last fraction of the rows (train's held-out split)")
-    ap.add_argument("--compare", help="ringrec predict --out scores of the same rows")
-    ap.add_argument("--tolerance", type=float, default=1e-6)
-    a = ap.parse_args()
-
-    with open(f"{a.bundle}/model.json") as f:
-        model = json.load(f)
-    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2):
-        fail(f"{a.bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 and 2")
-    spec, tab, dense_spec = model["input"], model["table"], model["dense"]
-    widths, layers = load_dense(read_checked(a.bundle, dense_spec["file"], model))
-    if widths != dense_spec["widths"] or dense_spec["hidden_activation"] != "relu":
-        fail(f"dense.bin widths {widths}, model.json says {dense_spec['widths']} ({dense_spec['hidden_activation']})")
-    tkeys, trows = load_table(read_checked(a.bundle, tab["file"], model))
+def embedding_rows(values, spec, tab, tkeys, trows):
+    """The table rows of the rows' categorical values (n, fields) as float32 (n, fields,
+    dim): each (field, value)'s key (model.json's input.key) looked up in table.bin's sorted
+    keys, a key it lacks given its initial row; with how many distinct keys were found and
+    how many there were."""
     dim = tab["dim"]
-
-    labels, dense, values, skipped = parse_tsv(a.data, spec)
-    n = len(labels)
-    cut = n - min(n, int(math.floor(n * a.test_fraction + 0.5))) if a.test_fraction > 0 else 0
-    labels, dense, values = labels[cut:], dense[cut:], values[cut:]
-
     with np.errstate(over="ignore"):
         salt_base = int(spec["field_salt_base"], 16)
         salts = splitmix64(u64([salt_base + f for f in range(spec["categorical_features"])]))
@@ -241,8 +221,65 @@ def main():
         rows = np.empty((len(uniq), dim), dtype=np.float32)
         rows[found] = trows[at[found]]
         rows[~found] = init_rows(uniq[~found], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
+    return rows[inverse.reshape(-1)].reshape(values.shape[0], values.shape[1], dim), int(found.sum()), len(uniq)
 
-    x = np.concatenate([rows[inverse.reshape(-1)].reshape(len(labels), -1), dense], axis=1).astype(np.float64)
+
+def open_bundle(bundle):
+    """model.json of a bundle, its format and version checked."""
+    with open(f"{bundle}/model.json") as f:
+        model = json.load(f)
+    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2):
+        fail(f"{bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 and 2")
+    return model
+
+
+def inputs(bundle, model, data, test_fraction):
+    """The model's inputs of a TSV's rows (its last test_fraction of them when > 0, train's
+    held-out split): labels (n), transformed dense features (n, 13) and the fields' table
+    rows (n, 26, dim) from the bundle's table.bin; with the malformed lines skipped and how
+    many of the distinct keys the table held."""
+    spec, tab = model["input"], model["table"]
+    tkeys, trows = load_table(read_checked(bundle, tab["file"], model))
+    labels, dense, values, skipped = parse_tsv(data, spec)
+    n = len(labels)
+    cut = n - min(n, int(math.floor(n * test_fraction + 0.5))) if test_fraction > 0 else 0
+    labels, dense, values = labels[cut:], dense[cut:], values[cut:]
+    emb, found, distinct = embedding_rows(values, spec, tab, tkeys, trows)
+    return labels, dense, emb, skipped, found, distinct
+
+
+def compare(path, scores, labels, tolerance, who):
+    """Compares scores with `ringrec predict --out` scores of the same rows (path); prints
+    the largest difference and exits 1 when it is over the tolerance."""
+    theirs = np.loadtxt(path, dtype=np.float64, delimiter="\t", ndmin=2)
+    if theirs.shape[0] != len(scores):
+        fail(f"{path}: {theirs.shape[0]} rows, {who} scored {len(scores)}")
+    if not np.array_equal(theirs[:, 1], labels.astype(np.float64)):
+        fail(f"{path}: labels differ (not the same rows)")
+    worst = float(np.max(np.abs(theirs[:, 0] - scores))) if len(scores) else 0.0
+    print(f"{who}: max |score - ringrec's| = {worst:.3e} over {len(scores)} rows (tolerance {tolerance:g})", file=sys.stderr)
+    if not worst <= tolerance:
+        sys.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("data")
+    ap.add_argument("--out", help="write score<TAB>label lines here")
+    ap.add_argument("--test-fraction", type=float, default=0.0, help="score only the last fraction of the rows (train's held-out split)")
+    ap.add_argument("--compare", help="ringrec predict --out scores of the same rows")
+    ap.add_argument("--tolerance", type=float, default=1e-6)
+    a = ap.parse_args()
+
+    model = open_bundle(a.bundle)
+    dense_spec = model["dense"]
+    widths, layers = load_dense(read_checked(a.bundle, dense_spec["file"], model))
+    if widths != dense_spec["widths"] or dense_spec["hidden_activation"] != "relu":
+        fail(f"dense.bin widths {widths}, model.json says {dense_spec['widths']} ({dense_spec['hidden_activation']})")
+    labels, dense, emb, skipped, found, distinct = inputs(a.bundle, model, a.data, a.test_fraction)
+
+    x = np.concatenate([emb.reshape(len(labels), -1), dense], axis=1).astype(np.float64)
     h = x
     for i, (w, b) in enumerate(layers):
         h = h @ w + b
@@ -250,21 +287,13 @@ def main():
             h = np.maximum(h, 0.0)
     scores = 1.0 / (1.0 + np.exp(-h[:, 0]))
 
-    print(f"bundle_predict: {len(scores)} rows scored ({skipped} malformed line(s) skipped); {int(found.sum())} of {len(uniq)} distinct keys in the table, the others from their initial rows", file=sys.stderr)
+    print(f"bundle_predict: {len(scores)} rows scored ({skipped} malformed line(s) skipped); {found} of {distinct} distinct keys in the table, the others from their initial rows", file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             for s, y in zip(scores, labels):
                 f.write(f"{s!r}\t{int(y)}\n")
     if a.compare:
-        theirs = np.loadtxt(a.compare, dtype=np.float64, delimiter="\t", ndmin=2)
-        if theirs.shape[0] != len(scores):
-            fail(f"{a.compare}: {theirs.shape[0]} rows, this reader scored {len(scores)}")
-        if not np.array_equal(theirs[:, 1], labels.astype(np.float64)):
-            fail(f"{a.compare}: labels differ (not the same rows)")
-        worst = float(np.max(np.abs(theirs[:, 0] - scores))) if len(scores) else 0.0
-        print(f"bundle_predict: max |score - ringrec's| = {worst:.3e} over {len(scores)} rows (tolerance {a.tolerance:g})", file=sys.stderr)
-        if not worst <= a.tolerance:
-            sys.exit(1)
+        compare(a.compare, scores, labels, a.tolerance, "bundle_predict")
 
 
 if __name__ == "__main__":

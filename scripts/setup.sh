@@ -10,7 +10,9 @@
 #     g++                                        -- the CUDA kernels compiled as host C++
 #                                                   (HostKernels, `--device host`)
 #     python3 + venv                             -- scripts/cuda-wheels.sh (CI: NVIDIA's CUDA
-#                                                   libraries from PyPI for the library probe test)
+#                                                   libraries from PyPI for the library probe test),
+#                                                   scripts/test-venv.sh (numpy, onnx, onnxruntime
+#                                                   for tests/onnx.rs)
 #     python3-numpy                              -- scripts/bundle_predict.py (tests/predict.rs)
 #     slurm-wlm, munge                           -- tests/serve.rs: a real single-node Slurm
 #                                                   (scripts/slurm/cluster.sh) for `ringrec serve`

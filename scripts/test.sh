@@ -6,7 +6,10 @@
 #      lints the build without it; builds the library alone (--no-default-features: no
 #      clap, tokio, axum, rusqlite, anyhow, indicatif or sha2, checked with cargo tree),
 #   3. installs NVIDIA's CUDA runtime libraries from PyPI, only when missing (NVRTC, cuBLAS,
-#      NCCL; no GPU or driver needed) and shows what `ringrec info` finds of them,
+#      NCCL; no GPU or driver needed) and shows what `ringrec info` finds of them; makes the
+#      tests' Python venv (scripts/test-venv.sh: numpy, onnx, onnxruntime from PyPI, only
+#      when missing), named to the tests by RINGREC_TEST_PYTHON (tests/onnx.rs fails in CI
+#      without it),
 #   4. runs every unit and multi-process (real mpirun) test with the CUDA feature (GPU tests
 #      print `skipped: <reason>` without a GPU; tests/cuda_libs.rs finds the wheels and
 #      compiles every kernel to SASS with their NVRTC), then the tests whose behaviour
@@ -42,6 +45,9 @@ if [ -f "$target/cuda-wheels/.ringrec-wheels" ]; then
   step "ringrec info --compile-kernels sm_80,sm_90 with the wheels' venv"
   env -u RINGREC_CUDA_LIB_DIR VIRTUAL_ENV="$target/cuda-wheels" "$target/debug/ringrec" info --compile-kernels sm_80,sm_90
 fi
+step "the tests' Python venv (scripts/test-venv.sh)"
+RINGREC_TEST_PYTHON=$(scripts/test-venv.sh)
+export RINGREC_TEST_PYTHON
 step "cargo test --features cuda"
 RINGREC_CUDA_WHEELS="$target/cuda-wheels" cargo test --locked --features cuda
 step "cargo test --lib --bins --test cli (without the cuda feature)"

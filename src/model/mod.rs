@@ -7,6 +7,8 @@ pub mod dense;
 pub mod dense_bin;
 pub mod input;
 pub mod mlp;
+#[cfg(feature = "onnx")]
+pub mod onnx;
 pub mod optim;
 pub mod spec;
 

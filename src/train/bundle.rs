@@ -13,6 +13,10 @@
 //!                     (version 2, no optimizer moments), framed ([`crate::frame`])
 //! BUNDLE/table.bin    the table's live rows: a sparse-parameter file (RRSPARAM version 3,
 //!                     framed, keys ascending, values as f32; see [`crate::embedding::params`])
+//! BUNDLE/model.onnx   with `--format onnx` only: the dense model as an ONNX graph (inputs
+//!                     the transformed dense features and the fields' table rows, output
+//!                     the click probability; `crate::model::onnx`, feature `onnx`),
+//!                     listed in model.json's `onnx` with its size and CRC-32
 //! ```
 //! Both binary files are framed: a 32-byte header (magic, version, header length, payload
 //! length, the header's CRC-32), the payload, and the CRC-32 of every byte before it;
@@ -51,6 +55,8 @@ pub const MODEL_JSON: &str = "model.json";
 pub const DENSE_BIN: &str = "dense.bin";
 /// The table's live rows (a sparse-parameter file).
 pub const TABLE_BIN: &str = "table.bin";
+/// The dense model as an ONNX graph (`--format onnx`).
+pub const MODEL_ONNX: &str = "model.onnx";
 /// `model.json`'s format name.
 pub const FORMAT: &str = "ringrec-bundle";
 /// `model.json`'s version (this build writes it and reads it and every older one).
@@ -80,6 +86,32 @@ pub enum BundleError {
     /// The output exists.
     #[error("{0}: exists; remove it or choose another --out (a bundle is never overwritten)")]
     Exists(PathBuf),
+    /// `--format onnx` in a build without feature `onnx`.
+    #[error("this ringrec was built without the ONNX export (feature onnx, part of the default feature cli); export --format bundle, or build with --features onnx")]
+    NoOnnx,
+}
+
+/// What an export writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// model.json, dense.bin, table.bin.
+    #[default]
+    Bundle,
+    /// The bundle and model.onnx, the dense model as an ONNX graph.
+    Onnx,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+
+    /// `bundle` or `onnx` (`ringrec export --format`).
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "bundle" => Ok(Format::Bundle),
+            "onnx" => Ok(Format::Onnx),
+            _ => Err(format!("`{s}` is not an export format; choose from bundle, onnx")),
+        }
+    }
 }
 
 /// The frame of both binary files, as `model.json` spells it out.
@@ -199,6 +231,27 @@ pub struct DenseSpec {
     pub layout: String,
 }
 
+/// The ONNX part of `model.json` (`--format onnx`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OnnxSpec {
+    /// The file (`model.onnx`).
+    pub file: String,
+    /// Its length.
+    pub bytes: u64,
+    /// CRC-32 (zlib's) of the whole file (an ONNX file has no trailer).
+    pub crc32: u32,
+    /// The ONNX IR version.
+    pub ir_version: i64,
+    /// The default operator set's version.
+    pub opset: i64,
+    /// The model (`--model`).
+    pub model: String,
+    /// The graph's inputs: name, type, shape and what a server feeds.
+    pub inputs: Vec<String>,
+    /// The graph's output.
+    pub output: String,
+}
+
 /// `model.json`: everything a reader needs, and the checksums of the other files.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelJson {
@@ -224,6 +277,9 @@ pub struct ModelJson {
     pub table: TableSpec,
     /// The files with their sizes and CRC-32s.
     pub files: Vec<FileEntry>,
+    /// `model.onnx` (`--format onnx`); absent from a bundle without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnx: Option<OnnxSpec>,
 }
 
 /// What an export wrote.
@@ -241,8 +297,10 @@ pub struct ExportSummary {
     pub rows: u64,
     /// Dense parameters written.
     pub params: usize,
-    /// Bytes of the three files.
+    /// Bytes of the files (three, four with model.onnx).
     pub bytes: u64,
+    /// model.onnx was written (`--format onnx`).
+    pub onnx: bool,
 }
 
 /// A file of the bundle checked in one streamed read: its length, the CRC-32 of every
@@ -267,9 +325,45 @@ pub struct Provenance<'a> {
     pub skipped: &'a [String],
 }
 
+/// The ONNX graph of a bundle's dense model: today the trainer has one model, the MLP.
+#[cfg(feature = "onnx")]
+fn onnx_net(dense: &DenseWeights) -> crate::model::onnx::Net {
+    crate::model::onnx::Net::Mlp { hidden: dense.hidden().to_vec() }
+}
+
+/// Writes `model.onnx` of `dense` (embeddings of `dim`) into `dir`; gives its model.json entry.
+#[cfg(feature = "onnx")]
+fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights, dim: u32) -> BundleResult<OnnxSpec> {
+    use crate::model::onnx::{self, Sizes};
+    let (net, s) = (onnx_net(dense), Sizes::criteo(dim as usize));
+    let bytes = onnx::encode(&net, s, &dense.params).map_err(|e| damaged(source, format!("the ONNX graph: {e}")))?;
+    write_atomic(&dir.join(MODEL_ONNX), 0o600, |w| w.write_all(&bytes))?;
+    let row = net.row_width(s.dim);
+    Ok(OnnxSpec {
+        file: MODEL_ONNX.into(),
+        bytes: bytes.len() as u64,
+        crc32: crate::hash::crc32(&bytes),
+        ir_version: onnx::IR_VERSION,
+        opset: onnx::OPSET,
+        model: net.name().into(),
+        inputs: vec![
+            format!("{} f32 [batch, {}]: the dense features as input.dense_transform makes them (ln(1 + max(x, 0)), missing 0), I1..I13", onnx::INPUT_DENSE, s.dense),
+            format!("{} f32 [batch, {}, {row}]: per field C1..C26 in order, the row of its key in table.bin (a key absent from it: its initial row, table.unseen_keys)", onnx::INPUT_EMB, s.fields),
+        ],
+        output: format!("{} f32 [batch, 1]: the click probability (the score ringrec predict gives)", onnx::OUTPUT),
+    })
+}
+
+/// Without feature `onnx`: refused.
+#[cfg(not(feature = "onnx"))]
+fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights, _dim: u32) -> BundleResult<OnnxSpec> {
+    Err(BundleError::NoOnnx)
+}
+
 /// Writes the bundle of a model — its `dense` weights, its `table` (a verified, opened table
-/// file), from `from` — into `out` (which must not exist).
-pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable) -> BundleResult<ExportSummary> {
+/// file), from `from` — into `out` (which must not exist); with [`Format::Onnx`] also
+/// `model.onnx`.
+pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
     let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
@@ -288,6 +382,10 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
         let rows = table.export_params(&tmp.join(TABLE_BIN))?;
         let bin = dense.encode(step).map_err(|e| damaged(source, format!("the dense model is not one MLP: {e}")))?;
         write_atomic(&tmp.join(DENSE_BIN), 0o600, |w| w.write_all(&bin))?;
+        let onnx = match format {
+            Format::Bundle => None,
+            Format::Onnx => Some(write_onnx(tmp, source, dense, h.dim)?),
+        };
         let mut files = Vec::new();
         for f in [DENSE_BIN, TABLE_BIN] {
             let (bytes, crc32) = file_sum(&tmp.join(f))?;
@@ -322,20 +420,23 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
                 unseen_keys: "a key absent from table.bin reads as its initial row: base = splitmix64(init_seed ^ splitmix64(key)); for j = 0..dim: u = splitmix64(base + (j + 1) * 0x9e3779b97f4a7c15) >> 40 (mod 2^64); value_j = init_scale * (u * 2^-23 - 1) in binary32 arithmetic (u exact, one rounding, in the product); then rounded to dtype (f16 or bf16: to nearest, ties to even)".into(),
             },
             files,
+            onnx,
         };
         let text = serde_json::to_vec_pretty(&json).map_err(|e| damaged(&tmp.join(MODEL_JSON), format!("encoding: {e}")))?;
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
-        let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), rows, params: dense.params.len(), bytes }
+        let onnx_bytes = json.onnx.as_ref().map_or(0, |o| o.bytes);
+        let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + onnx_bytes + text.len() as u64 + 1;
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some() }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
 }
 
 /// Exports the checkpoint `m` ([`super::source::ModelSource`], resolved from `ringrec
-/// export --model`) into the bundle `out` (which must not exist). Its table file is opened
-/// (every block checked against its checksum) and its live rows written in key order.
-pub fn export(m: &super::source::ModelSource, out: &Path) -> BundleResult<ExportSummary> {
+/// export --model`) into the bundle `out` (which must not exist), as `format` says. Its
+/// table file is opened (every block checked against its checksum) and its live rows
+/// written in key order.
+pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> BundleResult<ExportSummary> {
     use super::source::SourceKind;
     let refuse = |detail: &str| Err(damaged(&m.given, detail));
     let dense = match (m.kind, &m.dense) {
@@ -344,7 +445,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path) -> BundleResult<Export
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, dense, &table)
+    write(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, dense, &table, format)
 }
 
 /// A bundle that passed every check.
@@ -394,6 +495,14 @@ impl Bundle {
         if dense.widths != json.dense.widths {
             return Err(damaged(&dir.join(&json.dense.file), format!("widths {:?}, model.json says {:?}", dense.widths, json.dense.widths)));
         }
+        if let Some(o) = &json.onnx {
+            let p = dir.join(&o.file);
+            let bytes = crate::fileio::read_input(&p).map_err(io(&p, "read"))?;
+            let crc = crate::hash::crc32(&bytes);
+            if bytes.len() as u64 != o.bytes || crc != o.crc32 {
+                return Err(damaged(&p, format!("{} bytes of CRC-32 {crc:#010x}, model.json says {} bytes of {:#010x}", bytes.len(), o.bytes, o.crc32)));
+            }
+        }
         let tp = dir.join(&json.table.file);
         let (ph, _) = crate::embedding::read_params_header(&tp)?;
         if ph.dim != json.table.dim || ph.count != json.table.rows || json.dim != ph.dim {
@@ -428,7 +537,7 @@ mod tests {
         let mut t = EmbeddingTable::create(&d.join("live"), &TableConfig::new(1, 64)).unwrap();
         t.put_rows(&[1, 2], &[0.5, -0.5]).unwrap();
         let out = d.join("out").join("bundle");
-        let s = write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t).unwrap();
+        let s = write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t, Format::Bundle).unwrap();
         assert_eq!((s.rows, s.params), (2, 40));
         let b = Bundle::open(&out).unwrap();
         assert_eq!((b.json.version, b.json.step, &b.dense), (2, 7, &weights()));
@@ -440,7 +549,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
         let names: Vec<String> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names, vec!["bundle".to_string()], "no temporary left");
-        assert!(matches!(write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t), Err(BundleError::Exists(_))));
+        assert!(matches!(write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t, Format::Bundle), Err(BundleError::Exists(_))));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -478,6 +587,7 @@ mod tests {
             dense: DenseSpec { file: DENSE_BIN.into(), widths: w.widths.clone(), hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
             table: TableSpec { file: TABLE_BIN.into(), format: String::new(), dim: 1, rows: 2, dtype: "f32".into(), key_order: "ascending".into(), init_seed: 1, init_scale: 0.05, unseen_keys: String::new() },
             files: vec![entry(DENSE_BIN, &dense), entry(TABLE_BIN, &table)],
+            onnx: None,
         };
         std::fs::write(d.join(DENSE_BIN), &dense).unwrap();
         std::fs::write(d.join(TABLE_BIN), &table).unwrap();

@@ -196,3 +196,20 @@ pub fn rank_pids(job: &str) -> Vec<(usize, i32)> {
     out.sort();
     out
 }
+
+/// The tests' Python venv (scripts/test-venv.sh: numpy, onnx, onnxruntime): the python
+/// `RINGREC_TEST_PYTHON` names (scripts/test.sh sets it), else the venv's fixed place,
+/// `<target>/test-venv`, checked by importing `modules`. None (the reason printed as
+/// `skipped: ...`) when there is none; in CI (`CI=true`) a missing venv fails the test.
+pub fn test_python(modules: &str) -> Option<String> {
+    let fixed = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().map(|t| t.join("test-venv/bin/python"));
+    let py = std::env::var("RINGREC_TEST_PYTHON").ok().or_else(|| fixed.map(|p| p.display().to_string()))?;
+    let ok = Command::new(&py).args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    let why = format!("{py} cannot import {modules} (scripts/test-venv.sh makes the venv)");
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: the tests' Python venv is required: {why}");
+    eprintln!("skipped: {why}");
+    None
+}

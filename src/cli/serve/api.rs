@@ -33,8 +33,9 @@ pub struct AppState {
 #[derive(Clone)]
 struct Caller(String);
 
-/// An HTTP error with a JSON body.
-struct ApiError(StatusCode, String);
+/// An HTTP error with a JSON body `{"error": message}` (`ringrec serve-model` answers
+/// with it too).
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -78,22 +79,28 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route; the API is under /api/ (GET /api/jobs, POST /api/jobs, GET /api/jobs/{id}, POST /api/jobs/{id}/kill, GET /api/jobs/{id}/logs)".into())
 }
 
-async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
-    let presented = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+/// The name of the token `headers` present, or the 401 answer (`ringrec serve-model`
+/// checks its requests with it too).
+pub fn authorize(tokens: &Tokens, headers: &axum::http::HeaderMap) -> Result<String, Response> {
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
     let refuse = |msg: &str| {
         let mut r = ApiError(StatusCode::UNAUTHORIZED, msg.to_string()).into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         r
     };
     let Some(token) = presented else {
-        return refuse("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)");
+        return Err(refuse("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)"));
     };
-    match st.tokens.check(token) {
-        Some(name) => {
+    tokens.check(token).ok_or_else(|| refuse("token refused: it is not one of this service's tokens"))
+}
+
+async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    match authorize(&st.tokens, req.headers()) {
+        Ok(name) => {
             req.extensions_mut().insert(Caller(name));
             next.run(req).await
         }
-        None => refuse("token refused: it is not one of this service's tokens"),
+        Err(refused) => refused,
     }
 }
 

@@ -194,7 +194,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown() {
+/// Resolves at SIGTERM or SIGINT (`ringrec serve-model` stops on them too).
+pub async fn shutdown() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;

@@ -27,6 +27,8 @@ pub struct AppState {
     pub service: Arc<Service>,
     /// The accepted tokens.
     pub tokens: Tokens,
+    /// `/metrics`' counters.
+    pub metrics: super::metrics::ServeMetrics,
 }
 
 /// The name of the token a request presented.
@@ -67,9 +69,12 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/jobs/{id}/logs", get(logs))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth));
+    let metrics = Router::new().route("/metrics", get(metrics_text)).layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .nest("/api", api)
+        .merge(metrics)
+        .route_layer(middleware::from_fn_with_state(state.clone(), timed))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -92,6 +97,23 @@ pub fn authorize(tokens: &Tokens, headers: &axum::http::HeaderMap) -> Result<Str
         return Err(refuse("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)"));
     };
     tokens.check(token).ok_or_else(|| refuse("token refused: it is not one of this service's tokens"))
+}
+
+/// Observes each call's latency under its route's pattern (`/api/jobs/{id}`).
+async fn timed(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = req.extensions().get::<axum::extract::MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    st.metrics.observe(&route, &method, started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    match st.metrics.render(&st.service) {
+        Ok(text) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
+        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics: {e}")).into_response(),
+    }
 }
 
 async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
@@ -158,6 +180,7 @@ async fn create(State(st): State<Arc<AppState>>, Extension(who): Extension<Calle
     let spec = parse_spec(&body)?;
     let svc = st.service.clone();
     let (id, state) = blocking(move || svc.create(spec, &who.0, None)).await?;
+    st.metrics.submissions.inc();
     Ok((StatusCode::CREATED, Json(json!({ "id": id, "state": state }))))
 }
 
@@ -165,6 +188,7 @@ async fn resubmit(State(st): State<Arc<AppState>>, Extension(who): Extension<Cal
     let id = job_id(&id)?;
     let svc = st.service.clone();
     let (new, state) = blocking(move || svc.resubmit(id, &who.0)).await?;
+    st.metrics.submissions.inc();
     Ok((StatusCode::CREATED, Json(json!({ "id": new, "state": state, "resubmit_of": id }))))
 }
 

@@ -84,19 +84,25 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route; the API is under /api/ (GET /api/jobs, POST /api/jobs, GET /api/jobs/{id}, POST /api/jobs/{id}/kill, GET /api/jobs/{id}/logs)".into())
 }
 
-/// The name of the token `headers` present, or the 401 answer (`ringrec serve-model`
-/// checks its requests with it too).
-pub fn authorize(tokens: &Tokens, headers: &axum::http::HeaderMap) -> Result<String, Response> {
-    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
-    let refuse = |msg: &str| {
-        let mut r = ApiError(StatusCode::UNAUTHORIZED, msg.to_string()).into_response();
+/// A refused bearer token: 401 with `WWW-Authenticate: Bearer` and why.
+pub struct Unauthorized(&'static str);
+
+impl IntoResponse for Unauthorized {
+    fn into_response(self) -> Response {
+        let mut r = ApiError(StatusCode::UNAUTHORIZED, self.0.to_string()).into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         r
-    };
+    }
+}
+
+/// The name of the token `headers` present, or why it is refused (`ringrec serve-model`
+/// checks its requests with it too).
+pub fn authorize(tokens: &Tokens, headers: &axum::http::HeaderMap) -> Result<String, Unauthorized> {
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
     let Some(token) = presented else {
-        return Err(refuse("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)"));
+        return Err(Unauthorized("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)"));
     };
-    tokens.check(token).ok_or_else(|| refuse("token refused: it is not one of this service's tokens"))
+    tokens.check(token).ok_or(Unauthorized("token refused: it is not one of this service's tokens"))
 }
 
 /// Observes each call's latency under its route's pattern (`/api/jobs/{id}`).
@@ -122,7 +128,7 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
             req.extensions_mut().insert(Caller(name));
             next.run(req).await
         }
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 

@@ -148,9 +148,9 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
     if let Some(t) = &app.tokens {
         if let Err(refused) = authorize(t, req.headers()) {
             if req.uri().path() == "/v1/score" {
-                app.metrics.answered(refused.status().as_u16(), 0, 0.0);
+                app.metrics.answered(StatusCode::UNAUTHORIZED.as_u16(), 0, 0.0);
             }
-            return refused;
+            return refused.into_response();
         }
     }
     next.run(req).await

@@ -54,6 +54,10 @@ enum Command {
     /// `ringrec train` jobs on this machine or a Slurm cluster, with records that survive
     /// restarts (`ringrec serve --state-dir DIR`; `ringrec serve token add NAME --state-dir DIR`).
     Serve(cli::serve::ServeArgs),
+    /// The online scoring service: loads a bundle or a checkpoint directory's newest good
+    /// checkpoint and answers `POST /v1/score` (JSON rows or Criteo lines), `/metrics`;
+    /// `--watch` swaps in newer models (`ringrec serve-model --model DIR --listen ADDR`).
+    ServeModel(cli::serve_model::ServeModelArgs),
 }
 
 #[derive(Subcommand)]
@@ -128,6 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Data(cmd) => cli::data::run(cmd),
         Command::Clean(args) => cli::clean::run(&args),
         Command::Serve(args) => std::process::exit(cli::serve::run(&args)?),
+        Command::ServeModel(args) => cli::serve_model::run(&args),
         Command::Bench(BenchCommand::Embedding(args)) => cli::bench::embedding::run(args),
         Command::Bench(BenchCommand::Checkpoint(args)) => cli::bench::checkpoint::run(&args),
         Command::Bench(BenchCommand::Engine(args)) => with_mpi(|topo| cli::bench::engine::run(topo, &args).map(|_| ())),

@@ -9,6 +9,7 @@ pub mod launch;
 pub mod predict;
 pub mod progress;
 pub mod serve;
+pub mod serve_model;
 pub mod table;
 pub mod train;
 

@@ -4,6 +4,7 @@
 //! sample s's field f among them. Reused from step to step.
 
 use crate::data::cache::Dataset;
+use crate::data::criteo::Sample;
 use crate::data::{DataError, DataResult};
 use crate::sparse::Deduper;
 
@@ -51,6 +52,27 @@ impl Batch {
             self.rows.extend(rows);
             ds.append_rows(&self.rows[at..], &mut self.labels, &mut self.dense, &mut self.keys)?;
         }
+        self.index_keys()
+    }
+
+    /// Takes `samples` (parsed lines or rows of a request, `ringrec serve-model`) as the
+    /// batch, numbered 0.. in `rows`, and deduplicates their keys.
+    pub fn load_samples(&mut self, samples: &[Sample]) -> DataResult<()> {
+        self.rows.clear();
+        self.labels.clear();
+        self.dense.clear();
+        self.keys.clear();
+        for (i, s) in samples.iter().enumerate() {
+            self.rows.push(i as u32);
+            self.labels.push(s.label);
+            self.dense.extend_from_slice(&s.dense);
+            self.keys.extend_from_slice(&s.keys);
+        }
+        self.index_keys()
+    }
+
+    /// `uniq` and `inverse` of the loaded keys.
+    fn index_keys(&mut self) -> DataResult<()> {
         self.deduper.index_keys(&self.keys).map_err(|e| DataError::InvalidArgument(e.to_string()))?;
         self.uniq.clear();
         self.uniq.extend(self.deduper.sorted_keys());

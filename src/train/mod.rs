@@ -26,7 +26,8 @@
 //!
 //! Using a trained model: [`predict`] (the scoring both the evaluation and `ringrec
 //! predict` use), [`bundle`] (`ringrec export`'s serving bundle), [`source`] (what
-//! `--model` and `--init-from` name), [`warm`] (`train --init-from`).
+//! `--model` and `--init-from` name), [`warm`] (`train --init-from`), [`scorer`] (a model
+//! loaded for `ringrec serve-model`, scoring through `predict`'s step).
 
 pub mod batch;
 pub mod bundle;
@@ -41,6 +42,7 @@ pub mod metrics;
 pub mod phases;
 pub mod predict;
 pub mod report;
+pub mod scorer;
 pub mod source;
 pub mod summary;
 pub mod sync;

@@ -36,14 +36,19 @@ use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{inputs, shard, EvalSet, PrepareOptions};
 use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
-use crate::embedding::format::capacity_for_rows;
-use crate::embedding::{HostTable, TableConfig};
+use crate::embedding::{EmbeddingTable, HostTable};
 use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
 /// features and labels.
 pub fn stage<D: Device>(model: &mut DenseModel<D>, table: &HostTable, b: &Batch) -> TrainResult<()> {
+    stage_from(model, table.table(), b)
+}
+
+/// [`stage`] from any table (a host table's, or one a single process maps, `ringrec
+/// serve-model`).
+pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
     let st = model.stage(b.len(), b.uniq.len())?;
     table.lookup(&b.uniq, st.emb)?;
     st.inverse.copy_from_slice(&b.inverse);
@@ -59,12 +64,31 @@ pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch
     let mut logits = Vec::new();
     for pieces in set.batches(positions, batch_rows) {
         batch.load_pieces(pieces.into_iter().map(|(ds, rows)| (ds, rows.map(|r| r as u32))))?;
-        stage(model, table, batch)?;
-        model.load()?;
-        model.predict(&mut logits)?;
-        out.extend(logits.iter().map(|z| sigmoid(*z)));
+        score_batch(model, table.table(), batch, &mut logits, out)?;
     }
     Ok(())
+}
+
+/// The one scoring step: appends the scores (sigmoid of the logit) of the rows of `b` to
+/// `out` — the table lookup into the model's staging slot, the forward pass, the sigmoid
+/// (`logits` is scratch). [`score_rows`] and `ringrec serve-model` ([`super::scorer`])
+/// score through it.
+pub fn score_batch<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch, logits: &mut Vec<f32>, out: &mut Vec<f32>) -> TrainResult<()> {
+    stage_from(model, table, b)?;
+    model.load()?;
+    model.predict(logits)?;
+    out.extend(logits.iter().map(|z| sigmoid(*z)));
+    Ok(())
+}
+
+/// The dense model of `src` on `dev`, for scoring (no optimizer state): its widths and
+/// weights over the table's embedding dimension.
+pub fn scoring_model<D: Device>(dev: D, src: &ModelSource) -> TrainResult<DenseModel<D>> {
+    let dense = src.dense.as_ref().ok_or_else(|| TrainError::Config(format!("{}: no dense weights", src.given.display())))?;
+    let layout = InputLayout { fields: NUM_SPARSE, dim: src.table.dim as usize, ndense: NUM_DENSE };
+    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
+    let n = dense.params.len();
+    Ok(DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?)
 }
 
 /// Scores every row of `set` over every rank (collective; see the module docs): rank 0
@@ -258,14 +282,10 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         })
     });
     let model_src = ModelSource::share(topo, coll.as_mut(), mine)?;
-    let dense = model_src.dense.as_ref().ok_or_else(|| TrainError::Config(format!("{}: no dense weights", cfg.model.display())))?;
     let t = &model_src.table;
-    let tc = t.config(&TableConfig::new(t.dim, capacity_for_rows(t.rows)));
+    let tc = t.scoring_config();
     let table = HostTable::open_from(topo, t.source(&tc))?;
-    let layout = InputLayout { fields: NUM_SPARSE, dim: t.dim as usize, ndense: NUM_DENSE };
-    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
-    let n = dense.params.len();
-    let mut model = DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
+    let mut model = scoring_model(dev, &model_src)?;
     {
         let _w = crate::watchdog::waiting("the ranks' barrier");
         coll.barrier()?;

@@ -166,6 +166,12 @@ impl TableFile {
         c
     }
 
+    /// The configuration a scorer fills its table with (`ringrec predict`, `ringrec
+    /// serve-model`): [`TableFile::config`] of a table just big enough for the file's rows.
+    pub fn scoring_config(&self) -> TableConfig {
+        self.config(&TableConfig::new(self.dim, capacity_for_rows(self.rows)))
+    }
+
     /// How the host leader fills a table of `cfg` ([`TableFile::config`]) from this file.
     pub fn source<'a>(&'a self, cfg: &'a TableConfig) -> TableSource<'a> {
         match self.saved {

@@ -27,14 +27,17 @@ pub struct AppState {
     pub service: Arc<Service>,
     /// The accepted tokens.
     pub tokens: Tokens,
+    /// `/metrics`' counters.
+    pub metrics: super::metrics::ServeMetrics,
 }
 
 /// The name of the token a request presented.
 #[derive(Clone)]
 struct Caller(String);
 
-/// An HTTP error with a JSON body.
-struct ApiError(StatusCode, String);
+/// An HTTP error with a JSON body `{"error": message}` (`ringrec serve-model` answers
+/// with it too).
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -66,9 +69,12 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/jobs/{id}/logs", get(logs))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth));
+    let metrics = Router::new().route("/metrics", get(metrics_text)).layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/", get(|| async { Html(PAGE) }))
         .nest("/api", api)
+        .merge(metrics)
+        .route_layer(middleware::from_fn_with_state(state.clone(), timed))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -78,22 +84,51 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such route; the API is under /api/ (GET /api/jobs, POST /api/jobs, GET /api/jobs/{id}, POST /api/jobs/{id}/kill, GET /api/jobs/{id}/logs)".into())
 }
 
-async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
-    let presented = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
-    let refuse = |msg: &str| {
-        let mut r = ApiError(StatusCode::UNAUTHORIZED, msg.to_string()).into_response();
+/// A refused bearer token: 401 with `WWW-Authenticate: Bearer` and why.
+pub struct Unauthorized(&'static str);
+
+impl IntoResponse for Unauthorized {
+    fn into_response(self) -> Response {
+        let mut r = ApiError(StatusCode::UNAUTHORIZED, self.0.to_string()).into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         r
-    };
+    }
+}
+
+/// The name of the token `headers` present, or why it is refused (`ringrec serve-model`
+/// checks its requests with it too).
+pub fn authorize(tokens: &Tokens, headers: &axum::http::HeaderMap) -> Result<String, Unauthorized> {
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
     let Some(token) = presented else {
-        return refuse("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)");
+        return Err(Unauthorized("missing bearer token: send `Authorization: Bearer <token>` (make one with `ringrec serve token add NAME --state-dir DIR`)"));
     };
-    match st.tokens.check(token) {
-        Some(name) => {
+    tokens.check(token).ok_or(Unauthorized("token refused: it is not one of this service's tokens"))
+}
+
+/// Observes each call's latency under its route's pattern (`/api/jobs/{id}`).
+async fn timed(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = req.extensions().get::<axum::extract::MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    st.metrics.observe(&route, &method, started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    match st.metrics.render(&st.service) {
+        Ok(text) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
+        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics: {e}")).into_response(),
+    }
+}
+
+async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    match authorize(&st.tokens, req.headers()) {
+        Ok(name) => {
             req.extensions_mut().insert(Caller(name));
             next.run(req).await
         }
-        None => refuse("token refused: it is not one of this service's tokens"),
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -151,6 +186,7 @@ async fn create(State(st): State<Arc<AppState>>, Extension(who): Extension<Calle
     let spec = parse_spec(&body)?;
     let svc = st.service.clone();
     let (id, state) = blocking(move || svc.create(spec, &who.0, None)).await?;
+    st.metrics.submissions.inc();
     Ok((StatusCode::CREATED, Json(json!({ "id": id, "state": state }))))
 }
 
@@ -158,6 +194,7 @@ async fn resubmit(State(st): State<Arc<AppState>>, Extension(who): Extension<Cal
     let id = job_id(&id)?;
     let svc = st.service.clone();
     let (new, state) = blocking(move || svc.resubmit(id, &who.0)).await?;
+    st.metrics.submissions.inc();
     Ok((StatusCode::CREATED, Json(json!({ "id": new, "state": state, "resubmit_of": id }))))
 }
 

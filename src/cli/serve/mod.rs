@@ -11,12 +11,14 @@
 //! - [`analyze`]: the likely cause of a failure, from the log
 //! - [`tokens`]: bearer tokens, stored hashed
 //! - [`api`]: the axum router; `dashboard.html` the page
+//! - [`metrics`]: `GET /metrics` (Prometheus)
 //!
 //! All of it is binary-side: the library knows nothing of HTTP, tokio or SQLite.
 
 pub mod analyze;
 pub mod api;
 pub mod backend;
+pub mod metrics;
 pub mod service;
 pub mod spec;
 pub mod state;
@@ -180,7 +182,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let limits = spec::Limits { data_roots: roots, max_ranks: args.max_ranks.max(1), train_flags: spec::flags_of_help(&String::from_utf8_lossy(&help.stdout)), slurm: backends.len() > 1 };
     let cfg = service::Config { state_dir: dir.clone(), poll: Duration::from_millis(args.poll_ms.max(50)), kill_grace: Duration::from_secs(args.kill_grace_secs), limits };
     let svc = service::Service::start(cfg, backends)?;
-    let state = Arc::new(api::AppState { service: svc.clone(), tokens: toks });
+    let state = Arc::new(api::AppState { service: svc.clone(), tokens: toks, metrics: Default::default() });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr} (in use? pick another --listen)"))?;
@@ -194,7 +196,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown() {
+/// Resolves at SIGTERM or SIGINT (`ringrec serve-model` stops on them too).
+pub async fn shutdown() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;

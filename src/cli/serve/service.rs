@@ -216,6 +216,11 @@ impl Service {
         self.answer(Some(id))
     }
 
+    /// Every job's id, state and last interval report (`GET /metrics`).
+    pub fn last_reports(&self) -> Vec<(i64, JobState, Option<Value>)> {
+        self.jobs.read().unwrap_or_else(|e| e.into_inner()).values().map(|j| (j.id, j.state, j.metrics.last().cloned())).collect()
+    }
+
     /// The log of job `id` (its last `tail` bytes).
     pub fn logs(&self, id: i64, tail: u64) -> Result<String, ServiceError> {
         if !self.jobs.read().unwrap_or_else(|e| e.into_inner()).contains_key(&id) {

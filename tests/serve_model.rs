@@ -1,0 +1,260 @@
+//! `ringrec serve-model` against a real server: its scores are `ringrec predict`'s bit for
+//! bit (JSON rows and TSV lines, keys the table lacks included), bad requests get a 4xx
+//! naming the field, tokens are required when configured, and a model swap under
+//! concurrent requests drops none and answers each with the model that scored it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use serde_json::{json, Value};
+
+fn ringrec() -> &'static str {
+    env!("CARGO_BIN_EXE_ringrec")
+}
+
+/// `ringrec ARGS` (one rank), the data cache under `dir`; must succeed.
+fn run(dir: &TempDir, args: &[&str]) -> String {
+    let data = dir.path("cache");
+    let job = common::mpirun(1, &[("RINGREC_DATA_DIR", data.to_str().expect("utf8"))], args);
+    job.assert_ok();
+    job.stdout.clone()
+}
+
+fn synth(dir: &TempDir, rows: u64) -> PathBuf {
+    let p = dir.path("d.tsv");
+    let mut c = Command::new(ringrec());
+    c.args(["data", "synth", "--rows", &rows.to_string(), "--out"]).arg(&p);
+    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+    p
+}
+
+fn train(dir: &TempDir, data: &Path, ck: &Path, steps: u32, resume: bool) {
+    let (d, c, s) = (data.to_str().expect("utf8"), ck.to_str().expect("utf8"), steps.to_string());
+    let mut args = vec!["train", "--data", d, "--batch", "200", "--max-steps", &s, "--checkpoint-dir", c, "--threads", "2", "--no-progress"];
+    if resume {
+        args.push("--resume");
+    }
+    run(dir, &args);
+}
+
+/// `predict`'s scores of `data` with `--batch batch` (as f32, in row order).
+fn predict(dir: &TempDir, model: &Path, data: &Path, batch: usize) -> Vec<f32> {
+    let out = dir.path(&format!("scores-{}.tsv", data.file_name().and_then(|n| n.to_str()).unwrap_or("x")));
+    run(dir, &["predict", "--model", model.to_str().expect("utf8"), "--data", data.to_str().expect("utf8"), "--batch", &batch.to_string(), "--threads", "2", "--out", out.to_str().expect("utf8")]);
+    std::fs::read_to_string(&out).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect()
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(model: &Path, more: &[&str]) -> Server {
+        let mut c = Command::new(ringrec());
+        c.args(["serve-model", "--listen", "127.0.0.1:0", "--threads", "2", "--model"]).arg(model).args(more).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = c.spawn().expect("start ringrec serve-model");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                }
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(60)).expect("serve-model printed its address within 60 s");
+        Server { child, addr }
+    }
+
+    /// (status, body) of a request.
+    fn call(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String) {
+        let a: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60))).build().into();
+        let url = format!("http://{}{path}", self.addr);
+        let resp = if method == "GET" {
+            let mut r = a.get(&url);
+            if let Some(t) = token {
+                r = r.header("Authorization", &format!("Bearer {t}"));
+            }
+            r.call()
+        } else {
+            let mut r = a.post(&url).header("Content-Type", "application/json");
+            if let Some(t) = token {
+                r = r.header("Authorization", &format!("Bearer {t}"));
+            }
+            r.send(body)
+        };
+        let mut resp = resp.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status().as_u16();
+        (status, resp.body_mut().read_to_string().unwrap_or_default())
+    }
+
+    /// The probabilities and model version of a 200 answer to `body`.
+    fn score(&self, token: Option<&str>, body: &Value) -> (Vec<f32>, u64) {
+        let (st, text) = self.call("POST", "/v1/score", token, body.to_string().as_bytes());
+        assert_eq!(st, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        let p = v["probabilities"].as_array().expect("probabilities").iter().map(|x| x.as_f64().expect("number") as f32).collect();
+        (p, v["model"]["version"].as_u64().expect("version"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lines(path: &Path, n: usize) -> Vec<String> {
+    std::fs::read_to_string(path).expect("data").lines().take(n).map(str::to_string).collect()
+}
+
+/// A TSV line as a JSON row.
+fn row_of(line: &str) -> Value {
+    let f: Vec<&str> = line.split('\t').collect();
+    let dense: Vec<Value> = f[1..14].iter().map(|x| if x.is_empty() { Value::Null } else { json!(x.parse::<i64>().expect("integer")) }).collect();
+    let sparse: Vec<Value> = f[14..].iter().map(|x| if x.is_empty() { Value::Null } else { json!(x) }).collect();
+    json!({ "label": f[0].parse::<u8>().expect("label"), "dense": dense, "sparse": sparse })
+}
+
+fn token(state: &Path) -> String {
+    let o = Command::new(ringrec()).args(["serve", "token", "add", "alice", "--state-dir"]).arg(state).output().expect("token add");
+    assert!(o.status.success(), "token add: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).lines().last().and_then(|l| l.split_whitespace().last()).expect("a token").to_string()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn scores_equal_predicts_and_bad_requests_are_refused() {
+    let dir = TempDir::new("serve-model-scores");
+    let data = synth(&dir, 2000);
+    let ck = dir.path("ck");
+    train(&dir, &data, &ck, 5, false);
+    // 320 rows: 5 batches of 64, as predict --batch 64 cuts the file's first 320 rows.
+    let first = lines(&data, 320);
+    let want = predict(&dir, &ck, &data, 64);
+    // Keys no row of the training data has: the table lacks them, they score with their
+    // initial rows, as in predict.
+    let unseen: Vec<String> = first[..64]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut f: Vec<String> = l.split('\t').map(str::to_string).collect();
+            f[14] = format!("{:x}", 0xdead_beef_0000_0000u64 + i as u64);
+            f[20] = format!("{:x}", 0xfeed_f00d_0000_0000u64 + i as u64);
+            f.join("\t")
+        })
+        .collect();
+    let unseen_tsv = dir.path("unseen.tsv");
+    std::fs::write(&unseen_tsv, unseen.join("\n") + "\n").expect("write");
+    let want_unseen = predict(&dir, &ck, &unseen_tsv, 64);
+
+    let state = dir.path("state");
+    let tok = token(&state);
+    let s = Server::start(&ck, &["--max-batch", "64", "--max-body", "1000000", "--state-dir", state.to_str().expect("utf8")]);
+    let t = Some(tok.as_str());
+    let (tsv, v) = s.score(t, &json!({ "tsv": first }));
+    assert_eq!(v, 1);
+    assert_eq!(bits(&tsv), bits(&want[..320]), "TSV lines score as predict does, bit for bit");
+    let rows: Vec<Value> = first.iter().map(|l| row_of(l)).collect();
+    let (js, _) = s.score(t, &json!({ "rows": rows }));
+    assert_eq!(bits(&js), bits(&want[..320]), "JSON rows score as predict does, bit for bit");
+    let (un, _) = s.score(t, &json!({ "tsv": unseen }));
+    assert_eq!(bits(&un), bits(&want_unseen), "keys the table lacks score with their initial rows, as in predict");
+
+    // Refusals.
+    let (st, text) = s.call("POST", "/v1/score", None, b"{}");
+    assert_eq!(st, 401, "no token: {text}");
+    let (st, _) = s.call("POST", "/v1/score", Some("wrong"), json!({ "tsv": [first[0]] }).to_string().as_bytes());
+    assert_eq!(st, 401, "a wrong token");
+    let mut bad = row_of(&first[0]);
+    bad["sparse"][3] = json!("not-hex");
+    for (body, field) in [
+        (json!({ "rows": [row_of(&first[0]), bad] }), "rows[1].sparse[3] (C4)"),
+        (json!({ "rows": [{ "dense": [1], "sparse": [] }] }), "rows[0].dense: 1 values"),
+        (json!({ "tsv": ["1\t2\t3"] }), "tsv[0]:"),
+        (json!({ "rows": [], "tsv": [] }), "no rows"),
+        (json!({ "row": [] }), "unknown field `row`"),
+    ] {
+        let (st, text) = s.call("POST", "/v1/score", t, body.to_string().as_bytes());
+        assert_eq!(st, 400, "{body}: {text}");
+        let msg = serde_json::from_str::<Value>(&text).expect("JSON error")["error"].as_str().expect("error").to_string();
+        assert!(msg.contains(field), "{msg:?} names {field:?}");
+    }
+    let (st, _) = s.call("POST", "/v1/score", t, &vec![b' '; 2_000_000]);
+    assert_eq!(st, 413, "a body over --max-body");
+    let (st, metrics) = s.call("GET", "/metrics", t, b"");
+    assert_eq!(st, 200);
+    assert!(metrics.contains("ringrec_serve_model_rows_total 704"), "{metrics}");
+    assert!(metrics.contains("ringrec_serve_model_requests_total{code=\"200\"} 3"), "{metrics}");
+}
+
+#[test]
+fn a_swap_under_concurrent_requests_drops_none_and_answers_with_each_model() {
+    let dir = TempDir::new("serve-model-swap");
+    let data = synth(&dir, 2000);
+    let ck = dir.path("ck");
+    train(&dir, &data, &ck, 5, false);
+    let line = lines(&data, 1).remove(0);
+    let s = Arc::new(Server::start(&ck, &["--watch", "--watch-secs", "0.2", "--max-wait-us", "500"]));
+    let body = json!({ "tsv": [line] });
+    let (a, v) = s.score(None, &body);
+    assert_eq!(v, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, stop, body) = (s.clone(), stop.clone(), body.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let (st, text) = s.call("POST", "/v1/score", None, body.to_string().as_bytes());
+                    got.push((st, text));
+                }
+                got
+            })
+        })
+        .collect();
+    // A newer checkpoint appears while the clients score.
+    train(&dir, &data, &ck, 10, true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, v) = s.score(None, &body);
+        if v == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no swap within 60 s of the new checkpoint");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (b, _) = s.score(None, &body);
+    assert!((a[0] - b[0]).abs() > 1e-5, "the two models score the row apart ({} and {})", a[0], b[0]);
+    let (mut n, mut versions) = (0, std::collections::BTreeSet::new());
+    for c in clients {
+        for (st, text) in c.join().expect("client") {
+            assert_eq!(st, 200, "no request fails across the swap: {text}");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            let (p, ver) = (v["probabilities"][0].as_f64().expect("p") as f32, v["model"]["version"].as_u64().expect("version"));
+            let want = if ver == 1 { a[0] } else { b[0] };
+            // Coalesced with other requests, a row's GEMM may round differently in the last place.
+            assert!((p - want).abs() <= 1e-6, "version {ver} answered {p}, its model scores {want}");
+            versions.insert(ver);
+            n += 1;
+        }
+    }
+    assert!(n > 0 && versions.contains(&1), "{n} answers, versions {versions:?}");
+    let (_, metrics) = s.call("GET", "/metrics", None, b"");
+    assert!(metrics.contains("ringrec_serve_model_swaps_total 1"), "{metrics}");
+    assert!(metrics.contains("ringrec_serve_model_version 2"), "{metrics}");
+}

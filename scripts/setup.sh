@@ -18,7 +18,9 @@
 #                                                   (scripts/slurm/cluster.sh) for `ringrec serve`
 #     chromium, chromium-driver                  -- tests/serve.rs: the dashboard in headless
 #                                                   Chromium (WebDriver)
-# Slurm and Chromium are installed apart and best effort: where the distribution lacks them
+#     prometheus                                 -- tests/prometheus.rs: a real Prometheus
+#                                                   scrapes `ringrec serve` and `serve-model`
+# Slurm, Chromium and Prometheus are installed apart and best effort: where the distribution lacks them
 # (Ubuntu ships Chromium only as a snap), or without root, those tests print `skipped: <reason>`.
 set -euo pipefail
 
@@ -52,13 +54,14 @@ if [ "$tests" = 1 ]; then
   have_cmd munged || [ -x /usr/sbin/munged ] || serve_need+=(munge)
   [ -x /usr/bin/chromium ] || serve_need+=(chromium)
   [ -x /usr/bin/chromedriver ] || serve_need+=(chromium-driver)
+  have_cmd prometheus || [ -x /usr/bin/prometheus ] || serve_need+=(prometheus)
 fi
 
 install_serve() {
   [ ${#serve_need[@]} -eq 0 ] && return
-  echo "setup: installing ${serve_need[*]} (ringrec serve's tests: Slurm, headless Chromium)"
+  echo "setup: installing ${serve_need[*]} (ringrec serve's tests: Slurm, headless Chromium, Prometheus)"
   if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${serve_need[@]}" >/dev/null; then
-    echo "setup: warning: could not install ${serve_need[*]}; the Slurm and browser tests of tests/serve.rs will print skipped" >&2
+    echo "setup: warning: could not install ${serve_need[*]}; the Slurm, browser and Prometheus tests (tests/serve.rs, tests/prometheus.rs) will print skipped" >&2
   fi
 }
 
@@ -81,7 +84,7 @@ if [ "$(id -u)" -ne 0 ]; then
   if have_cmd sudo; then SUDO="sudo"; elif [ ${#need[@]} -gt 0 ]; then
     echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1
   elif [ ${#serve_need[@]} -gt 0 ]; then
-    echo "setup: warning: not root: not installing ${serve_need[*]} (tests/serve.rs's Slurm and browser tests will print skipped)" >&2
+    echo "setup: warning: not root: not installing ${serve_need[*]} (the Slurm, browser and Prometheus tests will print skipped)" >&2
     serve_need=()
   fi
 fi

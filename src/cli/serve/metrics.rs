@@ -4,9 +4,10 @@
 //! - `ringrec_serve_jobs{state}`: jobs in each state (every state, 0 included)
 //! - `ringrec_serve_submissions_total`: jobs submitted (created and resubmitted)
 //! - `ringrec_serve_api_request_seconds{route,method}`: API latency per route (histogram)
-//! - `ringrec_job_<field>{job}`: every numeric field of each job's last interval report
+//! - `ringrec_job_<field>{job_id}`: every numeric field of each job's last interval report
 //!   (`samples_per_sec`, `loss`, `auc`, `table_rows`, bytes moved ..., whatever the report
-//!   holds; a nested object's fields joined with `_`), labelled with the job id
+//!   holds; a nested object's fields joined with `_`), labelled `job_id` (not `job`: that
+//!   is the label Prometheus gives every target of a scrape job)
 
 use std::sync::atomic::AtomicU64;
 
@@ -82,7 +83,7 @@ impl ServeMetrics {
                 numeric_fields("", rep, &mut values);
             }
             for (name, x) in values {
-                fields.entry(name).or_default().get_or_create(&vec![("job".into(), id.to_string())]).set(x);
+                fields.entry(name).or_default().get_or_create(&vec![("job_id".into(), id.to_string())]).set(x);
             }
         }
         for (name, fam) in fields {

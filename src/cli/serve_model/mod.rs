@@ -7,7 +7,7 @@
 //!   `{"probabilities": [...], "model": {"version": V, "step": S}}`; concurrent requests
 //!   are coalesced into model batches ([`batcher`]). Refusals are JSON `{"error": ...}`:
 //!   400 naming the row and field, 401 without a valid token (with `--state-dir`), 413 a
-//!   body over `--max-body`.
+//!   body over `--max-body`, 503 when `--max-queue` requests already wait.
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
 //! - `GET /v1/model`: the model served.
 //!
@@ -71,6 +71,10 @@ pub struct ServeModelArgs {
     /// [env: RINGREC_THREADS]
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Most requests waiting for the scoring thread; a request past it is refused at once
+    /// with 503 (and `Retry-After: 1`) instead of waiting behind the others.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body: usize,
@@ -83,7 +87,8 @@ pub struct ServeModelArgs {
 /// What the handlers share.
 struct App {
     tokens: Option<Tokens>,
-    queue: mpsc::Sender<batcher::Job>,
+    queue: mpsc::SyncSender<batcher::Job>,
+    max_queue: usize,
     live: Arc<live::Live>,
     metrics: Arc<metrics::Metrics>,
 }
@@ -92,6 +97,7 @@ struct App {
 pub fn run(args: &ServeModelArgs) -> anyhow::Result<()> {
     let addr: SocketAddr = args.listen.parse().with_context(|| format!("--listen {}: not an address like 127.0.0.1:8760", args.listen))?;
     anyhow::ensure!(args.max_batch > 0, "--max-batch must be positive");
+    anyhow::ensure!(args.max_queue > 0, "--max-queue must be positive");
     anyhow::ensure!(args.watch_secs > 0.0 && args.watch_secs.is_finite(), "--watch-secs must be a positive number of seconds");
     let tokens = args.state_dir.as_ref().map(|d| Tokens::open(d)).transpose()?;
     if tokens.as_ref().is_some_and(|t| t.count() == 0) {
@@ -110,7 +116,7 @@ pub fn run(args: &ServeModelArgs) -> anyhow::Result<()> {
     metrics.model_loaded(&first);
     let described = format!("{}, {} table rows, on {}", first.describe, first.table_rows, first.scorer.lock().unwrap_or_else(|e| e.into_inner()).device());
     let live = Arc::new(live::Live::new(first));
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::sync_channel(args.max_queue);
     let limits = batcher::Limits { max_batch: args.max_batch, max_wait: Duration::from_micros(args.max_wait_us) };
     {
         let (live, metrics) = (live.clone(), metrics.clone());
@@ -120,7 +126,7 @@ pub fn run(args: &ServeModelArgs) -> anyhow::Result<()> {
         let (live, metrics, every) = (live.clone(), metrics.clone(), Duration::from_secs_f64(args.watch_secs));
         std::thread::Builder::new().name("watch".into()).spawn(move || live::watch(live, opts, every, metrics)).context("starting the model watcher")?;
     }
-    let app = Arc::new(App { tokens, queue: tx, live, metrics });
+    let app = Arc::new(App { tokens, queue: tx, max_queue: args.max_queue, live, metrics });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr} (in use? pick another --listen)"))?;
@@ -158,10 +164,13 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
 
 async fn score(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
     let started = Instant::now();
-    let (resp, rows) = match scored(&app, body).await {
+    let (mut resp, rows) = match scored(&app, body).await {
         Ok((r, n)) => (r, n),
         Err(e) => (e.into_response(), 0),
     };
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
     app.metrics.answered(resp.status().as_u16(), rows, started.elapsed().as_secs_f64());
     resp
 }
@@ -172,7 +181,11 @@ async fn scored(app: &App, body: Result<Bytes, axum::extract::rejection::BytesRe
     let rows = samples.len();
     let (reply, answer) = tokio::sync::oneshot::channel();
     let gone = || ApiError(StatusCode::SERVICE_UNAVAILABLE, "the scoring thread has stopped".into());
-    app.queue.send(batcher::Job { samples, reply }).map_err(|_| gone())?;
+    match app.queue.try_send(batcher::Job { samples, reply }) {
+        Ok(()) => {}
+        Err(mpsc::TrySendError::Full(_)) => return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("the scoring queue is full ({} requests waiting, --max-queue): retry later", app.max_queue))),
+        Err(mpsc::TrySendError::Disconnected(_)) => return Err(gone()),
+    }
     let s = answer.await.map_err(|_| gone())?.map_err(|m| ApiError(StatusCode::INTERNAL_SERVER_ERROR, m))?;
     // Serialized as f32 (the shortest form that reads back as the same f32).
     #[derive(serde::Serialize)]

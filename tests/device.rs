@@ -775,3 +775,48 @@ mod input {
         assert_eq!(e, "inverse names row 3 of 3 unique keys");
     }
 }
+
+/// Scoring mode (`Device::set_row_tile`, what `DenseModel::predict` sets): each row of a
+/// GEMM's product has the bits that row gets when multiplied alone, whatever rows share the
+/// batch, wherever it sits in it, and whatever the thread count. Without it the `gemm`
+/// crate's kernels follow the row count (a one-row product is a GEMV; small products a
+/// dot-product kernel; k blocked by whether m and n pass 64).
+#[test]
+fn cpu_row_tiles_make_a_rows_product_its_own() {
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    let rows = 70;
+    let mut untiled_differ = 0;
+    for (k, n) in [(429, 256), (256, 128), (128, 1), (700, 40)] {
+        let a: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+        let product = |dev: &CpuDevice, start: usize, m: usize| -> Vec<u32> {
+            let part = a[start * k..(start + m) * k].to_vec();
+            let mut c = vec![0f32; m * n];
+            dev.gemm(&Gemm { m, n, k, a_t: false, b_t: false }, (&part, 0), (&b, 0), (&mut c, 0), Epilogue::None).unwrap();
+            c.iter().map(|x| x.to_bits()).collect()
+        };
+        let one = CpuDevice::new(1);
+        one.set_row_tile(Some(16));
+        let alone: Vec<Vec<u32>> = (0..rows).map(|r| product(&one, r, 1)).collect();
+        for threads in [1, 2, 3] {
+            let dev = CpuDevice::new(threads);
+            for m in [1, 2, 5, 16, 17, 33, 70] {
+                for start in [0, (rows - m) / 2, rows - m] {
+                    dev.set_row_tile(Some(16));
+                    let tiled = product(&dev, start, m);
+                    dev.set_row_tile(None);
+                    let plain = product(&dev, start, m);
+                    for j in 0..m {
+                        assert_eq!(tiled[j * n..(j + 1) * n], alone[start + j][..], "k {k}, n {n}, {threads} threads: row {} of a {m}-row product differs from the row alone", start + j);
+                        untiled_differ += usize::from(plain[j * n..(j + 1) * n] != alone[start + j][..]);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("without row tiles, {untiled_differ} rows' products differed from the row alone");
+}

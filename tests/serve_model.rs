@@ -1,7 +1,9 @@
 //! `ringrec serve-model` against a real server: its scores are `ringrec predict`'s bit for
 //! bit (JSON rows and TSV lines, keys the table lacks included), bad requests get a 4xx
-//! naming the field, tokens are required when configured, and a model swap under
-//! concurrent requests drops none and answers each with the model that scored it.
+//! naming the field, tokens are required when configured, concurrent requests coalesced
+//! into shared batches still get predict's bits, a full queue refuses with 503, and a model
+//! swap under concurrent requests drops none and answers each with the model that scored
+//! it, bit for bit.
 
 mod common;
 
@@ -198,6 +200,75 @@ fn scores_equal_predicts_and_bad_requests_are_refused() {
     assert_eq!(st, 200);
     assert!(metrics.contains("ringrec_serve_model_rows_total 704"), "{metrics}");
     assert!(metrics.contains("ringrec_serve_model_requests_total{code=\"200\"} 3"), "{metrics}");
+
+    // Concurrent requests of other sizes and offsets, coalesced into shared batches: each
+    // row still gets predict's bits (which rows share a batch changes no row's score).
+    let s = Arc::new(s);
+    let (first, want) = (Arc::new(first), Arc::new(want));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let (s, first, want, tok) = (s.clone(), first.clone(), want.clone(), tok.clone());
+            std::thread::spawn(move || {
+                for i in 0..12 {
+                    let (at, n) = ((c * 37 + i * 11) % 300, 1 + (c + i) % 7);
+                    let (got, _) = s.score(Some(&tok), &json!({ "tsv": first[at..at + n] }));
+                    assert_eq!(bits(&got), bits(&want[at..at + n]), "rows {at}..{} scored in a shared batch equal predict's bit for bit", at + n);
+                }
+            })
+        })
+        .collect();
+    clients.into_iter().for_each(|c| c.join().expect("client"));
+    let (_, metrics) = s.call("GET", "/metrics", t, b"");
+    let coalesced = metrics.lines().find(|l| l.starts_with("ringrec_serve_model_batch_rows_count")).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<u64>().ok()).expect("batch count");
+    eprintln!("{coalesced} model batches for {} requests", 3 + 8 * 12);
+}
+
+#[test]
+fn a_full_queue_refuses_with_503() {
+    let dir = TempDir::new("serve-model-queue");
+    let data = synth(&dir, 2000);
+    let ck = dir.path("ck");
+    train(&dir, &data, &ck, 5, false);
+    let all = lines(&data, 2000);
+    let s = Arc::new(Server::start(&ck, &["--max-queue", "1", "--max-batch", "64", "--max-body", "64000000"]));
+    // A long request keeps the scoring thread busy; single rows pile up behind it.
+    let big: Vec<&String> = all.iter().cycle().take(40_000).collect();
+    let big_body = json!({ "tsv": big }).to_string();
+    let done = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, done, one) = (s.clone(), done.clone(), json!({ "tsv": [all[0]] }).to_string());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while !done.load(Ordering::Relaxed) {
+                    got.push(s.call("POST", "/v1/score", None, one.as_bytes()));
+                }
+                got
+            })
+        })
+        .collect();
+    let (st, text) = s.call("POST", "/v1/score", None, big_body.as_bytes());
+    done.store(true, Ordering::Relaxed);
+    assert_eq!(st, 200, "the long request itself is scored");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["probabilities"].as_array().map(Vec::len), Some(40_000));
+    let (mut ok, mut full) = (0, 0);
+    for c in clients {
+        for (st, text) in c.join().expect("client") {
+            match st {
+                200 => ok += 1,
+                503 => {
+                    assert!(text.contains("the scoring queue is full") && text.contains("--max-queue"), "{text}");
+                    full += 1;
+                }
+                _ => panic!("{st}: {text}"),
+            }
+        }
+    }
+    eprintln!("{ok} answered, {full} refused while the long request was scored");
+    assert!(full > 0, "some of 8 clients' requests found the queue of 1 full ({ok} answered)");
+    let (_, metrics) = s.call("GET", "/metrics", None, b"");
+    assert!(metrics.contains(&format!("ringrec_serve_model_requests_total{{code=\"503\"}} {full}")), "{metrics}");
 }
 
 #[test]
@@ -247,8 +318,7 @@ fn a_swap_under_concurrent_requests_drops_none_and_answers_with_each_model() {
             let v: Value = serde_json::from_str(&text).expect("JSON");
             let (p, ver) = (v["probabilities"][0].as_f64().expect("p") as f32, v["model"]["version"].as_u64().expect("version"));
             let want = if ver == 1 { a[0] } else { b[0] };
-            // Coalesced with other requests, a row's GEMM may round differently in the last place.
-            assert!((p - want).abs() <= 1e-6, "version {ver} answered {p}, its model scores {want}");
+            assert_eq!(p.to_bits(), want.to_bits(), "version {ver} answered {p}, its model scores {want}");
             versions.insert(ver);
             n += 1;
         }

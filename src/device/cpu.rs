@@ -11,7 +11,16 @@
 //! gemm`), and the cut is a function of the shape and the thread count only, so results
 //! are deterministic. Reductions (column sums, sums) use the same parts and add them in
 //! order; element-wise kernels are exact whatever the split.
+//!
+//! Scoring ([`Device::set_row_tile`]): the `gemm` crate picks its kernel and its blocking of
+//! the inner dimension by the shape (a one-row product is a GEMV, a small one a dot-product
+//! kernel, a blocking of k by whether m and n pass 64), so a row's result would follow the
+//! number of rows in its part. With a row tile every row part is exactly that many rows
+//! (the last padded with zeros), so each row's result is a function of the row alone:
+//! `predict`, the evaluation and `serve-model` score a row to the same bits whatever rows
+//! share its batch and whatever the thread count.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use half::slice::HalfFloatSliceExt;
@@ -32,12 +41,14 @@ pub struct CpuDevice {
     threads: usize,
     /// The partial products of a cut weight-gradient GEMM (parts 1.. of it), reused.
     scratch: Mutex<Vec<f32>>,
+    /// Rows per GEMM row part in scoring mode; 0: the default cut.
+    row_tile: AtomicUsize,
 }
 
 impl CpuDevice {
     /// A device splitting its work into `threads` parts (on the rayon pool).
     pub fn new(threads: usize) -> CpuDevice {
-        CpuDevice { threads: threads.max(1), scratch: Mutex::new(Vec::new()) }
+        CpuDevice { threads: threads.max(1), scratch: Mutex::new(Vec::new()), row_tile: AtomicUsize::new(0) }
     }
 
     /// Threads the work is split over.
@@ -49,18 +60,43 @@ impl CpuDevice {
         self.threads.min(n).max(1)
     }
 
-    /// `c = a b` with the rows of `c` (and `a`) cut into parts.
+    /// `c = a b` with the rows of `c` (and `a`) cut into parts (tiles in scoring mode).
     fn gemm_rows(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32], epi: &Epilogue<'_, Self>) {
         let (m, n, k) = (g.m, g.n, g.k);
+        let epilogue = |c: &mut [f32], r: std::ops::Range<usize>| match epi {
+            Epilogue::Bias { bias, at, act } => bias_act(c, &bias[*at..*at + n], *act),
+            Epilogue::ReluGrad { act } => relu_grad(c, &act[r.start * n..r.end * n]),
+            Epilogue::None | Epilogue::BiasGrad { .. } => {}
+        };
+        let tile = self.row_tile.load(Ordering::Relaxed);
+        if tile > 0 {
+            let run = |(i, c): (usize, &mut [f32])| {
+                let r = i * tile..(i * tile + c.len() / n);
+                if r.len() == tile {
+                    sgemm(tile, n, k, &a[r.start * k..], false, b, g.b_t, c, false, 1);
+                } else {
+                    // The last tile, padded with zero rows to the tile's height.
+                    let mut padded = vec![0f32; tile * k];
+                    padded[..r.len() * k].copy_from_slice(&a[r.start * k..r.end * k]);
+                    let mut out = vec![0f32; tile * n];
+                    sgemm(tile, n, k, &padded, false, b, g.b_t, &mut out, false, 1);
+                    c.copy_from_slice(&out[..r.len() * n]);
+                }
+                epilogue(c, r);
+            };
+            let c = &mut c[..m * n];
+            if m <= tile || self.threads == 1 {
+                c.chunks_mut(tile * n).enumerate().for_each(run);
+            } else {
+                c.par_chunks_mut(tile * n).enumerate().for_each(run);
+            }
+            return;
+        }
         let parts = self.parts(m);
         let run = |(i, c): (usize, &mut [f32])| {
             let r = part(m, parts, i);
             sgemm(r.len(), n, k, &a[r.start * k..], false, b, g.b_t, c, false, 1);
-            match epi {
-                Epilogue::Bias { bias, at, act } => bias_act(c, &bias[*at..*at + n], *act),
-                Epilogue::ReluGrad { act } => relu_grad(c, &act[r.start * n..r.end * n]),
-                Epilogue::None | Epilogue::BiasGrad { .. } => {}
-            }
+            epilogue(c, r);
         };
         let chunks = split_rows(c, m, n, parts);
         if parts == 1 {
@@ -203,6 +239,9 @@ impl Device for CpuDevice {
     }
     fn fork(&self) -> DeviceResult<CpuDevice> {
         Ok(CpuDevice::new(self.threads))
+    }
+    fn set_row_tile(&self, rows: Option<usize>) {
+        self.row_tile.store(rows.unwrap_or(0), Ordering::Relaxed);
     }
     fn upload_unchecked<T: Scalar>(&self, src: &mut Vec<T>, _n: usize, dst: &mut Vec<T>) -> DeviceResult<()> {
         std::mem::swap(src, dst);

@@ -213,6 +213,13 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// concurrently with this queue's, ordered by the buffers both touch. The engine moves
     /// gradients on a fork while backward continues on the original.
     fn fork(&self) -> DeviceResult<Self>;
+    /// Scoring mode: `Some(rows)` makes each GEMM whose rows are the batch's rows compute
+    /// in tiles of exactly `rows` rows (the last padded), so a row's result depends on that
+    /// row alone, not on which rows share its batch or how many threads split it; `None`
+    /// returns to the default cut (training). [`crate::model::DenseModel::predict`] sets it
+    /// around its forward pass. Devices whose results do not follow the batch this way, or
+    /// that promise nothing, ignore it (the default).
+    fn set_row_tile(&self, _rows: Option<usize>) {}
 
     /// A zeroed buffer of `n` elements.
     fn alloc<T: Scalar>(&self, n: usize) -> DeviceResult<Self::Buf<T>>;

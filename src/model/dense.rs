@@ -24,6 +24,10 @@ use super::optim::{DenseOptimState, Optimizer};
 use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
 
+/// Rows per GEMM tile when scoring ([`DenseModel::predict`]): small enough that a one-row
+/// request pays little for its padding, large enough to keep the kernels efficient.
+pub const SCORING_ROW_TILE: usize = 16;
+
 /// What a tensor handed out by [`DenseModel::step`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -381,10 +385,15 @@ impl<D: Device> DenseModel<D> {
         Ok(v[0] as f64)
     }
 
-    /// Logits of the loaded batch (inference: no gradients), written into `out`.
+    /// Logits of the loaded batch (inference: no gradients), written into `out`. Each
+    /// row's logit is a function of that row alone (the device's row tiles of
+    /// [`SCORING_ROW_TILE`], [`Device::set_row_tile`]), whatever rows share the batch.
     pub fn predict(&mut self, out: &mut Vec<f32>) -> DeviceResult<()> {
         let (batch, _) = self.loaded()?;
-        self.mlp.forward(&self.dev, &self.batch.x, batch)?;
+        self.dev.set_row_tile(Some(SCORING_ROW_TILE));
+        let forward = self.mlp.forward(&self.dev, &self.batch.x, batch);
+        self.dev.set_row_tile(None);
+        forward?;
         out.resize(batch, 0.0);
         self.dev.read(self.mlp.output(), 0, out)
     }

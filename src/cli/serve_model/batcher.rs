@@ -2,10 +2,11 @@
 //! request waiting, then more, until the batch would pass `--max-batch` rows or
 //! `--max-wait-us` has passed, and scores them as one batch with the current model
 //! ([`super::live::Live::current`], taken once per batch). A request of more than
-//! `--max-batch` rows is scored alone, cut into batches of `--max-batch` from its first row
-//! (`ringrec predict --batch`'s cut): alone it gets predict's bits exactly; coalesced with
-//! others, within a few units in the last place (a GEMM's rounding follows the batch's row
-//! count).
+//! `--max-batch` rows is scored alone, cut into batches of `--max-batch` from its first row.
+//! Either way each row gets `ringrec predict`'s bits: scoring computes every row apart from
+//! the others ([`ringrec::device::Device::set_row_tile`]), so which requests share a batch
+//! changes no answer. The queue in front holds at most `--max-queue` requests (the
+//! handler refuses more with 503).
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;

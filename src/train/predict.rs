@@ -32,13 +32,12 @@ use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
 use crate::data::cache::Dataset;
-use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{inputs, shard, EvalSet, PrepareOptions};
 use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{HostTable, TableConfig};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
@@ -133,6 +132,8 @@ pub struct PredictSummary {
     pub model: String,
     /// What was used: the checkpoint (`ckpt/step-...`), the bundle or the file.
     pub model_path: PathBuf,
+    /// Which model it is, and its shape (`dlrm (bottom 13-64-16, 351 dots, top 367-256-128-1)`).
+    pub model_spec: String,
     /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
     /// newest was used).
     pub skipped: Vec<String>,
@@ -262,10 +263,13 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let t = &model_src.table;
     let tc = t.config(&TableConfig::new(t.dim, capacity_for_rows(t.rows)));
     let table = HostTable::open_from(topo, t.source(&tc))?;
-    let layout = InputLayout { fields: NUM_SPARSE, dim: t.dim as usize, ndense: NUM_DENSE };
-    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
+    let spec = &dense.spec;
+    if spec.kind != crate::model::ModelKind::Mlp {
+        return Err(TrainError::Config(format!("{}: the {}: this build scores mlp models only", cfg.model.display(), spec.describe())));
+    }
+    let shape = MlpShape { input: spec.concat_width(), hidden: spec.hidden.clone() };
     let n = dense.params.len();
-    let mut model = DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
+    let mut model = DenseModel::new(dev, shape, spec.layout(), &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
     {
         let _w = crate::watchdog::waiting("the ranks' barrier");
         coll.barrier()?;
@@ -294,6 +298,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         device: model.device().describe(),
         model: model_src.describe(),
         model_path: model_src.path.clone(),
+        model_spec: spec.describe(),
         skipped: model_src.skipped.clone(),
         step: model_src.step,
         table_rows: table.table().live_rows(),

@@ -422,7 +422,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             for s, y in zip(scores, labels):
-                f.write(f"{s!r}\t{int(y)}\n")
+                f.write(f"{float(s)!r}\t{int(y)}\n")
     if a.compare:
         theirs = np.loadtxt(a.compare, dtype=np.float64, delimiter="\t", ndmin=2)
         if theirs.shape[0] != len(scores):

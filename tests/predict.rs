@@ -44,14 +44,68 @@ fn scores(path: &Path) -> Vec<(f32, f32)> {
         .collect()
 }
 
-/// A python3 that has numpy, or why there is none.
+/// A python3 that has numpy (the test venv's, target/test-venv, first), or why there is none.
 fn python() -> Result<String, String> {
-    for p in ["python3", "/usr/bin/python3"] {
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python");
+    for p in [venv, "python3", "/usr/bin/python3"] {
         if Command::new(p).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()) {
             return Ok(p.to_string());
         }
     }
     Err("no python3 with numpy (scripts/setup.sh --tests installs python3-numpy)".into())
+}
+
+/// Specs of every model and shape over Criteo's input (dim 4, small MLPs).
+fn every_model() -> Vec<ringrec::model::ModelSpec> {
+    use ringrec::model::{CrossStructure, ModelKind, ModelSpec};
+    let base = ModelSpec::mlp(26, 4, 13, vec![8, 4]);
+    vec![
+        base.clone(),
+        ModelSpec { kind: ModelKind::Dlrm, bottom: vec![8], ..base.clone() },
+        ModelSpec { kind: ModelKind::Dlrm, bottom: vec![], interaction_self: true, ..base.clone() },
+        ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, ..base.clone() },
+        ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, cross_rank: 3, cross_structure: CrossStructure::Parallel, ..base.clone() },
+        ModelSpec { kind: ModelKind::DeepFm, ..base.clone() },
+        ModelSpec { kind: ModelKind::WideDeep, hidden: vec![6], ..base },
+    ]
+}
+
+#[test]
+fn the_python_reader_scores_every_model_as_its_definition_says() {
+    // Bundles of every model with random parameters and rows, written by ringrec's own
+    // writer; tests/bundle_models.py scores them with scripts/bundle_predict.py and with a
+    // second implementation of the definition (per sample, by model.json's tensors).
+    use ringrec::embedding::{EmbeddingTable, TableConfig};
+    use ringrec::model::DenseWeights;
+    use ringrec::train::bundle::{self, Provenance};
+    let py = match python() {
+        Err(why) => return eprintln!("skipped: the Python reader: {why}"),
+        Ok(py) => py,
+    };
+    let dir = TempDir::new("bundle-models");
+    let data = dir.path("d.tsv");
+    synth(&data, 200);
+    let mut bundles = Vec::new();
+    for (i, spec) in every_model().into_iter().enumerate() {
+        let random = |n: usize, salt: u64| (0..n as u64).map(|j| ((j.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>();
+        let w = DenseWeights { params: random(spec.num_params(), i as u64), spec: spec.clone() };
+        let mut cfg = TableConfig::new(spec.row_width() as u32, 1 << 10);
+        cfg.init_scale = Some(0.5);
+        let mut table = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg).unwrap();
+        // A few keys held (the data's keys are not: they read as their initial rows).
+        table.put_rows(&[1, 2, 3], &random(3 * spec.row_width(), 99)).unwrap();
+        let out = dir.path(&format!("b{i}"));
+        bundle::write(&out, Provenance { source: Path::new("ck"), step: 3, skipped: &[] }, &w, &table).unwrap();
+        bundles.push(out);
+    }
+    let mut c = Command::new(py);
+    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bundle_models.py")).arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&data).args(&bundles);
+    let job = common::run_with_timeout(c, Duration::from_secs(300));
+    job.assert_ok();
+    for kind in ["mlp", "dlrm", "dcn", "deepfm", "wide-deep"] {
+        assert!(job.stdout.lines().any(|l| l.starts_with(kind) && l.contains("200 rows")), "{kind}: {}", job.all());
+    }
+    eprintln!("{}", job.stdout);
 }
 
 #[test]

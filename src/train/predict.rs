@@ -38,7 +38,7 @@ use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{HostTable, TableConfig};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, ModelSpec};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
@@ -262,10 +262,12 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let t = &model_src.table;
     let tc = t.config(&TableConfig::new(t.dim, capacity_for_rows(t.rows)));
     let table = HostTable::open_from(topo, t.source(&tc))?;
-    let layout = InputLayout { fields: NUM_SPARSE, dim: t.dim as usize, ndense: NUM_DENSE };
-    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
+    let spec = ModelSpec::mlp(NUM_SPARSE, t.dim as usize, NUM_DENSE, dense.hidden().to_vec());
+    if dense.input() != spec.concat_width() {
+        return Err(TrainError::Config(format!("{}: the dense model's input width {} is not {NUM_SPARSE} fields x dim {} + {NUM_DENSE} dense", cfg.model.display(), dense.input(), t.dim)));
+    }
     let n = dense.params.len();
-    let mut model = DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
+    let mut model = DenseModel::new(dev, spec, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
     {
         let _w = crate::watchdog::waiting("the ranks' barrier");
         coll.barrier()?;

@@ -11,7 +11,7 @@ use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm,
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
-use ringrec::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
+use ringrec::model::{DenseModel, DenseOptimState, DenseOptimizer, ModelSpec, Part};
 use ringrec::tensor::Tensor;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -348,10 +348,15 @@ fn step_alone<D: Device>(m: &mut DenseModel<D>, scale: f32) -> Vec<Part> {
 const LAYOUT: InputLayout = InputLayout { fields: 4, dim: 3, ndense: 2 };
 
 fn model<D: Device>(dev: D, opt: DenseOptimizer, hidden: Vec<usize>, seed: u64) -> DenseModel<D> {
-    let shape = MlpShape { input: LAYOUT.width(), hidden };
-    let params = shape.init_params(seed);
+    let spec = spec_of(LAYOUT, hidden);
+    let params = spec.init_params(seed);
     let n = params.len();
-    DenseModel::new(dev, shape, LAYOUT, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
+    DenseModel::new(dev, spec, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
+}
+
+/// The MLP over `layout`.
+fn spec_of(layout: InputLayout, hidden: Vec<usize>) -> ModelSpec {
+    ModelSpec::mlp(layout.fields, layout.dim, layout.ndense, hidden)
 }
 
 /// The engine's device executor in miniature: on its own queue (`engine`, a fork of the
@@ -492,10 +497,10 @@ fn staging_runs_ahead<D: Device>(dev: D, steps: usize, grow: bool) -> Result<(),
 fn halves_summed_equal_the_whole<D: Device>(make: impl Fn() -> D) {
     let n = 10;
     let layout = InputLayout { fields: 3, dim: 2, ndense: 1 };
-    let shape = MlpShape { input: layout.width(), hidden: vec![6] };
-    let params = shape.init_params(5);
+    let spec = spec_of(layout, vec![6]);
+    let params = spec.init_params(5);
     let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, params.len());
-    let mk = || DenseModel::new(make(), shape.clone(), layout, &params, &opt).unwrap();
+    let mk = || DenseModel::new(make(), spec.clone(), &params, &opt).unwrap();
     let (mut whole, mut a, mut b) = (mk(), mk(), mk());
     for t in 0..5 {
         let full = batch(77 + t, n, layout);
@@ -564,9 +569,9 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     let e = m.load().unwrap_err().to_string();
     assert!(e.contains("inverse names row 3 of 3 unique keys"), "{e}");
     assert!(m.load().unwrap_err().to_string().contains("no batch was staged"));
-    let shape = MlpShape { input: LAYOUT.width(), hidden: vec![4] };
-    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, shape.num_params());
-    let e = DenseModel::new(make(), shape.clone(), LAYOUT, &shape.init_params(1)[1..], &opt).err().unwrap().to_string();
+    let spec = spec_of(LAYOUT, vec![4]);
+    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, spec.num_params());
+    let e = DenseModel::new(make(), spec.clone(), &spec.init_params(1)[1..], &opt).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
 }
 

@@ -274,7 +274,7 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
         assert!(job.stderr.contains(want), "{extra:?}: expected {want:?} in:\n{}", job.stderr);
     };
     refused(&["--hidden", "32", "--dim", "8"], &format!("--init-from {c}: its table has dim 16, this run has --dim 8"));
-    refused(&["--hidden", "64"], "its dense model has widths [429, 32, 1] (hidden [32]), this run's has [429, 64, 1] (--dim 16, --hidden [64])");
+    refused(&["--hidden", "64"], "its dense model is not this run's: --hidden 32 there, 64 here (its mlp 429-32-1, this run's mlp 429-64-1); its table's rows (16 values) fit this run's: to start from them with new dense parameters, export them (ringrec table export");
     refused(&["--hidden", "32", "--sparse-optimizer", "adagrad"], "its table holds the state of --sparse-optimizer sgd, this run has --sparse-optimizer adagrad");
     refused(&["--hidden", "32", "--checkpoint-dir", c, "--resume"], "--init-from and --resume are exclusive");
     refused(&["--hidden", "32", "--checkpoint-dir", c], "--init-from and --checkpoint-dir are the same directory");

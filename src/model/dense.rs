@@ -21,6 +21,7 @@
 use super::input::{build_csr, InputLayout};
 use super::mlp::{Mlp, MlpShape};
 use super::optim::{DenseOptimState, Optimizer};
+use super::spec::{ModelKind, ModelSpec};
 use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
 
@@ -141,6 +142,7 @@ fn grow_staging<'h, D: Device, T: Scalar>(dev: &D, h: &'h mut D::Staging<T>, n: 
 /// The dense model on device `D` (see the module docs).
 pub struct DenseModel<D: Device> {
     dev: D,
+    spec: ModelSpec,
     layout: InputLayout,
     mlp: Mlp<D>,
     opt: Optimizer<D>,
@@ -168,12 +170,18 @@ struct GradCheck<D: Device> {
 }
 
 impl<D: Device> DenseModel<D> {
-    /// The model of `shape` over inputs laid out as `layout`, with parameters `params` (the
-    /// flat layout of [`Mlp`]) and optimizer state `opt` (fresh or resumed), on `dev`.
-    pub fn new(dev: D, shape: MlpShape, layout: InputLayout, params: &[f32], opt: &DenseOptimState) -> DeviceResult<DenseModel<D>> {
-        if shape.input != layout.width() {
-            return Err(DeviceError::refused("building the model", format!("input width {} is not {} fields x dim {} + {} dense", shape.input, layout.fields, layout.dim, layout.ndense)));
+    /// The model `spec` (its input layout is [`ModelSpec::layout`]), with parameters
+    /// `params` (the flat layout of [`ModelSpec::groups`]) and optimizer state `opt` (fresh
+    /// or resumed), on `dev`.
+    pub fn new(dev: D, spec: ModelSpec, params: &[f32], opt: &DenseOptimState) -> DeviceResult<DenseModel<D>> {
+        if let Some(why) = spec.check() {
+            return Err(DeviceError::refused("building the model", why));
         }
+        if spec.kind != ModelKind::Mlp {
+            return Err(DeviceError::refused("building the model", format!("--model {} is not built yet", spec.kind)));
+        }
+        let layout = spec.layout();
+        let shape = MlpShape { input: layout.width(), hidden: spec.hidden.clone() };
         let mlp = Mlp::new(&dev, shape, params)?;
         let opt = Optimizer::new(&dev, opt, mlp.num_params())?;
         Ok(DenseModel {
@@ -186,10 +194,16 @@ impl<D: Device> DenseModel<D> {
             loaded: None,
             csr_next: Vec::new(),
             layout,
+            spec,
             mlp,
             opt,
             dev,
         })
+    }
+
+    /// The model it is.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
     /// The device.

@@ -445,6 +445,13 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The dense model this run trains: `--model` and its shape flags over the data's
+    /// fields, `--dim` and dense features.
+    pub fn model_spec(&self) -> crate::model::ModelSpec {
+        use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+        crate::model::ModelSpec::mlp(NUM_SPARSE, self.dim, NUM_DENSE, self.hidden.clone())
+    }
+
     /// The host table this run creates: `--dim`, `--table-capacity`, `--table-dtype`, the
     /// sparse optimizer, `--seed`, admission, and the usage section that expiry and
     /// eviction read.

@@ -37,7 +37,7 @@ use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{HostTable, TableConfig};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
@@ -263,13 +263,10 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let t = &model_src.table;
     let tc = t.config(&TableConfig::new(t.dim, capacity_for_rows(t.rows)));
     let table = HostTable::open_from(topo, t.source(&tc))?;
-    let spec = &dense.spec;
-    if spec.kind != crate::model::ModelKind::Mlp {
-        return Err(TrainError::Config(format!("{}: the {}: this build scores mlp models only", cfg.model.display(), spec.describe())));
-    }
-    let shape = MlpShape { input: spec.concat_width(), hidden: spec.hidden.clone() };
+    // The model the source records (its spec), over the rows of its table.
+    let spec = dense.spec.clone();
     let n = dense.params.len();
-    let mut model = DenseModel::new(dev, shape, spec.layout(), &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
+    let mut model = DenseModel::new(dev, spec, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?;
     {
         let _w = crate::watchdog::waiting("the ranks' barrier");
         coll.barrier()?;
@@ -298,7 +295,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         device: model.device().describe(),
         model: model_src.describe(),
         model_path: model_src.path.clone(),
-        model_spec: spec.describe(),
+        model_spec: dense.spec.describe(),
         skipped: model_src.skipped.clone(),
         step: model_src.step,
         table_rows: table.table().live_rows(),

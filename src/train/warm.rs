@@ -35,8 +35,7 @@ use crate::embedding::TableConfig;
 use crate::model::DenseOptimState;
 use crate::topology::Topology;
 
-use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
-use crate::model::{DenseWeights, ModelSpec};
+use crate::model::DenseWeights;
 
 /// Rank 0's checks of `m` against this run (see the module docs); what to share: the
 /// source with what is not carried taken out, and the line that says so.
@@ -48,22 +47,23 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         }
         m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
     }
-    let mine = run_spec(cfg);
+    let mine = cfg.model_spec();
+    let t = &m.table;
+    if t.dim as usize != mine.row_width() {
+        let theirs = m.model().map(|d| format!(" (its model: the {d})")).unwrap_or_default();
+        if mine.first_order() || m.dense.as_ref().is_some_and(|d| d.spec.first_order()) {
+            return Err(format!("{flag}: its table's rows have {} values{theirs}, this run's {} reads {} (--dim {}{})", t.dim, mine.kind, mine.row_width(), cfg.dim, if mine.first_order() { " and the key's first-order weight" } else { "" }));
+        }
+        return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
+    }
     if let Some(d) = &m.dense {
         let diffs = d.spec.differences(&mine);
         if !diffs.is_empty() {
             let from = cfg.init_dense.as_ref().map_or(flag.clone(), |p| format!("--init-dense {}", p.display()));
             let what: Vec<String> = diffs.iter().map(|(f, theirs, ours)| format!("{f} {theirs} there, {ours} here")).collect();
-            let carry = if cfg.init_dense.is_some() { String::new() } else { table_carry(&m, &mine) };
+            let carry = if cfg.init_dense.is_some() { String::new() } else { table_carry(&m) };
             return Err(format!("{from}: its dense model is not this run's: {} (its {}, this run's {}){carry}", what.join("; "), d.spec.describe(), mine.describe()));
         }
-    }
-    let t = &m.table;
-    if t.dim as usize != mine.row_width() {
-        if mine.first_order() {
-            return Err(format!("{flag}: its table's rows have {} values, this run's {} needs {} (--dim {} and the key's first-order weight)", t.dim, mine.kind, mine.row_width(), cfg.dim));
-        }
-        return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
     }
     if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
         return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
@@ -104,19 +104,11 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     Ok((m, line))
 }
 
-/// The model this run trains (`--model` and its shape flags, `--dim`, `--hidden`).
-pub fn run_spec(cfg: &TrainConfig) -> ModelSpec {
-    ModelSpec::mlp(NUM_SPARSE, cfg.dim, NUM_DENSE, cfg.hidden.clone())
-}
-
 /// What of `m` could still start this run when its dense model is another (said with the
-/// refusal): its table, when its rows are as wide as `mine` reads, as a sparse-parameter
-/// file.
-fn table_carry(m: &ModelSource, mine: &ModelSpec) -> String {
+/// refusal): its table, whose rows are as wide as this run reads (checked before), as a
+/// sparse-parameter file.
+fn table_carry(m: &ModelSource) -> String {
     let t = &m.table;
-    if t.dim as usize != mine.row_width() {
-        return format!("; its table's rows have {} values, this run's {}: nothing of it carries over", t.dim, mine.row_width());
-    }
     let how = match m.kind {
         SourceKind::Bundle => format!("pass --init-from {} (a sparse-parameter file)", t.path.display()),
         _ => format!("export them (ringrec table export {} --params --out FILE) and pass --init-from FILE", t.path.display()),

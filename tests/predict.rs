@@ -297,6 +297,11 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
     assert!(job.stderr.contains("warm start from the sparse-parameter file") && job.stderr.contains("dense parameters initialised from --seed 1"), "{}", job.stderr);
 }
 
+/// `a` then `b`.
+fn joined<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    [a, b].concat()
+}
+
 /// `train` flags of a small model of each kind besides mlp.
 const MODEL_FLAGS: &[&[&str]] = &[
     &["--model", "dlrm", "--bottom-mlp", "16", "--hidden", "32,16"],
@@ -319,13 +324,8 @@ fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
         let kind = flags[1];
         let (ck, bundle) = (dir.path(&format!("ck{i}")), dir.path(&format!("bundle{i}")));
         let (ck_s, b_s) = (ck.to_str().unwrap(), bundle.to_str().unwrap());
-        let with = |args: &[&str]| {
-            let mut v = args.to_vec();
-            v.extend_from_slice(flags);
-            v
-        };
         // Train 2 ranks, 6 steps, the last 10% evaluated; predict gives the evaluation's bits.
-        let t = json(&ringrec(&dir, 2, &[], &with(&["train", "--data", d, "--batch", "200", "--max-steps", "6", "--checkpoint-dir", ck_s, "--no-progress", "--json"])));
+        let t = json(&ringrec(&dir, 2, &[], &joined(&["train", "--data", d, "--batch", "200", "--max-steps", "6", "--checkpoint-dir", ck_s, "--no-progress", "--json"], flags)));
         let out = dir.path(&format!("ck{i}.tsv"));
         let p = json(&ringrec(&dir, 2, &[], &["predict", "--model", ck_s, "--data", d, "--test-fraction", "0.1", "--batch", "200", "--out", out.to_str().unwrap(), "--json"]));
         assert_eq!(p["auc"].as_f64(), t["test_auc"].as_f64(), "{kind}: predict's AUC differs from train's evaluation");
@@ -365,7 +365,7 @@ fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
         json(&resume(&[&flags[..], &["--json"]].concat()));
         // --init-from: the same model warm-starts; another is refused naming what differs,
         // and says how to carry the table when its rows fit.
-        let warm = ringrec(&dir, 1, &[], &with(&["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--no-progress"]));
+        let warm = ringrec(&dir, 1, &[], &joined(&["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--no-progress"], flags));
         warm.assert_ok();
         assert!(warm.stderr.contains("warm start from the checkpoint of step 8"), "{}", warm.stderr);
         let mlp = ringrec(&dir, 1, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--hidden", "32", "--no-progress"]);

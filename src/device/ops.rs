@@ -334,6 +334,56 @@ impl<D: Device> Op<'_, D> {
                 f("slots", dev.len(*slots), rows * per_row)?;
                 f("out", dev.len(&**out), segments * dim)
             }
+            Op::CopyBlock { .. }
+            | Op::Mul { .. }
+            | Op::AddInto { .. }
+            | Op::Interaction { .. }
+            | Op::InteractionGrad { .. }
+            | Op::StripFirstOrder { .. }
+            | Op::FirstOrderSum { .. }
+            | Op::StripFirstOrderGrad { .. }
+            | Op::FmSecondOrder { .. }
+            | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
+            Op::Sgd { p, at, g, n, .. } => {
+                f("params", dev.len(&**p), at + n)?;
+                f("grad", dev.len(*g), *n)
+            }
+            Op::Adam { p, at, g, m, v, n, .. } => {
+                f("params", dev.len(&**p), at + n)?;
+                f("grad", dev.len(*g), *n)?;
+                f("m", dev.len(&**m), at + n)?;
+                f("v", dev.len(&**v), at + n)
+            }
+            Op::ToHalf { src, src_at, dst, dst_at, n } => {
+                f("src", dev.len(*src), src_at + n)?;
+                f("dst", dst.len(dev), dst_at + n)
+            }
+            Op::FromHalf { src, src_at, dst, dst_at, n } => {
+                f("src", src.len(dev), src_at + n)?;
+                f("dst", dev.len(&**dst), dst_at + n)
+            }
+            Op::OneBitEncode { x, residual, n, block, partial, enc, at, .. } => {
+                f("x", dev.len(*x), *n)?;
+                f("residual", dev.len(&**residual), *n)?;
+                f("partial", dev.len(&**partial), 2 * onebit_parts(*n, *block))?;
+                f("enc", dev.len(&**enc), at + onebit_words(*n, *block))
+            }
+            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, .. } => {
+                if at + onebit_words(*n, *block) > *stride {
+                    return Err(DeviceError::refused("onebit_decode_sum", format!("an encoding of {n} values at word {at} does not fit a rank's {stride} words")));
+                }
+                f("gathered", dev.len(*gathered), ranks * stride)?;
+                f("x", dev.len(&**x), *n)
+            }
+        }
+    }
+}
+
+impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the models' kernels (kernels/models.cu).
+    fn check_model(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
+        match self {
             Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => {
                 if src_col + cols > *src_stride || col + cols > *stride {
                     return Err(DeviceError::refused("copy_block", format!("columns {src_col}+{cols} of rows of {src_stride} or {col}+{cols} of rows of {stride} out of bounds")));
@@ -387,37 +437,7 @@ impl<D: Device> Op<'_, D> {
                 f("dout", dev.len(*dout), *rows)?;
                 f("demb", dev.len(&**demb), rows * stride)
             }
-            Op::Sgd { p, at, g, n, .. } => {
-                f("params", dev.len(&**p), at + n)?;
-                f("grad", dev.len(*g), *n)
-            }
-            Op::Adam { p, at, g, m, v, n, .. } => {
-                f("params", dev.len(&**p), at + n)?;
-                f("grad", dev.len(*g), *n)?;
-                f("m", dev.len(&**m), at + n)?;
-                f("v", dev.len(&**v), at + n)
-            }
-            Op::ToHalf { src, src_at, dst, dst_at, n } => {
-                f("src", dev.len(*src), src_at + n)?;
-                f("dst", dst.len(dev), dst_at + n)
-            }
-            Op::FromHalf { src, src_at, dst, dst_at, n } => {
-                f("src", src.len(dev), src_at + n)?;
-                f("dst", dev.len(&**dst), dst_at + n)
-            }
-            Op::OneBitEncode { x, residual, n, block, partial, enc, at, .. } => {
-                f("x", dev.len(*x), *n)?;
-                f("residual", dev.len(&**residual), *n)?;
-                f("partial", dev.len(&**partial), 2 * onebit_parts(*n, *block))?;
-                f("enc", dev.len(&**enc), at + onebit_words(*n, *block))
-            }
-            Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, .. } => {
-                if at + onebit_words(*n, *block) > *stride {
-                    return Err(DeviceError::refused("onebit_decode_sum", format!("an encoding of {n} values at word {at} does not fit a rank's {stride} words")));
-                }
-                f("gathered", dev.len(*gathered), ranks * stride)?;
-                f("x", dev.len(&**x), *n)
-            }
+            _ => Ok(()),
         }
     }
 }

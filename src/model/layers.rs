@@ -107,6 +107,7 @@ impl<D: Device> Layers<D> {
     /// `grads(l)` and handed to `ready(l, ...)` as soon as it is final, last layer first; the
     /// input gradient goes to `dx` (batch x input) unless it is `None` (an input that learns
     /// nothing).
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &mut self,
         dev: &D,

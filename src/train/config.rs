@@ -621,6 +621,23 @@ mod tests {
     use crate::settings::NOT_SET;
 
     #[test]
+    fn the_model_spec_follows_the_flags_and_refuses_a_flag_of_another_model() {
+        let mut c = TrainConfig::defaults();
+        assert_eq!(c.model_spec(), ModelSpec::mlp(26, 16, 13, vec![256, 128]));
+        assert_eq!(c.row_width(), 16);
+        c.set("model", &["deepfm"]).unwrap();
+        assert_eq!((c.row_width(), c.table_config().dim), (17, 17));
+        c.set("cross_rank", &["4"]).unwrap();
+        let e = c.validate_model().unwrap_err().to_string();
+        assert!(e.contains("--cross-rank") && e.contains("--model dcn") && e.contains("--model deepfm"), "{e}");
+        c.set("model", &["dcn"]).unwrap();
+        c.validate_model().unwrap();
+        assert_eq!(c.model_spec().cross_rank, 4);
+        c.set("cross_layers", &["0"]).unwrap();
+        assert!(c.validate_model().unwrap_err().to_string().contains("--cross-layers must be at least 1"));
+    }
+
+    #[test]
     fn every_setting_has_a_flag_and_help_and_one_place() {
         let mut flags = std::collections::BTreeSet::new();
         for s in TrainConfig::all_settings() {

@@ -323,13 +323,14 @@ fn damaged_checkpoint_files_are_refused_or_read_exactly() {
     let keys: Vec<u64> = (0..500u64).map(|k| k * 7919 + 3).collect();
     let grads: Vec<f32> = (0..500 * 8).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     table.apply_updates(&keys, &grads, 0.1).unwrap();
-    let n = 300;
+    // An MLP of 288 parameters: 39 (26 fields of dim 1 and 13 dense) x 7 + 7, then 7 x 1 + 1.
+    let spec = ringrec::model::ModelSpec::mlp(26, 1, 13, vec![7]);
+    let n = spec.num_params();
     let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, n);
     opt.step = 9;
     opt.m.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-4);
     opt.v.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-6);
-    // An MLP of 300 parameters: 21 x 13 + 13, then 13 x 1 + 1.
-    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, widths: vec![21, 13, 1], params: (0..n).map(|i| (i as f32).sin()).collect() };
+    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, spec: Some(spec), params: (0..n).map(|i| (i as f32).sin()).collect() };
     let settings = [("--dim", "8".to_string())];
     let ck = checkpoint::write(&dir.join("ck"), &dense, &table, &settings, 2).unwrap();
     let good = checkpoint::load(&ck).unwrap();

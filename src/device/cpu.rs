@@ -110,7 +110,7 @@ impl CpuDevice {
 
     /// Runs `f` on consecutive chunks of `v` (of `unit` elements each unit) on the pool
     /// when there is enough work.
-    fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    pub(super) fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
         let units = v.len() / unit.max(1);
         if v.len() < PAR_MIN || self.threads == 1 || units < 2 {
             f(0, v);
@@ -144,7 +144,7 @@ fn disjoint<T>(v: &mut [T], a: std::ops::Range<usize>, b: std::ops::Range<usize>
     }
 }
 
-fn add_into(acc: &mut [f32], x: &[f32]) {
+pub(super) fn add_into(acc: &mut [f32], x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
         *a += b;
     }
@@ -339,6 +339,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
+            op => return self.exec_model(op),
         }
         Ok(())
     }

@@ -17,6 +17,7 @@
 //! [`Device::host`] views of staging memory wait for the copies that use it.
 
 pub mod cpu;
+mod cpu_models;
 pub mod cuda;
 pub mod host_kernels;
 pub mod host_stream;

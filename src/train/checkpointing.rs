@@ -43,7 +43,7 @@ pub(super) fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, se
             Ok(ck.dense)
         })
     } else {
-        Ok(DenseState { step: 0, epoch: 0, step_in_epoch: 0, opt: opt.clone(), widths: Vec::new(), params: Vec::new() })
+        Ok(DenseState { step: 0, epoch: 0, step_in_epoch: 0, opt: opt.clone(), spec: None, params: Vec::new() })
     };
     let ck = topo.agree(found)?;
     let [step, epoch, in_epoch, opt_step] = topo.control().broadcast("rank 0's checkpoint position", [ck.step, ck.epoch, ck.step_in_epoch, ck.opt.step]);
@@ -85,7 +85,7 @@ impl<D: Device> Trainer<'_, D> {
                     crate::eprint_line(&format!("ringrec: step {}: the parameters moved {:.3}% since the last checkpoint: written", p.step, 100.0 * change));
                 }
                 let opt = self.model.optim_state().map_err(|e| e.to_string())?;
-                let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, widths: self.model.mlp().shape().widths(), params };
+                let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, spec: Some(self.model.spec().clone()), params };
                 checkpoint::write(dir, &dense, self.embedding.table().table(), &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
                 self.counters.checkpoints_written += 1;
                 if self.last_saved.is_some() {

@@ -35,6 +35,7 @@ pub mod checkpoint;
 pub mod checkpointing;
 pub mod config;
 pub mod data;
+pub mod describe;
 pub mod embedding;
 pub mod error;
 pub mod fault;

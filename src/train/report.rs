@@ -84,7 +84,7 @@ impl<D: Device> Trainer<'_, D> {
             "table_expirations": c.expired,
             "table_refused": c.refused,
             "admission_sketch_bytes": h.layout.sketch_len,
-            "dense_bytes_reduced": reduced * 4.0 * (self.model.mlp().num_params() + 1) as f64,
+            "dense_bytes_reduced": reduced * 4.0 * (self.model.num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
             "train_seconds": now.train_seconds,

@@ -9,7 +9,7 @@
 //! `dt = dy U^T`, `dV = x_l^T dt`); `dL/dx_l = g + dy W^T` (`g + dt V^T`).
 
 use super::layers::Layers;
-use super::net::{grow, layers_backward, mlp_at, Grads};
+use super::net::{grow, mlp_at, Backward};
 use super::spec::{CrossStructure, Group, ModelSpec};
 use crate::device::{Activation, Device, DeviceResult, Epilogue, Gemm, Op};
 
@@ -138,29 +138,29 @@ impl<D: Device> Dcn<D> {
 
     /// Backward of the last forward: the last layer's and the deep layers' groups, then
     /// the cross layers' (last first); the input gradient into `dx`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(&mut self, dev: &D, params: &D::Buf<f32>, grads: &mut Grads<D>, x: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize, ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>) -> DeviceResult<()> {
+    pub fn backward(&mut self, bw: &mut Backward<'_, D>, x: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize) -> DeviceResult<()> {
+        let (dev, params) = (bw.dev, bw.params);
         let (w, r, nl) = (self.width, self.rank, self.offsets.len());
-        let bw = batch * w;
+        let len = batch * w;
         let [g0, g1] = &mut self.g;
         let (mut cur, mut next) = (g0, g1);
         match &mut self.last {
-            None => layers_backward(&mut self.deep, dev, params, &self.xs[nl - 1], Some(&mut *cur), batch, grads, nl, ready)?,
+            None => bw.layers(&mut self.deep, nl, &self.xs[nl - 1], Some(&mut *cur), batch)?,
             Some(last) => {
                 let (h, cw) = (self.deep.output_width(), w + self.deep.output_width());
-                layers_backward(last, dev, params, &self.cat, Some(&mut self.dcat), batch, grads, nl + self.deep.len(), ready)?;
+                bw.layers(last, nl + self.deep.len(), &self.cat, Some(&mut self.dcat), batch)?;
                 dev.exec(Op::CopyBlock { src: &self.dcat, src_stride: cw, src_col: 0, out: cur, stride: w, col: 0, rows: batch, cols: w })?;
                 let (_, delta) = self.deep.output_and_delta();
                 dev.exec(Op::CopyBlock { src: &self.dcat, src_stride: cw, src_col: w, out: delta, stride: h, col: 0, rows: batch, cols: h })?;
-                layers_backward(&mut self.deep, dev, params, x, Some(&mut self.ddeep), batch, grads, nl, ready)?;
+                bw.layers(&mut self.deep, nl, x, Some(&mut self.ddeep), batch)?;
             }
         }
         for l in (0..nl).rev() {
             let at = self.offsets[l];
             let input = if l == 0 { x } else { &self.xs[l - 1] };
-            dev.exec(Op::Mul { a: cur, b: x, out: &mut self.dy, n: bw, accumulate: false })?;
-            dev.exec(Op::Mul { a: cur, b: &self.ys[l], out: &mut self.dx0, n: bw, accumulate: l + 1 < nl })?;
-            let mut grad = grads.take(l)?;
+            dev.exec(Op::Mul { a: cur, b: x, out: &mut self.dy, n: len, accumulate: false })?;
+            dev.exec(Op::Mul { a: cur, b: &self.ys[l], out: &mut self.dx0, n: len, accumulate: l + 1 < nl })?;
+            let mut grad = bw.take(l)?;
             let dy = &self.dy;
             if r == 0 {
                 dev.gemm(&Gemm { m: w, n: w, k: batch, a_t: true, b_t: false }, (input, 0), (dy, 0), (&mut grad, 0), Epilogue::BiasGrad { at: w * w })?;
@@ -171,14 +171,14 @@ impl<D: Device> Dcn<D> {
                 dev.gemm(&Gemm { m: w, n: r, k: batch, a_t: true, b_t: false }, (input, 0), (&self.dt, 0), (&mut grad, 0), Epilogue::None)?;
                 dev.gemm(&Gemm { m: batch, n: w, k: r, a_t: false, b_t: true }, (&self.dt, 0), (params, at), (next, 0), Epilogue::None)?;
             }
-            dev.exec(Op::AddInto { x: cur, out: next, n: bw })?;
+            dev.exec(Op::AddInto { x: cur, out: next, n: len })?;
             std::mem::swap(&mut cur, &mut next);
-            ready(l, grad)?;
+            bw.done(l, grad)?;
         }
         dev.exec(Op::CopyBlock { src: cur, src_stride: w, src_col: 0, out: dx, stride: w, col: 0, rows: batch, cols: w })?;
-        dev.exec(Op::AddInto { x: &self.dx0, out: dx, n: bw })?;
+        dev.exec(Op::AddInto { x: &self.dx0, out: dx, n: len })?;
         if self.last.is_some() {
-            dev.exec(Op::AddInto { x: &self.ddeep, out: dx, n: bw })?;
+            dev.exec(Op::AddInto { x: &self.ddeep, out: dx, n: len })?;
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 //! order. Groups: the deep layers, then the linear part (`w_x`, `b`).
 
 use super::layers::Layers;
-use super::net::{grow, layers_backward, mlp_at, Grads};
+use super::net::{grow, mlp_at, Backward};
 use super::spec::{Group, ModelKind, ModelSpec};
 use crate::device::{Activation, Device, DeviceResult, Epilogue, Gemm, Op};
 
@@ -88,17 +88,17 @@ impl<D: Device> Fm<D> {
 
     /// Backward of the last forward: the linear group, then the deep layers (last first);
     /// the input gradient (embeddings and first-order weights) into `dx`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(&mut self, dev: &D, params: &D::Buf<f32>, grads: &mut Grads<D>, dense: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize, ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>) -> DeviceResult<()> {
+    pub fn backward(&mut self, bw: &mut Backward<'_, D>, dense: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize) -> DeviceResult<()> {
+        let dev = bw.dev;
         let (f, d, n) = (self.fields, self.dim, self.ndense);
         let iw = f * d + n;
         let (g, _) = self.linear;
-        let mut grad = grads.take(g)?;
+        let mut grad = bw.take(g)?;
         dev.gemm(&Gemm { m: n, n: 1, k: batch, a_t: true, b_t: false }, (dense, 0), (&self.dz, 0), (&mut grad, 0), Epilogue::BiasGrad { at: n })?;
-        ready(g, grad)?;
+        bw.done(g, grad)?;
         let (_, delta) = self.deep.output_and_delta();
         dev.exec(Op::CopyBlock { src: &self.dz, src_stride: 1, src_col: 0, out: delta, stride: 1, col: 0, rows: batch, cols: 1 })?;
-        layers_backward(&mut self.deep, dev, params, &self.input, Some(&mut self.dinput), batch, grads, 0, ready)?;
+        bw.layers(&mut self.deep, 0, &self.input, Some(&mut self.dinput), batch)?;
         if self.second {
             dev.exec(Op::FmSecondOrderGrad { emb: &self.input, dout: &self.dz, demb: &mut self.dinput, rows: batch, fields: f, dim: d, stride: iw })?;
         }

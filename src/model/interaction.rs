@@ -4,7 +4,7 @@
 //! MLP over `[z_0, dots]` to the logit. Groups: the bottom layers, then the top layers.
 
 use super::layers::Layers;
-use super::net::{grow, layers_backward, mlp_at, Grads};
+use super::net::{grow, mlp_at, Backward};
 use super::spec::{Group, ModelSpec};
 use crate::device::{Device, DeviceResult, Op};
 
@@ -80,25 +80,14 @@ impl<D: Device> Dlrm<D> {
 
     /// Backward of the last forward: the top layers' groups, then the bottom's; the
     /// embeddings' gradient into `dx`'s embedding columns.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
-        &mut self,
-        dev: &D,
-        params: &D::Buf<f32>,
-        grads: &mut Grads<D>,
-        dense: &D::Buf<f32>,
-        dx: &mut D::Buf<f32>,
-        batch: usize,
-        ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>,
-    ) -> DeviceResult<()> {
-        let (v, d) = (self.vectors(), self.dim);
+    pub fn backward(&mut self, bw: &mut Backward<'_, D>, dense: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize) -> DeviceResult<()> {
+        let (dev, v, d) = (bw.dev, self.vectors(), self.dim);
         let zw = v * d;
-        let nb = self.bottom.len();
-        layers_backward(&mut self.top, dev, params, &self.inter, Some(&mut self.dinter), batch, grads, nb, ready)?;
+        bw.layers(&mut self.top, self.bottom.len(), &self.inter, Some(&mut self.dinter), batch)?;
         dev.exec(Op::InteractionGrad { z: &self.z, dout: &self.dinter, dz: &mut self.dz, rows: batch, vectors: v, dim: d, with_self: self.with_self })?;
         dev.exec(Op::CopyBlock { src: &self.dz, src_stride: zw, src_col: d, out: dx, stride: self.width, col: 0, rows: batch, cols: self.fields * d })?;
         let (_, delta) = self.bottom.output_and_delta();
         dev.exec(Op::CopyBlock { src: &self.dz, src_stride: zw, src_col: 0, out: delta, stride: d, col: 0, rows: batch, cols: d })?;
-        layers_backward(&mut self.bottom, dev, params, dense, None, batch, grads, 0, ready)
+        bw.layers(&mut self.bottom, 0, dense, None, batch)
     }
 }

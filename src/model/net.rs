@@ -32,20 +32,34 @@ impl<D: Device> Grads<D> {
     }
 }
 
-/// Runs `layers`' backward with its layer `l` as group `first + l`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn layers_backward<D: Device>(
-    layers: &mut Layers<D>,
-    dev: &D,
-    params: &D::Buf<f32>,
-    x: &D::Buf<f32>,
-    dx: Option<&mut D::Buf<f32>>,
-    batch: usize,
-    grads: &mut Grads<D>,
-    first: usize,
-    ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>,
-) -> DeviceResult<()> {
-    layers.backward(dev, params, x, dx, batch, &mut |l| grads.take(first + l), &mut |l, g| ready(first + l, g))
+/// What a model part's backward works with: the device, the flat parameters, the groups'
+/// gradient buffers, and where each finished group goes (`ready(g, gradient)`).
+pub struct Backward<'a, D: Device> {
+    /// The device.
+    pub dev: &'a D,
+    /// The flat parameters.
+    pub params: &'a D::Buf<f32>,
+    /// The groups' gradient buffers.
+    pub grads: &'a mut Grads<D>,
+    /// Takes each group's gradient as soon as it is final.
+    pub ready: &'a mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>,
+}
+
+impl<D: Device> Backward<'_, D> {
+    /// Runs `layers`' backward with its layer `l` as group `first + l` (see
+    /// [`Layers::backward`]).
+    pub fn layers(&mut self, layers: &mut Layers<D>, first: usize, x: &D::Buf<f32>, dx: Option<&mut D::Buf<f32>>, batch: usize) -> DeviceResult<()> {
+        let (grads, ready) = (&mut *self.grads, &mut *self.ready);
+        layers.backward(self.dev, self.params, x, dx, batch, &mut |l| grads.take(first + l), &mut |l, g| ready(first + l, g))
+    }
+    /// Takes group `g`'s buffer to fill.
+    pub fn take(&mut self, g: usize) -> DeviceResult<D::Buf<f32>> {
+        self.grads.take(g)
+    }
+    /// Hands group `g`'s finished gradient out.
+    pub fn done(&mut self, g: usize, grad: D::Buf<f32>) -> DeviceResult<()> {
+        (self.ready)(g, grad)
+    }
 }
 
 /// The MLP layers of `widths` (input first, the last width 1 added) from group `first` of
@@ -182,12 +196,12 @@ impl<D: Device> Net<D> {
 
     /// Backward of the last forward from the logits' gradient (see the module docs).
     pub fn backward(&mut self, dev: &D, x: &D::Buf<f32>, dense: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize, ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>) -> DeviceResult<()> {
-        let (p, grads) = (&self.params, &mut self.grads);
+        let mut bw = Backward { dev, params: &self.params, grads: &mut self.grads, ready };
         match &mut self.body {
-            Body::Mlp(l) => layers_backward(l, dev, p, x, Some(dx), batch, grads, 0, ready),
-            Body::Dlrm(m) => m.backward(dev, p, grads, dense, dx, batch, ready),
-            Body::Dcn(m) => m.backward(dev, p, grads, x, dx, batch, ready),
-            Body::Fm(m) => m.backward(dev, p, grads, dense, dx, batch, ready),
+            Body::Mlp(l) => bw.layers(l, 0, x, Some(dx), batch),
+            Body::Dlrm(m) => m.backward(&mut bw, dense, dx, batch),
+            Body::Dcn(m) => m.backward(&mut bw, x, dx, batch),
+            Body::Fm(m) => m.backward(&mut bw, dense, dx, batch),
         }
     }
 }

@@ -19,7 +19,8 @@ use super::predict;
 use super::report::Mark;
 use super::sync::LocalSgd;
 use super::weights::{self, BatchWeights};
-use super::{metrics, NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
+use super::metrics::Evaluation;
+use super::{NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{shard, EvalSet};
@@ -86,15 +87,6 @@ pub(super) struct Losses {
     /// Sum and count of the losses recorded since the last interval report.
     pub(super) interval_sum: f64,
     pub(super) interval_steps: u64,
-}
-
-/// The held-out evaluation (rank 0).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Area under the ROC curve over all ranks' predictions.
-    pub auc: f64,
 }
 
 /// Totals over the steps this run took on this rank.
@@ -561,14 +553,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Scores the held-out rows (each rank a slice of the [`EvalSet`], in batches of
     /// `--batch`; the `--eval-data` files are opened the first time: the scoring of
     /// `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
-    /// loss and AUC on rank 0 (`None` elsewhere).
+    /// loss, AUC, NE and calibration on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
         let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &set, self.cfg.batch)?;
         set.release_pages();
-        Ok(scores.map(|scores| {
-            let labels = set.labels();
-            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
-        }))
+        Ok(scores.map(|scores| Evaluation::of(&scores, &set.labels())))
     }
 }

@@ -243,6 +243,9 @@ impl<D: Device> Trainer<'_, D> {
             _ if self.cfg.eval && self.data.has_held_out() => self.evaluate()?,
             _ => None,
         };
+        // The last checkpoint is written while the evaluation runs: every rank learns its
+        // outcome before the summary.
+        self.finish_checkpoint()?;
         let peak = topo.control().all_max("the run's summary", metrics::peak_rss_mib());
         let traffic = self.traffic_per_rank();
         let cross_sent: u64 = traffic.iter().map(|t| t.cross_host_sent).sum();

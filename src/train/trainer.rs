@@ -151,6 +151,10 @@ pub struct Trainer<'a, D: Device> {
     pub(super) faults: Faults,
     /// `--init-from`: what the run started from.
     pub(super) warm_from: Option<super::warm::WarmFrom>,
+    /// Rank 0: the checkpoint being written in the background ([`super::checkpointing`]).
+    pub(super) writing: Option<super::checkpointing::InFlight>,
+    /// Rank 0: a background checkpoint was refused for want of memory (said once).
+    pub(super) snapshot_refused: bool,
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -251,6 +255,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             local,
             faults: Faults::new(topo),
             warm_from: warm.map(|(_, from)| from),
+            writing: None,
+            snapshot_refused: false,
         })
     }
 
@@ -530,6 +536,8 @@ impl<'a, D: Device> Trainer<'a, D> {
                     if !saved {
                         self.save_checkpoint(dir, false)?;
                     }
+                    // The job ends with its checkpoint written.
+                    self.finish_checkpoint()?;
                     Some(dir.clone())
                 }
                 None => None,

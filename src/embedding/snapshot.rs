@@ -94,6 +94,9 @@ impl EmbeddingTable {
         let from = self.as_bytes();
         let header = Header::parse(self.path(), from, from.len() as u64)?;
         let mut map = MmapMut::map_anon(from.len()).map_err(|e| TableError::io(self.path(), "map memory for a snapshot of", e))?;
+        // Huge pages where the kernel has them: a 151 MB copy otherwise spends most of its
+        // time faulting in 37,000 fresh 4 KiB pages (0.3-0.5 s measured, against 0.03 s).
+        let _ = map.advise(memmap2::Advice::HugePage);
         map.par_chunks_mut(1 << 24).zip(from.par_chunks(1 << 24)).for_each(|(d, s)| d.copy_from_slice(s));
         Ok(TableSnapshot { origin: self.path().to_path_buf(), map, header })
     }

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::embedding::{EmbeddingTable, StorageDtype};
+use crate::embedding::{EmbeddingTable, StorageDtype, TableImage};
 use crate::fileio::{write_atomic, AtomicDir};
 use crate::frame::FrameError;
 use crate::model::{dense_bin, DenseOptimState, DenseOptimizer, ModelSpec};
@@ -211,8 +211,8 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(step_name(step))
 }
 
-/// The first non-finite row value of a table (row slot, element), if any.
-pub fn table_non_finite(t: &EmbeddingTable) -> Option<(u64, usize)> {
+/// The first non-finite row value of a table's image (row slot, element), if any.
+pub fn table_non_finite(t: &TableImage<'_>) -> Option<(u64, usize)> {
     use rayon::prelude::*;
     let h = t.header();
     let l = h.layout;
@@ -273,6 +273,13 @@ fn seal(m: &Manifest) -> CheckpointResult<Vec<u8>> {
 /// the newest `keep`. Rank 0 alone calls it. On any failure the previous checkpoints are
 /// untouched and no partial file remains.
 pub fn write(dir: &Path, dense: &DenseState, table: &EmbeddingTable, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
+    let image = table.image().map_err(|e| CheckpointError::None(format!("the table of the checkpoint: {e}")))?;
+    write_image(dir, dense, &image, settings, keep)
+}
+
+/// [`write`] from a table's image: the live table's, or a snapshot taken at the step of
+/// `dense` (a background checkpoint, [`super::checkpointing`]).
+pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
     if let Some(what) = dense.non_finite() {
         return Err(CheckpointError::NonFinite { step: dense.step, what });
     }
@@ -459,10 +466,12 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     // manifest says it must be.
     let tp = ck.join(TABLE);
     // The table's errors name it already: the detail is what follows its name.
-    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| {
+    let named = |e: crate::embedding::TableError| {
         let e = e.to_string();
         damaged(&tp, e.strip_prefix(&format!("{}: ", tp.display())).unwrap_or(&e))
-    })?;
+    };
+    let table = EmbeddingTable::open_readonly(&tp).map_err(named)?;
+    let table = table.image().map_err(named)?;
     let h = table.header();
     let facts = TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity };
     if facts != m.table {

@@ -65,7 +65,8 @@ pub use error::{TrainError, TrainResult};
 pub use summary::{RankTraffic, StopTarget, TrainSummary};
 pub use sync::SyncScope;
 
-pub use trainer::{Evaluation, Progress, Trainer};
+pub use metrics::Evaluation;
+pub use trainer::{Progress, Trainer};
 
 
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on every

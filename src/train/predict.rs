@@ -174,6 +174,10 @@ pub struct PredictSummary {
     pub auc: Option<f64>,
     /// Mean log loss.
     pub logloss: Option<f64>,
+    /// Normalised entropy (log loss / entropy of the click rate; `None` with one class).
+    pub ne: Option<f64>,
+    /// Mean predicted probability / observed click rate (`None` without a positive).
+    pub calibration: Option<f64>,
     /// Seconds from the start to the model and table in place on every rank.
     pub setup_seconds: f64,
     /// Seconds of scoring (data opened, rows scored, gathered).
@@ -308,6 +312,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let score_seconds = scoring.elapsed().as_secs_f64();
     let rows: u64 = files.iter().map(|f| f.scored as u64).sum();
     let root = topo.rank == 0 && rows > 0;
+    let eval = root.then(|| metrics::Evaluation::of(&scores, &labels));
     let summary = PredictSummary {
         ranks: topo.size,
         hosts: topo.num_hosts,
@@ -321,8 +326,10 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         files,
         rows,
         positives: labels.iter().filter(|y| **y > 0.5).count() as u64,
-        auc: root.then(|| metrics::auc(&scores, &labels)),
-        logloss: root.then(|| metrics::logloss(&scores, &labels)),
+        auc: eval.map(|e| e.auc),
+        logloss: eval.map(|e| e.logloss),
+        ne: eval.and_then(|e| e.ne),
+        calibration: eval.and_then(|e| e.calibration),
         setup_seconds,
         score_seconds,
         rows_per_sec: rows as f64 / score_seconds.max(1e-9),

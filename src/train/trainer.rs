@@ -19,7 +19,8 @@ use super::predict;
 use super::report::Mark;
 use super::sync::LocalSgd;
 use super::weights::{self, BatchWeights};
-use super::{metrics, NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
+use super::metrics::Evaluation;
+use super::{NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
 use crate::comm::{self, Collectives, CollectivesExt};
 use crate::data::{shard, EvalSet};
 use crate::device::Device;
@@ -87,15 +88,6 @@ pub(super) struct Losses {
     pub(super) interval_steps: u64,
 }
 
-/// The held-out evaluation (rank 0).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Area under the ROC curve over all ranks' predictions.
-    pub auc: f64,
-}
-
 /// Totals over the steps this run took on this rank.
 #[derive(Default)]
 pub(super) struct Counters {
@@ -158,6 +150,10 @@ pub struct Trainer<'a, D: Device> {
     pub(super) faults: Faults,
     /// `--init-from`: what the run started from.
     pub(super) warm_from: Option<super::warm::WarmFrom>,
+    /// Rank 0: the checkpoint being written in the background ([`super::checkpointing`]).
+    pub(super) writing: Option<super::checkpointing::InFlight>,
+    /// Rank 0: a background checkpoint was refused for want of memory (said once).
+    pub(super) snapshot_refused: bool,
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -257,6 +253,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             local,
             faults: Faults::new(topo),
             warm_from: warm.map(|(_, from)| from),
+            writing: None,
+            snapshot_refused: false,
         })
     }
 
@@ -536,6 +534,8 @@ impl<'a, D: Device> Trainer<'a, D> {
                     if !saved {
                         self.save_checkpoint(dir, false)?;
                     }
+                    // The job ends with its checkpoint written.
+                    self.finish_checkpoint()?;
                     Some(dir.clone())
                 }
                 None => None,
@@ -559,14 +559,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Scores the held-out rows (each rank a slice of the [`EvalSet`], in batches of
     /// `--batch`; the `--eval-data` files are opened the first time: the scoring of
     /// `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
-    /// loss and AUC on rank 0 (`None` elsewhere).
+    /// loss, AUC, NE and calibration on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
         let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &set, self.cfg.batch)?;
         set.release_pages();
-        Ok(scores.map(|scores| {
-            let labels = set.labels();
-            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
-        }))
+        Ok(scores.map(|scores| Evaluation::of(&scores, &set.labels())))
     }
 }

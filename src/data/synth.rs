@@ -24,13 +24,16 @@
 //! **Interactions** ([`PlantedModel::Interactions`], `ringrec data synth --interactions`):
 //! the same values (a row's integers and categoricals are those of the logistic file of the
 //! same seed), labelled by a model that only interaction models fit well. Each
-//! (field, value) has a latent vector `v(f, j)` of [`LATENT_DIM`] values (`N(0, 1)`, a hash
-//! of `(seed, f, j)`), and the logit is `b + a1 * first + a2 * fm + a3 * deep`:
-//! - `first`: the logistic model's logit above (first-order part);
-//! - `fm`: a planted factorisation machine, the sum over field pairs `f < g` of
+//! (field, value) of the fields of at most [`INTERACTION_MAX_VOCAB`] values (13 of the 26:
+//! their values recur often enough to be learned) has a latent vector `v(f, j)` of
+//! [`LATENT_DIM`] values (`N(0, 1)`, a hash of `(seed, f, j)`), and the logit is
+//! `b + a1 * first + a2 * fm + a3 * deep`:
+//! - `first`: the logistic model's logit above (first-order part, every field);
+//! - `fm`: a planted factorisation machine, the sum over interacting field pairs `f < g` of
 //!   `<v(f, j_f), v(g, j_g)>` (= `0.5 * sum_c ((sum_f v_fc)^2 - sum_f v_fc^2)`);
 //! - `deep`: a random 2-layer ReLU net (`N(0, 1 / fan_in)` weights, [`DEEP_HIDDEN`] units)
-//!   over the latent vectors of the fields [`DEEP_FIELDS`] and the 13 dense values.
+//!   over the latent vectors of the first [`DEEP_FIELDS`] interacting fields and the 13
+//!   dense values.
 //!
 //! `a1, a2, a3` scale each part to the standard deviation [`FIRST_ORDER_STD`], [`FM_STD`],
 //! [`DEEP_STD`] over the calibration rows, then `b` is calibrated to the same CTR.
@@ -49,8 +52,11 @@ use crate::hash::{splitmix64, Stream, GOLDEN};
 pub const LATENT_DIM: usize = 8;
 /// Hidden units of the planted deep part of the interactions model.
 pub const DEEP_HIDDEN: usize = 16;
-/// The fields whose latent vectors feed the planted deep part (with the dense values).
-pub const DEEP_FIELDS: [usize; 4] = [0, 5, 11, 17];
+/// Fields of at most this many values interact (have latent vectors); the larger ones
+/// only have first-order weights, since their rare values could not be learned anyway.
+pub const INTERACTION_MAX_VOCAB: usize = 1000;
+/// How many interacting fields (the first ones) feed the planted deep part.
+pub const DEEP_FIELDS: usize = 4;
 /// Standard deviation of the first-order part of the interactions model's logit.
 pub const FIRST_ORDER_STD: f64 = 0.5;
 /// Standard deviation of the factorisation-machine part of the interactions model's logit.
@@ -73,7 +79,7 @@ const CHUNK_ROWS: u64 = 4096;
 const AUC_BINS: usize = 1 << 16;
 const ROW_SALT: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
 /// Width of the planted deep part's input: the latent vectors of DEEP_FIELDS, the dense values.
-const DEEP_INPUT: usize = DEEP_FIELDS.len() * LATENT_DIM + NUM_DENSE;
+const DEEP_INPUT: usize = DEEP_FIELDS * LATENT_DIM + NUM_DENSE;
 
 /// The model that labels the synthetic rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -142,6 +148,10 @@ struct Planted {
 /// The planted factorisation machine and deep part of [`PlantedModel::Interactions`].
 struct Interactions {
     seed: u64,
+    /// Per field: whether it has latent vectors (vocabulary <= INTERACTION_MAX_VOCAB).
+    interacting: [bool; NUM_SPARSE],
+    /// The fields feeding the deep part: the first DEEP_FIELDS interacting ones.
+    deep_fields: Vec<usize>,
     /// Deep part: first layer, `DEEP_INPUT x DEEP_HIDDEN` row-major, then its biases.
     w1: Vec<f64>,
     b1: [f64; DEEP_HIDDEN],
@@ -159,12 +169,15 @@ struct Parts {
 }
 
 impl Interactions {
-    fn new(seed: u64) -> Interactions {
+    fn new(seed: u64, vocab: [usize; NUM_SPARSE]) -> Interactions {
         let h = |a: u64, b: u64| splitmix64(seed ^ splitmix64(a.wrapping_mul(GOLDEN) ^ b ^ 0x4641_4354_4f52_5321));
         let s1 = (1.0 / DEEP_INPUT as f64).sqrt();
         let s2 = (1.0 / DEEP_HIDDEN as f64).sqrt();
+        let interacting = std::array::from_fn(|f| vocab[f] <= INTERACTION_MAX_VOCAB);
         Interactions {
             seed,
+            interacting,
+            deep_fields: (0..NUM_SPARSE).filter(|&f| interacting[f]).take(DEEP_FIELDS).collect(),
             w1: (0..DEEP_INPUT * DEEP_HIDDEN).map(|i| s1 * gauss(h(1, i as u64))).collect(),
             b1: std::array::from_fn(|i| 0.5 * gauss(h(2, i as u64))),
             w2: std::array::from_fn(|i| s2 * gauss(h(3, i as u64))),
@@ -184,19 +197,19 @@ impl Interactions {
         let mut sum = [0.0; LATENT_DIM];
         let mut sq = 0.0;
         let mut input = [0.0; DEEP_INPUT];
-        for (f, &j) in row.cats.iter().enumerate() {
+        for (f, &j) in row.cats.iter().enumerate().filter(|(f, _)| self.interacting[*f]) {
             let v = self.latent(f, j);
             for c in 0..LATENT_DIM {
                 sum[c] += v[c];
                 sq += v[c] * v[c];
             }
-            if let Some(slot) = DEEP_FIELDS.iter().position(|&g| g == f) {
+            if let Some(slot) = self.deep_fields.iter().position(|&g| g == f) {
                 input[slot * LATENT_DIM..(slot + 1) * LATENT_DIM].copy_from_slice(&v);
             }
         }
         let fm = 0.5 * (sum.iter().map(|s| s * s).sum::<f64>() - sq);
         for (k, x) in row.ints.iter().enumerate() {
-            input[DEEP_FIELDS.len() * LATENT_DIM + k] = x.map_or(0.0, |x| dense_value(x) as f64);
+            input[DEEP_FIELDS * LATENT_DIM + k] = x.map_or(0.0, |x| dense_value(x) as f64);
         }
         let deep = (0..DEEP_HIDDEN)
             .map(|u| {
@@ -240,7 +253,7 @@ struct Row {
 impl Planted {
     fn new(seed: u64, model: PlantedModel) -> Planted {
         let h = |a: u64, b: u64| splitmix64(seed ^ splitmix64(a.wrapping_mul(GOLDEN) ^ b));
-        let cdf = (0..NUM_SPARSE)
+        let cdf: Vec<Vec<f64>> = (0..NUM_SPARSE)
             .map(|f| {
                 // Log-spaced 10..1e5 in a scrambled order (7 is coprime with 26).
                 let v = 10f64.powf(1.0 + 4.0 * ((f * 7) % NUM_SPARSE) as f64 / (NUM_SPARSE - 1) as f64).round() as usize;
@@ -262,7 +275,8 @@ impl Planted {
         let dense_mu = std::array::from_fn(|k| 0.3 + (k as f64 * 0.77) % 3.5);
         let dense_missing = std::array::from_fn(|k| if k % 4 == 0 { 0.2 } else { 0.02 });
         let dense_w = std::array::from_fn(|k| DENSE_WEIGHT_SCALE * gauss(h(2, k as u64)));
-        let interactions = (model == PlantedModel::Interactions).then(|| Interactions::new(seed));
+        let vocab = std::array::from_fn(|f| cdf[f].len());
+        let interactions = (model == PlantedModel::Interactions).then(|| Interactions::new(seed, vocab));
         let mut p = Planted { seed, cdf, cat_missing, hex_salt, dense_mu, dense_missing, dense_w, interactions, bias: 0.0 };
         p.calibrate();
         p
@@ -561,9 +575,12 @@ mod tests {
     fn the_factorisation_machine_is_the_sum_of_pairwise_dots() {
         let p = Planted::new(2, PlantedModel::Interactions);
         let ix = p.interactions.as_ref().unwrap();
+        assert_eq!(ix.interacting.iter().filter(|&&i| i).count(), 13, "the fields of 10 to 1,000 values");
+        assert_eq!(ix.deep_fields.len(), DEEP_FIELDS);
         for r in 0..20 {
             let row = p.row(r);
-            let v: Vec<[f64; LATENT_DIM]> = row.cats.iter().enumerate().map(|(f, &j)| ix.latent(f, j)).collect();
+            // Only the fields of at most INTERACTION_MAX_VOCAB values interact.
+            let v: Vec<[f64; LATENT_DIM]> = row.cats.iter().enumerate().map(|(f, &j)| if p.cdf[f].len() <= INTERACTION_MAX_VOCAB { ix.latent(f, j) } else { [0.0; LATENT_DIM] }).collect();
             let mut pairs = 0.0;
             for f in 0..NUM_SPARSE {
                 for g in f + 1..NUM_SPARSE {

@@ -151,10 +151,13 @@ def auc_exact(scores, labels):
 # ---------------------------------------------------------------------------------- model
 def build_model(vocab_rows, args):
     """The model of --model (torch_models.py) with this run's shape flags."""
-    return torch_models.build(args.model, vocab_rows, args.dim, args.hidden,
-                              args.embedding_grad == "sparse", args.bottom_mlp,
-                              args.interaction_self, args.cross_layers, args.cross_rank,
-                              args.cross_structure)
+    net = torch_models.build(args.model, vocab_rows, args.dim, args.hidden,
+                             args.embedding_grad == "sparse", args.bottom_mlp,
+                             args.interaction_self, args.cross_layers, args.cross_rank,
+                             args.cross_structure)
+    if args.init_scale > 0:  # a diagnostic, not the reference's init
+        nn.init.uniform_(net.emb.weight, -args.init_scale, args.init_scale)
+    return net
 
 
 def make_optimizers(model, args):
@@ -297,6 +300,7 @@ def worker(rank, world, args, data):
             "sparse_lr": args.sparse_lr,
             "sparse_optimizer": args.sparse_optimizer,
             "embedding_grad": args.embedding_grad,
+            "init_scale": args.init_scale or None,
             **model_shape(args),
             "ddp_backend": "gloo" if ddp else None,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
@@ -356,6 +360,8 @@ def main():
     ap.add_argument("--cross-structure", choices=["stacked", "parallel"], default=None,
                     help="dcn: stacked (default) or parallel")
     ap.add_argument("--lr", type=float, default=0.001, help="lr of the dense optimizer")
+    ap.add_argument("--init-scale", type=float, default=0.0,
+                    help="diagnostic only: table rows U(-s, s) instead of 1/sqrt(row width)")
     ap.add_argument("--dense-optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--sparse-lr", type=float, default=0.05)
     ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad"], default="sgd")

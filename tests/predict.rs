@@ -95,7 +95,7 @@ fn the_python_reader_scores_every_model_as_its_definition_says() {
         // A few keys held (the data's keys are not: they read as their initial rows).
         table.put_rows(&[1, 2, 3], &random(3 * spec.row_width(), 99)).unwrap();
         let out = dir.path(&format!("b{i}"));
-        bundle::write(&out, Provenance { source: Path::new("ck"), step: 3, skipped: &[] }, &w, &table).unwrap();
+        bundle::write(&out, Provenance { source: Path::new("ck"), step: 3, skipped: &[] }, &w, &table, bundle::Format::Bundle).unwrap();
         bundles.push(out);
     }
     let mut c = Command::new(py);

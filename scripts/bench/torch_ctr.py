@@ -1,6 +1,13 @@
 """PyTorch reference of `ringrec train`: the same CTR model, data split and hyperparameters.
 
-Model: one embedding row per (categorical field, value) (a missing value is its own value
+--model mlp|dlrm|dcn|deepfm|wide-deep (default mlp, the model described next) picks one of
+issue 31's models from torch_models.py, with ringrec's shape flags (--bottom-mlp and
+--interaction-self for dlrm; --cross-layers, --cross-rank, --cross-structure for dcn; a
+shape flag of another model is refused); every model's table is the one nn.Embedding (rows
+of dim + 1 for deepfm / wide-deep, the first-order weight last) trained by the sparse
+optimizer, every other parameter by the dense one.
+
+Model (mlp): one embedding row per (categorical field, value) (a missing value is its own value
 of its field; no hashing, the vocabulary is built over the whole file), dim 16; the 26
 embeddings concatenated with the 13 dense features ln(1 + max(x, 0)) (missing -> 0), in
 that order (width 26*dim + 13); MLP 429 -> 256 -> ReLU -> 128 -> ReLU -> 1; loss
@@ -43,6 +50,7 @@ samples/s counts the training loop only (no parsing, no evaluation).
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --json
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --ddp 2 --threads 1 --json
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --embedding-grad dense --json
+    python scripts/bench/torch_ctr.py --data target/bench-data/interactions-400k.tsv --model dcn --cross-rank 64 --json
 """
 import argparse
 import gc
@@ -58,6 +66,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (beside this file)
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 
@@ -138,39 +149,28 @@ def auc_exact(scores, labels):
 
 
 # ---------------------------------------------------------------------------------- model
-class CTRModel(nn.Module):
-    def __init__(self, vocab_rows, dim, hidden, sparse_grad):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_rows, dim, sparse=sparse_grad)
-        s = 1.0 / math.sqrt(dim)
-        nn.init.uniform_(self.emb.weight, -s, s)
-        layers, width = [], NUM_SPARSE * dim + NUM_DENSE
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, 1))
-        for m in layers:
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-        self.mlp = nn.Sequential(*layers)
-
-    def forward(self, sparse, dense):
-        e = self.emb(sparse).reshape(sparse.shape[0], -1)  # [b, 26*dim], field 0 first
-        return self.mlp(torch.cat([e, dense], dim=1)).squeeze(1)
+def build_model(vocab_rows, args):
+    """The model of --model (torch_models.py) with this run's shape flags."""
+    net = torch_models.build(args.model, vocab_rows, args.dim, args.hidden,
+                             args.embedding_grad == "sparse", args.bottom_mlp,
+                             args.interaction_self, args.cross_layers, args.cross_rank,
+                             args.cross_structure)
+    if args.init_scale > 0:  # a diagnostic, not the reference's init
+        nn.init.uniform_(net.emb.weight, -args.init_scale, args.init_scale)
+    return net
 
 
 def make_optimizers(model, args):
-    emb = model.emb if not isinstance(model, nn.parallel.DistributedDataParallel) else model.module.emb
-    mlp = model.mlp if not isinstance(model, nn.parallel.DistributedDataParallel) else model.module.mlp
+    net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    dense = net.dense_parameters()
     if args.dense_optimizer == "adam":
-        dense_opt = torch.optim.Adam(mlp.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+        dense_opt = torch.optim.Adam(dense, lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     else:
-        dense_opt = torch.optim.SGD(mlp.parameters(), lr=args.lr)
+        dense_opt = torch.optim.SGD(dense, lr=args.lr)
     if args.sparse_optimizer == "sgd":
-        sparse_opt = torch.optim.SGD(emb.parameters(), lr=args.sparse_lr)
+        sparse_opt = torch.optim.SGD(net.emb.parameters(), lr=args.sparse_lr)
     else:
-        sparse_opt = torch.optim.Adagrad(emb.parameters(), lr=args.sparse_lr,
+        sparse_opt = torch.optim.Adagrad(net.emb.parameters(), lr=args.sparse_lr,
                                          initial_accumulator_value=0.0, eps=1e-8)
     return dense_opt, sparse_opt
 
@@ -191,7 +191,7 @@ def worker(rank, world, args, data):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
-    model = CTRModel(vocab_rows, args.dim, args.hidden, args.embedding_grad == "sparse").to(dev)
+    model = build_model(vocab_rows, args).to(dev)
     if ddp:
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     dense_opt, sparse_opt = make_optimizers(model, args)
@@ -278,6 +278,7 @@ def worker(rank, world, args, data):
         test_auc = auc_exact(logits.numpy(), yt.numpy()) if n_test else float("nan")
         result = {
             "impl": "pytorch-ddp" if ddp else "pytorch",
+            "model": args.model,
             "procs": nproc,
             "samples_per_sec": seen / elapsed if elapsed > 0 else float("nan"),
             "train_loss": train_loss,
@@ -299,6 +300,8 @@ def worker(rank, world, args, data):
             "sparse_lr": args.sparse_lr,
             "sparse_optimizer": args.sparse_optimizer,
             "embedding_grad": args.embedding_grad,
+            "init_scale": args.init_scale or None,
+            **model_shape(args),
             "ddp_backend": "gloo" if ddp else None,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "vocab_rows": vocab_rows,
@@ -329,6 +332,17 @@ def worker(rank, world, args, data):
     return result
 
 
+SHAPE_FLAGS = {  # flag -> (the model that uses it, its default)
+    "bottom_mlp": ("dlrm", "64"), "interaction_self": ("dlrm", False),
+    "cross_layers": ("dcn", 3), "cross_rank": ("dcn", 0), "cross_structure": ("dcn", "stacked"),
+}
+
+
+def model_shape(args):
+    """The shape flags of this run's model (for the JSON record)."""
+    return {k: getattr(args, k) for k, (m, _) in SHAPE_FLAGS.items() if m == args.model}
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch reference of `ringrec train`.")
     ap.add_argument("--data", required=True, help="Criteo-format TSV")
@@ -336,7 +350,18 @@ def main():
     ap.add_argument("--batch", type=int, default=1024, help="global batch size")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--hidden", default="256,128")
-    ap.add_argument("--lr", type=float, default=0.001, help="lr of the MLP's optimizer")
+    ap.add_argument("--model", choices=torch_models.MODELS, default="mlp",
+                    help="the model (torch_models.py), as `ringrec train --model`")
+    ap.add_argument("--bottom-mlp", default=None, help="dlrm: bottom MLP hidden widths (64)")
+    ap.add_argument("--interaction-self", action="store_true", default=None,
+                    help="dlrm: include each vector's dot with itself")
+    ap.add_argument("--cross-layers", type=int, default=None, help="dcn: cross layers (3)")
+    ap.add_argument("--cross-rank", type=int, default=None, help="dcn: 0 = full W, R = low rank")
+    ap.add_argument("--cross-structure", choices=["stacked", "parallel"], default=None,
+                    help="dcn: stacked (default) or parallel")
+    ap.add_argument("--lr", type=float, default=0.001, help="lr of the dense optimizer")
+    ap.add_argument("--init-scale", type=float, default=0.0,
+                    help="diagnostic only: table rows U(-s, s) instead of 1/sqrt(row width)")
     ap.add_argument("--dense-optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--sparse-lr", type=float, default=0.05)
     ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad"], default="sgd")
@@ -366,6 +391,12 @@ def main():
                     help="where parsed TSVs are cached as .npz ('' = no cache)")
     args = ap.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
+    for k, (m, default) in SHAPE_FLAGS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+        elif m != args.model:
+            ap.error(f"--{k.replace('_', '-')} is a {m} flag; --model is {args.model}")
+    args.bottom_mlp = [int(h) for h in str(args.bottom_mlp).split(",") if h.strip()]
     nproc = max(args.ddp, 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if args.threads <= 0:

@@ -599,7 +599,7 @@ mod tests {
             t.put_rows(&[1, 2], &vec![0.25; 2 * dim as usize]).unwrap();
             let w = DenseWeights { params: (0..spec.num_params()).map(|i| i as f32 * 1e-3).collect(), spec: spec.clone() };
             let out = d.join(format!("b{i}"));
-            let s = write(&out, Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &w, &t).unwrap();
+            let s = write(&out, Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &w, &t, Format::Bundle).unwrap();
             assert_eq!(s.model, spec.describe());
             let b = Bundle::open(&out).unwrap();
             assert_eq!(b.dense, w);
@@ -621,7 +621,7 @@ mod tests {
         // A table whose rows are not as wide as the model reads is refused.
         let t = EmbeddingTable::create(&d.join("live9"), &TableConfig::new(2, 64)).unwrap();
         let fm = DenseWeights { spec: ModelSpec { kind: ModelKind::DeepFm, ..base.clone() }, params: vec![0.0; ModelSpec { kind: ModelKind::DeepFm, ..base }.num_params()] };
-        let e = write(&d.join("bad"), Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &fm, &t).unwrap_err().to_string();
+        let e = write(&d.join("bad"), Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &fm, &t, Format::Bundle).unwrap_err().to_string();
         assert!(e.contains("reads table rows of 3 values, its table's rows have 2"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
     }

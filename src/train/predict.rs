@@ -319,7 +319,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         device: model.device().describe(),
         model: model_src.describe(),
         model_path: model_src.path.clone(),
-        model_spec: dense.spec.describe(),
+        model_spec: model.spec().describe(),
         skipped: model_src.skipped.clone(),
         step: model_src.step,
         table_rows: table.table().live_rows(),

@@ -6,8 +6,9 @@
 //! Each GEMM packs its operands once: `a`'s rows as pairs along k (one `u32` per pair, the
 //! even element in the low half), `b` in panels of up to 64 columns, each k pair a row of
 //! the panel's columns' pairs (zero-padded to the panel's width and to an even k). A
-//! register tile of up to 6 rows x 64 columns (24 zmm accumulators) runs over all of k and
-//! is stored once, masked at the right edge. Rows of `c` are cut into parts for the rank's
+//! register tile of up to 6 rows x 64 columns (24 zmm accumulators) runs over a block of 96
+//! k pairs (the panel's block stays in L1) and is stored, masked at the right edge, then
+//! added to by the next block. Rows of `c` are cut into parts for the rank's
 //! threads as the f32 path cuts them ([`crate::partition::part`]), the packed `b` shared.
 //!
 //! A product of two bf16 values is exact in f32, so the result equals the f32 sum of the
@@ -27,6 +28,9 @@ const MR: usize = 6;
 const LANES: usize = 16;
 /// zmm registers across a full panel.
 const NV: usize = 4;
+/// k pairs per block: a full panel's block (96 x 64 pairs, 24 KiB) stays in L1 while the
+/// row tiles run over it.
+const KC: usize = 96;
 
 /// Whether this CPU has the instructions (AVX-512F and AVX-512 BF16).
 pub fn available() -> bool {
@@ -76,7 +80,11 @@ struct PackedB<'a> {
 
 /// Packs op(`b`) (k x n; `b_t`: stored n x k) into `out` (resized): panel `q`, pair `p`,
 /// column `j` at `(q * kp + p) * w + j`.
-fn pack_b(k: usize, n: usize, b: &[f32], b_t: bool, out: &mut Vec<u32>) -> usize {
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW ([`available`] checks more).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn pack_b(k: usize, n: usize, b: &[f32], b_t: bool, out: &mut Vec<u32>) -> usize {
     let (kp, vectors) = (k.div_ceil(2), panel_vectors(n));
     let w = vectors * LANES;
     let panels = n.div_ceil(w);
@@ -110,35 +118,57 @@ fn pack_b(k: usize, n: usize, b: &[f32], b_t: bool, out: &mut Vec<u32>) -> usize
     kp
 }
 
-/// Packs rows `rows` of op(`a`) (m x k; `a_t`: stored k x m) into `out` (resized): row `i`
-/// (from `rows.start`), pair `p` at `i * kp + p`.
-fn pack_a(m: usize, k: usize, a: &[f32], a_t: bool, rows: Range<usize>, out: &mut Vec<u32>) {
+/// Rows of a block of packed `a`: row `r`'s pair `p` is at `((r / ABLK) * kp + p) * ABLK + r %
+/// ABLK`, so the tiles' broadcasts of one pair read one cache line, and packing `a`
+/// stored k x m (a weight gradient's `x^T`) is a contiguous, vectorised interleave.
+const ABLK: usize = 16;
+
+/// Packs rows `rows` of op(`a`) (m x k; `a_t`: stored k x m) into `out` (resized) in blocks
+/// of [`ABLK`] rows (the last one zero-padded).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW ([`available`] checks more).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn pack_a(m: usize, k: usize, a: &[f32], a_t: bool, rows: Range<usize>, out: &mut Vec<u32>) {
     let kp = k.div_ceil(2);
     out.clear();
-    out.resize(rows.len() * kp, 0);
-    if a_t {
-        for p in 0..kp {
-            let lo = &a[2 * p * m..][rows.clone()];
-            if 2 * p + 1 < k {
-                let hi = &a[(2 * p + 1) * m..][rows.clone()];
-                for (i, (l, h)) in lo.iter().zip(hi).enumerate() {
-                    out[i * kp + p] = pair(*l, *h);
-                }
-            } else {
-                for (i, l) in lo.iter().enumerate() {
-                    out[i * kp + p] = pair(*l, 0.0);
+    out.resize(rows.len().div_ceil(ABLK) * ABLK * kp, 0);
+    if kp == 0 {
+        return;
+    }
+    let mut line = vec![0u32; kp];
+    for (b, block) in out.chunks_exact_mut(ABLK * kp).enumerate() {
+        let first = rows.start + b * ABLK;
+        let height = (rows.end - first).min(ABLK);
+        if a_t {
+            // Pair p of the block's rows: two rows of the stored matrix, interleaved.
+            for (p, dst) in block.chunks_exact_mut(ABLK).enumerate() {
+                let lo = &a[2 * p * m + first..][..height];
+                if 2 * p + 1 < k {
+                    let hi = &a[(2 * p + 1) * m + first..][..height];
+                    for ((o, l), h) in dst.iter_mut().zip(lo).zip(hi) {
+                        *o = pair(*l, *h);
+                    }
+                } else {
+                    for (o, l) in dst.iter_mut().zip(lo) {
+                        *o = pair(*l, 0.0);
+                    }
                 }
             }
-        }
-    } else {
-        for (i, row) in out.chunks_exact_mut(kp.max(1)).take(rows.len()).enumerate() {
-            let src = &a[(rows.start + i) * k..(rows.start + i + 1) * k];
-            let mut pairs = src.chunks_exact(2);
-            for (o, s) in row.iter_mut().zip(&mut pairs) {
-                *o = pair(s[0], s[1]);
-            }
-            if let [last] = pairs.remainder() {
-                row[kp - 1] = pair(*last, 0.0);
+        } else {
+            // Each row's pairs (contiguous in a) into `line`, then spread at stride ABLK.
+            for j in 0..height {
+                let src = &a[(first + j) * k..(first + j + 1) * k];
+                let mut pairs = src.chunks_exact(2);
+                for (o, s) in line.iter_mut().zip(&mut pairs) {
+                    *o = pair(s[0], s[1]);
+                }
+                if let [last] = pairs.remainder() {
+                    line[kp - 1] = pair(*last, 0.0);
+                }
+                for (p, v) in line.iter().enumerate() {
+                    block[p * ABLK + j] = *v;
+                }
             }
         }
     }
@@ -177,12 +207,14 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
     }
     let parts = parts.clamp(1, m);
     with_buffer(&PACKED_B, |packed| {
-        let kp = pack_b(k, n, b, b_t, packed);
+        // SAFETY: `available` checked the CPU's AVX-512 above.
+        let kp = unsafe { pack_b(k, n, b, b_t, packed) };
         let pb = PackedB { data: packed, n, kp, vectors: panel_vectors(n) };
         let run = |(i, c): (usize, &mut [f32])| {
             let rows = part(m, parts, i);
             with_buffer(&PACKED_A, |pa| {
-                pack_a(m, k, a, a_t, rows.clone(), pa);
+                // SAFETY: `available` checked the CPU's AVX-512 above.
+                unsafe { pack_a(m, k, a, a_t, rows.clone(), pa) };
                 product(rows.len(), pa, &pb, c);
             });
             epilogue(rows, c);
@@ -205,61 +237,98 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
 /// `c (rows x n) = a b` from packed operands.
 fn product(rows: usize, pa: &[u32], pb: &PackedB<'_>, c: &mut [f32]) {
     let (n, kp, w) = (pb.n, pb.kp, pb.vectors * LANES);
-    assert!(pa.len() >= rows * kp && c.len() >= rows * n && pb.data.len() >= n.div_ceil(w) * kp * w);
-    for q in 0..n.div_ceil(w) {
-        let panel = &pb.data[q * kp * w..];
-        let cols = (n - q * w).min(w);
-        for r0 in (0..rows).step_by(MR) {
-            let mr = (rows - r0).min(MR);
-            // SAFETY: the tile reads rows r0..r0+mr of `pa` (kp pairs each, inside it by the
-            // assert), kp rows of w pairs of the panel (inside `pb.data`), and writes rows
-            // r0..r0+mr, columns q*w..q*w+cols of `c` (row stride n; inside it by the assert);
-            // `gemm` checked the CPU has the instructions.
-            unsafe { tile_dispatch(mr, pb.vectors, kp, pa[r0 * kp..].as_ptr(), panel.as_ptr(), c[r0 * n + q * w..].as_mut_ptr(), n, cols) };
+    assert!(pa.len() >= rows.div_ceil(ABLK) * ABLK * kp && c.len() >= rows * n && pb.data.len() >= n.div_ceil(w) * kp * w);
+    let mut p0 = 0;
+    loop {
+        let kc = (kp - p0).min(KC);
+        for q in 0..n.div_ceil(w) {
+            let panel = &pb.data[(q * kp + p0) * w..];
+            let cols = (n - q * w).min(w);
+            for r0 in (0..rows).step_by(ABLK) {
+                let block = &pa[((r0 / ABLK) * kp + p0) * ABLK..];
+                for sub in (0..(rows - r0).min(ABLK)).step_by(MR) {
+                    let t = Tile { rows: (rows - r0 - sub).min(MR).min(ABLK - sub), vectors: pb.vectors, kc, ldc: n, cols, accumulate: p0 > 0 };
+                    // SAFETY: the tile reads pairs p0..p0+kc of rows r0+sub.. of `pa` (inside
+                    // its block, inside `pa` by the assert), kc rows of w pairs of the panel
+                    // from pair p0 (inside `pb.data`), and reads and writes rows r0+sub..,
+                    // columns q*w..q*w+cols of `c` (row stride n; inside it by the assert);
+                    // `gemm` checked the CPU has the instructions.
+                    unsafe { t.run(block[sub..].as_ptr(), panel.as_ptr(), c[(r0 + sub) * n + q * w..].as_mut_ptr()) };
+                }
+            }
+        }
+        p0 += kc;
+        if p0 >= kp {
+            break;
         }
     }
 }
 
-/// The tile for `mr` rows and `vectors` zmm columns.
-///
-/// # Safety
-/// As [`tile`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn tile_dispatch(mr: usize, vectors: usize, kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize, cols: usize) {
-    macro_rules! pick {
-        ($($r:literal),*) => {
-            match (mr, vectors) {
-                $(($r, 1) => tile::<$r, 1>(kp, a, b, c, ldc, cols),
-                  ($r, 2) => tile::<$r, 2>(kp, a, b, c, ldc, cols),
-                  ($r, 3) => tile::<$r, 3>(kp, a, b, c, ldc, cols),
-                  ($r, _) => tile::<$r, 4>(kp, a, b, c, ldc, cols),)*
-                _ => unreachable!("tile rows 1..=6"),
-            }
-        };
+/// One register tile's shape: `rows` rows of a block of packed `a` times `kc`
+/// rows of a panel of `vectors` zmm columns, into `cols` columns of `c` (row stride `ldc`),
+/// overwriting them or (`accumulate`) adding to them.
+struct Tile {
+    rows: usize,
+    vectors: usize,
+    kc: usize,
+    ldc: usize,
+    cols: usize,
+    accumulate: bool,
+}
+
+impl Tile {
+    /// Runs the tile's kernel for its rows and vectors.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn run(&self, a: *const u32, b: *const u32, c: *mut f32) {
+        macro_rules! pick {
+            ($($r:literal),*) => {
+                match (self.rows, self.vectors) {
+                    $(($r, 1) => tile::<$r, 1>(self, a, b, c),
+                      ($r, 2) => tile::<$r, 2>(self, a, b, c),
+                      ($r, 3) => tile::<$r, 3>(self, a, b, c),
+                      ($r, _) => tile::<$r, 4>(self, a, b, c),)*
+                    _ => unreachable!("tile rows 1..=6"),
+                }
+            };
+        }
+        // SAFETY: as the caller's.
+        unsafe { pick!(1, 2, 3, 4, 5, 6) }
     }
-    // SAFETY: as the caller's.
-    unsafe { pick!(1, 2, 3, 4, 5, 6) }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn run(&self, _: *const u32, _: *const u32, _: *mut f32) {
+        unreachable!("bf16 gemm needs x86-64 with AVX-512 BF16 (checked by `available`)")
+    }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_dispatch(_: usize, _: usize, _: usize, _: *const u32, _: *const u32, _: *mut f32, _: usize, _: usize) {
-    unreachable!("bf16 gemm needs x86-64 with AVX-512 BF16 (checked by `available`)")
-}
-
-/// One register tile: `R` rows of packed `a` (row stride `kp`) times a panel of `V` zmm
-/// columns of packed `b` (`kp` rows of `16 V` pairs), stored into `c` (row stride `ldc`),
-/// its first `cols` columns.
+/// One register tile ([`Tile`]) of `R` rows and `V` zmm columns.
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX-512 BF16; `a` holds `R * kp` pairs, `b` holds `kp * 16 V`,
-/// `c` holds `R` rows of `ldc` values from the pointer with `cols <= 16 V` of them written.
+/// The CPU has AVX-512F and AVX-512 BF16; `a` holds `t.kc` pairs of `R` rows in a block's
+/// layout (pair p of row r at `p * ABLK + r`), `b` holds `t.kc * 16 V` pairs, `c` holds `R` rows of `t.ldc` values from the
+/// pointer with `t.cols <= 16 V` of them read and written.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::needless_range_loop)] // indices keep the accumulators in registers
-unsafe fn tile<const R: usize, const V: usize>(kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize, cols: usize) {
+unsafe fn tile<const R: usize, const V: usize>(t: &Tile, a: *const u32, b: *const u32, c: *mut f32) {
     use std::arch::x86_64::*;
+    let (ldc, cols) = (t.ldc, t.cols);
+    let mask = |col: usize| if cols - col >= LANES { u16::MAX } else { ((1u32 << (cols - col)) - 1) as u16 };
     let mut acc = [[_mm512_setzero_ps(); V]; R];
-    for p in 0..kp {
+    if t.accumulate {
+        for r in 0..R {
+            for v in 0..V {
+                if v * LANES < cols {
+                    // SAFETY: row r, columns v*16.. of `c`, masked to cols: inside it by the contract.
+                    acc[r][v] = unsafe { _mm512_maskz_loadu_ps(mask(v * LANES), c.add(r * ldc + v * LANES)) };
+                }
+            }
+        }
+    }
+    for p in 0..t.kc {
         // SAFETY (the pointer arithmetic and loads): inside the operands by the contract.
         let bp = unsafe { b.add(p * V * LANES) };
         let mut bv = [_mm512_setzero_si512(); V];
@@ -267,7 +336,7 @@ unsafe fn tile<const R: usize, const V: usize>(kp: usize, a: *const u32, b: *con
             bv[v] = unsafe { _mm512_loadu_si512(bp.add(v * LANES).cast()) };
         }
         for r in 0..R {
-            let av: __m512bh = unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(r * kp + p) as i32)) };
+            let av: __m512bh = unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(p * ABLK + r) as i32)) };
             for v in 0..V {
                 let bh: __m512bh = unsafe { std::mem::transmute::<__m512i, __m512bh>(bv[v]) };
                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bh);
@@ -281,14 +350,7 @@ unsafe fn tile<const R: usize, const V: usize>(kp: usize, a: *const u32, b: *con
                 break;
             }
             // SAFETY: row r, columns col.. of `c`: inside it by the contract (masked to cols).
-            unsafe {
-                let out = c.add(r * ldc + col);
-                if cols - col >= LANES {
-                    _mm512_storeu_ps(out, acc[r][v]);
-                } else {
-                    _mm512_mask_storeu_ps(out, ((1u32 << (cols - col)) - 1) as u16, acc[r][v]);
-                }
-            }
+            unsafe { _mm512_mask_storeu_ps(c.add(r * ldc + col), mask(col), acc[r][v]) };
         }
     }
 }

@@ -98,6 +98,9 @@ fn gemms_match_a_plain_loop<D: Device>(dev: &D) {
 /// product of the bf16-rounded operands: |c - ref| <= k 2^-24 sum |a_p b_p| + 1e-6 |c| (f32
 /// summation in another order; the epilogue's f32 add). Returns the products, for comparing
 /// devices.
+/// An epilogue made from the bias and activation buffers.
+type MakeEpilogue<'c, D> = dyn for<'e> Fn(&'e <D as Device>::Buf<f32>, &'e <D as Device>::Buf<f32>) -> Epilogue<'e, D> + 'c;
+
 fn bf16_gemms_match_the_rounded_product<D: Device>(dev: &mut D) -> Vec<Vec<f32>> {
     dev.set_gemm_precision(GemmPrecision::Bf16).unwrap();
     assert_eq!(dev.gemm_precision(), GemmPrecision::Bf16);
@@ -106,7 +109,7 @@ fn bf16_gemms_match_the_rounded_product<D: Device>(dev: &mut D) -> Vec<Vec<f32>>
     let (x, w, delta) = (random(batch * fan_in, 11), random(fan_in * fan_out, 12), random(batch * fan_out, 13));
     let (bias, act) = (random(fan_out, 14), random(batch * fan_in, 15));
     let mut out = Vec::new();
-    let mut check = |g: Gemm, a: &[f32], b: &[f32], epi: &dyn for<'e> Fn(&'e D::Buf<f32>, &'e D::Buf<f32>) -> Epilogue<'e, D>, extra: usize, post: &dyn Fn(&mut [f32])| {
+    let mut check = |g: Gemm, a: &[f32], b: &[f32], epi: &MakeEpilogue<'_, D>, extra: usize, post: &dyn Fn(&mut [f32])| {
         let (ad, bd) = (dev.buffer_from(a).unwrap(), dev.buffer_from(b).unwrap());
         let (biasd, actd) = (dev.buffer_from(&bias).unwrap(), dev.buffer_from(&act).unwrap());
         let mut c = dev.alloc(g.m * g.n + extra).unwrap();

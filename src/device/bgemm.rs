@@ -14,6 +14,9 @@
 //! A product of two bf16 values is exact in f32, so the result equals the f32 sum of the
 //! rounded operands' products up to summation order (`vdpbf16ps` flushes denormal inputs
 //! and outputs to zero).
+//!
+//! The AVX-512 intrinsics and target features are stable since Rust 1.89, above the crate's
+//! declared `rust-version`: clippy's MSRV checks take this module at 1.89 (its `mod` line).
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -16,6 +16,8 @@
 //! device's stream, buffers used by two queues order them with events, and
 //! [`Device::host`] views of staging memory wait for the copies that use it.
 
+// AVX-512 intrinsics: stable since 1.89 (see the module's docs).
+#[clippy::msrv = "1.89"]
 pub mod bgemm;
 pub mod cpu;
 pub mod cuda;

@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
-use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
+use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
@@ -90,6 +90,81 @@ fn gemms_match_a_plain_loop<D: Device>(dev: &D) {
     assert!(close(&got[k * n..], &sums, 1e-5), "bias gradient");
     let e = dev.gemm(&g, (&dev.buffer_from(&a2).unwrap(), 0), (&dev.buffer_from(&b2).unwrap(), 0), (&mut c, 0), Epilogue::BiasGrad { at: 4 }).unwrap_err().to_string();
     assert!(e.contains("overlap the product"), "{e}");
+}
+
+/// At [`GemmPrecision::Bf16`], the models' three GEMM shapes with their epilogues (forward
+/// `x W` + bias and ReLU, weight gradient `x^T delta` + bias gradient, input gradient
+/// `delta W^T` + ReLU backward), odd k and sizes off the CPU's 6 x 64 tile, against the f64
+/// product of the bf16-rounded operands: |c - ref| <= k 2^-24 sum |a_p b_p| + 1e-6 |c| (f32
+/// summation in another order; the epilogue's f32 add). Returns the products, for comparing
+/// devices.
+/// An epilogue made from the bias and activation buffers.
+type MakeEpilogue<'c, D> = dyn for<'e> Fn(&'e <D as Device>::Buf<f32>, &'e <D as Device>::Buf<f32>) -> Epilogue<'e, D> + 'c;
+
+fn bf16_gemms_match_the_rounded_product<D: Device>(dev: &mut D) -> Vec<Vec<f32>> {
+    dev.set_gemm_precision(GemmPrecision::Bf16).unwrap();
+    assert_eq!(dev.gemm_precision(), GemmPrecision::Bf16);
+    let r = |x: &[f32]| x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect::<Vec<f32>>();
+    let (batch, fan_in, fan_out) = (37, 429, 70);
+    let (x, w, delta) = (random(batch * fan_in, 11), random(fan_in * fan_out, 12), random(batch * fan_out, 13));
+    let (bias, act) = (random(fan_out, 14), random(batch * fan_in, 15));
+    let mut out = Vec::new();
+    let mut check = |g: Gemm, a: &[f32], b: &[f32], epi: &MakeEpilogue<'_, D>, extra: usize, post: &dyn Fn(&mut [f32])| {
+        let (ad, bd) = (dev.buffer_from(a).unwrap(), dev.buffer_from(b).unwrap());
+        let (biasd, actd) = (dev.buffer_from(&bias).unwrap(), dev.buffer_from(&act).unwrap());
+        let mut c = dev.alloc(g.m * g.n + extra).unwrap();
+        dev.gemm(&g, (&ad, 0), (&bd, 0), (&mut c, 0), epi(&biasd, &actd)).unwrap();
+        let got = dev.to_vec(&c, g.m * g.n + extra).unwrap();
+        let mut want = naive_gemm(&g, &r(a), &r(b));
+        let abs = |x: &[f32]| x.iter().map(|v| v.abs()).collect::<Vec<f32>>();
+        let mag = naive_gemm(&g, &abs(&r(a)), &abs(&r(b)));
+        post(&mut want);
+        for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+            let tol = g.k as f32 * f32::powi(2.0, -24) * mag[i] + 1e-6 * wv.abs() + 1e-7;
+            assert!((gv - wv).abs() <= tol, "{g:?} on {}: c[{i}] = {gv}, want {wv} +- {tol}", dev.describe());
+        }
+        out.push(got);
+    };
+    let bias_relu = |c: &mut [f32]| c.iter_mut().enumerate().for_each(|(i, v)| *v = (*v + bias[i % fan_out]).max(0.0));
+    check(Gemm { m: batch, n: fan_out, k: fan_in, a_t: false, b_t: false }, &x, &w, &|b, _| Epilogue::Bias { bias: b, at: 0, act: Activation::Relu }, 0, &bias_relu);
+    check(Gemm { m: fan_in, n: fan_out, k: batch, a_t: true, b_t: false }, &x, &delta, &|_, _| Epilogue::BiasGrad { at: fan_in * fan_out }, fan_out, &|_| {});
+    let relu_back = |c: &mut [f32]| c.iter_mut().zip(&act).for_each(|(v, a)| if *a <= 0.0 { *v = 0.0 });
+    check(Gemm { m: batch, n: fan_in, k: fan_out, a_t: false, b_t: true }, &delta, &w, &|_, a| Epilogue::ReluGrad { act: a }, 0, &relu_back);
+    // The bias gradient beside the weight gradient stays the f32 column sum.
+    let sums: Vec<f32> = (0..fan_out).map(|j| (0..batch).map(|r| delta[r * fan_out + j]).sum::<f32>()).collect();
+    assert!(close(&out[1][fan_in * fan_out..], &sums, 1e-5), "bias gradient");
+    dev.set_gemm_precision(GemmPrecision::F32).unwrap();
+    out
+}
+
+#[test]
+fn bf16_gemms_match_the_rounded_product_on_the_cpu_and_the_host_kernels() {
+    let mut host = HostKernels::new().unwrap();
+    let on_host = bf16_gemms_match_the_rounded_product(&mut host);
+    assert!(host.fork().unwrap().gemm_precision() == GemmPrecision::F32);
+    for threads in [1, 3] {
+        let mut cpu = CpuDevice::new(threads);
+        match cpu.set_gemm_precision(GemmPrecision::Bf16) {
+            Err(e) => {
+                assert_eq!(e.to_string(), "--dense-precision bf16 needs AVX-512 BF16 (avx512_bf16), which this CPU lacks; use f32");
+                assert!(!ringrec::device::bgemm::available());
+                eprintln!("skipped the CPU's bf16 GEMM: {e}");
+                return;
+            }
+            Ok(()) => assert_eq!(cpu.fork().unwrap().gemm_precision(), GemmPrecision::Bf16, "a fork keeps the precision"),
+        }
+        let on_cpu = bf16_gemms_match_the_rounded_product(&mut cpu);
+        for (c, h) in on_cpu.iter().zip(&on_host) {
+            assert!(close(c, h, 1e-4), "CPU ({threads} threads) vs host kernels");
+        }
+    }
+}
+
+#[test]
+fn gpu_bf16_gemms_match_the_rounded_product() {
+    if let Some(mut d) = gpu() {
+        bf16_gemms_match_the_rounded_product(&mut d);
+    }
 }
 
 /// Every kernel against a plain reference on random inputs (exactly where the device sums

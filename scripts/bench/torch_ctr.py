@@ -39,6 +39,12 @@ own; eager training has no inter-op parallelism, and 1 vs 2 made no difference o
 VM; neither did OMP_NUM_THREADS, while OMP_WAIT_POLICY=passive was slower). The benchmark
 (scripts/bench/train.sh) sweeps the thread counts and takes the best.
 
+--autocast bf16 runs the forward pass (and the test scoring) under
+torch.autocast(device, dtype=torch.bfloat16): the Linear layers' GEMMs take bf16 inputs (on
+the CPU through oneDNN, AVX-512 BF16 / AMX where the CPU has them), the parameters and the
+optimizers stay f32, the loss is computed on the f32 logits. The reference of `ringrec train
+--dense-precision bf16` (scripts/bench/bf16.sh).
+
 --device cuda (one process) puts the model and the whole data set on the GPU before the loop,
 as a PyTorch user with a GPU runs this model; samples/s then waits for the GPU at the end.
 
@@ -206,6 +212,10 @@ def worker(rank, world, args, data):
         total_steps = min(total_steps, args.max_steps)
     gen = torch.Generator().manual_seed(args.seed)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    bf16 = args.autocast == "bf16"
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=dev)  # sum over this rank's samples
     seen = 0  # global samples trained on
@@ -232,7 +242,9 @@ def worker(rank, world, args, data):
                 idx = order[a:z]
                 idx = idx.to(dev)
                 ys, xs, xd = label[idx], sparse[idx], dense[idx]
-            logits = model(xs, xd)
+            with autocast():
+                logits = model(xs, xd)
+            logits = logits.float()
             loss_local = F.binary_cross_entropy_with_logits(logits, ys, reduction="sum")
             # DDP averages gradients over the ranks: scale so the result is the mean over
             # the global batch even when the slices differ in size (last batch).
@@ -267,10 +279,10 @@ def worker(rank, world, args, data):
     if rank == 0:
         net = model.module if ddp else model
         net.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             out = []
             for s in range(n_train, n, 8192):
-                out.append(net(sparse[s:s + 8192], dense[s:s + 8192]).double())
+                out.append(net(sparse[s:s + 8192], dense[s:s + 8192]).float().double())
             logits = torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
             logits, yt = logits.cpu(), label[n_train:].double().cpu()
             test_logloss = (F.binary_cross_entropy_with_logits(logits, yt).item()
@@ -280,6 +292,7 @@ def worker(rank, world, args, data):
             "impl": "pytorch-ddp" if ddp else "pytorch",
             "model": args.model,
             "procs": nproc,
+            "autocast": args.autocast,
             "samples_per_sec": seen / elapsed if elapsed > 0 else float("nan"),
             "train_loss": train_loss,
             "test_logloss": test_logloss,
@@ -382,6 +395,9 @@ def main():
                     help="write the trained parameters (rank 0) to this .npz")
     ap.add_argument("--progress-every", type=int, default=50, help="steps; 0 = quiet")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: the forward pass under torch.autocast(dtype=torch.bfloat16) "
+                    "(f32 parameters and optimizers)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, or cuda (one process: the model and the whole data set on the "
                     "GPU before the loop, as a PyTorch user with a GPU runs it)")

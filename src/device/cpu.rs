@@ -11,13 +11,18 @@
 //! gemm`), and the cut is a function of the shape and the thread count only, so results
 //! are deterministic. Reductions (column sums, sums) use the same parts and add them in
 //! order; element-wise kernels are exact whatever the split.
+//!
+//! At [`GemmPrecision::Bf16`] the same cuts run [`super::bgemm`] instead of the SGEMM
+//! (operands packed to bf16 once per GEMM, the packed `b` shared by the row parts); the
+//! epilogues and the part-order sums are the same f32 code.
 
 use std::sync::Mutex;
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
+use super::bgemm;
+use super::ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 use super::sgemm::sgemm;
 use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
 use crate::partition::part;
@@ -30,6 +35,7 @@ const PAR_MIN: usize = 1 << 15;
 /// The CPU as a [`Device`] (see the module docs).
 pub struct CpuDevice {
     threads: usize,
+    precision: GemmPrecision,
     /// The partial products of a cut weight-gradient GEMM (parts 1.. of it), reused.
     scratch: Mutex<Vec<f32>>,
 }
@@ -37,7 +43,7 @@ pub struct CpuDevice {
 impl CpuDevice {
     /// A device splitting its work into `threads` parts (on the rayon pool).
     pub fn new(threads: usize) -> CpuDevice {
-        CpuDevice { threads: threads.max(1), scratch: Mutex::new(Vec::new()) }
+        CpuDevice { threads: threads.max(1), precision: GemmPrecision::F32, scratch: Mutex::new(Vec::new()) }
     }
 
     /// Threads the work is split over.
@@ -49,18 +55,33 @@ impl CpuDevice {
         self.threads.min(n).max(1)
     }
 
+    /// `c = op(a) op(b)` at the device's precision, the rows of `c` cut into `threads` parts
+    /// for bf16, one SGEMM of `threads` threads for f32 (shapes the models do not use).
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], threads: usize) {
+        match self.precision {
+            GemmPrecision::F32 => sgemm(m, n, k, a, a_t, b, b_t, c, false, threads),
+            GemmPrecision::Bf16 => bgemm::gemm(m, n, k, a, a_t, b, b_t, c, threads, |_, _| {}),
+        }
+    }
+
     /// `c = a b` with the rows of `c` (and `a`) cut into parts.
     fn gemm_rows(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32], epi: &Epilogue<'_, Self>) {
         let (m, n, k) = (g.m, g.n, g.k);
         let parts = self.parts(m);
+        let epilogue = |r: std::ops::Range<usize>, c: &mut [f32]| match epi {
+            Epilogue::Bias { bias, at, act } => bias_act(c, &bias[*at..*at + n], *act),
+            Epilogue::ReluGrad { act } => relu_grad(c, &act[r.start * n..r.end * n]),
+            Epilogue::None | Epilogue::BiasGrad { .. } => {}
+        };
+        if self.precision == GemmPrecision::Bf16 {
+            bgemm::gemm(m, n, k, a, false, b, g.b_t, c, parts, epilogue);
+            return;
+        }
         let run = |(i, c): (usize, &mut [f32])| {
             let r = part(m, parts, i);
             sgemm(r.len(), n, k, &a[r.start * k..], false, b, g.b_t, c, false, 1);
-            match epi {
-                Epilogue::Bias { bias, at, act } => bias_act(c, &bias[*at..*at + n], *act),
-                Epilogue::ReluGrad { act } => relu_grad(c, &act[r.start * n..r.end * n]),
-                Epilogue::None | Epilogue::BiasGrad { .. } => {}
-            }
+            epilogue(r, c);
         };
         let chunks = split_rows(c, m, n, parts);
         if parts == 1 {
@@ -83,7 +104,7 @@ impl CpuDevice {
         }
         let product = |i: usize, c: &mut [f32], db: Option<&mut [f32]>| {
             let r = part(k, parts, i);
-            sgemm(m, n, r.len(), &a[r.start * m..r.end * m], true, &b[r.start * n..r.end * n], false, c, false, 1);
+            self.product(m, n, r.len(), &a[r.start * m..r.end * m], true, &b[r.start * n..r.end * n], false, c, 1);
             if let Some(db) = db {
                 column_sum(&b[r.start * n..r.end * n], n, db);
             }
@@ -202,7 +223,17 @@ impl Device for CpuDevice {
         "cpu"
     }
     fn fork(&self) -> DeviceResult<CpuDevice> {
-        Ok(CpuDevice::new(self.threads))
+        Ok(CpuDevice { precision: self.precision, ..CpuDevice::new(self.threads) })
+    }
+    fn gemm_precision(&self) -> GemmPrecision {
+        self.precision
+    }
+    fn set_gemm_precision(&mut self, p: GemmPrecision) -> DeviceResult<()> {
+        if p == GemmPrecision::Bf16 && !bgemm::available() {
+            return Err(DeviceError::Precision { precision: p, needs: "AVX-512 BF16 (avx512_bf16)".into(), device: "this CPU".into() });
+        }
+        self.precision = p;
+        Ok(())
     }
     fn upload_unchecked<T: Scalar>(&self, src: &mut Vec<T>, _n: usize, dst: &mut Vec<T>) -> DeviceResult<()> {
         std::mem::swap(src, dst);
@@ -221,7 +252,7 @@ impl Device for CpuDevice {
             if g.a_t && !g.b_t {
                 self.gemm_split_k(g, a, b, c, Some(db));
             } else {
-                sgemm(m, n, k, a, g.a_t, b, g.b_t, c, false, self.threads);
+                self.product(m, n, k, a, g.a_t, b, g.b_t, c, self.threads);
                 column_sum(b, n, db);
             }
             return Ok(());
@@ -232,7 +263,7 @@ impl Device for CpuDevice {
             return Ok(());
         }
         if g.b_t {
-            sgemm(m, n, k, a, true, b, true, c, false, self.threads);
+            self.product(m, n, k, a, true, b, true, c, self.threads);
         } else {
             self.gemm_split_k(g, a, b, c, None);
         }

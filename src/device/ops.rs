@@ -31,6 +31,21 @@ impl Gemm {
     }
 }
 
+/// The arithmetic of a device's GEMMs (`--dense-precision`): a property of the device
+/// ([`Device::set_gemm_precision`]), so every GEMM of every model follows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmPrecision {
+    /// f32 operands and accumulation (the default).
+    #[default]
+    F32,
+    /// Operands rounded to bfloat16 (nearest, ties to even), products accumulated in f32
+    /// and the result in f32: the CPU's AVX-512 BF16 (`vdpbf16ps`), cuBLAS's bf16 tensor-core
+    /// GEMMs. Parameters, gradients and optimizer state stay f32.
+    Bf16,
+}
+
+crate::config::named_enum!(GemmPrecision { F32 => "f32", Bf16 => "bf16" });
+
 /// What follows a layer's GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::{data, sync::SyncScope, weights, TrainError, TrainResult};
 use crate::comm::Backend;
 use crate::data::weights::WeightConfig;
-use crate::device::Placement;
+use crate::device::{GemmPrecision, Placement};
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::{Compression, EngineConfig};
 use crate::model::{CrossStructure, DenseOptimizer, ModelKind, ModelSpec};
@@ -170,6 +170,12 @@ settings! {
         /// note when ranks would have shared a GPU).
         #[setting(flag = "--device", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "DEVICE")]
         pub device: Placement = Placement::Auto,
+        /// Arithmetic of the dense model's GEMMs: f32, or bf16 (operands rounded to bfloat16,
+        /// products accumulated in f32: AVX-512 BF16 on the CPU, which it needs, tensor cores
+        /// on a GPU). Parameters, gradients, optimizer state and checkpoints stay f32, so a
+        /// resumed run may change it.
+        #[setting(flag = "--dense-precision", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "PRECISION")]
+        pub dense_precision: GemmPrecision = GemmPrecision::F32,
         /// Sparse exchange: hier (per-host pre-aggregation) or flat (every rank allgathers).
         #[setting(flag = "--sparse-exchange", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "EXCHANGE")]
         pub sparse_exchange: SparseExchange = SparseExchange::Hierarchical,

@@ -161,8 +161,11 @@ def build_model(vocab_rows, args):
                              args.embedding_grad == "sparse", args.bottom_mlp,
                              args.interaction_self, args.cross_layers, args.cross_rank,
                              args.cross_structure)
-    if args.init_scale > 0:  # a diagnostic, not the reference's init
-        nn.init.uniform_(net.emb.weight, -args.init_scale, args.init_scale)
+    # ringrec's --table-init-scale: its default for deepfm is 0.01 (rows of 1/sqrt(d + 1)
+    # make the second-order term noise), else the reference's own embedding init.
+    scale = args.init_scale if args.init_scale > 0 else (0.01 if args.model == "deepfm" else 0.0)
+    if scale > 0:
+        nn.init.uniform_(net.emb.weight, -scale, scale)
     return net
 
 
@@ -374,7 +377,7 @@ def main():
                     help="dcn: stacked (default) or parallel")
     ap.add_argument("--lr", type=float, default=0.001, help="lr of the dense optimizer")
     ap.add_argument("--init-scale", type=float, default=0.0,
-                    help="diagnostic only: table rows U(-s, s) instead of 1/sqrt(row width)")
+                    help="table rows U(-s, s) instead of 1/sqrt(row width) (ringrec's --table-init-scale; default: 0.01 for deepfm, as ringrec)")
     ap.add_argument("--dense-optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--sparse-lr", type=float, default=0.05)
     ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad"], default="sgd")

@@ -18,6 +18,12 @@ use crate::settings::{one, settings, Scope, ServiceRole, SettingValue, Word};
 use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
 
+/// The default scale of a DeepFM table's initial rows: its second-order term sums 325
+/// pairwise products of the rows, noise of about 1.4 per logit at `1 / sqrt(d + 1)` that
+/// one epoch does not wash out (PyTorch's DeepFM alike; docs/models.md); small rows start
+/// it near zero, as DeepFM implementations do.
+pub const DEEPFM_INIT_SCALE: f32 = 0.01;
+
 /// What a non-finite (NaN or infinite) loss, gradient or parameter does to a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NanPolicy {
@@ -288,6 +294,9 @@ settings! {
         /// Storage of the table's rows: f32, f16 or bf16 (arithmetic is f32 either way).
         #[setting(flag = "--table-dtype", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "DTYPE")]
         pub table_dtype: StorageDtype = StorageDtype::F32,
+        /// The table's initial rows are uniform in [-S, S] (default 1 / sqrt(row width); 0.01 with --model deepfm, whose second-order term would otherwise start as noise).
+        #[setting(flag = "--table-init-scale", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "S")]
+        pub table_init_scale: Option<f32> = None,
         /// Largest size of the host table file (e.g. 8G): the table doubles when it passes
         /// 70% load up to this size, then evicts (--evict). Default: what a growth's peak
         /// (old and new table at once) leaves room for beside the sparse exchange's host
@@ -456,6 +465,9 @@ impl TrainConfig {
     /// The table flags' own checks: `--admit-after` and its sketch, `--expire-after-steps`,
     /// and an explicit `--table-max-bytes` that holds at least the initial table.
     pub fn validate_table(&self) -> TrainResult<()> {
+        if let Some(s) = self.table_init_scale.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(TrainError::Config(format!("--table-init-scale {s}: give a finite scale >= 0 (the initial rows are uniform in [-S, S])")));
+        }
         let tc = self.table_config();
         let h = tc.header().map_err(|e| TrainError::Config(e.to_string()))?;
         if self.expire_after_steps == Some(0) {
@@ -520,6 +532,7 @@ impl TrainConfig {
         tc.seed = self.seed;
         tc.optimizer = self.sparse_optimizer;
         tc.dtype = self.table_dtype;
+        tc.init_scale = self.table_init_scale.or((self.model == crate::model::ModelKind::DeepFm).then_some(DEEPFM_INIT_SCALE));
         tc.track_usage = true;
         tc.admit_after = self.admit_after;
         tc.sketch_bytes = self.admit_sketch_mib.saturating_mul(1 << 20);

@@ -13,7 +13,9 @@ embeddings concatenated with the 13 dense features ln(1 + max(x, 0)) (missing ->
 that order (width 26*dim + 13); MLP 429 -> 256 -> ReLU -> 128 -> ReLU -> 1; loss
 BCEWithLogits, mean over the global batch. Init: embeddings U(-1/sqrt(dim), 1/sqrt(dim)),
 Linear weights Glorot-uniform, biases 0. Dense parameters: Adam (lr 0.001, 0.9/0.999, 1e-8);
-embeddings: plain SGD (--sparse-lr 0.05) or Adagrad (initial accumulator 0, eps 1e-8).
+embeddings: plain SGD (--sparse-lr 0.05) or row-wise Adagrad (one accumulator per row, as
+TorchRec's EXACT_ROWWISE_ADAGRAD and ringrec's table; initial accumulator 0, eps 1e-8);
+--sparse-optimizer adagrad-elementwise is torch.optim.Adagrad (for comparison).
 Data: first (1 - test_fraction) of the rows train, the rest test, in file order (unless
 --shuffle); global batch 1024, last partial batch kept. Test metrics: logloss and exact AUC
 (Mann-Whitney, ties as average ranks).
@@ -169,6 +171,35 @@ def build_model(vocab_rows, args):
     return net
 
 
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad, the embedding optimizer of TorchRec / FBGEMM
+    (EXACT_ROWWISE_ADAGRAD) and of ringrec's table: one accumulator per row,
+    acc += mean over the row of g^2, then row -= lr * g / (sqrt(acc) + eps). Written here
+    from that definition (no ringrec code); sparse gradients are coalesced first, so a row
+    the batch holds several times takes one step with its summed gradient."""
+
+    def __init__(self, params, lr, eps=1e-8):
+        super().__init__(params, dict(lr=lr, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                acc = self.state[p].setdefault("acc", torch.zeros(p.shape[0], dtype=p.dtype, device=p.device))
+                g = p.grad
+                if g.is_sparse:
+                    g = g.coalesce()
+                    idx, val = g.indices()[0], g.values()
+                    rows = acc.index_select(0, idx) + val.pow(2).mean(dim=1)
+                    acc.index_copy_(0, idx, rows)
+                    p.index_add_(0, idx, -group["lr"] * val / (rows.sqrt() + group["eps"]).unsqueeze(1))
+                else:
+                    acc.add_(g.pow(2).mean(dim=1))
+                    p.add_(-group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))
+
+
 def make_optimizers(model, args):
     net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     dense = net.dense_parameters()
@@ -178,6 +209,8 @@ def make_optimizers(model, args):
         dense_opt = torch.optim.SGD(dense, lr=args.lr)
     if args.sparse_optimizer == "sgd":
         sparse_opt = torch.optim.SGD(net.emb.parameters(), lr=args.sparse_lr)
+    elif args.sparse_optimizer == "adagrad":
+        sparse_opt = RowWiseAdagrad(net.emb.parameters(), lr=args.sparse_lr, eps=1e-8)
     else:
         sparse_opt = torch.optim.Adagrad(net.emb.parameters(), lr=args.sparse_lr,
                                          initial_accumulator_value=0.0, eps=1e-8)
@@ -380,7 +413,8 @@ def main():
                     help="table rows U(-s, s) instead of 1/sqrt(row width) (ringrec's --table-init-scale; default: 0.01 for deepfm, as ringrec)")
     ap.add_argument("--dense-optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--sparse-lr", type=float, default=0.05)
-    ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad"], default="sgd")
+    ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad", "adagrad-elementwise"], default="sgd",
+                    help="adagrad: row-wise (TorchRec's EXACT_ROWWISE_ADAGRAD, as ringrec's table); adagrad-elementwise: torch.optim.Adagrad")
     ap.add_argument("--test-fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per process "

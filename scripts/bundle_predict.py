@@ -2,7 +2,8 @@
 """Scores a Criteo TSV with a ringrec export bundle, with numpy only: an independent reader
 of the bundle format (it shares no code with ringrec; everything it needs is in the bundle's
 model.json and in the layouts documented there and in ringrec's src/train/bundle.rs,
-src/frame.rs, src/model/dense_bin.rs and src/embedding/params.rs).
+src/frame.rs, src/model/dense_bin.rs and src/embedding/params.rs). Every model: mlp, dlrm,
+dcn, deepfm and wide-deep, as the models' one definition (src/model/spec.rs) gives them.
 
     scripts/bundle_predict.py BUNDLE DATA.tsv [--out scores.tsv] [--test-fraction F]
                               [--compare ringrec_scores.tsv [--tolerance 1e-6]]
@@ -11,7 +12,8 @@ It checks every file's size and CRC-32 against model.json (and each file's own t
 the frame's header CRC of bundle version 2),
 parses the TSV as ringrec does (malformed lines are skipped and counted), looks every
 categorical key up in table.bin, gives a key the table lacks its deterministic initial row
-(the splitmix64 rule in model.json, rounded to the table's dtype), runs the MLP in float64
+(the splitmix64 rule in model.json, rounded to the table's dtype), runs the model in float64
+(the table rows of deepfm and wide-deep hold one more value, the key's first-order weight)
 and writes `score<TAB>label` lines. With --compare it reads `ringrec predict --out` scores
 of the same rows and fails (exit 1) when any differs by more than the tolerance.
 """
@@ -81,32 +83,179 @@ def unframe(data, name, magic, framed):
     return version, data[32:32 + n]
 
 
+KINDS = ["mlp", "dlrm", "dcn", "deepfm", "wide-deep"]
+CRITEO_FIELDS, CRITEO_DENSE = 26, 13
+
+
+def mlp_spec(widths):
+    """The spec of an mlp of dense.bin widths [26 dim + 13, hidden..., 1] (versions 1, 2)."""
+    dim, rest = divmod(widths[0] - CRITEO_DENSE, CRITEO_FIELDS)
+    if rest or dim <= 0 or widths[-1] != 1:
+        fail(f"dense.bin: widths {list(widths)} are not an mlp over 26 fields x dim + 13 dense features")
+    return {"kind": "mlp", "fields": CRITEO_FIELDS, "dim": dim, "dense_features": CRITEO_DENSE, "hidden": list(widths[1:-1])}
+
+
+def spec_of_json(model):
+    """The spec model.json describes (its `model`; a bundle without one is an mlp of dense.widths)."""
+    if "model" not in model:
+        return mlp_spec(model["dense"]["widths"])
+    m = model["model"]
+    spec = {k: m[k] for k in ("kind", "fields", "dim", "dense_features", "hidden")}
+    if m["kind"] == "dlrm":
+        spec.update(bottom=m["bottom"], interaction_self=m["interaction_self"])
+    if m["kind"] == "dcn":
+        spec.update(cross_layers=m["cross_layers"], cross_rank=m["cross_rank"], cross_structure=m["cross_structure"])
+    return spec
+
+
 def load_dense(data):
-    """[(W, b)] per layer, float64, from dense.bin (RRMLP version 2, or 1 of older bundles)."""
+    """(spec, flat float32 parameters) from dense.bin (RRMLP version 3, 2 or 1)."""
     version, p = unframe(data, "dense.bin", b"RRMLP\0\0\0", 2)
     if version == 1:
         (layers,) = struct.unpack_from("<I", p, 12)
         widths = struct.unpack_from(f"<{layers + 1}I", p, 16)
         params = np.frombuffer(p, dtype="<f4", offset=20 + 4 * layers, count=(len(p) - 24 - 4 * layers) // 4)
-    elif version == 2:
+        return mlp_spec(widths), params
+    if version == 2:
         # u64 step, u32 layers L, L + 1 u32 widths, u32 moments K, then the parameters (and
         # K optimizer moments of as many values, which a bundle does not have).
         (layers,) = struct.unpack_from("<I", p, 8)
         widths = struct.unpack_from(f"<{layers + 1}I", p, 12)
         (moments,) = struct.unpack_from("<I", p, 16 + 4 * layers)
         params = np.frombuffer(p, dtype="<f4", offset=20 + 4 * layers, count=(len(p) - 20 - 4 * layers) // 4 // (1 + moments))
+        return mlp_spec(widths), params
+    if version != 3:
+        fail(f"dense.bin: version {version}, this reader knows 1 to 3")
+    # u64 step; u32 kind, fields, dim, dense features, H, B, interaction_self, cross layers,
+    # cross rank, cross structure; H hidden and B bottom widths; u32 moments K; u64 count P.
+    kind, fields, dim, ndense, h, b, inter, layers, rank, structure = struct.unpack_from("<10I", p, 8)
+    widths = struct.unpack_from(f"<{h + b}I", p, 48)
+    moments, count = struct.unpack_from("<IQ", p, 48 + 4 * (h + b))
+    at = 60 + 4 * (h + b)
+    if kind >= len(KINDS) or len(p) != at + 4 * count * (1 + moments):
+        fail(f"dense.bin: model kind {kind}, {count} parameters and {moments} moments do not fill its {len(p)} payload bytes")
+    spec = {"kind": KINDS[kind], "fields": fields, "dim": dim, "dense_features": ndense, "hidden": list(widths[:h])}
+    if spec["kind"] == "dlrm":
+        spec.update(bottom=list(widths[h:]), interaction_self=bool(inter))
+    if spec["kind"] == "dcn":
+        spec.update(cross_layers=layers, cross_rank=rank, cross_structure=["stacked", "parallel"][structure])
+    return spec, np.frombuffer(p, dtype="<f4", offset=at, count=count)
+
+
+def row_width(spec):
+    """Values per table row: dim, and the first-order weight of deepfm and wide-deep."""
+    return spec["dim"] + (1 if spec["kind"] in ("deepfm", "wide-deep") else 0)
+
+
+def pairs(spec):
+    """DLRM's (i, j) pairs in order: i in 0..=F, j < i (j <= i with self-interaction)."""
+    f = spec["fields"]
+    return [(i, j) for i in range(f + 1) for j in range(i + (1 if spec["interaction_self"] else 0))]
+
+
+def layout(spec):
+    """The parameter groups [(name, rows, cols)] in flat order (an MLP layer in -> out is
+    (in + 1) x out: W, then b as its last row)."""
+    f, d, n, hidden = spec["fields"], spec["dim"], spec["dense_features"], spec["hidden"]
+    w = f * d + n
+    out = []
+
+    def mlp(what, widths):
+        out.extend((f"{what} layer {i}", a + 1, b) for i, (a, b) in enumerate(zip(widths, widths[1:])))
+
+    kind = spec["kind"]
+    if kind == "mlp":
+        mlp("mlp", [w, *hidden, 1])
+    elif kind == "dlrm":
+        mlp("bottom", [n, *spec["bottom"], d])
+        mlp("top", [d + len(pairs(spec)), *hidden, 1])
+    elif kind == "dcn":
+        r = spec["cross_rank"]
+        out.extend((f"cross layer {i}", w + 1 if r == 0 else 2 * r + 1, w) for i in range(spec["cross_layers"]))
+        if spec["cross_structure"] == "stacked":
+            mlp("deep", [w, *hidden, 1])
+        else:
+            mlp("deep", [w, *hidden])
+            out.append(("last layer", w + hidden[-1] + 1, 1))
+    elif kind in ("deepfm", "wide-deep"):
+        mlp("deep", [w, *hidden, 1])
+        out.append(("linear", n + 1, 1))
     else:
-        fail(f"dense.bin: version {version}, this reader knows 1 and 2")
-    out, at = [], 0
-    for fan_in, fan_out in zip(widths, widths[1:]):
-        w = params[at:at + fan_in * fan_out].reshape(fan_in, fan_out)
-        at += fan_in * fan_out
-        b = params[at:at + fan_out]
-        at += fan_out
-        out.append((w.astype(np.float64), b.astype(np.float64)))
-    if at != len(params):
-        fail(f"dense.bin: {len(params)} parameters, widths {widths} need {at}")
-    return list(widths), out
+        fail(f"model kind {kind}: this reader knows {', '.join(KINDS)}")
+    return out
+
+
+class Params:
+    """The flat parameter vector, taken group by group in flat order (float64)."""
+
+    def __init__(self, flat):
+        self.flat, self.at = flat.astype(np.float64), 0
+
+    def take(self, rows, cols):
+        v = self.flat[self.at:self.at + rows * cols].reshape(rows, cols)
+        self.at += rows * cols
+        return v
+
+    def layer(self, fan_in, fan_out):
+        return self.take(fan_in, fan_out), self.take(1, fan_out)[0]
+
+    def mlp(self, widths):
+        return [self.layer(a, b) for a, b in zip(widths, widths[1:])]
+
+
+def run_mlp(h, layers, relu_last):
+    for i, (w, b) in enumerate(layers):
+        h = h @ w + b
+        if relu_last or i + 1 < len(layers):
+            h = np.maximum(h, 0.0)
+    return h
+
+
+def logits(spec, flat, rows, dense):
+    """The model's logits (float64) of samples with table rows `rows` (N x F x row_width,
+    field order) and transformed dense features `dense` (N x n), per the models' one
+    definition (model.json's model.logit)."""
+    f, d, n, hidden = spec["fields"], spec["dim"], spec["dense_features"], spec["hidden"]
+    w = f * d + n
+    e = rows[:, :, :d].astype(np.float64)
+    dense = dense.astype(np.float64)
+    x = np.concatenate([e.reshape(len(e), f * d), dense], axis=1)
+    p, kind = Params(flat), spec["kind"]
+    if kind == "mlp":
+        z = run_mlp(x, p.mlp([w, *hidden, 1]), False)[:, 0]
+    elif kind == "dlrm":
+        bottom, top = p.mlp([n, *spec["bottom"], d]), None
+        z0 = run_mlp(dense, bottom, True)
+        big = np.concatenate([z0[:, None, :], e], axis=1)
+        gram = big @ big.transpose(0, 2, 1)
+        ij = pairs(spec)
+        dots = gram[:, [i for i, _ in ij], [j for _, j in ij]]
+        top = p.mlp([d + len(ij), *hidden, 1])
+        z = run_mlp(np.concatenate([z0, dots], axis=1), top, False)[:, 0]
+    elif kind == "dcn":
+        r, xl = spec["cross_rank"], x
+        for _ in range(spec["cross_layers"]):
+            if r == 0:
+                wl, bl = p.layer(w, w)
+                y = xl @ wl + bl
+            else:
+                v, u, bl = p.take(w, r), p.take(r, w), p.take(1, w)[0]
+                y = (xl @ v) @ u + bl
+            xl = x * y + xl
+        if spec["cross_structure"] == "stacked":
+            z = run_mlp(xl, p.mlp([w, *hidden, 1]), False)[:, 0]
+        else:
+            h = run_mlp(x, p.mlp([w, *hidden]), True)
+            z = run_mlp(np.concatenate([xl, h], axis=1), [p.layer(w + hidden[-1], 1)], False)[:, 0]
+    else:
+        deep = run_mlp(x, p.mlp([w, *hidden, 1]), False)[:, 0]
+        wx, b = p.take(n, 1)[:, 0], p.take(1, 1)[0, 0]
+        z = deep + dense @ wx + b + rows[:, :, d].astype(np.float64).sum(axis=1)
+        if kind == "deepfm":
+            z = z + 0.5 * (e.sum(axis=1) ** 2 - (e ** 2).sum(axis=1)).sum(axis=1)
+    if p.at != len(flat):
+        fail(f"dense.bin: {len(flat)} parameters, the {kind} model needs {p.at}")
+    return z
 
 
 def load_table(data):
@@ -204,12 +353,42 @@ def parse_tsv(path, spec):
     return np.array(labels, dtype=np.float32), np.array(dense, dtype=np.float32).reshape(-1, nd), u64([v for row in values for v in row]).reshape(-1, nc), skipped
 
 
-def embedding_rows(values, spec, tab, tkeys, trows):
-    """The table rows of the rows' categorical values (n, fields) as float32 (n, fields,
-    dim): each (field, value)'s key (model.json's input.key) looked up in table.bin's sorted
-    keys, a key it lacks given its initial row; with how many distinct keys were found and
-    how many there were."""
+def load_bundle(bundle):
+    """(model.json, spec, flat parameters, table keys, table rows) of a bundle, every file
+    checked against model.json, dense.bin's model against model.json's."""
+    with open(f"{bundle}/model.json") as f:
+        model = json.load(f)
+    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2, 3):
+        fail(f"{bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 to 3")
+    tab, dense_spec = model["table"], model["dense"]
+    spec, flat = load_dense(read_checked(bundle, dense_spec["file"], model))
+    if spec != spec_of_json(model):
+        fail(f"dense.bin holds {spec}, model.json says {spec_of_json(model)}")
+    if "model" in model:
+        # The groups model.json lists are the ones this reader lays the parameters out by.
+        at, mine = 0, []
+        for name, rows, cols in layout(spec):
+            mine.append((name, at, rows, cols))
+            at += rows * cols
+        theirs = [(g["name"], g["offset"], g["rows"], g["cols"]) for g in model["model"]["groups"]]
+        if mine != theirs or model["model"]["row_width"] != row_width(spec):
+            fail(f"model.json's groups {theirs} are not this reader's {mine}")
+    tkeys, trows = load_table(read_checked(bundle, tab["file"], model))
+    if tab["dim"] != row_width(spec) or trows.shape[1] != row_width(spec):
+        fail(f"table.bin: rows of {trows.shape[1]} values, the {spec['kind']} reads {row_width(spec)}")
+    return model, spec, flat, tkeys, trows
+
+
+def inputs(model, tkeys, trows, data, test_fraction):
+    """(labels, table rows N x F x row_width, dense N x n, skipped lines, keys found,
+    distinct keys) of the rows of `data` (its last `test_fraction` with one)."""
+    spec, tab = model["input"], model["table"]
     dim = tab["dim"]
+    labels, dense, values, skipped = parse_tsv(data, spec)
+    n = len(labels)
+    cut = n - min(n, int(math.floor(n * test_fraction + 0.5))) if test_fraction > 0 else 0
+    labels, dense, values = labels[cut:], dense[cut:], values[cut:]
+
     with np.errstate(over="ignore"):
         salt_base = int(spec["field_salt_base"], 16)
         salts = splitmix64(u64([salt_base + f for f in range(spec["categorical_features"])]))
@@ -221,31 +400,13 @@ def embedding_rows(values, spec, tab, tkeys, trows):
         rows = np.empty((len(uniq), dim), dtype=np.float32)
         rows[found] = trows[at[found]]
         rows[~found] = init_rows(uniq[~found], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
-    return rows[inverse.reshape(-1)].reshape(values.shape[0], values.shape[1], dim), int(found.sum()), len(uniq)
+    per_sample = rows[inverse.reshape(-1)].reshape(len(labels), spec["categorical_features"], dim)
+    return labels, per_sample, dense, skipped, int(found.sum()), len(uniq)
 
 
 def open_bundle(bundle):
-    """model.json of a bundle, its format and version checked."""
-    with open(f"{bundle}/model.json") as f:
-        model = json.load(f)
-    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2):
-        fail(f"{bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 and 2")
-    return model
-
-
-def inputs(bundle, model, data, test_fraction):
-    """The model's inputs of a TSV's rows (its last test_fraction of them when > 0, train's
-    held-out split): labels (n), transformed dense features (n, 13) and the fields' table
-    rows (n, 26, dim) from the bundle's table.bin; with the malformed lines skipped and how
-    many of the distinct keys the table held."""
-    spec, tab = model["input"], model["table"]
-    tkeys, trows = load_table(read_checked(bundle, tab["file"], model))
-    labels, dense, values, skipped = parse_tsv(data, spec)
-    n = len(labels)
-    cut = n - min(n, int(math.floor(n * test_fraction + 0.5))) if test_fraction > 0 else 0
-    labels, dense, values = labels[cut:], dense[cut:], values[cut:]
-    emb, found, distinct = embedding_rows(values, spec, tab, tkeys, trows)
-    return labels, dense, emb, skipped, found, distinct
+    """model.json of a bundle, every file checked (see load_bundle)."""
+    return load_bundle(bundle)[0]
 
 
 def compare(path, scores, labels, tolerance, who):
@@ -272,29 +433,17 @@ def main():
     ap.add_argument("--tolerance", type=float, default=1e-6)
     a = ap.parse_args()
 
-    model = open_bundle(a.bundle)
-    dense_spec = model["dense"]
-    widths, layers = load_dense(read_checked(a.bundle, dense_spec["file"], model))
-    if widths != dense_spec["widths"] or dense_spec["hidden_activation"] != "relu":
-        fail(f"dense.bin widths {widths}, model.json says {dense_spec['widths']} ({dense_spec['hidden_activation']})")
-    labels, dense, emb, skipped, found, distinct = inputs(a.bundle, model, a.data, a.test_fraction)
+    model, spec, flat, tkeys, trows = load_bundle(a.bundle)
+    labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction)
+    scores = 1.0 / (1.0 + np.exp(-logits(spec, flat, rows, dense)))
 
-    x = np.concatenate([emb.reshape(len(labels), -1), dense], axis=1).astype(np.float64)
-    h = x
-    for i, (w, b) in enumerate(layers):
-        h = h @ w + b
-        if i + 1 < len(layers):
-            h = np.maximum(h, 0.0)
-    scores = 1.0 / (1.0 + np.exp(-h[:, 0]))
-
-    print(f"bundle_predict: {len(scores)} rows scored ({skipped} malformed line(s) skipped); {found} of {distinct} distinct keys in the table, the others from their initial rows", file=sys.stderr)
+    print(f"bundle_predict: {len(scores)} rows scored with the {spec['kind']} model ({skipped} malformed line(s) skipped); {found} of {distinct} distinct keys in the table, the others from their initial rows", file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             for s, y in zip(scores, labels):
-                f.write(f"{s!r}\t{int(y)}\n")
+                f.write(f"{float(s)!r}\t{int(y)}\n")
     if a.compare:
         compare(a.compare, scores, labels, a.tolerance, "bundle_predict")
-
 
 if __name__ == "__main__":
     main()

@@ -76,6 +76,12 @@ pub struct RuntimeConfig {
     pub fault_once: Option<PathBuf>,
     /// `RINGREC_LOG_SPARSE`: every rank prints its sparse-exchange totals at the end.
     pub log_sparse: bool,
+    /// `RINGREC_CHECKPOINT_BACKGROUND`: checkpoints written by a background thread from a
+    /// snapshot taken between steps (`false`: synchronously, as the step's last act).
+    pub checkpoint_background: bool,
+    /// `RINGREC_FAULT_SLOW_CHECKPOINT`: the background writer waits this long before
+    /// writing (tests of a checkpoint due while one is still being written).
+    pub fault_slow_checkpoint: Option<Duration>,
 }
 
 impl Default for RuntimeConfig {
@@ -93,6 +99,8 @@ impl Default for RuntimeConfig {
             fault_nan: None,
             fault_once: None,
             log_sparse: false,
+            checkpoint_background: true,
+            fault_slow_checkpoint: None,
         }
     }
 }
@@ -121,6 +129,8 @@ impl RuntimeConfig {
         c.fault_nan = parse("RINGREC_FAULT_NAN", "RANK:STEP, e.g. 1:5", rank_step).map_err(invalid)?;
         c.fault_once = var_os("RINGREC_FAULT_ONCE").map(PathBuf::from);
         c.log_sparse = flag("RINGREC_LOG_SPARSE").map_err(invalid)?.unwrap_or(false);
+        c.checkpoint_background = flag("RINGREC_CHECKPOINT_BACKGROUND").map_err(invalid)?.unwrap_or(c.checkpoint_background);
+        c.fault_slow_checkpoint = seconds("RINGREC_FAULT_SLOW_CHECKPOINT").map_err(invalid)?.flatten();
         Ok(c)
     }
 }
@@ -186,8 +196,10 @@ pub const VARIABLES: &[Variable] = &[
     v("RINGREC_RING_CHUNK_BYTES", true, "512K", Reader::Runtime, "pipeline chunk of the ring allreduce (at least 64)"),
     v("RINGREC_ALLOW_SHARED_GPU", true, "0", Reader::Runtime, "`1` lets ranks of a machine share a GPU (same PCI bus id; tests: NCCL itself refuses it)"),
     v("RINGREC_LOG_SPARSE", false, "0", Reader::Runtime, "`1`: every rank prints its sparse-exchange totals at the end of a run"),
+    v("RINGREC_CHECKPOINT_BACKGROUND", false, "1", Reader::Runtime, "rank 0 copies the table (and the dense state) between steps and a background thread writes the checkpoint while training goes on (the table's memory twice meanwhile; without room for the copy the write is synchronous, said once); `0` writes synchronously"),
     v("RINGREC_FAULT_EXIT", false, "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank exit abruptly before that step"),
     v("RINGREC_FAULT_NAN", false, "unset", Reader::Runtime, "tests: `RANK:STEP` makes that rank's gradients of step STEP+1 NaN (`--nan-policy`)"),
+    v("RINGREC_FAULT_SLOW_CHECKPOINT", false, "unset", Reader::Runtime, "tests: seconds the background checkpoint writer waits before writing"),
     v("RINGREC_FAULT_ONCE", false, "unset", Reader::Runtime, "tests: a path; the faults fire only while it does not exist (it is created when one fires)"),
     v("RINGREC_ENGINE_BACKEND", false, "best for the topology", Reader::Engine, "the engine's host collectives in library use: `mpi`, `ring`, `shm`, `hier` (`ringrec train` uses `--backend`)"),
     v("RINGREC_FUSION_THRESHOLD", false, "128M", Reader::Engine, "bytes per fused allreduce (`K`/`M`/`G`); `0` disables fusion"),

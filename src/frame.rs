@@ -158,9 +158,15 @@ impl Frame {
     /// The 32 header bytes of a file of `payload_len` bytes of payload (version
     /// [`Frame::version`]).
     pub fn header(&self, payload_len: u64) -> [u8; FRAME_HEADER_LEN as usize] {
+        self.header_of(self.version, payload_len)
+    }
+
+    /// The 32 header bytes of a file of layout `version` (a format that writes each file
+    /// at the oldest version that holds it) with `payload_len` bytes of payload.
+    pub fn header_of(&self, version: u32, payload_len: u64) -> [u8; FRAME_HEADER_LEN as usize] {
         let mut h = [0u8; FRAME_HEADER_LEN as usize];
         h[..8].copy_from_slice(&self.magic);
-        h[8..12].copy_from_slice(&self.version.to_le_bytes());
+        h[8..12].copy_from_slice(&version.to_le_bytes());
         h[12..16].copy_from_slice(&(FRAME_HEADER_LEN as u32).to_le_bytes());
         h[16..24].copy_from_slice(&payload_len.to_le_bytes());
         let sum = crc32(&h[..24]);
@@ -170,8 +176,13 @@ impl Frame {
 
     /// Starts a framed file of `payload_len` bytes of payload on `w`: the header is written,
     /// the payload goes through the returned writer, [`FrameWriter::finish`] writes the CRC.
-    pub fn writer<W: Write>(&self, mut w: W, payload_len: u64) -> std::io::Result<FrameWriter<W>> {
-        let h = self.header(payload_len);
+    pub fn writer<W: Write>(&self, w: W, payload_len: u64) -> std::io::Result<FrameWriter<W>> {
+        self.writer_of(self.version, w, payload_len)
+    }
+
+    /// [`Frame::writer`] of a file of layout `version` ([`Frame::header_of`]).
+    pub fn writer_of<W: Write>(&self, version: u32, mut w: W, payload_len: u64) -> std::io::Result<FrameWriter<W>> {
+        let h = self.header_of(version, payload_len);
         w.write_all(&h)?;
         let mut crc = Crc32::new();
         crc.update(&h);

@@ -3,7 +3,9 @@
 //! temporary file left; the newest checkpoints are kept, whole and private; a damaged
 //! newest one falls back to the previous; parts and flags that do not belong together are
 //! refused naming the flag; a NaN stops the run at that step (or is skipped) and is never
-//! saved; a full checkpoint filesystem keeps the previous checkpoint.
+//! saved; a full checkpoint filesystem keeps the previous checkpoint; checkpoints written in
+//! the background resume bit-identically to synchronous ones, and one due while another is
+//! being written waits for it.
 
 mod common;
 
@@ -123,6 +125,56 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_and_ends_equal() {
     assert!(job.stderr.contains("resuming from") && job.stderr.contains("step-000000000005 (step 5)"), "{}", job.all());
     assert_eq!(summary(&job)["steps"], 9);
     assert_eq!(summary(&job)["params_fnv"], summary(&reference)["params_fnv"], "resumed from the previous checkpoint: the same result");
+}
+
+/// The files of the checkpoint of `step` in `dir`: (CRC-32 of `table.rrt`, of `dense.bin`).
+fn file_crcs(dir: &Path, step: u64) -> (u32, u32) {
+    let crc = |f: &str| ringrec::hash::crc32(&std::fs::read(step_dir(dir, step).join(f)).unwrap_or_else(|e| panic!("{f} of step {step}: {e}")));
+    (crc("table.rrt"), crc("dense.bin"))
+}
+
+#[test]
+fn a_run_resumed_from_background_checkpoints_is_bit_identical_to_one_written_synchronously() {
+    for np in [1, 2] {
+        let base = ["--max-steps", "12", "--checkpoint-every", "4", "--keep-checkpoints", "10"];
+        // The reference: every checkpoint written synchronously, one run.
+        let sync = tmpdir(&format!("bg-sync-{np}"));
+        let reference = train(np, &[("RINGREC_CHECKPOINT_BACKGROUND", "0")], &sync, &base);
+        reference.assert_ok();
+        // Background checkpoints (the default), the run stopped after step 8 and resumed.
+        let bg = tmpdir(&format!("bg-{np}"));
+        train(np, &[], &bg, &["--max-steps", "8", "--checkpoint-every", "4", "--keep-checkpoints", "10"]).assert_ok();
+        let mut args = base.to_vec();
+        args.push("--resume");
+        let resumed = train(np, &[], &bg, &args);
+        resumed.assert_ok();
+        assert!(resumed.stderr.contains("step-000000000008 (step 8)"), "{}", resumed.all());
+        assert_eq!(summary(&resumed)["params_fnv"], summary(&reference)["params_fnv"], "{np} rank(s): the same parameters");
+        assert_eq!(summary(&resumed)["checkpoints_written"], 1);
+        assert_eq!(steps_kept(&bg), vec![4, 8, 12]);
+        for step in [4, 8, 12] {
+            assert_eq!(file_crcs(&bg, step), file_crcs(&sync, step), "{np} rank(s): the checkpoint of step {step}, table and dense state, byte for byte");
+        }
+        assert_eq!(temporaries(&bg), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn a_checkpoint_due_while_one_is_being_written_waits_for_it() {
+    let ck = tmpdir("slow-writer");
+    // The writer sleeps 1.5 s before each write; a checkpoint is due every 2 steps.
+    let job = train(2, &[("RINGREC_FAULT_SLOW_CHECKPOINT", "1.5")], &ck, &["--max-steps", "6", "--checkpoint-every", "2", "--keep-checkpoints", "10"]);
+    job.assert_ok();
+    assert!(job.stderr.contains("step 4: the checkpoint of step 2 is still being written") && job.stderr.contains("this one waits for it"), "{}", job.all());
+    assert!(job.stderr.contains("step 6: the checkpoint of step 4 is still being written"), "{}", job.all());
+    // None skipped: every checkpoint due is written, and the last before the job ends.
+    assert_eq!(steps_kept(&ck), vec![2, 4, 6]);
+    assert_eq!(latest_step(&ck), Some(6));
+    assert_eq!(summary(&job)["checkpoints_written"], 3);
+    assert_eq!(temporaries(&ck), Vec::<String>::new());
+    for step in [2, 4, 6] {
+        ringrec::train::checkpoint::load(&step_dir(&ck, step)).expect("every checkpoint whole");
+    }
 }
 
 #[test]
@@ -323,13 +375,14 @@ fn damaged_checkpoint_files_are_refused_or_read_exactly() {
     let keys: Vec<u64> = (0..500u64).map(|k| k * 7919 + 3).collect();
     let grads: Vec<f32> = (0..500 * 8).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     table.apply_updates(&keys, &grads, 0.1).unwrap();
-    let n = 300;
+    // An MLP of 288 parameters: 39 (26 fields of dim 1 and 13 dense) x 7 + 7, then 7 x 1 + 1.
+    let spec = ringrec::model::ModelSpec::mlp(26, 1, 13, vec![7]);
+    let n = spec.num_params();
     let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, n);
     opt.step = 9;
     opt.m.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-4);
     opt.v.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-6);
-    // An MLP of 300 parameters: 21 x 13 + 13, then 13 x 1 + 1.
-    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, widths: vec![21, 13, 1], params: (0..n).map(|i| (i as f32).sin()).collect() };
+    let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, spec: Some(spec), params: (0..n).map(|i| (i as f32).sin()).collect() };
     let settings = [("--dim", "8".to_string())];
     let ck = checkpoint::write(&dir.join("ck"), &dense, &table, &settings, 2).unwrap();
     let good = checkpoint::load(&ck).unwrap();

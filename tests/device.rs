@@ -7,11 +7,11 @@
 use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
-use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
+use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
-use ringrec::model::{DenseModel, DenseOptimState, DenseOptimizer, MlpShape, Part};
+use ringrec::model::{CrossStructure, DenseModel, DenseOptimState, DenseOptimizer, ModelKind, ModelSpec, Part};
 use ringrec::tensor::Tensor;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -90,6 +90,81 @@ fn gemms_match_a_plain_loop<D: Device>(dev: &D) {
     assert!(close(&got[k * n..], &sums, 1e-5), "bias gradient");
     let e = dev.gemm(&g, (&dev.buffer_from(&a2).unwrap(), 0), (&dev.buffer_from(&b2).unwrap(), 0), (&mut c, 0), Epilogue::BiasGrad { at: 4 }).unwrap_err().to_string();
     assert!(e.contains("overlap the product"), "{e}");
+}
+
+/// At [`GemmPrecision::Bf16`], the models' three GEMM shapes with their epilogues (forward
+/// `x W` + bias and ReLU, weight gradient `x^T delta` + bias gradient, input gradient
+/// `delta W^T` + ReLU backward), odd k and sizes off the CPU's 6 x 64 tile, against the f64
+/// product of the bf16-rounded operands: |c - ref| <= k 2^-24 sum |a_p b_p| + 1e-6 |c| (f32
+/// summation in another order; the epilogue's f32 add). Returns the products, for comparing
+/// devices.
+/// An epilogue made from the bias and activation buffers.
+type MakeEpilogue<'c, D> = dyn for<'e> Fn(&'e <D as Device>::Buf<f32>, &'e <D as Device>::Buf<f32>) -> Epilogue<'e, D> + 'c;
+
+fn bf16_gemms_match_the_rounded_product<D: Device>(dev: &mut D) -> Vec<Vec<f32>> {
+    dev.set_gemm_precision(GemmPrecision::Bf16).unwrap();
+    assert_eq!(dev.gemm_precision(), GemmPrecision::Bf16);
+    let r = |x: &[f32]| x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect::<Vec<f32>>();
+    let (batch, fan_in, fan_out) = (37, 429, 70);
+    let (x, w, delta) = (random(batch * fan_in, 11), random(fan_in * fan_out, 12), random(batch * fan_out, 13));
+    let (bias, act) = (random(fan_out, 14), random(batch * fan_in, 15));
+    let mut out = Vec::new();
+    let mut check = |g: Gemm, a: &[f32], b: &[f32], epi: &MakeEpilogue<'_, D>, extra: usize, post: &dyn Fn(&mut [f32])| {
+        let (ad, bd) = (dev.buffer_from(a).unwrap(), dev.buffer_from(b).unwrap());
+        let (biasd, actd) = (dev.buffer_from(&bias).unwrap(), dev.buffer_from(&act).unwrap());
+        let mut c = dev.alloc(g.m * g.n + extra).unwrap();
+        dev.gemm(&g, (&ad, 0), (&bd, 0), (&mut c, 0), epi(&biasd, &actd)).unwrap();
+        let got = dev.to_vec(&c, g.m * g.n + extra).unwrap();
+        let mut want = naive_gemm(&g, &r(a), &r(b));
+        let abs = |x: &[f32]| x.iter().map(|v| v.abs()).collect::<Vec<f32>>();
+        let mag = naive_gemm(&g, &abs(&r(a)), &abs(&r(b)));
+        post(&mut want);
+        for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+            let tol = g.k as f32 * f32::powi(2.0, -24) * mag[i] + 1e-6 * wv.abs() + 1e-7;
+            assert!((gv - wv).abs() <= tol, "{g:?} on {}: c[{i}] = {gv}, want {wv} +- {tol}", dev.describe());
+        }
+        out.push(got);
+    };
+    let bias_relu = |c: &mut [f32]| c.iter_mut().enumerate().for_each(|(i, v)| *v = (*v + bias[i % fan_out]).max(0.0));
+    check(Gemm { m: batch, n: fan_out, k: fan_in, a_t: false, b_t: false }, &x, &w, &|b, _| Epilogue::Bias { bias: b, at: 0, act: Activation::Relu }, 0, &bias_relu);
+    check(Gemm { m: fan_in, n: fan_out, k: batch, a_t: true, b_t: false }, &x, &delta, &|_, _| Epilogue::BiasGrad { at: fan_in * fan_out }, fan_out, &|_| {});
+    let relu_back = |c: &mut [f32]| c.iter_mut().zip(&act).for_each(|(v, a)| if *a <= 0.0 { *v = 0.0 });
+    check(Gemm { m: batch, n: fan_in, k: fan_out, a_t: false, b_t: true }, &delta, &w, &|_, a| Epilogue::ReluGrad { act: a }, 0, &relu_back);
+    // The bias gradient beside the weight gradient stays the f32 column sum.
+    let sums: Vec<f32> = (0..fan_out).map(|j| (0..batch).map(|r| delta[r * fan_out + j]).sum::<f32>()).collect();
+    assert!(close(&out[1][fan_in * fan_out..], &sums, 1e-5), "bias gradient");
+    dev.set_gemm_precision(GemmPrecision::F32).unwrap();
+    out
+}
+
+#[test]
+fn bf16_gemms_match_the_rounded_product_on_the_cpu_and_the_host_kernels() {
+    let mut host = HostKernels::new().unwrap();
+    let on_host = bf16_gemms_match_the_rounded_product(&mut host);
+    assert!(host.fork().unwrap().gemm_precision() == GemmPrecision::F32);
+    for threads in [1, 3] {
+        let mut cpu = CpuDevice::new(threads);
+        match cpu.set_gemm_precision(GemmPrecision::Bf16) {
+            Err(e) => {
+                assert_eq!(e.to_string(), "--dense-precision bf16 needs AVX-512 BF16 (avx512_bf16), which this CPU lacks; use f32");
+                assert!(!ringrec::device::bgemm::available());
+                eprintln!("skipped the CPU's bf16 GEMM: {e}");
+                return;
+            }
+            Ok(()) => assert_eq!(cpu.fork().unwrap().gemm_precision(), GemmPrecision::Bf16, "a fork keeps the precision"),
+        }
+        let on_cpu = bf16_gemms_match_the_rounded_product(&mut cpu);
+        for (c, h) in on_cpu.iter().zip(&on_host) {
+            assert!(close(c, h, 1e-4), "CPU ({threads} threads) vs host kernels");
+        }
+    }
+}
+
+#[test]
+fn gpu_bf16_gemms_match_the_rounded_product() {
+    if let Some(mut d) = gpu() {
+        bf16_gemms_match_the_rounded_product(&mut d);
+    }
 }
 
 /// Every kernel against a plain reference on random inputs (exactly where the device sums
@@ -348,10 +423,15 @@ fn step_alone<D: Device>(m: &mut DenseModel<D>, scale: f32) -> Vec<Part> {
 const LAYOUT: InputLayout = InputLayout { fields: 4, dim: 3, ndense: 2 };
 
 fn model<D: Device>(dev: D, opt: DenseOptimizer, hidden: Vec<usize>, seed: u64) -> DenseModel<D> {
-    let shape = MlpShape { input: LAYOUT.width(), hidden };
-    let params = shape.init_params(seed);
+    let spec = spec_of(LAYOUT, hidden);
+    let params = spec.init_params(seed);
     let n = params.len();
-    DenseModel::new(dev, shape, LAYOUT, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
+    DenseModel::new(dev, spec, &params, &DenseOptimState::new(opt, 0.01, n)).unwrap()
+}
+
+/// The MLP over `layout`.
+fn spec_of(layout: InputLayout, hidden: Vec<usize>) -> ModelSpec {
+    ModelSpec::mlp(layout.fields, layout.dim, layout.ndense, hidden)
 }
 
 /// The engine's device executor in miniature: on its own queue (`engine`, a fork of the
@@ -492,10 +572,10 @@ fn staging_runs_ahead<D: Device>(dev: D, steps: usize, grow: bool) -> Result<(),
 fn halves_summed_equal_the_whole<D: Device>(make: impl Fn() -> D) {
     let n = 10;
     let layout = InputLayout { fields: 3, dim: 2, ndense: 1 };
-    let shape = MlpShape { input: layout.width(), hidden: vec![6] };
-    let params = shape.init_params(5);
+    let spec = spec_of(layout, vec![6]);
+    let params = spec.init_params(5);
     let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, params.len());
-    let mk = || DenseModel::new(make(), shape.clone(), layout, &params, &opt).unwrap();
+    let mk = || DenseModel::new(make(), spec.clone(), &params, &opt).unwrap();
     let (mut whole, mut a, mut b) = (mk(), mk(), mk());
     for t in 0..5 {
         let full = batch(77 + t, n, layout);
@@ -564,9 +644,9 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     let e = m.load().unwrap_err().to_string();
     assert!(e.contains("inverse names row 3 of 3 unique keys"), "{e}");
     assert!(m.load().unwrap_err().to_string().contains("no batch was staged"));
-    let shape = MlpShape { input: LAYOUT.width(), hidden: vec![4] };
-    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, shape.num_params());
-    let e = DenseModel::new(make(), shape.clone(), LAYOUT, &shape.init_params(1)[1..], &opt).err().unwrap().to_string();
+    let spec = spec_of(LAYOUT, vec![4]);
+    let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, spec.num_params());
+    let e = DenseModel::new(make(), spec.clone(), &spec.init_params(1)[1..], &opt).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
 }
 
@@ -654,6 +734,230 @@ fn host_kernels_bad_launches_are_refused() {
     bad_launches_are_refused(|| HostKernels::new().unwrap());
 }
 
+// The models of issue 31: each kernel of kernels/models.cu against a plain loop, each
+// model's steps against the CPU device.
+
+/// Pairs `(i, j)` of DLRM's interaction in order.
+fn pairs(vectors: usize, with_self: bool) -> Vec<(usize, usize)> {
+    (0..vectors).flat_map(|i| (0..if with_self { i + 1 } else { i }).map(move |j| (i, j))).collect()
+}
+
+/// Every model kernel against a plain loop (bit for bit where `exact`: the same order).
+fn model_ops_match_the_reference<D: Device>(dev: &D, exact: bool) {
+    let (rows, fields, dim, ndense) = (13, 5, 4, 3);
+    let up = |v: &[f32]| dev.buffer_from(v).unwrap();
+    let get = |b: &D::Buf<f32>, n: usize| dev.to_vec(b, n).unwrap();
+
+    // copy_block
+    let src = random(rows * 9, 1);
+    let mut out = up(&random(rows * 7, 2));
+    let mut want = get(&out, rows * 7);
+    for r in 0..rows {
+        for c in 0..4 {
+            want[r * 7 + 2 + c] = src[r * 9 + 5 + c];
+        }
+    }
+    dev.exec(Op::CopyBlock { src: &up(&src), src_stride: 9, src_col: 5, out: &mut out, stride: 7, col: 2, rows, cols: 4 }).unwrap();
+    same(&get(&out, rows * 7), &want, true, "copy_block");
+
+    // mul, add_into
+    let (a, b, o) = (random(100, 3), random(100, 4), random(100, 5));
+    for accumulate in [false, true] {
+        let mut out = up(&o);
+        dev.exec(Op::Mul { a: &up(&a), b: &up(&b), out: &mut out, n: 100, accumulate }).unwrap();
+        let want: Vec<f32> = (0..100).map(|i| if accumulate { o[i] + a[i] * b[i] } else { a[i] * b[i] }).collect();
+        same(&get(&out, 100), &want, exact, "mul");
+    }
+    let mut out = up(&o);
+    dev.exec(Op::AddInto { x: &up(&a), out: &mut out, n: 100 }).unwrap();
+    same(&get(&out, 100), &(0..100).map(|i| o[i] + a[i]).collect::<Vec<_>>(), true, "add_into");
+
+    // interaction and its backward
+    let vectors = fields + 1;
+    for with_self in [false, true] {
+        let ps = pairs(vectors, with_self);
+        let width = dim + ps.len();
+        let z = random(rows * vectors * dim, 6);
+        let mut want = vec![0f32; rows * width];
+        for r in 0..rows {
+            let zr = &z[r * vectors * dim..];
+            want[r * width..r * width + dim].copy_from_slice(&zr[..dim]);
+            for (p, (i, j)) in ps.iter().enumerate() {
+                want[r * width + dim + p] = (0..dim).fold(0f32, |acc, k| acc + zr[i * dim + k] * zr[j * dim + k]);
+            }
+        }
+        let mut out = dev.alloc(rows * width).unwrap();
+        dev.exec(Op::Interaction { z: &up(&z), out: &mut out, rows, vectors, dim, with_self }).unwrap();
+        same(&get(&out, rows * width), &want, exact, "interaction");
+        let dout = random(rows * width, 7);
+        let mut want = vec![0f32; rows * vectors * dim];
+        for r in 0..rows {
+            let (zr, g) = (&z[r * vectors * dim..], &dout[r * width..]);
+            for i in 0..vectors {
+                for k in 0..dim {
+                    let mut acc = if i == 0 { g[k] } else { 0.0 };
+                    for j in 0..vectors {
+                        let p = ps.iter().position(|&(a, b)| (a, b) == (i.max(j), i.min(j)));
+                        if let Some(p) = p {
+                            acc += if i == j { 2.0 * g[dim + p] * zr[i * dim + k] } else { g[dim + p] * zr[j * dim + k] };
+                        }
+                    }
+                    want[(r * vectors + i) * dim + k] = acc;
+                }
+            }
+        }
+        let mut dz = dev.alloc(rows * vectors * dim).unwrap();
+        dev.exec(Op::InteractionGrad { z: &up(&z), dout: &up(&dout), dz: &mut dz, rows, vectors, dim, with_self }).unwrap();
+        same(&get(&dz, rows * vectors * dim), &want, exact, "interaction_grad");
+    }
+
+    // first-order columns: strip, sum, backward
+    let (iw, ow) = (fields * (dim + 1) + ndense, fields * dim + ndense);
+    let x = random(rows * iw, 8);
+    let (mut deep, mut sum) = (dev.alloc(rows * ow).unwrap(), dev.alloc(rows).unwrap());
+    dev.exec(Op::StripFirstOrder { x: &up(&x), out: &mut deep, rows, fields, dim, ndense }).unwrap();
+    dev.exec(Op::FirstOrderSum { x: &up(&x), out: &mut sum, rows, fields, dim, ndense }).unwrap();
+    let (mut wd, mut ws) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let row = &x[r * iw..(r + 1) * iw];
+        let mut s = 0f32;
+        for f in 0..fields {
+            wd.extend_from_slice(&row[f * (dim + 1)..f * (dim + 1) + dim]);
+            s += row[f * (dim + 1) + dim];
+        }
+        wd.extend_from_slice(&row[fields * (dim + 1)..]);
+        ws.push(s);
+    }
+    same(&get(&deep, rows * ow), &wd, true, "strip_first_order");
+    same(&get(&sum, rows), &ws, exact, "first_order_sum");
+    let (ddeep, dsum) = (random(rows * ow, 9), random(rows, 10));
+    let mut dx = dev.alloc(rows * iw).unwrap();
+    dev.exec(Op::StripFirstOrderGrad { ddeep: &up(&ddeep), dsum: &up(&dsum), dx: &mut dx, rows, fields, dim, ndense }).unwrap();
+    let mut want = Vec::new();
+    for r in 0..rows {
+        for f in 0..fields {
+            want.extend_from_slice(&ddeep[r * ow + f * dim..r * ow + (f + 1) * dim]);
+            want.push(dsum[r]);
+        }
+        want.extend_from_slice(&ddeep[r * ow + fields * dim..(r + 1) * ow]);
+    }
+    same(&get(&dx, rows * iw), &want, true, "strip_first_order_grad");
+
+    // the factorisation machine's second order and its backward (rows of `ow`: the deep input)
+    let e = random(rows * ow, 11);
+    let mut out = dev.alloc(rows).unwrap();
+    dev.exec(Op::FmSecondOrder { emb: &up(&e), out: &mut out, rows, fields, dim, stride: ow }).unwrap();
+    let sums = |r: usize, k: usize| (0..fields).fold(0f32, |s, f| s + e[r * ow + f * dim + k]);
+    let want: Vec<f32> = (0..rows)
+        .map(|r| {
+            let terms = (0..dim).map(|k| {
+                let sq = (0..fields).fold(0f32, |s, f| s + e[r * ow + f * dim + k] * e[r * ow + f * dim + k]);
+                sums(r, k) * sums(r, k) - sq
+            });
+            0.5 * terms.fold(0f32, |a, t| a + t)
+        })
+        .collect();
+    same(&get(&out, rows), &want, exact, "fm_second_order");
+    let (dout, d0) = (random(rows, 12), random(rows * ow, 13));
+    let mut demb = up(&d0);
+    dev.exec(Op::FmSecondOrderGrad { emb: &up(&e), dout: &up(&dout), demb: &mut demb, rows, fields, dim, stride: ow }).unwrap();
+    let mut want = d0.clone();
+    for r in 0..rows {
+        for k in 0..dim {
+            for f in 0..fields {
+                want[r * ow + f * dim + k] += dout[r] * (sums(r, k) - e[r * ow + f * dim + k]);
+            }
+        }
+    }
+    same(&get(&demb, rows * ow), &want, exact, "fm_second_order_grad");
+
+    // Bounds are checked.
+    let mut small = dev.alloc(3).unwrap();
+    let e = dev.exec(Op::Interaction { z: &up(&random(6, 1)), out: &mut small, rows: 1, vectors: 2, dim: 3, with_self: false }).unwrap_err().to_string();
+    assert!(e.contains("interaction: out"), "{e}");
+}
+
+/// Every model (small), DCN in each structure and rank kind.
+fn model_specs() -> Vec<ModelSpec> {
+    let base = ModelSpec { bottom: vec![5], cross_layers: 2, ..ModelSpec::mlp(4, 3, 2, vec![8, 5]) };
+    let mut v = vec![ModelSpec { kind: ModelKind::Dlrm, ..base.clone() }, ModelSpec { kind: ModelKind::Dlrm, interaction_self: true, ..base.clone() }];
+    for (rank, structure) in [(0, CrossStructure::Stacked), (2, CrossStructure::Parallel)] {
+        v.push(ModelSpec { kind: ModelKind::Dcn, cross_rank: rank, cross_structure: structure, ..base.clone() });
+    }
+    v.push(ModelSpec { kind: ModelKind::DeepFm, ..base.clone() });
+    v.push(ModelSpec { kind: ModelKind::WideDeep, ..base });
+    v
+}
+
+/// 20 Adam steps of each model on `make()` against the CPU device: the groups handed out
+/// last first, losses within 1e-3 relative, key gradients and parameters close, the
+/// gradient check clean, predictions close.
+fn models_match_the_cpu_device<D: Device>(make: impl Fn() -> D) -> Result<(), String> {
+    for spec in model_specs() {
+        let what = spec.describe();
+        let params = spec.init_params(5);
+        let opt = DenseOptimState::new(DenseOptimizer::Adam, 0.01, params.len());
+        let mut dev = DenseModel::new(make(), spec.clone(), &params, &opt).unwrap();
+        let mut cpu = DenseModel::new(CpuDevice::new(2), spec.clone(), &params, &opt).unwrap();
+        let groups = spec.groups().len();
+        let order: Vec<Part> = (0..groups).rev().map(Part::Layer).chain([Part::Loss]).collect();
+        for t in 0..20u64 {
+            let b = batch(100 + t, 7 + (t as usize * 5) % 23, spec.layout());
+            let scale = 1.0 / b.labels.len() as f32;
+            stage(&mut dev, &b);
+            stage(&mut cpu, &b);
+            assert_eq!(step_alone(&mut dev, scale), order, "{what}");
+            step_alone(&mut cpu, scale);
+            if !close(dev.key_grads().unwrap(), cpu.key_grads().unwrap(), 1e-4) {
+                return Err(format!("{what}, step {t}: key gradients differ"));
+            }
+            let (ld, lc) = (dev.loss_sum().unwrap(), cpu.loss_sum().unwrap());
+            if (ld - lc).abs() > 1e-3 * lc.abs().max(1e-12) {
+                return Err(format!("{what}, step {t}: loss {ld} vs cpu {lc}"));
+            }
+            assert_eq!(dev.non_finite_gradient().unwrap(), None, "{what}");
+            dev.apply().unwrap();
+            cpu.apply().unwrap();
+        }
+        if !close(&dev.params().unwrap(), &cpu.params().unwrap(), 1e-3) {
+            return Err(format!("{what}: parameters after 20 steps differ"));
+        }
+        let b = batch(7, 9, spec.layout());
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        stage(&mut dev, &b);
+        dev.predict(&mut got).unwrap();
+        stage(&mut cpu, &b);
+        cpu.predict(&mut want).unwrap();
+        if !close(&got, &want, 1e-3) {
+            return Err(format!("{what}: predictions differ"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn cpu_model_ops_match_the_references() {
+    model_ops_match_the_reference(&CpuDevice::new(1), true);
+    model_ops_match_the_reference(&CpuDevice::new(3), true);
+}
+
+#[test]
+fn host_kernels_model_ops_match_the_references() {
+    model_ops_match_the_reference(&HostKernels::new().unwrap(), true);
+}
+
+#[test]
+fn every_model_learns_the_same_on_the_cpu_with_two_or_three_threads() {
+    models_match_the_cpu_device(|| CpuDevice::new(3)).unwrap();
+}
+
+#[test]
+fn every_model_on_host_kernels_with_random_delays_matches_the_cpu_device() {
+    for seed in [1, 2, 3] {
+        models_match_the_cpu_device(|| HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed, max_us: 200 }), fault: None }).unwrap()).unwrap_or_else(|e| panic!("delay seed {seed}: {e}"));
+    }
+}
+
 /// The GPU, or the printed reason why the GPU tests are skipped.
 fn gpu() -> Option<CudaDevice> {
     match CudaDevice::new(0) {
@@ -700,6 +1004,21 @@ fn gpu_halves_summed_equal_the_whole_batch() {
 fn gpu_bad_launches_are_refused() {
     if gpu().is_some() {
         bad_launches_are_refused(|| CudaDevice::new(0).unwrap());
+    }
+}
+
+#[test]
+fn gpu_model_ops_match_the_references() {
+    if let Some(d) = gpu() {
+        // The same order of operations; within 1e-6 should a compiler contract a * b + c.
+        model_ops_match_the_reference(&d, false);
+    }
+}
+
+#[test]
+fn gpu_every_model_matches_the_cpu_device() {
+    if gpu().is_some() {
+        models_match_the_cpu_device(|| CudaDevice::new(0).unwrap()).unwrap();
     }
 }
 

@@ -146,3 +146,43 @@ fn every_models_graph_scores_as_a_numpy_reference_of_the_spec() {
     job.assert_ok();
     assert!(job.stderr.contains(&format!("{0} of {0} graphs agree", cases.len())), "{}", job.stderr);
 }
+
+/// Each model of docs/models.md trained a few steps, exported with `--format onnx`: ONNX
+/// Runtime scores its held-out rows within 1e-5 of `ringrec predict` on the same bundle.
+#[test]
+fn every_trained_models_onnx_graph_scores_as_ringrec_predict() {
+    let dir = TempDir::new("onnx-trained");
+    let data = dir.path("synth.tsv");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    c.args(["data", "synth", "--rows", "2000", "--out"]).arg(&data);
+    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+    let d = data.to_str().unwrap();
+    let cases: [(&str, &[&str]); 5] = [
+        ("dlrm", &["--model", "dlrm", "--bottom-mlp", "32"]),
+        ("dlrm-self", &["--model", "dlrm", "--interaction-self"]),
+        ("dcn", &["--model", "dcn", "--cross-layers", "2", "--cross-rank", "4", "--cross-structure", "parallel"]),
+        ("deepfm", &["--model", "deepfm"]),
+        ("wide-deep", &["--model", "wide-deep"]),
+    ];
+    let py = common::test_python(MODULES);
+    for (name, flags) in cases {
+        let (ck, bundle, scores) = (dir.path(&format!("ck-{name}")), dir.path(&format!("bundle-{name}")), dir.path(&format!("scores-{name}.tsv")));
+        let (ck_s, b_s) = (ck.to_str().unwrap(), bundle.to_str().unwrap());
+        let mut args = vec!["train", "--data", d, "--batch", "200", "--max-steps", "6", "--hidden", "32,16", "--checkpoint-dir", ck_s, "--no-progress", "--json"];
+        args.extend_from_slice(flags);
+        ringrec_json(&dir, 1, &args);
+        let e = ringrec_json(&dir, 1, &["export", "--model", ck_s, "--out", b_s, "--format", "onnx", "--json"]);
+        assert_eq!(e["onnx"].as_bool(), Some(true), "{name}: {e}");
+        let p = ringrec_json(&dir, 1, &["predict", "--model", b_s, "--data", d, "--test-fraction", "0.1", "--out", scores.to_str().unwrap(), "--json"]);
+        assert_eq!(p["rows"], 200, "{name}");
+        if let Some(py) = &py {
+            let mut c = Command::new(py);
+            c.arg(check_script()).args(["bundle", b_s, d, "--test-fraction", "0.1", "--tolerance", "1e-5", "--compare"]).arg(&scores);
+            let job = common::run_with_timeout(c, Duration::from_secs(180));
+            job.assert_ok();
+            let worst = figure(&job.stderr, "max |score - ringrec's|");
+            assert!(worst <= 1e-5, "{name}: ONNX Runtime vs ringrec predict: {worst:e}");
+            eprintln!("{name}: onnxruntime vs ringrec predict: max |difference| {worst:.3e} over 200 held-out rows");
+        }
+    }
+}

@@ -44,14 +44,68 @@ fn scores(path: &Path) -> Vec<(f32, f32)> {
         .collect()
 }
 
-/// A python3 that has numpy, or why there is none.
+/// A python3 that has numpy (the test venv's, target/test-venv, first), or why there is none.
 fn python() -> Result<String, String> {
-    for p in ["python3", "/usr/bin/python3"] {
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/test-venv/bin/python");
+    for p in [venv, "python3", "/usr/bin/python3"] {
         if Command::new(p).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()) {
             return Ok(p.to_string());
         }
     }
     Err("no python3 with numpy (scripts/setup.sh --tests installs python3-numpy)".into())
+}
+
+/// Specs of every model and shape over Criteo's input (dim 4, small MLPs).
+fn every_model() -> Vec<ringrec::model::ModelSpec> {
+    use ringrec::model::{CrossStructure, ModelKind, ModelSpec};
+    let base = ModelSpec::mlp(26, 4, 13, vec![8, 4]);
+    vec![
+        base.clone(),
+        ModelSpec { kind: ModelKind::Dlrm, bottom: vec![8], ..base.clone() },
+        ModelSpec { kind: ModelKind::Dlrm, bottom: vec![], interaction_self: true, ..base.clone() },
+        ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, ..base.clone() },
+        ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, cross_rank: 3, cross_structure: CrossStructure::Parallel, ..base.clone() },
+        ModelSpec { kind: ModelKind::DeepFm, ..base.clone() },
+        ModelSpec { kind: ModelKind::WideDeep, hidden: vec![6], ..base },
+    ]
+}
+
+#[test]
+fn the_python_reader_scores_every_model_as_its_definition_says() {
+    // Bundles of every model with random parameters and rows, written by ringrec's own
+    // writer; tests/bundle_models.py scores them with scripts/bundle_predict.py and with a
+    // second implementation of the definition (per sample, by model.json's tensors).
+    use ringrec::embedding::{EmbeddingTable, TableConfig};
+    use ringrec::model::DenseWeights;
+    use ringrec::train::bundle::{self, Provenance};
+    let py = match python() {
+        Err(why) => return eprintln!("skipped: the Python reader: {why}"),
+        Ok(py) => py,
+    };
+    let dir = TempDir::new("bundle-models");
+    let data = dir.path("d.tsv");
+    synth(&data, 200);
+    let mut bundles = Vec::new();
+    for (i, spec) in every_model().into_iter().enumerate() {
+        let random = |n: usize, salt: u64| (0..n as u64).map(|j| ((j.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>();
+        let w = DenseWeights { params: random(spec.num_params(), i as u64), spec: spec.clone() };
+        let mut cfg = TableConfig::new(spec.row_width() as u32, 1 << 10);
+        cfg.init_scale = Some(0.5);
+        let mut table = EmbeddingTable::create(&dir.path(&format!("t{i}")), &cfg).unwrap();
+        // A few keys held (the data's keys are not: they read as their initial rows).
+        table.put_rows(&[1, 2, 3], &random(3 * spec.row_width(), 99)).unwrap();
+        let out = dir.path(&format!("b{i}"));
+        bundle::write(&out, Provenance { source: Path::new("ck"), step: 3, skipped: &[] }, &w, &table, bundle::Format::Bundle).unwrap();
+        bundles.push(out);
+    }
+    let mut c = Command::new(py);
+    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/bundle_models.py")).arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&data).args(&bundles);
+    let job = common::run_with_timeout(c, Duration::from_secs(300));
+    job.assert_ok();
+    for kind in ["mlp", "dlrm", "dcn", "deepfm", "wide-deep"] {
+        assert!(job.stdout.lines().any(|l| l.starts_with(kind) && l.contains("200 rows")), "{kind}: {}", job.all());
+    }
+    eprintln!("{}", job.stdout);
 }
 
 #[test]
@@ -220,7 +274,7 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
         assert!(job.stderr.contains(want), "{extra:?}: expected {want:?} in:\n{}", job.stderr);
     };
     refused(&["--hidden", "32", "--dim", "8"], &format!("--init-from {c}: its table has dim 16, this run has --dim 8"));
-    refused(&["--hidden", "64"], "its dense model has widths [429, 32, 1] (hidden [32]), this run's has [429, 64, 1] (--dim 16, --hidden [64])");
+    refused(&["--hidden", "64"], "its dense model is not this run's: --hidden 32 there, 64 here (its mlp 429-32-1, this run's mlp 429-64-1); its table's rows (16 values) fit this run's: to start from them with new dense parameters, export them (ringrec table export");
     refused(&["--hidden", "32", "--sparse-optimizer", "adagrad"], "its table holds the state of --sparse-optimizer sgd, this run has --sparse-optimizer adagrad");
     refused(&["--hidden", "32", "--checkpoint-dir", c, "--resume"], "--init-from and --resume are exclusive");
     refused(&["--hidden", "32", "--checkpoint-dir", c], "--init-from and --checkpoint-dir are the same directory");
@@ -241,4 +295,81 @@ fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
     let job = ringrec(&dir, 1, &[], &args);
     job.assert_ok();
     assert!(job.stderr.contains("warm start from the sparse-parameter file") && job.stderr.contains("dense parameters initialised from --seed 1"), "{}", job.stderr);
+}
+
+/// `a` then `b`.
+fn joined<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    [a, b].concat()
+}
+
+/// `train` flags of a small model of each kind besides mlp.
+const MODEL_FLAGS: &[&[&str]] = &[
+    &["--model", "dlrm", "--bottom-mlp", "16", "--hidden", "32,16"],
+    &["--model", "dlrm", "--interaction-self", "--bottom-mlp", "16", "--hidden", "32"],
+    &["--model", "dcn", "--cross-layers", "2", "--hidden", "32,16"],
+    &["--model", "dcn", "--cross-layers", "2", "--cross-rank", "4", "--cross-structure", "parallel", "--hidden", "32"],
+    &["--model", "deepfm", "--hidden", "32,16"],
+    &["--model", "wide-deep", "--hidden", "32"],
+];
+
+#[test]
+fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
+    let dir = TempDir::new("models");
+    let data = dir.path("synth.tsv");
+    synth(&data, 1500);
+    let d = data.to_str().unwrap();
+    let py = python();
+    for (i, flags) in MODEL_FLAGS.iter().enumerate() {
+        let kind = flags[1];
+        let (ck, bundle) = (dir.path(&format!("ck{i}")), dir.path(&format!("bundle{i}")));
+        let (ck_s, b_s) = (ck.to_str().unwrap(), bundle.to_str().unwrap());
+        // Train 2 ranks, 6 steps, the last 10% evaluated; predict gives the evaluation's bits.
+        let t = json(&ringrec(&dir, 2, &[], &joined(&["train", "--data", d, "--batch", "200", "--max-steps", "6", "--checkpoint-dir", ck_s, "--no-progress", "--json"], flags)));
+        let out = dir.path(&format!("ck{i}.tsv"));
+        let p = json(&ringrec(&dir, 2, &[], &["predict", "--model", ck_s, "--data", d, "--test-fraction", "0.1", "--batch", "200", "--out", out.to_str().unwrap(), "--json"]));
+        assert_eq!(p["auc"].as_f64(), t["test_auc"].as_f64(), "{kind}: predict's AUC differs from train's evaluation");
+        assert_eq!(p["logloss"].as_f64(), t["test_logloss"].as_f64(), "{kind}: predict's log loss differs from train's evaluation");
+        assert!(p["model_spec"].as_str().unwrap().starts_with(kind), "{p}");
+        // The bundle: its model.json names the model, it scores as its checkpoint.
+        let e = json(&ringrec(&dir, 1, &[], &["export", "--model", ck_s, "--out", b_s, "--json"]));
+        assert!(e["model"].as_str().unwrap().starts_with(kind), "{e}");
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+        assert_eq!((m["version"].as_u64(), m["model"]["kind"].as_str()), (Some(3), Some(kind)));
+        let outb = dir.path(&format!("bundle{i}.tsv"));
+        json(&ringrec(&dir, 2, &[], &["predict", "--model", b_s, "--data", d, "--test-fraction", "0.1", "--batch", "200", "--out", outb.to_str().unwrap(), "--json"]));
+        assert_eq!(std::fs::read(&outb).unwrap(), std::fs::read(&out).unwrap(), "{kind}: the bundle's scores differ from the checkpoint's");
+        match &py {
+            Err(why) => eprintln!("skipped: the Python reader: {why}"),
+            Ok(py) => {
+                let mut c = Command::new(py);
+                c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).args(["--test-fraction", "0.1", "--compare"]).arg(&out).args(["--tolerance", "1e-6"]);
+                let job = common::run_with_timeout(c, Duration::from_secs(120));
+                job.assert_ok();
+                eprintln!("{kind}: {}", job.stderr.lines().last().unwrap_or_default());
+            }
+        }
+        // A resume with another model or shape is refused naming the flag.
+        let resume = |extra: &[&str]| {
+            let mut args = vec!["train", "--data", d, "--batch", "200", "--max-steps", "8", "--checkpoint-dir", ck_s, "--resume", "--no-progress"];
+            args.extend_from_slice(extra);
+            ringrec(&dir, 2, &[], &args)
+        };
+        let other = resume(&["--hidden", "32"]);
+        assert!(other.stderr.contains(&format!("--model: the checkpoint was written with {kind}, this run has mlp")), "{kind}: {}", other.all());
+        let mut shape = flags.to_vec();
+        let h = shape.iter().position(|f| *f == "--hidden").unwrap();
+        shape[h + 1] = "8";
+        let other = resume(&shape);
+        assert!(other.stderr.contains("--hidden: the checkpoint was written with"), "{kind}: {}", other.all());
+        json(&resume(&[&flags[..], &["--json"]].concat()));
+        // --init-from: the same model warm-starts; another is refused naming what differs,
+        // and says how to carry the table when its rows fit.
+        let warm = ringrec(&dir, 1, &[], &joined(&["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--no-progress"], flags));
+        warm.assert_ok();
+        assert!(warm.stderr.contains("warm start from the checkpoint of step"), "{}", warm.stderr);
+        let mlp = ringrec(&dir, 1, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "2", "--init-from", ck_s, "--hidden", "32", "--no-progress"]);
+        assert_eq!(mlp.code, Some(1), "{kind} -> mlp must be refused: {}", mlp.all());
+        let want = if kind == "deepfm" || kind == "wide-deep" { "its table's rows have 17 values".to_string() } else { format!("its dense model is not this run's: --model {kind} there, mlp here") };
+        assert!(mlp.stderr.contains(&want), "{kind}: {}", mlp.stderr);
+    }
 }

@@ -522,3 +522,65 @@ fn sparse_traffic_is_counted_per_rank_and_direction_and_adds_up() {
         assert!(close(s["sparse_cross_host_bytes_per_sample"].as_f64().unwrap(), per_sample, 1e-12), "{what}: {s}");
     }
 }
+
+/// The models of issue 31 with a flag of their shape each (`--model mlp` is every other test).
+const MODELS: [(&str, &[&str]); 5] = [
+    ("dlrm", &["--bottom-mlp", "32"]),
+    ("dcn", &["--cross-layers", "2"]),
+    ("dcn", &["--cross-rank", "8", "--cross-structure", "parallel"]),
+    ("deepfm", &[]),
+    ("wide-deep", &[]),
+];
+
+#[test]
+fn every_model_trains_alike_on_one_and_two_ranks_and_learns() {
+    // As the first test for the MLP: plain-sum sparse normalisation and dense SGD make the
+    // runs comparable across rank counts; the ranks of a run hold bit-identical replicas.
+    for (model, shape) in MODELS {
+        let args = [&["--model", model, "--max-steps", "12", "--sparse-normalize", "none", "--dense-optimizer", "sgd", "--lr", "0.05"][..], shape].concat();
+        let (one, two) = (train(1, &[], &args), train(2, &[], &args));
+        one.assert_ok();
+        two.assert_ok();
+        let (a, b) = (summary(&one), summary(&two));
+        let (la, lb) = (losses(&a), losses(&b));
+        assert_eq!(la.len(), 12, "{model} {shape:?}");
+        for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
+            assert!(close(*x, *y, 1e-5), "{model} {shape:?}: 2 ranks' loss of step {i} {y} vs 1 rank's {x}");
+        }
+        let per_rank = b["params_fnv_per_rank"].as_array().unwrap();
+        assert!(per_rank.len() == 2 && per_rank[0] == per_rank[1], "{model} {shape:?}: replicas differ: {per_rank:?}");
+        let (head, tail) = (la[..4].iter().sum::<f64>(), la[8..].iter().sum::<f64>());
+        assert!(tail < head, "{model} {shape:?}: the loss must go down: {la:?}");
+    }
+}
+
+#[test]
+fn every_model_on_the_gpu_code_path_matches_the_cpu_path() {
+    // --device host (the kernels of kernels/*.cu compiled for the CPU, queued like a GPU's
+    // work) against --device cpu per model; with random delays the run is bit-identical to
+    // the undelayed one. --dim 4 keeps DCN's full cross matrices small for the host GEMM.
+    for (i, (model, shape)) in MODELS.iter().enumerate() {
+        let extra = [&["--model", model, "--dim", "4"][..], shape].concat();
+        let (cpu, dev) = against_cpu(2, &[], "host", &extra);
+        assert_losses_close(&cpu, &dev, 1e-3, &format!("{model} {shape:?} on the host device"));
+        let seed = DELAY_SEEDS[i % DELAY_SEEDS.len()];
+        let job = train(2, &[("RINGREC_HOST_DELAY_SEED", seed)], &[&SMALL[..], &extra, &["--device", "host"]].concat());
+        job.assert_ok();
+        assert_eq!(summary(&job)["params_fnv"], dev["params_fnv"], "{model} {shape:?}: delay seed {seed} changed the result");
+    }
+}
+
+#[test]
+fn a_model_shape_flag_with_another_model_is_refused() {
+    for (args, flag, model) in [
+        (&["--bottom-mlp", "32"][..], "--bottom-mlp", "--model dlrm"),
+        (&["--model", "dcn", "--interaction-self"][..], "--interaction-self", "--model dlrm"),
+        (&["--model", "dlrm", "--cross-layers", "2"][..], "--cross-layers", "--model dcn"),
+        (&["--model", "deepfm", "--cross-structure", "parallel"][..], "--cross-structure", "--model dcn"),
+        (&["--model", "dcn", "--cross-layers", "0"][..], "--cross-layers", "at least 1"),
+    ] {
+        let job = train(1, &[], &[args, &["--max-steps", "1"]].concat());
+        assert_ne!(job.code, Some(0), "{args:?} was accepted");
+        assert!(job.all().contains(flag) && job.all().contains(model), "{args:?}: {}", job.all());
+    }
+}

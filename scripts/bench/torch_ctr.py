@@ -1,12 +1,21 @@
 """PyTorch reference of `ringrec train`: the same CTR model, data split and hyperparameters.
 
-Model: one embedding row per (categorical field, value) (a missing value is its own value
+--model mlp|dlrm|dcn|deepfm|wide-deep (default mlp, the model described next) picks one of
+issue 31's models from torch_models.py, with ringrec's shape flags (--bottom-mlp and
+--interaction-self for dlrm; --cross-layers, --cross-rank, --cross-structure for dcn; a
+shape flag of another model is refused); every model's table is the one nn.Embedding (rows
+of dim + 1 for deepfm / wide-deep, the first-order weight last) trained by the sparse
+optimizer, every other parameter by the dense one.
+
+Model (mlp): one embedding row per (categorical field, value) (a missing value is its own value
 of its field; no hashing, the vocabulary is built over the whole file), dim 16; the 26
 embeddings concatenated with the 13 dense features ln(1 + max(x, 0)) (missing -> 0), in
 that order (width 26*dim + 13); MLP 429 -> 256 -> ReLU -> 128 -> ReLU -> 1; loss
 BCEWithLogits, mean over the global batch. Init: embeddings U(-1/sqrt(dim), 1/sqrt(dim)),
 Linear weights Glorot-uniform, biases 0. Dense parameters: Adam (lr 0.001, 0.9/0.999, 1e-8);
-embeddings: plain SGD (--sparse-lr 0.05) or Adagrad (initial accumulator 0, eps 1e-8).
+embeddings: plain SGD (--sparse-lr 0.05) or row-wise Adagrad (one accumulator per row, as
+TorchRec's EXACT_ROWWISE_ADAGRAD and ringrec's table; initial accumulator 0, eps 1e-8);
+--sparse-optimizer adagrad-elementwise is torch.optim.Adagrad (for comparison).
 Data: first (1 - test_fraction) of the rows train, the rest test, in file order (unless
 --shuffle); global batch 1024, last partial batch kept. Test metrics: logloss and exact AUC
 (Mann-Whitney, ties as average ranks).
@@ -32,6 +41,12 @@ own; eager training has no inter-op parallelism, and 1 vs 2 made no difference o
 VM; neither did OMP_NUM_THREADS, while OMP_WAIT_POLICY=passive was slower). The benchmark
 (scripts/bench/train.sh) sweeps the thread counts and takes the best.
 
+--autocast bf16 runs the forward pass (and the test scoring) under
+torch.autocast(device, dtype=torch.bfloat16): the Linear layers' GEMMs take bf16 inputs (on
+the CPU through oneDNN, AVX-512 BF16 / AMX where the CPU has them), the parameters and the
+optimizers stay f32, the loss is computed on the f32 logits. The reference of `ringrec train
+--dense-precision bf16` (scripts/bench/bf16.sh).
+
 --device cuda (one process) puts the model and the whole data set on the GPU before the loop,
 as a PyTorch user with a GPU runs this model; samples/s then waits for the GPU at the end.
 
@@ -43,6 +58,7 @@ samples/s counts the training loop only (no parsing, no evaluation).
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --json
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --ddp 2 --threads 1 --json
     python scripts/bench/torch_ctr.py --data target/bench-data/synth-200k.tsv --embedding-grad dense --json
+    python scripts/bench/torch_ctr.py --data target/bench-data/interactions-400k.tsv --model dcn --cross-rank 64 --json
 """
 import argparse
 import gc
@@ -58,6 +74,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (beside this file)
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 
@@ -138,39 +157,62 @@ def auc_exact(scores, labels):
 
 
 # ---------------------------------------------------------------------------------- model
-class CTRModel(nn.Module):
-    def __init__(self, vocab_rows, dim, hidden, sparse_grad):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_rows, dim, sparse=sparse_grad)
-        s = 1.0 / math.sqrt(dim)
-        nn.init.uniform_(self.emb.weight, -s, s)
-        layers, width = [], NUM_SPARSE * dim + NUM_DENSE
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, 1))
-        for m in layers:
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-        self.mlp = nn.Sequential(*layers)
+def build_model(vocab_rows, args):
+    """The model of --model (torch_models.py) with this run's shape flags."""
+    net = torch_models.build(args.model, vocab_rows, args.dim, args.hidden,
+                             args.embedding_grad == "sparse", args.bottom_mlp,
+                             args.interaction_self, args.cross_layers, args.cross_rank,
+                             args.cross_structure)
+    # ringrec's --table-init-scale: its default for deepfm is 0.01 (rows of 1/sqrt(d + 1)
+    # make the second-order term noise), else the reference's own embedding init.
+    scale = args.init_scale if args.init_scale > 0 else (0.01 if args.model == "deepfm" else 0.0)
+    if scale > 0:
+        nn.init.uniform_(net.emb.weight, -scale, scale)
+    return net
 
-    def forward(self, sparse, dense):
-        e = self.emb(sparse).reshape(sparse.shape[0], -1)  # [b, 26*dim], field 0 first
-        return self.mlp(torch.cat([e, dense], dim=1)).squeeze(1)
+
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad, the embedding optimizer of TorchRec / FBGEMM
+    (EXACT_ROWWISE_ADAGRAD) and of ringrec's table: one accumulator per row,
+    acc += mean over the row of g^2, then row -= lr * g / (sqrt(acc) + eps). Written here
+    from that definition (no ringrec code); sparse gradients are coalesced first, so a row
+    the batch holds several times takes one step with its summed gradient."""
+
+    def __init__(self, params, lr, eps=1e-8):
+        super().__init__(params, dict(lr=lr, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                acc = self.state[p].setdefault("acc", torch.zeros(p.shape[0], dtype=p.dtype, device=p.device))
+                g = p.grad
+                if g.is_sparse:
+                    g = g.coalesce()
+                    idx, val = g.indices()[0], g.values()
+                    rows = acc.index_select(0, idx) + val.pow(2).mean(dim=1)
+                    acc.index_copy_(0, idx, rows)
+                    p.index_add_(0, idx, -group["lr"] * val / (rows.sqrt() + group["eps"]).unsqueeze(1))
+                else:
+                    acc.add_(g.pow(2).mean(dim=1))
+                    p.add_(-group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))
 
 
 def make_optimizers(model, args):
-    emb = model.emb if not isinstance(model, nn.parallel.DistributedDataParallel) else model.module.emb
-    mlp = model.mlp if not isinstance(model, nn.parallel.DistributedDataParallel) else model.module.mlp
+    net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    dense = net.dense_parameters()
     if args.dense_optimizer == "adam":
-        dense_opt = torch.optim.Adam(mlp.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+        dense_opt = torch.optim.Adam(dense, lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     else:
-        dense_opt = torch.optim.SGD(mlp.parameters(), lr=args.lr)
+        dense_opt = torch.optim.SGD(dense, lr=args.lr)
     if args.sparse_optimizer == "sgd":
-        sparse_opt = torch.optim.SGD(emb.parameters(), lr=args.sparse_lr)
+        sparse_opt = torch.optim.SGD(net.emb.parameters(), lr=args.sparse_lr)
+    elif args.sparse_optimizer == "adagrad":
+        sparse_opt = RowWiseAdagrad(net.emb.parameters(), lr=args.sparse_lr, eps=1e-8)
     else:
-        sparse_opt = torch.optim.Adagrad(emb.parameters(), lr=args.sparse_lr,
+        sparse_opt = torch.optim.Adagrad(net.emb.parameters(), lr=args.sparse_lr,
                                          initial_accumulator_value=0.0, eps=1e-8)
     return dense_opt, sparse_opt
 
@@ -191,7 +233,7 @@ def worker(rank, world, args, data):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
-    model = CTRModel(vocab_rows, args.dim, args.hidden, args.embedding_grad == "sparse").to(dev)
+    model = build_model(vocab_rows, args).to(dev)
     if ddp:
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     dense_opt, sparse_opt = make_optimizers(model, args)
@@ -206,6 +248,10 @@ def worker(rank, world, args, data):
         total_steps = min(total_steps, args.max_steps)
     gen = torch.Generator().manual_seed(args.seed)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    bf16 = args.autocast == "bf16"
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=dev)  # sum over this rank's samples
     seen = 0  # global samples trained on
@@ -232,7 +278,9 @@ def worker(rank, world, args, data):
                 idx = order[a:z]
                 idx = idx.to(dev)
                 ys, xs, xd = label[idx], sparse[idx], dense[idx]
-            logits = model(xs, xd)
+            with autocast():
+                logits = model(xs, xd)
+            logits = logits.float()
             loss_local = F.binary_cross_entropy_with_logits(logits, ys, reduction="sum")
             # DDP averages gradients over the ranks: scale so the result is the mean over
             # the global batch even when the slices differ in size (last batch).
@@ -267,10 +315,10 @@ def worker(rank, world, args, data):
     if rank == 0:
         net = model.module if ddp else model
         net.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             out = []
             for s in range(n_train, n, 8192):
-                out.append(net(sparse[s:s + 8192], dense[s:s + 8192]).double())
+                out.append(net(sparse[s:s + 8192], dense[s:s + 8192]).float().double())
             logits = torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
             logits, yt = logits.cpu(), label[n_train:].double().cpu()
             test_logloss = (F.binary_cross_entropy_with_logits(logits, yt).item()
@@ -278,7 +326,9 @@ def worker(rank, world, args, data):
         test_auc = auc_exact(logits.numpy(), yt.numpy()) if n_test else float("nan")
         result = {
             "impl": "pytorch-ddp" if ddp else "pytorch",
+            "model": args.model,
             "procs": nproc,
+            "autocast": args.autocast,
             "samples_per_sec": seen / elapsed if elapsed > 0 else float("nan"),
             "train_loss": train_loss,
             "test_logloss": test_logloss,
@@ -299,6 +349,8 @@ def worker(rank, world, args, data):
             "sparse_lr": args.sparse_lr,
             "sparse_optimizer": args.sparse_optimizer,
             "embedding_grad": args.embedding_grad,
+            "init_scale": args.init_scale or None,
+            **model_shape(args),
             "ddp_backend": "gloo" if ddp else None,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "vocab_rows": vocab_rows,
@@ -329,6 +381,17 @@ def worker(rank, world, args, data):
     return result
 
 
+SHAPE_FLAGS = {  # flag -> (the model that uses it, its default)
+    "bottom_mlp": ("dlrm", "64"), "interaction_self": ("dlrm", False),
+    "cross_layers": ("dcn", 3), "cross_rank": ("dcn", 0), "cross_structure": ("dcn", "stacked"),
+}
+
+
+def model_shape(args):
+    """The shape flags of this run's model (for the JSON record)."""
+    return {k: getattr(args, k) for k, (m, _) in SHAPE_FLAGS.items() if m == args.model}
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch reference of `ringrec train`.")
     ap.add_argument("--data", required=True, help="Criteo-format TSV")
@@ -336,10 +399,22 @@ def main():
     ap.add_argument("--batch", type=int, default=1024, help="global batch size")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--hidden", default="256,128")
-    ap.add_argument("--lr", type=float, default=0.001, help="lr of the MLP's optimizer")
+    ap.add_argument("--model", choices=torch_models.MODELS, default="mlp",
+                    help="the model (torch_models.py), as `ringrec train --model`")
+    ap.add_argument("--bottom-mlp", default=None, help="dlrm: bottom MLP hidden widths (64)")
+    ap.add_argument("--interaction-self", action="store_true", default=None,
+                    help="dlrm: include each vector's dot with itself")
+    ap.add_argument("--cross-layers", type=int, default=None, help="dcn: cross layers (3)")
+    ap.add_argument("--cross-rank", type=int, default=None, help="dcn: 0 = full W, R = low rank")
+    ap.add_argument("--cross-structure", choices=["stacked", "parallel"], default=None,
+                    help="dcn: stacked (default) or parallel")
+    ap.add_argument("--lr", type=float, default=0.001, help="lr of the dense optimizer")
+    ap.add_argument("--init-scale", type=float, default=0.0,
+                    help="table rows U(-s, s) instead of 1/sqrt(row width) (ringrec's --table-init-scale; default: 0.01 for deepfm, as ringrec)")
     ap.add_argument("--dense-optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--sparse-lr", type=float, default=0.05)
-    ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad"], default="sgd")
+    ap.add_argument("--sparse-optimizer", choices=["sgd", "adagrad", "adagrad-elementwise"], default="sgd",
+                    help="adagrad: row-wise (TorchRec's EXACT_ROWWISE_ADAGRAD, as ringrec's table); adagrad-elementwise: torch.optim.Adagrad")
     ap.add_argument("--test-fraction", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per process "
@@ -357,6 +432,9 @@ def main():
                     help="write the trained parameters (rank 0) to this .npz")
     ap.add_argument("--progress-every", type=int, default=50, help="steps; 0 = quiet")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: the forward pass under torch.autocast(dtype=torch.bfloat16) "
+                    "(f32 parameters and optimizers)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, or cuda (one process: the model and the whole data set on the "
                     "GPU before the loop, as a PyTorch user with a GPU runs it)")
@@ -366,6 +444,12 @@ def main():
                     help="where parsed TSVs are cached as .npz ('' = no cache)")
     args = ap.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
+    for k, (m, default) in SHAPE_FLAGS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+        elif m != args.model:
+            ap.error(f"--{k.replace('_', '-')} is a {m} flag; --model is {args.model}")
+    args.bottom_mlp = [int(h) for h in str(args.bottom_mlp).split(",") if h.strip()]
     nproc = max(args.ddp, 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if args.threads <= 0:

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ringrec::data::cache::Dataset;
 use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
-use ringrec::data::synth::synth;
+use ringrec::data::synth::{synth_with, PlantedModel};
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -31,7 +31,8 @@ pub enum DataCommand {
         #[arg(long, value_name = "N")]
         weight_column: Option<u32>,
     },
-    /// Write a synthetic Criteo-format TSV with a planted logistic model and print the
+    /// Write a synthetic Criteo-format TSV with a planted logistic model (or, with
+    /// --interactions, a planted factorisation machine plus a deep part) and print the
     /// planted model's (Bayes) AUC on it.
     Synth {
         /// Rows to write.
@@ -43,6 +44,12 @@ pub enum DataCommand {
         /// Seed of the values and of the planted model.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Label the rows with a model whose logit depends on pairwise field interactions
+        /// (first-order part + planted factorisation machine + small deep part), so the
+        /// interaction models (dlrm, dcn, deepfm) have something to find. The values are
+        /// those of the file without the flag; only the labels differ.
+        #[arg(long)]
+        interactions: bool,
     },
     /// Verify a cache file (every block's CRC-32) and print its header, row count and CTR.
     Inspect {
@@ -77,11 +84,12 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.report
             );
         }
-        DataCommand::Synth { rows, out, seed } => {
+        DataCommand::Synth { rows, out, seed, interactions } => {
             let t = Instant::now();
-            let s = synth(&out, rows, seed)?;
+            let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };
+            let s = synth_with(&out, rows, seed, model)?;
             println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}",
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}",
                 s.path.display(),
                 s.rows,
                 s.bytes,
@@ -89,7 +97,8 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.ctr,
                 s.positives,
                 s.bayes_auc,
-                s.seed
+                s.seed,
+                if interactions { " (planted interactions: first-order + factorisation machine + deep)" } else { "" }
             );
         }
         DataCommand::Inspect { path, json } => {

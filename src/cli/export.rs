@@ -41,9 +41,10 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&s)?);
     } else {
         println!(
-            "ringrec export: {} -> {}: step {}{}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin{})",
+            "ringrec export: {} -> {}: the {}, step {}{}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin{})",
             s.source.display(),
             s.bundle.display(),
+            s.model,
             s.step,
             if s.skipped.is_empty() { String::new() } else { format!(" (an older checkpoint: {} newer one(s) skipped as damaged)", s.skipped.len()) },
             s.rows,

@@ -83,14 +83,17 @@ fn print(s: &PredictSummary, out: Option<&Path>, json: bool, to_stderr: bool) ->
     } else {
         let bad: u64 = s.files.iter().map(|f| f.bad_lines).sum();
         format!(
-            "ringrec predict: {} rows of {} file(s){} with the {} on {} rank(s): AUC {} logloss {}; {:.0} rows/s; {}",
+            "ringrec predict: {} rows of {} file(s){} with the {}, {}, on {} rank(s): AUC {} logloss {} NE {} calibration {}; {:.0} rows/s; {}",
             s.rows,
             s.files.len(),
             if bad > 0 { format!(" ({bad} malformed line(s) skipped)") } else { String::new() },
             s.model,
+            s.model_spec,
             s.ranks,
             s.auc.map_or("-".into(), |v| format!("{v:.6}")),
             s.logloss.map_or("-".into(), |v| format!("{v:.6}")),
+            s.ne.map_or("-".into(), |v| format!("{v:.6}")),
+            s.calibration.map_or("-".into(), |v| format!("{v:.4}")),
             s.rows_per_sec,
             match out {
                 Some(p) if p == Path::new("-") => "scores on stdout".to_string(),

@@ -130,7 +130,7 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "ringrec train: {} ranks on {} host(s), {} steps, {} samples in {:.1}s = {:.0} samples/s; train loss {:.4}; test logloss {} AUC {}; peak RSS {:.0} MiB",
+        "ringrec train: {} ranks on {} host(s), {} steps, {} samples in {:.1}s = {:.0} samples/s; train loss {:.4}; test logloss {} AUC {} NE {} calibration {}; peak RSS {:.0} MiB",
         s.ranks,
         s.hosts,
         s.steps,
@@ -140,6 +140,8 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         s.train_loss,
         s.test_logloss.map_or("-".into(), |v| format!("{v:.4}")),
         s.test_auc.map_or("-".into(), |v| format!("{v:.4}")),
+        s.test_ne.map_or("-".into(), |v| format!("{v:.4}")),
+        s.test_calibration.map_or("-".into(), |v| format!("{v:.4}")),
         s.peak_rss_mib
     );
     if s.samples_merged + s.samples_dropped_by_weight > 0 {

@@ -44,7 +44,7 @@ pub use evalset::EvalSet;
 pub use inputs::{natural_cmp, resolve};
 pub use prepare::{prepare, prepare_with, PrepareOptions, PrepareSummary};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};
-pub use synth::{synth, SynthSummary};
+pub use synth::{synth, synth_with, PlantedModel, SynthSummary};
 
 /// A data file's identity for comparing ranks' inputs: its size and an FNV-1a digest of
 /// its first and last 64 KiB (a copy of the file on another host gets the same one;

@@ -12,13 +12,17 @@
 //! are deterministic. Reductions (column sums, sums) use the same parts and add them in
 //! order; element-wise kernels are exact whatever the split.
 //!
+//! At [`GemmPrecision::Bf16`] the same cuts run [`super::bgemm`] instead of the SGEMM
+//! (operands packed to bf16 once per GEMM, the packed `b` shared by the row parts); the
+//! epilogues and the part-order sums are the same f32 code.
+//!
 //! Scoring ([`Device::set_row_tile`]): the `gemm` crate picks its kernel and its blocking of
 //! the inner dimension by the shape (a one-row product is a GEMV, a small one a dot-product
 //! kernel, a blocking of k by whether m and n pass 64), so a row's result would follow the
 //! number of rows in its part. With a row tile every row part is exactly that many rows
 //! (the last padded with zeros), so each row's result is a function of the row alone:
 //! `predict`, the evaluation and `serve-model` score a row to the same bits whatever rows
-//! share its batch and whatever the thread count.
+//! share its batch and whatever the thread count (at f32; a bf16 device keeps its cut).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -26,7 +30,8 @@ use std::sync::Mutex;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
+use super::bgemm;
+use super::ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 use super::sgemm::sgemm;
 use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
 use crate::partition::part;
@@ -39,6 +44,7 @@ const PAR_MIN: usize = 1 << 15;
 /// The CPU as a [`Device`] (see the module docs).
 pub struct CpuDevice {
     threads: usize,
+    precision: GemmPrecision,
     /// The partial products of a cut weight-gradient GEMM (parts 1.. of it), reused.
     scratch: Mutex<Vec<f32>>,
     /// Rows per GEMM row part in scoring mode; 0: the default cut.
@@ -48,7 +54,7 @@ pub struct CpuDevice {
 impl CpuDevice {
     /// A device splitting its work into `threads` parts (on the rayon pool).
     pub fn new(threads: usize) -> CpuDevice {
-        CpuDevice { threads: threads.max(1), scratch: Mutex::new(Vec::new()), row_tile: AtomicUsize::new(0) }
+        CpuDevice { threads: threads.max(1), precision: GemmPrecision::F32, scratch: Mutex::new(Vec::new()), row_tile: AtomicUsize::new(0) }
     }
 
     /// Threads the work is split over.
@@ -60,16 +66,26 @@ impl CpuDevice {
         self.threads.min(n).max(1)
     }
 
+    /// `c = op(a) op(b)` at the device's precision, the rows of `c` cut into `threads` parts
+    /// for bf16, one SGEMM of `threads` threads for f32 (shapes the models do not use).
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], threads: usize) {
+        match self.precision {
+            GemmPrecision::F32 => sgemm(m, n, k, a, a_t, b, b_t, c, false, threads),
+            GemmPrecision::Bf16 => bgemm::gemm(m, n, k, a, a_t, b, b_t, c, threads, |_, _| {}),
+        }
+    }
+
     /// `c = a b` with the rows of `c` (and `a`) cut into parts (tiles in scoring mode).
     fn gemm_rows(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32], epi: &Epilogue<'_, Self>) {
         let (m, n, k) = (g.m, g.n, g.k);
-        let epilogue = |c: &mut [f32], r: std::ops::Range<usize>| match epi {
+        let epilogue = |r: std::ops::Range<usize>, c: &mut [f32]| match epi {
             Epilogue::Bias { bias, at, act } => bias_act(c, &bias[*at..*at + n], *act),
             Epilogue::ReluGrad { act } => relu_grad(c, &act[r.start * n..r.end * n]),
             Epilogue::None | Epilogue::BiasGrad { .. } => {}
         };
         let tile = self.row_tile.load(Ordering::Relaxed);
-        if tile > 0 {
+        if tile > 0 && self.precision == GemmPrecision::F32 {
             let run = |(i, c): (usize, &mut [f32])| {
                 let r = i * tile..(i * tile + c.len() / n);
                 if r.len() == tile {
@@ -82,7 +98,7 @@ impl CpuDevice {
                     sgemm(tile, n, k, &padded, false, b, g.b_t, &mut out, false, 1);
                     c.copy_from_slice(&out[..r.len() * n]);
                 }
-                epilogue(c, r);
+                epilogue(r, c);
             };
             let c = &mut c[..m * n];
             if m <= tile || self.threads == 1 {
@@ -93,10 +109,14 @@ impl CpuDevice {
             return;
         }
         let parts = self.parts(m);
+        if self.precision == GemmPrecision::Bf16 {
+            bgemm::gemm(m, n, k, a, false, b, g.b_t, c, parts, epilogue);
+            return;
+        }
         let run = |(i, c): (usize, &mut [f32])| {
             let r = part(m, parts, i);
             sgemm(r.len(), n, k, &a[r.start * k..], false, b, g.b_t, c, false, 1);
-            epilogue(c, r);
+            epilogue(r, c);
         };
         let chunks = split_rows(c, m, n, parts);
         if parts == 1 {
@@ -119,7 +139,7 @@ impl CpuDevice {
         }
         let product = |i: usize, c: &mut [f32], db: Option<&mut [f32]>| {
             let r = part(k, parts, i);
-            sgemm(m, n, r.len(), &a[r.start * m..r.end * m], true, &b[r.start * n..r.end * n], false, c, false, 1);
+            self.product(m, n, r.len(), &a[r.start * m..r.end * m], true, &b[r.start * n..r.end * n], false, c, 1);
             if let Some(db) = db {
                 column_sum(&b[r.start * n..r.end * n], n, db);
             }
@@ -146,7 +166,7 @@ impl CpuDevice {
 
     /// Runs `f` on consecutive chunks of `v` (of `unit` elements each unit) on the pool
     /// when there is enough work.
-    fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    pub(super) fn for_chunks<T: Send>(&self, v: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
         let units = v.len() / unit.max(1);
         if v.len() < PAR_MIN || self.threads == 1 || units < 2 {
             f(0, v);
@@ -180,7 +200,7 @@ fn disjoint<T>(v: &mut [T], a: std::ops::Range<usize>, b: std::ops::Range<usize>
     }
 }
 
-fn add_into(acc: &mut [f32], x: &[f32]) {
+pub(super) fn add_into(acc: &mut [f32], x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
         *a += b;
     }
@@ -238,7 +258,17 @@ impl Device for CpuDevice {
         "cpu"
     }
     fn fork(&self) -> DeviceResult<CpuDevice> {
-        Ok(CpuDevice::new(self.threads))
+        Ok(CpuDevice { precision: self.precision, ..CpuDevice::new(self.threads) })
+    }
+    fn gemm_precision(&self) -> GemmPrecision {
+        self.precision
+    }
+    fn set_gemm_precision(&mut self, p: GemmPrecision) -> DeviceResult<()> {
+        if p == GemmPrecision::Bf16 && !bgemm::available() {
+            return Err(DeviceError::Precision { precision: p, needs: "AVX-512 BF16 (avx512_bf16)".into(), device: "this CPU".into() });
+        }
+        self.precision = p;
+        Ok(())
     }
     fn set_row_tile(&self, rows: Option<usize>) {
         self.row_tile.store(rows.unwrap_or(0), Ordering::Relaxed);
@@ -260,7 +290,7 @@ impl Device for CpuDevice {
             if g.a_t && !g.b_t {
                 self.gemm_split_k(g, a, b, c, Some(db));
             } else {
-                sgemm(m, n, k, a, g.a_t, b, g.b_t, c, false, self.threads);
+                self.product(m, n, k, a, g.a_t, b, g.b_t, c, self.threads);
                 column_sum(b, n, db);
             }
             return Ok(());
@@ -271,7 +301,7 @@ impl Device for CpuDevice {
             return Ok(());
         }
         if g.b_t {
-            sgemm(m, n, k, a, true, b, true, c, false, self.threads);
+            self.product(m, n, k, a, true, b, true, c, self.threads);
         } else {
             self.gemm_split_k(g, a, b, c, None);
         }
@@ -378,6 +408,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
+            op => return self.exec_model(op),
         }
         Ok(())
     }

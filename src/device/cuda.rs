@@ -3,6 +3,12 @@
 //! path rounds like the CPU path up to summation order), the NVRTC-compiled kernels of
 //! kernels/*.cu, and page-locked staging buffers for asynchronous copies.
 //!
+//! At [`crate::device::GemmPrecision::Bf16`] a GEMM first casts its two operands to bf16
+//! into the queue's scratch buffers (the `f32_to_bf16` kernel of kernels/cast.cu, round to
+//! nearest even) and calls `cublasGemmEx` with bf16 inputs, f32 output and
+//! `CUBLAS_COMPUTE_32F` (tensor cores on compute capability 8.0 and newer, which it
+//! requires).
+//!
 //! cudarc runs in multi-stream mode (every queue has its own stream: [`Device::fork`]
 //! makes one for the engine), so each buffer records events on use and a stream that
 //! touches a buffer waits for the other streams' pending work on it: a gradient handed to
@@ -20,13 +26,15 @@ pub use dummy::CudaDevice;
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
+
+    use half::bf16;
 
     use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig};
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
     use crate::device::kernels::{Kernel, Kernels};
-    use crate::device::ops::{launch, launch_epilogue, Epilogue, Gemm, KernelArg, LaunchKernels, Op};
+    use crate::device::ops::{launch, launch_epilogue, Epilogue, Gemm, GemmPrecision, HalfMut, KernelArg, LaunchKernels, Op};
     use crate::device::plan::row_major;
     use crate::device::{Device, DeviceError, DeviceResult, Direction, Scalar};
     use crate::dtype::Element;
@@ -43,6 +51,9 @@ mod imp {
         blas: CudaBlas,
         kernels: Arc<Kernels>,
         name: String,
+        precision: GemmPrecision,
+        /// The bf16 copies of a bf16 GEMM's operands (a, b), grown as needed.
+        half_operands: Mutex<Option<(CudaSlice<bf16>, CudaSlice<bf16>)>>,
     }
 
     fn call<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> DeviceError + '_ {
@@ -70,7 +81,7 @@ mod imp {
             let blas = blas_on(&stream)?;
             let kernels = Arc::new(Kernels::load(&ctx)?);
             let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-            Ok(CudaDevice { ctx, stream, blas, kernels, name })
+            Ok(CudaDevice { ctx, stream, blas, kernels, name, precision: GemmPrecision::F32, half_operands: Mutex::new(None) })
         }
 
         /// The PCI bus id of the GPU (`0000:3b:00.0`): what tells two ranks' GPUs apart
@@ -124,7 +135,20 @@ mod imp {
         fn fork(&self) -> DeviceResult<CudaDevice> {
             let stream = self.ctx.new_stream().map_err(call("creating a stream"))?;
             let blas = blas_on(&stream)?;
-            Ok(CudaDevice { ctx: self.ctx.clone(), stream, blas, kernels: self.kernels.clone(), name: self.name.clone() })
+            Ok(CudaDevice { ctx: self.ctx.clone(), stream, blas, kernels: self.kernels.clone(), name: self.name.clone(), precision: self.precision, half_operands: Mutex::new(None) })
+        }
+        fn gemm_precision(&self) -> GemmPrecision {
+            self.precision
+        }
+        fn set_gemm_precision(&mut self, p: GemmPrecision) -> DeviceResult<()> {
+            if p == GemmPrecision::Bf16 {
+                let (major, minor) = self.ctx.compute_capability().map_err(call("reading the GPU's compute capability"))?;
+                if major < 8 {
+                    return Err(DeviceError::Precision { precision: p, needs: "bf16 tensor cores (compute capability 8.0 or newer)".into(), device: format!("{} (compute capability {major}.{minor})", self.name) });
+                }
+            }
+            self.precision = p;
+            Ok(())
         }
         fn alloc<T: Scalar>(&self, n: usize) -> DeviceResult<CudaSlice<T>> {
             // One element at least: a zero-size allocation is not a valid device pointer.
@@ -206,6 +230,10 @@ mod imp {
                 let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
                 let int = |v: usize| i32::try_from(v).map_err(|_| DeviceError::refused("gemm", format!("dimension {v} exceeds cuBLAS's int")));
                 let cfg = GemmConfig { transa: op(p.trans_first), transb: op(p.trans_second), m: int(p.m)?, n: int(p.n)?, k: int(p.k)?, alpha: 1.0f32, lda: int(p.ld_first)?, ldb: int(p.ld_second)?, beta: 0.0f32, ldc: int(p.ld_c)? };
+                if self.precision == GemmPrecision::Bf16 {
+                    self.gemm_bf16(g, cfg, a, b, (&mut *c.0, c.1))?;
+                    return launch_epilogue(self, g, b, c.0, c.1, epi);
+                }
                 let first: CudaView<'_, f32> = b.0.slice(b.1..);
                 let second: CudaView<'_, f32> = a.0.slice(a.1..);
                 let mut cv: CudaViewMut<'_, f32> = c.0.slice_mut(c.1..);
@@ -225,6 +253,58 @@ mod imp {
         fn take_back<T: Scalar + Element>(&self, t: Tensor) -> DeviceResult<CudaSlice<T>> {
             let what = || DeviceError::refused("taking a tensor back", format!("not a {} buffer of a GPU", T::DTYPE));
             t.into_device().map_err(|_| what())?.into_buffer::<CudaSlice<T>>().map_err(|_| what())
+        }
+    }
+
+    impl CudaDevice {
+        /// The GEMM `cfg` (the column-major call of `g`) at bf16: both operands cast into
+        /// the queue's scratch, then `cublasGemmEx` (bf16 in, f32 out, f32 compute).
+        fn gemm_bf16(&self, g: &Gemm, cfg: GemmConfig<f32>, a: (&CudaSlice<f32>, usize), b: (&CudaSlice<f32>, usize), c: (&mut CudaSlice<f32>, usize)) -> DeviceResult<()> {
+            use cudarc::cublas::sys::{cublasComputeType_t::CUBLAS_COMPUTE_32F, cublasGemmAlgo_t, cudaDataType_t};
+            let (na, nb, _) = g.extents();
+            let mut scratch = self.half_operands.lock().unwrap_or_else(|p| p.into_inner());
+            if scratch.as_ref().is_none_or(|(ha, hb)| ha.len() < na || hb.len() < nb) {
+                let (ha, hb) = scratch.as_ref().map_or((0, 0), |(ha, hb)| (ha.len(), hb.len()));
+                *scratch = Some((self.alloc(na.max(ha))?, self.alloc(nb.max(hb))?));
+            }
+            let Some((ha, hb)) = scratch.as_mut() else {
+                return Err(DeviceError::refused("bf16 gemm", "no scratch for the operands (a bug in ringrec: please report it)"));
+            };
+            launch(self, Op::ToHalf { src: a.0, src_at: a.1, dst: HalfMut::Bf16(ha), dst_at: 0, n: na })?;
+            launch(self, Op::ToHalf { src: b.0, src_at: b.1, dst: HalfMut::Bf16(hb), dst_at: 0, n: nb })?;
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let mut cv: CudaViewMut<'_, f32> = c.0.slice_mut(c.1..);
+            // cuBLAS's first operand is b, its second a (plan::row_major).
+            let (first, _rf) = hb.device_ptr(&self.stream);
+            let (second, _rs) = ha.device_ptr(&self.stream);
+            let (out, _rc) = cv.device_ptr_mut(&self.stream);
+            // SAFETY: the scratch buffers hold the operands' extents (grown above), c's extent
+            // fits past its offset (Device::gemm checked it); the pointers stay valid while
+            // their guards live, and the casts above are ordered before the GEMM on the stream.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    cfg.transa,
+                    cfg.transb,
+                    cfg.m,
+                    cfg.n,
+                    cfg.k,
+                    (&alpha) as *const f32 as *const _,
+                    first as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    cfg.lda,
+                    second as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    cfg.ldb,
+                    (&beta) as *const f32 as *const _,
+                    out as *mut _,
+                    cudaDataType_t::CUDA_R_32F,
+                    cfg.ldc,
+                    CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(call("cuBLAS bf16 GEMM (cublasGemmEx)"))
         }
     }
 
@@ -295,7 +375,7 @@ mod imp {
 mod dummy {
     use std::convert::Infallible;
 
-    use crate::device::ops::{Epilogue, Gemm, Op};
+    use crate::device::ops::{Epilogue, Gemm, GemmPrecision, Op};
     use crate::device::{Device, DeviceError, DeviceResult, Direction, Scalar};
     use crate::dtype::Element;
     use crate::tensor::Tensor;
@@ -366,6 +446,12 @@ mod dummy {
             match *self {}
         }
         fn exec_unchecked(&self, _: Op<'_, Self>) -> DeviceResult<()> {
+            match *self {}
+        }
+        fn gemm_precision(&self) -> GemmPrecision {
+            match *self {}
+        }
+        fn set_gemm_precision(&mut self, _: GemmPrecision) -> DeviceResult<()> {
             match *self {}
         }
         fn lend<T: Scalar + Element>(&self, _: Infallible) -> Tensor {

@@ -1,6 +1,7 @@
 //! [`HostKernels`]: the [`Device`] trait on the CPU, running the kernels of kernels/*.cu
 //! compiled as host C++ (kernels/host_shim.h) and cuBLAS's column-major SGEMM semantics
-//! ([`super::plan::ColumnMajorGemm::reference`]), **asynchronously, like a GPU**.
+//! ([`super::plan::ColumnMajorGemm::reference`]; at [`GemmPrecision::Bf16`] on operands
+//! rounded to bf16 first, as `cublasGemmEx` multiplies them), **asynchronously, like a GPU**.
 //!
 //! It exists for tests: the GPU code path — the dense model over the kernels, its tensors
 //! handed to the engine's device executor on a second queue — and every kernel run through
@@ -32,7 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::host_stream::{Access, Mem, Queue};
 pub use super::host_stream::{HostDelay, HostFault};
 use super::kernels::{host_source, Kernel};
-use super::ops::{launch, launch_epilogue, Epilogue, Gemm, KernelArg, LaunchKernels, Op};
+use super::ops::{launch, launch_epilogue, Epilogue, Gemm, GemmPrecision, KernelArg, LaunchKernels, Op};
 use super::plan::row_major;
 use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
 use crate::dtype::Element;
@@ -169,6 +170,7 @@ pub struct HostKernels {
     lib: Arc<Library>,
     family: Arc<Family>,
     queue: Queue,
+    precision: GemmPrecision,
 }
 
 /// A buffer of the host-kernels device (memory shared with the operations queued on it).
@@ -214,7 +216,7 @@ impl HostKernels {
     /// As [`HostKernels::new`], misbehaving as `options` say.
     pub fn with_options(options: HostOptions) -> Result<HostKernels, DeviceError> {
         let family = Arc::new(Family { options, queues: AtomicU64::new(0) });
-        Ok(HostKernels { lib: library()?, queue: queue(&family)?, family })
+        Ok(HostKernels { lib: library()?, queue: queue(&family)?, family, precision: GemmPrecision::F32 })
     }
 
     /// The options it runs with.
@@ -242,7 +244,14 @@ impl Device for HostKernels {
         "host-kernels"
     }
     fn fork(&self) -> DeviceResult<HostKernels> {
-        Ok(HostKernels { lib: self.lib.clone(), queue: queue(&self.family)?, family: self.family.clone() })
+        Ok(HostKernels { lib: self.lib.clone(), queue: queue(&self.family)?, family: self.family.clone(), precision: self.precision })
+    }
+    fn gemm_precision(&self) -> GemmPrecision {
+        self.precision
+    }
+    fn set_gemm_precision(&mut self, p: GemmPrecision) -> DeviceResult<()> {
+        self.precision = p;
+        Ok(())
     }
     fn alloc<T: Scalar>(&self, n: usize) -> DeviceResult<HostBuf<T>> {
         Ok(HostBuf { mem: Mem::zeroed(n) })
@@ -323,12 +332,18 @@ impl Device for HostKernels {
             let (na, nb, nc) = g.extents();
             let (pa, pb, pc) = (a.0.mem.addr(a.1), b.0.mem.addr(b.1), c.0.mem.addr(c.1));
             let accesses = vec![Access::read(&a.0.mem), Access::read(&b.0.mem), Access::write(&c.0.mem)];
+            let bf16 = self.precision == GemmPrecision::Bf16;
             self.queue.submit(accesses, move || {
                 // SAFETY: Device::gemm checked that each operand's extent fits its buffer past
                 // its offset; the job holds a and b shared and c exclusively while it runs (c
                 // is another buffer than a and b: the caller borrows it mutably).
                 let (a, b, c) = unsafe { (std::slice::from_raw_parts(pa as *const f32, na), std::slice::from_raw_parts(pb as *const f32, nb), std::slice::from_raw_parts_mut(pc as *mut f32, nc)) };
-                plan.reference(b, a, c);
+                if bf16 {
+                    let round = |x: &[f32]| x.iter().map(|v| super::bgemm::rounded(*v)).collect::<Vec<f32>>();
+                    plan.reference(&round(b), &round(a), c);
+                } else {
+                    plan.reference(b, a, c);
+                }
             })?;
         }
         launch_epilogue(self, g, b, c.0, c.1, epi)

@@ -28,6 +28,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("optim", include_str!("../../kernels/optim.cu")),
     ("cast", include_str!("../../kernels/cast.cu")),
     ("compress", include_str!("../../kernels/compress.cu")),
+    ("models", include_str!("../../kernels/models.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -71,11 +72,31 @@ pub enum Kernel {
     OneBitPack,
     /// 1-bit: every rank's encoding decoded and summed.
     OneBitUnpackSum,
+    /// A block of columns between strided matrices.
+    CopyBlock,
+    /// Element-wise product (or product added).
+    Mul,
+    /// Element-wise sum into the output.
+    AddInto,
+    /// DLRM's dot interaction.
+    Interaction,
+    /// Its backward.
+    InteractionGrad,
+    /// The deep input without the first-order weights.
+    StripFirstOrder,
+    /// The sum of a sample's first-order weights.
+    FirstOrderSum,
+    /// The backward of both.
+    StripFirstOrderGrad,
+    /// The factorisation machine's second-order term.
+    FmSecondOrder,
+    /// Its backward.
+    FmSecondOrderGrad,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -95,6 +116,16 @@ impl Kernel {
         Kernel::OneBitScale,
         Kernel::OneBitPack,
         Kernel::OneBitUnpackSum,
+        Kernel::CopyBlock,
+        Kernel::Mul,
+        Kernel::AddInto,
+        Kernel::Interaction,
+        Kernel::InteractionGrad,
+        Kernel::StripFirstOrder,
+        Kernel::FirstOrderSum,
+        Kernel::StripFirstOrderGrad,
+        Kernel::FmSecondOrder,
+        Kernel::FmSecondOrderGrad,
     ];
 
     /// The function's name in its source.
@@ -119,6 +150,16 @@ impl Kernel {
             Kernel::OneBitScale => "onebit_scale",
             Kernel::OneBitPack => "onebit_pack",
             Kernel::OneBitUnpackSum => "onebit_unpack_sum",
+            Kernel::CopyBlock => "copy_block",
+            Kernel::Mul => "mul",
+            Kernel::AddInto => "add_into",
+            Kernel::Interaction => "interaction",
+            Kernel::InteractionGrad => "interaction_grad",
+            Kernel::StripFirstOrder => "strip_first_order",
+            Kernel::FirstOrderSum => "first_order_sum",
+            Kernel::StripFirstOrderGrad => "strip_first_order_grad",
+            Kernel::FmSecondOrder => "fm_second_order",
+            Kernel::FmSecondOrderGrad => "fm_second_order_grad",
         }
     }
 
@@ -128,6 +169,16 @@ impl Kernel {
             Kernel::SgdUpdate | Kernel::AdamUpdate => "optim",
             Kernel::F32ToF16 | Kernel::F32ToBf16 | Kernel::F16ToF32 | Kernel::Bf16ToF32 => "cast",
             Kernel::OneBitNorms | Kernel::OneBitScale | Kernel::OneBitPack | Kernel::OneBitUnpackSum => "compress",
+            Kernel::CopyBlock
+            | Kernel::Mul
+            | Kernel::AddInto
+            | Kernel::Interaction
+            | Kernel::InteractionGrad
+            | Kernel::StripFirstOrder
+            | Kernel::FirstOrderSum
+            | Kernel::StripFirstOrderGrad
+            | Kernel::FmSecondOrder
+            | Kernel::FmSecondOrderGrad => "models",
             _ => "dense",
         }
     }

@@ -5,8 +5,8 @@
 //!
 //! | backend | memory | kernels |
 //! |---|---|---|
-//! | [`CpuDevice`] | `Vec<T>` | Rust loops and the `gemm` crate, split over the rank's threads |
-//! | [`CudaDevice`] | `cudarc` device buffers, page-locked staging | cuBLAS and kernels/*.cu compiled by NVRTC; an uninhabited stand-in without the `cuda` feature |
+//! | [`CpuDevice`] | `Vec<T>` | Rust loops and the `gemm` crate (bf16: [`bgemm`], AVX-512 BF16), split over the rank's threads |
+//! | [`CudaDevice`] | `cudarc` device buffers, page-locked staging | cuBLAS (bf16: `cublasGemmEx` on tensor cores) and kernels/*.cu compiled by NVRTC; an uninhabited stand-in without the `cuda` feature |
 //! | [`HostKernels`] | reference-counted host memory | the same kernels/*.cu compiled as host C++, queued on worker threads like CUDA streams ([`host_stream`]; tests of the GPU code path on machines without a GPU) |
 //!
 //! Every operation is checked before it runs: [`Device::gemm`] and [`Device::exec`] verify
@@ -16,7 +16,11 @@
 //! device's stream, buffers used by two queues order them with events, and
 //! [`Device::host`] views of staging memory wait for the copies that use it.
 
+// AVX-512 intrinsics: stable since 1.89 (see the module's docs).
+#[clippy::msrv = "1.89"]
+pub mod bgemm;
 pub mod cpu;
+mod cpu_models;
 pub mod cuda;
 pub mod host_kernels;
 pub mod host_stream;
@@ -32,7 +36,7 @@ use half::{bf16, f16};
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
 pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
-pub use ops::{Activation, Epilogue, Gemm, HalfMut, HalfRef, Op};
+pub use ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 pub use libs::CudaLib;
 pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};
 
@@ -84,6 +88,16 @@ pub enum DeviceError {
     /// does not know); says which NVRTC and driver, and what to install.
     #[error("{0}")]
     KernelLoad(Box<KernelLoadError>),
+    /// The device cannot run its GEMMs at the precision asked for (`--dense-precision`).
+    #[error("--dense-precision {precision} needs {needs}, which {device} lacks; use f32")]
+    Precision {
+        /// The precision asked for.
+        precision: GemmPrecision,
+        /// What it needs (`AVX-512 BF16 (avx512_bf16)`).
+        needs: String,
+        /// The device (`this CPU`).
+        device: String,
+    },
     /// A driver, cuBLAS or kernel call failed, or an operation was refused.
     #[error("{what} failed: {detail}")]
     Call {
@@ -248,7 +262,14 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// every operation queued on it (on any queue) has run.
     fn host_memory<'a, T: Scalar>(&self, b: &'a mut Self::Buf<T>) -> Option<&'a mut [T]>;
 
-    /// `c = op(a) op(b)` (row-major, see [`Gemm`]), then the epilogue. Called through
+    /// The precision of this queue's GEMMs (f32 until set).
+    fn gemm_precision(&self) -> GemmPrecision;
+    /// Runs this queue's later GEMMs (and its forks') at `p`; [`DeviceError::Precision`]
+    /// when the device cannot, never a silent fallback.
+    fn set_gemm_precision(&mut self, p: GemmPrecision) -> DeviceResult<()>;
+
+    /// `c = op(a) op(b)` (row-major, see [`Gemm`]) at [`Device::gemm_precision`], then the
+    /// epilogue. Called through
     /// [`Device::gemm`], which checks bounds.
     fn gemm_unchecked(&self, g: &Gemm, a: (&Self::Buf<f32>, usize), b: (&Self::Buf<f32>, usize), c: (&mut Self::Buf<f32>, usize), epi: Epilogue<'_, Self>) -> DeviceResult<()>;
     /// Runs `op`. Called through [`Device::exec`], which checks bounds.

@@ -31,6 +31,21 @@ impl Gemm {
     }
 }
 
+/// The arithmetic of a device's GEMMs (`--dense-precision`): a property of the device
+/// ([`Device::set_gemm_precision`]), so every GEMM of every model follows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmPrecision {
+    /// f32 operands and accumulation (the default).
+    #[default]
+    F32,
+    /// Operands rounded to bfloat16 (nearest, ties to even), products accumulated in f32
+    /// and the result in f32: the CPU's AVX-512 BF16 (`vdpbf16ps`), cuBLAS's bf16 tensor-core
+    /// GEMMs. Parameters, gradients and optimizer state stay f32.
+    Bf16,
+}
+
+crate::config::named_enum!(GemmPrecision { F32 => "f32", Bf16 => "bf16" });
+
 /// What follows a layer's GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -156,6 +171,40 @@ pub enum Op<'a, D: Device> {
     /// `slots[offsets[u]..offsets[u+1]]` (slot `p` is block `p % per_row` of row
     /// `p / per_row`) summed in list order into `out[u * dim ..]`.
     SegmentSum { src: &'a D::Buf<f32>, offsets: &'a D::Buf<u32>, slots: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, segments: usize, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// A block of columns copied between row-major matrices of `rows` rows:
+    /// `out[r * stride + col + c] = src[r * src_stride + src_col + c]` for `c < cols`.
+    CopyBlock { src: &'a D::Buf<f32>, src_stride: usize, src_col: usize, out: &'a mut D::Buf<f32>, stride: usize, col: usize, rows: usize, cols: usize },
+    /// `out[i] = a[i] * b[i]` (or `out[i] += a[i] * b[i]` when `accumulate`) for `n`
+    /// elements (DCN-v2's `x_0 * y` and its backward).
+    Mul { a: &'a D::Buf<f32>, b: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, n: usize, accumulate: bool },
+    /// `out[i] += x[i]` for `n` elements.
+    AddInto { x: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, n: usize },
+    /// DLRM's dot interaction: `z` holds `rows` rows of `vectors` vectors of `dim` values
+    /// (`z_0` first); output row `r` (`dim + pairs` values) is `z_0`, then `dot(z_i, z_j)`
+    /// for `i` in `0..vectors`, `j < i` (`j <= i` when `with_self`), each summed over `k` in
+    /// order.
+    Interaction { z: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, vectors: usize, dim: usize, with_self: bool },
+    /// The backward of [`Op::Interaction`]: from the output's gradient `dout`, `dz[r, i, k]`
+    /// = (`dout[r, k]` for `i = 0`) + the sum over `j` in order of `dout[r, pair(i, j)]` times
+    /// `z[r, j, k]` (twice `z[r, i, k]` for the pair of `i` with itself).
+    InteractionGrad { z: &'a D::Buf<f32>, dout: &'a D::Buf<f32>, dz: &'a mut D::Buf<f32>, rows: usize, vectors: usize, dim: usize, with_self: bool },
+    /// The deep input of a model with first-order weights: input rows of `fields` blocks of
+    /// `dim + 1` values (embedding, weight) then `ndense` features become rows of the
+    /// `fields` embeddings (`dim` each) then the features.
+    StripFirstOrder { x: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, fields: usize, dim: usize, ndense: usize },
+    /// `out[r] = sum over the fields f in order of x[r, f (dim + 1) + dim]`: the
+    /// first-order weights of a sample's keys (input rows as in [`Op::StripFirstOrder`]).
+    FirstOrderSum { x: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, fields: usize, dim: usize, ndense: usize },
+    /// The backward of both: input gradient rows from the deep input's gradient `ddeep`
+    /// (embedding and feature columns) and the first-order sum's gradient `dsum` (each
+    /// field's weight column).
+    StripFirstOrderGrad { ddeep: &'a D::Buf<f32>, dsum: &'a D::Buf<f32>, dx: &'a mut D::Buf<f32>, rows: usize, fields: usize, dim: usize, ndense: usize },
+    /// The factorisation machine's second-order term over rows of `stride` values whose
+    /// first `fields * dim` are the embeddings: `out[r] = 0.5 * sum over k of ((sum_f
+    /// e[f, k])^2 - sum_f e[f, k]^2)`, fields and k in order.
+    FmSecondOrder { emb: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, fields: usize, dim: usize, stride: usize },
+    /// Its backward, added into `demb`: `demb[r, f, k] += dout[r] * (sum_g e[g, k] - e[f, k])`.
+    FmSecondOrderGrad { emb: &'a D::Buf<f32>, dout: &'a D::Buf<f32>, demb: &'a mut D::Buf<f32>, rows: usize, fields: usize, dim: usize, stride: usize },
     /// SGD: `p[at + i] -= lr * g[i]` for `n` elements.
     Sgd { p: &'a mut D::Buf<f32>, at: usize, g: &'a D::Buf<f32>, lr: f32, n: usize },
     /// Adam over `n` parameters from `at` (moments `m`, `v` at the same offset); `alpha`
@@ -181,6 +230,16 @@ pub enum Op<'a, D: Device> {
 }
 
 pub use crate::onebit::scales as onebit_scales;
+
+/// DLRM's number of dot products of `vectors` vectors: pairs `j < i`, or `j <= i` with
+/// each vector's dot with itself.
+pub fn interaction_pairs(vectors: usize, with_self: bool) -> usize {
+    if with_self {
+        vectors * (vectors + 1) / 2
+    } else {
+        vectors * vectors.saturating_sub(1) / 2
+    }
+}
 
 /// Words of a 1-bit encoding of `n` values in blocks of `block`: the scales, then the
 /// sign bits.
@@ -214,6 +273,16 @@ impl<D: Device> Op<'_, D> {
             Op::GatherRows { .. } => "gather_rows",
             Op::CopyColumns { .. } => "copy_columns",
             Op::SegmentSum { .. } => "segment_sum",
+            Op::CopyBlock { .. } => "copy_block",
+            Op::Mul { .. } => "mul",
+            Op::AddInto { .. } => "add_into",
+            Op::Interaction { .. } => "interaction",
+            Op::InteractionGrad { .. } => "interaction_grad",
+            Op::StripFirstOrder { .. } => "strip_first_order",
+            Op::FirstOrderSum { .. } => "first_order_sum",
+            Op::StripFirstOrderGrad { .. } => "strip_first_order_grad",
+            Op::FmSecondOrder { .. } => "fm_second_order",
+            Op::FmSecondOrderGrad { .. } => "fm_second_order_grad",
             Op::Sgd { .. } => "sgd",
             Op::Adam { .. } => "adam",
             Op::ToHalf { .. } => "to_half",
@@ -280,6 +349,16 @@ impl<D: Device> Op<'_, D> {
                 f("slots", dev.len(*slots), rows * per_row)?;
                 f("out", dev.len(&**out), segments * dim)
             }
+            Op::CopyBlock { .. }
+            | Op::Mul { .. }
+            | Op::AddInto { .. }
+            | Op::Interaction { .. }
+            | Op::InteractionGrad { .. }
+            | Op::StripFirstOrder { .. }
+            | Op::FirstOrderSum { .. }
+            | Op::StripFirstOrderGrad { .. }
+            | Op::FmSecondOrder { .. }
+            | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)
@@ -311,6 +390,69 @@ impl<D: Device> Op<'_, D> {
                 f("gathered", dev.len(*gathered), ranks * stride)?;
                 f("x", dev.len(&**x), *n)
             }
+        }
+    }
+}
+
+impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the models' kernels (kernels/models.cu).
+    fn check_model(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
+        match self {
+            Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => {
+                if src_col + cols > *src_stride || col + cols > *stride {
+                    return Err(DeviceError::refused("copy_block", format!("columns {src_col}+{cols} of rows of {src_stride} or {col}+{cols} of rows of {stride} out of bounds")));
+                }
+                f("src", dev.len(*src), rows * src_stride)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::Mul { a, b, out, n, .. } => {
+                f("a", dev.len(*a), *n)?;
+                f("b", dev.len(*b), *n)?;
+                f("out", dev.len(&**out), *n)
+            }
+            Op::AddInto { x, out, n } => {
+                f("x", dev.len(*x), *n)?;
+                f("out", dev.len(&**out), *n)
+            }
+            Op::Interaction { z, out, rows, vectors, dim, with_self } => {
+                f("z", dev.len(*z), rows * vectors * dim)?;
+                f("out", dev.len(&**out), rows * (dim + interaction_pairs(*vectors, *with_self)))
+            }
+            Op::InteractionGrad { z, dout, dz, rows, vectors, dim, with_self } => {
+                f("z", dev.len(*z), rows * vectors * dim)?;
+                f("dout", dev.len(*dout), rows * (dim + interaction_pairs(*vectors, *with_self)))?;
+                f("dz", dev.len(&**dz), rows * vectors * dim)
+            }
+            Op::StripFirstOrder { x, out, rows, fields, dim, ndense } => {
+                f("x", dev.len(*x), rows * (fields * (dim + 1) + ndense))?;
+                f("out", dev.len(&**out), rows * (fields * dim + ndense))
+            }
+            Op::FirstOrderSum { x, out, rows, fields, dim, ndense } => {
+                f("x", dev.len(*x), rows * (fields * (dim + 1) + ndense))?;
+                f("out", dev.len(&**out), *rows)
+            }
+            Op::StripFirstOrderGrad { ddeep, dsum, dx, rows, fields, dim, ndense } => {
+                f("ddeep", dev.len(*ddeep), rows * (fields * dim + ndense))?;
+                f("dsum", dev.len(*dsum), *rows)?;
+                f("dx", dev.len(&**dx), rows * (fields * (dim + 1) + ndense))
+            }
+            Op::FmSecondOrder { emb, out, rows, fields, dim, stride } => {
+                if fields * dim > *stride {
+                    return Err(DeviceError::refused("fm_second_order", format!("{fields} fields of {dim} do not fit a row of {stride}")));
+                }
+                f("emb", dev.len(*emb), rows * stride)?;
+                f("out", dev.len(&**out), *rows)
+            }
+            Op::FmSecondOrderGrad { emb, dout, demb, rows, fields, dim, stride } => {
+                if fields * dim > *stride {
+                    return Err(DeviceError::refused("fm_second_order_grad", format!("{fields} fields of {dim} do not fit a row of {stride}")));
+                }
+                f("emb", dev.len(*emb), rows * stride)?;
+                f("dout", dev.len(*dout), *rows)?;
+                f("demb", dev.len(&**demb), rows * stride)
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -372,6 +514,21 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::SegmentSum { src, offsets, slots, out, segments, per_row, dim, stride, .. } => {
             dev.launch(Kernel::SegmentSum, segments * dim, &mut [In(src, 0), InU32(offsets), InU32(slots), Out(out, 0), int(segments)?, int(per_row)?, int(dim)?, int(stride)?])
         }
+        Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => dev.launch(Kernel::CopyBlock, rows * cols, &mut [In(src, 0), int(src_stride)?, int(src_col)?, Out(out, 0), int(stride)?, int(col)?, int(rows)?, int(cols)?]),
+        Op::Mul { a, b, out, n, accumulate } => dev.launch(Kernel::Mul, n, &mut [In(a, 0), In(b, 0), Out(out, 0), long(n), KernelArg::I32(accumulate as i32)]),
+        Op::AddInto { x, out, n } => dev.launch(Kernel::AddInto, n, &mut [In(x, 0), Out(out, 0), long(n)]),
+        Op::Interaction { z, out, rows, vectors, dim, with_self } => {
+            let width = dim + interaction_pairs(vectors, with_self);
+            dev.launch(Kernel::Interaction, rows * width, &mut [In(z, 0), Out(out, 0), int(rows)?, int(vectors)?, int(dim)?, KernelArg::I32(with_self as i32)])
+        }
+        Op::InteractionGrad { z, dout, dz, rows, vectors, dim, with_self } => dev.launch(Kernel::InteractionGrad, rows * vectors * dim, &mut [In(z, 0), In(dout, 0), Out(dz, 0), int(rows)?, int(vectors)?, int(dim)?, KernelArg::I32(with_self as i32)]),
+        Op::StripFirstOrder { x, out, rows, fields, dim, ndense } => dev.launch(Kernel::StripFirstOrder, rows * (fields * dim + ndense), &mut [In(x, 0), Out(out, 0), int(rows)?, int(fields)?, int(dim)?, int(ndense)?]),
+        Op::FirstOrderSum { x, out, rows, fields, dim, ndense } => dev.launch(Kernel::FirstOrderSum, rows, &mut [In(x, 0), Out(out, 0), int(rows)?, int(fields)?, int(dim)?, int(ndense)?]),
+        Op::StripFirstOrderGrad { ddeep, dsum, dx, rows, fields, dim, ndense } => {
+            dev.launch(Kernel::StripFirstOrderGrad, rows * (fields * (dim + 1) + ndense), &mut [In(ddeep, 0), In(dsum, 0), Out(dx, 0), int(rows)?, int(fields)?, int(dim)?, int(ndense)?])
+        }
+        Op::FmSecondOrder { emb, out, rows, fields, dim, stride } => dev.launch(Kernel::FmSecondOrder, rows, &mut [In(emb, 0), Out(out, 0), int(rows)?, int(fields)?, int(dim)?, int(stride)?]),
+        Op::FmSecondOrderGrad { emb, dout, demb, rows, fields, dim, stride } => dev.launch(Kernel::FmSecondOrderGrad, rows * dim, &mut [In(emb, 0), In(dout, 0), Out(demb, 0), int(rows)?, int(fields)?, int(dim)?, int(stride)?]),
         Op::Sgd { p, at, g, lr, n } => dev.launch(Kernel::SgdUpdate, n, &mut [Out(p, at), In(g, 0), F32(lr), long(n)]),
         Op::Adam { p, at, g, m, v, alpha, beta1, beta2, eps_hat, n } => {
             dev.launch(Kernel::AdamUpdate, n, &mut [Out(p, at), In(g, 0), Out(m, at), Out(v, at), F32(alpha), F32(beta1), F32(beta2), F32(eps_hat), long(n)])

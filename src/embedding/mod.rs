@@ -123,6 +123,7 @@ pub mod index;
 pub mod init;
 pub mod manage;
 pub mod params;
+pub mod snapshot;
 pub mod table;
 pub mod update;
 
@@ -133,6 +134,7 @@ pub use host::{host_table_path, HostTable, SegmentGuard, TableSource};
 pub use grow::Spare;
 pub use manage::{apply_managed, Ahead, Growth, Managed, TablePolicy};
 pub use params::{read_params_header, write_params, ParamsHeader};
+pub use snapshot::{TableImage, TableSnapshot};
 pub use table::{EmbeddingTable, TableConfig, TableInfo, VerifyReport};
 pub use update::UpdateStats;
 

@@ -2,8 +2,7 @@
 //! checksums and verifying them.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -14,7 +13,7 @@ use super::error::{TableError, TableResult};
 use super::format::{self, Extras, Header, Layout, OptimizerKind, RowCounts, StorageDtype, EMPTY_KEY, FORMAT, HEADER_FIELDS, HEADER_LEN};
 use super::index;
 use super::init::{self, Elem};
-use crate::fileio::{self, AtomicFile, IoError};
+use crate::fileio;
 use crate::hash::{self, CHECKSUM_BLOCK};
 
 /// Batches at least this long are gathered with rayon; shorter ones on the calling thread.
@@ -286,7 +285,7 @@ impl<T: Elem> View<'_, T> {
 }
 
 /// Sub-slice `[off, off + len)` of `b`, or a layout error instead of a panic.
-fn sub<'a>(path: &Path, b: &'a [u8], off: u64, len: u64) -> TableResult<&'a [u8]> {
+pub(super) fn sub<'a>(path: &Path, b: &'a [u8], off: u64, len: u64) -> TableResult<&'a [u8]> {
     b.get(range(off, len)).ok_or_else(|| TableError::from(FORMAT.layout(path, format!("section [{off}, +{len}) outside the mapping"))))
 }
 
@@ -507,31 +506,10 @@ impl EmbeddingTable {
         })
     }
 
-    /// Writes the whole table to `path` atomically (a temporary file in the same directory,
-    /// its space reserved up front, fsync, rename over `path`, fsync of the directory), with
-    /// the CRC-32 of every block of the body in the sums section and the checksums flag set:
-    /// every later open verifies them. The sums are computed on the rayon pool while the
-    /// body is written (the header, which records their own CRC, is written last), so they
-    /// add little to the time of the write.
+    /// Writes the whole table to `path` atomically, with the CRC-32 of every block (see
+    /// [`super::snapshot::TableImage::save`], the one writer of a saved table).
     pub fn save(&self, path: &Path) -> TableResult<()> {
-        let b = self.as_bytes();
-        let h = Header::parse(&self.path, b, b.len() as u64)?;
-        let l = h.layout;
-        let body = sub(&self.path, b, l.index_offset, l.sums_offset - l.index_offset)?;
-        let f = AtomicFile::create(path, 0o600)?;
-        fileio::reserve(f.file(), path, l.file_len)?;
-        let io = |e| IoError::new(f.path(), "write", e);
-        let mut out = f.file();
-        // The header page goes in last; until the rename nobody sees the file anyway. The
-        // sums are a rayon task this thread may run itself (when it is the pool's only
-        // worker), never one it blocks on.
-        let (written, sums) = rayon::join(|| out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body)), || hash::block_sums(body));
-        written.map_err(io)?;
-        let (tail, sealed) = sealed(&h, sums);
-        let mut head = vec![0u8; HEADER_LEN as usize];
-        head[..HEADER_FIELDS].copy_from_slice(&sealed.encode());
-        out.write_all(&tail).and_then(|_| f.file().write_all_at(&head, 0)).map_err(io)?;
-        Ok(f.commit()?)
+        self.image()?.save(path)
     }
 
     /// Writes the checksums of the body into this writable table's own file and sets the
@@ -830,7 +808,7 @@ impl EmbeddingTable {
 
 /// The sums section (with its zero padding) holding the block checksums `sums` of a table
 /// whose header is `h`, and the header that records them (flag set, their CRC).
-fn sealed(h: &Header, sums: Vec<u32>) -> (Vec<u8>, Header) {
+pub(super) fn sealed(h: &Header, sums: Vec<u32>) -> (Vec<u8>, Header) {
     let l = h.layout;
     let mut tail = vec![0u8; (l.file_len - l.sums_offset) as usize];
     for (t, s) in tail.chunks_exact_mut(4).zip(sums) {

@@ -19,8 +19,9 @@
 //! ones back before [`DenseModel::apply`] runs the optimizer.
 
 use super::input::{build_csr, InputLayout};
-use super::mlp::{Mlp, MlpShape};
+use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
+use super::spec::ModelSpec;
 use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
 
@@ -145,8 +146,9 @@ fn grow_staging<'h, D: Device, T: Scalar>(dev: &D, h: &'h mut D::Staging<T>, n: 
 /// The dense model on device `D` (see the module docs).
 pub struct DenseModel<D: Device> {
     dev: D,
+    spec: ModelSpec,
     layout: InputLayout,
-    mlp: Mlp<D>,
+    net: Net<D>,
     opt: Optimizer<D>,
     batch: Batch<D>,
     stages: [Stage<D>; 2],
@@ -172,14 +174,13 @@ struct GradCheck<D: Device> {
 }
 
 impl<D: Device> DenseModel<D> {
-    /// The model of `shape` over inputs laid out as `layout`, with parameters `params` (the
-    /// flat layout of [`Mlp`]) and optimizer state `opt` (fresh or resumed), on `dev`.
-    pub fn new(dev: D, shape: MlpShape, layout: InputLayout, params: &[f32], opt: &DenseOptimState) -> DeviceResult<DenseModel<D>> {
-        if shape.input != layout.width() {
-            return Err(DeviceError::refused("building the model", format!("input width {} is not {} fields x dim {} + {} dense", shape.input, layout.fields, layout.dim, layout.ndense)));
-        }
-        let mlp = Mlp::new(&dev, shape, params)?;
-        let opt = Optimizer::new(&dev, opt, mlp.num_params())?;
+    /// The model `spec` (its input layout is [`ModelSpec::layout`]), with parameters
+    /// `params` (the flat layout of [`ModelSpec::groups`]) and optimizer state `opt` (fresh
+    /// or resumed), on `dev`.
+    pub fn new(dev: D, spec: ModelSpec, params: &[f32], opt: &DenseOptimState) -> DeviceResult<DenseModel<D>> {
+        let layout = spec.layout();
+        let net = Net::new(&dev, spec.clone(), params)?;
+        let opt = Optimizer::new(&dev, opt, net.num_params())?;
         Ok(DenseModel {
             batch: Batch::new(&dev)?,
             stages: [Stage::new(&dev)?, Stage::new(&dev)?],
@@ -190,19 +191,33 @@ impl<D: Device> DenseModel<D> {
             loaded: None,
             csr_next: Vec::new(),
             layout,
-            mlp,
+            spec,
+            net,
             opt,
             dev,
         })
+    }
+
+    /// The model it is.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
     /// The device.
     pub fn device(&self) -> &D {
         &self.dev
     }
-    /// The MLP.
-    pub fn mlp(&self) -> &Mlp<D> {
-        &self.mlp
+    /// The network.
+    pub fn net(&self) -> &Net<D> {
+        &self.net
+    }
+    /// Number of dense parameters.
+    pub fn num_params(&self) -> usize {
+        self.net.num_params()
+    }
+    /// Number of parameter groups (the tensors a step hands out besides the loss).
+    pub fn num_groups(&self) -> usize {
+        self.net.groups().len()
     }
 
     /// The staging slot for the next batch of `batch` samples and `keys` unique keys, to
@@ -303,16 +318,16 @@ impl<D: Device> DenseModel<D> {
     /// soon as it is final, last layer first, then the loss sum.
     pub fn step(&mut self, loss_scale: f32, out: &mut dyn FnMut(Part, Tensor)) -> DeviceResult<()> {
         let (batch, _) = self.loaded()?;
-        let (dev, mlp, b) = (&self.dev, &mut self.mlp, &mut self.batch);
-        mlp.forward(dev, &b.x, batch)?;
-        let (z, delta) = mlp.output_and_delta();
+        let (dev, net, b) = (&self.dev, &mut self.net, &mut self.batch);
+        net.forward(dev, &b.x, &b.arrays.dense, batch)?;
+        let (z, delta) = net.output_and_delta();
         match &b.weights {
             Some(w) => dev.exec(Op::WeightedBce { z, y: &b.arrays.labels, w, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?,
             None => dev.exec(Op::BceWithLogits { z, y: &b.arrays.labels, loss: &mut b.loss, delta, n: batch, scale: loss_scale })?,
         }
         let mut sum = self.loss_sum.take().ok_or_else(|| DeviceError::refused("a dense step", "the last step's loss sum was not given back"))?;
         dev.exec(Op::Sum { x: &b.loss, n: batch, out: &mut sum, at: 0 })?;
-        mlp.backward(dev, &b.x, &mut b.dx, batch, &mut |l, g| {
+        net.backward(dev, &b.x, &b.arrays.dense, &mut b.dx, batch, &mut |l, g| {
             out(Part::Layer(l), dev.lend(g));
             Ok(())
         })?;
@@ -324,9 +339,8 @@ impl<D: Device> DenseModel<D> {
     pub fn give_back(&mut self, part: Part, t: Tensor) -> DeviceResult<()> {
         let buf = self.dev.take_back::<f32>(t)?;
         match part {
-            Part::Layer(l) if l < self.mlp.num_layers() => self.mlp.put_grad(l, buf),
+            Part::Layer(l) => self.net.put_grad(l, buf)?,
             Part::Loss => self.loss_sum = Some(buf),
-            Part::Layer(l) => return Err(DeviceError::refused("taking a gradient back", format!("the model has no layer {l}"))),
         }
         Ok(())
     }
@@ -352,18 +366,18 @@ impl<D: Device> DenseModel<D> {
     /// about 2.5 ms per step on an H200 (issue 6's device run), longer than the step's
     /// other device work. Same order on every device, so the decision is too.
     pub fn non_finite_gradient(&mut self) -> DeviceResult<Option<String>> {
-        let layers = self.mlp.num_layers();
+        let groups = self.net.groups();
+        let layers = groups.len();
         let dev = &self.dev;
         if self.check.is_none() {
-            let cols = (0..layers).map(|l| dev.alloc(self.mlp.layer_outputs(l))).collect::<DeviceResult<Vec<_>>>()?;
+            let cols = groups.iter().map(|g| dev.alloc(g.cols)).collect::<DeviceResult<Vec<_>>>()?;
             self.check = Some(GradCheck { cols, sums: dev.alloc(layers)? });
         }
         let GradCheck { cols, sums: check } = self.check.as_mut().ok_or_else(|| DeviceError::refused("the gradient check", "no buffer"))?;
-        for (l, col) in cols.iter_mut().enumerate() {
-            let g = self.mlp.grad(l).ok_or_else(|| DeviceError::refused("the gradient check", format!("layer {l}'s gradient is still lent out")))?;
-            let out = self.mlp.layer_outputs(l);
-            let rows = self.mlp.layer_range(l).len() / out;
-            dev.exec(Op::ColumnSum { x: g, rows, cols: out, out: col, at: 0 })?;
+        for (l, (col, group)) in cols.iter_mut().zip(groups).enumerate() {
+            let g = self.net.grads().get(l).ok_or_else(|| DeviceError::refused("the gradient check", format!("layer {l}'s gradient is still lent out")))?;
+            let out = group.cols;
+            dev.exec(Op::ColumnSum { x: g, rows: group.rows, cols: out, out: col, at: 0 })?;
             dev.exec(Op::Sum { x: col, n: out, out: check, at: l })?;
         }
         let mut sums = vec![0f32; layers];
@@ -373,7 +387,7 @@ impl<D: Device> DenseModel<D> {
 
     /// The optimizer step with the (reduced, given back) gradients, on every rank.
     pub fn apply(&mut self) -> DeviceResult<()> {
-        self.mlp.update(&self.dev, &mut self.opt)
+        self.net.update(&self.dev, &mut self.opt)
     }
 
     /// The last step's loss sum as its buffer holds it now: the batch's own before the
@@ -391,25 +405,25 @@ impl<D: Device> DenseModel<D> {
     pub fn predict(&mut self, out: &mut Vec<f32>) -> DeviceResult<()> {
         let (batch, _) = self.loaded()?;
         self.dev.set_row_tile(Some(SCORING_ROW_TILE));
-        let forward = self.mlp.forward(&self.dev, &self.batch.x, batch);
+        let forward = self.net.forward(&self.dev, &self.batch.x, &self.batch.arrays.dense, batch);
         self.dev.set_row_tile(None);
         forward?;
         out.resize(batch, 0.0);
-        self.dev.read(self.mlp.output(), 0, out)
+        self.dev.read(self.net.output(), 0, out)
     }
 
     /// The parameters, copied to the host (waits).
     pub fn params(&self) -> DeviceResult<Vec<f32>> {
-        self.dev.to_vec(self.mlp.params(), self.mlp.num_params())
+        self.dev.to_vec(self.net.params(), self.net.num_params())
     }
 
     /// Replaces the parameters with `params` (the flat layout of [`Mlp`]), keeping the
     /// optimizer state (a sync of `--sync-every`).
     pub fn set_params(&mut self, params: &[f32]) -> DeviceResult<()> {
-        if params.len() != self.mlp.num_params() {
-            return Err(DeviceError::refused("setting the parameters", format!("{} values given, the model has {}", params.len(), self.mlp.num_params())));
+        if params.len() != self.net.num_params() {
+            return Err(DeviceError::refused("setting the parameters", format!("{} values given, the model has {}", params.len(), self.net.num_params())));
         }
-        self.dev.write(params, self.mlp.params_mut(), 0)
+        self.dev.write(params, self.net.params_mut(), 0)
     }
 
     /// The optimizer state with its moments copied to the host (checkpoints).

@@ -8,7 +8,8 @@
 //! back-propagated.
 
 use super::optim::Optimizer;
-use crate::device::{Activation, Device, DeviceError, DeviceResult, Epilogue, Gemm};
+use super::layers::Layers;
+use crate::device::{Device, DeviceError, DeviceResult};
 use crate::hash::splitmix64_next;
 
 /// Shape of the MLP.
@@ -68,18 +69,10 @@ impl MlpShape {
 /// The MLP's parameters, gradients and activations on device `D` (see the module docs).
 pub struct Mlp<D: Device> {
     shape: MlpShape,
-    widths: Vec<usize>,
-    offsets: Vec<(usize, usize)>,
+    layers: Layers<D>,
     params: D::Buf<f32>,
     /// Per layer: its W gradient then its b gradient; `None` while handed out.
     grads: Vec<Option<D::Buf<f32>>>,
-    /// acts[l + 1] = layer l's output (batch x widths[l + 1]); acts[0] is unused (the
-    /// input belongs to the caller).
-    acts: Vec<D::Buf<f32>>,
-    /// deltas[l] = gradient of acts[l]; deltas[0] is unused (the caller's `dx`).
-    deltas: Vec<D::Buf<f32>>,
-    /// Samples the activations hold.
-    cap: usize,
 }
 
 impl<D: Device> Mlp<D> {
@@ -90,8 +83,7 @@ impl<D: Device> Mlp<D> {
         }
         let widths = shape.widths();
         let grads = widths.windows(2).map(|w| dev.alloc(w[0] * w[1] + w[1]).map(Some)).collect::<DeviceResult<_>>()?;
-        let empty = |_| dev.alloc(0);
-        Ok(Mlp { offsets: shape.offsets(), params: dev.buffer_from(params)?, grads, acts: widths.iter().map(empty).collect::<DeviceResult<_>>()?, deltas: widths.iter().map(empty).collect::<DeviceResult<_>>()?, cap: 0, widths, shape })
+        Ok(Mlp { layers: Layers::new(dev, widths, 0, false)?, params: dev.buffer_from(params)?, grads, shape })
     }
 
     /// The shape.
@@ -104,23 +96,19 @@ impl<D: Device> Mlp<D> {
     }
     /// Number of layers (weight matrices).
     pub fn num_layers(&self) -> usize {
-        self.offsets.len()
+        self.layers.len()
     }
     /// Layer `l`'s parameters in the flat vector: its weights, then its biases.
     pub fn layer_range(&self, l: usize) -> std::ops::Range<usize> {
-        self.offsets[l].0..self.offsets[l].1 + self.widths[l + 1]
+        self.layers.layer_range(l)
     }
     /// Layer `l`'s outputs (its bias count): its parameters are `(inputs + 1) x outputs`.
     pub fn layer_outputs(&self, l: usize) -> usize {
-        self.widths[l + 1]
+        self.layers.widths()[l + 1]
     }
     /// The flat parameters.
     pub fn params(&self) -> &D::Buf<f32> {
         &self.params
-    }
-    /// The flat parameters, to overwrite.
-    pub(crate) fn params_mut(&mut self) -> &mut D::Buf<f32> {
-        &mut self.params
     }
     /// Layer `l`'s gradient, unless it is handed out.
     pub fn grad(&self, l: usize) -> Option<&D::Buf<f32>> {
@@ -131,7 +119,7 @@ impl<D: Device> Mlp<D> {
     pub fn update(&mut self, dev: &D, opt: &mut Optimizer<D>) -> DeviceResult<()> {
         let mut layers = Vec::with_capacity(self.grads.len());
         for (l, g) in self.grads.iter().enumerate() {
-            layers.push((self.offsets[l].0..self.offsets[l].1 + self.widths[l + 1], g.as_ref().ok_or_else(|| lent(l))?));
+            layers.push((self.layers.layer_range(l), g.as_ref().ok_or_else(|| lent(l))?));
         }
         opt.step(dev, &mut self.params, &layers)
     }
@@ -141,41 +129,16 @@ impl<D: Device> Mlp<D> {
     }
     /// The logits of the last forward (batch values).
     pub fn output(&self) -> &D::Buf<f32> {
-        &self.acts[self.widths.len() - 1]
+        self.layers.output()
     }
     /// The logits and their gradient's buffer (the loss writes it before [`Mlp::backward`]).
     pub fn output_and_delta(&mut self) -> (&D::Buf<f32>, &mut D::Buf<f32>) {
-        let last = self.widths.len() - 1;
-        (&self.acts[last], &mut self.deltas[last])
-    }
-
-    /// Grows the activations to hold `batch` samples.
-    fn ensure(&mut self, dev: &D, batch: usize) -> DeviceResult<()> {
-        if batch <= self.cap {
-            return Ok(());
-        }
-        for (l, w) in self.widths.iter().enumerate().skip(1) {
-            self.acts[l] = dev.alloc(batch * w)?;
-            self.deltas[l] = dev.alloc(batch * w)?;
-        }
-        self.cap = batch;
-        Ok(())
+        self.layers.output_and_delta()
     }
 
     /// Forward of `batch` rows of `x` (batch x input); the logits end in [`Mlp::output`].
     pub fn forward(&mut self, dev: &D, x: &D::Buf<f32>, batch: usize) -> DeviceResult<()> {
-        self.ensure(dev, batch)?;
-        let last = self.offsets.len() - 1;
-        for l in 0..=last {
-            let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
-            let (w, b) = self.offsets[l];
-            let (lo, hi) = self.acts.split_at_mut(l + 1);
-            // Layer 0 reads the caller's input in place.
-            let input = if l == 0 { x } else { &lo[l] };
-            let act = if l < last { Activation::Relu } else { Activation::Identity };
-            dev.gemm(&Gemm { m: batch, n: fan_out, k: fan_in, a_t: false, b_t: false }, (input, 0), (&self.params, w), (&mut hi[0], 0), Epilogue::Bias { bias: &self.params, at: b, act })?;
-        }
-        Ok(())
+        self.layers.forward(dev, &self.params, x, batch)
     }
 
     /// Backward of the last forward, from the output delta (see
@@ -183,21 +146,8 @@ impl<D: Device> Mlp<D> {
     /// first, are handed to `ready(l, gradient)` as soon as they are final (take them back
     /// with [`Mlp::put_grad`]); the input gradient goes to `dx` (batch x input).
     pub fn backward(&mut self, dev: &D, x: &D::Buf<f32>, dx: &mut D::Buf<f32>, batch: usize, ready: &mut dyn FnMut(usize, D::Buf<f32>) -> DeviceResult<()>) -> DeviceResult<()> {
-        for l in (0..self.offsets.len()).rev() {
-            let (fan_in, fan_out) = (self.widths[l], self.widths[l + 1]);
-            let (w, _) = self.offsets[l];
-            let mut grad = self.grads[l].take().ok_or_else(|| lent(l))?;
-            let (lo, hi) = self.deltas.split_at_mut(l + 1);
-            let delta = &hi[0];
-            let input = if l == 0 { x } else { &self.acts[l] };
-            // dW = input^T delta, db = column sums of delta.
-            dev.gemm(&Gemm { m: fan_in, n: fan_out, k: batch, a_t: true, b_t: false }, (input, 0), (delta, 0), (&mut grad, 0), Epilogue::BiasGrad { at: fan_in * fan_out })?;
-            // d(input) = delta W^T, through the ReLU of the layer below.
-            let (target, epi) = if l == 0 { (&mut *dx, Epilogue::None) } else { (&mut lo[l], Epilogue::ReluGrad { act: &self.acts[l] }) };
-            dev.gemm(&Gemm { m: batch, n: fan_in, k: fan_out, a_t: false, b_t: true }, (delta, 0), (&self.params, w), (target, 0), epi)?;
-            ready(l, grad)?;
-        }
-        Ok(())
+        let grads = &mut self.grads;
+        self.layers.backward(dev, &self.params, x, Some(dx), batch, &mut |l| grads[l].take().ok_or_else(|| lent(l)), ready)
     }
 }
 

@@ -146,6 +146,14 @@ impl ModelSpec {
         self.fields * self.dim + self.ndense
     }
 
+    /// The widths of an `mlp`'s layers, `[w, hidden..., 1]` (what `dense.bin` records).
+    pub fn mlp_widths(&self) -> Vec<usize> {
+        let mut v = vec![self.concat_width()];
+        v.extend(&self.hidden);
+        v.push(1);
+        v
+    }
+
     /// DLRM's number of dot products.
     pub fn pairs(&self) -> usize {
         let v = self.fields + 1;
@@ -288,6 +296,42 @@ impl ModelSpec {
     }
 }
 
+impl ModelSpec {
+    /// The flags that give this model's shape, as typed (`--model`, `--dim`, `--hidden`,
+    /// then the kind's own: `--bottom-mlp`, `--interaction-self` for dlrm; `--cross-layers`,
+    /// `--cross-rank`, `--cross-structure` for dcn), and the input's field counts: what a
+    /// warm start compares and a bundle's `model.json` records.
+    pub fn shape_flags(&self) -> Vec<(&'static str, String)> {
+        let list = |v: &[usize]| v.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(",");
+        let mut v = vec![("--model", self.kind.to_string()), ("sparse fields", self.fields.to_string()), ("dense features", self.ndense.to_string()), ("--dim", self.dim.to_string()), ("--hidden", list(&self.hidden))];
+        match self.kind {
+            ModelKind::Dlrm => v.extend([("--bottom-mlp", list(&self.bottom)), ("--interaction-self", self.interaction_self.to_string())]),
+            ModelKind::Dcn => v.extend([("--cross-layers", self.cross_layers.to_string()), ("--cross-rank", self.cross_rank.to_string()), ("--cross-structure", self.cross_structure.to_string())]),
+            _ => {}
+        }
+        v
+    }
+
+    /// Where `self` and `other` are different models: each flag of [`ModelSpec::shape_flags`]
+    /// they both have with its two values (`self`'s first); a kind's own flags only when
+    /// the kinds agree. Empty: the same model (the same parameters mean the same thing).
+    pub fn differences(&self, other: &ModelSpec) -> Vec<(&'static str, String, String)> {
+        let theirs = other.shape_flags();
+        self.shape_flags().into_iter().filter_map(|(flag, mine)| theirs.iter().find(|(f, _)| *f == flag).filter(|(_, t)| *t != mine).map(|(_, t)| (flag, mine, t.clone()))).collect()
+    }
+
+    /// The spec with the fields its kind does not use at their defaults (those of
+    /// [`ModelSpec::mlp`]): two specs of one model compare equal.
+    pub fn normalized(&self) -> ModelSpec {
+        let base = ModelSpec::mlp(self.fields, self.dim, self.ndense, self.hidden.clone());
+        match self.kind {
+            ModelKind::Dlrm => ModelSpec { kind: self.kind, bottom: self.bottom.clone(), interaction_self: self.interaction_self, ..base },
+            ModelKind::Dcn => ModelSpec { kind: self.kind, cross_layers: self.cross_layers, cross_rank: self.cross_rank, cross_structure: self.cross_structure, ..base },
+            kind => ModelSpec { kind, ..base },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +395,20 @@ mod tests {
         assert!(spec(ModelKind::Dlrm).check().is_none());
         assert_eq!("wide-deep".parse::<ModelKind>(), Ok(ModelKind::WideDeep));
         assert!("dlrm2".parse::<ModelKind>().unwrap_err().contains("mlp, dlrm, dcn, deepfm, wide-deep"));
+    }
+
+    #[test]
+    fn differences_name_the_flags_of_the_shape() {
+        let d = spec(ModelKind::Dlrm);
+        assert!(d.differences(&d.clone()).is_empty());
+        let other = ModelSpec { bottom: vec![32], dim: 8, ..d.clone() };
+        assert_eq!(d.differences(&other), vec![("--dim", "16".to_string(), "8".to_string()), ("--bottom-mlp", "64".into(), "32".into())]);
+        // Another kind: its flags are not compared, only the shared ones.
+        assert_eq!(d.differences(&spec(ModelKind::Mlp)), vec![("--model", "dlrm".to_string(), "mlp".to_string())]);
+        // Fields a kind does not use do not make another model.
+        let stray = ModelSpec { cross_layers: 7, ..spec(ModelKind::DeepFm) };
+        assert!(stray.differences(&spec(ModelKind::DeepFm)).is_empty());
+        assert_eq!(stray.normalized(), spec(ModelKind::DeepFm));
+        assert_eq!(spec(ModelKind::Dcn).shape_flags().last(), Some(&("--cross-structure", "stacked".to_string())));
     }
 }

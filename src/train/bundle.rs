@@ -3,30 +3,40 @@
 //! (`scripts/bundle_predict.py` does, with numpy only).
 //!
 //! ```text
-//! BUNDLE/model.json   what the model is: format name and version (2), the checkpoint it
+//! BUNDLE/model.json   what the model is: format name and version (2 for an mlp, 3 for the
+//!                     other models), the checkpoint it
 //!                     was exported from and the step it was trained to (and newer
 //!                     checkpoints skipped as damaged, `export --allow-older`), the input (how a Criteo TSV line becomes the model's
-//!                     input, every constant included), the MLP's shape, the table's dtype
+//!                     input, every constant included), the model (`model`: its kind and
+//!                     shape, its parameter groups and tensors, the order of its inputs and
+//!                     how the logit is formed, [`super::describe`]), the table's dtype
 //!                     and the rule of the initial rows of keys it does not hold, each file's
 //!                     size and CRC-32 (zlib's, of its bytes before its own 4-byte CRC trailer)
-//! BUNDLE/dense.bin    the MLP's weights and biases: [`crate::model::dense_bin`]'s layout
-//!                     (version 2, no optimizer moments), framed ([`crate::frame`])
+//! BUNDLE/dense.bin    the model's parameters: [`crate::model::dense_bin`]'s layout
+//!                     (version 2 for an mlp, 3 for the others; no optimizer moments),
+//!                     framed ([`crate::frame`])
 //! BUNDLE/table.bin    the table's live rows: a sparse-parameter file (RRSPARAM version 3,
-//!                     framed, keys ascending, values as f32; see [`crate::embedding::params`])
+//!                     framed, keys ascending, values as f32; see [`crate::embedding::params`]);
+//!                     rows of `row_width` values (deepfm, wide-deep: the embedding, then the
+//!                     key's first-order weight)
 //! BUNDLE/model.onnx   with `--format onnx` only: the dense model as an ONNX graph (inputs
 //!                     the transformed dense features and the fields' table rows, output
 //!                     the click probability; `crate::model::onnx`, feature `onnx`),
 //!                     listed in model.json's `onnx` with its size and CRC-32
 //! ```
+//! A bundle is written at the oldest version that holds its model: an mlp's is version 2,
+//! which earlier ringrec builds and scorers read (they ignore the `model` section); another
+//! model's is version 3, which they refuse by its version rather than misread.
 //! Both binary files are framed: a 32-byte header (magic, version, header length, payload
 //! length, the header's CRC-32), the payload, and the CRC-32 of every byte before it;
 //! `model.json` spells out both layouts for a reader without ringrec. Bundles of version 1
-//! (`dense.bin` RRMLP version 1, `table.bin` RRSPARAM version 2, both unframed) still open.
+//! (`dense.bin` RRMLP version 1, `table.bin` RRSPARAM version 2, both unframed) and bundles
+//! of version 2 without a `model` section (an mlp: `dense.widths` gives it) still open.
 //!
-//! The model: `h_0 = x`; `h_{l+1} = relu(h_l W_l + b_l)` for the hidden layers; the last
+//! The mlp: `h_0 = x`; `h_{l+1} = relu(h_l W_l + b_l)` for the hidden layers; the last
 //! layer gives one logit `z = h_{L-1} W_{L-1} + b_{L-1}`; the score is `1 / (1 + exp(-z))`.
 //! `x` is the 26 fields' embedding rows (C1..C26, `dim` values each) then the 13 transformed
-//! integer features, as `model.json`'s `input` says.
+//! integer features, as `model.json`'s `input` says. The other models: `model.logit`.
 //!
 //! **Keys the table does not hold** (never seen in training, or seen only in the held-out
 //! rows) are scored with the deterministic initial row ringrec gives them
@@ -47,6 +57,8 @@ use serde::{Deserialize, Serialize};
 use crate::embedding::{EmbeddingTable, StorageDtype, TableError};
 use crate::fileio::{write_atomic, AtomicDir, IoError};
 use crate::frame::FrameError;
+use super::describe::ModelDescription;
+use crate::model::dense_bin::{mlp_widths, MLP_VERSION};
 use crate::model::DenseWeights;
 
 /// `model.json`.
@@ -59,8 +71,9 @@ pub const TABLE_BIN: &str = "table.bin";
 pub const MODEL_ONNX: &str = "model.onnx";
 /// `model.json`'s format name.
 pub const FORMAT: &str = "ringrec-bundle";
-/// `model.json`'s version (this build writes it and reads it and every older one).
-pub const VERSION: u32 = 2;
+/// `model.json`'s newest version (this build writes it for every model but an mlp, whose
+/// bundle stays version [`MLP_VERSION`], and reads it and every older one).
+pub const VERSION: u32 = 3;
 
 /// Errors of writing or reading a bundle (or a `dense.bin`); each names the file and what
 /// to do.
@@ -212,12 +225,14 @@ pub struct TableSpec {
     pub unseen_keys: String,
 }
 
-/// The MLP part of `model.json`.
+/// The dense part of `model.json` (`dense`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DenseSpec {
     /// The file (`dense.bin`).
     pub file: String,
-    /// Input, hidden widths..., 1.
+    /// An mlp's widths: input, hidden widths..., 1 (absent for the other models: `model`
+    /// describes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub widths: Vec<usize>,
     /// The hidden widths.
     pub hidden: Vec<usize>,
@@ -267,11 +282,16 @@ pub struct ModelJson {
     /// --allow-older`), each with why; absent when the newest was exported.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
-    /// Embedding values per field.
+    /// Values per table row (the embedding dimension; deepfm and wide-deep: one more, the
+    /// key's first-order weight).
     pub dim: u32,
     /// The input.
     pub input: InputSpec,
-    /// The MLP.
+    /// The model: kind, shape, parameter groups, how the logit is formed (absent in bundles
+    /// of older ringrec builds: an mlp of `dense.widths`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelDescription>,
+    /// The dense parameters' file.
     pub dense: DenseSpec,
     /// The table.
     pub table: TableSpec,
@@ -293,6 +313,8 @@ pub struct ExportSummary {
     pub step: u64,
     /// Newer checkpoints skipped as damaged (`--allow-older`), each with why.
     pub skipped: Vec<String>,
+    /// The model (`dlrm (bottom 13-64-16, ...)`).
+    pub model: String,
     /// Table rows written.
     pub rows: u64,
     /// Dense parameters written.
@@ -327,15 +349,12 @@ pub struct Provenance<'a> {
 
 /// The ONNX graph of a bundle's dense model: today the trainer has one model, the MLP.
 #[cfg(feature = "onnx")]
-fn onnx_net(dense: &DenseWeights) -> crate::model::onnx::Net {
-    crate::model::onnx::Net::Mlp { hidden: dense.hidden().to_vec() }
-}
 
 /// Writes `model.onnx` of `dense` (embeddings of `dim`) into `dir`; gives its model.json entry.
 #[cfg(feature = "onnx")]
-fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights, dim: u32) -> BundleResult<OnnxSpec> {
-    use crate::model::onnx::{self, Sizes};
-    let (net, s) = (onnx_net(dense), Sizes::criteo(dim as usize));
+fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights) -> BundleResult<OnnxSpec> {
+    use crate::model::onnx;
+    let (net, s) = onnx::Net::of_spec(&dense.spec);
     let bytes = onnx::encode(&net, s, &dense.params).map_err(|e| damaged(source, format!("the ONNX graph: {e}")))?;
     write_atomic(&dir.join(MODEL_ONNX), 0o600, |w| w.write_all(&bytes))?;
     let row = net.row_width(s.dim);
@@ -356,7 +375,7 @@ fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights, dim: u32) -> Bund
 
 /// Without feature `onnx`: refused.
 #[cfg(not(feature = "onnx"))]
-fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights, _dim: u32) -> BundleResult<OnnxSpec> {
+fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResult<OnnxSpec> {
     Err(BundleError::NoOnnx)
 }
 
@@ -369,10 +388,11 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
         return Err(BundleError::Exists(out.to_path_buf()));
     }
     let h = *table.header();
-    let want_input = crate::data::criteo::NUM_SPARSE * h.dim as usize + crate::data::criteo::NUM_DENSE;
-    if dense.input() != want_input {
-        return Err(damaged(source, format!("the dense model's input is {} wide, the table's dim {} needs {want_input}", dense.input(), h.dim)));
+    if let Some(e) = super::source::row_mismatch(&dense.spec, h.dim) {
+        return Err(damaged(source, e));
     }
+    let spec = &dense.spec;
+    let widths = mlp_widths(spec);
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "bundle".into());
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent, "create the output's directory"))?;
@@ -380,11 +400,11 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
     let tmp = dir.path();
     let summary = {
         let rows = table.export_params(&tmp.join(TABLE_BIN))?;
-        let bin = dense.encode(step).map_err(|e| damaged(source, format!("the dense model is not one MLP: {e}")))?;
+        let bin = dense.encode(step).map_err(|e| damaged(source, format!("the dense model is not one model: {e}")))?;
         write_atomic(&tmp.join(DENSE_BIN), 0o600, |w| w.write_all(&bin))?;
         let onnx = match format {
             Format::Bundle => None,
-            Format::Onnx => Some(write_onnx(tmp, source, dense, h.dim)?),
+            Format::Onnx => Some(write_onnx(tmp, source, dense)?),
         };
         let mut files = Vec::new();
         for f in [DENSE_BIN, TABLE_BIN] {
@@ -393,20 +413,24 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
         }
         let json = ModelJson {
             format: FORMAT.into(),
-            version: VERSION,
+            version: if widths.is_some() { MLP_VERSION } else { VERSION },
             source: source.display().to_string(),
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
             input: InputSpec::criteo(),
+            model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),
-                widths: dense.widths.clone(),
+                widths: widths.clone().unwrap_or_default(),
                 hidden: dense.hidden().to_vec(),
                 hidden_activation: "relu".into(),
                 output: "one logit z (identity activation); score = 1 / (1 + exp(-z))".into(),
                 params: dense.params.len(),
-                layout: format!("magic \"RRMLP\\0\\0\\0\", version 2; {FRAME_LAYOUT}; the payload: u64 step, u32 layers L, L + 1 u32 widths, u32 moments K (0 here), then per layer W (in x out, row-major) and b (out) as f32"),
+                layout: match widths {
+                    Some(_) => format!("magic \"RRMLP\\0\\0\\0\", version 2; {FRAME_LAYOUT}; the payload: u64 step, u32 layers L, L + 1 u32 widths, u32 moments K (0 here), then per layer W (in x out, row-major) and b (out) as f32"),
+                    None => format!("magic \"RRMLP\\0\\0\\0\", version 3; {FRAME_LAYOUT}; the payload: u64 step; u32 model kind (0 mlp, 1 dlrm, 2 dcn, 3 deepfm, 4 wide-deep), u32 fields, u32 dim, u32 dense features, u32 H, u32 B, u32 interaction_self (0/1), u32 cross layers, u32 cross rank, u32 cross structure (0 stacked, 1 parallel); H u32 hidden widths; B u32 bottom widths; u32 moments K (0 here); u64 parameter count P; then the P parameters as f32 in the order of model.groups (each group's tensors one after the other, row-major)"),
+                },
             },
             table: TableSpec {
                 file: TABLE_BIN.into(),
@@ -426,7 +450,7 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let onnx_bytes = json.onnx.as_ref().map_or(0, |o| o.bytes);
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + onnx_bytes + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some() }
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), model: spec.describe(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some() }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
@@ -491,9 +515,19 @@ impl Bundle {
                 return Err(damaged(&p, format!("its CRC-32 is {crc:#010x}, model.json records {:#010x}", f.crc32)));
             }
         }
-        let dense = DenseWeights::read(&dir.join(&json.dense.file))?;
-        if dense.widths != json.dense.widths {
-            return Err(damaged(&dir.join(&json.dense.file), format!("widths {:?}, model.json says {:?}", dense.widths, json.dense.widths)));
+        let dp = dir.join(&json.dense.file);
+        let dense = DenseWeights::read(&dp)?;
+        match &json.model {
+            Some(m) => {
+                let described = m.spec.spec().map_err(|e| damaged(&mp, format!("its model is not one: {e}")))?;
+                if described != dense.spec.normalized() {
+                    return Err(damaged(&dp, format!("it holds the {}, model.json describes the {}", dense.spec.describe(), described.describe())));
+                }
+            }
+            None if mlp_widths(&dense.spec).as_ref() != Some(&json.dense.widths) => {
+                return Err(damaged(&dp, format!("it holds the {}, model.json says widths {:?}", dense.spec.describe(), json.dense.widths)));
+            }
+            None => {}
         }
         if let Some(o) = &json.onnx {
             let p = dir.join(&o.file);
@@ -527,7 +561,7 @@ mod tests {
 
     /// A model of dim 1: 26 + 13 inputs, one logit.
     fn weights() -> DenseWeights {
-        DenseWeights { widths: vec![39, 1], params: (0..40).map(|i| i as f32 * 0.01).collect() }
+        DenseWeights { spec: crate::model::ModelSpec::mlp(26, 1, 13, vec![]), params: (0..40).map(|i| i as f32 * 0.01).collect() }
     }
 
     #[test]
@@ -550,6 +584,45 @@ mod tests {
         let names: Vec<String> = std::fs::read_dir(d.join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names, vec!["bundle".to_string()], "no temporary left");
         assert!(matches!(write(&out, Provenance { source: Path::new("ck"), step: 7, skipped: &[] }, &weights(), &t, Format::Bundle), Err(BundleError::Exists(_))));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn every_model_is_bundled_with_its_description_and_version() {
+        use crate::embedding::TableConfig;
+        use crate::model::{ModelKind, ModelSpec};
+        let d = scratch("models");
+        let base = ModelSpec::mlp(26, 2, 13, vec![4]);
+        for (i, spec) in [base.clone(), ModelSpec { kind: ModelKind::Dlrm, bottom: vec![3], ..base.clone() }, ModelSpec { kind: ModelKind::Dcn, cross_rank: 2, ..base.clone() }, ModelSpec { kind: ModelKind::DeepFm, ..base.clone() }].into_iter().enumerate() {
+            let dim = spec.row_width() as u32;
+            let mut t = EmbeddingTable::create(&d.join(format!("live{i}")), &TableConfig::new(dim, 64)).unwrap();
+            t.put_rows(&[1, 2], &vec![0.25; 2 * dim as usize]).unwrap();
+            let w = DenseWeights { params: (0..spec.num_params()).map(|i| i as f32 * 1e-3).collect(), spec: spec.clone() };
+            let out = d.join(format!("b{i}"));
+            let s = write(&out, Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &w, &t, Format::Bundle).unwrap();
+            assert_eq!(s.model, spec.describe());
+            let b = Bundle::open(&out).unwrap();
+            assert_eq!(b.dense, w);
+            let m = b.json.model.as_ref().expect("a model section");
+            assert_eq!((m.spec.kind.as_str(), m.row_width, m.params), (spec.kind.name(), spec.row_width(), spec.num_params()));
+            // An mlp stays version 2 (dense.bin and model.json), the others are version 3.
+            let v = if spec.kind == ModelKind::Mlp { 2 } else { 3 };
+            assert_eq!(b.json.version, v, "{}", spec.describe());
+            assert_eq!(b.json.dense.widths.is_empty(), v == 3);
+            let bin = std::fs::read(out.join(DENSE_BIN)).unwrap();
+            assert_eq!(u32::from_le_bytes(bin[8..12].try_into().unwrap()), v);
+            // model.json describing another model than dense.bin holds is refused.
+            let mut json = b.json.clone();
+            json.model = Some(ModelDescription::of(&ModelSpec { hidden: vec![5], ..spec.clone() }));
+            std::fs::write(out.join(MODEL_JSON), serde_json::to_vec(&json).unwrap()).unwrap();
+            let e = Bundle::open(&out).unwrap_err().to_string();
+            assert!(e.contains("dense.bin: it holds the") && e.contains("model.json describes the"), "{e}");
+        }
+        // A table whose rows are not as wide as the model reads is refused.
+        let t = EmbeddingTable::create(&d.join("live9"), &TableConfig::new(2, 64)).unwrap();
+        let fm = DenseWeights { spec: ModelSpec { kind: ModelKind::DeepFm, ..base.clone() }, params: vec![0.0; ModelSpec { kind: ModelKind::DeepFm, ..base }.num_params()] };
+        let e = write(&d.join("bad"), Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &fm, &t, Format::Bundle).unwrap_err().to_string();
+        assert!(e.contains("reads table rows of 3 values, its table's rows have 2"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -584,7 +657,8 @@ mod tests {
             skipped: Vec::new(),
             dim: 1,
             input: InputSpec::criteo(),
-            dense: DenseSpec { file: DENSE_BIN.into(), widths: w.widths.clone(), hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
+            model: None,
+            dense: DenseSpec { file: DENSE_BIN.into(), widths: vec![39, 1], hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
             table: TableSpec { file: TABLE_BIN.into(), format: String::new(), dim: 1, rows: 2, dtype: "f32".into(), key_order: "ascending".into(), init_seed: 1, init_scale: 0.05, unseen_keys: String::new() },
             files: vec![entry(DENSE_BIN, &dense), entry(TABLE_BIN, &table)],
             onnx: None,
@@ -597,9 +671,9 @@ mod tests {
         let s = crate::train::source::ModelSource::open(&d, crate::train::source::Fallback::Allow).unwrap();
         assert_eq!((s.step, s.table.rows), (Some(3), 2));
         // A model.json of a newer ringrec is refused naming its version.
-        let newer = ModelJson { version: 3, ..json };
+        let newer = ModelJson { version: 4, ..json };
         std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&newer).unwrap()).unwrap();
-        assert!(Bundle::open(&d).unwrap_err().to_string().contains("version 3, this build reads ringrec-bundle versions 1 to 2"));
+        assert!(Bundle::open(&d).unwrap_err().to_string().contains("version 4, this build reads ringrec-bundle versions 1 to 3"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

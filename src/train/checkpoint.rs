@@ -6,7 +6,7 @@
 //! ```text
 //! D/step-000000000120/manifest.json   what the run was, the position, every file's size and
 //!                                     CRC-32; then a line {"crc32":N} sealing those bytes
-//! D/step-000000000120/dense.bin       the MLP (widths, parameters) and the optimizer's moments
+//! D/step-000000000120/dense.bin       the model (its spec, parameters) and the optimizer's moments
 //! D/step-000000000120/table.rrt       the host table of that step (its own block checksums)
 //! D/LATEST                            "step-000000000120": the newest complete checkpoint
 //! ```
@@ -26,21 +26,25 @@
 //! values) and says which; a damaged newest one falls back to the previous with a
 //! warning. Nothing non-finite is ever written.
 //!
-//! `dense.bin` is [`crate::model::dense_bin`]'s: the layer widths, the step, the
-//! parameters and Adam's two moments (none for SGD), framed with its own CRC-32 — the
-//! layout of an export bundle's `dense.bin`, plus the moments. Manifest version 3 (this
-//! build's) comes with it; version 2 came with the older `RRDENSE2` layout (no widths: the
-//! manifest's `--hidden` gives them), and both still load.
+//! `dense.bin` is [`crate::model::dense_bin`]'s: the model (an `mlp`'s layer widths, or
+//! any model's [`crate::model::ModelSpec`]), the step, the parameters and Adam's two
+//! moments (none for SGD), framed with its own CRC-32 — the layout of an export bundle's
+//! `dense.bin`, plus the moments. Manifest version 3 (this build's) comes with it; version
+//! 2 came with the older `RRDENSE2` layout (no widths: the manifest's `--hidden` gives
+//! them, an `mlp`), and both still load. The manifest records the model's flags (`--model`
+//! and its shape flags) with every other setting a resume must repeat; a setting the
+//! manifest does not record (one added to ringrec after the checkpoint was written) is
+//! taken to have been its default.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::embedding::{EmbeddingTable, StorageDtype};
+use crate::embedding::{EmbeddingTable, StorageDtype, TableImage};
 use crate::fileio::{write_atomic, AtomicDir};
 use crate::frame::FrameError;
-use crate::model::{dense_bin, DenseOptimState, DenseOptimizer};
+use crate::model::{dense_bin, DenseOptimState, DenseOptimizer, ModelSpec};
 
 pub use crate::model::dense_bin::first_non_finite;
 
@@ -68,9 +72,9 @@ pub struct DenseState {
     pub step_in_epoch: u64,
     /// The dense optimizer, its learning rate, steps and moments.
     pub opt: DenseOptimState,
-    /// The MLP's layer widths: input, hidden..., 1 (empty when read from a checkpoint of an
-    /// older ringrec, whose `dense.bin` does not record them).
-    pub widths: Vec<usize>,
+    /// The model (`None` when read from a checkpoint of an older ringrec, whose `dense.bin`
+    /// does not record it).
+    pub spec: Option<ModelSpec>,
     /// Parameters.
     pub params: Vec<f32>,
 }
@@ -207,8 +211,8 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(step_name(step))
 }
 
-/// The first non-finite row value of a table (row slot, element), if any.
-pub fn table_non_finite(t: &EmbeddingTable) -> Option<(u64, usize)> {
+/// The first non-finite row value of a table's image (row slot, element), if any.
+pub fn table_non_finite(t: &TableImage<'_>) -> Option<(u64, usize)> {
     use rayon::prelude::*;
     let h = t.header();
     let l = h.layout;
@@ -226,7 +230,8 @@ impl DenseState {
     /// Its `dense.bin` ([`dense_bin::encode`]); an error says why its parts are not one model.
     fn encode(&self) -> Result<Vec<u8>, String> {
         let moments: Vec<&[f32]> = if self.opt.m.is_empty() && self.opt.v.is_empty() { Vec::new() } else { vec![&self.opt.m, &self.opt.v] };
-        dense_bin::encode(self.step, &self.widths, &self.params, &moments)
+        let spec = self.spec.as_ref().ok_or("it records no model")?;
+        dense_bin::encode(self.step, spec, &self.params, &moments)
     }
 
     /// The first non-finite value it holds (which tensor and index).
@@ -268,6 +273,13 @@ fn seal(m: &Manifest) -> CheckpointResult<Vec<u8>> {
 /// the newest `keep`. Rank 0 alone calls it. On any failure the previous checkpoints are
 /// untouched and no partial file remains.
 pub fn write(dir: &Path, dense: &DenseState, table: &EmbeddingTable, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
+    let image = table.image().map_err(|e| CheckpointError::None(format!("the table of the checkpoint: {e}")))?;
+    write_image(dir, dense, &image, settings, keep)
+}
+
+/// [`write`] from a table's image: the live table's, or a snapshot taken at the step of
+/// `dense` (a background checkpoint, [`super::checkpointing`]).
+pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
     if let Some(what) = dense.non_finite() {
         return Err(CheckpointError::NonFinite { step: dense.step, what });
     }
@@ -446,7 +458,7 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     let mut moments = f.moments.into_iter();
     let (mv, vv) = (moments.next().unwrap_or_default(), moments.next().unwrap_or_default());
     let opt = DenseOptimState { kind, lr: m.lr, step: m.optim_step, m: mv, v: vv };
-    let dense = DenseState { step: m.step, epoch: m.epoch, step_in_epoch: m.step_in_epoch, opt, widths: f.widths, params: f.params };
+    let dense = DenseState { step: m.step, epoch: m.epoch, step_in_epoch: m.step_in_epoch, opt, spec: f.spec, params: f.params };
     if let Some(what) = dense.non_finite() {
         return Err(damaged(&bp, format!("{what} is not finite")));
     }
@@ -454,10 +466,12 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     // manifest says it must be.
     let tp = ck.join(TABLE);
     // The table's errors name it already: the detail is what follows its name.
-    let table = EmbeddingTable::open_readonly(&tp).map_err(|e| {
+    let named = |e: crate::embedding::TableError| {
         let e = e.to_string();
         damaged(&tp, e.strip_prefix(&format!("{}: ", tp.display())).unwrap_or(&e))
-    })?;
+    };
+    let table = EmbeddingTable::open_readonly(&tp).map_err(named)?;
+    let table = table.image().map_err(named)?;
     let h = table.header();
     let facts = TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity };
     if facts != m.table {
@@ -477,6 +491,9 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
         match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
             Some((_, saved)) if saved == value => {}
             Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
+            // A setting added to ringrec after the checkpoint was written: its run had the
+            // default (a new setting's default is the behaviour from before it).
+            None if is_default(flag, value) => {}
             None => diffs.push(format!("{flag}: the checkpoint does not record it, this run has {value}")),
         }
     }
@@ -494,6 +511,12 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
         dir: ck.dir.clone(),
         detail: format!("written by a run configured differently: {}; resume with the same flags, or start a new run in another --checkpoint-dir", diffs.join("; ")),
     })
+}
+
+/// Whether `value` is the default of `ringrec train`'s setting `flag`, as typed.
+fn is_default(flag: &str, value: &str) -> bool {
+    let defaults = super::TrainConfig::defaults();
+    super::TrainConfig::all_settings().into_iter().find(|s| s.flag == flag).and_then(|s| defaults.show(s.field)).is_some_and(|d| d == value)
 }
 
 /// Finds the checkpoint to resume from in `dir`: the one `LATEST` names, else the newest
@@ -546,8 +569,8 @@ mod tests {
         assert_eq!(step_of(".step-000000000120.tmp-5"), None);
     }
 
-    /// A checkpoint of step 9 (Adam, an MLP of 300 parameters) with a small table, in a fresh
-    /// directory under the system temp dir.
+    /// A checkpoint of step 9 (Adam, an MLP of 288 parameters: dim 1, --hidden 7) with a small
+    /// table, in a fresh directory under the system temp dir.
     fn written(name: &str) -> (PathBuf, PathBuf, DenseState) {
         use crate::embedding::TableConfig;
         let root = std::env::temp_dir().join(format!("ringrec-ck-{name}-{}", std::process::id()));
@@ -555,10 +578,10 @@ mod tests {
         std::fs::create_dir_all(&root).unwrap();
         let mut table = EmbeddingTable::create(&root.join("live"), &TableConfig::new(4, 64)).unwrap();
         table.put_rows(&[3, 5, 7], &[0.25; 12]).unwrap();
-        let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, 300);
+        let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, 288);
         opt.step = 9;
         opt.m.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 1e-4);
-        let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, widths: vec![21, 13, 1], params: (0..300).map(|i| (i as f32).cos()).collect() };
+        let dense = DenseState { step: 9, epoch: 0, step_in_epoch: 9, opt, spec: Some(ModelSpec::mlp(26, 1, 13, vec![7])), params: (0..288).map(|i| (i as f32).cos()).collect() };
         let ck = write(&root.join("ck"), &dense, &table, &[("--hidden", "[13]".into())], 2).unwrap();
         (root, ck, dense)
     }
@@ -569,8 +592,8 @@ mod tests {
         let names: Vec<String> = std::fs::read_dir(root.join("ck")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names.len(), 2, "the step and LATEST, no temporary: {names:?}");
         let f = dense_bin::read(&ck.join(DENSE)).unwrap();
-        assert_eq!((f.step, &f.widths, &f.params, f.moments.len()), (Some(9), &dense.widths, &dense.params, 2));
-        assert_eq!(crate::model::DenseWeights::read(&ck.join(DENSE)).unwrap().widths, vec![21, 13, 1]);
+        assert_eq!((f.step, &f.spec, &f.params, f.moments.len()), (Some(9), &dense.spec, &dense.params, 2));
+        assert_eq!(crate::model::dense_bin::mlp_widths(&crate::model::DenseWeights::read(&ck.join(DENSE)).unwrap().spec), Some(vec![39, 7, 1]));
         assert_eq!(load(&ck).unwrap().dense, dense);
         assert_eq!(read_manifest(&ck).unwrap().version, 3);
         // Written again, the step replaces itself.
@@ -578,8 +601,52 @@ mod tests {
         write(&root.join("ck"), &dense, &table, &[("--hidden", "[13]".into())], 2).unwrap();
         assert_eq!(load(&ck).unwrap().dense, dense);
         // A dense state that is not one model is not written.
-        let bad = DenseState { widths: vec![21, 12, 1], ..dense };
+        let bad = DenseState { spec: Some(ModelSpec::mlp(26, 1, 13, vec![6])), ..dense.clone() };
         assert!(matches!(write(&root.join("ck"), &bad, &table, &[], 2), Err(CheckpointError::Mismatch { .. })));
+        // Every model: its spec and parameters (dense.bin version 3) come back as written.
+        use crate::model::{CrossStructure, ModelKind};
+        let base = ModelSpec::mlp(26, 1, 13, vec![5]);
+        for spec in [
+            ModelSpec { kind: ModelKind::Dlrm, bottom: vec![3], ..base.clone() },
+            ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, cross_rank: 3, cross_structure: CrossStructure::Parallel, ..base.clone() },
+            ModelSpec { kind: ModelKind::DeepFm, ..base.clone() },
+            ModelSpec { kind: ModelKind::WideDeep, ..base.clone() },
+        ] {
+            let n = spec.num_params();
+            let opt = DenseOptimState { step: 4, ..DenseOptimState::new(DenseOptimizer::Adam, 0.001, n) };
+            let d = DenseState { step: 10, epoch: 0, step_in_epoch: 10, opt, spec: Some(spec.clone()), params: (0..n).map(|i| (i as f32).sin()).collect() };
+            let at = write(&root.join("ck"), &d, &table, &[("--model", spec.kind.to_string())], 2).unwrap();
+            assert_eq!(load(&at).unwrap().dense, d, "{}", spec.describe());
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_resume_with_another_model_or_shape_is_refused_naming_the_flag() {
+        let (root, ck, _) = written("flags");
+        let mut m = read_manifest(&ck).unwrap();
+        m.settings = vec![("--model".into(), "dlrm".into()), ("--hidden".into(), "13".into()), ("--bottom-mlp".into(), "64".into())];
+        let l = Loaded { dir: ck.clone(), manifest: m, dense: load(&ck).unwrap().dense };
+        let run = |pairs: &[(&'static str, &str)]| pairs.iter().map(|(k, v)| (*k, v.to_string())).collect::<Vec<_>>();
+        assert!(check_settings(&l, &run(&[("--model", "dlrm"), ("--hidden", "13"), ("--bottom-mlp", "64")])).is_ok());
+        let e = check_settings(&l, &run(&[("--model", "dcn"), ("--hidden", "13"), ("--bottom-mlp", "64")])).unwrap_err().to_string();
+        assert!(e.contains("--model: the checkpoint was written with dlrm, this run has dcn"), "{e}");
+        let e = check_settings(&l, &run(&[("--model", "dlrm"), ("--hidden", "13"), ("--bottom-mlp", "32")])).unwrap_err().to_string();
+        assert!(e.contains("--bottom-mlp: the checkpoint was written with 64, this run has 32"), "{e}");
+        // A setting the checkpoint does not record (added to ringrec after it was written)
+        // was its default: the run may have the default, and nothing else.
+        let dense_default = super::super::TrainConfig::defaults().show("dense_optimizer").unwrap();
+        let with = |v: &str| run(&[("--model", "dlrm"), ("--hidden", "13"), ("--bottom-mlp", "64"), ("--dense-optimizer", v)]);
+        assert!(check_settings(&l, &with(&dense_default)).is_ok());
+        let e = check_settings(&l, &with("sgd")).unwrap_err().to_string();
+        assert!(e.contains("--dense-optimizer: the checkpoint does not record it, this run has sgd"), "{e}");
+        // So a checkpoint of a build before --model resumes as the mlp it is, and only so.
+        let mut old = l.manifest.clone();
+        old.settings = vec![("--hidden".into(), "13".into())];
+        let l = Loaded { manifest: old, ..l };
+        assert!(check_settings(&l, &run(&[("--hidden", "13"), ("--model", "mlp"), ("--cross-layers", "3")])).is_ok());
+        let e = check_settings(&l, &run(&[("--hidden", "13"), ("--model", "dcn")])).unwrap_err().to_string();
+        assert!(e.contains("--model: the checkpoint does not record it, this run has dcn"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -601,7 +668,7 @@ mod tests {
         m.files[0] = FileEntry { name: DENSE.into(), bytes: old.len() as u64, crc32: Some(crate::hash::crc32(&old)) };
         std::fs::write(ck.join(MANIFEST), seal(&m).unwrap()).unwrap();
         let l = load(&ck).unwrap();
-        assert_eq!(l.dense, DenseState { widths: Vec::new(), ..dense.clone() }, "the same state; the widths come from --hidden");
+        assert_eq!(l.dense, DenseState { spec: None, ..dense.clone() }, "the same state; the widths come from --hidden");
         // A manifest of a newer ringrec is refused naming its version.
         m.version = 4;
         std::fs::write(ck.join(MANIFEST), seal(&m).unwrap()).unwrap();

@@ -10,13 +10,19 @@ use std::path::PathBuf;
 use super::{data, sync::SyncScope, weights, TrainError, TrainResult};
 use crate::comm::Backend;
 use crate::data::weights::WeightConfig;
-use crate::device::Placement;
+use crate::device::{GemmPrecision, Placement};
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::{Compression, EngineConfig};
-use crate::model::DenseOptimizer;
+use crate::model::{CrossStructure, DenseOptimizer, ModelKind, ModelSpec};
 use crate::settings::{one, settings, Scope, ServiceRole, SettingValue, Word};
 use crate::sparse::{SparseExchange, SparseNormalize};
 use crate::topology::Topology;
+
+/// The default scale of a DeepFM table's initial rows: its second-order term sums 325
+/// pairwise products of the rows, noise of about 1.4 per logit at `1 / sqrt(d + 1)` that
+/// one epoch does not wash out (PyTorch's DeepFM alike; docs/models.md); small rows start
+/// it near zero, as DeepFM implementations do.
+pub const DEEPFM_INIT_SCALE: f32 = 0.01;
 
 /// What a non-finite (NaN or infinite) loss, gradient or parameter does to a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +124,26 @@ settings! {
         /// Hidden layer widths of the MLP.
         #[setting(flag = "--hidden", scope = Scope::Resumed, service = ServiceRole::Typed("hidden"), value_name = "WIDTHS")]
         pub hidden: Vec<usize> = vec![256, 128],
+        /// The dense model: mlp, dlrm, dcn, deepfm or wide-deep (docs/training.md, "Models").
+        #[setting(flag = "--model", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "MODEL")]
+        pub model: ModelKind = ModelKind::Mlp,
+        /// DLRM's bottom MLP hidden widths over the dense features (its last layer is --dim
+        /// wide). --model dlrm only.
+        #[setting(flag = "--bottom-mlp", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "WIDTHS")]
+        pub bottom_mlp: Vec<usize> = vec![64],
+        /// DLRM: each vector's dot product with itself too. --model dlrm only.
+        #[setting(flag = "--interaction-self", scope = Scope::Resumed, service = ServiceRole::Args)]
+        pub interaction_self: bool = false,
+        /// DCN-v2's cross layers. --model dcn only.
+        #[setting(flag = "--cross-layers", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "N")]
+        pub cross_layers: usize = 3,
+        /// DCN-v2's cross rank: 0 = full matrices, R > 0 = low-rank U V. --model dcn only.
+        #[setting(flag = "--cross-rank", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "R")]
+        pub cross_rank: usize = 0,
+        /// DCN-v2's structure: stacked (the deep MLP on the cross network's output) or
+        /// parallel (side by side). --model dcn only.
+        #[setting(flag = "--cross-structure", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "STRUCTURE")]
+        pub cross_structure: CrossStructure = CrossStructure::Stacked,
         /// Dense learning rate.
         #[setting(flag = "--lr", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "LR")]
         pub lr: f32 = 0.001,
@@ -150,6 +176,12 @@ settings! {
         /// note when ranks would have shared a GPU).
         #[setting(flag = "--device", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "DEVICE")]
         pub device: Placement = Placement::Auto,
+        /// Arithmetic of the dense model's GEMMs: f32, or bf16 (operands rounded to bfloat16,
+        /// products accumulated in f32: AVX-512 BF16 on the CPU, which it needs, tensor cores
+        /// on a GPU). Parameters, gradients, optimizer state and checkpoints stay f32, so a
+        /// resumed run may change it.
+        #[setting(flag = "--dense-precision", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "PRECISION")]
+        pub dense_precision: GemmPrecision = GemmPrecision::F32,
         /// Sparse exchange: hier (per-host pre-aggregation) or flat (every rank allgathers).
         #[setting(flag = "--sparse-exchange", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "EXCHANGE")]
         pub sparse_exchange: SparseExchange = SparseExchange::Hierarchical,
@@ -262,6 +294,9 @@ settings! {
         /// Storage of the table's rows: f32, f16 or bf16 (arithmetic is f32 either way).
         #[setting(flag = "--table-dtype", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "DTYPE")]
         pub table_dtype: StorageDtype = StorageDtype::F32,
+        /// The table's initial rows are uniform in [-S, S] (default 1 / sqrt(row width); 0.01 with --model deepfm, whose second-order term would otherwise start as noise).
+        #[setting(flag = "--table-init-scale", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "S")]
+        pub table_init_scale: Option<f32> = None,
         /// Largest size of the host table file (e.g. 8G): the table doubles when it passes
         /// 70% load up to this size, then evicts (--evict). Default: what a growth's peak
         /// (old and new table at once) leaves room for beside the sparse exchange's host
@@ -364,6 +399,7 @@ impl TrainConfig {
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
             return Err(TrainError::Config("--batch, --dim and every --hidden width must be positive".into()));
         }
+        self.validate_model()?;
         for (flag, v, ok) in [("--stop-at-loss", self.stop_at_loss, "above 0"), ("--stop-at-auc", self.stop_at_auc, "in (0, 1]")] {
             let Some(v) = v else { continue };
             let valid = if flag == "--stop-at-loss" { v.is_finite() && v > 0.0 } else { v > 0.0 && v <= 1.0 };
@@ -429,6 +465,9 @@ impl TrainConfig {
     /// The table flags' own checks: `--admit-after` and its sketch, `--expire-after-steps`,
     /// and an explicit `--table-max-bytes` that holds at least the initial table.
     pub fn validate_table(&self) -> TrainResult<()> {
+        if let Some(s) = self.table_init_scale.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(TrainError::Config(format!("--table-init-scale {s}: give a finite scale >= 0 (the initial rows are uniform in [-S, S])")));
+        }
         let tc = self.table_config();
         let h = tc.header().map_err(|e| TrainError::Config(e.to_string()))?;
         if self.expire_after_steps == Some(0) {
@@ -445,14 +484,55 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The dense model this run trains: `--model` and its shape flags over the data's
+    /// fields, `--dim` and dense features.
+    pub fn model_spec(&self) -> ModelSpec {
+        use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+        ModelSpec {
+            kind: self.model,
+            bottom: self.bottom_mlp.clone(),
+            interaction_self: self.interaction_self,
+            cross_layers: self.cross_layers,
+            cross_rank: self.cross_rank,
+            cross_structure: self.cross_structure,
+            ..ModelSpec::mlp(NUM_SPARSE, self.dim, NUM_DENSE, self.hidden.clone())
+        }
+    }
+
+    /// Values per table row: `--dim`, plus the first-order weight for deepfm and wide-deep.
+    pub fn row_width(&self) -> usize {
+        self.model_spec().row_width()
+    }
+
+    /// Refuses a model shape flag given with a model that does not use it (a flag counts as
+    /// given when its value differs from its default), and shapes no model can take.
+    pub fn validate_model(&self) -> TrainResult<()> {
+        let d = TrainConfig::defaults();
+        let given = [
+            ("--bottom-mlp", self.bottom_mlp != d.bottom_mlp, ModelKind::Dlrm),
+            ("--interaction-self", self.interaction_self != d.interaction_self, ModelKind::Dlrm),
+            ("--cross-layers", self.cross_layers != d.cross_layers, ModelKind::Dcn),
+            ("--cross-rank", self.cross_rank != d.cross_rank, ModelKind::Dcn),
+            ("--cross-structure", self.cross_structure != d.cross_structure, ModelKind::Dcn),
+        ];
+        if let Some((flag, _, wants)) = given.iter().find(|(_, given, wants)| *given && *wants != self.model) {
+            return Err(TrainError::Config(format!("{flag} shapes --model {wants}, and this run trains --model {}: drop {flag} or pass --model {wants}", self.model)));
+        }
+        match self.model_spec().check() {
+            Some(why) => Err(TrainError::Config(why)),
+            None => Ok(()),
+        }
+    }
+
     /// The host table this run creates: `--dim`, `--table-capacity`, `--table-dtype`, the
     /// sparse optimizer, `--seed`, admission, and the usage section that expiry and
     /// eviction read.
     pub fn table_config(&self) -> TableConfig {
-        let mut tc = TableConfig::new(self.dim as u32, self.table_capacity);
+        let mut tc = TableConfig::new(self.row_width() as u32, self.table_capacity);
         tc.seed = self.seed;
         tc.optimizer = self.sparse_optimizer;
         tc.dtype = self.table_dtype;
+        tc.init_scale = self.table_init_scale.or((self.model == crate::model::ModelKind::DeepFm).then_some(DEEPFM_INIT_SCALE));
         tc.track_usage = true;
         tc.admit_after = self.admit_after;
         tc.sketch_bytes = self.admit_sketch_mib.saturating_mul(1 << 20);
@@ -558,6 +638,23 @@ fn agreed_variable(name: &str, topo: &Topology, engine: &EngineConfig) -> String
 mod tests {
     use super::*;
     use crate::settings::NOT_SET;
+
+    #[test]
+    fn the_model_spec_follows_the_flags_and_refuses_a_flag_of_another_model() {
+        let mut c = TrainConfig::defaults();
+        assert_eq!(c.model_spec(), ModelSpec::mlp(26, 16, 13, vec![256, 128]));
+        assert_eq!(c.row_width(), 16);
+        c.set("model", &["deepfm"]).unwrap();
+        assert_eq!((c.row_width(), c.table_config().dim), (17, 17));
+        c.set("cross_rank", &["4"]).unwrap();
+        let e = c.validate_model().unwrap_err().to_string();
+        assert!(e.contains("--cross-rank") && e.contains("--model dcn") && e.contains("--model deepfm"), "{e}");
+        c.set("model", &["dcn"]).unwrap();
+        c.validate_model().unwrap();
+        assert_eq!(c.model_spec().cross_rank, 4);
+        c.set("cross_layers", &["0"]).unwrap();
+        assert!(c.validate_model().unwrap_err().to_string().contains("--cross-layers must be at least 1"));
+    }
 
     #[test]
     fn every_setting_has_a_flag_and_help_and_one_place() {

@@ -104,7 +104,8 @@ pub fn board_bound(topo: &Topology, cfg: &TrainConfig) -> u64 {
     use crate::sparse::list::encoded_len;
     let host_rows = cfg.batch.div_ceil(topo.size.max(1)) * topo.local_size;
     let step_keys = host_rows.saturating_mul(crate::data::criteo::NUM_SPARSE);
-    let (empty, row) = (encoded_len(0, cfg.dim, true), encoded_len(1, cfg.dim, true) - encoded_len(0, cfg.dim, true));
+    let width = cfg.row_width();
+    let (empty, row) = (encoded_len(0, width, true), encoded_len(1, width, true) - encoded_len(0, width, true));
     let list = |keys: usize| empty.saturating_add(keys.saturating_mul(row));
     let mut bound = board_bytes(topo.local_size, list(step_keys));
     if cfg.sync_every > 1 {
@@ -130,7 +131,7 @@ impl EmbeddingStage {
     pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>) -> TrainResult<EmbeddingStage> {
         let mut table = HostTable::open_from(topo, source)?;
         let h = *table.table().header();
-        let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.dim)?;
+        let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.row_width())?;
         // `--sparse-compression`: the rows that cross hosts, gradients or (with
         // `--sync-every`) the deltas of a sync.
         let row_form = match cfg.sparse_compression {
@@ -142,9 +143,9 @@ impl EmbeddingStage {
         let sync = if cfg.sync_every > 1 {
             exchanger.set_host_only(true);
             // Only leaders send deltas: a key's count is the number of hosts that changed it.
-            let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.dim, "sparse-delta")?;
+            let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.row_width(), "sparse-delta")?;
             exchanger.set_row_compression(row_form)?;
-            Some(SparseSync { rows: RowsAtSync::new(cfg.dim), exchanger, skipped: 0, counts: DeltaCounts::default() })
+            Some(SparseSync { rows: RowsAtSync::new(cfg.row_width()), exchanger, skipped: 0, counts: DeltaCounts::default() })
         } else {
             None
         };

@@ -35,6 +35,7 @@ pub mod checkpoint;
 pub mod checkpointing;
 pub mod config;
 pub mod data;
+pub mod describe;
 pub mod embedding;
 pub mod error;
 pub mod fault;
@@ -64,7 +65,8 @@ pub use error::{TrainError, TrainResult};
 pub use summary::{RankTraffic, StopTarget, TrainSummary};
 pub use sync::SyncScope;
 
-pub use trainer::{Evaluation, Progress, Trainer};
+pub use metrics::Evaluation;
+pub use trainer::{Progress, Trainer};
 
 
 /// Trains as `cfg` says on every rank of `topo` (collective), calling `progress` on every
@@ -90,12 +92,14 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
         Placement::HostKernels => {
             let options = topo.agree(HostOptions::from_env(topo.rank))?;
             let dev = topo.agree(HostKernels::with_options(options).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+            let dev = at_precision(topo, cfg, dev)?;
             let coll = HostCollectives::new(comm::build_tagged(cfg.backend(topo), topo, "device")?);
             let exec = DeviceExecutor::new(dev.fork()?, coll);
             drive(topo, cfg, dev, Engine::start_with_device(topo, &engine, Some(Box::new(exec)))?, progress)
         }
         Placement::Cuda(_) => {
             let dev = gpu.ok_or_else(|| TrainError::Config("internal: the GPU placement has no device".into()))?;
+            let dev = at_precision(topo, cfg, dev)?;
             let queue = dev.fork()?;
             let exec: Box<dyn ExecuteDevice> = if topo.size == 1 {
                 // One rank: nothing to reduce, so no NCCL (nor libnccl) needed.
@@ -110,10 +114,18 @@ pub fn run(topo: &Topology, cfg: &TrainConfig, progress: &mut dyn FnMut(&Progres
             drive(topo, cfg, dev, Engine::start_with_device(topo, &engine, Some(exec))?, progress)
         }
         Placement::Cpu | Placement::Auto => {
+            let dev = at_precision(topo, cfg, CpuDevice::new(threads))?;
             let engine = Engine::start(topo, &engine)?;
-            on_pool(|| drive(topo, cfg, CpuDevice::new(threads), engine, progress))
+            on_pool(|| drive(topo, cfg, dev, engine, progress))
         }
     }
+}
+
+/// `dev` with its GEMMs at `--dense-precision`, agreed by every rank (a rank whose device
+/// cannot stops them all at start, saying why).
+fn at_precision<D: Device>(topo: &Topology, cfg: &TrainConfig, mut dev: D) -> TrainResult<D> {
+    topo.agree(dev.set_gemm_precision(cfg.dense_precision).map_err(|e| format!("rank {}: {e}", topo.rank)))?;
+    Ok(dev)
 }
 
 /// This rank's GPU `ordinal`, opened on every rank before any waits in NCCL's start-up.

@@ -32,12 +32,11 @@ use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
 use crate::data::cache::Dataset;
-use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{inputs, shard, EvalSet, PrepareOptions};
 use crate::device::cpu::sigmoid;
 use crate::device::{CpuDevice, Device, HostKernels, HostOptions, Placement};
 use crate::embedding::{EmbeddingTable, HostTable};
-use crate::model::{DenseModel, DenseOptimState, DenseOptimizer, InputLayout, MlpShape};
+use crate::model::{DenseModel, DenseOptimState, DenseOptimizer};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
@@ -85,10 +84,9 @@ pub fn score_batch<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable,
 /// weights over the table's embedding dimension.
 pub fn scoring_model<D: Device>(dev: D, src: &ModelSource) -> TrainResult<DenseModel<D>> {
     let dense = src.dense.as_ref().ok_or_else(|| TrainError::Config(format!("{}: no dense weights", src.given.display())))?;
-    let layout = InputLayout { fields: NUM_SPARSE, dim: src.table.dim as usize, ndense: NUM_DENSE };
-    let shape = MlpShape { input: dense.input(), hidden: dense.hidden().to_vec() };
+    // The model the source records (its spec), over the rows of its table.
     let n = dense.params.len();
-    Ok(DenseModel::new(dev, shape, layout, &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?)
+    Ok(DenseModel::new(dev, dense.spec.clone(), &dense.params, &DenseOptimState::new(DenseOptimizer::Sgd, 0.0, n))?)
 }
 
 /// Scores every row of `set` over every rank (collective; see the module docs): rank 0
@@ -157,6 +155,8 @@ pub struct PredictSummary {
     pub model: String,
     /// What was used: the checkpoint (`ckpt/step-...`), the bundle or the file.
     pub model_path: PathBuf,
+    /// Which model it is, and its shape (`dlrm (bottom 13-64-16, 351 dots, top 367-256-128-1)`).
+    pub model_spec: String,
     /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
     /// newest was used).
     pub skipped: Vec<String>,
@@ -174,6 +174,10 @@ pub struct PredictSummary {
     pub auc: Option<f64>,
     /// Mean log loss.
     pub logloss: Option<f64>,
+    /// Normalised entropy (log loss / entropy of the click rate; `None` with one class).
+    pub ne: Option<f64>,
+    /// Mean predicted probability / observed click rate (`None` without a positive).
+    pub calibration: Option<f64>,
     /// Seconds from the start to the model and table in place on every rank.
     pub setup_seconds: f64,
     /// Seconds of scoring (data opened, rows scored, gathered).
@@ -308,20 +312,24 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let score_seconds = scoring.elapsed().as_secs_f64();
     let rows: u64 = files.iter().map(|f| f.scored as u64).sum();
     let root = topo.rank == 0 && rows > 0;
+    let eval = root.then(|| metrics::Evaluation::of(&scores, &labels));
     let summary = PredictSummary {
         ranks: topo.size,
         hosts: topo.num_hosts,
         device: model.device().describe(),
         model: model_src.describe(),
         model_path: model_src.path.clone(),
+        model_spec: model.spec().describe(),
         skipped: model_src.skipped.clone(),
         step: model_src.step,
         table_rows: table.table().live_rows(),
         files,
         rows,
         positives: labels.iter().filter(|y| **y > 0.5).count() as u64,
-        auc: root.then(|| metrics::auc(&scores, &labels)),
-        logloss: root.then(|| metrics::logloss(&scores, &labels)),
+        auc: eval.map(|e| e.auc),
+        logloss: eval.map(|e| e.logloss),
+        ne: eval.and_then(|e| e.ne),
+        calibration: eval.and_then(|e| e.calibration),
         setup_seconds,
         score_seconds,
         rows_per_sec: rows as f64 / score_seconds.max(1e-9),

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::trainer::Evaluation;
+use super::metrics::Evaluation;
 use super::{StopTarget, Trainer, TrainError, TrainResult};
 use crate::device::Device;
 
@@ -74,6 +74,8 @@ impl<D: Device> Trainer<'_, D> {
             "samples_per_sec_per_rank": rate / self.topo.size as f64,
             "eval_auc": eval.map(|e| e.auc),
             "eval_logloss": eval.map(|e| e.logloss),
+            "eval_ne": eval.and_then(|e| e.ne),
+            "eval_calibration": eval.and_then(|e| e.calibration),
             "eval_rows": self.data.held_out_rows(),
             "table_rows": self.embedding.table().table().live_rows(),
             "table_capacity": h.capacity,
@@ -84,7 +86,7 @@ impl<D: Device> Trainer<'_, D> {
             "table_expirations": c.expired,
             "table_refused": c.refused,
             "admission_sketch_bytes": h.layout.sketch_len,
-            "dense_bytes_reduced": reduced * 4.0 * (self.model.mlp().num_params() + 1) as f64,
+            "dense_bytes_reduced": reduced * 4.0 * (self.model.num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
             "train_seconds": now.train_seconds,

@@ -29,7 +29,7 @@ use crate::comm::{Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
-use crate::model::{DenseOptimState, DenseWeights};
+use crate::model::{DenseOptimState, DenseWeights, ModelSpec};
 use crate::topology::Topology;
 
 /// What kind of model a path holds.
@@ -216,9 +216,10 @@ pub struct ModelSource {
     pub skipped: Vec<String>,
 }
 
-/// The input width of a model of embedding dimension `dim`.
-pub fn input_width(dim: usize) -> usize {
-    NUM_SPARSE * dim + NUM_DENSE
+/// Why the model `spec` cannot read a table of rows of `dim` values (another row width,
+/// [`ModelSpec::row_width`]); `None` when it can.
+pub fn row_mismatch(spec: &ModelSpec, dim: u32) -> Option<String> {
+    (spec.row_width() != dim as usize).then(|| format!("the {} reads table rows of {} values, its table's rows have {dim}", spec.describe(), spec.row_width()))
 }
 
 /// The hidden widths a checkpoint's manifest records (`--hidden`, as typed: `256,128`;
@@ -270,24 +271,23 @@ impl ModelSource {
         }
         let table = ck.table();
         let h = table_header(&table)?;
-        let widths = if ck.dense.widths.is_empty() {
-            // A checkpoint of an older ringrec: dense.bin records no widths; the manifest's
-            // --hidden and the table's dim give them.
-            let hidden = hidden_of(&ck.dir, &ck.manifest)?;
-            let mut widths = vec![input_width(h.dim as usize)];
-            widths.extend(&hidden);
-            widths.push(1);
-            if DenseWeights::count(&widths) != Some(ck.dense.params.len()) {
-                return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("{} dense parameters, but dim {} and --hidden {hidden:?} need {:?}", ck.dense.params.len(), h.dim, DenseWeights::count(&widths)) }.into());
+        let spec = match ck.dense.spec.clone() {
+            Some(spec) => spec,
+            None => {
+                // A checkpoint of an older ringrec: an mlp whose dense.bin records no widths;
+                // the manifest's --hidden and the table's dim give them.
+                let hidden = hidden_of(&ck.dir, &ck.manifest)?;
+                let spec = ModelSpec::mlp(NUM_SPARSE, h.dim as usize, NUM_DENSE, hidden.clone());
+                if spec.num_params() != ck.dense.params.len() {
+                    return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("{} dense parameters, but dim {} and --hidden {hidden:?} need {}", ck.dense.params.len(), h.dim, spec.num_params()) }.into());
+                }
+                spec
             }
-            widths
-        } else {
-            ck.dense.widths.clone()
         };
-        if widths.first() != Some(&input_width(h.dim as usize)) {
-            return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: format!("widths {widths:?}: the input is not {} wide, as the table's dim {} needs", input_width(h.dim as usize), h.dim) }.into());
+        if let Some(e) = row_mismatch(&spec, h.dim) {
+            return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: e }.into());
         }
-        let dense = DenseWeights { widths, params: ck.dense.params };
+        let dense = DenseWeights { spec, params: ck.dense.params };
         let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
         let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
         Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped })
@@ -302,8 +302,8 @@ impl ModelSource {
             init: Some(InitRows { seed: b.json.table.init_seed, scale: b.json.table.init_scale }),
             saved: None,
         };
-        if b.dense.input() != input_width(table.dim as usize) {
-            return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: format!("its input is {} wide, dim {} needs {}", b.dense.input(), table.dim, input_width(table.dim as usize)) }.into());
+        if let Some(e) = row_mismatch(&b.dense.spec, table.dim) {
+            return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: e }.into());
         }
         Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new() })
     }
@@ -322,6 +322,11 @@ impl ModelSource {
             SourceKind::Bundle => format!("export bundle{step} ({})", self.path.display()),
             SourceKind::Params => format!("sparse-parameter file ({})", self.path.display()),
         }
+    }
+
+    /// The model its dense weights are (`dlrm (bottom 13-64-16, ...)`), if it has some.
+    pub fn model(&self) -> Option<String> {
+        self.dense.as_ref().map(|d| d.spec.describe())
     }
 
     /// Prints a warning on stderr for each checkpoint skipped as damaged.

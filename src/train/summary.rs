@@ -46,6 +46,11 @@ pub struct TrainSummary {
     pub test_logloss: Option<f64>,
     /// Held-out AUC over all ranks' predictions.
     pub test_auc: Option<f64>,
+    /// Held-out normalised entropy (log loss / entropy of the held-out click rate,
+    /// [`super::metrics::ne`]).
+    pub test_ne: Option<f64>,
+    /// Held-out calibration (mean prediction / held-out click rate).
+    pub test_calibration: Option<f64>,
     /// Largest peak resident set over the ranks (MiB).
     pub peak_rss_mib: f64,
     /// MLP forward+backward GFLOP/s on rank 0 (CPU device; 0 on a GPU, whose step only
@@ -238,6 +243,9 @@ impl<D: Device> Trainer<'_, D> {
             _ if self.cfg.eval && self.data.has_held_out() => self.evaluate()?,
             _ => None,
         };
+        // The last checkpoint is written while the evaluation runs: every rank learns its
+        // outcome before the summary.
+        self.finish_checkpoint()?;
         let peak = topo.control().all_max("the run's summary", metrics::peak_rss_mib());
         let traffic = self.traffic_per_rank();
         let cross_sent: u64 = traffic.iter().map(|t| t.cross_host_sent).sum();
@@ -263,8 +271,10 @@ impl<D: Device> Trainer<'_, D> {
             train_loss: self.losses.sum / self.losses.steps.max(1) as f64,
             test_logloss: eval.map(|e| e.logloss),
             test_auc: eval.map(|e| e.auc),
+            test_ne: eval.and_then(|e| e.ne),
+            test_calibration: eval.and_then(|e| e.calibration),
             peak_rss_mib: peak,
-            mlp_gflops: if mlp > 0.0 && on_cpu { self.model.mlp().shape().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
+            mlp_gflops: if mlp > 0.0 && on_cpu { self.model.net().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
             table_rows: self.embedding.table().table().live_rows(),
             sparse_bytes_intra_host_per_step: self.counters.intra_bytes / steps,
             sparse_bytes_cross_host_per_step: self.counters.cross_bytes / steps,
@@ -306,7 +316,7 @@ impl<D: Device> Trainer<'_, D> {
             sync_scope: scope.to_string(),
             syncs,
             dense_world_allreduces: syncs,
-            dense_param_bytes: 4 * self.model.mlp().num_params() as u64,
+            dense_param_bytes: 4 * self.model.num_params() as u64,
             sync_touched_rows: all[0],
             sync_delta_rows: all[1],
             sync_delta_cross_bytes_sent: all[2],

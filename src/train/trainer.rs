@@ -19,14 +19,14 @@ use super::predict;
 use super::report::Mark;
 use super::sync::LocalSgd;
 use super::weights::{self, BatchWeights};
-use super::{metrics, NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
+use super::metrics::Evaluation;
+use super::{NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
 use crate::comm::{self, Collectives, CollectivesExt};
-use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
 use crate::data::{shard, EvalSet};
 use crate::device::Device;
 use crate::dtype::ReduceOp;
 use crate::engine::{Engine, Handle};
-use crate::model::{DenseModel, DenseOptimState, InputLayout, MlpShape, Part};
+use crate::model::{DenseModel, DenseOptimState, Part};
 use crate::sparse::{SparseNormalize, SparseStats};
 use crate::tensor::Tensor;
 use crate::topology::Topology;
@@ -86,15 +86,6 @@ pub(super) struct Losses {
     /// Sum and count of the losses recorded since the last interval report.
     pub(super) interval_sum: f64,
     pub(super) interval_steps: u64,
-}
-
-/// The held-out evaluation (rank 0).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    /// Mean log loss.
-    pub logloss: f64,
-    /// Area under the ROC curve over all ranks' predictions.
-    pub auc: f64,
 }
 
 /// Totals over the steps this run took on this rank.
@@ -159,6 +150,10 @@ pub struct Trainer<'a, D: Device> {
     pub(super) faults: Faults,
     /// `--init-from`: what the run started from.
     pub(super) warm_from: Option<super::warm::WarmFrom>,
+    /// Rank 0: the checkpoint being written in the background ([`super::checkpointing`]).
+    pub(super) writing: Option<super::checkpointing::InFlight>,
+    /// Rank 0: a background checkpoint was refused for want of memory (said once).
+    pub(super) snapshot_refused: bool,
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -176,9 +171,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     pub fn new(topo: &'a Topology, cfg: &'a TrainConfig, dev: D, engine: Engine) -> TrainResult<Trainer<'a, D>> {
         cfg.validate()?;
         let mut data = data::open(topo, cfg)?;
-        let layout = InputLayout { fields: NUM_SPARSE, dim: cfg.dim, ndense: NUM_DENSE };
-        let shape = MlpShape { input: layout.width(), hidden: cfg.hidden.clone() };
-        let mut params = shape.init_params(cfg.seed);
+        let spec = cfg.model_spec();
+        let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
         let resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
@@ -215,7 +209,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
-        let model = DenseModel::new(dev, shape, layout, &params, &opt)?;
+        let model = DenseModel::new(dev, spec, &params, &opt)?;
         data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
@@ -259,6 +253,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             local,
             faults: Faults::new(topo),
             warm_from: warm.map(|(_, from)| from),
+            writing: None,
+            snapshot_refused: false,
         })
     }
 
@@ -373,7 +369,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// runs, then the optimizer. Returns the sparse exchange's counters.
     fn world_step(&mut self, scale: f32, batch_weights: Option<&BatchWeights>, global_batch: usize) -> TrainResult<SparseStats> {
         let (topo, cfg) = (self.topo, self.cfg);
-        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.num_groups() + 1);
         let engine = &self.engine;
         let compression = cfg.dense_compression_at(self.position.step, engine.compression());
         self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async_with(&part.name(), t, ReduceOp::Sum, compression))))?;
@@ -452,7 +448,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     fn local_step(&mut self, scale: f32, global: std::ops::Range<usize>) -> TrainResult<SparseStats> {
         let cfg = self.cfg;
         let Some(local) = self.local.as_mut() else { return Err(TrainError::Config("internal: a local step without --sync-every".into())) };
-        let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.mlp().num_layers() + 1);
+        let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.num_groups() + 1);
         self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
         self.phases.enter("scatter");
         let key_grads = local.host_key_grads(self.model.key_grads()?, global);
@@ -538,6 +534,8 @@ impl<'a, D: Device> Trainer<'a, D> {
                     if !saved {
                         self.save_checkpoint(dir, false)?;
                     }
+                    // The job ends with its checkpoint written.
+                    self.finish_checkpoint()?;
                     Some(dir.clone())
                 }
                 None => None,
@@ -561,14 +559,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Scores the held-out rows (each rank a slice of the [`EvalSet`], in batches of
     /// `--batch`; the `--eval-data` files are opened the first time: the scoring of
     /// `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
-    /// loss and AUC on rank 0 (`None` elsewhere).
+    /// loss, AUC, NE and calibration on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
         let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &set, self.cfg.batch)?;
         set.release_pages();
-        Ok(scores.map(|scores| {
-            let labels = set.labels();
-            Evaluation { logloss: metrics::logloss(&scores, &labels), auc: metrics::auc(&scores, &labels) }
-        }))
+        Ok(scores.map(|scores| Evaluation::of(&scores, &set.labels())))
     }
 }

@@ -3,9 +3,14 @@
 //!
 //! PATH is a checkpoint directory (or one checkpoint), an export bundle, or a
 //! sparse-parameter file ([`ModelSource`]). Rank 0 resolves and checks it (every checksum)
-//! and compares it with this run's flags: a table of another `--dim` or `--table-dtype`,
-//! a saved table of another `--sparse-optimizer`, or a dense model of another shape
-//! (`--dim`, `--hidden`) is refused, naming the flag and both values. The dense parameters
+//! and compares it with this run's flags: a dense model of another kind or shape (`--model`,
+//! `--dim`, `--hidden` and the kind's own shape flags: [`ModelSpec::differences`]), a table
+//! of another row width (`--dim`; deepfm and wide-deep rows hold one more value, the key's
+//! first-order weight) or `--table-dtype`, or a saved table of another
+//! `--sparse-optimizer` is refused, naming the flag and both values. Where only the dense
+//! model differs and the table's rows are as wide as this run reads (an `mlp` checkpoint
+//! for a `dlrm` run of the same `--dim`), the refusal says how to start from the table
+//! alone (as a sparse-parameter file, with new dense parameters). The dense parameters
 //! are broadcast from rank 0; each host leader fills its host table from the source (a
 //! checkpoint's saved table byte for byte, Adagrad accumulators and a grown capacity
 //! included; a bundle's or a parameter file's rows imported into a new table of this run's
@@ -31,7 +36,6 @@ use crate::model::DenseOptimState;
 use crate::topology::Topology;
 
 use crate::model::DenseWeights;
-use super::source::input_width;
 
 /// Rank 0's checks of `m` against this run (see the module docs); what to share: the
 /// source with what is not carried taken out, and the line that says so.
@@ -43,9 +47,23 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         }
         m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
     }
+    let mine = cfg.model_spec();
     let t = &m.table;
-    if t.dim as usize != cfg.dim {
+    if t.dim as usize != mine.row_width() {
+        let theirs = m.model().map(|d| format!(" (its model: the {d})")).unwrap_or_default();
+        if mine.first_order() || m.dense.as_ref().is_some_and(|d| d.spec.first_order()) {
+            return Err(format!("{flag}: its table's rows have {} values{theirs}, this run's {} reads {} (--dim {}{})", t.dim, mine.kind, mine.row_width(), cfg.dim, if mine.first_order() { " and the key's first-order weight" } else { "" }));
+        }
         return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
+    }
+    if let Some(d) = &m.dense {
+        let diffs = d.spec.differences(&mine);
+        if !diffs.is_empty() {
+            let from = cfg.init_dense.as_ref().map_or(flag.clone(), |p| format!("--init-dense {}", p.display()));
+            let what: Vec<String> = diffs.iter().map(|(f, theirs, ours)| format!("{f} {theirs} there, {ours} here")).collect();
+            let carry = if cfg.init_dense.is_some() { String::new() } else { table_carry(&m) };
+            return Err(format!("{from}: its dense model is not this run's: {} (its {}, this run's {}){carry}", what.join("; "), d.spec.describe(), mine.describe()));
+        }
     }
     if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
         return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
@@ -54,13 +72,6 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
     // is (it may have grown), imported rows get a table that holds them, and either grows.
     if let Some(s) = t.saved.filter(|s| s.optimizer != run.optimizer) {
         return Err(format!("{flag}: its table holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
-    }
-    let mut widths = vec![input_width(cfg.dim)];
-    widths.extend(&cfg.hidden);
-    widths.push(1);
-    if let Some(d) = m.dense.as_ref().filter(|d| d.widths != widths) {
-        let from = cfg.init_dense.as_ref().map_or(flag.clone(), |p| format!("--init-dense {}", p.display()));
-        return Err(format!("{from}: its dense model has widths {:?} (hidden {:?}), this run's has {widths:?} (--dim {}, --hidden {:?})", d.widths, d.hidden(), cfg.dim, cfg.hidden));
     }
     let dense = match (&m.dense, &cfg.init_dense) {
         (None, _) => format!("dense parameters initialised from --seed {}", cfg.seed),
@@ -91,6 +102,18 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         t.rows
     );
     Ok((m, line))
+}
+
+/// What of `m` could still start this run when its dense model is another (said with the
+/// refusal): its table, whose rows are as wide as this run reads (checked before), as a
+/// sparse-parameter file.
+fn table_carry(m: &ModelSource) -> String {
+    let t = &m.table;
+    let how = match m.kind {
+        SourceKind::Bundle => format!("pass --init-from {} (a sparse-parameter file)", t.path.display()),
+        _ => format!("export them (ringrec table export {} --params --out FILE) and pass --init-from FILE", t.path.display()),
+    };
+    format!("; its table's rows ({} values) fit this run's: to start from them with new dense parameters, {how}", t.dim)
 }
 
 /// What a warm start started from: the summary's `init_from`.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use ringrec::embedding::{EmbeddingTable, TableConfig};
-use ringrec::model::{DenseOptimState, DenseOptimizer, MlpShape};
+use ringrec::model::{DenseOptimState, DenseOptimizer, ModelSpec};
 use ringrec::train::checkpoint::{self, DenseState};
 
 /// Flags of `ringrec bench checkpoint`.
@@ -31,11 +31,11 @@ pub struct CheckpointBenchArgs {
 
 /// Runs the benchmark and prints one line per size.
 pub fn run(args: &CheckpointBenchArgs) -> anyhow::Result<()> {
-    let shape = MlpShape { input: 26 * 16 + 13, hidden: vec![256, 128] };
-    let params = shape.init_params(1);
+    let spec = ModelSpec::mlp(26, 16, 13, vec![256, 128]);
+    let params = spec.init_params(1);
     let mut opt = DenseOptimState::new(DenseOptimizer::Adam, 0.001, params.len());
     opt.step = 1;
-    let dense = DenseState { step: 1, epoch: 0, step_in_epoch: 1, opt, widths: shape.widths(), params };
+    let dense = DenseState { step: 1, epoch: 0, step_in_epoch: 1, opt, spec: Some(spec), params };
     println!("# ringrec bench checkpoint: dim 16 f32 table, {} dense parameters + Adam; best of {}; dir {}", dense.params.len(), args.repeats, args.dir.display());
     println!("{:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}", "rows", "MB", "write s", "verify s", "sums s", "MB/s sum", "sums %");
     for &rows in &args.rows {

@@ -1,12 +1,14 @@
 //! `ringrec bench gemm`: the SGEMMs of one MLP training step (forward, weight gradient,
 //! input gradient of every layer) with the `gemm` crate, the candidate OpenBLAS (loaded at
 //! run time with dlopen when `libopenblas.so` is installed) measured in the same run, and
-//! the whole MLP forward+backward against that plain SGEMM throughput.
+//! the whole MLP forward+backward against that plain SGEMM throughput. Where the CPU has
+//! AVX-512 BF16, the same shapes and the MLP at `--dense-precision bf16` too
+//! ([`ringrec::device::bgemm`], its rows cut over the threads as the CPU device cuts them).
 
 use std::time::Instant;
 
 use ringrec::device::sgemm::sgemm;
-use ringrec::device::{CpuDevice, Device, Op};
+use ringrec::device::{bgemm, CpuDevice, Device, GemmPrecision, Op};
 use ringrec::model::{Mlp, MlpShape};
 
 /// Flags of `ringrec bench gemm`.
@@ -97,9 +99,10 @@ pub fn run(args: &GemmBenchArgs) -> anyhow::Result<()> {
     let shapes = step_shapes(args.batch, &widths);
     let openblas = OpenBlas::load(args.threads);
     println!("# ringrec bench gemm: batch {}, MLP {:?}, {} thread(s); GFLOP/s", args.batch, widths, args.threads);
-    println!("# {:>5} {:>5} {:>5} {:>3} {:>3} | {:>10} {:>10} {:>7}", "m", "n", "k", "aT", "bT", "gemm", "openblas", "ratio");
+    let bf16 = bgemm::available();
+    println!("# {:>5} {:>5} {:>5} {:>3} {:>3} | {:>10} {:>10} {:>7} | {:>10}", "m", "n", "k", "aT", "bT", "gemm", "openblas", "ratio", "bf16");
     let mut total_flops = 0f64;
-    let (mut t_gemm, mut t_blas) = (0f64, 0f64);
+    let (mut t_gemm, mut t_blas, mut t_bf16) = (0f64, 0f64, 0f64);
     for (m, n, k, a_t, b_t) in shapes {
         let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
@@ -132,12 +135,40 @@ pub fn run(args: &GemmBenchArgs) -> anyhow::Result<()> {
             }
             None => ("       n/a".into(), "    n/a".into()),
         };
-        println!("  {m:>5} {n:>5} {k:>5} {:>3} {:>3} | {:>10.1} {blas_s} {ratio}", a_t as u8, b_t as u8, flops / tg / 1e9);
+        let bf16_s = if bf16 {
+            let mut c3 = vec![0f32; m * n];
+            bgemm::gemm(m, n, k, &a, a_t, &b, b_t, &mut c3, args.threads, |_, _| {});
+            let t = Instant::now();
+            for _ in 0..args.reps {
+                bgemm::gemm(m, n, k, &a, a_t, &b, b_t, &mut c3, args.threads, |_, _| {});
+            }
+            let s = t.elapsed().as_secs_f64();
+            t_bf16 += s;
+            format!("{:>10.1}", flops / s / 1e9)
+        } else {
+            "       n/a".into()
+        };
+        println!("  {m:>5} {n:>5} {k:>5} {:>3} {:>3} | {:>10.1} {blas_s} {ratio} | {bf16_s}", a_t as u8, b_t as u8, flops / tg / 1e9);
     }
     let gemm_rate = total_flops / t_gemm / 1e9;
     println!("# all step SGEMMs: gemm crate {gemm_rate:.1} GFLOP/s{}", if t_blas > 0.0 { format!(", OpenBLAS {:.1} GFLOP/s ({:.2}x)", total_flops / t_blas / 1e9, t_blas / t_gemm) } else { ", OpenBLAS not installed (apt-get install libopenblas0)".to_string() });
-    // The MLP itself: forward + backward incl. bias, ReLU, loss.
-    let dev = CpuDevice::new(args.threads);
+    if bf16 {
+        println!("# all step GEMMs at bf16 (AVX-512 BF16): {:.1} GFLOP/s ({:.2}x the gemm crate's f32)", total_flops / t_bf16 / 1e9, t_gemm / t_bf16);
+    }
+    for precision in [GemmPrecision::F32, GemmPrecision::Bf16] {
+        if precision == GemmPrecision::Bf16 && !bf16 {
+            println!("# MLP at bf16: n/a (this CPU lacks AVX-512 BF16)");
+            continue;
+        }
+        mlp_step(args, &shape, precision, gemm_rate)?;
+    }
+    Ok(())
+}
+
+/// The MLP itself at `precision`: forward + backward incl. bias, ReLU, loss.
+fn mlp_step(args: &GemmBenchArgs, shape: &MlpShape, precision: GemmPrecision, gemm_rate: f64) -> anyhow::Result<()> {
+    let mut dev = CpuDevice::new(args.threads);
+    dev.set_gemm_precision(precision)?;
     let mut mlp = Mlp::new(&dev, shape.clone(), &shape.init_params(1))?;
     let x: Vec<f32> = (0..args.batch * args.input).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
     let y: Vec<f32> = (0..args.batch).map(|i| (i % 3 == 0) as u8 as f32).collect();
@@ -163,6 +194,6 @@ pub fn run(args: &GemmBenchArgs) -> anyhow::Result<()> {
     }
     let s = t.elapsed().as_secs_f64();
     let mlp_rate = shape.flops_per_sample() * args.batch as f64 * args.reps as f64 / s / 1e9;
-    println!("# MLP forward+backward: {mlp_rate:.1} GFLOP/s = {:.2}x the plain SGEMM rate; {:.0} samples/s", mlp_rate / gemm_rate, args.batch as f64 * args.reps as f64 / s);
+    println!("# MLP forward+backward at {precision}: {mlp_rate:.1} GFLOP/s = {:.2}x the plain f32 SGEMM rate; {:.0} samples/s", mlp_rate / gemm_rate, args.batch as f64 * args.reps as f64 / s);
     Ok(())
 }

@@ -61,14 +61,7 @@ pub enum OnnxError {
 /// Result alias of the ONNX export.
 pub type OnnxResult<T> = Result<T, OnnxError>;
 
-/// DCN-v2's arrangement of the cross network and the deep MLP (`--cross-structure`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CrossStructure {
-    /// The MLP on the cross network's output.
-    Stacked,
-    /// Cross network and deep layers side by side on x_0, joined by the last layer.
-    Parallel,
-}
+pub use crate::model::spec::CrossStructure;
 
 /// A model of docs/models.md with its shape flags (`--model` and the flags it takes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,6 +104,20 @@ pub enum Net {
 }
 
 impl Net {
+    /// The graph of the model `spec` describes, and its sizes.
+    pub fn of_spec(spec: &crate::model::ModelSpec) -> (Net, Sizes) {
+        use crate::model::ModelKind;
+        let hidden = spec.hidden.clone();
+        let net = match spec.kind {
+            ModelKind::Mlp => Net::Mlp { hidden },
+            ModelKind::Dlrm => Net::Dlrm { bottom: spec.bottom.clone(), hidden, interaction_self: spec.interaction_self },
+            ModelKind::Dcn => Net::Dcn { layers: spec.cross_layers, rank: spec.cross_rank, structure: spec.cross_structure, hidden },
+            ModelKind::DeepFm => Net::DeepFm { hidden },
+            ModelKind::WideDeep => Net::WideDeep { hidden },
+        };
+        (net, Sizes { fields: spec.fields, dim: spec.dim, dense: spec.ndense })
+    }
+
     /// Its `--model` name.
     pub fn name(&self) -> &'static str {
         match self {

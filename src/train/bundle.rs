@@ -347,9 +347,6 @@ pub struct Provenance<'a> {
     pub skipped: &'a [String],
 }
 
-/// The ONNX graph of a bundle's dense model: today the trainer has one model, the MLP.
-#[cfg(feature = "onnx")]
-
 /// Writes `model.onnx` of `dense` (embeddings of `dim`) into `dir`; gives its model.json entry.
 #[cfg(feature = "onnx")]
 fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights) -> BundleResult<OnnxSpec> {

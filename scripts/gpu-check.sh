@@ -14,7 +14,12 @@
 #   3. the NCCL allreduce table on all GPUs: `ringrec bench allreduce --backends nccl,shm`
 #      (mpi is always measured too), nccl-tests style (busbw, #wrong);
 #   4. GPU vs CPU training on the default data set: `ringrec train --device cuda` and
-#      `--device cpu`, same flags, per-step losses and samples/s, 1 rank and one rank per GPU.
+#      `--device cpu`, same flags, per-step losses and samples/s, 1 rank and one rank per GPU;
+#   5. every model of issue 31 (mlp, dlrm, dcn, deepfm, wide-deep) on one GPU, f32 and
+#      `--dense-precision bf16`, on one generated TSV, beside the same model in PyTorch on the
+#      same GPU (scripts/bench/torch_ctr.py --device cuda --model M: model and data on the
+#      GPU, nn.Embedding(sparse=True)) where a Python with torch exists (TORCH_PY, else
+#      target/bench-venv/bin/python; skipped, with the reason, without one).
 # Output: target/gpu-check/report.json (machine-readable) and target/gpu-check/report.txt
 # (the same, readable), plus each step's raw output beside them. Exit status 0 when every
 # step that ran passed.
@@ -71,6 +76,18 @@ if [ "$GPUS" -ge 1 ]; then
     step train-gpu-n mpirun "${mpirun_args[@]}" -np "$GPUS" "$RINGREC" train --device cuda --max-steps "$STEPS" --record-losses --json --no-progress
     step train-cpu-n mpirun "${mpirun_args[@]}" -np "$GPUS" "$RINGREC" train --device cpu --max-steps "$STEPS" --record-losses --json --no-progress
   fi
+  MODEL_DATA=$OUT/models-synth.tsv
+  [ -s "$MODEL_DATA" ] || "$RINGREC" data synth --interactions --rows "${MODEL_ROWS:-400000}" --out "$MODEL_DATA" >/dev/null 2>&1
+  TORCH_PY=${TORCH_PY:-target/bench-venv/bin/python}
+  for m in mlp dlrm dcn deepfm wide-deep; do
+    step "model-$m-gpu" "$RINGREC" train --device cuda --model "$m" --data "$MODEL_DATA" --sparse-optimizer adagrad --json --no-progress
+    step "model-$m-gpu-bf16" "$RINGREC" train --device cuda --model "$m" --dense-precision bf16 --data "$MODEL_DATA" --sparse-optimizer adagrad --json --no-progress
+    if "$TORCH_PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      step "model-$m-torch" "$TORCH_PY" scripts/bench/torch_ctr.py --device cuda --model "$m" --data "$MODEL_DATA" --sparse-optimizer adagrad --json
+    else
+      skip "model-$m-torch" "no Python with torch and CUDA at $TORCH_PY (set TORCH_PY)"
+    fi
+  done
 else
   skip nccl-allreduce "no GPU"
   skip train "no GPU"
@@ -103,12 +120,12 @@ json_line() { grep -h '^{' "$OUT/$1.txt" 2>/dev/null | tail -n 1; }
   echo; cat "$OUT/info.txt"
   if [ -f "$OUT/nccl-allreduce.txt" ]; then echo; grep -E '^#|^ +[0-9]' "$OUT/nccl-allreduce.txt"; fi
   echo
-  printf '%-12s %12s %10s %10s %10s\n' run samples/s train_loss test_auc params_fnv
-  for t in train-gpu-1 train-cpu-1 train-gpu-n train-cpu-n; do
+  printf '%-22s %12s %10s %10s %10s\n' run samples/s train_loss test_auc params_fnv
+  for t in train-gpu-1 train-cpu-1 train-gpu-n train-cpu-n $(for m in mlp dlrm dcn deepfm wide-deep; do echo "model-$m-gpu model-$m-gpu-bf16 model-$m-torch"; done); do
     line=$(json_line "$t")
     [ -n "$line" ] || continue
     field() { echo "$line" | grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
-    printf '%-12s %12.0f %10s %10s %10s\n' "$t" "$(field samples_per_sec)" "$(field train_loss)" "$(field test_auc)" "$(field params_fnv)"
+    printf '%-22s %12.0f %10s %10s %10s\n' "$t" "$(field samples_per_sec)" "$(field train_loss)" "$(field test_auc)" "$(field params_fnv)"
   done
 } > "$OUT/report.txt"
 cat "$OUT/report.txt"

@@ -240,6 +240,8 @@ impl<D: Device> Trainer<'_, D> {
             return Err(None);
         }
         match crate::embedding::snapshot::available_memory() {
+            // The last snapshot's memory, kept for this one, needs nothing more.
+            _ if crate::embedding::snapshot::spare_bytes() == bytes => Ok(()),
             Some(free) if free < bytes + SNAPSHOT_HEADROOM => {
                 let first = !std::mem::replace(&mut self.snapshot_refused, true);
                 Err(first.then(|| format!("a background checkpoint copies the table ({bytes} bytes) and {free} bytes of memory are available (MemAvailable)")))

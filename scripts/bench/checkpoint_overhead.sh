@@ -13,6 +13,7 @@
 # docs/bench/ckpt/raw/, the report to stdout and docs/bench/ckpt/report.md.
 #   scripts/bench/checkpoint_overhead.sh
 #   REPEATS=5 SKIP_BUILD=1 scripts/bench/checkpoint_overhead.sh
+#   NP=1 SKIP_BUILD=1 scripts/bench/checkpoint_overhead.sh   # 1 rank: a core left for the writer
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPEATS=${REPEATS:-3}
@@ -31,7 +32,7 @@ run() { # variant repeat
   esac
   local t0 t1
   t0=$(date +%s.%N)
-  RINGREC_CHECKPOINT_BACKGROUND=$bg scripts/mpirun.sh -np 2 -x RINGREC_CHECKPOINT_BACKGROUND target/release/ringrec train --json --no-progress --no-eval \
+  RINGREC_CHECKPOINT_BACKGROUND=$bg scripts/mpirun.sh -np "${NP:-2}" -x RINGREC_CHECKPOINT_BACKGROUND target/release/ringrec train --json --no-progress --no-eval \
     --data-dir "$DD" --epochs 3 "${args[@]}" 2> "$RAW/$v-$r.log" | tail -1 > "$RAW/$v-$r.json"
   t1=$(date +%s.%N)
   python3 -c "import json,sys; p='$RAW/$v-$r.json'; s=json.load(open(p)); s['wall_seconds']=$t1-$t0; s['load_average']=open('/proc/loadavg').read().split()[0]; json.dump(s, open(p,'w'))"

@@ -119,7 +119,7 @@ impl EmbeddingTable {
         let mut map = match kept {
             Some(m) => m,
             None => {
-                let mut m = MmapMut::map_anon(from.len()).map_err(|e| TableError::io(self.path(), "map memory for a snapshot of", e))?;
+                let m = MmapMut::map_anon(from.len()).map_err(|e| TableError::io(self.path(), "map memory for a snapshot of", e))?;
                 // Huge pages where the kernel has them: a 151 MB copy otherwise spends most
                 // of its time faulting in 37,000 fresh 4 KiB pages (0.3-0.5 s measured,
                 // against 0.03 s).

@@ -44,13 +44,9 @@ impl<D: Device> Dcn<D> {
     /// The parts of `spec` (a dcn) over its parameter `groups`.
     pub fn new(dev: &D, spec: &ModelSpec, groups: &[Group]) -> DeviceResult<Dcn<D>> {
         let (w, nl) = (spec.concat_width(), spec.cross_layers);
-        let mut widths = vec![w];
-        widths.extend(&spec.hidden);
+        let widths = spec.deep_widths();
         let (deep, last) = match spec.cross_structure {
-            CrossStructure::Stacked => {
-                widths.push(1);
-                (mlp_at(dev, groups, nl, widths, false)?, None)
-            }
+            CrossStructure::Stacked => (mlp_at(dev, groups, nl, widths, false)?, None),
             CrossStructure::Parallel => {
                 let h = spec.hidden.last().copied().unwrap_or(0);
                 let nd = widths.len() - 1;

@@ -33,9 +33,7 @@ pub struct Fm<D: Device> {
 impl<D: Device> Fm<D> {
     /// The parts of `spec` (a deepfm or wide-deep) over its parameter `groups`.
     pub fn new(dev: &D, spec: &ModelSpec, groups: &[Group]) -> DeviceResult<Fm<D>> {
-        let mut widths = vec![spec.concat_width()];
-        widths.extend(&spec.hidden);
-        widths.push(1);
+        let widths = spec.deep_widths();
         let nd = widths.len() - 1;
         let buf = || dev.alloc(0);
         Ok(Fm {

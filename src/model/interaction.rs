@@ -28,13 +28,8 @@ pub struct Dlrm<D: Device> {
 impl<D: Device> Dlrm<D> {
     /// The parts of `spec` (a dlrm) over its parameter `groups`.
     pub fn new(dev: &D, spec: &ModelSpec, groups: &[Group]) -> DeviceResult<Dlrm<D>> {
-        let mut b = vec![spec.ndense];
-        b.extend(&spec.bottom);
-        b.push(spec.dim);
+        let (b, t) = (spec.bottom_widths(), spec.deep_widths());
         let nb = b.len() - 1;
-        let mut t = vec![spec.dim + spec.pairs()];
-        t.extend(&spec.hidden);
-        t.push(1);
         Ok(Dlrm {
             bottom: mlp_at(dev, groups, 0, b, true)?,
             top: mlp_at(dev, groups, nb, t, false)?,

@@ -97,14 +97,8 @@ impl<D: Device> Net<D> {
             return Err(DeviceError::refused("building the model", format!("{} parameters given, the model has {}", params.len(), spec.num_params())));
         }
         let groups = spec.groups();
-        let with = |first: usize, mid: &[usize], last: usize| {
-            let mut v = vec![first];
-            v.extend(mid);
-            v.push(last);
-            v
-        };
         let body = match spec.kind {
-            ModelKind::Mlp => Body::Mlp(mlp_at(dev, &groups, 0, with(spec.concat_width(), &spec.hidden, 1), false)?),
+            ModelKind::Mlp => Body::Mlp(mlp_at(dev, &groups, 0, spec.deep_widths(), false)?),
             ModelKind::Dlrm => Body::Dlrm(Dlrm::new(dev, &spec, &groups)?),
             ModelKind::Dcn => Body::Dcn(Dcn::new(dev, &spec, &groups)?),
             ModelKind::DeepFm | ModelKind::WideDeep => Body::Fm(Fm::new(dev, &spec, &groups)?),

@@ -81,6 +81,14 @@ pub struct ModelSpec {
     pub cross_structure: CrossStructure,
 }
 
+/// `[first, mid..., last]`: an MLP's layer widths.
+fn stack(first: usize, mid: &[usize], last: Option<usize>) -> Vec<usize> {
+    let mut v = vec![first];
+    v.extend(mid);
+    v.extend(last);
+    v
+}
+
 /// One parameter group: `rows x cols` values at `offset` of the flat vector (an MLP
 /// layer: `(in + 1) x out`, its W then its b).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,10 +156,23 @@ impl ModelSpec {
 
     /// The widths of an `mlp`'s layers, `[w, hidden..., 1]` (what `dense.bin` records).
     pub fn mlp_widths(&self) -> Vec<usize> {
-        let mut v = vec![self.concat_width()];
-        v.extend(&self.hidden);
-        v.push(1);
-        v
+        stack(self.concat_width(), &self.hidden, Some(1))
+    }
+
+    /// The layer widths of the model's deep MLP (DLRM's top MLP): `[d + P, hidden..., 1]`
+    /// for dlrm, `[w, hidden...]` for a parallel dcn (its last layer is a group of its own),
+    /// `[w, hidden..., 1]` otherwise.
+    pub fn deep_widths(&self) -> Vec<usize> {
+        match self.kind {
+            ModelKind::Dlrm => stack(self.dim + self.pairs(), &self.hidden, Some(1)),
+            ModelKind::Dcn if self.cross_structure == CrossStructure::Parallel => stack(self.concat_width(), &self.hidden, None),
+            _ => self.mlp_widths(),
+        }
+    }
+
+    /// DLRM's bottom MLP's layer widths, `[n, bottom..., d]`.
+    pub fn bottom_widths(&self) -> Vec<usize> {
+        stack(self.ndense, &self.bottom, Some(self.dim))
     }
 
     /// DLRM's number of dot products.
@@ -193,34 +214,25 @@ impl ModelSpec {
             }
         };
         let w = self.concat_width();
-        let with = |first: usize, mid: &[usize], last: Option<usize>| {
-            let mut v = vec![first];
-            v.extend(mid);
-            v.extend(last);
-            v
-        };
         match self.kind {
-            ModelKind::Mlp => mlp(&mut g, "mlp", &with(w, &self.hidden, Some(1))),
+            ModelKind::Mlp => mlp(&mut g, "mlp", &self.deep_widths()),
             ModelKind::Dlrm => {
-                mlp(&mut g, "bottom", &with(self.ndense, &self.bottom, Some(self.dim)));
-                mlp(&mut g, "top", &with(self.dim + self.pairs(), &self.hidden, Some(1)));
+                mlp(&mut g, "bottom", &self.bottom_widths());
+                mlp(&mut g, "top", &self.deep_widths());
             }
             ModelKind::Dcn => {
                 for l in 0..self.cross_layers {
                     let (rows, init) = if self.cross_rank == 0 { (w + 1, Init::Glorot(w, w)) } else { (2 * self.cross_rank + 1, Init::Glorot(w, self.cross_rank)) };
                     g.push((format!("cross layer {l}"), rows, w, init));
                 }
-                match self.cross_structure {
-                    CrossStructure::Stacked => mlp(&mut g, "deep", &with(w, &self.hidden, Some(1))),
-                    CrossStructure::Parallel => {
-                        mlp(&mut g, "deep", &with(w, &self.hidden, None));
-                        let h = self.hidden.last().copied().unwrap_or(0);
-                        g.push(("last layer".into(), w + h + 1, 1, Init::Glorot(w + h, 1)));
-                    }
+                mlp(&mut g, "deep", &self.deep_widths());
+                if self.cross_structure == CrossStructure::Parallel {
+                    let h = self.hidden.last().copied().unwrap_or(0);
+                    g.push(("last layer".into(), w + h + 1, 1, Init::Glorot(w + h, 1)));
                 }
             }
             ModelKind::DeepFm | ModelKind::WideDeep => {
-                mlp(&mut g, "deep", &with(w, &self.hidden, Some(1)));
+                mlp(&mut g, "deep", &self.deep_widths());
                 g.push(("linear".into(), self.ndense + 1, 1, Init::Zero));
             }
         }
@@ -270,28 +282,18 @@ impl ModelSpec {
     pub fn describe(&self) -> String {
         let dashed = |v: &[usize]| v.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("-");
         let w = self.concat_width();
-        let widths = |first: usize, last: bool| {
-            let mut v = vec![first];
-            v.extend(&self.hidden);
-            if last {
-                v.push(1);
-            }
-            dashed(&v)
-        };
+        let deep = dashed(&self.deep_widths());
         match self.kind {
-            ModelKind::Mlp => format!("mlp {}", widths(w, true)),
+            ModelKind::Mlp => format!("mlp {deep}"),
             ModelKind::Dlrm => {
-                let mut b = vec![self.ndense];
-                b.extend(&self.bottom);
-                b.push(self.dim);
-                format!("dlrm (bottom {}, {} dots{}, top {})", dashed(&b), self.pairs(), if self.interaction_self { " with self" } else { "" }, widths(self.dim + self.pairs(), true))
+                format!("dlrm (bottom {}, {} dots{}, top {deep})", dashed(&self.bottom_widths()), self.pairs(), if self.interaction_self { " with self" } else { "" })
             }
             ModelKind::Dcn => {
                 let cross = if self.cross_rank == 0 { "full".to_string() } else { format!("rank {}", self.cross_rank) };
-                format!("dcn ({} {cross} cross layers of {w}, {}, deep {})", self.cross_layers, self.cross_structure, widths(w, self.cross_structure == CrossStructure::Stacked))
+                format!("dcn ({} {cross} cross layers of {w}, {}, deep {deep})", self.cross_layers, self.cross_structure)
             }
-            ModelKind::DeepFm => format!("deepfm (first order + FM over {} fields of {}, deep {})", self.fields, self.dim, widths(w, true)),
-            ModelKind::WideDeep => format!("wide-deep (first order, deep {})", widths(w, true)),
+            ModelKind::DeepFm => format!("deepfm (first order + FM over {} fields of {}, deep {deep})", self.fields, self.dim),
+            ModelKind::WideDeep => format!("wide-deep (first order, deep {deep})"),
         }
     }
 }

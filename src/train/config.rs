@@ -532,7 +532,7 @@ impl TrainConfig {
         tc.seed = self.seed;
         tc.optimizer = self.sparse_optimizer;
         tc.dtype = self.table_dtype;
-        tc.init_scale = self.table_init_scale.or((self.model == crate::model::ModelKind::DeepFm).then_some(DEEPFM_INIT_SCALE));
+        tc.init_scale = self.table_init_scale.or((self.model == ModelKind::DeepFm).then_some(DEEPFM_INIT_SCALE));
         tc.track_usage = true;
         tc.admit_after = self.admit_after;
         tc.sketch_bytes = self.admit_sketch_mib.saturating_mul(1 << 20);

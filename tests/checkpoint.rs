@@ -18,17 +18,12 @@ use std::time::{Duration, Instant};
 use ringrec::train::checkpoint::{latest_step, list, step_dir};
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(name)
 }
 
 /// The small data set every run here trains on (generated once per test binary).
 fn data_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-ckpt-test-{}-data", std::process::id()));
-    std::fs::create_dir_all(&d).expect("data dir");
-    d
+    common::shared_scratch("data")
 }
 
 fn train_args<'a>(ck: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {

@@ -8,9 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 fn data_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-compression-test-{}-data", std::process::id()));
-    std::fs::create_dir_all(&d).expect("data dir");
-    d
+    common::shared_scratch("data")
 }
 
 fn train(args: &[&str]) -> common::Job {

@@ -16,10 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-precision-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(name)
 }
 
 /// Steps of each run.

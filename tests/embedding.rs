@@ -269,7 +269,7 @@ fn two_simulated_hosts_have_one_table_each() {
 #[test]
 fn leader_failure_reaches_every_rank_without_a_hang() {
     let job = job_id("fail");
-    let bad = std::env::temp_dir().join(format!("{job}-corrupt.params"));
+    let bad = common::scratch_root().join(format!("{job}-corrupt.params"));
     std::fs::write(&bad, b"RRSPARAM\x01\0\0\0\x08\0\0\0\xff\xff\xff\xff\0\0\0\0truncated").unwrap();
     let env = [("RINGREC_JOB_ID", job.as_str()), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_SELFTEST_IMPORT", bad.to_str().unwrap())];
     let out = run_selftest(4, &env);
@@ -317,7 +317,7 @@ fn worker_resume_checks_the_shape() {
 #[test]
 fn resuming_a_table_of_another_dim_fails_at_open_on_every_rank() {
     let job = job_id("shape");
-    let dir = std::env::temp_dir().join(format!("{job}-saved"));
+    let dir = common::scratch_root().join(format!("{job}-saved"));
     let mut cfg = TableConfig::new(8, 1024);
     cfg.seed = 5;
     let _ = std::fs::remove_file(&dir);

@@ -281,7 +281,7 @@ fn dumps(prefix: &str, np: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn fusion_on_and_off_give_identical_results() {
-    let dir = std::env::temp_dir().join(format!("ringrec-engine-fusion-{}", std::process::id()));
+    let dir = common::scratch_root().join("fusion");
     std::fs::create_dir_all(&dir).unwrap();
     for (np, hosts) in [(3, ""), (4, "2")] {
         let on = dir.join(format!("on{np}")).display().to_string();
@@ -409,7 +409,7 @@ fn worker_timeline() {
 }
 
 fn timeline_events(backend: &str) -> Vec<serde_json::Value> {
-    let path = std::env::temp_dir().join(format!("ringrec-timeline-{backend}-{}.json", std::process::id()));
+    let path = common::scratch_root().join(format!("timeline-{backend}.json"));
     let p = path.display().to_string();
     let job = common::run_worker("worker_timeline", 2, &[("RINGREC_TIMELINE", &p), ("RINGREC_ENGINE_BACKEND", backend)], Duration::from_secs(120));
     job.assert_ok();
@@ -449,7 +449,7 @@ fn timeline_is_a_chrome_trace_with_every_phase() {
 
 #[test]
 fn autotune_tries_candidates_and_logs_them() {
-    let log = std::env::temp_dir().join(format!("ringrec-autotune-{}.csv", std::process::id()));
+    let log = common::scratch_root().join("autotune.csv");
     let l = log.display().to_string();
     let env = [("RINGREC_AUTOTUNE", "1"), ("RINGREC_AUTOTUNE_LOG", l.as_str()), ("RINGREC_AUTOTUNE_SAMPLE_SECONDS", "0.02"), ("ENGINE_TEST_STEPS", "40")];
     interleavings(2, &env);
@@ -567,7 +567,7 @@ fn worker_device_tensors() {
 
 #[test]
 fn device_tensors_go_through_negotiation_fusion_and_the_timeline() {
-    let path = std::env::temp_dir().join(format!("ringrec-timeline-device-{}.json", std::process::id()));
+    let path = common::scratch_root().join("timeline-device.json");
     let p = path.display().to_string();
     // The second run with random delays on the device's queues.
     for (np, hosts, delays, lambda, block) in [(3, "3", "", "1", "0"), (4, "2", "5", "0.5", "100")] {

@@ -24,17 +24,12 @@ fn exe() -> &'static str {
 }
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-rel-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(name)
 }
 
 /// The small data set every test trains on (generated once per test binary).
 fn data_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-rel-{}-data", std::process::id()));
-    std::fs::create_dir_all(&d).expect("data dir");
-    d
+    common::shared_scratch("data")
 }
 
 fn is_root() -> bool {

@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// A fresh directory for one test.
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-wcol-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(name)
 }
 
 /// The last JSON line a job printed.

@@ -15,10 +15,7 @@ use std::time::Duration;
 use ringrec::engine::Tensor;
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-weights-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(name)
 }
 
 fn summary(job: &common::Job) -> serde_json::Value {

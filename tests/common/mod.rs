@@ -5,7 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// One mpirun job at a time: the machine has 2 cores and the jobs oversubscribe them.
@@ -67,10 +67,56 @@ pub fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Job {
     mpirun_exe(Path::new(env!("CARGO_BIN_EXE_ringrec")), np, env, args, Duration::from_secs(300))
 }
 
+/// This test process's scratch directory, `<tmp>/ringrec-tests/<pid>`: every test's files
+/// live under it, and it is removed when the process exits (kept with
+/// `RINGREC_KEEP_TEST_DIRS=1`, to look at after a failure). Made on first use, when the
+/// directories of test processes no longer alive (a killed run's) are removed too.
+pub fn scratch_root() -> &'static Path {
+    SCRATCH_ROOT.get_or_init(|| {
+        let base = std::env::temp_dir().join("ringrec-tests");
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let dead = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists());
+            if dead {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let root = base.join(std::process::id().to_string());
+        std::fs::create_dir_all(&root).expect("the tests' scratch directory");
+        if std::env::var("RINGREC_KEEP_TEST_DIRS").as_deref() != Ok("1") {
+            // SAFETY: `remove_scratch_root` is an `extern "C" fn()` that never unwinds.
+            unsafe { libc::atexit(remove_scratch_root) };
+        }
+        root
+    })
+}
+
+static SCRATCH_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_scratch_root() {
+    if let Some(root) = SCRATCH_ROOT.get() {
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+/// `name` under [`scratch_root`], emptied and created.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = scratch_root().join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("a scratch directory");
+    d
+}
+
+/// `name` under [`scratch_root`], created if missing (kept as it is: a data set the tests of
+/// one binary share).
+pub fn shared_scratch(name: &str) -> PathBuf {
+    let d = scratch_root().join(name);
+    std::fs::create_dir_all(&d).expect("a scratch directory");
+    d
+}
+
 /// Runs a command in its own process group, killing the group after `timeout`.
 pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Job {
-    let dir = std::env::temp_dir().join(format!("ringrec-test-{}-{:?}", std::process::id(), std::thread::current().id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = shared_scratch(&format!("job-{:?}", std::thread::current().id()));
     let out_path = dir.join("stdout");
     let err_path = dir.join("stderr");
     let out = std::fs::File::create(&out_path).expect("stdout file");
@@ -158,10 +204,10 @@ pub fn gpus() -> Option<usize> {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
-    /// `ringrec-<name>-<pid>-<n>`, empty.
+    /// `<name>-<n>` under [`scratch_root`], empty.
     pub fn new(name: &str) -> TempDir {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!("ringrec-{name}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let p = scratch_root().join(format!("{name}-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
         TempDir(p)

@@ -42,6 +42,7 @@ pub mod fault;
 pub mod metrics;
 pub mod phases;
 pub mod predict;
+pub mod prefetch;
 pub mod report;
 pub mod scorer;
 pub mod source;

@@ -486,6 +486,23 @@ mod tests {
     }
 
     #[test]
+    fn a_stamp_times_when_the_queue_reaches_it_so_two_time_the_queue_idle_between() {
+        let q = Queue::new(None, false).unwrap();
+        let ms = |a: &Stamp, b: &Stamp| b.wait().unwrap().duration_since(a.wait().unwrap()).as_secs_f64() * 1e3;
+        q.submit(vec![], || std::thread::sleep(Duration::from_millis(40))).unwrap();
+        let a = q.stamp().unwrap();
+        // Busy: the host comes back before the queue is done, so the queue never waits.
+        std::thread::sleep(Duration::from_millis(10));
+        let b = q.stamp().unwrap();
+        // (Waits for b: the queue is idle from here.)
+        assert!(ms(&a, &b) < 20.0, "{}", ms(&a, &b));
+        // Idle: the queue waits for the host's next work.
+        std::thread::sleep(Duration::from_millis(30));
+        let c = q.stamp().unwrap();
+        assert!((29.0..300.0).contains(&ms(&b, &c)), "{}", ms(&b, &c));
+    }
+
+    #[test]
     fn memory_outlives_its_handle_while_jobs_use_it_and_panics_are_reported() {
         let q = Queue::new(Some((3, 200)), false).unwrap();
         let out = Mem::<f32>::zeroed(1000);

@@ -105,7 +105,7 @@ impl Prefetcher {
                     }
                 }
             })
-            .map_err(|e| TrainError::Config(format!("--pipeline on: cannot start the prefetching thread: {e}")))?;
+            .map_err(|e| TrainError::Config(format!("--pipeline: cannot start the prefetching thread: {e}; run with --pipeline off")))?;
         Ok(Prefetcher { jobs: Some(jobs), done, in_flight: None, spare: Some(Batch::default()), thread: Some(thread) })
     }
 

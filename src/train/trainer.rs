@@ -163,6 +163,12 @@ pub struct Trainer<'a, D: Device> {
     pub(super) snapshot_refused: bool,
 }
 
+/// The training rows that step `in_epoch` of an epoch reaches: its batch's, and one more
+/// (whether a row follows it).
+fn rows_reached(in_epoch: u64, batch: usize) -> usize {
+    (in_epoch as usize + 1).saturating_mul(batch).saturating_add(1)
+}
+
 /// Global batches of an epoch (once every training file is open) and the steps the run
 /// will have completed at its end (an estimate until then).
 fn totals(data: &TrainData, cfg: &TrainConfig) -> (Option<u64>, u64) {
@@ -218,7 +224,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         };
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let model = DenseModel::new(dev, spec, &params, &opt)?;
-        data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
+        data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
@@ -322,9 +328,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Opens the training files that the next step's batch reaches, and one row further
     /// (collective); updates the steps' totals.
     fn reach(&mut self) -> TrainResult<()> {
-        let rows = (self.position.in_epoch as usize + 1).saturating_mul(self.cfg.batch).saturating_add(1);
         if self.steps_per_epoch.is_none() {
-            self.data.reach(self.topo, rows, self.position.step)?;
+            self.data.reach(self.topo, rows_reached(self.position.in_epoch, self.cfg.batch), self.position.step)?;
             (self.steps_per_epoch, self.total_steps) = totals(&self.data, self.cfg);
         }
         Ok(())
@@ -399,7 +404,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         match self.steps_per_epoch {
             Some(s) if in_epoch >= s => (epoch, in_epoch) = (epoch + 1, 0),
             Some(_) => {}
-            None if self.data.train_rows() < (in_epoch as usize + 1).saturating_mul(cfg.batch).saturating_add(1) => return Ok(()),
+            None if self.data.train_rows() < rows_reached(in_epoch, cfg.batch) => return Ok(()),
             None => {}
         }
         let global = shard::global_batch_range(in_epoch as usize, cfg.batch, self.data.train_rows());

@@ -5,7 +5,8 @@
 //! data) and the control channel ([`crate::control`]: every scalar agreement). Beside this
 //! file: [`super::checkpointing`] (resume, a step's checkpoint), [`super::report`] (the
 //! `--eval-every` reports), [`super::summary`] and [`super::traffic`] (the run's summary),
-//! [`super::fault`] (`RINGREC_FAULT_*`).
+//! [`super::fault`] (`RINGREC_FAULT_*`), [`super::prefetch`] (`--pipeline`: the next
+//! step's batch read while a step runs, and the waits that remain).
 
 use std::time::Instant;
 

@@ -248,8 +248,16 @@ pub fn sigmoid(z: f32) -> f32 {
 impl Device for CpuDevice {
     type Buf<T: Scalar> = Vec<T>;
     type Staging<T: Scalar> = Vec<T>;
+    type Mark = std::time::Instant;
 
     super::vec_memory!();
+
+    fn mark(&self) -> DeviceResult<std::time::Instant> {
+        Ok(std::time::Instant::now())
+    }
+    fn seconds_between(&self, from: &std::time::Instant, to: &std::time::Instant) -> DeviceResult<f64> {
+        Ok(to.saturating_duration_since(*from).as_secs_f64())
+    }
 
     fn describe(&self) -> String {
         "cpu".into()

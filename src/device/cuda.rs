@@ -125,6 +125,7 @@ mod imp {
     impl Device for CudaDevice {
         type Buf<T: Scalar> = CudaSlice<T>;
         type Staging<T: Scalar> = PinnedHostSlice<T>;
+        type Mark = cudarc::driver::CudaEvent;
 
         fn describe(&self) -> String {
             format!("{} (GPU {})", self.name, self.ctx.ordinal())
@@ -217,6 +218,13 @@ mod imp {
         fn synchronize(&self) -> DeviceResult<()> {
             self.stream.synchronize().map_err(call("waiting for the GPU"))?;
             self.checked()
+        }
+        fn mark(&self) -> DeviceResult<cudarc::driver::CudaEvent> {
+            // Timing on (cudarc's default turns it off).
+            self.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(call("recording a timed event"))
+        }
+        fn seconds_between(&self, from: &cudarc::driver::CudaEvent, to: &cudarc::driver::CudaEvent) -> DeviceResult<f64> {
+            Ok(f64::from(from.elapsed_ms(to).map_err(call("timing two events"))?) / 1e3)
         }
         fn host_memory<'a, T: Scalar>(&self, _b: &'a mut CudaSlice<T>) -> Option<&'a mut [T]> {
             None
@@ -399,6 +407,7 @@ mod dummy {
     impl Device for CudaDevice {
         type Buf<T: Scalar> = Infallible;
         type Staging<T: Scalar> = Infallible;
+        type Mark = Infallible;
 
         fn describe(&self) -> String {
             match *self {}
@@ -437,6 +446,12 @@ mod dummy {
             match *self {}
         }
         fn synchronize(&self) -> DeviceResult<()> {
+            match *self {}
+        }
+        fn mark(&self) -> DeviceResult<Infallible> {
+            match *self {}
+        }
+        fn seconds_between(&self, _: &Infallible, _: &Infallible) -> DeviceResult<f64> {
             match *self {}
         }
         fn host_memory<'a, T: Scalar>(&self, _: &'a mut Infallible) -> Option<&'a mut [T]> {

@@ -30,7 +30,7 @@ use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::host_stream::{Access, Mem, Queue};
+use super::host_stream::{Access, Mem, Queue, Stamp};
 pub use super::host_stream::{HostDelay, HostFault};
 use super::kernels::{host_source, Kernel};
 use super::ops::{launch, launch_epilogue, Epilogue, Gemm, GemmPrecision, KernelArg, LaunchKernels, Op};
@@ -228,6 +228,7 @@ impl HostKernels {
 impl Device for HostKernels {
     type Buf<T: Scalar> = HostBuf<T>;
     type Staging<T: Scalar> = HostStaging<T>;
+    type Mark = Stamp;
 
     fn describe(&self) -> String {
         let mut s = String::from("host-kernels (kernels/*.cu compiled as C++ for the CPU, asynchronous queues");
@@ -325,6 +326,15 @@ impl Device for HostKernels {
     fn synchronize(&self) -> DeviceResult<()> {
         self.queue.synchronize()
     }
+    fn mark(&self) -> DeviceResult<Stamp> {
+        self.queue.stamp()
+    }
+    fn seconds_between(&self, from: &Stamp, to: &Stamp) -> DeviceResult<f64> {
+        match (from.wait(), to.wait()) {
+            (Some(a), Some(b)) => Ok(b.saturating_duration_since(a).as_secs_f64()),
+            _ => self.queue.check().and(Err(DeviceError::refused("timing the host-kernels queue", "its worker thread stopped before a mark"))),
+        }
+    }
     fn gemm_unchecked(&self, g: &Gemm, a: (&HostBuf<f32>, usize), b: (&HostBuf<f32>, usize), c: (&mut HostBuf<f32>, usize), epi: Epilogue<'_, Self>) -> DeviceResult<()> {
         // cuBLAS's column-major call on the CPU: the GPU path's operand swap is tested too.
         if g.m > 0 && g.n > 0 {
@@ -371,7 +381,8 @@ fn copy_job<T: Scalar>(q: &Queue, src: (&Arc<Mem<T>>, usize), dst: (&Arc<Mem<T>>
     // download, copy); the job holds src shared and dst exclusively while it runs; they are
     // distinct memories (the caller borrows dst mutably and src immutably, or they are a
     // staging buffer and a device buffer).
-    q.submit(vec![Access::read(src.0), Access::write(dst.0)], move || unsafe { std::ptr::copy_nonoverlapping(from as *const T, to as *mut T, n) })
+    q.submit(vec![Access::read(src.0), Access::write(dst.0)], move || unsafe { std::ptr::copy_nonoverlapping(from as *const T, to as *mut T, n) })?;
+    Ok(())
 }
 
 impl LaunchKernels for HostKernels {
@@ -434,6 +445,7 @@ impl LaunchKernels for HostKernels {
                     }
                 }
             }
-        })
+        })?;
+        Ok(())
     }
 }

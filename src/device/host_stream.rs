@@ -95,6 +95,21 @@ pub struct Event {
     seq: u64,
 }
 
+/// A timed point of a queue ([`Queue::stamp`]): the moment its worker reached it.
+pub struct Stamp {
+    event: Event,
+    at: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+impl Stamp {
+    /// Waits for the queue to reach the point; its moment (`None` when the queue stopped
+    /// before it).
+    pub fn wait(&self) -> Option<std::time::Instant> {
+        self.event.wait();
+        *lock(&self.at)
+    }
+}
+
 impl Event {
     /// Blocks until the job has run (or its queue stopped).
     pub fn wait(&self) {
@@ -338,9 +353,18 @@ impl Queue {
         Ok(Queue { progress, submit: Mutex::new(Submitter { tx: Some(tx), next: 0, delays }), worker: Some(worker), no_stream_waits })
     }
 
-    /// Queues `run`, which uses `accesses` (see the module docs for the waits it gets).
-    /// `run` may touch exactly those memories, as declared (read or write).
-    pub fn submit(&self, accesses: Vec<Access>, run: impl FnOnce() + Send + 'static) -> DeviceResult<()> {
+    /// Queues a job that notes the moment the worker runs it (after every job queued before
+    /// it): a timed point of the queue, as a CUDA event with timing is.
+    pub fn stamp(&self) -> DeviceResult<Stamp> {
+        let at: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+        let set = at.clone();
+        let event = self.submit(Vec::new(), move || *lock(&set) = Some(std::time::Instant::now()))?;
+        Ok(Stamp { event, at })
+    }
+
+    /// Queues `run`, which uses `accesses` (see the module docs for the waits it gets), and
+    /// returns its event. `run` may touch exactly those memories, as declared (read or write).
+    pub fn submit(&self, accesses: Vec<Access>, run: impl FnOnce() + Send + 'static) -> DeviceResult<Event> {
         let mut s = lock(&self.submit);
         let seq = s.next + 1;
         let me = Event { q: self.progress.clone(), seq };
@@ -374,7 +398,7 @@ impl Queue {
             return Err(DeviceError::refused("queueing work on the host-kernels device", "its worker thread has stopped"));
         }
         s.next = seq;
-        Ok(())
+        Ok(me)
     }
 
     /// Waits for every job submitted so far; the first failure of a job, if any.
@@ -459,6 +483,23 @@ mod tests {
         a.synchronize().unwrap();
         assert_eq!(read_all(&y), vec![0.0; 8], "the copy ran before the write it should wait for");
         assert_eq!(read_all(&x), vec![7.0; 8]);
+    }
+
+    #[test]
+    fn a_stamp_times_when_the_queue_reaches_it_so_two_time_the_queue_idle_between() {
+        let q = Queue::new(None, false).unwrap();
+        let ms = |a: &Stamp, b: &Stamp| b.wait().unwrap().duration_since(a.wait().unwrap()).as_secs_f64() * 1e3;
+        q.submit(vec![], || std::thread::sleep(Duration::from_millis(40))).unwrap();
+        let a = q.stamp().unwrap();
+        // Busy: the host comes back before the queue is done, so the queue never waits.
+        std::thread::sleep(Duration::from_millis(10));
+        let b = q.stamp().unwrap();
+        // (Waits for b: the queue is idle from here.)
+        assert!(ms(&a, &b) < 20.0, "{}", ms(&a, &b));
+        // Idle: the queue waits for the host's next work.
+        std::thread::sleep(Duration::from_millis(30));
+        let c = q.stamp().unwrap();
+        assert!((29.0..300.0).contains(&ms(&b, &c)), "{}", ms(&b, &c));
     }
 
     #[test]

@@ -218,6 +218,10 @@ pub trait Device: Send + Sync + Sized + 'static {
     type Buf<T: Scalar>: Send + Sync + 'static;
     /// Host memory for asynchronous copies (page-locked on a GPU).
     type Staging<T: Scalar>: Send + 'static;
+    /// A point in this queue's work, timed when the queue reaches it ([`Device::mark`]): a
+    /// CUDA event with timing, the moment a host-kernels queue's worker ran it, on the CPU
+    /// the moment it was taken (its work runs on the host thread as it is called).
+    type Mark: Send + 'static;
 
     /// The device, in words (model, ordinal).
     fn describe(&self) -> String;
@@ -258,6 +262,13 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn copy_unchecked<T: Scalar>(&self, src: (&Self::Buf<T>, usize), dst: (&mut Self::Buf<T>, usize), n: usize) -> DeviceResult<()>;
     /// Waits for everything queued on this queue.
     fn synchronize(&self) -> DeviceResult<()>;
+    /// Queues a timed mark after the work queued so far (the training step's GPU-wait
+    /// counter: a mark after a step's last work and one before the next step's first).
+    fn mark(&self) -> DeviceResult<Self::Mark>;
+    /// Seconds from the queue reaching `from` to it reaching `to` (a later mark of this
+    /// queue); waits for `to`. With no work queued between them, the time the queue stood
+    /// idle waiting for the host.
+    fn seconds_between(&self, from: &Self::Mark, to: &Self::Mark) -> DeviceResult<f64>;
     /// The buffer's elements when the device's memory is the host's (CPU, host kernels), once
     /// every operation queued on it (on any queue) has run.
     fn host_memory<'a, T: Scalar>(&self, b: &'a mut Self::Buf<T>) -> Option<&'a mut [T]>;

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use super::{data, sync::SyncScope, weights, TrainError, TrainResult};
+use super::{data, prefetch::Pipeline, sync::SyncScope, weights, TrainError, TrainResult};
 use crate::comm::Backend;
 use crate::data::weights::WeightConfig;
 use crate::device::{GemmPrecision, Placement};
@@ -330,6 +330,13 @@ settings! {
         /// memory; only hosts sync every K steps).
         #[setting(flag = "--sync-scope", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "SCOPE")]
         pub sync_scope: SyncScope = SyncScope::Rank,
+        /// Read the next step's batch (this rank's rows and their deduplicated keys) on a
+        /// second thread while a step runs: on, off, or auto (on for --device cuda and host,
+        /// off for cpu, whose dense step uses every core). The results are the same bits
+        /// either way: the table rows of a step are still read after the previous step's
+        /// update.
+        #[setting(flag = "--pipeline", scope = Scope::Free("the results do not depend on it"), service = ServiceRole::Args, value_name = "MODE")]
+        pub pipeline: Pipeline = Pipeline::Auto,
     }
     nested {
         /// Per-sample weights: time decay, merged duplicates, dropped light rows, a weight

@@ -350,11 +350,21 @@ impl TrainData {
 
     /// Loads into `batch` this rank's `mine` of the global batch `global` (positions in
     /// epoch `epoch`'s concatenation of the training files, already [`TrainData::reach`]ed):
-    /// each position is a row of a file through that file's order for the epoch
-    /// (shuffled with `shuffle_seed`), and in a weighted run through the file's kept rows.
-    /// Files the global batch does not touch hand their pages back. A weighted run gets
-    /// the batch's weights: this rank's samples' and the global batch's sum.
+    /// [`TrainData::plan`], then [`BatchPlan::read`]. A weighted run gets the batch's
+    /// weights: this rank's samples' and the global batch's sum.
     pub fn load(&mut self, batch: &mut Batch, epoch: u64, global: Range<usize>, mine: Range<usize>, shuffle_seed: Option<u64>) -> TrainResult<Option<BatchWeights>> {
+        let mut plan = self.plan(epoch, global, mine, shuffle_seed)?;
+        plan.read(batch)?;
+        Ok(plan.weights.take())
+    }
+
+    /// What loading this rank's `mine` of the global batch `global` reads (see
+    /// [`TrainData::load`]), planned without reading it: each position is a row of a file
+    /// through that file's order for the epoch (shuffled with `shuffle_seed`), and in a
+    /// weighted run through the file's kept rows. Files the global batch does not touch
+    /// hand their pages back. The plan owns what it reads, so another thread may read it
+    /// ([`super::prefetch`]).
+    pub fn plan(&mut self, epoch: u64, global: Range<usize>, mine: Range<usize>, shuffle_seed: Option<u64>) -> TrainResult<BatchPlan> {
         let mut start = 0;
         let mut pieces: Vec<(usize, Range<usize>)> = Vec::with_capacity(2);
         let mut globals: Vec<(usize, Range<usize>)> = Vec::with_capacity(2);
@@ -383,29 +393,28 @@ impl TrainData {
         }
         let files = &self.files;
         let missing = || TrainError::Config("a batch reaches a data file that is not open".into());
-        let mut loaded = Vec::with_capacity(pieces.len());
-        let mut weights = self.weighting.as_ref().map(|_| BatchWeights::default());
+        let mut plan = BatchPlan { pieces: Vec::with_capacity(pieces.len()), weights: self.weighting.as_ref().map(|_| BatchWeights::default()) };
         for (i, r) in pieces {
             let f = &files[i];
-            let (ds, order) = (f.ds.as_deref().ok_or_else(missing)?, f.order.as_ref().ok_or_else(missing)?);
+            let (ds, order) = (f.ds.as_ref().ok_or_else(missing)?, f.order.as_ref().ok_or_else(missing)?);
             let positions = &order.1[r];
-            match (&f.weights, weights.as_mut()) {
+            let rows = match (&f.weights, plan.weights.as_mut()) {
                 (Some(fw), Some(bw)) => {
                     bw.mine.extend(positions.iter().map(|&p| fw.weights[p as usize]));
-                    loaded.push((ds, Rows::Kept(positions.iter(), &fw.kept)));
+                    positions.iter().map(|&p| fw.kept[p as usize]).collect()
                 }
-                _ => loaded.push((ds, Rows::All(positions.iter()))),
-            }
+                _ => positions.to_vec(),
+            };
+            plan.pieces.push((ds.clone(), rows));
         }
-        batch.load_pieces(loaded)?;
-        if let Some(bw) = weights.as_mut() {
+        if let Some(bw) = plan.weights.as_mut() {
             for (i, r) in globals {
                 let (f, order) = (&files[i], files[i].order.as_ref().ok_or_else(missing)?);
                 let fw = f.weights.as_ref().ok_or_else(missing)?;
                 bw.global_sum += order.1[r].iter().map(|&p| fw.weights[p as usize] as f64).sum::<f64>();
             }
         }
-        Ok(weights)
+        Ok(plan)
     }
 
     /// Whether the run has held-out rows (or `--eval-data` files, not opened yet).
@@ -445,20 +454,21 @@ impl TrainData {
     }
 }
 
-/// The rows of a file that a batch reads: its positions, or in a weighted run the kept
-/// rows they name.
-enum Rows<'a> {
-    All(std::slice::Iter<'a, u32>),
-    Kept(std::slice::Iter<'a, u32>, &'a [u32]),
+/// This rank's slice of a global batch, planned ([`TrainData::plan`]) and not read yet:
+/// the rows of each file it reads, and in a weighted run its weights.
+pub struct BatchPlan {
+    /// Each file the slice reads (mapped), with its rows in batch order.
+    pieces: Vec<(Arc<Dataset>, Vec<u32>)>,
+    /// This rank's samples' weights and the global batch's sum (a weighted run).
+    pub weights: Option<BatchWeights>,
 }
 
-impl Iterator for Rows<'_> {
-    type Item = u32;
-    fn next(&mut self) -> Option<u32> {
-        match self {
-            Rows::All(p) => p.next().copied(),
-            Rows::Kept(p, kept) => p.next().map(|p| kept[*p as usize]),
-        }
+impl BatchPlan {
+    /// Reads the planned rows into `batch` and deduplicates their keys (no rayon: a
+    /// prefetching thread may run it while the training thread waits).
+    pub fn read(&self, batch: &mut Batch) -> TrainResult<()> {
+        batch.load_pieces(self.pieces.iter().map(|(ds, rows)| (&**ds, rows.iter().copied())))?;
+        Ok(())
     }
 }
 

@@ -17,6 +17,10 @@
 //! 5. the reduced dense gradients come back from the engine; the dense optimizer runs on
 //!    every rank (identical inputs, identical replicas).
 //!
+//! With `--pipeline` (on by default for a device that queues its work) step 1 of the next
+//! step runs on a second thread during steps 2-5 ([`prefetch`]); the next step's lookup
+//! (2) stays after this step's table update (4), so the results are the same bits.
+//!
 //! With `--sync-every k > 1` steps 3-5 stay on the rank (or host) and a sync every k steps
 //! averages the dense delta and exchanges the tables' row deltas instead ([`sync`]).
 //!
@@ -42,6 +46,7 @@ pub mod fault;
 pub mod metrics;
 pub mod phases;
 pub mod predict;
+pub mod prefetch;
 pub mod report;
 pub mod scorer;
 pub mod source;

@@ -59,6 +59,10 @@ impl<D: Device> Trainer<'_, D> {
         (l.interval_sum, l.interval_steps) = (0.0, 0);
         self.mark = now;
         self.progress.eval_auc = eval.map(|e| e.auc);
+        if self.metrics.is_none() {
+            return Ok(());
+        }
+        let phases = self.phase_seconds()?;
         let Some(w) = self.metrics.as_mut() else { return Ok(()) };
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
@@ -93,6 +97,7 @@ impl<D: Device> Trainer<'_, D> {
             "eval_seconds": self.eval_seconds,
             "checkpoints_written": self.counters.checkpoints_written,
             "checkpoints_skipped": self.counters.checkpoints_skipped,
+            "phase_seconds": phases,
         });
         use std::io::Write;
         let written = writeln!(w, "{line}").and_then(|_| w.flush());

@@ -67,8 +67,12 @@ pub struct TrainSummary {
     /// Seconds rank 0 spent per phase: batch (data + lookup + input), mlp (forward,
     /// backward and submitting the layers' gradients), scatter (key gradients), sparse
     /// (exchange + apply + host barrier, overlapping the dense allreduce), allreduce (the
-    /// wait for the dense allreduce that remains after the sparse exchange), optimizer.
+    /// wait for the dense allreduce that remains after the sparse exchange), optimizer;
+    /// and gpu_wait: the time the device waited for the host between steps (beside the
+    /// others, not a part of them: see [`super::phases::DeviceWait`]).
     pub phase_seconds: std::collections::BTreeMap<String, f64>,
+    /// Steps whose batch rank 0 read ahead, during the step before (`--pipeline`).
+    pub prefetched_batches: u64,
     /// Checkpoints written by this run (rank 0).
     pub checkpoints_written: u64,
     /// Periodic checkpoints not written because the parameters moved less than
@@ -282,7 +286,8 @@ impl<D: Device> Trainer<'_, D> {
             checkpoints_written: self.counters.checkpoints_written,
             checkpoints_skipped: self.counters.checkpoints_skipped,
             nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
-            phase_seconds: self.phases.totals(),
+            phase_seconds: self.phase_seconds()?,
+            prefetched_batches: self.counters.prefetched,
             losses: std::mem::take(&mut self.losses.all),
             stopped_at_target: self.stopped.clone(),
             sparse_cross_host_bytes_per_sample: cross_sent as f64 / (self.counters.global_samples.max(1)) as f64,
@@ -328,6 +333,13 @@ impl<D: Device> Trainer<'_, D> {
             weight_column: self.cfg.weights.weight_column,
             ..self.table_summary()
         })
+    }
+
+    /// Seconds per phase so far, with the device's wait for the host (`gpu_wait`).
+    pub(super) fn phase_seconds(&mut self) -> TrainResult<std::collections::BTreeMap<String, f64>> {
+        let mut t = self.phases.totals();
+        t.insert("gpu_wait".into(), self.device_wait.seconds(self.model.device())?);
+        Ok(t)
     }
 
     /// The dense half of the summary's traffic, and its sum with the sparse cross-host

@@ -5,7 +5,8 @@
 //! data) and the control channel ([`crate::control`]: every scalar agreement). Beside this
 //! file: [`super::checkpointing`] (resume, a step's checkpoint), [`super::report`] (the
 //! `--eval-every` reports), [`super::summary`] and [`super::traffic`] (the run's summary),
-//! [`super::fault`] (`RINGREC_FAULT_*`).
+//! [`super::fault`] (`RINGREC_FAULT_*`), [`super::prefetch`] (`--pipeline`: the next
+//! step's batch read while a step runs, and the waits that remain).
 
 use std::time::Instant;
 
@@ -14,8 +15,9 @@ use super::checkpointing::resume;
 use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::fault::Faults;
-use super::phases::PhaseTimer;
+use super::phases::{DeviceWait, PhaseTimer};
 use super::predict;
+use super::prefetch::{Ahead, Prefetcher};
 use super::report::Mark;
 use super::sync::LocalSgd;
 use super::weights::{self, BatchWeights};
@@ -95,6 +97,8 @@ pub(super) struct Counters {
     pub(super) samples: u64,
     /// Samples of every rank (the global batches of the steps taken).
     pub(super) global_samples: u64,
+    /// Steps whose batch was read ahead (`--pipeline`).
+    pub(super) prefetched: u64,
     pub(super) checkpoints_written: u64,
     pub(super) checkpoints_skipped: u64,
     pub(super) nan_skips_dense: u64,
@@ -132,6 +136,10 @@ pub struct Trainer<'a, D: Device> {
     pub(super) losses: Losses,
     pub(super) progress: Progress,
     pub(super) phases: PhaseTimer,
+    /// The time the device waited for the host between steps (`gpu_wait`).
+    pub(super) device_wait: DeviceWait<D::Mark>,
+    /// `--pipeline`: the thread reading the next step's batch ([`super::prefetch`]).
+    pub(super) prefetch: Option<Prefetcher>,
     pub(super) counters: Counters,
     pub(super) started: Instant,
     /// Seconds spent in evaluations during training (not training time).
@@ -154,6 +162,12 @@ pub struct Trainer<'a, D: Device> {
     pub(super) writing: Option<super::checkpointing::InFlight>,
     /// Rank 0: a background checkpoint was refused for want of memory (said once).
     pub(super) snapshot_refused: bool,
+}
+
+/// The training rows that step `in_epoch` of an epoch reaches: its batch's, and one more
+/// (whether a row follows it).
+fn rows_reached(in_epoch: u64, batch: usize) -> usize {
+    (in_epoch as usize + 1).saturating_mul(batch).saturating_add(1)
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -209,8 +223,9 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
+        let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let model = DenseModel::new(dev, spec, &params, &opt)?;
-        data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
+        data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
         // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
@@ -243,6 +258,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             losses: Losses { epoch: position.epoch, ..Losses::default() },
             progress,
             phases: PhaseTimer::default(),
+            device_wait: DeviceWait::default(),
+            prefetch,
             counters: Counters::default(),
             started: Instant::now(),
             eval_seconds: 0.0,
@@ -312,9 +329,8 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Opens the training files that the next step's batch reaches, and one row further
     /// (collective); updates the steps' totals.
     fn reach(&mut self) -> TrainResult<()> {
-        let rows = (self.position.in_epoch as usize + 1).saturating_mul(self.cfg.batch).saturating_add(1);
         if self.steps_per_epoch.is_none() {
-            self.data.reach(self.topo, rows, self.position.step)?;
+            self.data.reach(self.topo, rows_reached(self.position.in_epoch, self.cfg.batch), self.position.step)?;
             (self.steps_per_epoch, self.total_steps) = totals(&self.data, self.cfg);
         }
         Ok(())
@@ -341,9 +357,20 @@ impl<'a, D: Device> Trainer<'a, D> {
         let global_rows = global.clone();
 
         self.phases.enter("batch");
-        let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
-        let batch_weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
+        let here = Ahead { step: self.position.step, epoch, in_epoch: self.position.in_epoch };
+        let batch_weights = match self.prefetch.as_mut().map(|p| p.take(here, &mut self.batch)).transpose()?.flatten() {
+            Some(weights) => {
+                self.counters.prefetched += 1;
+                weights
+            }
+            None => {
+                let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
+                self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?
+            }
+        };
+        self.prefetch_next(here)?;
         self.stage(batch_weights.as_ref())?;
+        self.device_wait.step_starts(self.model.device())?;
         self.model.load()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
@@ -360,7 +387,34 @@ impl<'a, D: Device> Trainer<'a, D> {
         };
         let scale = self.faults.poison_grads(self.position.step, self.local.is_some(), scale);
         let st = if self.local.is_some() { self.local_step(scale, global_rows)? } else { self.world_step(scale, batch_weights.as_ref(), global_batch)? };
-        self.finish_step(&st, global_batch, divisor, epoch)
+        self.finish_step(&st, global_batch, divisor, epoch)?;
+        self.device_wait.step_done(self.model.device())?;
+        Ok(true)
+    }
+
+    /// With `--pipeline`: starts reading the batch of the step after `here` (the step
+    /// being taken) on the prefetching thread, when that step will be taken and its global
+    /// range is known without a collective (every file it reaches, and the row after it,
+    /// is open: what [`Trainer::reach`] would open stays in that step).
+    fn prefetch_next(&mut self, here: Ahead) -> TrainResult<()> {
+        let cfg = self.cfg;
+        if self.prefetch.is_none() || self.is_last(here.step + 1) {
+            return Ok(());
+        }
+        let (mut epoch, mut in_epoch) = (here.epoch, here.in_epoch + 1);
+        match self.steps_per_epoch {
+            Some(s) if in_epoch >= s => (epoch, in_epoch) = (epoch + 1, 0),
+            Some(_) => {}
+            None if self.data.train_rows() < rows_reached(in_epoch, cfg.batch) => return Ok(()),
+            None => {}
+        }
+        let global = shard::global_batch_range(in_epoch as usize, cfg.batch, self.data.train_rows());
+        let mine = shard::rank_slice(global.clone(), self.topo.rank, self.topo.size);
+        let plan = self.data.plan(epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
+        match self.prefetch.as_mut() {
+            Some(p) => p.begin(Ahead { step: here.step + 1, epoch, in_epoch }, plan),
+            None => Ok(()),
+        }
     }
 
     /// A synchronous step on the loaded batch at loss scale `scale` (its samples' weights
@@ -419,7 +473,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, what its
     /// loss sum is divided by: the samples it covers or their weight sum), then a sync when one is due (`--sync-every`), then
     /// [`Trainer::end_step`].
-    fn finish_step(&mut self, st: &SparseStats, global_batch: usize, divisor: f64, epoch: u64) -> TrainResult<bool> {
+    fn finish_step(&mut self, st: &SparseStats, global_batch: usize, divisor: f64, epoch: u64) -> TrainResult<()> {
         self.counters.samples += self.batch.len() as u64;
         self.counters.global_samples += global_batch as u64;
         self.count_sparse(st);
@@ -430,8 +484,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         if self.local.as_mut().is_some_and(|l| l.stepped()) {
             self.sync()?;
         }
-        self.end_step()?;
-        Ok(true)
+        self.end_step()
     }
 
     /// Adds an exchange's bytes to the run's sparse traffic.

@@ -28,6 +28,11 @@ impl Job {
     pub fn all(&self) -> String {
         format!("{}\n{}", self.stdout, self.stderr)
     }
+    /// The last JSON object line of stdout (`ringrec train --json`'s summary).
+    pub fn summary(&self) -> serde_json::Value {
+        let line = self.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary:\n{}", self.all()));
+        serde_json::from_str(line).expect("summary JSON")
+    }
     pub fn assert_ok(&self) {
         assert!(
             self.code == Some(0) && !self.timed_out,

@@ -198,6 +198,18 @@ settings! {
         /// Malformed input lines tolerated before stopping (they are counted and reported).
         #[setting(flag = "--max-bad-lines", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N", env = "RINGREC_MAX_BAD_LINES")]
         pub max_bad_lines: u64 = crate::data::criteo::DEFAULT_MAX_BAD_LINES,
+        /// A Parquet input's label column [default: label] (see `ringrec data prepare`).
+        #[setting(flag = "--label-column", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAME")]
+        pub label_column: Option<String> = None,
+        /// A Parquet input's dense feature columns, comma-separated: with --sparse-columns,
+        /// the only feature columns read [default: inferred: numbers dense, strings
+        /// categorical].
+        #[setting(flag = "--dense-columns", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAMES")]
+        pub dense_columns: Vec<String> = Vec::new(),
+        /// A Parquet input's categorical columns (one id a row; strings or integers),
+        /// comma-separated: with --dense-columns, the only feature columns read.
+        #[setting(flag = "--sparse-columns", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAMES")]
+        pub sparse_columns: Vec<String> = Vec::new(),
         /// Write checkpoints here (every --checkpoint-every steps and at the end).
         #[setting(flag = "--checkpoint-dir", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "DIR")]
         pub checkpoint_dir: Option<PathBuf> = None,

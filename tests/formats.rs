@@ -257,6 +257,20 @@ fn the_same_rows_train_to_the_same_parameters_from_a_tsv_its_gzip_and_its_parque
         job.assert_ok();
         assert_eq!(summary(&job)["params_fnv"], summary(&want)["params_fnv"], "{input}: the same parameters as the TSV's");
     }
+    // predict reads the same inputs: the same scores from the TSV and from its Parquet file.
+    let ck = d.join("ck");
+    train("day.parquet", &["--checkpoint-dir", ck.to_str().unwrap()]).assert_ok();
+    let scores = |input: &str| {
+        let (out, data) = (d.join(format!("{input}.scores")), d.join(format!("data-{input}")));
+        let input = d.join(input);
+        let args = ["predict", "--model", ck.to_str().unwrap(), "--data", input.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        common::mpirun(1, &[("RINGREC_DATA_DIR", data.to_str().unwrap())], &args).assert_ok();
+        std::fs::read(&out).unwrap()
+    };
+    let tsv_scores = scores("day.tsv");
+    assert!(!tsv_scores.is_empty());
+    assert_eq!(scores("day.parquet"), tsv_scores, "predict: the Parquet file scores as its TSV");
+    assert_eq!(scores("day.tsv.gz"), tsv_scores, "predict: the gzip file scores as its TSV");
     let parts = d.join("parts");
     std::fs::create_dir_all(&parts).unwrap();
     std::fs::copy(d.join("day.parquet"), parts.join("part-0.parquet")).unwrap();

@@ -103,6 +103,9 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.source_crc32,
                 s.report
             );
+            if s.nulls > 0 {
+                println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
+            }
         }
         DataCommand::Synth { rows, out, seed, interactions, format } => {
             let t = Instant::now();

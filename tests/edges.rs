@@ -154,7 +154,7 @@ fn inputs_that_are_not_tsv_or_hold_no_rows_are_named_for_what_they_are() {
     let (empty, blank) = (dir.path("empty.tsv"), dir.path("blank.tsv"));
     std::fs::write(&empty, b"").unwrap();
     std::fs::write(&blank, b"\n").unwrap();
-    let mut cases = vec![
+    let cases = vec![
         (cache.clone(), "it is already a prepared dataset cache".to_string()),
         (zst.clone(), "its zstd stream is damaged at byte".to_string()),
         (bz2.clone(), "it is bzip2-compressed, and ringrec reads plain, gzip- or zstd-compressed TSV: decompress it first (bunzip2 -k".to_string()),

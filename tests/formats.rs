@@ -280,3 +280,40 @@ fn the_same_rows_train_to_the_same_parameters_from_a_tsv_its_gzip_and_its_parque
     assert_eq!(summary(&job)["params_fnv"], summary(&want)["params_fnv"], "a directory of Parquet parts (Spark's _SUCCESS skipped)");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_waits_for_pooling() {
+    let d = dir("multihot");
+    let p = d.join("mh.parquet");
+    let s = ringrec::data::multihot::synth_multi_hot(&p, 20_000, 3).unwrap();
+    assert_eq!(s.rows, 20_000);
+    let per_list = s.list_ids as f64 / (20_000.0 * 6.0);
+    assert!((per_list - 20.0).abs() < 0.5, "mean list length {per_list}");
+    assert!(s.bayes_auc > s.first_id_auc + 0.05, "the lists carry the signal: {s:?}");
+    assert_eq!(ringrec::data::multihot::synth_multi_hot(&d.join("again.parquet"), 20_000, 3).unwrap().positives, s.positives, "deterministic for a seed");
+    // ringrec refuses the lists, naming the first, until multi-hot pooling exists.
+    let e = prepare_with(&p, &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: column `l0`: a list column (multi-hot)", p.display())), "{e}");
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let check = r#"
+import sys, numpy as np, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1])
+assert t.num_rows == int(sys.argv[2]), t.num_rows
+assert t.column_names == ["label"] + [f"c{f}" for f in range(10)] + [f"l{g}" for g in range(6)], t.column_names
+assert int(t.column("label").to_numpy().sum()) == int(sys.argv[3])
+ids = 0
+for g in range(6):
+    c = t.column(f"l{g}").combine_chunks()
+    lens = np.diff(c.offsets.to_numpy())
+    ids += int(lens.sum())
+    assert lens.min() == 0 and lens.max() == 40, (lens.min(), lens.max())
+assert ids == int(sys.argv[4]), ids
+v = t.column("c0").to_numpy()
+counts = np.bincount(v)
+assert counts[0] > 20 * np.median(counts[counts > 0]), "Zipf-like: id 0 is everywhere"
+print("ok")
+"#;
+    let out = Command::new(&py).args(["-c", check]).arg(&p).arg(s.rows.to_string()).arg(s.positives.to_string()).arg(s.list_ids.to_string()).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok", "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&d).unwrap();
+}

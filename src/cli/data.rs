@@ -7,6 +7,7 @@ use std::time::Instant;
 use ringrec::data::cache::Dataset;
 use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
+use ringrec::data::multihot::{synth_multi_hot, LIST_FIELDS};
 use ringrec::data::parquet_write::{tsv_to_parquet, ROWS_PER_GROUP};
 use ringrec::data::synth::{synth_with, PlantedModel, SynthSummary};
 
@@ -69,6 +70,12 @@ pub enum DataCommand {
         /// int64, C1..C26 as strings, an empty field a null).
         #[arg(long, default_value = "tsv", value_parser = ["tsv", "parquet"])]
         format: String,
+        /// With --format parquet: the multi-hot set instead (10 single-hot int64 fields
+        /// c0..c9, 6 list fields l0..l5 of mean length 20, Zipf-like ids, labels from a
+        /// planted model that uses the lists; see `ringrec::data::multihot`). Training it
+        /// waits for multi-hot pooling.
+        #[arg(long)]
+        multi_hot: bool,
     },
     /// Verify a cache file (every block's CRC-32) and print its header, row count and CTR.
     Inspect {
@@ -107,7 +114,25 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
             }
         }
-        DataCommand::Synth { rows, out, seed, interactions, format } => {
+        DataCommand::Synth { multi_hot: true, rows, out, seed, format, .. } => {
+            anyhow::ensure!(format == "parquet", "--multi-hot writes Parquet: give --format parquet");
+            let t = Instant::now();
+            let s = synth_multi_hot(&out, rows, seed)?;
+            println!(
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4}, {} list ids ({:.1} a list); planted-model (Bayes) AUC {:.4}, with each list cut to its first id {:.4}; seed {}",
+                s.path.display(),
+                s.rows,
+                s.bytes,
+                t.elapsed().as_secs_f64(),
+                s.positives as f64 / s.rows.max(1) as f64,
+                s.list_ids,
+                s.list_ids as f64 / (s.rows.max(1) * LIST_FIELDS as u64) as f64,
+                s.bayes_auc,
+                s.first_id_auc,
+                s.seed
+            );
+        }
+        DataCommand::Synth { rows, out, seed, interactions, format, .. } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };
             let s = if format == "parquet" {

@@ -23,7 +23,8 @@
 //!   damaged named with its byte and line).
 //! - [`parquet_file`]: Parquet files, their columns mapped onto the model's inputs (a
 //!   schema), row groups read on every core into the same cache; [`parquet_write`]: a
-//!   TSV's rows written as a Criteo-shaped Parquet file.
+//!   TSV's rows written as a Criteo-shaped Parquet file; [`multihot`]: a generated multi-hot
+//!   set (list columns) as Parquet, for the multi-hot pooling to come.
 //! - [`cache`]: the binary format; [`Dataset::from_tsv_cached`] parses a TSV once per host
 //!   and every later run (and every local rank) maps the cache, until the TSV's stat
 //!   (size, mtime, ctime, inode) changes or the cache is damaged.
@@ -39,6 +40,7 @@ pub mod criteo;
 pub mod error;
 pub mod evalset;
 pub mod inputs;
+pub mod multihot;
 pub mod parquet_file;
 pub mod parquet_write;
 pub mod prepare;

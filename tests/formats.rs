@@ -271,6 +271,19 @@ fn the_same_rows_train_to_the_same_parameters_from_a_tsv_its_gzip_and_its_parque
     assert!(!tsv_scores.is_empty());
     assert_eq!(scores("day.parquet"), tsv_scores, "predict: the Parquet file scores as its TSV");
     assert_eq!(scores("day.tsv.gz"), tsv_scores, "predict: the gzip file scores as its TSV");
+    // The exported bundle scores the Parquet file in scripts/bundle_predict.py (pyarrow) as
+    // `predict` does.
+    if let Some(py) = common::test_python("numpy, pyarrow") {
+        let bundle = d.join("bundle");
+        let export = ["export", "--model", ck.to_str().unwrap(), "--out", bundle.to_str().unwrap()];
+        common::mpirun(1, &[("RINGREC_DATA_DIR", d.join("data-export").to_str().unwrap())], &export).assert_ok();
+        let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+        assert!(model["input"]["parquet"].as_str().unwrap().contains("FNV-1a 64"), "model.json records the Parquet rules");
+        let mut c = Command::new(py);
+        c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(d.join("day.parquet"));
+        c.arg("--compare").arg(d.join("day.parquet.scores")).args(["--tolerance", "1e-6"]);
+        common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+    }
     let parts = d.join("parts");
     std::fs::create_dir_all(&parts).unwrap();
     std::fs::copy(d.join("day.parquet"), parts.join("part-0.parquet")).unwrap();

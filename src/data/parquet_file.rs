@@ -328,6 +328,8 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
 
     let (claim, stop, nulls) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
     let failures = on_threads(threads.min(groups.len()), |_| -> Vec<(usize, DataError)> {
+        // A reader of its own: the crate reads a `File` through clones of its descriptor,
+        // which share one offset, so one reader cannot serve several threads.
         let reader = match open(src) {
             Ok(r) => r,
             Err(e) => return vec![(0, e)],
@@ -341,7 +343,10 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
             if opts.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
                 return vec![(g, DataError::Cancelled { path: src.to_path_buf() })];
             }
-            let done = read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols).and_then(|n| {
+            // A reader that panics on a damaged file is an error naming the row group.
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)));
+            let read = read.unwrap_or_else(|_| Err(DataError::Parquet { path: src.to_path_buf(), at: format!("row group {g}"), detail: "the Parquet reader failed on it (a damaged file)".into() }));
+            let done = read.and_then(|n| {
                 nulls.fetch_add(n, Ordering::Relaxed);
                 write_columns(&tmp, &layout, starts[g], &cols)
             });

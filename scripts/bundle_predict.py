@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scores a Criteo TSV with a ringrec export bundle, with numpy only: an independent reader
+"""Scores a Criteo TSV (or a Parquet file) with a ringrec export bundle, with numpy only: an independent reader
 of the bundle format (it shares no code with ringrec; everything it needs is in the bundle's
 model.json and in the layouts documented there and in ringrec's src/train/bundle.rs,
 src/frame.rs, src/model/dense_bin.rs and src/embedding/params.rs). Every model: mlp, dlrm,
@@ -7,6 +7,11 @@ dcn, deepfm and wide-deep, as the models' one definition (src/model/spec.rs) giv
 
     scripts/bundle_predict.py BUNDLE DATA.tsv [--out scores.tsv] [--test-fraction F]
                               [--compare ringrec_scores.tsv [--tolerance 1e-6]]
+    scripts/bundle_predict.py BUNDLE DATA.parquet [--label-column NAME]
+                              [--dense-columns A,B] [--sparse-columns C,D] ...
+
+A Parquet file (it starts with PAR1) is read with pyarrow, which is then needed, by the rules
+of model.json's `input.parquet` (single-hot columns: as `ringrec predict` reads them).
 
 It checks every file's size and CRC-32 against model.json (and each file's own trailer, and
 the frame's header CRC of bundle version 2),
@@ -353,6 +358,87 @@ def parse_tsv(path, spec):
     return np.array(labels, dtype=np.float32), np.array(dense, dtype=np.float32).reshape(-1, nd), u64([v for row in values for v in row]).reshape(-1, nc), skipped
 
 
+def fnv1a64(data):
+    """FNV-1a 64 of bytes."""
+    h = 0xCBF29CE484222325
+    for c in data:
+        h = ((h ^ c) * 0x100000001B3) & M64
+    return h
+
+
+def parse_parquet(path, spec, label, dense_columns, sparse_columns):
+    """(labels, dense float32 (n, 13), values uint64 (n, 26), 0), as ringrec reads a Parquet
+    file (model.json's input.parquet): the label column; numbers dense (integers and booleans
+    ln(1 + max(x, 0)), floats as they are), strings categorical (1 to 16 hex digits: the number
+    they spell, else their FNV-1a 64), or exactly the named columns; nulls are empty fields."""
+    import pyarrow.parquet as pq
+    import pyarrow.types as pt
+
+    missing = int(spec["missing_value"], 16)
+    nd, nc = spec["dense_features"], spec["categorical_features"]
+    table = pq.read_table(path)
+    n = table.num_rows
+    if label not in table.column_names:
+        fail(f"{path}: column `{label}`: no such column; name the label column with --label-column")
+    y = table.column(label).combine_chunks()
+    if y.null_count:
+        fail(f"{path}: column `{label}`: the label is null")
+    labels = np.asarray(y.to_numpy(zero_copy_only=False), dtype=np.float64)
+    if not np.all((labels == 0) | (labels == 1)):
+        fail(f"{path}: column `{label}`: a label is not 0 or 1")
+    named = bool(dense_columns or sparse_columns)
+    dense = np.zeros((n, nd), dtype=np.float32)
+    values = np.full((n, nc), missing, dtype=np.uint64)
+    di = si = 0
+    for name in table.column_names:
+        if name == label:
+            continue
+        typ = table.schema.field(name).type
+        if pt.is_dictionary(typ):
+            typ = typ.value_type
+        text = pt.is_string(typ) or pt.is_large_string(typ) or pt.is_binary(typ) or pt.is_large_binary(typ)
+        as_dense, as_sparse = (name in dense_columns, name in sparse_columns) if named else (not text, text)
+        if not (as_dense or as_sparse):
+            continue
+        if pt.is_list(typ) or pt.is_large_list(typ):
+            fail(f"{path}: column `{name}`: a list column (multi-hot), which ringrec does not train yet")
+        col = table.column(name).combine_chunks()
+        if pt.is_dictionary(col.type):
+            col = col.cast(typ)
+        null = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        if as_dense:
+            if di >= nd:
+                fail(f"{path}: column `{name}`: more than {nd} dense columns")
+            if pt.is_floating(typ):
+                x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64).astype(np.float32)
+            else:
+                x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+                x = np.where(x > 0, np.log1p(np.maximum(x, 0).astype(np.float64)), 0.0).astype(np.float32)
+            x[null] = 0.0
+            dense[:, di] = x
+            di += 1
+        else:
+            if si >= nc:
+                fail(f"{path}: column `{name}`: more than {nc} categorical columns")
+            if text:
+                out = []
+                for v in col.to_pylist():
+                    b = v.encode("utf-8") if isinstance(v, str) else v
+                    if not b:
+                        out.append(missing)
+                    elif HEX_RE.fullmatch(b.decode("latin-1")):
+                        out.append(int(b, 16))
+                    else:
+                        out.append(fnv1a64(b))
+                v = u64(out)
+            else:
+                v = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64).astype(np.uint64)
+                v[null] = np.uint64(missing)
+            values[:, si] = v
+            si += 1
+    return labels.astype(np.float32), dense, values, 0
+
+
 def load_bundle(bundle):
     """(model.json, spec, flat parameters, table keys, table rows) of a bundle, every file
     checked against model.json, dense.bin's model against model.json's."""
@@ -379,12 +465,15 @@ def load_bundle(bundle):
     return model, spec, flat, tkeys, trows
 
 
-def inputs(model, tkeys, trows, data, test_fraction):
+def inputs(model, tkeys, trows, data, test_fraction, columns=("label", (), ())):
     """(labels, table rows N x F x row_width, dense N x n, skipped lines, keys found,
-    distinct keys) of the rows of `data` (its last `test_fraction` with one)."""
+    distinct keys) of the rows of `data` (its last `test_fraction` with one); `columns`: a
+    Parquet file's label, dense and categorical columns."""
     spec, tab = model["input"], model["table"]
     dim = tab["dim"]
-    labels, dense, values, skipped = parse_tsv(data, spec)
+    with open(data, "rb") as f:
+        parquet = f.read(4) == b"PAR1"
+    labels, dense, values, skipped = parse_parquet(data, spec, *columns) if parquet else parse_tsv(data, spec)
     n = len(labels)
     cut = n - min(n, int(math.floor(n * test_fraction + 0.5))) if test_fraction > 0 else 0
     labels, dense, values = labels[cut:], dense[cut:], values[cut:]
@@ -431,10 +520,15 @@ def main():
     ap.add_argument("--test-fraction", type=float, default=0.0, help="score only the last fraction of the rows (train's held-out split)")
     ap.add_argument("--compare", help="ringrec predict --out scores of the same rows")
     ap.add_argument("--tolerance", type=float, default=1e-6)
+    ap.add_argument("--label-column", default="label", help="a Parquet file's label column")
+    ap.add_argument("--dense-columns", default="", help="a Parquet file's dense columns, comma-separated")
+    ap.add_argument("--sparse-columns", default="", help="a Parquet file's categorical columns, comma-separated")
     a = ap.parse_args()
+    names = lambda s: tuple(x for x in s.split(",") if x)
+    columns = (a.label_column, names(a.dense_columns), names(a.sparse_columns))
 
     model, spec, flat, tkeys, trows = load_bundle(a.bundle)
-    labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction)
+    labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction, columns)
     scores = 1.0 / (1.0 + np.exp(-logits(spec, flat, rows, dense)))
 
     print(f"bundle_predict: {len(scores)} rows scored with the {spec['kind']} model ({skipped} malformed line(s) skipped); {found} of {distinct} distinct keys in the table, the others from their initial rows", file=sys.stderr)

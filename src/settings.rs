@@ -146,6 +146,19 @@ impl Word for PathBuf {
     }
 }
 
+/// A name (a column's): any non-empty word.
+impl Word for String {
+    fn parse_word(s: &str) -> Result<String, String> {
+        if s.is_empty() {
+            return Err("an empty name".into());
+        }
+        Ok(s.to_string())
+    }
+    fn word(&self) -> String {
+        self.clone()
+    }
+}
+
 /// Every [`Word`] type (except the list items below) is a setting of one value.
 macro_rules! word_settings {
     ($($t:ty),+ $(,)?) => {$(
@@ -162,7 +175,7 @@ macro_rules! word_settings {
 }
 pub(crate) use word_settings;
 
-word_settings!(u32, u64, usize, f32, f64, PathBuf);
+word_settings!(u32, u64, usize, f32, f64, PathBuf, String);
 
 impl SettingValue for bool {
     const ARITY: Arity = Arity::Switch;
@@ -209,7 +222,7 @@ macro_rules! list_settings {
 
 pub(crate) use list_settings;
 
-list_settings!(usize => Arity::List, PathBuf => Arity::List);
+list_settings!(usize => Arity::List, PathBuf => Arity::List, String => Arity::List);
 
 /// Makes an option enum with `parse(&str) -> Option<Self>` and `name()` a [`Word`] and a
 /// setting of one value; the error names `$what` and lists `$choices`.

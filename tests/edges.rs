@@ -132,6 +132,8 @@ fn every_command_that_opens_an_input_refuses_a_fifo_at_once() {
 /// TSV is, and an input without rows (empty, or only empty lines) is the same error
 /// naming it for both (before issue 36: "every one of its 1 line(s) is malformed (utf8 1)"
 /// for a cache, "not valid UTF-8" for a gzipped TSV, and an empty file gave a 0-row cache).
+/// Since issue 33 a gzip or zstd TSV is read (tests/formats.rs); a damaged one is named so,
+/// and bzip2 is still refused saying how to decompress it.
 #[test]
 fn inputs_that_are_not_tsv_or_hold_no_rows_are_named_for_what_they_are() {
     let dir = TempDir::new("edges-not-tsv");
@@ -147,17 +149,23 @@ fn inputs_that_are_not_tsv_or_hold_no_rows_are_named_for_what_they_are() {
     let have_gzip = gzip.status().is_ok_and(|s| s.success());
     let zst = dir.path("s.tsv.zst");
     std::fs::write(&zst, [&[0x28, 0xb5, 0x2f, 0xfd][..], &bytes[..64]].concat()).unwrap();
+    let bz2 = dir.path("s.tsv.bz2");
+    std::fs::write(&bz2, [&b"BZh9"[..], &bytes[..64]].concat()).unwrap();
     let (empty, blank) = (dir.path("empty.tsv"), dir.path("blank.tsv"));
     std::fs::write(&empty, b"").unwrap();
     std::fs::write(&blank, b"\n").unwrap();
-    let mut cases = vec![
+    let cases = vec![
         (cache.clone(), "it is already a prepared dataset cache".to_string()),
-        (zst.clone(), "it is zstd-compressed, and ringrec reads plain TSV: decompress it first".to_string()),
+        (zst.clone(), "its zstd stream is damaged at byte".to_string()),
+        (bz2.clone(), "it is bzip2-compressed, and ringrec reads plain, gzip- or zstd-compressed TSV: decompress it first (bunzip2 -k".to_string()),
         (empty.clone(), "holds no rows (the file is empty)".to_string()),
         (blank.clone(), "holds no rows (its 1 line(s) are all empty)".to_string()),
     ];
     if have_gzip {
-        cases.push((gz.clone(), "it is gzip-compressed, and ringrec reads plain TSV: decompress it first (gunzip -k".to_string()));
+        let out = dir.path("gz.rrdata").display().to_string();
+        let job = ringrec(&["data", "prepare", gz.to_str().unwrap(), &out], &[], 60);
+        job.assert_ok();
+        assert!(job.stdout.contains(": 300 rows, "), "a gzipped TSV is read:\n{}", job.all());
     }
     for (input, want) in &cases {
         let p = input.display().to_string();

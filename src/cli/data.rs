@@ -7,14 +7,19 @@ use std::time::Instant;
 use ringrec::data::cache::Dataset;
 use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
-use ringrec::data::synth::{synth_with, PlantedModel};
+use ringrec::data::multihot::{synth_multi_hot, LIST_FIELDS};
+use ringrec::data::parquet_write::{tsv_to_parquet, ROWS_PER_GROUP};
+use ringrec::data::synth::{synth_with, PlantedModel, SynthSummary};
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum DataCommand {
-    /// Convert a Criteo TSV into a binary cache that training maps read-only.
+    /// Convert a Criteo TSV (plain, .gz or .zst) or a Parquet file into a binary cache that
+    /// training maps read-only.
     Prepare {
-        /// The Criteo TSV (label, I1..I13, C1..C26, tab-separated).
+        /// The Criteo TSV (label, I1..I13, C1..C26, tab-separated; plain, gzip- or
+        /// zstd-compressed) or Parquet file (a label column, numeric dense and string
+        /// categorical columns).
         input: PathBuf,
         /// The cache file to write (replaced atomically if it exists).
         output: PathBuf,
@@ -30,6 +35,17 @@ pub enum DataCommand {
         /// --weight-column`): the cache is then version 3, with the weights.
         #[arg(long, value_name = "N")]
         weight_column: Option<u32>,
+        /// A Parquet file's label column [default: label].
+        #[arg(long, value_name = "NAME")]
+        label_column: Option<String>,
+        /// A Parquet file's dense feature columns: with --sparse-columns, the only feature
+        /// columns read [default: inferred: numbers dense, strings categorical].
+        #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+        dense_columns: Vec<String>,
+        /// A Parquet file's categorical columns (one id a row; strings or integers): with
+        /// --dense-columns, the only feature columns read.
+        #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+        sparse_columns: Vec<String>,
     },
     /// Write a synthetic Criteo-format TSV with a planted logistic model (or, with
     /// --interactions, a planted factorisation machine plus a deep part) and print the
@@ -50,6 +66,16 @@ pub enum DataCommand {
         /// those of the file without the flag; only the labels differ.
         #[arg(long)]
         interactions: bool,
+        /// The file's format: `tsv`, or `parquet` (the same rows: a label, I1..I13 as
+        /// int64, C1..C26 as strings, an empty field a null).
+        #[arg(long, default_value = "tsv", value_parser = ["tsv", "parquet"])]
+        format: String,
+        /// With --format parquet: the multi-hot set instead (10 single-hot int64 fields
+        /// c0..c9, 6 list fields l0..l5 of mean length 20, Zipf-like ids, labels from a
+        /// planted model that uses the lists; see `ringrec::data::multihot`). Training it
+        /// waits for multi-hot pooling.
+        #[arg(long)]
+        multi_hot: bool,
     },
     /// Verify a cache file (every block's CRC-32) and print its header, row count and CTR.
     Inspect {
@@ -64,11 +90,12 @@ pub enum DataCommand {
 /// Runs a `ringrec data` command.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
-        DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column } => {
+        DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column, label_column, dense_columns, sparse_columns } => {
             let t = Instant::now();
             // The errors name the file already.
             let max_bad_lines = super::or_env(max_bad_lines, "RINGREC_MAX_BAD_LINES")?.unwrap_or(DEFAULT_MAX_BAD_LINES);
             let opts = PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)).weight_column(weight_column);
+            let opts = PrepareOptions { label_column, dense_columns, sparse_columns, ..opts };
             let s = prepare_with(&input, &output, &opts)?;
             let secs = t.elapsed().as_secs_f64().max(1e-9);
             println!(
@@ -83,11 +110,42 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.source_crc32,
                 s.report
             );
+            if s.nulls > 0 {
+                println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
+            }
         }
-        DataCommand::Synth { rows, out, seed, interactions } => {
+        DataCommand::Synth { multi_hot: true, rows, out, seed, format, .. } => {
+            anyhow::ensure!(format == "parquet", "--multi-hot writes Parquet: give --format parquet");
+            let t = Instant::now();
+            let s = synth_multi_hot(&out, rows, seed)?;
+            println!(
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4}, {} list ids ({:.1} a list); planted-model (Bayes) AUC {:.4}, with each list cut to its first id {:.4}; seed {}",
+                s.path.display(),
+                s.rows,
+                s.bytes,
+                t.elapsed().as_secs_f64(),
+                s.positives as f64 / s.rows.max(1) as f64,
+                s.list_ids,
+                s.list_ids as f64 / (s.rows.max(1) * LIST_FIELDS as u64) as f64,
+                s.bayes_auc,
+                s.first_id_auc,
+                s.seed
+            );
+        }
+        DataCommand::Synth { rows, out, seed, interactions, format, .. } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };
-            let s = synth_with(&out, rows, seed, model)?;
+            let s = if format == "parquet" {
+                // The TSV is written beside it, converted, and removed.
+                let tsv = out.with_extension("synth.tsv");
+                let s = synth_with(&tsv, rows, seed, model)?;
+                let converted = tsv_to_parquet(&tsv, &out, ROWS_PER_GROUP);
+                std::fs::remove_file(&tsv)?;
+                converted?;
+                SynthSummary { path: out.clone(), bytes: std::fs::metadata(&out)?.len(), ..s }
+            } else {
+                synth_with(&out, rows, seed, model)?
+            };
             println!(
                 "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}",
                 s.path.display(),

@@ -53,6 +53,15 @@ pub struct PredictArgs {
     /// past (as `train --weight-column N` reads it).
     #[arg(long, value_name = "N")]
     pub weight_column: Option<u32>,
+    /// A Parquet input's label column [default: label] (as `train --label-column`).
+    #[arg(long, value_name = "NAME")]
+    pub label_column: Option<String>,
+    /// A Parquet input's dense feature columns (as `train --dense-columns`).
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub dense_columns: Vec<String>,
+    /// A Parquet input's categorical columns (as `train --sparse-columns`).
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub sparse_columns: Vec<String>,
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
@@ -122,6 +131,9 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         threads: super::or_env(args.threads, "RINGREC_THREADS")?,
         max_bad_lines: args.max_bad_lines,
         weight_column: args.weight_column,
+        label_column: args.label_column.clone(),
+        dense_columns: args.dense_columns.clone(),
+        sparse_columns: args.sparse_columns.clone(),
         backend: args.backend.0,
         require_newest: args.require_newest,
     };

@@ -614,7 +614,7 @@ impl Dataset {
     /// Under the cache's lock (returned, held until dropped): the cache of `tsv`, reused
     /// (`Some`) or prepared (`None`).
     fn cached(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<(FileLock, PathBuf, Option<Dataset>)> {
-        let out = cache_path_for(tsv, cache_dir, opts.weight_column)?;
+        let out = cache_path_with(tsv, cache_dir, opts)?;
         std::fs::create_dir_all(cache_dir).map_err(|e| DataError::io(cache_dir, "create directory", e))?;
         let lock = lock_preparation(&out.with_extension("lock"))?;
         let now = SourceStat::of(tsv)?;
@@ -632,7 +632,7 @@ impl Dataset {
         prepare_with(tsv, &out, opts)?;
         for version in 1..FORMAT.version {
             // Best effort: an old file that cannot be removed stays as it was.
-            if let Ok(old) = cache_path_of(tsv, cache_dir, version, None) {
+            if let Ok(old) = cache_path_of(tsv, cache_dir, version, None, &[]) {
                 let _ = std::fs::remove_file(old.with_extension("lock"));
                 let _ = std::fs::remove_file(old);
             }
@@ -749,11 +749,29 @@ pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
 /// column, so caches of one TSV read with and without it, or with another, never meet).
 pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) -> DataResult<PathBuf> {
     let version = format_of(weight_column.is_some()).version;
-    cache_path_of(tsv, cache_dir, version, weight_column)
+    cache_path_of(tsv, cache_dir, version, weight_column, &[])
 }
 
-/// The cache file of `tsv` under `cache_dir` in format `version` (with `weight_column`).
-fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32, weight_column: Option<u32>) -> DataResult<PathBuf> {
+/// The cache file of `tsv` under `cache_dir` prepared as `opts` says: [`cache_path_for`],
+/// the name also covering a Parquet input's `--label-column`, `--dense-columns` and
+/// `--sparse-columns` when they are given (so a cache read with other columns never serves
+/// the run).
+pub fn cache_path_with(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<PathBuf> {
+    let mut schema = Vec::new();
+    for (tag, names) in [(b'l', opts.label_column.as_slice()), (b'd', &opts.dense_columns), (b's', &opts.sparse_columns)] {
+        for name in names {
+            schema.push(tag);
+            schema.extend_from_slice(name.as_bytes());
+            schema.push(0);
+        }
+    }
+    let version = format_of(opts.weight_column.is_some()).version;
+    cache_path_of(tsv, cache_dir, version, opts.weight_column, &schema)
+}
+
+/// The cache file of `tsv` under `cache_dir` in format `version` (with `weight_column`, and
+/// the `schema` options' bytes).
+fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32, weight_column: Option<u32>, schema: &[u8]) -> DataResult<PathBuf> {
     let canonical = std::fs::canonicalize(tsv).map_err(|e| DataError::io(tsv, "resolve", e))?;
     let source = SourceStat::of(&canonical)?;
     let mut id = canonical.as_os_str().as_encoded_bytes().to_vec();
@@ -763,6 +781,7 @@ fn cache_path_of(tsv: &Path, cache_dir: &Path, version: u32, weight_column: Opti
     if let Some(column) = weight_column {
         id.extend_from_slice(&column.to_le_bytes());
     }
+    id.extend_from_slice(schema);
     let stem: String = tsv
         .file_stem()
         .map(|s| s.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect())
@@ -919,7 +938,7 @@ mod tests {
         crate::data::synth::synth(&tsv, 50, 1).unwrap();
         let cache_dir = dir.join("cache");
         std::fs::create_dir_all(&cache_dir).unwrap();
-        let old = cache_path_of(&tsv, &cache_dir, 1, None).unwrap();
+        let old = cache_path_of(&tsv, &cache_dir, 1, None, &[]).unwrap();
         assert_ne!(old, cache_path(&tsv, &cache_dir).unwrap());
         std::fs::write(&old, b"RRDATA\0\0 a version-1 cache").unwrap();
         std::fs::write(old.with_extension("lock"), b"").unwrap();

@@ -347,7 +347,7 @@ fn parse_int(f: &[u8]) -> Option<i64> {
 
 /// `Some(v)` for 1 to 16 hex digits.
 #[inline]
-fn parse_hex(f: &[u8]) -> Option<u64> {
+pub(crate) fn parse_hex(f: &[u8]) -> Option<u64> {
     if f.is_empty() || f.len() > 16 {
         return None;
     }

@@ -52,6 +52,34 @@ pub enum DataError {
         /// What it is and what to do.
         what: String,
     },
+    /// A compressed input (gzip, zstd) is cut short or damaged: its text cannot be decoded
+    /// past `line`.
+    #[error("{path}: its {codec} stream is {what} at byte {at} of the file (line {line} of its text): {detail}; fetch or compress the file again")]
+    Compressed {
+        /// The compressed file.
+        path: PathBuf,
+        /// Its codec (`gzip`, `zstd`).
+        codec: &'static str,
+        /// `cut short` or `damaged`.
+        what: &'static str,
+        /// Compressed bytes read when decoding failed.
+        at: u64,
+        /// The 1-based line of the text being decoded.
+        line: u64,
+        /// The decoder's message.
+        detail: String,
+    },
+    /// A Parquet input cannot be read as the model's inputs: cut short, damaged, a column
+    /// of a type or with values ringrec cannot take.
+    #[error("{path}: {at}: {detail}")]
+    Parquet {
+        /// The Parquet file.
+        path: PathBuf,
+        /// Where: `footer`, `row group G`, `row group G, column `name``, `column `name``.
+        at: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
     /// The input holds no rows: it is empty, or all its lines are.
     #[error("{path}: holds no rows ({}); a data file needs at least one Criteo TSV line", if *.lines == 0 { "the file is empty".to_string() } else { format!("its {} line(s) are all empty", .lines) })]
     NoRows {

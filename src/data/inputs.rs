@@ -3,8 +3,8 @@
 //!
 //! | input | stands for |
 //! |---|---|
-//! | a file | itself (a Criteo TSV or a prepared `.rrdata` cache) |
-//! | a directory | every regular file in it, in natural name order, but hidden files (`.name`), caches (`.rrdata`) and lock files (`.lock`) |
+//! | a file | itself (a Criteo TSV, plain, `.gz` or `.zst`, a Parquet file or a prepared `.rrdata` cache) |
+//! | a directory | every regular file in it, in natural name order, but hidden files (`.name`), caches (`.rrdata`), lock files (`.lock`) and the markers Spark and Arrow write beside Parquet parts (`_SUCCESS`, `_metadata`, `_common_metadata`) |
 //! | a glob | the regular files its last component matches (`*` any run of characters, `?` one, `[0-8]` / `[!x]` one of / none of a set, as in the shell), in natural name order; hidden files only when the pattern starts with `.`, caches and lock files only when it ends with `.rrdata` or `.lock` |
 //!
 //! *Natural order* compares runs of digits by their value, so `day_2` comes before
@@ -31,7 +31,7 @@ pub fn resolve(flag: &'static str, specs: &[PathBuf]) -> DataResult<Vec<PathBuf>
         match std::fs::metadata(spec) {
             Ok(m) if m.is_file() => files.push(spec.clone()),
             Ok(m) if m.is_dir() => {
-                let found = listing(spec, |name| !name.starts_with('.') && !is_own(name)).map_err(|e| err(e.to_string()))?;
+                let found = listing(spec, |name| !name.starts_with('.') && !is_own(name) && !MARKERS.contains(&name)).map_err(|e| err(e.to_string()))?;
                 if found.is_empty() {
                     return Err(err(format!("the directory holds no data file (hidden files, .{CACHE_EXT} caches and .{LOCK_EXT} files are skipped)")));
                 }
@@ -60,6 +60,9 @@ pub fn resolve(flag: &'static str, specs: &[PathBuf]) -> DataResult<Vec<PathBuf>
     }
     Ok(files)
 }
+
+/// Files Spark and Arrow write beside a directory's Parquet parts, which hold no rows.
+const MARKERS: [&str; 3] = ["_SUCCESS", "_metadata", "_common_metadata"];
 
 /// Whether `name` is a file ringrec writes beside data (a cache or a lock file).
 fn is_own(name: &str) -> bool {

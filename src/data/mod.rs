@@ -1,4 +1,5 @@
-//! Training data: Criteo reader, binary cache, sharding, synthetic generator.
+//! Training data: Criteo reader (plain, gzip, zstd), Parquet reader, binary cache, sharding,
+//! synthetic generator.
 //!
 //! ```text
 //! --data / --eval-data inputs ──inputs::resolve──> files, in order (dirs, globs: natural order)
@@ -18,6 +19,12 @@
 //!   field-salted key hash; malformed lines are never dropped silently.
 //! - [`prepare`](mod@prepare): a TSV converted on several threads, the cache the same byte
 //!   for byte whatever their number.
+//! - [`compressed`]: gzip and zstd TSVs decoded as they are read (a file cut short or
+//!   damaged named with its byte and line).
+//! - [`parquet_file`]: Parquet files, their columns mapped onto the model's inputs (a
+//!   schema), row groups read on every core into the same cache; [`parquet_write`]: a
+//!   TSV's rows written as a Criteo-shaped Parquet file; [`multihot`]: a generated multi-hot
+//!   set (list columns) as Parquet, for the multi-hot pooling to come.
 //! - [`cache`]: the binary format; [`Dataset::from_tsv_cached`] parses a TSV once per host
 //!   and every later run (and every local rank) maps the cache, until the TSV's stat
 //!   (size, mtime, ctime, inode) changes or the cache is damaged.
@@ -28,10 +35,14 @@
 //! - `ringrec data prepare | synth | inspect` is the binary's (`src/cli/data.rs`).
 
 pub mod cache;
+pub mod compressed;
 pub mod criteo;
 pub mod error;
 pub mod evalset;
 pub mod inputs;
+pub mod multihot;
+pub mod parquet_file;
+pub mod parquet_write;
 pub mod prepare;
 pub mod shard;
 pub mod synth;

@@ -19,6 +19,10 @@
 //! that line). Memory: about two chunks per thread. Then the block sums of the sections
 //! are read back (in parallel), the header written and the file renamed into place.
 //!
+//! A gzip- or zstd-compressed TSV ([`super::compressed`]) is decoded twice as one stream:
+//! once to count its lines, then on this thread into chunks cut at line ends, which the
+//! other threads parse and commit as above; its content digest is the compressed file's.
+//!
 //! A source that changes while it is read (another line count, another CRC-32 in the two
 //! reads, another stat after them) is [`DataError::SourceChanged`].
 
@@ -26,9 +30,11 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_BYTES, KEYS_BYTES, LABEL_BYTES, WEIGHT_BYTES};
+use super::compressed::{count_text, Codec, Decoder};
 use super::criteo::{parse_text, BadLineReport, Columns};
 use super::error::{DataError, DataResult};
 use crate::fileio::{reserve, AtomicFile};
@@ -55,12 +61,20 @@ pub struct PrepareOptions {
     /// `--weight-column`: the 1-based field of the weight in lines of 41 fields (the cache
     /// is then version 3, with the weights); `None`: Criteo's 40 fields (version 2).
     pub weight_column: Option<u32>,
+    /// A Parquet file's label column (`None`: `label`; see [`super::parquet_file`]).
+    pub label_column: Option<String>,
+    /// A Parquet file's dense feature columns (with [`PrepareOptions::sparse_columns`]: the
+    /// only feature columns read; both empty: inferred by type, see
+    /// [`super::parquet_file`]).
+    pub dense_columns: Vec<String>,
+    /// A Parquet file's categorical columns (one id a row; see `dense_columns`).
+    pub sparse_columns: Vec<String>,
 }
 
 impl PrepareOptions {
     /// One thread per core, 2 MiB chunks, no cancellation.
     pub fn new(max_bad_lines: u64) -> PrepareOptions {
-        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None, weight_column: None }
+        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None, weight_column: None, label_column: None, dense_columns: Vec::new(), sparse_columns: Vec::new() }
     }
 
     /// The same reading lines with a weight in field `column` (or not).
@@ -100,11 +114,13 @@ pub struct PrepareSummary {
     pub threads: usize,
     /// Lines read, malformed lines by kind and the first of them.
     pub report: BadLineReport,
+    /// Null values read as an empty field's (a Parquet file's; 0 for a TSV).
+    pub nulls: u64,
 }
 
 /// Runs `work(t)` for `t` in `0..threads`, on this thread when there is one, returning the
 /// results in order.
-fn on_threads<T: Send>(threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+pub(crate) fn on_threads<T: Send>(threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
     if threads <= 1 {
         return vec![work(0)];
     }
@@ -126,7 +142,7 @@ fn read_at(f: &File, path: &Path, buf: &mut [u8], at: u64) -> DataResult<()> {
 
 /// Newlines in `bytes`, counted in u8 lanes over runs of 255 bytes (which vectorises: a
 /// tenth of the time of a filter and count).
-fn count_newlines(bytes: &[u8]) -> u64 {
+pub(crate) fn count_newlines(bytes: &[u8]) -> u64 {
     bytes.chunks(255).map(|c| c.iter().fold(0u8, |n, &b| n + u8::from(b == b'\n')) as u64).sum()
 }
 
@@ -212,12 +228,29 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     if let Some(c) = opts.weight_column {
         super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
     }
-    refuse_foreign(tsv)?;
+    let codec = match classify(tsv)? {
+        Source::Tsv => None,
+        Source::Compressed(codec) => Some(codec),
+        Source::Parquet => return super::parquet_file::prepare(tsv, out, opts),
+    };
     let threads = opts.threads.max(1);
     let weighted = opts.weight_column.is_some();
     let source = SourceStat::of(tsv)?;
     let len = source.size;
-    let (capacity, source_crc32) = count_lines(tsv, len, threads)?;
+    // The lines size the sections; the text's CRC-32 is checked again as it is parsed.
+    let (capacity, text_crc32, source_crc32) = match codec {
+        None => {
+            let (lines, crc) = count_lines(tsv, len, threads)?;
+            (lines, crc, crc)
+        }
+        Some(codec) => {
+            let t = count_text(tsv, codec)?;
+            if t.source_bytes != len {
+                return Err(source_changed(tsv, format!("{} bytes decoded, {len} in its stat", t.source_bytes)));
+            }
+            (t.lines, t.text_crc32, t.source_crc32)
+        }
+    };
     let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| source_changed(tsv, format!("{capacity} lines do not fit in the address space")))?;
 
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
@@ -226,13 +259,36 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
     file.set_len(layout0.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
 
-    let chunks = Chunks::new(tsv, len, capacity, opts, &tmp, layout0)?;
-    on_threads(threads.min(chunks.count.max(1)), |_| chunks.work());
+    let (chunks, decoded) = match codec {
+        None => {
+            let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
+            let chunk = opts.chunk_bytes.max(1);
+            let chunks = Chunks::new(tsv, Feed::File { src, len, chunk, count: len.div_ceil(chunk) as usize }, capacity, opts, &tmp, layout0);
+            let count = len.div_ceil(chunk) as usize;
+            on_threads(threads.min(count.max(1)), |_| chunks.work());
+            (chunks, None)
+        }
+        Some(codec) => {
+            let (tx, rx) = sync_channel(2 * threads);
+            let chunks = Chunks::new(tsv, Feed::Stream(Mutex::new(rx)), capacity, opts, &tmp, layout0);
+            let decoded = std::thread::scope(|s| {
+                // Parsing on the other cores while this thread decodes.
+                for _ in 0..threads.saturating_sub(1).max(1) {
+                    s.spawn(|| chunks.work());
+                }
+                chunks.feed(codec, tx)
+            })?;
+            (chunks, Some(decoded))
+        }
+    };
     let st = chunks.state.into_inner().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = st.failed {
         return Err(e);
     }
-    let prepared_ns = check_whole(tsv, &st, capacity, &source, source_crc32)?;
+    if let Some((bytes, crc)) = decoded.filter(|&d| d != (len, source_crc32)) {
+        return Err(source_changed(tsv, format!("{len} bytes of CRC-32 {source_crc32:08x} when its lines were counted, {bytes} bytes of CRC-32 {crc:08x} when they were parsed")));
+    }
+    let prepared_ns = check_whole(tsv, &st, capacity, &source, text_crc32)?;
     let (rows, report) = (st.rows, st.report);
     let layout = CacheLayout::compute(rows, capacity, weighted).ok_or_else(|| source_changed(tsv, "row count exceeds line count".into()))?;
     let sums_crc32 = write_sums(&tmp, &layout, threads)?;
@@ -251,24 +307,41 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     };
     file.write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report })
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report, nulls: 0 })
 }
 
-/// Compressed formats by their magic bytes, with the command that decompresses one.
-const COMPRESSED: [(&[u8], &str, &str); 4] = [(b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"), (b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\0", "xz", "unxz -k")];
+/// Compressed formats ringrec does not decode, by their magic bytes, with the command that
+/// decompresses one.
+const COMPRESSED: [(&[u8], &str, &str); 2] = [(b"BZh", "bzip2", "bunzip2 -k"), (b"\xfd7zXZ\0", "xz", "unxz -k")];
 
-/// Refuses an input that is not a TSV, by its first bytes: a prepared cache (its magic),
-/// or a compressed file (gzip, zstd, bzip2, xz), each saying what to do.
-pub fn refuse_foreign(tsv: &Path) -> DataResult<()> {
+/// What an input to prepare is, by its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A plain Criteo TSV.
+    Tsv,
+    /// A Criteo TSV compressed with a codec ringrec decodes as it reads (gzip, zstd).
+    Compressed(Codec),
+    /// A Parquet file ([`super::parquet_file`]).
+    Parquet,
+}
+
+/// What `tsv` is, by its first bytes; refuses an input that is not a TSV: a prepared cache
+/// (its magic), or a file compressed in a format ringrec does not decode (bzip2, xz), each
+/// saying what to do.
+pub fn classify(tsv: &Path) -> DataResult<Source> {
     use std::io::Read;
     let mut head = Vec::with_capacity(8);
     crate::fileio::open_input(tsv).and_then(|f| f.take(8).read_to_end(&mut head)).map_err(|e| DataError::io(tsv, "read", e))?;
     let what = if head.starts_with(&super::cache::FORMAT.magic) {
         format!("it is already a prepared dataset cache; give it to `train --data` or `predict --data` as it is, or read it with `ringrec data inspect {}`", tsv.display())
     } else if let Some((_, name, undo)) = COMPRESSED.iter().find(|(magic, _, _)| head.starts_with(magic)) {
-        format!("it is {name}-compressed, and ringrec reads plain TSV: decompress it first ({undo} {})", tsv.display())
+        format!("it is {name}-compressed, and ringrec reads plain, gzip- or zstd-compressed TSV: decompress it first ({undo} {})", tsv.display())
+    } else if head.starts_with(super::parquet_file::MAGIC) {
+        return Ok(Source::Parquet);
+    } else if let Some(codec) = Codec::of_head(&head) {
+        return Ok(Source::Compressed(codec));
     } else {
-        return Ok(());
+        return Ok(Source::Tsv);
     };
     Err(DataError::NotATsv { path: tsv.to_path_buf(), what })
 }
@@ -279,9 +352,10 @@ fn source_changed(tsv: &Path, detail: String) -> DataError {
 }
 
 /// Checks that the committed chunks `st` are the whole source, unchanged since it was
-/// counted: not every line malformed, as many lines as counted, the same CRC-32 and the
-/// same stat. Returns when the cache was prepared (nanoseconds, read with the last stat).
-fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, source_crc32: u32) -> DataResult<u64> {
+/// counted: not every line malformed, as many lines as counted, the same CRC-32 of the text
+/// (`text_crc32`) and the same stat. Returns when the cache was prepared (nanoseconds, read
+/// with the last stat).
+fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, text_crc32: u32) -> DataResult<u64> {
     let report = &st.report;
     if st.rows == 0 && report.bad() == report.count(super::criteo::BadLineKind::Empty) {
         return Err(DataError::NoRows { path: tsv.to_path_buf(), lines: report.lines });
@@ -293,8 +367,8 @@ fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, s
         return Err(source_changed(tsv, format!("{} lines parsed, {capacity} counted", report.lines)));
     }
     let parsed_crc32 = st.digest.clone().finish();
-    if parsed_crc32 != source_crc32 {
-        return Err(source_changed(tsv, format!("its CRC-32 was {source_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+    if parsed_crc32 != text_crc32 {
+        return Err(source_changed(tsv, format!("its CRC-32 was {text_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
     }
     let now = SourceStat::of(tsv)?;
     let prepared_ns = now_ns();
@@ -309,14 +383,8 @@ fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, s
 /// count and the bad-line limit) and writes its columns at the rows the commit gave it.
 struct Chunks<'a> {
     tsv: &'a Path,
-    /// The source, open for reading.
-    src: File,
-    /// Its length in bytes.
-    len: u64,
-    /// Bytes per chunk (a chunk's lines are those that start in it).
-    chunk: u64,
-    /// Chunks in the source.
-    count: usize,
+    /// Where the chunks' text comes from.
+    feed: Feed,
     /// Lines counted before parsing.
     capacity: u64,
     opts: &'a PrepareOptions,
@@ -332,20 +400,38 @@ struct Chunks<'a> {
 }
 
 impl<'a> Chunks<'a> {
-    fn new(tsv: &'a Path, len: u64, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> DataResult<Chunks<'a>> {
-        let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
-        let chunk = opts.chunk_bytes.max(1);
+    fn new(tsv: &'a Path, feed: Feed, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> Chunks<'a> {
         let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
-        Ok(Chunks { tsv, src, len, chunk, count: len.div_ceil(chunk) as usize, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() })
+        Chunks { tsv, feed, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() }
+    }
+
+    fn failed(&self) -> bool {
+        self.state.lock().map_or(true, |st| st.failed.is_some())
     }
 
     /// One thread's work: chunks until none is left or the conversion failed.
     fn work(&self) {
         let (mut text, mut cols) = (Vec::new(), Columns::default());
         loop {
-            let c = self.claim.fetch_add(1, Ordering::Relaxed);
-            if c >= self.count || self.state.lock().map_or(true, |st| st.failed.is_some()) {
-                return;
+            let c = match &self.feed {
+                Feed::File { count, .. } => {
+                    let c = self.claim.fetch_add(1, Ordering::Relaxed);
+                    if c >= *count || self.failed() {
+                        return;
+                    }
+                    c
+                }
+                Feed::Stream(rx) => match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+                    Ok((c, t)) => {
+                        text = t;
+                        c
+                    }
+                    Err(_) => return,
+                },
+            };
+            if self.failed() {
+                // A stream is drained, so that its decoder never waits on a full channel.
+                continue;
             }
             if self.opts.cancelled() {
                 return self.fail(None, DataError::Cancelled { path: self.tsv.to_path_buf() });
@@ -379,10 +465,12 @@ impl<'a> Chunks<'a> {
     /// the next chunk) into `text` and parses it into `cols`: its report and its bytes'
     /// CRC-32.
     fn parse(&self, c: usize, text: &mut Vec<u8>, cols: &mut Columns) -> DataResult<(BadLineReport, Crc32)> {
-        let a = line_start(&self.src, self.tsv, c as u64 * self.chunk, self.len)?;
-        let b = line_start(&self.src, self.tsv, (c as u64 + 1) * self.chunk, self.len)?;
-        text.resize((b - a) as usize, 0);
-        read_at(&self.src, self.tsv, text, a)?;
+        if let Feed::File { src, len, chunk, .. } = &self.feed {
+            let a = line_start(src, self.tsv, c as u64 * chunk, *len)?;
+            let b = line_start(src, self.tsv, (c as u64 + 1) * chunk, *len)?;
+            text.resize((b - a) as usize, 0);
+            read_at(src, self.tsv, text, a)?;
+        }
         let mut report = BadLineReport::default();
         cols.clear();
         parse_text(text, self.opts.weight_column, cols, &mut report, u64::MAX);
@@ -434,22 +522,86 @@ impl<'a> Chunks<'a> {
         Some(DataError::TooManyBadLines { path: self.tsv.to_path_buf(), count: st.report.bad(), limit, at_line: line, first: st.report.first_lines() })
     }
 
+    /// Decodes the compressed source into chunks of whole lines (about
+    /// [`PrepareOptions::chunk_bytes`] each) sent to the threads in order, until its end or
+    /// a failure; returns the compressed bytes read and their CRC-32.
+    fn feed(&self, codec: Codec, tx: SyncSender<(usize, Vec<u8>)>) -> DataResult<(u64, u32)> {
+        let mut dec = Decoder::open(self.tsv, codec)?;
+        let size = self.opts.chunk_bytes.max(1) as usize;
+        let (mut carry, mut c) = (Vec::new(), 0usize);
+        while !self.failed() {
+            let mut buf = std::mem::take(&mut carry);
+            let start = buf.len();
+            buf.resize(start + size, 0);
+            let n = match dec.fill(&mut buf[start..]) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail(Some(c), e);
+                    break;
+                }
+            };
+            buf.truncate(start + n);
+            if n == 0 {
+                if !buf.is_empty() {
+                    let _ = tx.send((c, buf));
+                }
+                break;
+            }
+            match buf.iter().rposition(|&b| b == b'\n') {
+                Some(p) => carry = buf.split_off(p + 1),
+                // A line longer than a chunk: read on.
+                None => {
+                    carry = buf;
+                    continue;
+                }
+            }
+            if tx.send((c, buf)).is_err() {
+                break;
+            }
+            c += 1;
+        }
+        Ok(dec.source_read())
+    }
+
     /// Writes the columns of a committed chunk from row `at` on, each started back to disk.
     fn write(&self, at: u64, cols: &Columns) -> DataResult<()> {
-        let (file, l) = (self.out.file(), &self.layout);
-        // Without a weight column `cols.weights` is empty: nothing is written there.
-        let pieces: [(&[u8], u64); 4] = [
-            (bytemuck::cast_slice(&cols.labels), l.labels_offset + at * LABEL_BYTES),
-            (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * DENSE_BYTES),
-            (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * KEYS_BYTES),
-            (bytemuck::cast_slice(&cols.weights), l.weights_offset + at * WEIGHT_BYTES),
-        ];
-        for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
-            file.write_all_at(bytes, offset).map_err(|e| DataError::io(self.out.path(), "write", e))?;
-            write_back(file, offset, bytes.len() as u64);
-        }
-        Ok(())
+        write_columns(self.out, &self.layout, at, cols)
     }
+}
+
+/// Writes `cols` into the sections `l` of the cache being written, from row `at` on, each
+/// piece started back to disk.
+pub(crate) fn write_columns(out: &AtomicFile, l: &CacheLayout, at: u64, cols: &Columns) -> DataResult<()> {
+    let file = out.file();
+    // Without a weight column `cols.weights` is empty: nothing is written there.
+    let pieces: [(&[u8], u64); 4] = [
+        (bytemuck::cast_slice(&cols.labels), l.labels_offset + at * LABEL_BYTES),
+        (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * DENSE_BYTES),
+        (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * KEYS_BYTES),
+        (bytemuck::cast_slice(&cols.weights), l.weights_offset + at * WEIGHT_BYTES),
+    ];
+    for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
+        file.write_all_at(bytes, offset).map_err(|e| DataError::io(out.path(), "write", e))?;
+        write_back(file, offset, bytes.len() as u64);
+    }
+    Ok(())
+}
+
+/// Where a conversion's chunks come from.
+enum Feed {
+    /// A plain TSV, read by ranges.
+    File {
+        /// The source, open for reading.
+        src: File,
+        /// Its length in bytes.
+        len: u64,
+        /// Bytes per chunk (a chunk's lines are those that start in it).
+        chunk: u64,
+        /// Chunks in the source.
+        count: usize,
+    },
+    /// A decoded stream: chunks of whole lines with their index, in order.
+    Stream(Mutex<Receiver<(usize, Vec<u8>)>>),
 }
 
 /// Starts writing bytes `offset..offset + len` of `file` back to its disk, without waiting
@@ -468,7 +620,7 @@ fn write_back(file: &File, offset: u64, len: u64) {
 /// written, length set), reading it back on `threads` threads, and writes them at
 /// `layout.sums_offset`; returns their CRC-32. Read with `pread`, not mapped: the pages
 /// stay in the page cache, out of this process's resident set.
-fn write_sums(tmp: &AtomicFile, layout: &CacheLayout, threads: usize) -> DataResult<u32> {
+pub(crate) fn write_sums(tmp: &AtomicFile, layout: &CacheLayout, threads: usize) -> DataResult<u32> {
     // The AtomicFile is open for writing only: read it back through a second descriptor.
     let f = File::open(tmp.path()).map_err(|e| DataError::io(tmp.path(), "open", e))?;
     let block = CHECKSUM_BLOCK as u64;

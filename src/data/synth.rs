@@ -76,7 +76,7 @@ const CALIBRATION_ROWS: u64 = 20_000;
 /// Rows generated per parallel task.
 const CHUNK_ROWS: u64 = 4096;
 /// Bins of the probability histogram of the Bayes AUC.
-const AUC_BINS: usize = 1 << 16;
+pub(crate) const AUC_BINS: usize = 1 << 16;
 const ROW_SALT: u64 = 0x5359_4e54_4845_5449; // "SYNTHETI"
 /// Width of the planted deep part's input: the latent vectors of DEEP_FIELDS, the dense values.
 const DEEP_INPUT: usize = DEEP_FIELDS * LATENT_DIM + NUM_DENSE;
@@ -417,7 +417,7 @@ fn gen_chunk(p: &Planted, rows: std::ops::Range<u64>) -> Chunk {
 }
 
 /// AUC from per-bin counts of positives and negatives (ties within a bin count half).
-fn histogram_auc(pos: &[u64], neg: &[u64]) -> f64 {
+pub(crate) fn histogram_auc(pos: &[u64], neg: &[u64]) -> f64 {
     let (tp, tn): (u64, u64) = (pos.iter().sum(), neg.iter().sum());
     if tp == 0 || tn == 0 {
         return 0.5;

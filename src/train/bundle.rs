@@ -179,6 +179,10 @@ pub struct InputSpec {
     pub splitmix64: String,
     /// The order of the model's input vector.
     pub order: String,
+    /// How a Parquet file's single-hot columns become the same input (empty in bundles
+    /// written before Parquet inputs).
+    #[serde(default)]
+    pub parquet: String,
 }
 
 impl InputSpec {
@@ -197,6 +201,7 @@ impl InputSpec {
             key: "for categorical field f (C1 is f = 0): key = splitmix64(splitmix64(field_salt_base + f) ^ value) (mod 2^64), the missing value standing for an empty field; a key equal to 0xffffffffffffffff becomes 0xfffffffffffffffe".into(),
             splitmix64: "z = x + 0x9e3779b97f4a7c15; z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb; return z ^ (z >> 31); every operation mod 2^64".into(),
             order: "x = [row(key of C1), ..., row(key of C26), I1, ..., I13]: 26 x dim + 13 binary32 values".into(),
+            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order filling I1..I13 and C1..C26; a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; slots no column fills are missing; list columns (multi-hot) are not read".into(),
         }
     }
 }

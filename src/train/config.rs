@@ -198,6 +198,18 @@ settings! {
         /// Malformed input lines tolerated before stopping (they are counted and reported).
         #[setting(flag = "--max-bad-lines", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N", env = "RINGREC_MAX_BAD_LINES")]
         pub max_bad_lines: u64 = crate::data::criteo::DEFAULT_MAX_BAD_LINES,
+        /// A Parquet input's label column [default: label] (see `ringrec data prepare`).
+        #[setting(flag = "--label-column", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAME")]
+        pub label_column: Option<String> = None,
+        /// A Parquet input's dense feature columns, comma-separated: with --sparse-columns,
+        /// the only feature columns read [default: inferred: numbers dense, strings
+        /// categorical].
+        #[setting(flag = "--dense-columns", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAMES")]
+        pub dense_columns: Vec<String> = Vec::new(),
+        /// A Parquet input's categorical columns (one id a row; strings or integers),
+        /// comma-separated: with --dense-columns, the only feature columns read.
+        #[setting(flag = "--sparse-columns", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAMES")]
+        pub sparse_columns: Vec<String> = Vec::new(),
         /// Write checkpoints here (every --checkpoint-every steps and at the end).
         #[setting(flag = "--checkpoint-dir", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "DIR")]
         pub checkpoint_dir: Option<PathBuf> = None,
@@ -563,7 +575,8 @@ impl TrainConfig {
     /// training files (each one's identity, in order: [`data::TrainData::identity`]); `rows`
     /// are those of the first. The sub-configuration `weights` is recorded as one entry,
     /// `sample weights`, and only by a weighted run, so that checkpoints of unweighted runs
-    /// stay resumable by any version ([`weights::describe`] names every weight flag).
+    /// stay resumable by any version ([`weights::describe`] names every weight flag); a
+    /// Parquet input's named columns likewise (`Parquet columns`).
     pub fn resume_settings(&self, data_identity: &str, rows: usize) -> Vec<(&'static str, String)> {
         let mut v = Vec::new();
         for s in TrainConfig::SETTINGS.iter().filter(|s| s.scope == Scope::Resumed) {
@@ -576,7 +589,25 @@ impl TrainConfig {
         if self.weights.active() {
             v.push(("sample weights", weights::describe(&self.weights)));
         }
+        if let Some(columns) = self.parquet_columns() {
+            v.push(("Parquet columns", columns));
+        }
         v
+    }
+
+    /// A Parquet input's named columns as flags (`None` when none is named: the schema is
+    /// inferred from the files, which `--data`'s identity pins). Recorded by a checkpoint
+    /// only when given, so that older checkpoints stay resumable.
+    fn parquet_columns(&self) -> Option<String> {
+        if self.label_column.is_none() && self.dense_columns.is_empty() && self.sparse_columns.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "--label-column {} --dense-columns {} --sparse-columns {}",
+            self.label_column.as_deref().unwrap_or("label"),
+            self.dense_columns.join(","),
+            self.sparse_columns.join(",")
+        ))
     }
 
     /// Every setting that must be the same on every rank (`Topology::agree_settings`): the
@@ -720,5 +751,8 @@ mod tests {
         let mut w = c.clone();
         w.weights.merge_duplicates = true;
         assert_eq!(w.resume_settings("ID", 7).last().map(|(k, _)| *k), Some("sample weights"));
+        let mut p = c.clone();
+        p.sparse_columns = vec!["user".into(), "item".into()];
+        assert_eq!(p.resume_settings("ID", 7).last(), Some(&("Parquet columns", "--label-column label --dense-columns  --sparse-columns user,item".to_string())));
     }
 }

@@ -153,6 +153,8 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, "create the data directory", e))?;
         let files = if cfg.data.is_empty() { vec![default_set(dir, cfg.synth_rows)?] } else { inputs::resolve("--data", &cfg.data)? };
         let eval = inputs::resolve("--eval-data", &cfg.eval_data)?;
+        let all: Vec<PathBuf> = files.iter().chain(&eval).cloned().collect();
+        crate::data::parquet_file::check_same_schema(&all, &prepare_options(cfg))?;
         if files.len() > 1 && cfg.test_fraction.is_some() {
             return Err(DataError::InvalidArgument(format!(
                 "--test-fraction holds out the last rows of a single --data file, and --data names {} files; hold a file out with --eval-data instead",
@@ -169,7 +171,7 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
         files: files.into_iter().map(|path| TrainFile { path, ds: None, rows: 0, order: None, touched: false, weights: None }).collect(),
         held_out: HeldOut::Files(eval),
         cache_dir: dir.join("cache"),
-        prepare: PrepareOptions::new(cfg.max_bad_lines).weight_column(cfg.weights.weight_column),
+        prepare: prepare_options(cfg),
         preparer: None,
         report: topo.rank == 0,
         weighting,
@@ -555,6 +557,13 @@ impl Drop for Preparer {
             let _ = t.join();
         }
     }
+}
+
+/// How the run's inputs are prepared: `--max-bad-lines`, `--weight-column` and a Parquet
+/// input's `--label-column`, `--dense-columns` and `--sparse-columns`.
+fn prepare_options(cfg: &TrainConfig) -> PrepareOptions {
+    let opts = PrepareOptions::new(cfg.max_bad_lines).weight_column(cfg.weights.weight_column);
+    PrepareOptions { label_column: cfg.label_column.clone(), dense_columns: cfg.dense_columns.clone(), sparse_columns: cfg.sparse_columns.clone(), ..opts }
 }
 
 #[cfg(test)]

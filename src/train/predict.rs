@@ -122,6 +122,13 @@ pub struct PredictConfig {
     /// `--weight-column`: the lines have 41 fields, the weight in this one (read past: a
     /// score does not depend on a weight); `None`: Criteo's 40.
     pub weight_column: Option<u32>,
+    /// A Parquet input's label column and feature columns, as `train` read them
+    /// (`--label-column`, `--dense-columns`, `--sparse-columns`).
+    pub label_column: Option<String>,
+    /// See `label_column`.
+    pub dense_columns: Vec<String>,
+    /// See `label_column`.
+    pub sparse_columns: Vec<String>,
     /// Host collectives backend (`None`: the best for the topology).
     pub backend: Option<Backend>,
     /// `--require-newest`: a checkpoint directory whose newest checkpoint is damaged is an
@@ -229,6 +236,9 @@ impl PredictConfig {
             ("--device", self.device.to_string()),
             ("--max-bad-lines", self.max_bad_lines.to_string()),
             ("--weight-column", crate::settings::SettingValue::show(&self.weight_column)),
+            ("--label-column", crate::settings::SettingValue::show(&self.label_column)),
+            ("--dense-columns", self.dense_columns.join(",")),
+            ("--sparse-columns", self.sparse_columns.join(",")),
             ("--require-newest", self.require_newest.to_string()),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
@@ -267,6 +277,7 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
 /// whether all could and that they agree on its rows.
 fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
     let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo)).weight_column(cfg.weight_column);
+    let opts = PrepareOptions { label_column: cfg.label_column.clone(), dense_columns: cfg.dense_columns.clone(), sparse_columns: cfg.sparse_columns.clone(), ..opts };
     let ds = topo.agree(super::data::open_one(path, &cfg.data_dir.join("cache"), &opts).map_err(|e| e.to_string()))?;
     topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
     Ok(ds)

@@ -1,0 +1,422 @@
+//! Parquet inputs: a file's columns mapped onto the model's inputs (its *schema*) and read,
+//! row group by row group on every core, into the same mapped cache a TSV is prepared into.
+//!
+//! # Schema
+//!
+//! The label is the column `label`, or the one [`PrepareOptions::label_column`] names
+//! (boolean, integer or floating point, 0 or 1). The features are every other column,
+//! inferred by type, or — when [`PrepareOptions::dense_columns`] or
+//! [`PrepareOptions::sparse_columns`] name any — exactly the columns they name (the others
+//! are not read):
+//!
+//! | column | inferred as | becomes |
+//! |---|---|---|
+//! | integer or boolean | dense | a dense feature, `ln(1 + max(x, 0))` as Criteo's integers |
+//! | floating point | dense | a dense feature, as it is |
+//! | string or binary (dictionary-encoded or not) | categorical | one id, hashed with the field's number as a TSV's (a string of 1 to 16 hex digits is the number it spells, as in a TSV; other strings their FNV-1a digest) |
+//! | integer named categorical | - | one id: the integer, hashed with the field's number |
+//! | a list (multi-hot) | refused | refused for now: multi-hot fields are not trained yet |
+//!
+//! Dense and categorical fields take the model's slots in column order; the slots a file
+//! does not fill are those of an empty TSV field (0.0, the field's missing-value key), so a
+//! Parquet file with Criteo's shape (a label, 13 integers, 26 hex strings) gives the very
+//! cache its TSV gives. Nulls are allowed in features and counted (an empty TSV field's
+//! value); a null label is an error. More than 13 dense or 26 categorical columns are
+//! refused naming the first one the model cannot take yet.
+//!
+//! Every failure — a file cut short, a column of the wrong type, a value out of range — is
+//! [`DataError::Parquet`], naming the file, the row group and the column.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use ::parquet::basic::Type as PhysicalType;
+use ::parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use ::parquet::data_type::DataType;
+use ::parquet::file::reader::{FileReader, SerializedFileReader};
+use ::parquet::schema::types::ColumnDescriptor;
+
+use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE};
+use super::criteo::{category_key, dense_value, missing_key, Columns, NUM_DENSE, NUM_SPARSE};
+use super::error::{DataError, DataResult};
+use super::prepare::{count_lines, on_threads, write_columns, write_sums, PrepareOptions, PrepareSummary};
+use crate::fileio::{reserve, AtomicFile};
+
+/// The magic bytes that start (and end) a Parquet file.
+pub const MAGIC: &[u8; 4] = b"PAR1";
+
+/// What a column is to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The row's label.
+    Label,
+    /// Dense feature `slot` (0-based), `ln(1 + max(x, 0))` when `log`.
+    Dense {
+        /// Its slot among the 13.
+        slot: usize,
+        /// Whether the log transform applies.
+        log: bool,
+    },
+    /// Categorical field `slot` (0-based): one id a row.
+    Sparse {
+        /// Its slot among the 26.
+        slot: usize,
+    },
+}
+
+/// One column of the file and what it becomes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Field {
+    /// Its index among the file's leaf columns.
+    pub column: usize,
+    /// Its name.
+    pub name: String,
+    /// What it becomes.
+    pub role: Role,
+}
+
+/// A file's columns mapped onto the model's inputs (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Schema {
+    /// The columns read, the label first.
+    pub fields: Vec<Field>,
+}
+
+/// The kinds of leaf column the schema tells apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    Int,
+    Float,
+    Text,
+    List,
+    Other,
+}
+
+fn kind_of(c: &ColumnDescriptor) -> Kind {
+    if c.max_rep_level() > 0 {
+        return Kind::List;
+    }
+    match c.physical_type() {
+        PhysicalType::BOOLEAN => Kind::Bool,
+        PhysicalType::INT32 | PhysicalType::INT64 => Kind::Int,
+        PhysicalType::FLOAT | PhysicalType::DOUBLE => Kind::Float,
+        PhysicalType::BYTE_ARRAY | PhysicalType::FIXED_LEN_BYTE_ARRAY => Kind::Text,
+        _ => Kind::Other,
+    }
+}
+
+/// A column's name: its top-level field (a list's leaf is `name.list.element`).
+fn top_name(c: &ColumnDescriptor) -> String {
+    c.path().parts().first().cloned().unwrap_or_else(|| c.name().to_string())
+}
+
+impl Schema {
+    /// The schema of the file `path` whose leaf columns are `columns`, as `opts` says.
+    pub fn infer(path: &Path, columns: &[std::sync::Arc<ColumnDescriptor>], opts: &PrepareOptions) -> DataResult<Schema> {
+        let refuse = |column: &str, reason: String| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{column}`"), detail: reason };
+        let label = opts.label_column.as_deref().unwrap_or("label");
+        let Some(li) = columns.iter().position(|c| top_name(c) == label) else {
+            let names: Vec<String> = columns.iter().map(|c| top_name(c)).collect();
+            return Err(refuse(label, format!("no such column (the file has {}); name the label column with --label-column", names.join(", "))));
+        };
+        if !matches!(kind_of(&columns[li]), Kind::Bool | Kind::Int | Kind::Float) {
+            return Err(refuse(label, format!("the label is of type {}, not a boolean or a number", columns[li].physical_type())));
+        }
+        let mut fields = vec![Field { column: li, name: label.to_string(), role: Role::Label }];
+        let named = !opts.dense_columns.is_empty() || !opts.sparse_columns.is_empty();
+        for (flag, list) in [("--dense-columns", &opts.dense_columns), ("--sparse-columns", &opts.sparse_columns)] {
+            for name in list {
+                if !columns.iter().any(|c| top_name(c) == *name) {
+                    return Err(refuse(name, format!("no such column, but {flag} names it")));
+                }
+            }
+        }
+        let (mut dense, mut sparse) = (0usize, 0usize);
+        for (i, c) in columns.iter().enumerate().filter(|&(i, _)| i != li) {
+            let name = top_name(c);
+            let kind = kind_of(c);
+            let (as_dense, as_sparse) = if named {
+                (opts.dense_columns.contains(&name), opts.sparse_columns.contains(&name))
+            } else {
+                (kind != Kind::Text, kind == Kind::Text)
+            };
+            if !as_dense && !as_sparse {
+                continue;
+            }
+            let role = match kind {
+                Kind::List => return Err(refuse(&name, "a list column (multi-hot): multi-hot fields are not trained yet (their pooling is a later part of issue 33); leave it out (or out of --sparse-columns)".into())),
+                Kind::Other => return Err(refuse(&name, format!("of type {}, which ringrec does not read (a feature is a boolean, a number or a string)", c.physical_type()))),
+                _ if as_dense && as_sparse => return Err(refuse(&name, "named by both --dense-columns and --sparse-columns".into())),
+                Kind::Text if as_dense => return Err(refuse(&name, "a string column cannot be a dense feature (--dense-columns)".into())),
+                Kind::Float if as_sparse => return Err(refuse(&name, "a floating-point column cannot be a categorical field (--sparse-columns)".into())),
+                _ if as_sparse => {
+                    sparse += 1;
+                    Role::Sparse { slot: sparse - 1 }
+                }
+                _ => {
+                    dense += 1;
+                    Role::Dense { slot: dense - 1, log: kind != Kind::Float }
+                }
+            };
+            if dense > NUM_DENSE {
+                return Err(refuse(&name, format!("would be dense feature {dense}: the model takes {NUM_DENSE} dense features, and fields beyond them are not trained yet")));
+            }
+            if sparse > NUM_SPARSE {
+                return Err(refuse(&name, format!("would be categorical field {sparse}: the model takes {NUM_SPARSE} categorical fields, and fields beyond them are not trained yet")));
+            }
+            fields.push(Field { column: i, name, role });
+        }
+        Ok(Schema { fields })
+    }
+}
+
+/// The key of a string value of categorical field `slot`: the number its 1 to 16 hex digits
+/// spell (as a TSV's), else its FNV-1a digest; an empty string is the missing value.
+fn text_key(slot: usize, bytes: &[u8]) -> u64 {
+    if bytes.is_empty() {
+        return missing_key(slot);
+    }
+    category_key(slot, super::criteo::parse_hex(bytes).unwrap_or_else(|| crate::hash::fnv1a64(bytes)))
+}
+
+/// Where the values of one column go in a row group's columns.
+struct Sink<'a> {
+    role: Role,
+    /// The group's first row in the file (messages number rows in the file, from 0).
+    base: u64,
+    cols: &'a mut Columns,
+}
+
+impl Sink<'_> {
+    fn label(&mut self, row: usize, x: f64) -> Result<(), String> {
+        if x != 0.0 && x != 1.0 {
+            return Err(format!("row {}: label {x} is not 0 or 1", self.base + row as u64));
+        }
+        self.cols.labels[row] = x as f32;
+        Ok(())
+    }
+
+    fn int(&mut self, row: usize, x: i64) -> Result<(), String> {
+        match self.role {
+            Role::Label => self.label(row, x as f64)?,
+            Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { dense_value(x) } else { x as f32 },
+            Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = category_key(slot, x as u64),
+        }
+        Ok(())
+    }
+
+    fn float(&mut self, row: usize, x: f64) -> Result<(), String> {
+        match self.role {
+            Role::Label => self.label(row, x)?,
+            Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { x.max(0.0).ln_1p() as f32 } else { x as f32 },
+            Role::Sparse { .. } => return Err("a floating-point column cannot be categorical".into()),
+        }
+        Ok(())
+    }
+
+    fn text(&mut self, row: usize, bytes: &[u8]) -> Result<(), String> {
+        match self.role {
+            Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = text_key(slot, bytes),
+            _ => return Err("a string column can only be categorical".into()),
+        }
+        Ok(())
+    }
+}
+
+/// Reads the `rows` values of a flat column, handing each non-null one to `put` with its
+/// row; returns the nulls.
+fn read_flat<T: DataType>(r: &mut ColumnReaderImpl<T>, rows: usize, max_def: i16, mut put: impl FnMut(usize, &T::T) -> Result<(), String>) -> Result<u64, String> {
+    let (mut defs, mut values) = (Vec::new(), Vec::new());
+    let (mut row, mut nulls) = (0usize, 0u64);
+    while row < rows {
+        defs.clear();
+        values.clear();
+        let (records, _, _) = r.read_records(rows - row, (max_def > 0).then_some(&mut defs), None, &mut values).map_err(|e| e.to_string())?;
+        if records == 0 {
+            return Err(format!("the column ends at row {row} of the group's {rows}"));
+        }
+        if max_def == 0 {
+            for (i, v) in values.iter().enumerate().take(records) {
+                put(row + i, v)?;
+            }
+        } else {
+            let mut vi = values.iter();
+            for (i, &d) in defs.iter().enumerate().take(records) {
+                if d == max_def {
+                    let v = vi.next().ok_or("fewer values than definition levels")?;
+                    put(row + i, v)?;
+                } else {
+                    nulls += 1;
+                }
+            }
+        }
+        row += records;
+    }
+    Ok(nulls)
+}
+
+/// Reads row group `g` (of `rows` rows, the first row `base` of the file) into `cols`: the label, 13 dense values and 26 keys
+/// a row. Returns its nulls.
+fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, base: u64, rows: usize, cols: &mut Columns) -> DataResult<u64> {
+    cols.clear();
+    cols.labels.resize(rows, f32::NAN);
+    cols.dense.resize(rows * NUM_DENSE, 0.0);
+    cols.keys.extend((0..rows).flat_map(|_| (0..NUM_SPARSE).map(missing_key)));
+    let fail = |column: &str, detail: String| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}, column `{column}`"), detail };
+    let group = reader.get_row_group(g).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}"), detail: e.to_string() })?;
+    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+    let mut nulls = 0;
+    for f in &schema.fields {
+        let max_def = descr.column(f.column).max_def_level();
+        let mut sink = Sink { role: f.role, base, cols: &mut *cols };
+        let column = group.get_column_reader(f.column).map_err(|e| fail(&f.name, e.to_string()))?;
+        let n = match column {
+            ColumnReader::BoolColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, &v| sink.int(row, i64::from(v))),
+            ColumnReader::Int32ColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, &v| sink.int(row, i64::from(v))),
+            ColumnReader::Int64ColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, &v| sink.int(row, v)),
+            ColumnReader::FloatColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, &v| sink.float(row, f64::from(v))),
+            ColumnReader::DoubleColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, &v| sink.float(row, v)),
+            ColumnReader::ByteArrayColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, v| sink.text(row, v.data())),
+            ColumnReader::FixedLenByteArrayColumnReader(mut r) => read_flat(&mut r, rows, max_def, |row, v| sink.text(row, v.data())),
+            ColumnReader::Int96ColumnReader(_) => Err("INT96 columns are not read".into()),
+        }
+        .map_err(|e| fail(&f.name, e))?;
+        if f.role == Role::Label && n > 0 {
+            let row = cols.labels.iter().position(|l| l.is_nan()).unwrap_or(0);
+            return Err(fail(&f.name, format!("row {}: the label is null ({n} null label(s) in the group)", base + row as u64)));
+        }
+        nulls += n;
+    }
+    Ok(nulls)
+}
+
+/// Opens `path` as a Parquet file.
+fn open(path: &Path) -> DataResult<SerializedFileReader<std::fs::File>> {
+    let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
+    SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })
+}
+
+/// The schema of the Parquet file `path`, as `opts` says.
+pub fn schema_of(path: &Path, opts: &PrepareOptions) -> DataResult<Schema> {
+    let reader = open(path)?;
+    Schema::infer(path, reader.metadata().file_metadata().schema_descr().columns(), opts)
+}
+
+/// Converts the Parquet file `src` into the cache file `out` (written atomically, mode 0600)
+/// on `opts.threads` threads, each reading whole row groups and writing them at their rows.
+pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<PrepareSummary> {
+    if opts.weight_column.is_some() {
+        return Err(DataError::InvalidArgument(format!("{}: --weight-column numbers a TSV's fields; a Parquet file's weights are not read yet", src.display())));
+    }
+    let source = SourceStat::of(src)?;
+    let reader = open(src)?;
+    let schema = Schema::infer(src, reader.metadata().file_metadata().schema_descr().columns(), opts)?;
+    let groups: Vec<u64> = reader.metadata().row_groups().iter().map(|g| g.num_rows().max(0) as u64).collect();
+    let starts: Vec<u64> = groups.iter().scan(0u64, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+    let rows: u64 = groups.iter().sum();
+    if rows == 0 {
+        return Err(DataError::NoRows { path: src.to_path_buf(), lines: 0 });
+    }
+    let threads = opts.threads.max(1);
+    let (_, source_crc32) = count_lines(src, source.size, threads)?;
+    let layout = CacheLayout::compute(rows, rows, false).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
+    let tmp = AtomicFile::create(out, CACHE_MODE)?;
+    reserve(tmp.file(), tmp.path(), layout.file_len)?;
+    tmp.file().set_len(layout.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+
+    let (claim, stop, nulls) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
+    let failures = on_threads(threads.min(groups.len()), |_| -> Vec<(usize, DataError)> {
+        // A reader of its own: the crate reads a `File` through clones of its descriptor,
+        // which share one offset, so one reader cannot serve several threads.
+        let reader = match open(src) {
+            Ok(r) => r,
+            Err(e) => return vec![(0, e)],
+        };
+        let mut cols = Columns::default();
+        loop {
+            let g = claim.fetch_add(1, Ordering::Relaxed);
+            if g >= groups.len() || stop.load(Ordering::Relaxed) {
+                return Vec::new();
+            }
+            if opts.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return vec![(g, DataError::Cancelled { path: src.to_path_buf() })];
+            }
+            // A reader that panics on a damaged file is an error naming the row group.
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)));
+            let read = read.unwrap_or_else(|_| Err(DataError::Parquet { path: src.to_path_buf(), at: format!("row group {g}"), detail: "the Parquet reader failed on it (a damaged file)".into() }));
+            let done = read.and_then(|n| {
+                nulls.fetch_add(n, Ordering::Relaxed);
+                write_columns(&tmp, &layout, starts[g], &cols)
+            });
+            if let Err(e) = done {
+                stop.store(true, Ordering::Relaxed);
+                return vec![(g, e)];
+            }
+        }
+    });
+    // The first failure in file order.
+    if let Some((_, e)) = failures.into_iter().flatten().min_by_key(|(g, _)| *g) {
+        return Err(e);
+    }
+    let sums_crc32 = write_sums(&tmp, &layout, threads)?;
+    let now = SourceStat::of(src)?;
+    let prepared_ns = now_ns();
+    if now != source {
+        return Err(DataError::SourceChanged { path: src.to_path_buf(), detail: format!("its stat was {source:?} before reading and is {now:?} after") });
+    }
+    let report = super::criteo::BadLineReport { lines: rows, rows, ..Default::default() };
+    let header = CacheHeader {
+        rows,
+        row_capacity: rows,
+        lines: rows,
+        bad_lines: 0,
+        bad_counts: [0; 7],
+        weight_column: None,
+        source,
+        source_crc32,
+        prepared_ns,
+        sums_crc32,
+        layout,
+    };
+    use std::os::unix::fs::FileExt;
+    tmp.file().write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    tmp.commit()?;
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, report, nulls: nulls.into_inner() })
+}
+
+/// Whether `path` starts with Parquet's magic.
+pub fn is_parquet(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut head)).is_ok_and(|_| head == *MAGIC)
+}
+
+/// Refuses Parquet inputs whose schemas differ (as `opts` infers them): the first that
+/// differs from the first Parquet file of `files`, naming the column. Other files pass.
+pub fn check_same_schema(files: &[std::path::PathBuf], opts: &PrepareOptions) -> DataResult<()> {
+    let mut first: Option<(&Path, Schema)> = None;
+    for path in files.iter().filter(|p| is_parquet(p)) {
+        let schema = schema_of(path, opts)?;
+        let Some((first_path, want)) = &first else {
+            first = Some((path, schema));
+            continue;
+        };
+        let described = |s: &Schema, i: usize| s.fields.get(i).map_or("absent".to_string(), |f| format!("`{}` ({:?})", f.name, f.role));
+        if let Some(i) = (0..schema.fields.len().max(want.fields.len())).find(|&i| schema.fields.get(i) != want.fields.get(i)) {
+            let name = schema.fields.get(i).or(want.fields.get(i)).map_or(String::new(), |f| f.name.clone());
+            return Err(DataError::Parquet {
+                path: path.clone(),
+                at: format!("column `{name}`"),
+                detail: format!(
+                    "the schema differs from that of {}: its input {i} is {} here and {} there; every Parquet input of a run must have the same columns",
+                    first_path.display(),
+                    described(&schema, i),
+                    described(want, i)
+                ),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Inputs beyond the plain Criteo TSV (issue 33): gzip- and zstd-compressed TSVs, and Parquet
+//! files — written by ringrec's own writer and, independently, by pyarrow (the tests' venv:
+//! scripts/test-venv.sh; those tests are skipped without it, a failure in CI). Each prepared
+//! cache is compared with the one its plain TSV gives, or with values computed here from
+//! what the writer wrote; each bad file is a clear error naming it, never a panic.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ringrec::data::cache::Dataset;
+use ringrec::data::criteo::{category_key, dense_value, missing_key, NUM_DENSE, NUM_SPARSE};
+use ringrec::data::parquet_file::check_same_schema;
+use ringrec::data::parquet_write::tsv_to_parquet;
+use ringrec::data::prepare::{prepare_with, PrepareOptions};
+use ringrec::data::synth;
+use ringrec::hash::{crc32, fnv1a64};
+
+fn dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("formats-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A cache's labels, dense values and keys.
+fn columns(p: &Path) -> (Vec<f32>, Vec<f32>, Vec<u64>) {
+    let ds = Dataset::open(p).unwrap();
+    (ds.labels().to_vec(), ds.dense_all().to_vec(), ds.keys_all().to_vec())
+}
+
+fn opts(max_bad_lines: u64) -> PrepareOptions {
+    PrepareOptions { chunk_bytes: 64 << 10, ..PrepareOptions::new(max_bad_lines) }.threads(3)
+}
+
+fn gzip(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(p).unwrap();
+        out.extend(e.finish().unwrap());
+    }
+    out
+}
+
+/// Zstandard frames with their content checksums, as the `zstd` tool writes them.
+fn zstd_frames(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        e.include_checksum(true).unwrap();
+        e.write_all(p).unwrap();
+        out.extend(e.finish().unwrap());
+    }
+    out
+}
+
+#[test]
+fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
+    let d = dir("compressed");
+    let tsv = d.join("day_0.tsv");
+    synth(&tsv, 30_000, 7).unwrap();
+    let mut text = std::fs::read(&tsv).unwrap();
+    text.extend_from_slice(b"2\tnot a line\n");
+    std::fs::write(&tsv, &text).unwrap();
+    let want = prepare_with(&tsv, &d.join("tsv.rrdata"), &opts(10)).unwrap();
+    assert_eq!((want.rows, want.report.lines, want.report.bad()), (30_000, 30_001, 1));
+    let half = text[..text.len() / 2].iter().rposition(|&b| b == b'\n').unwrap() + 1;
+    let (a, b) = text.split_at(half);
+    // Two gzip members (as pigz / bgzip / `cat a.gz b.gz` write), two zstd frames.
+    for (name, bytes) in [("day_0.tsv.gz", gzip(&[a, b])), ("day_0.tsv.zst", zstd_frames(&[a, b])), ("one.gz", gzip(&[&text]))] {
+        let p = d.join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let out = d.join(format!("{name}.rrdata"));
+        let s = prepare_with(&p, &out, &opts(10)).unwrap();
+        assert_eq!((s.rows, &s.report), (want.rows, &want.report), "{name}: the rows and the bad-line report of its text");
+        assert_eq!(s.source_crc32, crc32(&bytes), "{name}: the content digest is the compressed file's");
+        assert_eq!(columns(&out), columns(&want.path), "{name}: the same cache as its text's");
+        // Prepared once, then reused while its stat holds.
+        let cache = d.join("cache");
+        let first = Dataset::from_tsv_cached_with(&p, &cache, &opts(10)).unwrap().header().prepared_ns;
+        let again = Dataset::from_tsv_cached_with(&p, &cache, &opts(10)).unwrap().header().prepared_ns;
+        assert_eq!(first, again, "{name}: the cache is reused");
+        // The bad-line limit counts as for the TSV.
+        let e = prepare_with(&p, &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
+        assert!(e.contains("1 malformed line(s) by line 30001, more than --max-bad-lines 0"), "{e}");
+    }
+    // Cut short and damaged: errors naming the file, the byte and the line.
+    for (name, bytes) in [("cut.gz", gzip(&[&text])), ("cut.zst", zstd_frames(&[&text]))] {
+        let codec = if name.ends_with("gz") { "gzip" } else { "zstd" };
+        let p = d.join(name);
+        std::fs::write(&p, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let e = prepare_with(&p, &d.join("x.rrdata"), &opts(10)).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: its {codec} stream is cut short at byte ", p.display())) && e.contains("(line "), "{e}");
+        let mut bad = bytes.clone();
+        bad[bytes.len() / 2..bytes.len() / 2 + 100].fill(0x55);
+        std::fs::write(&p, &bad).unwrap();
+        // Every malformed line tolerated: the codec's own check (a CRC-32 per gzip member,
+        // a checksum per zstd frame) names the damage.
+        let e = prepare_with(&p, &d.join("x.rrdata"), &opts(u64::MAX)).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: its {codec} stream is damaged at byte ", p.display())), "{e}");
+        assert!(!d.join("x.rrdata").exists());
+    }
+    // bzip2 and xz are still refused saying what to do.
+    let p = d.join("day.bz2");
+    std::fs::write(&p, b"BZh91AY&SY").unwrap();
+    let e = prepare_with(&p, &d.join("x.rrdata"), &opts(10)).unwrap_err().to_string();
+    assert!(e.contains("it is bzip2-compressed") && e.contains("bunzip2 -k"), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_criteo_shaped_parquet_file_gives_the_cache_of_its_tsv() {
+    let d = dir("criteo-parquet");
+    let tsv = d.join("day_0.tsv");
+    synth(&tsv, 20_000, 3).unwrap();
+    let want = prepare_with(&tsv, &d.join("tsv.rrdata"), &opts(0)).unwrap();
+    let pq = d.join("day_0.parquet");
+    assert_eq!(tsv_to_parquet(&tsv, &pq, 3_000).unwrap(), 20_000);
+    for threads in [1, 4] {
+        let out = d.join(format!("pq{threads}.rrdata"));
+        let s = prepare_with(&pq, &out, &opts(0).threads(threads)).unwrap();
+        assert_eq!(s.rows, 20_000);
+        assert_eq!(columns(&out), columns(&want.path), "{threads} thread(s): the same cache as the TSV's");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Writes the pyarrow test files into `d` (see the script).
+const PYARROW_FILES: &str = r#"
+import sys, pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+n = 1000
+label = pa.array([i % 3 == 0 for i in range(n)], pa.bool_())
+count = pa.array([None if i % 7 == 0 else i - 10 for i in range(n)], pa.int32())
+price = pa.array([i * 0.25 for i in range(n)], pa.float64())
+item = pa.array([None if i % 5 == 0 else f"item-{i % 37}" for i in range(n)], pa.string()).dictionary_encode()
+user = pa.array([i * 1000003 for i in range(n)], pa.int64())
+big = pa.array([f"q{i % 11}" for i in range(n)], pa.large_string())
+good = pa.table({"y": label, "count": count, "price": price, "item": item, "user": user, "query": big})
+pq.write_table(good, f"{d}/good.parquet", row_group_size=128)
+tags = pa.array([[i, i + 1] if i % 4 else [] for i in range(n)], pa.list_(pa.int64()))
+pq.write_table(pa.table({"y": label, "tags": tags}), f"{d}/list.parquet", row_group_size=100)
+large = pa.array([[i] for i in range(n)], pa.large_list(pa.int64()))
+pq.write_table(pa.table({"y": label, "hist": large}), f"{d}/large_list.parquet")
+pq.write_table(pa.table({"y": pa.array([str(i % 2) for i in range(n)]), "price": price}), f"{d}/string_label.parquet")
+bad = pa.array([2 if i == 517 else i % 2 for i in range(n)], pa.int64())
+pq.write_table(pa.table({"y": bad, "price": price}), f"{d}/label_2.parquet", row_group_size=100)
+nul = pa.array([None if i == 250 else i % 2 for i in range(n)], pa.int64())
+pq.write_table(pa.table({"y": nul, "price": price}), f"{d}/null_label.parquet", row_group_size=100)
+raw = open(f"{d}/good.parquet", "rb").read()
+open(f"{d}/cut.parquet", "wb").write(raw[: len(raw) * 2 // 3])
+"#;
+
+#[test]
+fn parquet_files_written_by_pyarrow_are_read_as_written() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let d = dir("pyarrow");
+    let ok = Command::new(&py).args(["-c", PYARROW_FILES]).arg(&d).status().unwrap();
+    assert!(ok.success(), "the pyarrow script failed");
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let o = PrepareOptions { label_column: Some("y".into()), dense_columns: names(&["count", "price"]), sparse_columns: names(&["item", "user", "query"]), ..opts(0) };
+
+    // Row groups of 128 rows, dictionary-encoded strings, a large string, nulls.
+    let out = d.join("good.rrdata");
+    let s = prepare_with(&d.join("good.parquet"), &out, &o).unwrap();
+    let n = 1000usize;
+    assert_eq!(s.rows, n as u64);
+    assert_eq!(s.nulls, (0..n).filter(|i| i % 7 == 0).count() as u64 + (0..n).filter(|i| i % 5 == 0).count() as u64);
+    let (labels, dense, keys) = columns(&out);
+    for i in 0..n {
+        assert_eq!(labels[i], f32::from(i % 3 == 0), "row {i}");
+        let row = &dense[i * NUM_DENSE..(i + 1) * NUM_DENSE];
+        let count = if i % 7 == 0 { 0.0 } else { dense_value(i as i64 - 10) };
+        assert_eq!(row[..2], [count, (i as f64 * 0.25) as f32], "row {i}: count (log), price (as is)");
+        assert!(row[2..].iter().all(|&x| x == 0.0), "row {i}: the slots no column fills are 0");
+        let row = &keys[i * NUM_SPARSE..(i + 1) * NUM_SPARSE];
+        let item = if i % 5 == 0 { missing_key(0) } else { category_key(0, fnv1a64(format!("item-{}", i % 37).as_bytes())) };
+        let user = category_key(1, (i as u64) * 1000003);
+        let query = category_key(2, fnv1a64(format!("q{}", i % 11).as_bytes()));
+        assert_eq!(row[..3], [item, user, query], "row {i}: item (dictionary), user (an integer in --sparse-columns), query (large string)");
+        assert!(row[3..].iter().enumerate().all(|(j, &k)| k == missing_key(3 + j)), "row {i}: the fields no column fills are missing");
+    }
+
+    // Inferred, the integer `user` is a dense feature, the strings categorical.
+    let inferred = PrepareOptions { label_column: Some("y".into()), ..opts(0) };
+    prepare_with(&d.join("good.parquet"), &out, &inferred).unwrap();
+    let (_, dense2, keys2) = columns(&out);
+    assert_eq!(dense2[2], dense_value(0), "row 0: user 0, dense (log)");
+    assert_eq!(dense2[NUM_DENSE + 2], dense_value(1000003), "row 1: user, dense (log)");
+    assert_eq!(keys2[NUM_SPARSE + 1], category_key(1, fnv1a64(b"q1")), "row 1: query is field 2 now");
+    // Named columns that are not there, or cannot be what they are named as.
+    let named = |dense: &[&str], sparse: &[&str]| PrepareOptions { dense_columns: names(dense), sparse_columns: names(sparse), ..inferred.clone() };
+    let e = prepare_with(&d.join("good.parquet"), &out, &named(&["cost"], &[])).unwrap_err().to_string();
+    assert!(e.ends_with("column `cost`: no such column, but --dense-columns names it"), "{e}");
+    let e = prepare_with(&d.join("good.parquet"), &out, &named(&["item"], &[])).unwrap_err().to_string();
+    assert!(e.ends_with("column `item`: a string column cannot be a dense feature (--dense-columns)"), "{e}");
+    let e = prepare_with(&d.join("good.parquet"), &out, &named(&[], &["price"])).unwrap_err().to_string();
+    assert!(e.ends_with("column `price`: a floating-point column cannot be a categorical field (--sparse-columns)"), "{e}");
+
+    // Each bad case: the file, the row group or footer, the column.
+    let o = inferred;
+    let err = |name: &str| prepare_with(&d.join(name), &d.join("x.rrdata"), &o).unwrap_err().to_string();
+    let path = |name: &str| d.join(name).display().to_string();
+    let e = err("list.parquet");
+    assert!(e.starts_with(&format!("{}: column `tags`: a list column (multi-hot)", path("list.parquet"))) && e.contains("not trained yet"), "{e}");
+    let e = err("large_list.parquet");
+    assert!(e.starts_with(&format!("{}: column `hist`: a list column (multi-hot)", path("large_list.parquet"))), "{e}");
+    let e = err("string_label.parquet");
+    assert!(e.starts_with(&format!("{}: column `y`: the label is of type BYTE_ARRAY, not a boolean or a number", path("string_label.parquet"))), "{e}");
+    let e = err("label_2.parquet");
+    assert_eq!(e, format!("{}: row group 5, column `y`: row 517: label 2 is not 0 or 1", path("label_2.parquet")));
+    let e = err("null_label.parquet");
+    assert!(e.starts_with(&format!("{}: row group 2, column `y`: row 250: the label is null", path("null_label.parquet"))), "{e}");
+    let e = err("cut.parquet");
+    assert!(e.starts_with(&format!("{}: footer: ", path("cut.parquet"))), "{e}");
+    let e = prepare_with(&d.join("good.parquet"), &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: column `label`: no such column (the file has y, count, price, item, user, query)", path("good.parquet"))), "{e}");
+    assert!(!d.join("x.rrdata").exists(), "a failed preparation leaves no file");
+
+    // Inputs of one run with different schemas: refused naming the first column that differs.
+    let (good, other) = (d.join("good.parquet"), d.join("label_2.parquet"));
+    check_same_schema(&[good.clone(), d.join("good.rrdata"), good.clone()], &o).unwrap();
+    let e = check_same_schema(&[good, other.clone()], &o).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: column `price`: the schema differs from that of {}: its input 1 is `price`", other.display(), path("good.parquet"))), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The JSON summary `ringrec train` prints last.
+fn summary(job: &common::Job) -> serde_json::Value {
+    let line = job.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary:\n{}", job.all()));
+    serde_json::from_str(line).expect("summary JSON")
+}
+
+#[test]
+fn the_same_rows_train_to_the_same_parameters_from_a_tsv_its_gzip_and_its_parquet() {
+    let d = dir("train");
+    let tsv = d.join("day.tsv");
+    synth(&tsv, 6_000, 5).unwrap();
+    let text = std::fs::read(&tsv).unwrap();
+    std::fs::write(d.join("day.tsv.gz"), gzip(&[&text])).unwrap();
+    tsv_to_parquet(&tsv, &d.join("day.parquet"), 1_000).unwrap();
+    let train = |input: &str, extra: &[&str]| {
+        let data = d.join(format!("data-{input}"));
+        let input = d.join(input);
+        let mut args = vec!["train", "--no-progress", "--json", "--data", input.to_str().unwrap(), "--batch", "256", "--max-steps", "8", "--hidden", "32", "--table-capacity", "65536"];
+        args.extend_from_slice(extra);
+        common::mpirun(1, &[("RINGREC_DATA_DIR", data.to_str().unwrap())], &args)
+    };
+    let want = train("day.tsv", &[]);
+    want.assert_ok();
+    assert!(summary(&want)["params_fnv"].is_string(), "{}", want.all());
+    for input in ["day.tsv.gz", "day.parquet"] {
+        let job = train(input, &[]);
+        job.assert_ok();
+        assert_eq!(summary(&job)["params_fnv"], summary(&want)["params_fnv"], "{input}: the same parameters as the TSV's");
+    }
+    // predict reads the same inputs: the same scores from the TSV and from its Parquet file.
+    let ck = d.join("ck");
+    train("day.parquet", &["--checkpoint-dir", ck.to_str().unwrap()]).assert_ok();
+    let scores = |input: &str| {
+        let (out, data) = (d.join(format!("{input}.scores")), d.join(format!("data-{input}")));
+        let input = d.join(input);
+        let args = ["predict", "--model", ck.to_str().unwrap(), "--data", input.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        common::mpirun(1, &[("RINGREC_DATA_DIR", data.to_str().unwrap())], &args).assert_ok();
+        std::fs::read(&out).unwrap()
+    };
+    let tsv_scores = scores("day.tsv");
+    assert!(!tsv_scores.is_empty());
+    assert_eq!(scores("day.parquet"), tsv_scores, "predict: the Parquet file scores as its TSV");
+    assert_eq!(scores("day.tsv.gz"), tsv_scores, "predict: the gzip file scores as its TSV");
+    // The exported bundle scores the Parquet file in scripts/bundle_predict.py (pyarrow) as
+    // `predict` does.
+    if let Some(py) = common::test_python("numpy, pyarrow") {
+        let bundle = d.join("bundle");
+        let export = ["export", "--model", ck.to_str().unwrap(), "--out", bundle.to_str().unwrap()];
+        common::mpirun(1, &[("RINGREC_DATA_DIR", d.join("data-export").to_str().unwrap())], &export).assert_ok();
+        let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+        assert!(model["input"]["parquet"].as_str().unwrap().contains("FNV-1a 64"), "model.json records the Parquet rules");
+        let mut c = Command::new(py);
+        c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(d.join("day.parquet"));
+        c.arg("--compare").arg(d.join("day.parquet.scores")).args(["--tolerance", "1e-6"]);
+        common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+    }
+    let parts = d.join("parts");
+    std::fs::create_dir_all(&parts).unwrap();
+    std::fs::copy(d.join("day.parquet"), parts.join("part-0.parquet")).unwrap();
+    std::fs::write(parts.join("_SUCCESS"), b"").unwrap();
+    let job = train("parts", &[]);
+    job.assert_ok();
+    assert_eq!(summary(&job)["params_fnv"], summary(&want)["params_fnv"], "a directory of Parquet parts (Spark's _SUCCESS skipped)");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_waits_for_pooling() {
+    let d = dir("multihot");
+    let p = d.join("mh.parquet");
+    let s = ringrec::data::multihot::synth_multi_hot(&p, 20_000, 3).unwrap();
+    assert_eq!(s.rows, 20_000);
+    let per_list = s.list_ids as f64 / (20_000.0 * 6.0);
+    assert!((per_list - 20.0).abs() < 0.5, "mean list length {per_list}");
+    assert!(s.bayes_auc > s.first_id_auc + 0.05, "the lists carry the signal: {s:?}");
+    assert_eq!(ringrec::data::multihot::synth_multi_hot(&d.join("again.parquet"), 20_000, 3).unwrap().positives, s.positives, "deterministic for a seed");
+    // ringrec refuses the lists, naming the first, until multi-hot pooling exists.
+    let e = prepare_with(&p, &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: column `l0`: a list column (multi-hot)", p.display())), "{e}");
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let check = r#"
+import sys, numpy as np, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1])
+assert t.num_rows == int(sys.argv[2]), t.num_rows
+assert t.column_names == ["label"] + [f"c{f}" for f in range(10)] + [f"l{g}" for g in range(6)], t.column_names
+assert int(t.column("label").to_numpy().sum()) == int(sys.argv[3])
+ids = 0
+for g in range(6):
+    c = t.column(f"l{g}").combine_chunks()
+    lens = np.diff(c.offsets.to_numpy())
+    ids += int(lens.sum())
+    assert lens.min() == 0 and lens.max() == 40, (lens.min(), lens.max())
+assert ids == int(sys.argv[4]), ids
+v = t.column("c0").to_numpy()
+counts = np.bincount(v)
+assert counts[0] > 20 * np.median(counts[counts > 0]), "Zipf-like: id 0 is everywhere"
+print("ok")
+"#;
+    let out = Command::new(&py).args(["-c", check]).arg(&p).arg(s.rows.to_string()).arg(s.positives.to_string()).arg(s.list_ids.to_string()).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok", "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -11,7 +11,8 @@ The collectives are ringrec's engine (``ringrec::init()`` in Rust): named asynch
 operations negotiated by a background thread, fused, cached, compressed and traced as the
 ``RINGREC_*`` variables say, with the binary's deadlines and dead-rank checks. This module
 only turns numpy arrays and torch CPU tensors into (address, dtype, shape) for the Rust
-extension ``ringrec._ringrec`` and views its results without a copy. An uncaught exception
+extension ``ringrec._ringrec``, which reduces them where they are (the forms that return a
+new tensor copy the input once first). An uncaught exception
 on one rank prints its traceback and ends the whole job (``MPI_Abort``), so no rank hangs.
 """
 
@@ -126,31 +127,40 @@ def _torch_module(t):
 
 
 class _Tensor:
-    """A tensor as the extension takes it: address, byte length, dtype name, shape; ``keep``
-    holds the memory for the call; ``like`` says what to hand results back as."""
+    """A tensor as the extension takes it: the contiguous object that lends its memory
+    (``keep``), its address, byte length, dtype name and shape; ``torch`` says what to hand
+    results back as, ``copied`` whether ``keep`` is a contiguous copy of the caller's."""
 
-    __slots__ = ("address", "nbytes", "dtype", "shape", "keep", "torch")
+    __slots__ = ("address", "nbytes", "dtype", "shape", "keep", "torch", "copied")
 
     def args(self):
-        return self.address, self.nbytes, self.dtype, self.shape
+        return self.keep, self.address, self.nbytes, self.dtype, self.shape
 
 
-def _tensor(t, what="tensor"):
-    """Reads a numpy array or torch CPU tensor without a copy (a non-contiguous one is made
-    contiguous first)."""
+_TORCH_NAMES = None
+
+
+def _tensor(t, what="tensor", copy=False, write=False):
+    """A numpy array or torch CPU tensor as the engine takes it, without a copy (a
+    non-contiguous one is made contiguous first); ``copy``: a private copy, for the forms
+    that return a new tensor; ``write``: the engine will write into it."""
+    global _TORCH_NAMES
     x = _Tensor()
     if _torch_module(t):
         import torch
+        if _TORCH_NAMES is None:
+            _TORCH_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                            torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
         if t.device.type != "cpu":
             raise TypeError(
                 "%s is on %s: this build of ringrec takes CPU tensors (CUDA tensors through "
                 "DLPack need the extension built with the cuda feature, which is not done yet)" % (what, t.device))
-        names = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-                 torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
-        if t.dtype not in names:
+        if t.dtype not in _TORCH_NAMES:
             raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
-        c = t.detach().contiguous()
-        x.address, x.nbytes, x.dtype = c.data_ptr(), c.numel() * c.element_size(), names[t.dtype]
+        c = t.detach()
+        x.copied = copy or not c.is_contiguous()
+        c = c.clone(memory_format=torch.contiguous_format) if x.copied else c
+        x.address, x.nbytes, x.dtype = c.data_ptr(), c.numel() * c.element_size(), _TORCH_NAMES[t.dtype]
         x.shape, x.keep, x.torch = list(c.shape), c, True
         return x
     import numpy as np
@@ -158,14 +168,18 @@ def _tensor(t, what="tensor"):
         raise TypeError("%s is a %s: ringrec takes numpy arrays and torch tensors" % (what, type(t).__name__))
     if t.dtype.name not in _NUMPY_DTYPES or not t.dtype.isnative:
         raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
-    c = np.ascontiguousarray(t)
+    if write and not copy and not t.flags.writeable:
+        raise ValueError("%s is read-only: the in-place forms write the result into it" % what)
+    x.copied = copy or not t.flags.c_contiguous
+    c = np.array(t, order="C", copy=True) if x.copied else t
     x.address, x.nbytes, x.dtype = c.__array_interface__["data"][0], c.nbytes, c.dtype.name
     x.shape, x.keep, x.torch = list(c.shape), c, False
     return x
 
 
 def _result(buf, as_torch):
-    """The engine's result as a numpy array or torch tensor viewing its memory (no copy)."""
+    """A new result (allgather's) as a numpy array or torch tensor viewing the engine's
+    memory (no copy)."""
     import numpy as np
     a = np.asarray(buf)
     if not as_torch:
@@ -176,13 +190,13 @@ def _result(buf, as_torch):
 
 
 def _into(dst, src):
-    """Copies a result into the caller's tensor (the in-place forms)."""
+    """Copies a result into the caller's non-contiguous tensor (the in-place forms)."""
     if _torch_module(dst):
         with __import__("torch").no_grad():
-            dst.copy_(src.reshape(dst.shape))
+            dst.copy_(src)
     else:
         import numpy as np
-        np.copyto(dst, src.reshape(dst.shape))
+        np.copyto(dst, src)
     return dst
 
 
@@ -190,8 +204,8 @@ class Handle:
     """An operation in flight: ``poll()`` says whether it finished, ``wait()`` returns its
     result (waiting with the GIL released, under the engine's deadlines)."""
 
-    def __init__(self, inner, as_torch, into=None):
-        self._inner, self._torch, self._into, self._done = inner, as_torch, into, None
+    def __init__(self, inner, x, into=None, new=False):
+        self._inner, self._x, self._into, self._new, self._done = inner, x, into, new, None
 
     @property
     def name(self):
@@ -205,8 +219,14 @@ class Handle:
     def wait(self):
         """The result (for the in-place forms, the caller's tensor, updated)."""
         if self._done is None:
-            out = _result(self._inner.wait(), self._torch)
-            self._done = out if self._into is None else _into(self._into, out)
+            buf = self._inner.wait()
+            if self._new:
+                out = _result(buf, self._x.torch)
+            elif self._into is not None and self._x.copied:
+                out = _into(self._into, self._x.keep)
+            else:
+                out = self._into if self._into is not None else self._x.keep
+            self._done, self._x = out, None
         return self._done
 
 
@@ -234,16 +254,16 @@ def _op(op):
 def allreduce_async(tensor, name=None, op=Average, compression=None):
     """Starts reducing ``tensor`` over all ranks (``op``: Sum, Average, Min, Max); returns a
     ``Handle`` whose ``wait()`` gives a new tensor with the result."""
-    x = _tensor(tensor)
+    x = _tensor(tensor, copy=True)
     h = _ringrec.allreduce_async(_name("allreduce", name), *x.args(), _op(op), compression)
-    return Handle(h, x.torch)
+    return Handle(h, x)
 
 
 def allreduce_async_(tensor, name=None, op=Average, compression=None):
     """``allreduce_async`` whose ``wait()`` writes the result into ``tensor``."""
-    x = _tensor(tensor)
+    x = _tensor(tensor, write=True)
     h = _ringrec.allreduce_async(_name("allreduce", name), *x.args(), _op(op), compression)
-    return Handle(h, x.torch, tensor)
+    return Handle(h, x, tensor)
 
 
 def allreduce(tensor, name=None, op=Average, compression=None):
@@ -259,9 +279,9 @@ def allreduce_(tensor, name=None, op=Average, compression=None):
 def grouped_allreduce_async(tensors, name=None, op=Average):
     """Starts reducing ``tensors`` together, in one engine cycle; one ``Handle`` each."""
     base = _name("grouped_allreduce", name)
-    xs = [_tensor(t, "tensor %d" % i) for i, t in enumerate(tensors)]
+    xs = [_tensor(t, "tensor %d" % i, copy=True) for i, t in enumerate(tensors)]
     hs = _ringrec.grouped_allreduce_async([("%s.%d" % (base, i),) + x.args() for i, x in enumerate(xs)], _op(op))
-    return [Handle(h, x.torch) for h, x in zip(hs, xs)]
+    return [Handle(h, x) for h, x in zip(hs, xs)]
 
 
 def grouped_allreduce(tensors, name=None, op=Average):
@@ -273,7 +293,7 @@ def allgather_async(tensor, name=None):
     """Starts concatenating every rank's ``tensor`` along the first dimension (its length may
     differ between ranks), in rank order."""
     x = _tensor(tensor)
-    return Handle(_ringrec.allgather_async(_name("allgather", name), *x.args()), x.torch)
+    return Handle(_ringrec.allgather_async(_name("allgather", name), *x.args()), x, new=True)
 
 
 def allgather(tensor, name=None):
@@ -283,14 +303,14 @@ def allgather(tensor, name=None):
 
 def broadcast_async(tensor, root_rank, name=None):
     """Starts sending rank ``root_rank``'s ``tensor`` to every rank."""
-    x = _tensor(tensor)
-    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x.torch)
+    x = _tensor(tensor, copy=True)
+    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x)
 
 
 def broadcast_async_(tensor, root_rank, name=None):
     """``broadcast_async`` whose ``wait()`` writes the result into ``tensor``."""
-    x = _tensor(tensor)
-    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x.torch, tensor)
+    x = _tensor(tensor, write=True)
+    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x, tensor)
 
 
 def broadcast(tensor, root_rank, name=None):

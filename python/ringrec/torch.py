@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 from . import *  # noqa: F401,F403 -- Horovod's horovod.torch holds the core API too
-from . import Average, Compression, __all__ as _core_all, allreduce_async  # noqa: F401
+from . import Average, Compression, __all__ as _core_all, allreduce_async_  # noqa: F401
 
 __all__ = list(_core_all) + ["DistributedOptimizer"]
 
@@ -60,9 +60,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit(self, p):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        # The engine copies the gradient at submission: backward may go on writing.
-        self._handles[id(p)] = (p, allreduce_async(p.grad, name=self._names[id(p)], op=self._op,
-                                                   compression=self._compression))
+        # Reduced in place, without a copy: backward does not touch this gradient again
+        # before step() waits for it.
+        self._handles[id(p)] = (p, allreduce_async_(p.grad, name=self._names[id(p)], op=self._op,
+                                                    compression=self._compression))
 
     def _hook(self, p):
         if id(p) in self._handles:
@@ -74,15 +75,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._submit(p)
 
     def synchronize(self):
-        """Waits for every gradient's allreduce (submitting those backward did not produce)
-        and writes the averages into ``p.grad``."""
+        """Waits for every gradient's allreduce (submitting those backward did not produce);
+        the averages are then in ``p.grad``."""
         for p in self._requires_update:
             if id(p) not in self._handles:
                 self._submit(p)
         for p, h in list(self._handles.values()):
-            out = h.wait()
-            with torch.no_grad():
-                p.grad.copy_(out.reshape(p.grad.shape))
+            h.wait()
             self._delay[id(p)] = self._passes
         self._handles.clear()
         self._synchronized = True

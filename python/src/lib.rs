@@ -2,13 +2,13 @@
 //! (`ringrec::init()` → [`Runtime`]) and topology, exposed to Python under Horovod's names.
 //!
 //! The Python half (`python/ringrec/`) only turns numpy arrays and torch tensors into
-//! (address, dtype, shape) and back; everything the library does is done here, by the
-//! library: negotiation, fusion, the response cache, compression, the timeline, the
+//! (object, address, dtype, shape) and back; everything the library does is done here, by
+//! the library: negotiation, fusion, the response cache, compression, the timeline, the
 //! deadlines and the dead-rank checks are the engine's, exactly as in the `ringrec` binary.
 //!
-//! Memory: a submitted tensor is copied once into the engine's owned [`Tensor`] (with the GIL
-//! released); a result is handed back as a [`Buffer`] whose memory numpy and torch view
-//! without a copy (`__array_interface__`).
+//! Memory: a submitted tensor is lent to the engine ([`Tensor::borrowed`]), which reduces
+//! or broadcasts it in place, without a copy; an allgather's new result comes back as a
+//! [`Buffer`] that numpy and torch view without a copy (`__array_interface__`).
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -159,30 +159,24 @@ fn compression_of(name: Option<&str>, rt_default: Compression) -> PyResult<Compr
     }
 }
 
-/// A host tensor copied from `len` bytes at `address`.
-///
-/// The Python caller holds the array for the whole call and passes its data pointer and
-/// byte length (`ringrec._tensor`), so the memory is valid and contiguous.
-fn read_tensor(py: Python<'_>, address: usize, nbytes: usize, dtype: &str, shape: &[usize]) -> PyResult<Tensor> {
+/// A host tensor over the `nbytes` bytes at `address`, lent by the Python object `owner`
+/// (a contiguous numpy array or torch CPU tensor, kept alive by the tensor): the engine
+/// reduces or broadcasts them where they are, without a copy.
+fn lent_tensor(owner: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: &[usize]) -> PyResult<Tensor> {
     let dt = dtype_of(dtype)?;
     let n: usize = shape.iter().product();
     if n * dt.size() != nbytes {
         return Err(PyValueError::new_err(format!("a {dtype} tensor of shape {shape:?} has {} bytes, not {nbytes}", n * dt.size())));
     }
-    if nbytes > 0 && address == 0 {
-        return Err(PyValueError::new_err("the tensor's data pointer is null"));
+    if nbytes == 0 {
+        return Ok(Tensor::zeros(dt, shape));
     }
-    py.detach(|| {
-        let bytes: &[u8] = if nbytes == 0 {
-            &[]
-        } else {
-            // SAFETY: the caller keeps the array alive and passes its contiguous data
-            // pointer and its byte length (checked above against dtype and shape).
-            unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) }
-        };
-        Tensor::from_bytes(dt, shape, bytes)
-    })
-    .ok_or_else(|| PyValueError::new_err("the tensor's bytes do not match its shape"))
+    // SAFETY: `owner` is the contiguous array whose data pointer and byte length the Python
+    // layer passes (`ringrec._tensor`); the tensor holds a reference to it, so the memory
+    // lives as long as the tensor, and the caller does not touch it until the operation's
+    // handle is waited for (Horovod's contract for a tensor in flight).
+    unsafe { Tensor::borrowed(address as *mut u8, nbytes, dt, shape, owner.unbind()) }
+        .ok_or_else(|| PyValueError::new_err(format!("the {dtype} tensor's data at {address:#x} is null or not aligned for its dtype")))
 }
 
 /// A tensor the engine handed back: numpy views its memory without a copy through
@@ -267,6 +261,7 @@ impl Handle {
     }
 
     /// Waits (the GIL released) for the result; every wait is under the engine's deadlines.
+    /// An in-place operation's result is the submitted memory itself.
     fn wait(&self, py: Python<'_>) -> PyResult<Buffer> {
         let h = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
         let h = h.ok_or_else(|| PyValueError::new_err(format!("the handle of '{}' was already waited for", self.name)))?;
@@ -275,14 +270,14 @@ impl Handle {
     }
 }
 
-/// Submits an allreduce of the tensor at `address`; `op` is a `ReduceOp` code (Sum 0,
+/// Submits an allreduce, in place, of `tensor`'s memory (`nbytes` at `address`); `op` is a `ReduceOp` code (Sum 0,
 /// Average 1, Min 2, Max 3); `compression` None takes the engine's (`RINGREC_COMPRESSION`).
 #[pyfunction]
-#[pyo3(signature = (name, address, nbytes, dtype, shape, op, compression=None))]
+#[pyo3(signature = (name, tensor, address, nbytes, dtype, shape, op, compression=None))]
 #[allow(clippy::too_many_arguments)]
-fn allreduce_async(py: Python<'_>, name: &str, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, op: u32, compression: Option<&str>) -> PyResult<Handle> {
+fn allreduce_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, op: u32, compression: Option<&str>) -> PyResult<Handle> {
     let op = op_of(op)?;
-    let t = read_tensor(py, address, nbytes, dtype, &shape)?;
+    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
     with_runtime(|rt| {
         let c = compression_of(compression, rt.compression())?;
         Ok(Handle::new(rt.allreduce_async_with(name, t, op, c)))
@@ -290,29 +285,31 @@ fn allreduce_async(py: Python<'_>, name: &str, address: usize, nbytes: usize, dt
 }
 
 /// Submits tensors that are reduced together, in one cycle: `tensors` is a list of
-/// (name, address, nbytes, dtype, shape).
+/// (name, tensor, address, nbytes, dtype, shape).
 #[pyfunction]
-fn grouped_allreduce_async(py: Python<'_>, tensors: Vec<(String, usize, usize, String, Vec<usize>)>, op: u32) -> PyResult<Vec<Handle>> {
+#[allow(clippy::type_complexity)]
+fn grouped_allreduce_async(tensors: Vec<(String, Bound<'_, PyAny>, usize, usize, String, Vec<usize>)>, op: u32) -> PyResult<Vec<Handle>> {
     let op = op_of(op)?;
     let mut named = Vec::with_capacity(tensors.len());
-    for (name, address, nbytes, dtype, shape) in tensors {
-        named.push((name, read_tensor(py, address, nbytes, &dtype, &shape)?));
+    for (name, tensor, address, nbytes, dtype, shape) in tensors {
+        named.push((name, lent_tensor(tensor, address, nbytes, &dtype, &shape)?));
     }
     with_runtime(|rt| rt.grouped_allreduce_async(named, op).into_iter().map(Handle::new).collect())
 }
 
-/// Submits an allgather (every rank's rows concatenated in rank order).
+/// Submits an allgather of `tensor` (every rank's rows concatenated in rank order, a new
+/// tensor).
 #[pyfunction]
-fn allgather_async(py: Python<'_>, name: &str, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>) -> PyResult<Handle> {
-    let t = read_tensor(py, address, nbytes, dtype, &shape)?;
+fn allgather_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>) -> PyResult<Handle> {
+    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
     with_runtime(|rt| Handle::new(rt.allgather_async(name, t)))
 }
 
-/// Submits a broadcast from `root_rank`.
+/// Submits a broadcast from `root_rank`, in place in `tensor`'s memory.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn broadcast_async(py: Python<'_>, name: &str, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, root_rank: usize) -> PyResult<Handle> {
-    let t = read_tensor(py, address, nbytes, dtype, &shape)?;
+fn broadcast_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, root_rank: usize) -> PyResult<Handle> {
+    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
     with_runtime(|rt| Handle::new(rt.broadcast_async(name, t, root_rank)))
 }
 

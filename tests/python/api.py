@@ -56,6 +56,10 @@ x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] * (r + 1)
 check(np.allclose(ringrec.allreduce(x, op=ringrec.Sum), np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] * n * (n + 1) / 2), "non-contiguous allreduce")
 y = np.full(7, r, np.float64)
 check(ringrec.allreduce_(y, name="inplace") is y and np.allclose(y, (n - 1) / 2), "allreduce_ in place")
+z = np.arange(12, dtype=np.float32).reshape(3, 4) * (r + 1)
+ringrec.allreduce_(z[:, ::2], name="inplace.strided", op=ringrec.Sum)
+want = np.arange(12, dtype=np.float32).reshape(3, 4)
+check(np.allclose(z[:, ::2], want[:, ::2] * n * (n + 1) / 2) and np.allclose(z[:, 1::2], want[:, 1::2] * (r + 1)), "strided allreduce_ writes back its columns only")
 # async handles: poll until done, then wait; many in flight at once (fused by the engine).
 hs = [ringrec.allreduce_async(np.full(100, r + i, np.float32), name="async.%d" % i, op=ringrec.Sum) for i in range(20)]
 while not all(h.poll() for h in hs):
@@ -86,6 +90,8 @@ except ImportError:
     torch = None
 if torch is not None:
     import ringrec.torch as hvd
+    ti = torch.full((5,), float(r))
+    check(hvd.allreduce_(ti, name="torch.inplace", op=hvd.Sum) is ti and bool((ti == n * (n - 1) / 2).all()), "torch allreduce_ in place")
     t = hvd.allreduce(torch.full((3, 2), float(r + 1)), name="torch.avg")
     check(torch.is_tensor(t) and t.shape == (3, 2) and torch.allclose(t, torch.full((3, 2), (n + 1) / 2)), "torch allreduce")
     b = hvd.allreduce(torch.full((4,), float(r), dtype=torch.bfloat16), name="torch.bf16", op=hvd.Sum)
@@ -115,6 +121,9 @@ raises(TypeError, ["list"], lambda: ringrec.allreduce([1.0, 2.0]))
 raises(ValueError, ["op"], lambda: ringrec.allreduce(np.zeros(3, np.float32), op=7))
 raises(ValueError, ["uint8", "cannot be reduced"], lambda: ringrec.allreduce(np.zeros(3, np.uint8), name="u8"))
 raises(ValueError, ["compression"], lambda: ringrec.allreduce(np.zeros(3, np.float32), compression="zip"))
+ro = np.zeros(3, np.float32)
+ro.flags.writeable = False
+raises(ValueError, ["read-only"], lambda: ringrec.allreduce_(ro))
 raises(ValueError, ["appears twice"], lambda: ringrec.broadcast_parameters([("a", np.zeros(1)), ("a", np.zeros(1))], 0))
 raises(ValueError, ["root", "not a rank"], lambda: ringrec.broadcast(np.zeros(1), n, name="badroot"))
 if n > 1:

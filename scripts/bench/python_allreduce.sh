@@ -11,10 +11,13 @@ cd "$(dirname "$0")/../.."
 target=${CARGO_TARGET_DIR:-target}
 case $target in /*) ;; *) target="$PWD/$target" ;; esac
 py=${PYTHON:-$(scripts/python-venv.sh)}
-cargo build --locked --release --features cuda >&2
-rm -rf "$target/python-wheel-release" "$target/python-site-release"
-CARGO_TARGET_DIR=$target "$(dirname "$py")/maturin" build --quiet --release -m python/Cargo.toml -i "$py" --out "$target/python-wheel-release" >&2
-"$py" -m pip install --disable-pip-version-check -q --no-deps --target "$target/python-site-release" "$target/python-wheel-release"/ringrec-*.whl >&2
+echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+if [ "${SKIP_BUILD:-0}" != 1 ]; then   # SKIP_BUILD=1: both release builds are already there
+  cargo build --locked --release --features cuda >&2
+  rm -rf "$target/python-wheel-release" "$target/python-site-release"
+  CARGO_TARGET_DIR=$target "$(dirname "$py")/maturin" build --quiet --release -m python/Cargo.toml -i "$py" --out "$target/python-wheel-release" >&2
+  "$py" -m pip install --disable-pip-version-check -q --no-deps --target "$target/python-site-release" "$target/python-wheel-release"/ringrec-*.whl >&2
+fi
 mpi=(mpirun --oversubscribe -np 2)
 [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
 out=docs/bench

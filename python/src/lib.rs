@@ -313,6 +313,30 @@ fn broadcast_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes:
     with_runtime(|rt| Handle::new(rt.broadcast_async(name, t, root_rank)))
 }
 
+/// Seconds per blocking Sum allreduce of `count` float32 (`iters` calls after 3 warm-up
+/// ones) made from Rust through this process's engine, each on a fresh copy of the input, as
+/// `ringrec.allreduce` makes from Python: the reference of scripts/bench/python_allreduce.py
+/// (what a Rust program calling `Runtime::allreduce` pays, measured in the same job).
+#[pyfunction]
+fn bench_allreduce(py: Python<'_>, name: &str, count: usize, iters: usize) -> PyResult<f64> {
+    let x = vec![1.0f32; count];
+    py.detach(|| {
+        with_runtime(|rt| {
+            let mut per_call = 0.0;
+            for (i, n) in [3, iters.max(1)].into_iter().enumerate() {
+                let t = std::time::Instant::now();
+                for _ in 0..n {
+                    rt.allreduce(name, Tensor::from_slice(&x), ReduceOp::Sum).map_err(py_err)?;
+                }
+                if i == 1 {
+                    per_call = t.elapsed().as_secs_f64() / n as f64;
+                }
+            }
+            Ok(per_call)
+        })?
+    })
+}
+
 /// The module.
 #[pymodule]
 fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -329,5 +353,6 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_allreduce_async, m)?)?;
     m.add_function(wrap_pyfunction!(allgather_async, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_async, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_allreduce, m)?)?;
     Ok(())
 }

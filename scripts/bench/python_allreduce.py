@@ -1,6 +1,8 @@
 """Times allreduce from Python (numpy arrays through ringrec.allreduce: the extension, the
-engine, the copy in and the view out) and torch.distributed.all_reduce over gloo, one
-JSON line per (what, size) on rank 0. Run by scripts/bench/python_allreduce.sh."""
+copy of the input, the engine in place), the same calls from Rust through the same engine
+in the same job (`rust-engine`: `Runtime::allreduce` on a fresh copy, the layer's
+reference), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
+rank 0. Run by scripts/bench/python_allreduce.sh."""
 
 import argparse
 import json
@@ -48,8 +50,11 @@ while size <= a.max_bytes:
 
     t = timed(once, n)
     assert np.allclose(out["y"][:4], 3.0)
+    ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+    t_rust = ringrec._ringrec.bench_allreduce("bench.rust.%d" % size, size // 4, n)
     if r == 0:
         print(json.dumps({"what": "python", "size": size, "iters": n, "time_us": t * 1e6}), flush=True)
+        print(json.dumps({"what": "rust-engine", "size": size, "iters": n, "time_us": t_rust * 1e6}), flush=True)
     size *= a.factor
 
 import torch  # noqa: E402

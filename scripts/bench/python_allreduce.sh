@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's engine-overhead figures at 2 ranks, one run: allreduce (sum, float32) of 4 KiB
-# to 64 MiB numpy arrays from Python (ringrec.allreduce) against the same sizes from Rust
+# to 64 MiB numpy arrays from Python (ringrec.allreduce) against the same calls from Rust
+# through the same engine in the same job (Runtime::allreduce), against the backend alone
 # (`ringrec bench allreduce --backends shm`, the engine's backend on one host; mpi is
 # measured too, as bench's reference), and torch.distributed.all_reduce (gloo) at 16 MiB.
 # Release builds: the binary and the extension (maturin --release into target/python-site-release).
@@ -30,12 +31,14 @@ import json, sys
 rust = {r["size"]: r["time_us"] for r in json.load(open(sys.argv[1]))["rows"] if r["backend"] == "shm"}
 rows = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
 py = {r["size"]: r["time_us"] for r in rows if r["what"] == "python"}
+eng = {r["size"]: r["time_us"] for r in rows if r["what"] == "rust-engine"}
 gloo = {r["size"]: r["time_us"] for r in rows if r["what"] == "gloo"}
-print("# allreduce sum float32, 2 ranks: Python (ringrec.allreduce on numpy) vs Rust (bench allreduce, shm)")
-print("%12s %14s %14s %10s" % ("size(B)", "rust(us)", "python(us)", "py/rust"))
+print("# allreduce sum float32, 2 ranks: Python (ringrec.allreduce on numpy) vs Rust through the same engine")
+print("# in the same job (Runtime::allreduce) and vs Rust's backend alone (bench allreduce, shm)")
+print("%12s %14s %14s %14s %10s %10s" % ("size(B)", "bench(us)", "rust-eng(us)", "python(us)", "py/eng", "py/bench"))
 for s in sorted(py):
-    if s in rust:
-        print("%12d %14.1f %14.1f %10.2f" % (s, rust[s], py[s], py[s] / rust[s]))
+    if s in rust and s in eng:
+        print("%12d %14.1f %14.1f %14.1f %10.2f %10.2f" % (s, rust[s], eng[s], py[s], py[s] / eng[s], py[s] / rust[s]))
 for s, t in sorted(gloo.items()):
     print("# %d B: torch.distributed.all_reduce (gloo) %.1f us, ringrec from Python %.1f us: ringrec %.2fx gloo's speed" % (s, t, py[s], t / py[s]))
 PY

@@ -36,8 +36,8 @@ cargo clippy --locked --all-targets --features cuda -- -D warnings
 step "cargo clippy --all-targets (without the cuda feature)"
 cargo clippy --locked --all-targets -- -D warnings
 step "cargo clippy of the Python module (python/, its own Cargo.lock), with and without --features cuda"
-cargo clippy --locked --manifest-path python/Cargo.toml --all-targets --features cuda -- -D warnings
-cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
+CARGO_TARGET_DIR=$target cargo clippy --locked --manifest-path python/Cargo.toml --all-targets --features cuda -- -D warnings
+CARGO_TARGET_DIR=$target cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
 step "cargo build --lib --no-default-features (the library without the binary's crates)"
 cargo build --locked --lib --no-default-features
 tree=$(cargo tree --locked -e normal --no-default-features -p ringrec --prefix none)

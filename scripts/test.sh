@@ -3,13 +3,17 @@
 #   1. installs the system packages a fresh Debian/Ubuntu machine lacks, the tests' extras
 #      included (scripts/setup.sh --tests: Python, numpy, Slurm, Chromium),
 #   2. builds and lints the CUDA feature, which must compile on machines without CUDA, and
-#      lints the build without it; builds the library alone (--no-default-features: no
+#      lints the build without it, and the Python module (python/, its own Cargo.lock) both
+#      ways; builds the library alone (--no-default-features: no
 #      clap, tokio, axum, rusqlite, anyhow, indicatif or sha2, checked with cargo tree),
 #   3. installs NVIDIA's CUDA runtime libraries from PyPI, only when missing (NVRTC, cuBLAS,
 #      NCCL; no GPU or driver needed) and shows what `ringrec info` finds of them; makes the
 #      tests' Python venv (scripts/test-venv.sh: numpy, onnx, onnxruntime from PyPI, only
 #      when missing), named to the tests by RINGREC_TEST_PYTHON (tests/onnx.rs fails in CI
-#      without it),
+#      without it); the Python module's venv (scripts/python-venv.sh: numpy, torch, maturin,
+#      made once under ~/.cache/ringrec and reused by later runs) and this checkout's
+#      extension built by maturin, named by RINGREC_TEST_PYTHON_MODULE (tests/python.rs
+#      fails in CI without it),
 #   4. runs every unit and multi-process (real mpirun) test with the CUDA feature (GPU tests
 #      print `skipped: <reason>` without a GPU; tests/cuda_libs.rs finds the wheels and
 #      compiles every kernel to SASS with their NVRTC), then the tests whose behaviour
@@ -31,6 +35,9 @@ step "cargo clippy --all-targets --features cuda"
 cargo clippy --locked --all-targets --features cuda -- -D warnings
 step "cargo clippy --all-targets (without the cuda feature)"
 cargo clippy --locked --all-targets -- -D warnings
+step "cargo clippy of the Python module (python/, its own Cargo.lock), with and without --features cuda"
+CARGO_TARGET_DIR=$target cargo clippy --locked --manifest-path python/Cargo.toml --all-targets --features cuda -- -D warnings
+CARGO_TARGET_DIR=$target cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
 step "cargo build --lib --no-default-features (the library without the binary's crates)"
 cargo build --locked --lib --no-default-features
 tree=$(cargo tree --locked -e normal --no-default-features -p ringrec --prefix none)
@@ -48,6 +55,9 @@ fi
 step "the tests' Python venv (scripts/test-venv.sh)"
 RINGREC_TEST_PYTHON=$(scripts/test-venv.sh)
 export RINGREC_TEST_PYTHON
+step "the Python module's venv and extension (scripts/python-venv.sh: numpy, torch, maturin in ~/.cache/ringrec, once)"
+RINGREC_TEST_PYTHON_MODULE=$(scripts/python-venv.sh)
+export RINGREC_TEST_PYTHON_MODULE
 step "cargo test --features cuda"
 RINGREC_CUDA_WHEELS="$target/cuda-wheels" cargo test --locked --features cuda
 step "cargo test --lib --bins --test cli (without the cuda feature)"

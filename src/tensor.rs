@@ -1,6 +1,8 @@
 //! Owned, typed tensors: what a program hands the engine and gets back. A tensor lives in
-//! host memory (a typed `Vec`) or in a device's memory ([`DeviceTensor`]: a buffer of a
-//! [`crate::device::Device`], which the engine hands to that device's executor).
+//! host memory (a typed `Vec`, or memory a caller lends, [`Tensor::borrowed`]: the Python
+//! module's numpy arrays and torch tensors, reduced where they are) or in a device's memory
+//! ([`DeviceTensor`]: a buffer of a [`crate::device::Device`], which the engine hands to that
+//! device's executor).
 
 use std::any::Any;
 
@@ -95,9 +97,40 @@ impl Host {
     }
 }
 
+/// Host memory a caller lends for the tensor's lifetime, and what keeps it alive.
+struct Lent {
+    address: *mut u8,
+    bytes: usize,
+    dtype: DType,
+    _owner: Box<dyn Any + Send>,
+}
+
+// SAFETY: the memory is lent to the tensor alone for its lifetime (`Tensor::borrowed`'s
+// contract) and the tensor is used by one thread at a time, as an owned `Vec` would be.
+unsafe impl Send for Lent {}
+
+impl Lent {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Tensor::borrowed`'s contract: `bytes` valid bytes at `address` for the
+        // tensor's lifetime (a dangling, aligned pointer when empty).
+        unsafe { std::slice::from_raw_parts(self.address, self.bytes) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and no one else reads or writes them meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.address, self.bytes) }
+    }
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lent({} bytes of {})", self.bytes, self.dtype)
+    }
+}
+
 #[derive(Debug)]
 enum Data {
     Host(Host),
+    Lent(Lent),
     Device(DeviceTensor),
 }
 
@@ -114,7 +147,8 @@ impl PartialEq for Tensor {
     fn eq(&self, o: &Tensor) -> bool {
         match (&self.data, &o.data) {
             (Data::Host(a), Data::Host(b)) => a == b && self.shape == o.shape,
-            _ => false,
+            (Data::Device(_), _) | (_, Data::Device(_)) => false,
+            _ => self.dtype() == o.dtype() && self.shape == o.shape && self.host_bytes() == o.host_bytes(),
         }
     }
 }
@@ -151,6 +185,26 @@ impl Tensor {
         Tensor::from_vec(data.to_vec())
     }
 
+    /// A host tensor of `dtype` and `shape` over `bytes` bytes at `address` that the caller
+    /// lends, reduced (or broadcast) where they are; `owner` is dropped with the tensor (it
+    /// keeps the memory alive: the Python module's array). `None` when the length does not
+    /// match the shape or the address is not aligned for `dtype`.
+    ///
+    /// # Safety
+    /// The bytes must stay valid, and no one else may read or write them, until the tensor
+    /// is dropped (the engine hands the same tensor back when an operation completes).
+    pub unsafe fn borrowed<O: Any + Send>(address: *mut u8, bytes: usize, dtype: DType, shape: &[usize], owner: O) -> Option<Tensor> {
+        if shape.iter().product::<usize>() * dtype.size() != bytes || address.is_null() || address as usize % dtype.size() != 0 {
+            return None;
+        }
+        Some(Tensor { data: Data::Lent(Lent { address, bytes, dtype, _owner: Box::new(owner) }), shape: shape.to_vec() })
+    }
+
+    /// True when its memory is lent by the caller ([`Tensor::borrowed`]).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.data, Data::Lent(_))
+    }
+
     /// A 1-D tensor in a device's memory.
     pub fn on_device(t: DeviceTensor) -> Tensor {
         let n = t.len;
@@ -176,6 +230,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.data {
             Data::Host(h) => h.dtype(),
+            Data::Lent(l) => l.dtype,
             Data::Device(d) => d.dtype,
         }
     }
@@ -183,7 +238,7 @@ impl Tensor {
     /// Where its elements are.
     pub fn location(&self) -> Location {
         match self.data {
-            Data::Host(_) => Location::Host,
+            Data::Host(_) | Data::Lent(_) => Location::Host,
             Data::Device(_) => Location::Device,
         }
     }
@@ -197,6 +252,7 @@ impl Tensor {
     pub fn len(&self) -> usize {
         match &self.data {
             Data::Host(h) => each!(h, v => v.len()),
+            Data::Lent(l) => l.bytes / l.dtype.size(),
             Data::Device(d) => d.len,
         }
     }
@@ -222,7 +278,7 @@ impl Tensor {
     }
 
     /// The elements as a `Vec<T>` (moved out), or the tensor back when it is not host
-    /// memory of type `T`.
+    /// memory of type `T` that it owns.
     pub fn into_vec<T: Element>(self) -> Result<Vec<T>, Tensor> {
         match self.data {
             Data::Host(h) if T::DTYPE == h.dtype() => {
@@ -245,7 +301,7 @@ impl Tensor {
     pub fn device_mut(&mut self) -> Option<&mut DeviceTensor> {
         match &mut self.data {
             Data::Device(d) => Some(d),
-            Data::Host(_) => None,
+            Data::Host(_) | Data::Lent(_) => None,
         }
     }
 
@@ -253,6 +309,7 @@ impl Tensor {
     pub fn host_bytes(&self) -> Option<&[u8]> {
         match &self.data {
             Data::Host(h) => Some(each!(h, v => bytemuck::cast_slice(v))),
+            Data::Lent(l) => Some(l.bytes()),
             Data::Device(_) => None,
         }
     }
@@ -261,6 +318,7 @@ impl Tensor {
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         match &mut self.data {
             Data::Host(h) => Some(each!(h, v => bytemuck::cast_slice_mut(v))),
+            Data::Lent(l) => Some(l.bytes_mut()),
             Data::Device(_) => None,
         }
     }
@@ -295,5 +353,23 @@ mod tests {
         assert!(Tensor::new(vec![1i64, 2], &[3]).is_none());
         let b = Tensor::from_vec(vec![bf16::from_f32(1.5)]);
         assert_eq!(Tensor::from_bytes(DType::BF16, &[1], b.host_bytes().unwrap()).unwrap(), b);
+    }
+
+    #[test]
+    fn lent_memory_is_read_and_written_in_place() {
+        let mut v = vec![1i32, 2, 3, 4, 5, 6];
+        let owner = std::sync::Arc::new(());
+        // SAFETY: `v` outlives `t` and is not touched while `t` lives.
+        let mut t = unsafe { Tensor::borrowed(v.as_mut_ptr().cast(), 24, DType::I32, &[3, 2], owner.clone()) }.unwrap();
+        assert!(t.is_borrowed() && t.location() == Location::Host);
+        assert_eq!((t.len(), t.shape(), t.dtype()), (6, &[3usize, 2][..], DType::I32));
+        t.as_mut_slice::<i32>().unwrap()[5] = 60;
+        assert_eq!(t, Tensor::new(vec![1i32, 2, 3, 4, 5, 60], &[3, 2]).unwrap());
+        assert_eq!(std::sync::Arc::strong_count(&owner), 2);
+        let t = t.into_vec::<i32>().unwrap_err();
+        drop(t);
+        assert_eq!((std::sync::Arc::strong_count(&owner), v[5]), (1, 60));
+        // SAFETY: never dereferenced: the length does not match.
+        assert!(unsafe { Tensor::borrowed(v.as_mut_ptr().cast(), 20, DType::I32, &[3, 2], ()) }.is_none());
     }
 }

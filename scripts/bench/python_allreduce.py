@@ -1,0 +1,77 @@
+"""Times allreduce from Python (numpy arrays through ringrec.allreduce: the extension, the
+copy of the input, the engine in place), the same calls from Rust through the same engine
+in the same job (`rust-engine`: `Runtime::allreduce` on a fresh copy, the layer's
+reference), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
+rank 0. Run by scripts/bench/python_allreduce.sh."""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+import ringrec
+
+p = argparse.ArgumentParser()
+p.add_argument("--min-bytes", type=int, default=4096)
+p.add_argument("--max-bytes", type=int, default=64 << 20)
+p.add_argument("--factor", type=int, default=4)
+p.add_argument("--gloo-bytes", type=int, default=16 << 20)
+a = p.parse_args()
+
+ringrec.init()
+r = ringrec.rank()
+
+
+def iters(size):
+    # As `ringrec bench allreduce`: small sizes until 8 MiB moved (at most 1000), large at least 3.
+    return max(3, min(1000, (8 << 20) // size))
+
+
+def timed(f, n, warm=3):
+    for _ in range(warm):
+        f()
+    ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    return (time.perf_counter() - t) / n
+
+
+size = a.min_bytes
+while size <= a.max_bytes:
+    x = np.full(size // 4, 1.0 + r, np.float32)
+    n = iters(size)
+    out = {}
+
+    def once():
+        out["y"] = ringrec.allreduce(x, name="bench.%d" % size, op=ringrec.Sum)
+
+    t = timed(once, n)
+    assert np.allclose(out["y"][:4], 3.0)
+    ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+    t_rust = ringrec._ringrec.bench_allreduce("bench.rust.%d" % size, size // 4, n)
+    if r == 0:
+        print(json.dumps({"what": "python", "size": size, "iters": n, "time_us": t * 1e6}), flush=True)
+        print(json.dumps({"what": "rust-engine", "size": size, "iters": n, "time_us": t_rust * 1e6}), flush=True)
+    size *= a.factor
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1")))
+dist.init_process_group("gloo", rank=r, world_size=ringrec.size())
+for size in (a.gloo_bytes,):
+    t_ = torch.full((size // 4,), 1.0 + r)
+    n = iters(size)
+    for _ in range(3):
+        dist.all_reduce(t_)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t_)
+    t = (time.perf_counter() - t0) / n
+    if r == 0:
+        print(json.dumps({"what": "gloo", "size": size, "iters": n, "time_us": t * 1e6}), flush=True)
+dist.destroy_process_group()

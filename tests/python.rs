@@ -1,0 +1,82 @@
+//! The `ringrec` Python module (python/, issue 32) under real mpirun: Horovod's API at 1, 2
+//! and 4 ranks (4 as 2 simulated hosts) against numpy (tests/python/api.py), the torch
+//! `DistributedOptimizer` against torch DDP over gloo (tests/python/ddp.py), and a rank that
+//! raises ending the job with its traceback (tests/python/raises.py).
+//!
+//! Needs the module's venv and this checkout's extension (scripts/python-venv.sh: numpy,
+//! torch, maturin; the extension in `<target>/python-site`), named by
+//! `RINGREC_TEST_PYTHON_MODULE`; skipped without it, a failure in CI.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn script(name: &str) -> String {
+    format!("{}/tests/python/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's python and the site directory holding the extension, or None (printed as
+/// `skipped: ...`; in CI, a failure).
+fn module_python(modules: &str) -> Option<(String, PathBuf)> {
+    let site = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("target dir").join("python-site");
+    let why = match std::env::var("RINGREC_TEST_PYTHON_MODULE") {
+        Err(_) => "RINGREC_TEST_PYTHON_MODULE is not set (scripts/python-venv.sh makes the venv and builds the extension)".to_string(),
+        Ok(py) => {
+            let ok = std::process::Command::new(&py).env("PYTHONPATH", &site).args(["-c", &format!("import ringrec, {modules}")]).output();
+            match ok {
+                Ok(o) if o.status.success() => return Some((py, site)),
+                Ok(o) => format!("{py} with PYTHONPATH={} cannot import ringrec, {modules}: {}", site.display(), String::from_utf8_lossy(&o.stderr).trim()),
+                Err(e) => format!("cannot run {py}: {e}"),
+            }
+        }
+    };
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: the Python module's venv is required: {why}");
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// `python script` under mpirun with `np` ranks and `env`.
+fn run(np: usize, name: &str, env: &[(&str, &str)], timeout: Duration) -> Option<common::Job> {
+    let (py, site) = module_python(if name == "ddp.py" { "numpy, torch" } else { "numpy" })?;
+    let site = site.to_str().expect("utf8 path").to_string();
+    let mut env: Vec<(&str, &str)> = env.to_vec();
+    env.push(("PYTHONPATH", &site));
+    // A tensor some rank never submits ends the job instead of waiting for the test's deadline.
+    env.push(("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", "60"));
+    env.push(("OMP_NUM_THREADS", "1"));
+    Some(common::mpirun_exe(Path::new(&py), np, &env, &[&script(name)], timeout))
+}
+
+fn count(job: &common::Job, prefix: &str) -> usize {
+    job.stdout.lines().filter(|l| l.starts_with(prefix)).count()
+}
+
+#[test]
+fn the_api_matches_numpy_at_1_2_and_4_ranks_on_2_hosts() {
+    for (np, per_host) in [(1, "0"), (2, "0"), (4, "2")] {
+        let Some(job) = run(np, "api.py", &[("RINGREC_RANKS_PER_HOST", per_host)], Duration::from_secs(300)) else { return };
+        job.assert_ok();
+        assert_eq!(count(&job, "api ok rank "), np, "{}", job.all());
+    }
+}
+
+#[test]
+fn distributed_optimizer_trains_as_torch_ddp_within_1e_5() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port().to_string();
+    let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str()), ("STEPS", "8")];
+    let Some(job) = run(2, "ddp.py", &env, Duration::from_secs(300)) else { return };
+    job.assert_ok();
+    assert_eq!(count(&job, "ddp ok rank "), 2, "{}", job.all());
+}
+
+#[test]
+fn a_rank_that_raises_ends_the_job_with_its_traceback() {
+    let Some(job) = run(2, "raises.py", &[("RAISE_RANK", "1")], Duration::from_secs(120)) else { return };
+    let all = job.all();
+    assert!(!job.timed_out && job.code != Some(0), "the job must end, failing:\n{all}");
+    assert!(job.elapsed < Duration::from_secs(60), "the job took {:?} to end:\n{all}", job.elapsed);
+    assert!(all.contains("ringrec rank 1: uncaught Python exception, ending the job:"), "{all}");
+    assert!(all.contains("Traceback (most recent call last):") && all.contains("KeyError: 'boom on purpose from rank 1'"), "{all}");
+    assert!(!all.contains("unreachable"), "{all}");
+}

@@ -34,21 +34,25 @@ use crate::model::DenseModel;
 /// Share of the GPU's free memory (once the model is there) the default cache takes.
 pub const DEFAULT_FREE_SHARE: f64 = 0.25;
 
-/// An upload: host staging and the device buffer it goes to.
+/// An upload: host staging (of `cap` elements) and the device buffer it goes to.
 struct Upload<D: Device, T: Scalar> {
     host: D::Staging<T>,
+    cap: usize,
     dev: D::Buf<T>,
 }
 
 impl<D: Device, T: Scalar> Upload<D, T> {
     fn new(dev: &D) -> DeviceResult<Upload<D, T>> {
-        Ok(Upload { host: dev.staging(0, Direction::ToDevice)?, dev: dev.alloc(1)? })
+        Ok(Upload { host: dev.staging(0, Direction::ToDevice)?, cap: 0, dev: dev.alloc(1)? })
     }
 
-    /// The host view of `n` elements to fill (waits for the copies still reading it).
+    /// The host view of `n` elements to fill: one [`Device::host`], which waits for the
+    /// copies still reading the staging (the wait `RINGREC_HOST_FAULT=no-staging-wait`
+    /// removes).
     fn fill<'a>(&'a mut self, dev: &D, n: usize) -> DeviceResult<&'a mut [T]> {
-        if dev.host(&mut self.host)?.len() < n {
+        if self.cap < n {
             self.host = dev.staging(n, Direction::ToDevice)?;
+            self.cap = n;
         }
         Ok(&mut dev.host(&mut self.host)?[..n])
     }
@@ -96,7 +100,7 @@ fn removed(c: RowCounts) -> u64 {
 pub fn cache_slots<D: Device>(cfg: &TrainConfig, dev: &D, table: &EmbeddingTable) -> usize {
     let h = table.header();
     let bytes = match cfg.gpu_cache_mib {
-        Some(mib) => mib << 20,
+        Some(mib) => (mib * (1u64 << 20) as f64) as u64,
         None if cfg.device == Placement::Cpu || cfg.gpu_cache_unsupported().is_some() => 0,
         None => dev.free_memory().map_or(0, |free| (free as f64 * DEFAULT_FREE_SHARE) as u64),
     };
@@ -235,5 +239,104 @@ impl<D: Device> GpuCache<D> {
         let acc = dev.to_vec(&self.acc, dev.len(&self.acc))?;
         let dim = self.dim;
         Ok(self.dir.entries().into_iter().map(|(k, s)| (k, rows[s as usize * dim..(s as usize + 1) * dim].to_vec(), if self.adagrad { acc[s as usize] } else { 0.0 })).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{CpuDevice, HostDelay, HostFault, HostKernels, HostOptions};
+    use crate::embedding::TableConfig;
+    use crate::hash::Stream;
+
+    const DIM: usize = 8;
+    const LR: f32 = 0.05;
+
+    /// A table of keys `0..keys` after one update, in a fresh file.
+    fn table(name: &str, optimizer: OptimizerKind, keys: u64) -> EmbeddingTable {
+        let dir = std::env::temp_dir().join(format!("ringrec-gpu-cache-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = TableConfig { optimizer, ..TableConfig::new(DIM as u32, 1024) };
+        let mut t = EmbeddingTable::create(&dir.join("t.rrt"), &cfg).unwrap();
+        let all: Vec<u64> = (0..keys).collect();
+        t.apply_updates(&all, &grads(&mut Stream(99), all.len()), LR).unwrap();
+        t
+    }
+
+    /// Gradient rows with the values that test rounding: large and tiny, negative, zero
+    /// and negative zero.
+    fn grads(rng: &mut Stream, n: usize) -> Vec<f32> {
+        (0..n * DIM)
+            .map(|i| match i % 11 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => (rng.unit() as f32 - 0.5) * 1e-20,
+                3 => (rng.unit() as f32 - 0.5) * 1e6,
+                _ => rng.unit() as f32 * 2.0 - 1.0,
+            })
+            .collect()
+    }
+
+    /// Caches the keys of `table` seen most (refresh after one step), then applies
+    /// `rounds` merged lists to both; returns the cached (key, row, accumulator) triples
+    /// that differ from the table's, with the number compared.
+    fn run<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize) -> (Vec<u64>, usize) {
+        let mut t = table(name, optimizer, 200);
+        let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
+        let seen: Vec<u64> = (0..120).collect();
+        let inverse: Vec<u32> = (0..120u32).chain(0..40).collect();
+        cache.dir.observe(&seen, &inverse);
+        cache.after_step(dev, &t, 1).unwrap();
+        assert_eq!(cache.dir.len(), 64);
+        let mut rng = Stream(7);
+        for _ in 0..rounds {
+            // A merged list: distinct keys in order, some cached, some not.
+            let keys: Vec<u64> = (0..200).filter(|_| rng.below(3) != 0).collect();
+            let g = grads(&mut rng, keys.len());
+            t.apply_updates(&keys, &g, LR).unwrap();
+            cache.apply(dev, &keys, &g).unwrap();
+        }
+        let contents = cache.contents(dev).unwrap();
+        let mut row = vec![0f32; DIM];
+        let differ = contents
+            .iter()
+            .filter(|(k, r, a)| {
+                t.lookup(&[*k], &mut row).unwrap();
+                let acc = t.accumulator(*k).unwrap_or(0.0);
+                bytemuck::cast_slice::<f32, u32>(&row) != bytemuck::cast_slice::<f32, u32>(r) || acc.to_bits() != a.to_bits()
+            })
+            .map(|(k, _, _)| *k)
+            .collect();
+        (differ, contents.len())
+    }
+
+    #[test]
+    fn cached_rows_stay_the_table_rows_bit_for_bit() {
+        let host = HostKernels::new().unwrap();
+        let delayed = HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed: 3, max_us: 300 }), fault: None }).unwrap();
+        for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
+            let (d, n) = run(&CpuDevice::new(2), opt, &format!("cpu-{opt}"), 5);
+            assert!(d.is_empty() && n == 64, "{opt} on the CPU device: keys {d:?} differ from the table");
+            let (d, n) = run(&host, opt, &format!("host-{opt}"), 5);
+            assert!(d.is_empty() && n == 64, "{opt} on the host kernels: keys {d:?} differ from the table");
+            let (d, _) = run(&delayed, opt, &format!("delayed-{opt}"), 5);
+            assert!(d.is_empty(), "{opt} on the host kernels with delays: keys {d:?} differ from the table");
+        }
+    }
+
+    #[test]
+    fn a_staging_refilled_before_its_upload_ran_breaks_the_cache() {
+        // RINGREC_HOST_FAULT=no-staging-wait removes the wait in `Device::host` that keeps
+        // the next update list (or a refresh's rows) from overwriting the staging an update
+        // still reads: with delays in the queue, the cached rows then stop matching.
+        let dev = |seed, fault| HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed, max_us: 2000 }), fault }).unwrap();
+        let broke = (1..=4).any(|seed| !run(&dev(seed, Some(HostFault::NoStagingWait)), OptimizerKind::Adagrad, &format!("fault-{seed}"), 6).0.is_empty());
+        assert!(broke, "the removed staging wait went unnoticed");
+        // The same delays with the wait in place change nothing.
+        for seed in 1..=2 {
+            let (d, _) = run(&dev(seed, None), OptimizerKind::Adagrad, &format!("nofault-{seed}"), 6);
+            assert!(d.is_empty(), "delay seed {seed} without the fault: keys {d:?} differ");
+        }
     }
 }

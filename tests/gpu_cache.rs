@@ -137,7 +137,7 @@ fn unsupported_combinations_are_refused_naming_the_flags() {
         (&["--device", "host", "--gpu-cache-mib", "1", "--table-dtype", "bf16"][..], "--table-dtype"),
         (&["--device", "host", "--gpu-cache-mib", "1", "--sync-every", "2", "--sparse-optimizer", "sgd"][..], "--sync-every"),
         (&["--device", "host", "--gpu-cache-refresh", "0"][..], "--gpu-cache-refresh"),
-        (&["--device", "host", "--gpu-cache-mib", "-1"][..], "--gpu-cache-mib"),
+        (&["--device", "host", "--gpu-cache-mib=-1"][..], "MiB of GPU memory"),
     ] {
         let job = train(1, &[], args);
         assert!(job.code != Some(0), "{args:?} was accepted:\n{}", job.all());

@@ -465,7 +465,7 @@ impl TrainConfig {
     /// with (each refusal names both flags and what to do). The default size turns the
     /// cache off for these combinations instead of refusing them. Eviction and expiry are
     /// supported: a step that removed rows from the table empties every cache (the next
-    /// refresh fills it again).
+    /// step fills it again).
     pub fn validate_gpu_cache(&self) -> TrainResult<()> {
         if let Some(m) = self.gpu_cache_mib.filter(|m| !(m.is_finite() && *m >= 0.0)) {
             return Err(TrainError::Config(format!("--gpu-cache-mib {m}: give the MiB of GPU memory for the hot-row cache, >= 0 (0: off)")));

@@ -16,8 +16,8 @@
 //!   those (slot, gradient row) entries are uploaded and applied by [`Op::CacheUpdate`]
 //!   with the table's own arithmetic, so cached rows stay equal to the host's bit for bit.
 //! - **Between steps** ([`GpuCache::after_step`]): a step that removed rows from the table
-//!   (eviction, expiry) empties the cache; every `--gpu-cache-refresh` steps the keys are
-//!   chosen anew and the entering keys' rows and accumulators are read from the host table
+//!   (eviction, expiry) empties the cache; every `--gpu-cache-refresh` steps, and after a
+//!   step that leaves the cache empty (the first one, a removal), the keys are chosen anew and the entering keys' rows and accumulators are read from the host table
 //!   (after the step's host barrier) and put into their slots ([`Op::CachePut`]).
 //!
 //! Every copy to the device is queued in stream order before the work that reads it, and a
@@ -192,8 +192,8 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Between steps, after global step `step` (from 1) and its host barrier: empties the
-    /// cache if the step removed rows from `table`; every `--gpu-cache-refresh` steps,
-    /// chooses its keys anew and puts the entering keys' rows and accumulators, read from
+    /// cache if the step removed rows from `table`; every `--gpu-cache-refresh` steps (and
+    /// while it is empty), chooses its keys anew and puts the entering keys' rows and accumulators, read from
     /// `table`, into their slots.
     pub fn after_step(&mut self, dev: &D, table: &EmbeddingTable, step: u64) -> TrainResult<()> {
         if self.capacity() == 0 {
@@ -204,7 +204,9 @@ impl<D: Device> GpuCache<D> {
             self.removed = now;
             self.dir.clear();
         }
-        if step % self.refresh_every != 0 {
+        // Due every `--gpu-cache-refresh` steps, and after any step that leaves it empty
+        // (the first, a removal): an empty cache waits for nothing.
+        if step % self.refresh_every != 0 && !self.dir.is_empty() {
             return Ok(());
         }
         let r = self.dir.refresh(|k| table.contains(k));

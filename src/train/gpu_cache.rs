@@ -66,6 +66,17 @@ impl<D: Device, T: Scalar> Upload<D, T> {
     }
 }
 
+/// The step's own key gradients ([`GpuCache::apply`]): this rank's unique keys (in key
+/// order), their gradient rows as downloaded, and the device buffer that holds them.
+pub struct OwnGrads<'a, D: Device> {
+    /// The unique keys of the step's batch, sorted.
+    pub keys: &'a [u64],
+    /// Their gradient rows (keys x dim), the host copy.
+    pub host: &'a [f32],
+    /// The same rows on the device.
+    pub dev: &'a D::Buf<f32>,
+}
+
 /// The device side of one rank's hot-row cache (see the module docs).
 pub struct GpuCache<D: Device> {
     dir: CacheDirectory,
@@ -78,8 +89,10 @@ pub struct GpuCache<D: Device> {
     /// Cached rows (capacity x dim) and accumulators (capacity; one value for SGD).
     rows: D::Buf<f32>,
     acc: D::Buf<f32>,
-    /// The update's and the refresh's uploads: slots, rows, accumulators.
+    /// The update's and the refresh's uploads: slots, rows, accumulators, and the rows'
+    /// indices among the step's own key gradients.
     slots: Upload<D, u32>,
+    index: Upload<D, u32>,
     values: Upload<D, f32>,
     accs: Upload<D, f32>,
     /// Indices of the merged list's cached entries (scratch).
@@ -126,6 +139,7 @@ impl<D: Device> GpuCache<D> {
             rows: dev.alloc((slots * dim).max(1)).map_err(err)?,
             acc: dev.alloc(slots.max(1)).map_err(err)?,
             slots: Upload::new(dev).map_err(err)?,
+            index: Upload::new(dev).map_err(err)?,
             values: Upload::new(dev).map_err(err)?,
             accs: Upload::new(dev).map_err(err)?,
             at: Vec::new(),
@@ -170,12 +184,35 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Applies the merged list the leader applied (`keys`, normalised gradient rows
-    /// `grads`) to the cached rows on `dev`.
-    pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32]) -> TrainResult<()> {
+    /// `grads`) to the cached rows on `dev`. Where every cached entry's row is, bit for bit,
+    /// this rank's own key gradient of the step (`own`; in a world of one rank the merge of
+    /// one list normalised by a count of 1), the rows are read where the device holds them
+    /// and only slots and indices travel; else the rows are uploaded.
+    pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32], own: Option<OwnGrads<'_, D>>) -> TrainResult<()> {
         self.dir.select_cached(keys, &mut self.at, &mut self.slot_list);
         let (n, dim) = (self.at.len(), self.dim);
         if n == 0 {
             return Ok(());
+        }
+        if let Some(o) = own {
+            let mut index = Vec::with_capacity(n);
+            let same = self.at.iter().all(|i| {
+                let i = *i as usize;
+                let Ok(p) = o.keys.binary_search(&keys[i]) else { return false };
+                index.push(p as u32);
+                let (merged, mine) = (&grads[i * dim..(i + 1) * dim], o.host.get(p * dim..(p + 1) * dim).unwrap_or(&[]));
+                merged.len() == mine.len() && merged.iter().zip(mine).all(|(a, b)| a.to_bits() == b.to_bits())
+            });
+            if same {
+                self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
+                self.index.fill(dev, n)?.copy_from_slice(&index);
+                self.slots.send(dev, n)?;
+                self.index.send(dev, n)?;
+                self.dir.counters_mut().uploaded(8 * n);
+                let (slots, index) = (&self.slots.dev, &self.index.dev);
+                dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+                return Ok(());
+            }
         }
         self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
         let rows = self.values.fill(dev, n * dim)?;
@@ -187,7 +224,7 @@ impl<D: Device> GpuCache<D> {
         self.values.send(dev, n * dim)?;
         self.dir.counters_mut().uploaded(4 * (n + n * dim));
         let (slots, grads) = (&self.slots.dev, &self.values.dev);
-        dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+        dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads, index: None, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
         Ok(())
     }
 
@@ -284,6 +321,12 @@ mod tests {
     /// `rounds` merged lists to both; returns the cached (key, row, accumulator) triples
     /// that differ from the table's, with the number compared.
     fn run<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize) -> (Vec<u64>, usize) {
+        run_with(dev, optimizer, name, rounds, false).0
+    }
+
+    /// [`run`]; with `own`, each list is also the step's own key gradients, on the device
+    /// too. Also returns the bytes the cache uploaded.
+    fn run_with<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize, own: bool) -> ((Vec<u64>, usize), u64) {
         let mut t = table(name, optimizer, 200);
         let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
         let seen: Vec<u64> = (0..120).collect();
@@ -292,12 +335,20 @@ mod tests {
         cache.after_step(dev, &t, 1).unwrap();
         assert_eq!(cache.dir.len(), 64);
         let mut rng = Stream(7);
+        let mut on_device = Vec::new();
         for _ in 0..rounds {
             // A merged list: distinct keys in order, some cached, some not.
             let keys: Vec<u64> = (0..200).filter(|_| rng.below(3) != 0).collect();
             let g = grads(&mut rng, keys.len());
             t.apply_updates(&keys, &g, LR).unwrap();
-            cache.apply(dev, &keys, &g).unwrap();
+            if own {
+                let mut buf = dev.alloc(g.len()).unwrap();
+                dev.write(&g, &mut buf, 0).unwrap();
+                cache.apply(dev, &keys, &g, Some(OwnGrads { keys: &keys, host: &g, dev: &buf })).unwrap();
+                on_device.push(buf);
+            } else {
+                cache.apply(dev, &keys, &g, None).unwrap();
+            }
         }
         let contents = cache.contents(dev).unwrap();
         let mut row = vec![0f32; DIM];
@@ -310,7 +361,20 @@ mod tests {
             })
             .map(|(k, _, _)| *k)
             .collect();
-        (differ, contents.len())
+        ((differ, contents.len()), cache.counters().bytes_uploaded)
+    }
+
+    #[test]
+    fn a_world_of_one_updates_from_the_key_gradients_on_the_device() {
+        let host = HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed: 5, max_us: 300 }), fault: None }).unwrap();
+        for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
+            let ((d, n), sent) = run_with(&host, opt, &format!("own-{opt}"), 5, true);
+            assert!(d.is_empty() && n == 64, "{opt}: keys {d:?} differ from the table");
+            let ((_, _), uploaded_rows) = run_with(&host, opt, &format!("rows-{opt}"), 5, false);
+            assert!(sent < uploaded_rows, "{opt}: {sent} bytes sent with the rows on the device, {uploaded_rows} without");
+            let ((d, _), _) = run_with(&CpuDevice::new(2), opt, &format!("own-cpu-{opt}"), 5, true);
+            assert!(d.is_empty(), "{opt} on the CPU device: keys {d:?} differ");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ringrec::data::cache::Dataset;
 use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
-use ringrec::data::synth::{synth_with, PlantedModel};
+use ringrec::data::synth::{synth_shaped, PlantedModel, ValueShape, ZIPF_EXPONENT};
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -50,6 +50,14 @@ pub enum DataCommand {
         /// those of the file without the flag; only the labels differ.
         #[arg(long)]
         interactions: bool,
+        /// Multiply every field's vocabulary (10 to 100,000 values) by N: 31 gives the 26
+        /// fields a key space of 10 million, 300 one of 97 million (the largest field 30
+        /// million values). The default file is unchanged by `--vocab-scale 1`.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        vocab_scale: u32,
+        /// Zipf exponent of the values' draw by rank (default 1.1).
+        #[arg(long, value_name = "S", default_value_t = ZIPF_EXPONENT)]
+        zipf: f64,
     },
     /// Verify a cache file (every block's CRC-32) and print its header, row count and CTR.
     Inspect {
@@ -84,12 +92,13 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.report
             );
         }
-        DataCommand::Synth { rows, out, seed, interactions } => {
+        DataCommand::Synth { rows, out, seed, interactions, vocab_scale, zipf } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };
-            let s = synth_with(&out, rows, seed, model)?;
+            let shape = ValueShape::new(vocab_scale, zipf)?;
+            let s = synth_shaped(&out, rows, seed, model, shape)?;
             println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}",
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}{}",
                 s.path.display(),
                 s.rows,
                 s.bytes,
@@ -98,7 +107,8 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.positives,
                 s.bayes_auc,
                 s.seed,
-                if interactions { " (planted interactions: first-order + factorisation machine + deep)" } else { "" }
+                if interactions { " (planted interactions: first-order + factorisation machine + deep)" } else { "" },
+                if shape == ValueShape::default() { String::new() } else { format!("; values Zipf({}) over vocabularies x{} (key space {})", shape.zipf, shape.vocab_scale, shape.key_space()) }
             );
         }
         DataCommand::Inspect { path, json } => {

@@ -114,6 +114,7 @@
 //! The sparse-parameter file (import/export) is described in [`params`].
 
 pub mod admit;
+pub mod cache;
 pub mod error;
 pub mod evict;
 pub mod format;
@@ -127,6 +128,7 @@ pub mod snapshot;
 pub mod table;
 pub mod update;
 
+pub use cache::{CacheCounters, CacheDirectory, Refresh, StagingPlan};
 pub use error::{TableError, TableResult};
 pub use evict::Evict;
 pub use format::{Extras, Header, Layout, OptimizerKind, RowCounts, StorageDtype, EMPTY_KEY};

@@ -22,3 +22,10 @@ template <typename... A>
 static void rr_invoke(void (*f)(A...), void** args) {
     rr_invoke_(f, args, std::index_sequence_for<A...>{});
 }
+// CUDA's correctly rounded single operations (kernels/cache.cu): plain IEEE operations in a
+// host build, which compiles with -ffp-contract=off.
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }

@@ -147,6 +147,13 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
     if s.samples_merged + s.samples_dropped_by_weight > 0 {
         println!("sample weights: {} rows merged into identical ones, {} left out below --min-sample-weight", s.samples_merged, s.samples_dropped_by_weight);
     }
+    let g = &s.gpu_cache;
+    if g.slots > 0 {
+        println!(
+            "GPU hot-row cache: {} slots ({:.1} MiB) per rank, hit rate {:.3}, {:.0} bytes uploaded and {:.0} downloaded per sample, {} rows refreshed",
+            g.slots, g.mib, g.hit_rate, g.bytes_uploaded_per_sample, g.bytes_downloaded_per_sample, g.rows_refreshed
+        );
+    }
     if s.table_growths + s.table_evictions + s.table_expirations + s.table_refused > 0 {
         println!(
             "table: {} rows in {} slots ({:.1} MiB); grew {} times ({:.2} s); {} rows evicted, {} expired; {} gradients of keys without a row dropped",

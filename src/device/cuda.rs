@@ -132,6 +132,9 @@ mod imp {
         fn kind(&self) -> &'static str {
             "cuda"
         }
+        fn free_memory(&self) -> Option<u64> {
+            self.ctx.mem_get_info().ok().map(|(free, _)| free as u64)
+        }
         fn fork(&self) -> DeviceResult<CudaDevice> {
             let stream = self.ctx.new_stream().map_err(call("creating a stream"))?;
             let blas = blas_on(&stream)?;

@@ -29,6 +29,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cast", include_str!("../../kernels/cast.cu")),
     ("compress", include_str!("../../kernels/compress.cu")),
     ("models", include_str!("../../kernels/models.cu")),
+    ("cache", include_str!("../../kernels/cache.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -92,11 +93,17 @@ pub enum Kernel {
     FmSecondOrder,
     /// Its backward.
     FmSecondOrderGrad,
+    /// Row gather from the hot-row cache or the staged misses.
+    GatherSourced,
+    /// The host table's optimizer step on cached rows.
+    CacheUpdate,
+    /// Rows (and accumulators) put into cache slots.
+    CachePut,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -126,6 +133,9 @@ impl Kernel {
         Kernel::StripFirstOrderGrad,
         Kernel::FmSecondOrder,
         Kernel::FmSecondOrderGrad,
+        Kernel::GatherSourced,
+        Kernel::CacheUpdate,
+        Kernel::CachePut,
     ];
 
     /// The function's name in its source.
@@ -160,6 +170,9 @@ impl Kernel {
             Kernel::StripFirstOrderGrad => "strip_first_order_grad",
             Kernel::FmSecondOrder => "fm_second_order",
             Kernel::FmSecondOrderGrad => "fm_second_order_grad",
+            Kernel::GatherSourced => "gather_sourced",
+            Kernel::CacheUpdate => "cache_update",
+            Kernel::CachePut => "cache_put",
         }
     }
 
@@ -179,6 +192,7 @@ impl Kernel {
             | Kernel::StripFirstOrderGrad
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
+            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
             _ => "dense",
         }
     }

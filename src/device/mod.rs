@@ -40,6 +40,10 @@ pub use ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 pub use libs::CudaLib;
 pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};
 
+/// The top bit of a hot-row cache source ([`Op::GatherSourced`]): the row is not cached but
+/// staged, at the index in the low 31 bits.
+pub const CACHE_MISS: u32 = 1 << 31;
+
 use crate::dtype::Element;
 use crate::tensor::Tensor;
 
@@ -223,6 +227,11 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn describe(&self) -> String;
     /// The device type's short name (`cpu`, `cuda`, `host-kernels`).
     fn kind(&self) -> &'static str;
+    /// Bytes of device memory free now, where the device has memory of its own (a GPU);
+    /// `None` for devices whose memory is the host's.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
     /// Another queue on the same device (a second stream on a GPU): work queued on it runs
     /// concurrently with this queue's, ordered by the buffers both touch. The engine moves
     /// gradients on a fork while backward continues on the original.

@@ -227,6 +227,19 @@ pub enum Op<'a, D: Device> {
     /// `r * stride + at` of `gathered`), decoded and added in rank order from 0, into
     /// `x[..n]`; divided by `ranks` when `average`.
     OneBitDecodeSum { gathered: &'a D::Buf<u32>, stride: usize, at: usize, ranks: usize, x: &'a mut D::Buf<f32>, n: usize, block: usize, average: bool },
+    /// [`Op::GatherRows`] through the GPU hot-row cache (kernels/cache.cu): unique key `u`'s
+    /// row is row `source[u]` of `cache`, or, when `source[u]` has its top bit
+    /// ([`crate::device::CACHE_MISS`]) set, row `source[u] & !CACHE_MISS` of `misses`.
+    GatherSourced { cache: &'a D::Buf<f32>, misses: &'a D::Buf<f32>, source: &'a D::Buf<u32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// The host table's optimizer step on cached rows, bit for bit (the arithmetic of
+    /// `embedding::update`): for entry `e < n`, gradient row `grads[e * dim ..]` updates row
+    /// `slots[e]` of `rows` — SGD `w -= lr * g`, or with `adagrad` (accumulators `acc`, one
+    /// per row) `acc += sum(g^2) / dim; w -= lr * g / (sqrt(acc) + eps)`, each operation
+    /// rounded on its own, sums in order. Slots must be distinct.
+    CacheUpdate { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, grads: &'a D::Buf<f32>, n: usize, dim: usize, lr: f32, eps: f32, adagrad: bool },
+    /// Rows put into cache slots: `values[e * dim ..]` into row `slots[e]` of `rows` for
+    /// `e < n`, and with `has_acc`, `accs[e]` into `acc[slots[e]]`.
+    CachePut { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, values: &'a D::Buf<f32>, accs: &'a D::Buf<f32>, n: usize, dim: usize, has_acc: bool },
 }
 
 pub use crate::onebit::scales as onebit_scales;
@@ -289,6 +302,9 @@ impl<D: Device> Op<'_, D> {
             Op::FromHalf { .. } => "from_half",
             Op::OneBitEncode { .. } => "onebit_encode",
             Op::OneBitDecodeSum { .. } => "onebit_decode_sum",
+            Op::GatherSourced { .. } => "gather_sourced",
+            Op::CacheUpdate { .. } => "cache_update",
+            Op::CachePut { .. } => "cache_put",
         }
     }
 
@@ -358,7 +374,10 @@ impl<D: Device> Op<'_, D> {
             | Op::FirstOrderSum { .. }
             | Op::StripFirstOrderGrad { .. }
             | Op::FmSecondOrder { .. }
-            | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
+            | Op::FmSecondOrderGrad { .. }
+            | Op::GatherSourced { .. }
+            | Op::CacheUpdate { .. }
+            | Op::CachePut { .. } => self.check_model(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)
@@ -395,7 +414,8 @@ impl<D: Device> Op<'_, D> {
 }
 
 impl<D: Device> Op<'_, D> {
-    /// [`Op::check`] of the models' kernels (kernels/models.cu).
+    /// [`Op::check`] of the models' kernels (kernels/models.cu) and the hot-row cache's
+    /// (kernels/cache.cu).
     fn check_model(&self, dev: &D) -> DeviceResult<()> {
         let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
         match self {
@@ -451,6 +471,22 @@ impl<D: Device> Op<'_, D> {
                 f("emb", dev.len(*emb), rows * stride)?;
                 f("dout", dev.len(*dout), *rows)?;
                 f("demb", dev.len(&**demb), rows * stride)
+            }
+            Op::GatherSourced { index, out, rows, per_row, dim, stride, .. } => {
+                if per_row * dim > *stride {
+                    return Err(DeviceError::refused("gather_sourced", format!("{per_row} rows of {dim} do not fit an output row of {stride}")));
+                }
+                f("index", dev.len(*index), rows * per_row)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::CacheUpdate { slots, grads, n, dim, .. } => {
+                f("slots", dev.len(*slots), *n)?;
+                f("grads", dev.len(*grads), n * dim)
+            }
+            Op::CachePut { slots, values, accs, n, dim, has_acc, .. } => {
+                f("slots", dev.len(*slots), *n)?;
+                f("values", dev.len(*values), n * dim)?;
+                f("accs", dev.len(*accs), if *has_acc { *n } else { 0 })
             }
             _ => Ok(()),
         }
@@ -551,6 +587,15 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => {
             let scales = onebit_scales(n, block);
             dev.launch(Kernel::OneBitUnpackSum, n, &mut [InU32(gathered), Out(x, 0), int(n)?, int(ranks)?, long(stride), long(at), KernelArg::I32(average as i32), int(block)?, int(scales)?])
+        }
+        Op::GatherSourced { cache, misses, source, index, out, rows, per_row, dim, stride } => {
+            dev.launch(Kernel::GatherSourced, rows * per_row * dim, &mut [In(cache, 0), In(misses, 0), InU32(source), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?])
+        }
+        Op::CacheUpdate { rows, acc, slots, grads, n, dim, lr, eps, adagrad } => {
+            dev.launch(Kernel::CacheUpdate, n, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(grads, 0), int(n)?, int(dim)?, F32(lr), F32(eps), KernelArg::I32(adagrad as i32)])
+        }
+        Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
+            dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])
         }
     }
 }

@@ -33,7 +33,7 @@ use super::format::OptimizerKind;
 
 /// Marks a source that is not a cache slot: the low 31 bits are the key's index among the
 /// batch's misses ([`StagingPlan::misses`]).
-pub const MISS: u32 = 1 << 31;
+pub const MISS: u32 = crate::device::CACHE_MISS;
 
 /// The default `--gpu-cache-refresh`: steps between two refreshes of the cache's keys.
 pub const DEFAULT_REFRESH_STEPS: u64 = 50;

@@ -68,13 +68,18 @@ struct Stage<D: Device> {
     weighted: bool,
     /// (samples, unique keys) staged here and not yet loaded.
     staged: Option<(usize, usize)>,
+    /// Each unique key's source in a hot-row cache ([`DenseModel::stage_sourced`]);
+    /// allocated on first use.
+    source: Option<D::Staging<u32>>,
+    /// The misses staged in `emb` when the staged batch has sources.
+    misses: Option<usize>,
 }
 
 impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, weights: None, weighted: false, staged: None })
+        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, weights: None, weighted: false, staged: None, source: None, misses: None })
     }
 }
 
@@ -99,13 +104,15 @@ struct Batch<D: Device> {
     key_grads: D::Buf<f32>,
     /// Per-sample weights of a weighted batch (`None`: every sample weighs 1).
     weights: Option<D::Buf<f32>>,
+    /// The sources of a batch staged with them (allocated on first use).
+    source: Option<D::Buf<u32>>,
 }
 
 impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None })
+        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -161,6 +168,8 @@ pub struct DenseModel<D: Device> {
     /// The gradient check's buffers (allocated on first use).
     check: Option<GradCheck<D>>,
     key_grads_host: D::Staging<f32>,
+    /// Bytes copied to and from the device so far ([`DenseModel::bytes_moved`]).
+    moved: std::cell::Cell<(u64, u64)>,
     /// Scratch of the CSR build.
     csr_next: Vec<u32>,
 }
@@ -189,6 +198,7 @@ impl<D: Device> DenseModel<D> {
             key_grads_host: dev.staging(0, Direction::FromDevice)?,
             fill: 0,
             loaded: None,
+            moved: std::cell::Cell::new((0, 0)),
             csr_next: Vec::new(),
             layout,
             spec,
@@ -227,17 +237,51 @@ impl<D: Device> DenseModel<D> {
     /// anything back relies on it (tests/device.rs: the run-ahead comparison, which fails
     /// with `RINGREC_HOST_FAULT=no-staging-wait`).
     pub fn stage(&mut self, batch: usize, keys: usize) -> DeviceResult<StageMut<'_>> {
+        self.stage_rows(batch, keys, keys)
+    }
+
+    /// [`DenseModel::stage`] for a batch whose rows come from a hot-row cache (issue 30):
+    /// `emb` holds the rows of its `misses` only (misses x dim), and the second slice, one
+    /// value per unique key, each key's source: its cache row, or [`crate::device::CACHE_MISS`]
+    /// | its row in `emb`. Load it with [`DenseModel::load_cached`].
+    pub fn stage_sourced(&mut self, batch: usize, keys: usize, misses: usize) -> DeviceResult<(StageMut<'_>, &mut [u32])> {
+        let st = &mut self.stages[self.fill];
+        if st.source.is_none() {
+            st.source = Some(self.dev.staging(0, Direction::ToDevice)?);
+        }
+        if let Some(source) = st.source.as_mut() {
+            grow_staging(&self.dev, source, keys, Direction::ToDevice)?;
+        }
+        self.stage_rows(batch, keys, misses)?;
+        let st = &mut self.stages[self.fill];
+        st.misses = Some(misses);
+        let InputLayout { fields, dim, ndense } = self.layout;
+        let dev = &self.dev;
+        let a = &mut st.arrays;
+        let source = st.source.as_mut().ok_or_else(|| DeviceError::refused("staging sources", "no staging buffer"))?;
+        let stage = StageMut {
+            emb: &mut dev.host(&mut a.emb)?[..misses * dim],
+            inverse: &mut dev.host(&mut a.inverse)?[..batch * fields],
+            dense: &mut dev.host(&mut a.dense)?[..batch * ndense],
+            labels: &mut dev.host(&mut a.labels)?[..batch],
+        };
+        Ok((stage, &mut dev.host(source)?[..keys]))
+    }
+
+    /// The staging slot for `batch` samples, `keys` unique keys and `rows` staged rows.
+    fn stage_rows(&mut self, batch: usize, keys: usize, rows: usize) -> DeviceResult<StageMut<'_>> {
         let InputLayout { fields, dim, ndense } = self.layout;
         let dev = &self.dev;
         let st = &mut self.stages[self.fill];
         st.staged = Some((batch, keys));
         st.weighted = false;
+        st.misses = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         grow_staging(dev, &mut a.offsets, keys + 1, to)?;
         grow_staging(dev, &mut a.slots, batch * fields, to)?;
         Ok(StageMut {
-            emb: grow_staging(dev, &mut a.emb, keys * dim, to)?,
+            emb: grow_staging(dev, &mut a.emb, rows * dim, to)?,
             inverse: grow_staging(dev, &mut a.inverse, batch * fields, from)?,
             dense: grow_staging(dev, &mut a.dense, batch * ndense, to)?,
             labels: grow_staging(dev, &mut a.labels, batch, to)?,
@@ -266,7 +310,31 @@ impl<D: Device> DenseModel<D> {
     /// per-key CSR lists on the host), gathers the input and flips to the other staging
     /// slot. Returns (samples, keys).
     pub fn load(&mut self) -> DeviceResult<(usize, usize)> {
+        self.load_from(None)
+    }
+
+    /// [`DenseModel::load`] of a batch staged by [`DenseModel::stage_sourced`]: its input
+    /// gathered from the rows of `cache` and the staged misses ([`Op::GatherSourced`]).
+    pub fn load_cached(&mut self, cache: &D::Buf<f32>) -> DeviceResult<(usize, usize)> {
+        self.load_from(Some(cache))
+    }
+
+    /// Bytes copied to the device and from it so far (every upload, download and read).
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        self.moved.get()
+    }
+
+    fn count_moved(&self, up: usize, down: usize) {
+        let (u, d) = self.moved.get();
+        self.moved.set((u + up as u64, d + down as u64));
+    }
+
+    fn load_from(&mut self, cache: Option<&D::Buf<f32>>) -> DeviceResult<(usize, usize)> {
         let slot = self.fill;
+        let misses = self.stages[slot].misses;
+        if misses.is_some() != cache.is_some() {
+            return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
+        }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let InputLayout { fields, dim, ndense } = self.layout;
         let dev = &self.dev;
@@ -280,7 +348,8 @@ impl<D: Device> DenseModel<D> {
             build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
         }
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
-        dev.upload(&mut st.emb, keys * dim, &mut b.emb)?;
+        let rows = misses.unwrap_or(keys);
+        dev.upload(&mut st.emb, rows * dim, &mut b.emb)?;
         dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
         dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
@@ -298,12 +367,27 @@ impl<D: Device> DenseModel<D> {
             }
             _ => self.batch.weights = None,
         }
+        let weights = if stage.weighted { batch } else { 0 };
+        let mut moved = 4 * (rows * dim + 2 * batch * fields + batch * ndense + batch + keys + 1 + weights);
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
-        dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
+        match (cache, stage.source.as_mut()) {
+            (Some(cache), Some(src)) => {
+                if self.batch.source.is_none() {
+                    self.batch.source = Some(dev.alloc(0)?);
+                }
+                let buf = self.batch.source.as_mut().ok_or_else(|| DeviceError::refused("loading sources", "no buffer"))?;
+                grow(dev, buf, keys)?;
+                dev.upload(src, keys, buf)?;
+                moved += 4 * keys;
+                dev.exec(Op::GatherSourced { cache, misses: &b.emb, source: buf, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
+            }
+            _ => dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?,
+        }
         dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: fields * dim })?;
         self.fill = 1 - slot;
         self.loaded = Some((batch, keys));
+        self.count_moved(moved, 0);
         Ok((batch, keys))
     }
 
@@ -353,6 +437,7 @@ impl<D: Device> DenseModel<D> {
         let (dev, b) = (&self.dev, &mut self.batch);
         dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride: self.layout.width() })?;
         dev.download(&mut b.key_grads, keys * dim, &mut self.key_grads_host)?;
+        self.count_moved(0, 4 * keys * dim);
         Ok(&dev.host(&mut self.key_grads_host)?[..keys * dim])
     }
 
@@ -382,6 +467,7 @@ impl<D: Device> DenseModel<D> {
         }
         let mut sums = vec![0f32; layers];
         dev.read(check, 0, &mut sums)?;
+        self.count_moved(0, 4 * layers);
         Ok(sums.iter().position(|s| !s.is_finite()).map(|l| format!("the gradient of dense layer {l}")))
     }
 
@@ -396,6 +482,7 @@ impl<D: Device> DenseModel<D> {
         let sum = self.loss_sum.as_ref().ok_or_else(|| DeviceError::refused("reading the loss", "the loss sum is still being reduced"))?;
         let mut v = [0f32];
         self.dev.read(sum, 0, &mut v)?;
+        self.count_moved(0, 4);
         Ok(v[0] as f64)
     }
 

@@ -182,6 +182,17 @@ settings! {
         /// resumed run may change it.
         #[setting(flag = "--dense-precision", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "PRECISION")]
         pub dense_precision: GemmPrecision = GemmPrecision::F32,
+        /// MiB of each GPU's memory for the hot-row cache: the rows of the keys this rank
+        /// sees most (with their optimizer state), kept on the device and updated there exactly
+        /// as the host updates them, so only the other rows are uploaded (0: off). Default: on
+        /// --device cuda a quarter of the GPU's free memory once the model is there, at most
+        /// the rows the table can hold; 0 on host and cpu. Refused on --device cpu.
+        #[setting(flag = "--gpu-cache-mib", scope = Scope::Free("each rank's own GPU memory; results do not depend on it"), service = ServiceRole::Args, value_name = "MIB")]
+        pub gpu_cache_mib: Option<u64> = None,
+        /// Steps between two choices of the hot-row cache's keys (the most frequent in this
+        /// rank's recent batches).
+        #[setting(flag = "--gpu-cache-refresh", scope = Scope::Free("each rank's own cache; results do not depend on it"), service = ServiceRole::Args, value_name = "STEPS")]
+        pub gpu_cache_refresh: u64 = crate::embedding::cache::DEFAULT_REFRESH_STEPS,
         /// Sparse exchange: hier (per-host pre-aggregation) or flat (every rank allgathers).
         #[setting(flag = "--sparse-exchange", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "EXCHANGE")]
         pub sparse_exchange: SparseExchange = SparseExchange::Hierarchical,
@@ -441,7 +452,46 @@ impl TrainConfig {
             return Err(TrainError::Config("--init-dense needs --init-from (the sparse-parameter file of the table it goes with)".into()));
         }
         self.validate_sync()?;
+        self.validate_gpu_cache()?;
         self.validate_table()
+    }
+
+    /// Whether this run asks for the GPU hot-row cache (`--gpu-cache-mib` given and not 0).
+    fn gpu_cache_asked(&self) -> bool {
+        self.gpu_cache_mib.is_some_and(|m| m > 0)
+    }
+
+    /// `--gpu-cache-mib` and `--gpu-cache-refresh`, and what the hot-row cache cannot run
+    /// with (each refusal names both flags and what to do). The default size turns the
+    /// cache off for these combinations instead of refusing them. Eviction and expiry are
+    /// supported: a step that removed rows from the table empties every cache (the next
+    /// refresh fills it again).
+    pub fn validate_gpu_cache(&self) -> TrainResult<()> {
+        if self.gpu_cache_refresh == 0 {
+            return Err(TrainError::Config("--gpu-cache-refresh must be at least 1 (steps between two choices of the cached keys)".into()));
+        }
+        if !self.gpu_cache_asked() {
+            return Ok(());
+        }
+        let refuse = |why: &str| Err(TrainError::Config(format!("--gpu-cache-mib {}: {why}", self.gpu_cache_mib.unwrap_or(0))));
+        match self.gpu_cache_unsupported() {
+            Some(why) => refuse(why),
+            None => Ok(()),
+        }
+    }
+
+    /// Why this run cannot have a GPU hot-row cache, if it cannot.
+    pub fn gpu_cache_unsupported(&self) -> Option<&'static str> {
+        if self.device == Placement::Cpu {
+            return Some("--device cpu keeps the dense model in host memory, where the table already is: drop --gpu-cache-mib (or pass 0), or train on --device cuda");
+        }
+        if self.table_dtype != StorageDtype::F32 {
+            return Some("the cache holds f32 rows and does not round them as an f16/bf16 --table-dtype stores them: pass --gpu-cache-mib 0, or --table-dtype f32");
+        }
+        if self.sync_every > 1 {
+            return Some("with --sync-every k > 1 a sync sets rows the cache does not see: pass --gpu-cache-mib 0, or --sync-every 1");
+        }
+        None
     }
 
     /// `--sync-every` and `--sync-scope`, and what lazy synchronisation cannot run with.

@@ -245,6 +245,15 @@ impl EmbeddingStage {
         }
     }
 
+    /// The merged list the leader applied to the table in the last step
+    /// ([`EmbeddingStage::exchange_and_apply`]), readable on every rank
+    /// ([`SparseExchanger::host_result`]); `None` when the leader skipped it as not finite
+    /// (every rank decides that on the same list).
+    pub fn applied(&mut self) -> TrainResult<Option<AggregatedGrads<'_>>> {
+        let g = self.exchanger.host_result()?;
+        Ok(crate::train::checkpoint::first_non_finite(g.grads).is_none().then_some(g))
+    }
+
     /// The sparse half of a `--sync-every` sync (collective over the world; nothing
     /// without lazy synchronisation): each leader sends the zero-filtered deltas of the rows
     /// its host changed since the last sync, combined per key over the hosts that changed

@@ -39,6 +39,7 @@ pub mod describe;
 pub mod embedding;
 pub mod error;
 pub mod fault;
+pub mod gpu_cache;
 pub mod metrics;
 pub mod phases;
 pub mod predict;

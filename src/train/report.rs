@@ -59,6 +59,8 @@ impl<D: Device> Trainer<'_, D> {
         (l.interval_sum, l.interval_steps) = (0.0, 0);
         self.mark = now;
         self.progress.eval_auc = eval.map(|e| e.auc);
+        // Rank 0's GPU hot-row cache and device copies since the run started.
+        let g = self.gpu_cache_counters();
         let Some(w) = self.metrics.as_mut() else { return Ok(()) };
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
@@ -93,6 +95,10 @@ impl<D: Device> Trainer<'_, D> {
             "eval_seconds": self.eval_seconds,
             "checkpoints_written": self.counters.checkpoints_written,
             "checkpoints_skipped": self.counters.checkpoints_skipped,
+            "gpu_cache_hit_rate": g.hit_rate(),
+            "gpu_cache_rows_refreshed": g.rows_refreshed,
+            "device_bytes_uploaded_per_sample": g.uploaded_per_sample(),
+            "device_bytes_downloaded_per_sample": g.downloaded_per_sample(),
         });
         use std::io::Write;
         let written = writeln!(w, "{line}").and_then(|_| w.flush());

@@ -188,6 +188,29 @@ pub struct TrainSummary {
     /// `--weight-column`: the field of each line that held its sample's weight (`None`:
     /// no weight column).
     pub weight_column: Option<u32>,
+    /// The GPU hot-row cache and the step's copies to and from the device, over the ranks.
+    pub gpu_cache: GpuCacheSummary,
+}
+
+/// What the GPU hot-row caches did (`--gpu-cache-mib`), and every copy the steps made to
+/// and from the device, summed over the ranks (0 on `--device cpu`, which copies nothing).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GpuCacheSummary {
+    /// Slots of each rank's cache (0: off).
+    pub slots: u64,
+    /// MiB of device memory each rank's cache takes.
+    pub mib: f64,
+    /// Steps between two choices of its keys (`--gpu-cache-refresh`).
+    pub refresh_steps: u64,
+    /// Unique keys of the batches found in the cache / unique keys.
+    pub hit_rate: f64,
+    /// Bytes copied to the device per sample: the batch, the missed rows, the cache's
+    /// updates and refreshes.
+    pub bytes_uploaded_per_sample: f64,
+    /// Bytes copied from the device per sample.
+    pub bytes_downloaded_per_sample: f64,
+    /// Rows read from the host table into the caches by refreshes.
+    pub rows_refreshed: u64,
 }
 
 /// One rank's traffic, by direction.
@@ -302,7 +325,7 @@ impl<D: Device> Trainer<'_, D> {
         let fnvs = control.all_gather("the run's summary", [crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?))]);
         // The hosts' rows (k > 1 or --sparse-compression only: it reads the whole table,
         // which a synchronous run's invariant makes pointless).
-        let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None;
+        let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None || self.gpu_cache.is_some();
         let crc = if self.topo.is_leader() && check { self.embedding.rows_crc()? as u64 } else { u64::MAX };
         let crcs = control.all_gather("the run's summary", [crc]);
         let mut per_host = vec![String::new(); self.topo.num_hosts];
@@ -326,6 +349,7 @@ impl<D: Device> Trainer<'_, D> {
             samples_merged: self.data.weight_counts().0,
             samples_dropped_by_weight: self.data.weight_counts().1,
             weight_column: self.cfg.weights.weight_column,
+            gpu_cache: self.gpu_cache_summary(),
             ..self.table_summary()
         })
     }
@@ -354,6 +378,37 @@ impl<D: Device> Trainer<'_, D> {
             cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
             ..rest
         }
+    }
+
+    /// The GPU hot-row cache's part of the summary (collective): its counters and the
+    /// model's copies, summed over the ranks.
+    pub(super) fn gpu_cache_summary(&self) -> GpuCacheSummary {
+        let c = self.gpu_cache_counters();
+        let all = self.topo.control().all_sum_each("the run's summary", [c.samples, c.unique_keys, c.hits, c.bytes_uploaded, c.bytes_downloaded, c.rows_refreshed]);
+        let samples = all[0].max(1) as f64;
+        let cache = self.gpu_cache.as_ref();
+        GpuCacheSummary {
+            slots: cache.map_or(0, |c| c.capacity() as u64),
+            mib: cache.map_or(0.0, |c| c.bytes() as f64 / (1u64 << 20) as f64),
+            refresh_steps: self.cfg.gpu_cache_refresh,
+            hit_rate: all[2] as f64 / all[1].max(1) as f64,
+            bytes_uploaded_per_sample: all[3] as f64 / samples,
+            bytes_downloaded_per_sample: all[4] as f64 / samples,
+            rows_refreshed: all[5],
+        }
+    }
+
+    /// This rank's cache counters with the model's copies added (none on the CPU device),
+    /// over the samples of its steps.
+    pub(super) fn gpu_cache_counters(&self) -> crate::embedding::CacheCounters {
+        let mut c = self.gpu_cache.as_ref().map(|c| *c.counters()).unwrap_or_default();
+        if self.model.device().kind() != "cpu" {
+            let (up, down) = self.model.bytes_moved();
+            c.bytes_uploaded += up;
+            c.bytes_downloaded += down;
+        }
+        c.samples = self.counters.samples;
+        c
     }
 
     /// The table's part of the summary: its shape at the end, and what happened to its

@@ -14,6 +14,7 @@ use super::checkpointing::resume;
 use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::fault::Faults;
+use super::gpu_cache::GpuCache;
 use super::phases::PhaseTimer;
 use super::predict;
 use super::report::Mark;
@@ -154,6 +155,24 @@ pub struct Trainer<'a, D: Device> {
     pub(super) writing: Option<super::checkpointing::InFlight>,
     /// Rank 0: a background checkpoint was refused for want of memory (said once).
     pub(super) snapshot_refused: bool,
+    /// The GPU hot-row cache (`--gpu-cache-mib`; [`super::gpu_cache`]).
+    pub(super) gpu_cache: Option<GpuCache<D>>,
+}
+
+/// The run's GPU hot-row cache on `model`'s device, if it has one (its size said once, by
+/// rank 0).
+fn open_gpu_cache<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseModel<D>, embedding: &EmbeddingStage) -> TrainResult<Option<GpuCache<D>>> {
+    let table = embedding.table().table();
+    let slots = super::gpu_cache::cache_slots(cfg, model.device(), table);
+    if slots == 0 {
+        return Ok(None);
+    }
+    let cache = GpuCache::new(model.device(), table, slots, cfg.sparse_lr, cfg.gpu_cache_refresh)?;
+    if topo.rank == 0 {
+        let mib = cache.bytes() as f64 / (1u64 << 20) as f64;
+        crate::eprint_line(&format!("ringrec: GPU hot-row cache: {slots} slots ({mib:.1} MiB) per rank, keys chosen every {} steps (--gpu-cache-mib, --gpu-cache-refresh)", cfg.gpu_cache_refresh));
+    }
+    Ok(Some(cache))
 }
 
 /// Global batches of an epoch (once every training file is open) and the steps the run
@@ -210,6 +229,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
         let model = DenseModel::new(dev, spec, &params, &opt)?;
+        let gpu_cache = open_gpu_cache(topo, cfg, &model, &embedding)?;
         data.reach(topo, (position.in_epoch as usize + 1) * cfg.batch + 1, position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
@@ -255,6 +275,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             warm_from: warm.map(|(_, from)| from),
             writing: None,
             snapshot_refused: false,
+            gpu_cache,
         })
     }
 
@@ -295,7 +316,10 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
     /// map, dense features and labels, and in a weighted run its samples' weights.
     fn stage(&mut self, weights: Option<&BatchWeights>) -> TrainResult<()> {
-        predict::stage(&mut self.model, self.embedding.table(), &self.batch)?;
+        match self.gpu_cache.as_mut() {
+            Some(c) => c.stage(&mut self.model, self.embedding.table().table(), &self.batch)?,
+            None => predict::stage(&mut self.model, self.embedding.table(), &self.batch)?,
+        }
         if let Some(w) = weights {
             self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
         }
@@ -344,7 +368,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mine = shard::rank_slice(global.clone(), topo.rank, topo.size);
         let batch_weights = self.data.load(&mut self.batch, epoch, global, mine, cfg.shuffle.then_some(cfg.seed))?;
         self.stage(batch_weights.as_ref())?;
-        self.model.load()?;
+        match &self.gpu_cache {
+            Some(c) => c.load(&mut self.model)?,
+            None => self.model.load()?,
+        };
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
         }
@@ -392,6 +419,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             Err(e) => return Err(e),
         };
+        self.update_gpu_cache(step)?;
         self.phases.enter("allreduce");
         for (part, h) in pending {
             self.model.give_back(part, h.wait()?)?;
@@ -414,6 +442,17 @@ impl<'a, D: Device> Trainer<'a, D> {
         }
         self.phases.stop();
         Ok(st)
+    }
+
+    /// After global step `step`'s exchange and host barrier: the GPU hot-row cache applies
+    /// the list the leader applied, then empties or refreshes itself when due.
+    fn update_gpu_cache(&mut self, step: u64) -> TrainResult<()> {
+        let Some(cache) = self.gpu_cache.as_mut() else { return Ok(()) };
+        let dev = self.model.device();
+        if let Some(g) = self.embedding.applied()? {
+            cache.apply(dev, g.keys, g.grads)?;
+        }
+        cache.after_step(dev, self.embedding.table().table(), step)
     }
 
     /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, what its

@@ -431,6 +431,31 @@ impl SparseExchanger {
         Ok((has.then(|| self.result()), st))
     }
 
+    /// The last step's final list, readable on every rank once the step returned (the GPU
+    /// hot-row caches apply what their host's leader applied): the result where this rank
+    /// holds it (`flat`: every rank; `hier`: the leader), else, on another local rank of a
+    /// `hier` host, the host's result list on the board (the host's shared memory), read in
+    /// place where it can be. It stays there until the next step. An error only if the
+    /// board holds no list (the step failed).
+    pub fn host_result(&mut self) -> SparseResult<AggregatedGrads<'_>> {
+        if self.mode == SparseExchange::Hierarchical && self.local_rank != 0 && !self.b.result_on_board {
+            let leader = self.host_ranks[self.host_id][0];
+            let Some(board) = self.hier.as_ref().and_then(|h| h.board.as_ref()) else {
+                return Err(SparseError::Invalid("the host's result list is on no board".into()));
+            };
+            let bytes = board.piece(0, Area::Range);
+            if list::view_checked(bytes, self.wire_dim).is_some() {
+                self.b.result_on_board = true;
+            } else {
+                decode_piece(bytes, self.wire_dim, leader, self.world as u32, &mut self.b.result)?;
+            }
+            if self.weighted() {
+                self.strip();
+            }
+        }
+        Ok(self.result())
+    }
+
     /// The result of the last step (on a rank that holds one): in `b.result`, or, on a `hier`
     /// leader, the host's list on the board, which the step checked (and which stays as it
     /// is until the next step), so reading it again cannot fail.

@@ -53,7 +53,7 @@ for set in synth zipf; do
 done
 if grep -q -- '--gpu-cache-mib' <<< "$("$R" bench step --help 2>/dev/null)"; then
   tstep bench-step-zipf 150 "$R" bench step --data "$DATA_DIR/zipf.tsv" --data-dir "$DATA_DIR/rr" --batch 8192,65536 \
-    --gpu-cache-mib 0,256,1024 --table-capacity 16777216 --json
+    --gpu-cache-mib 0,256,1024 --json
 fi
 for t in ${TEST_BINS:-}; do
   [ -x "$t" ] && tstep "gpu-tests-$(basename "$t")" 150 "$t" gpu --test-threads=4

@@ -17,22 +17,26 @@
 //! - `plan`: the batch's keys counted for the next refresh and each unique key mapped to its
 //!   cache slot or a miss;
 //! - `lookup`: only the misses' rows from the host table, with the per-key sources;
-//! - `update`: the cache's update list: in a world of one rank the device updates its cached
-//!   rows from its own key gradients (what it downloads is what the host merged), so the
-//!   list costs nothing; with more ranks, the cached entries of this rank's keys and their
-//!   gradient rows (a lower bound: the host's merged list also holds the other local ranks'
-//!   keys);
+//! - `update`: the cache's update list, as the trainer builds it (`train::gpu_cache`): the
+//!   cached entries of the list the host's leader applied (`EmbeddingStage::applied`) with
+//!   their slots and gradient rows;
 //! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
 //!   keys chosen anew, the entering rows and accumulators read from the host table.
 //!
-//! Before the timed steps each combination warms up (`--warmup`, and with a cache at least
-//! `--cache-warmup` steps, so the cache holds the keys of earlier batches); the timed steps
-//! read the same rows for every cache size, and their keys are put into the table once
-//! before (zero gradients), so no combination pays for inserting them. The bytes each way
+//! `--write-back` measures the alternative beside it (one rank): the device updates its cached
+//! rows itself, so only the misses' gradients come down and go through the exchange and the
+//! host's update, and the rows leaving at a refresh come down to be written back.
+//!
+//! First every row's keys of the data set are put into the table (zero gradients), as after
+//! an epoch, so no combination pays for inserting them. Each combination warms up
+//! (`--warmup`, and with a cache `--cache-warmup` steps, so the cache holds the keys of
+//! earlier batches, as in a long run); the timed steps read the same rows for every cache
+//! size. The bytes each way
 //! per sample are those the trainer's staging moves: up, the rows staged (every unique key's,
 //! or only the misses' plus a 4-byte source per unique key), the inverse map, dense
 //! features, labels and the per-key CSR lists, the update list and the refreshed rows with
-//! their optimizer state; down, the key gradients.
+//! their optimizer state; down, the key gradients (write-back: the misses', and the rows
+//! leaving).
 //!
 //! time = mean of the slowest rank's step; samples/s per host = per-rank batch x ranks of
 //! the host / time. The roofline: every rank of the host copies a buffer at the
@@ -88,6 +92,12 @@ pub struct StepBenchArgs {
     /// Steps between two refreshes of the cache's keys.
     #[arg(long, default_value_t = DEFAULT_REFRESH_STEPS)]
     pub gpu_cache_refresh: u64,
+    /// Also measure each cache in write-back (one rank only): the device updates its cached
+    /// rows itself, only the misses' gradients come down and are exchanged and applied on
+    /// the host, rows leaving at a refresh come down (their write into the table not timed).
+    /// The trainer is write-through; this measures the alternative issue 30 asks about.
+    #[arg(long)]
+    pub write_back: bool,
     /// Warm-up steps with a cache (at least `--warmup`): the cache holds keys of the batches
     /// before the timed ones, as in a long run.
     #[arg(long, default_value_t = 2 * DEFAULT_REFRESH_STEPS as usize)]
@@ -105,6 +115,10 @@ pub struct StepRow {
     pub batch_per_rank: usize,
     /// The GPU cache's size, MiB (0: no cache).
     pub gpu_cache_mib: u64,
+    /// Write-back (`--write-back`): cached rows updated on the device only, the host's
+    /// exchange and update over the misses, leaving rows written back at a refresh.
+    /// Otherwise write-through, the trainer's design.
+    pub write_back: bool,
     /// Its slots (rows with their optimizer state).
     pub cache_slots: usize,
     /// Host time per sample of the slowest rank, microseconds (the step's mean / batch).
@@ -119,6 +133,10 @@ pub struct StepRow {
     pub downloaded_per_sample: f64,
     /// Rows read into the cache by refreshes, per step.
     pub rows_refreshed_per_step: f64,
+    /// Of the bytes uploaded per sample, the update list's (cached keys' slots and merged
+    /// gradient rows): what a world of one rank could spare by updating from the key
+    /// gradients already on its device.
+    pub update_uploaded_per_sample: f64,
     /// Mean step time of the slowest rank, ms.
     pub step_ms: f64,
     /// Samples per second of one host.
@@ -251,8 +269,8 @@ fn roofline(topo: &Topology, dim: usize, per_host: usize, unique_per_rank: f64, 
 /// The header lines of the table.
 fn print_header() {
     println!(
-        "{:>8} {:>6} {:>9} {:>12} {:>8} {:>6} | {:>7} {:>6} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) {:>6} {:>7} | {:>6} {:>7} {:>7} {:>8} | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}",
-        "batch", "cache", "step ms", "samples/s/h", "us/smp", "of off", "batch", "plan", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "update", "refresh", "hit%", "up B/s", "down B/s", "refr/st",
+        "{:>8} {:>6} {:>9} {:>12} {:>8} {:>6} | {:>7} {:>6} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) {:>6} {:>7} | {:>6} {:>7} {:>7} {:>7} {:>8} | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}",
+        "batch", "cache", "step ms", "samples/s/h", "us/smp", "of off", "batch", "plan", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "update", "refresh", "hit%", "up B/s", "upd B/s", "down B/s", "refr/st",
         "uniq/rk", "uniq/host", "new/step", "B/smp", "lines/smp", "roofline/s", "of it"
     );
 }
@@ -261,9 +279,9 @@ fn print_header() {
 fn print_row(row: &StepRow) {
     let p = |k: &str| row.phases_ms.get(k).copied().unwrap_or(0.0);
     println!(
-        "{:>8} {:>6} {:>9.2} {:>12.0} {:>8.3} {:>6.2} | {:>7.2} {:>6.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) {:>6.2} {:>7.2} | {:>6.1} {:>7.0} {:>7.0} {:>8.0} | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
+        "{:>8} {:>6} {:>9.2} {:>12.0} {:>8.3} {:>6.2} | {:>7.2} {:>6.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) {:>6.2} {:>7.2} | {:>6.1} {:>7.0} {:>7.0} {:>7.0} {:>8.0} | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
         row.batch_per_rank,
-        row.gpu_cache_mib,
+        format!("{}{}", row.gpu_cache_mib, if row.write_back { "wb" } else { "" }),
         row.step_ms,
         row.samples_per_sec_host,
         row.host_us_per_sample,
@@ -282,6 +300,7 @@ fn print_row(row: &StepRow) {
         p("refresh"),
         100.0 * row.hit_rate,
         row.uploaded_per_sample,
+        row.update_uploaded_per_sample,
         row.downloaded_per_sample,
         row.rows_refreshed_per_step,
         row.unique_per_rank,
@@ -354,8 +373,8 @@ impl Refreshes {
 }
 
 /// The cache's refresh after a step: keys chosen anew, the entering rows and accumulators
-/// read from the host table into staging. Returns the rows read.
-fn refresh(stage: &EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<u64> {
+/// read from the host table into staging. Returns the rows read and the rows that left.
+fn refresh(stage: &EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<(u64, u64)> {
     let table = stage.table().table();
     let r = dir.refresh(|k| table.contains(k));
     buf.entering.clear();
@@ -364,7 +383,7 @@ fn refresh(stage: &EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &m
     stage.lookup(&buf.entering, &mut buf.emb)?;
     buf.accs.clear();
     buf.accs.extend(buf.entering.iter().map(|k| table.accumulator(*k).unwrap_or(0.0)));
-    Ok(buf.entering.len() as u64)
+    Ok((buf.entering.len() as u64, r.left as u64))
 }
 
 /// Warm-up steps with a cache at `global` samples per step: `--cache-warmup`, but no more
@@ -373,20 +392,22 @@ fn cache_warmup(args: &StepBenchArgs, n: usize, global: usize) -> usize {
     args.cache_warmup.min((n / global.max(1)).saturating_sub(args.steps)).max(args.warmup)
 }
 
-/// One combination's measurement: per-rank batch `b`, a cache of `mib` MiB (0: none).
+/// One combination's measurement: per-rank batch `b`, a cache of `mib` MiB (0: none),
+/// write-through or (`back`, one rank) write-back.
 #[allow(clippy::too_many_arguments)]
-fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds: &ringrec::data::Dataset, n: usize, b: usize, mib: u64, rates: &Rates, buf: &mut Buffers) -> anyhow::Result<StepRow> {
+fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds: &ringrec::data::Dataset, n: usize, b: usize, (mib, back): (u64, bool), rates: &Rates, buf: &mut Buffers) -> anyhow::Result<StepRow> {
     let dim = args.dim;
     let optimizer = stage.table().table().header().optimizer;
     let mut dir = CacheDirectory::new(slots_for_bytes(mib << 20, dim, optimizer));
     let cached = dir.capacity() > 0;
+    let back = back && cached;
     let global = b * topo.size;
     // The timed steps are the same steps of the stream for every combination.
     let first = cache_warmup(args, n, global);
     let warmup = if cached { first } else { args.warmup };
     let every = args.gpu_cache_refresh.max(1) as usize;
     let mut phases = std::collections::BTreeMap::<String, f64>::new();
-    let (mut total, mut uniq, mut host_uniq) = (0f64, 0f64, 0f64);
+    let (mut total, mut uniq, mut host_uniq, mut update_bytes) = (0f64, 0f64, 0f64, 0f64);
     let mut refreshes = Refreshes::default();
     let (mut rows_before, mut counted_from) = (0, CacheCounters::default());
     for (i, step) in (first - warmup..first + args.steps).enumerate() {
@@ -414,27 +435,36 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         buf.labels.clone_from(&buf.batch.labels);
         dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(samples, u) + if cached { 4 * u } else { 0 });
         let t3 = Instant::now();
-        buf.grads.resize(u * dim, 0.0);
+        // Write-back: the device updates its cached rows itself; only the misses' key
+        // gradients come down and go through the exchange and the host's update.
+        let sent = if back { &buf.plan.misses } else { &buf.batch.uniq };
+        buf.grads.resize(sent.len() * dim, 0.0);
         if cached {
             buf.grads.iter_mut().enumerate().for_each(|(j, g)| *g = 1e-4 * (j % 7) as f32);
         } else {
             buf.grads.iter_mut().zip(&buf.emb).for_each(|(g, e)| *g = 1e-4 * e);
         }
-        dir.counters_mut().downloaded(4 * u * dim);
+        dir.counters_mut().downloaded(4 * sent.len() * dim);
         let t4 = Instant::now();
-        let st = stage.exchange_and_apply(&buf.batch.uniq, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
+        let st = stage.exchange_and_apply(sent, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
         let t5 = Instant::now();
-        if cached && topo.size > 1 {
-            // The cached entries of this rank's keys with their gradient rows, uploaded.
-            dir.select_cached(&buf.batch.uniq, &mut buf.at, &mut buf.slots);
-            buf.update.clear();
-            buf.update.extend(buf.at.iter().flat_map(|&j| buf.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
-            dir.counters_mut().uploaded(4 * buf.at.len() * (dim + 1));
+        if cached && !back {
+            // The cached entries of the list the leader applied, with their gradient rows.
+            buf.at.clear();
+            if let Some(g) = stage.applied()? {
+                dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
+                buf.update.clear();
+                buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+            }
+            let bytes = 4 * buf.at.len() * (dim + 1);
+            dir.counters_mut().uploaded(bytes);
+            update_bytes += if step >= first { bytes as f64 } else { 0.0 };
         }
         let t6 = Instant::now();
         if cached && (i + 1) % every == 0 {
-            let rows = refresh(stage, &mut dir, dim, buf)?;
-            refreshes.0.push((rows, t6.elapsed().as_secs_f64()));
+            let (rows, left) = refresh(stage, &mut dir, dim, buf)?;
+            // Write-back: the rows leaving come down to be written into the table.
+            refreshes.0.push((rows + if back { left } else { 0 }, t6.elapsed().as_secs_f64()));
         }
         if step >= first {
             let mut add = |k: &str, s: f64| *phases.entry(k.to_string()).or_default() += s * 1e3;
@@ -473,6 +503,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
     Ok(StepRow {
         batch_per_rank: b,
         gpu_cache_mib: mib,
+        write_back: back,
         cache_slots: dir.capacity(),
         host_us_per_sample: step_s * 1e6 / b as f64,
         of_cache_off: 1.0,
@@ -480,6 +511,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         uploaded_per_sample: max_over(topo, per_sample((c.bytes_uploaded - timed_refresh_bytes.min(c.bytes_uploaded)) as f64) + refresh_up),
         downloaded_per_sample: max_over(topo, per_sample(c.bytes_downloaded as f64)),
         rows_refreshed_per_step: max_over(topo, refresh_rows),
+        update_uploaded_per_sample: max_over(topo, per_sample(update_bytes)),
         step_ms: step_s * 1e3,
         samples_per_sec_host: host_rate,
         samples_per_sec: global as f64 / step_s,
@@ -505,6 +537,9 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
     let data = data::open(topo, &cfg)?;
     let (ds, n) = data.first()?;
     let mut stage = EmbeddingStage::open(topo, &cfg, None)?;
+    if args.write_back && topo.size > 1 {
+        anyhow::bail!("bench step --write-back measures one rank only (the other ranks' keys would still need the exchange): run it without mpirun, or leave out --write-back");
+    }
     let rates = Rates { bandwidth: memcpy_bandwidth(topo), line_rate: random_line_rate(topo) };
     let root = topo.rank == 0;
     if root && !args.json {
@@ -521,8 +556,9 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
     }
     for &b in &args.batch {
         let mut off = None;
-        for &mib in &args.gpu_cache_mib {
-            let mut row = measure(topo, args, &mut stage, ds, n, b, mib, &rates, &mut buf)?;
+        let modes = args.gpu_cache_mib.iter().flat_map(|&m| std::iter::once((m, false)).chain((args.write_back && m > 0).then_some((m, true))));
+        for mode in modes.collect::<Vec<_>>() {
+            let mut row = measure(topo, args, &mut stage, ds, n, b, mode, &rates, &mut buf)?;
             if row.cache_slots == 0 {
                 off = off.or(Some(row.host_us_per_sample));
             }

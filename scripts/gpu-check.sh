@@ -68,7 +68,9 @@ else
 fi
 step info "$RINGREC" info
 
-if [ -f Cargo.toml ] && [ "${GPU_TESTS:-1}" != 0 ]; then
+if [ "${GPU_TESTS:-1}" = 0 ]; then
+  skip gpu-tests "GPU_TESTS=0"
+elif [ -f Cargo.toml ]; then
   step gpu-tests cargo test --release --locked --features cuda -- gpu --test-threads=1
 else
   skip gpu-tests "no source tree here (run from the repository for the tests)"

@@ -4,28 +4,31 @@
 #   1. two data sets: the 200k-row synthetic set (as the earlier GPU runs) and a Zipf set
 #      (`data synth --vocab-scale 300 --zipf 1.05`: a key space of 97M keys, ZROWS rows);
 #   2. on each, at batch 1024, 8192 and 65536: ringrec `--device $DEVICE` with the GPU
-#      hot-row cache off (`--gpu-cache-mib 0`) and on (`--gpu-cache-mib $CACHE_MIB`), both
+#      hot-row cache off (`--gpu-cache-mib 0`) and on (`--gpu-cache-mib $CACHE_MIB`, its keys
+#      chosen every CACHE_REFRESH = 10 steps: the runs are short), both
 #      `--pipeline on`, and PyTorch on the same GPU (scripts/bench/torch_ctr.py --device
 #      cuda: model and data in GPU memory, nn.Embedding(sparse=True)) with --threads 1 and
 #      its default, the best of the two its reference; the same flags (dim 16, EPOCHS
 #      epochs, EPOCHS_LARGE at batch 65536 so a run has more than a few steps; the same
 #      split);
-#   3. `ringrec bench step` with the cache (0, 256, 1024 MiB) on the Zipf set;
+#   3. `ringrec bench step` with the cache (0, 256, 1024 MiB; write-through and write-back)
+#      on the Zipf set, batch 8192 and 16384 (larger ones would wrap around its rows);
 #   4. the GPU tests: every bundled test binary (TEST_BINS) filtered to the tests named
 #      `gpu`.
 # Flags the binary lacks (a build without the cache or the pipeline) are left out, and said
 # so in the log; the report (scripts/device/i30_report.py) then shows what ran.
 # Inputs (environment): R (the ringrec binary), OUT, DEVICE (cuda; `host` stands in on a
 # machine without a GPU), TORCH_PY (a Python with torch), TORCH_DEVICE (cuda; cpu stands
-# in), ROWS, ZROWS, EPOCHS, EPOCHS_LARGE, CACHE_MIB, I30_BATCHES, TEST_BINS (test binaries; none: no tests), DATA_DIR.
+# in), ROWS, ZROWS, EPOCHS, EPOCHS_LARGE, CACHE_MIB, CACHE_REFRESH, I30_BATCHES, TEST_BINS (test binaries; none: no tests), DATA_DIR.
 : "${DEVICE:=cuda}" "${TORCH_DEVICE:=cuda}" "${TORCH_PY:=python3}" "${ROWS:=200000}" "${ZROWS:=500000}"
-: "${EPOCHS:=3}" "${EPOCHS_LARGE:=10}" "${CACHE_MIB:=1024}" "${DATA_DIR:=/tmp/ringrec-i30}" "${I30_BATCHES:=1024 8192 65536}"
+: "${EPOCHS:=3}" "${EPOCHS_LARGE:=10}" "${CACHE_MIB:=1024}" "${CACHE_REFRESH:=10}" "${DATA_DIR:=/tmp/ringrec-i30}" "${I30_BATCHES:=1024 8192 65536}"
 mkdir -p "$DATA_DIR"
 # What this binary supports (the lead merges the cache and pipeline branches before the run).
 HELP=$("$R" train --help 2>/dev/null)
 CACHE_ON=(); CACHE_OFF=(); PIPE=()
 if grep -q -- '--gpu-cache-mib' <<< "$HELP"; then
-  CACHE_ON=(--gpu-cache-mib "$CACHE_MIB"); CACHE_OFF=(--gpu-cache-mib 0)
+  # Runs here are short (30 to 500 steps): keys chosen every CACHE_REFRESH steps, not 50.
+  CACHE_ON=(--gpu-cache-mib "$CACHE_MIB" --gpu-cache-refresh "$CACHE_REFRESH"); CACHE_OFF=(--gpu-cache-mib 0)
 else
   echo "== i30: this ringrec has no --gpu-cache-mib: the cache-on runs are skipped" | tee -a "${LOG:-/dev/null}"
 fi
@@ -52,8 +55,8 @@ for set in synth zipf; do
   done
 done
 if grep -q -- '--gpu-cache-mib' <<< "$("$R" bench step --help 2>/dev/null)"; then
-  tstep bench-step-zipf 150 "$R" bench step --data "$DATA_DIR/zipf.tsv" --data-dir "$DATA_DIR/rr" --batch 8192,65536 \
-    --gpu-cache-mib 0,256,1024 --json
+  tstep bench-step-zipf 150 "$R" bench step --data "$DATA_DIR/zipf.tsv" --data-dir "$DATA_DIR/rr" --batch 8192,16384 \
+    --gpu-cache-mib 0,256,1024 --gpu-cache-refresh "$CACHE_REFRESH" --write-back --json
 fi
 for t in ${TEST_BINS:-}; do
   [ -x "$t" ] && tstep "gpu-tests-$(basename "$t")" 150 "$t" gpu --test-threads=4

@@ -389,8 +389,10 @@ impl Device for CpuDevice {
                     }
                 }
             }),
-            Op::CacheUpdate { rows, acc, slots, grads, n, dim, lr, eps, adagrad } => {
-                for (s, g) in slots[..n].iter().zip(grads[..n * dim].chunks_exact(dim.max(1))) {
+            Op::CacheUpdate { rows, acc, slots, grads, index, n, dim, lr, eps, adagrad } => {
+                for (e, s) in slots[..n].iter().enumerate() {
+                    let at = index.map_or(e, |i| i[e] as usize);
+                    let g = &grads[at * dim..(at + 1) * dim];
                     let s = *s as usize;
                     let w = &mut rows[s * dim..(s + 1) * dim];
                     if adagrad {

@@ -235,8 +235,9 @@ pub enum Op<'a, D: Device> {
     /// `embedding::update`): for entry `e < n`, gradient row `grads[e * dim ..]` updates row
     /// `slots[e]` of `rows` — SGD `w -= lr * g`, or with `adagrad` (accumulators `acc`, one
     /// per row) `acc += sum(g^2) / dim; w -= lr * g / (sqrt(acc) + eps)`, each operation
-    /// rounded on its own, sums in order. Slots must be distinct.
-    CacheUpdate { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, grads: &'a D::Buf<f32>, n: usize, dim: usize, lr: f32, eps: f32, adagrad: bool },
+    /// rounded on its own, sums in order. Slots must be distinct. With `index`, entry `e`'s
+    /// gradient row is `grads[index[e] * dim ..]` instead.
+    CacheUpdate { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, grads: &'a D::Buf<f32>, index: Option<&'a D::Buf<u32>>, n: usize, dim: usize, lr: f32, eps: f32, adagrad: bool },
     /// Rows put into cache slots: `values[e * dim ..]` into row `slots[e]` of `rows` for
     /// `e < n`, and with `has_acc`, `accs[e]` into `acc[slots[e]]`.
     CachePut { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, values: &'a D::Buf<f32>, accs: &'a D::Buf<f32>, n: usize, dim: usize, has_acc: bool },
@@ -479,9 +480,12 @@ impl<D: Device> Op<'_, D> {
                 f("index", dev.len(*index), rows * per_row)?;
                 f("out", dev.len(&**out), rows * stride)
             }
-            Op::CacheUpdate { slots, grads, n, dim, .. } => {
+            Op::CacheUpdate { slots, grads, index, n, dim, .. } => {
                 f("slots", dev.len(*slots), *n)?;
-                f("grads", dev.len(*grads), n * dim)
+                match index {
+                    Some(index) => f("index", dev.len(*index), *n),
+                    None => f("grads", dev.len(*grads), n * dim),
+                }
             }
             Op::CachePut { slots, values, accs, n, dim, has_acc, .. } => {
                 f("slots", dev.len(*slots), *n)?;
@@ -591,8 +595,10 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::GatherSourced { cache, misses, source, index, out, rows, per_row, dim, stride } => {
             dev.launch(Kernel::GatherSourced, rows * per_row * dim, &mut [In(cache, 0), In(misses, 0), InU32(source), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?])
         }
-        Op::CacheUpdate { rows, acc, slots, grads, n, dim, lr, eps, adagrad } => {
-            dev.launch(Kernel::CacheUpdate, n, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(grads, 0), int(n)?, int(dim)?, F32(lr), F32(eps), KernelArg::I32(adagrad as i32)])
+        Op::CacheUpdate { rows, acc, slots, grads, index, n, dim, lr, eps, adagrad } => {
+            let indexed = index.is_some() as i32;
+            let index = index.unwrap_or(slots);
+            dev.launch(Kernel::CacheUpdate, n, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(grads, 0), InU32(index), KernelArg::I32(indexed), int(n)?, int(dim)?, F32(lr), F32(eps), KernelArg::I32(adagrad as i32)])
         }
         Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
             dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])

@@ -441,6 +441,16 @@ impl<D: Device> DenseModel<D> {
         Ok(&dev.host(&mut self.key_grads_host)?[..keys * dim])
     }
 
+    /// The last step's key gradients as [`DenseModel::key_grads`] left them: the host copy
+    /// and the device buffer (both keys x dim, in the staged key order), valid until the
+    /// next batch is loaded.
+    /// Returns the device with them.
+    pub fn last_key_grads(&mut self) -> DeviceResult<(&D, &[f32], &D::Buf<f32>)> {
+        let (_, keys) = self.loaded()?;
+        let n = keys * self.layout.dim;
+        Ok((&self.dev, &self.dev.host(&mut self.key_grads_host)?[..n], &self.batch.key_grads))
+    }
+
     /// The first layer whose gradient (reduced, given back) holds a NaN or an infinity,
     /// named (`the gradient of dense layer 1`); `None` when all are finite. A sum per layer
     /// on the device (a non-finite element makes it non-finite), one small read.

@@ -182,13 +182,13 @@ settings! {
         /// resumed run may change it.
         #[setting(flag = "--dense-precision", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "PRECISION")]
         pub dense_precision: GemmPrecision = GemmPrecision::F32,
-        /// MiB of each GPU's memory for the hot-row cache: the rows of the keys this rank
+        /// MiB of each GPU's memory for the hot-row cache (fractions allowed): the rows of the keys this rank
         /// sees most (with their optimizer state), kept on the device and updated there exactly
         /// as the host updates them, so only the other rows are uploaded (0: off). Default: on
         /// --device cuda a quarter of the GPU's free memory once the model is there, at most
         /// the rows the table can hold; 0 on host and cpu. Refused on --device cpu.
         #[setting(flag = "--gpu-cache-mib", scope = Scope::Free("each rank's own GPU memory; results do not depend on it"), service = ServiceRole::Args, value_name = "MIB")]
-        pub gpu_cache_mib: Option<u64> = None,
+        pub gpu_cache_mib: Option<f64> = None,
         /// Steps between two choices of the hot-row cache's keys (the most frequent in this
         /// rank's recent batches).
         #[setting(flag = "--gpu-cache-refresh", scope = Scope::Free("each rank's own cache; results do not depend on it"), service = ServiceRole::Args, value_name = "STEPS")]
@@ -458,22 +458,25 @@ impl TrainConfig {
 
     /// Whether this run asks for the GPU hot-row cache (`--gpu-cache-mib` given and not 0).
     fn gpu_cache_asked(&self) -> bool {
-        self.gpu_cache_mib.is_some_and(|m| m > 0)
+        self.gpu_cache_mib.is_some_and(|m| m > 0.0)
     }
 
     /// `--gpu-cache-mib` and `--gpu-cache-refresh`, and what the hot-row cache cannot run
     /// with (each refusal names both flags and what to do). The default size turns the
     /// cache off for these combinations instead of refusing them. Eviction and expiry are
     /// supported: a step that removed rows from the table empties every cache (the next
-    /// refresh fills it again).
+    /// step fills it again).
     pub fn validate_gpu_cache(&self) -> TrainResult<()> {
+        if let Some(m) = self.gpu_cache_mib.filter(|m| !(m.is_finite() && *m >= 0.0)) {
+            return Err(TrainError::Config(format!("--gpu-cache-mib {m}: give the MiB of GPU memory for the hot-row cache, >= 0 (0: off)")));
+        }
         if self.gpu_cache_refresh == 0 {
-            return Err(TrainError::Config("--gpu-cache-refresh must be at least 1 (steps between two choices of the cached keys)".into()));
+            return Err(TrainError::Config("--gpu-cache-refresh 0: give at least 1 (steps between two choices of the keys of the --gpu-cache-mib cache)".into()));
         }
         if !self.gpu_cache_asked() {
             return Ok(());
         }
-        let refuse = |why: &str| Err(TrainError::Config(format!("--gpu-cache-mib {}: {why}", self.gpu_cache_mib.unwrap_or(0))));
+        let refuse = |why: &str| Err(TrainError::Config(format!("--gpu-cache-mib {}: {why}", self.gpu_cache_mib.unwrap_or(0.0))));
         match self.gpu_cache_unsupported() {
             Some(why) => refuse(why),
             None => Ok(()),

@@ -16,8 +16,8 @@
 //!   those (slot, gradient row) entries are uploaded and applied by [`Op::CacheUpdate`]
 //!   with the table's own arithmetic, so cached rows stay equal to the host's bit for bit.
 //! - **Between steps** ([`GpuCache::after_step`]): a step that removed rows from the table
-//!   (eviction, expiry) empties the cache; every `--gpu-cache-refresh` steps the keys are
-//!   chosen anew and the entering keys' rows and accumulators are read from the host table
+//!   (eviction, expiry) empties the cache; every `--gpu-cache-refresh` steps, and after a
+//!   step that leaves the cache empty (the first one, a removal), the keys are chosen anew and the entering keys' rows and accumulators are read from the host table
 //!   (after the step's host barrier) and put into their slots ([`Op::CachePut`]).
 //!
 //! Every copy to the device is queued in stream order before the work that reads it, and a
@@ -34,21 +34,25 @@ use crate::model::DenseModel;
 /// Share of the GPU's free memory (once the model is there) the default cache takes.
 pub const DEFAULT_FREE_SHARE: f64 = 0.25;
 
-/// An upload: host staging and the device buffer it goes to.
+/// An upload: host staging (of `cap` elements) and the device buffer it goes to.
 struct Upload<D: Device, T: Scalar> {
     host: D::Staging<T>,
+    cap: usize,
     dev: D::Buf<T>,
 }
 
 impl<D: Device, T: Scalar> Upload<D, T> {
     fn new(dev: &D) -> DeviceResult<Upload<D, T>> {
-        Ok(Upload { host: dev.staging(0, Direction::ToDevice)?, dev: dev.alloc(1)? })
+        Ok(Upload { host: dev.staging(0, Direction::ToDevice)?, cap: 0, dev: dev.alloc(1)? })
     }
 
-    /// The host view of `n` elements to fill (waits for the copies still reading it).
+    /// The host view of `n` elements to fill: one [`Device::host`], which waits for the
+    /// copies still reading the staging (the wait `RINGREC_HOST_FAULT=no-staging-wait`
+    /// removes).
     fn fill<'a>(&'a mut self, dev: &D, n: usize) -> DeviceResult<&'a mut [T]> {
-        if dev.host(&mut self.host)?.len() < n {
+        if self.cap < n {
             self.host = dev.staging(n, Direction::ToDevice)?;
+            self.cap = n;
         }
         Ok(&mut dev.host(&mut self.host)?[..n])
     }
@@ -60,6 +64,17 @@ impl<D: Device, T: Scalar> Upload<D, T> {
         }
         dev.upload(&mut self.host, n, &mut self.dev)
     }
+}
+
+/// The step's own key gradients ([`GpuCache::apply`]): this rank's unique keys (in key
+/// order), their gradient rows as downloaded, and the device buffer that holds them.
+pub struct OwnGrads<'a, D: Device> {
+    /// The unique keys of the step's batch, sorted.
+    pub keys: &'a [u64],
+    /// Their gradient rows (keys x dim), the host copy.
+    pub host: &'a [f32],
+    /// The same rows on the device.
+    pub dev: &'a D::Buf<f32>,
 }
 
 /// The device side of one rank's hot-row cache (see the module docs).
@@ -74,8 +89,10 @@ pub struct GpuCache<D: Device> {
     /// Cached rows (capacity x dim) and accumulators (capacity; one value for SGD).
     rows: D::Buf<f32>,
     acc: D::Buf<f32>,
-    /// The update's and the refresh's uploads: slots, rows, accumulators.
+    /// The update's and the refresh's uploads: slots, rows, accumulators, and the rows'
+    /// indices among the step's own key gradients.
     slots: Upload<D, u32>,
+    index: Upload<D, u32>,
     values: Upload<D, f32>,
     accs: Upload<D, f32>,
     /// Indices of the merged list's cached entries (scratch).
@@ -96,7 +113,7 @@ fn removed(c: RowCounts) -> u64 {
 pub fn cache_slots<D: Device>(cfg: &TrainConfig, dev: &D, table: &EmbeddingTable) -> usize {
     let h = table.header();
     let bytes = match cfg.gpu_cache_mib {
-        Some(mib) => mib << 20,
+        Some(mib) => (mib * (1u64 << 20) as f64) as u64,
         None if cfg.device == Placement::Cpu || cfg.gpu_cache_unsupported().is_some() => 0,
         None => dev.free_memory().map_or(0, |free| (free as f64 * DEFAULT_FREE_SHARE) as u64),
     };
@@ -122,6 +139,7 @@ impl<D: Device> GpuCache<D> {
             rows: dev.alloc((slots * dim).max(1)).map_err(err)?,
             acc: dev.alloc(slots.max(1)).map_err(err)?,
             slots: Upload::new(dev).map_err(err)?,
+            index: Upload::new(dev).map_err(err)?,
             values: Upload::new(dev).map_err(err)?,
             accs: Upload::new(dev).map_err(err)?,
             at: Vec::new(),
@@ -166,12 +184,35 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Applies the merged list the leader applied (`keys`, normalised gradient rows
-    /// `grads`) to the cached rows on `dev`.
-    pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32]) -> TrainResult<()> {
+    /// `grads`) to the cached rows on `dev`. Where every cached entry's row is, bit for bit,
+    /// this rank's own key gradient of the step (`own`; in a world of one rank the merge of
+    /// one list normalised by a count of 1), the rows are read where the device holds them
+    /// and only slots and indices travel; else the rows are uploaded.
+    pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32], own: Option<OwnGrads<'_, D>>) -> TrainResult<()> {
         self.dir.select_cached(keys, &mut self.at, &mut self.slot_list);
         let (n, dim) = (self.at.len(), self.dim);
         if n == 0 {
             return Ok(());
+        }
+        if let Some(o) = own {
+            let mut index = Vec::with_capacity(n);
+            let same = self.at.iter().all(|i| {
+                let i = *i as usize;
+                let Ok(p) = o.keys.binary_search(&keys[i]) else { return false };
+                index.push(p as u32);
+                let (merged, mine) = (&grads[i * dim..(i + 1) * dim], o.host.get(p * dim..(p + 1) * dim).unwrap_or(&[]));
+                merged.len() == mine.len() && merged.iter().zip(mine).all(|(a, b)| a.to_bits() == b.to_bits())
+            });
+            if same {
+                self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
+                self.index.fill(dev, n)?.copy_from_slice(&index);
+                self.slots.send(dev, n)?;
+                self.index.send(dev, n)?;
+                self.dir.counters_mut().uploaded(8 * n);
+                let (slots, index) = (&self.slots.dev, &self.index.dev);
+                dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+                return Ok(());
+            }
         }
         self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
         let rows = self.values.fill(dev, n * dim)?;
@@ -183,13 +224,13 @@ impl<D: Device> GpuCache<D> {
         self.values.send(dev, n * dim)?;
         self.dir.counters_mut().uploaded(4 * (n + n * dim));
         let (slots, grads) = (&self.slots.dev, &self.values.dev);
-        dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+        dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads, index: None, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
         Ok(())
     }
 
     /// Between steps, after global step `step` (from 1) and its host barrier: empties the
-    /// cache if the step removed rows from `table`; every `--gpu-cache-refresh` steps,
-    /// chooses its keys anew and puts the entering keys' rows and accumulators, read from
+    /// cache if the step removed rows from `table`; every `--gpu-cache-refresh` steps (and
+    /// while it is empty), chooses its keys anew and puts the entering keys' rows and accumulators, read from
     /// `table`, into their slots.
     pub fn after_step(&mut self, dev: &D, table: &EmbeddingTable, step: u64) -> TrainResult<()> {
         if self.capacity() == 0 {
@@ -200,7 +241,9 @@ impl<D: Device> GpuCache<D> {
             self.removed = now;
             self.dir.clear();
         }
-        if step % self.refresh_every != 0 {
+        // Due every `--gpu-cache-refresh` steps, and after any step that leaves it empty
+        // (the first, a removal): an empty cache waits for nothing.
+        if step % self.refresh_every != 0 && !self.dir.is_empty() {
             return Ok(());
         }
         let r = self.dir.refresh(|k| table.contains(k));
@@ -235,5 +278,131 @@ impl<D: Device> GpuCache<D> {
         let acc = dev.to_vec(&self.acc, dev.len(&self.acc))?;
         let dim = self.dim;
         Ok(self.dir.entries().into_iter().map(|(k, s)| (k, rows[s as usize * dim..(s as usize + 1) * dim].to_vec(), if self.adagrad { acc[s as usize] } else { 0.0 })).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{CpuDevice, HostDelay, HostFault, HostKernels, HostOptions};
+    use crate::embedding::TableConfig;
+    use crate::hash::Stream;
+
+    const DIM: usize = 8;
+    const LR: f32 = 0.05;
+
+    /// A table of keys `0..keys` after one update, in a fresh file.
+    fn table(name: &str, optimizer: OptimizerKind, keys: u64) -> EmbeddingTable {
+        let dir = std::env::temp_dir().join(format!("ringrec-gpu-cache-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = TableConfig { optimizer, ..TableConfig::new(DIM as u32, 1024) };
+        let mut t = EmbeddingTable::create(&dir.join("t.rrt"), &cfg).unwrap();
+        let all: Vec<u64> = (0..keys).collect();
+        t.apply_updates(&all, &grads(&mut Stream(99), all.len()), LR).unwrap();
+        t
+    }
+
+    /// Gradient rows with the values that test rounding: large and tiny, negative, zero
+    /// and negative zero.
+    fn grads(rng: &mut Stream, n: usize) -> Vec<f32> {
+        (0..n * DIM)
+            .map(|i| match i % 11 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => (rng.unit() as f32 - 0.5) * 1e-20,
+                3 => (rng.unit() as f32 - 0.5) * 1e6,
+                _ => rng.unit() as f32 * 2.0 - 1.0,
+            })
+            .collect()
+    }
+
+    /// Caches the keys of `table` seen most (refresh after one step), then applies
+    /// `rounds` merged lists to both; returns the cached (key, row, accumulator) triples
+    /// that differ from the table's, with the number compared.
+    fn run<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize) -> (Vec<u64>, usize) {
+        run_with(dev, optimizer, name, rounds, false).0
+    }
+
+    /// [`run`]; with `own`, each list is also the step's own key gradients, on the device
+    /// too. Also returns the bytes the cache uploaded.
+    fn run_with<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize, own: bool) -> ((Vec<u64>, usize), u64) {
+        let mut t = table(name, optimizer, 200);
+        let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
+        let seen: Vec<u64> = (0..120).collect();
+        let inverse: Vec<u32> = (0..120u32).chain(0..40).collect();
+        cache.dir.observe(&seen, &inverse);
+        cache.after_step(dev, &t, 1).unwrap();
+        assert_eq!(cache.dir.len(), 64);
+        let mut rng = Stream(7);
+        let mut on_device = Vec::new();
+        for _ in 0..rounds {
+            // A merged list: distinct keys in order, some cached, some not.
+            let keys: Vec<u64> = (0..200).filter(|_| rng.below(3) != 0).collect();
+            let g = grads(&mut rng, keys.len());
+            t.apply_updates(&keys, &g, LR).unwrap();
+            if own {
+                let mut buf = dev.alloc(g.len()).unwrap();
+                dev.write(&g, &mut buf, 0).unwrap();
+                cache.apply(dev, &keys, &g, Some(OwnGrads { keys: &keys, host: &g, dev: &buf })).unwrap();
+                on_device.push(buf);
+            } else {
+                cache.apply(dev, &keys, &g, None).unwrap();
+            }
+        }
+        let contents = cache.contents(dev).unwrap();
+        let mut row = vec![0f32; DIM];
+        let differ = contents
+            .iter()
+            .filter(|(k, r, a)| {
+                t.lookup(&[*k], &mut row).unwrap();
+                let acc = t.accumulator(*k).unwrap_or(0.0);
+                bytemuck::cast_slice::<f32, u32>(&row) != bytemuck::cast_slice::<f32, u32>(r) || acc.to_bits() != a.to_bits()
+            })
+            .map(|(k, _, _)| *k)
+            .collect();
+        ((differ, contents.len()), cache.counters().bytes_uploaded)
+    }
+
+    #[test]
+    fn a_world_of_one_updates_from_the_key_gradients_on_the_device() {
+        let host = HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed: 5, max_us: 300 }), fault: None }).unwrap();
+        for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
+            let ((d, n), sent) = run_with(&host, opt, &format!("own-{opt}"), 5, true);
+            assert!(d.is_empty() && n == 64, "{opt}: keys {d:?} differ from the table");
+            let ((_, _), uploaded_rows) = run_with(&host, opt, &format!("rows-{opt}"), 5, false);
+            assert!(sent < uploaded_rows, "{opt}: {sent} bytes sent with the rows on the device, {uploaded_rows} without");
+            let ((d, _), _) = run_with(&CpuDevice::new(2), opt, &format!("own-cpu-{opt}"), 5, true);
+            assert!(d.is_empty(), "{opt} on the CPU device: keys {d:?} differ");
+        }
+    }
+
+    #[test]
+    fn cached_rows_stay_the_table_rows_bit_for_bit() {
+        let host = HostKernels::new().unwrap();
+        let delayed = HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed: 3, max_us: 300 }), fault: None }).unwrap();
+        for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
+            let (d, n) = run(&CpuDevice::new(2), opt, &format!("cpu-{opt}"), 5);
+            assert!(d.is_empty() && n == 64, "{opt} on the CPU device: keys {d:?} differ from the table");
+            let (d, n) = run(&host, opt, &format!("host-{opt}"), 5);
+            assert!(d.is_empty() && n == 64, "{opt} on the host kernels: keys {d:?} differ from the table");
+            let (d, _) = run(&delayed, opt, &format!("delayed-{opt}"), 5);
+            assert!(d.is_empty(), "{opt} on the host kernels with delays: keys {d:?} differ from the table");
+        }
+    }
+
+    #[test]
+    fn a_staging_refilled_before_its_upload_ran_breaks_the_cache() {
+        // RINGREC_HOST_FAULT=no-staging-wait removes the wait in `Device::host` that keeps
+        // the next update list (or a refresh's rows) from overwriting the staging an update
+        // still reads: with delays in the queue, the cached rows then stop matching.
+        let dev = |seed, fault| HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed, max_us: 2000 }), fault }).unwrap();
+        let broke = (1..=4).any(|seed| !run(&dev(seed, Some(HostFault::NoStagingWait)), OptimizerKind::Adagrad, &format!("fault-{seed}"), 6).0.is_empty());
+        assert!(broke, "the removed staging wait went unnoticed");
+        // The same delays with the wait in place change nothing.
+        for seed in 1..=2 {
+            let (d, _) = run(&dev(seed, None), OptimizerKind::Adagrad, &format!("nofault-{seed}"), 6);
+            assert!(d.is_empty(), "delay seed {seed} without the fault: keys {d:?} differ");
+        }
     }
 }

@@ -19,7 +19,8 @@
 //! - `lookup`: only the misses' rows from the host table, with the per-key sources;
 //! - `update`: the cache's update list, as the trainer builds it (`train::gpu_cache`): the
 //!   cached entries of the list the host's leader applied (`EmbeddingStage::applied`) with
-//!   their slots and gradient rows;
+//!   their slots and gradient rows, or in a world of one rank, where those rows are bit for
+//!   bit its own key gradients (checked), their slots and indices into those;
 //! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
 //!   keys chosen anew, the entering rows and accumulators read from the host table.
 //!
@@ -134,8 +135,7 @@ pub struct StepRow {
     /// Rows read into the cache by refreshes, per step.
     pub rows_refreshed_per_step: f64,
     /// Of the bytes uploaded per sample, the update list's (cached keys' slots and merged
-    /// gradient rows): what a world of one rank could spare by updating from the key
-    /// gradients already on its device.
+    /// gradient rows; one rank: slots and indices into its own key gradients).
     pub update_uploaded_per_sample: f64,
     /// Mean step time of the slowest rank, ms.
     pub step_ms: f64,
@@ -331,6 +331,7 @@ struct Buffers {
     grads: Vec<f32>,
     at: Vec<u32>,
     slots: Vec<u32>,
+    index: Vec<u32>,
     update: Vec<f32>,
     entering: Vec<u64>,
     accs: Vec<f32>,
@@ -450,13 +451,28 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let t5 = Instant::now();
         if cached && !back {
             // The cached entries of the list the leader applied, with their gradient rows.
+            // In a world of one rank, as the trainer: where every cached entry is, bit for
+            // bit, this rank's own key gradient, only slots and indices into those travel.
             buf.at.clear();
+            let mut own = false;
             if let Some(g) = stage.applied()? {
                 dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
+                buf.index.clear();
+                let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
+                let index = &mut buf.index;
+                own = topo.size == 1
+                    && buf.at.iter().all(|&j| {
+                        let j = j as usize;
+                        let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
+                        index.push(p as u32);
+                        g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
+                    });
                 buf.update.clear();
-                buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+                if !own {
+                    buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+                }
             }
-            let bytes = 4 * buf.at.len() * (dim + 1);
+            let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
             dir.counters_mut().uploaded(bytes);
             update_bytes += if step >= first { bytes as f64 } else { 0.0 };
         }

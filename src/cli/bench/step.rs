@@ -407,14 +407,11 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
     let first = cache_warmup(args, n, global);
     let warmup = if cached { first } else { args.warmup };
     let every = args.gpu_cache_refresh.max(1) as usize;
-    let mut phases = std::collections::BTreeMap::<String, f64>::new();
-    let (mut total, mut uniq, mut host_uniq, mut update_bytes) = (0f64, 0f64, 0f64, 0f64);
-    let mut refreshes = Refreshes::default();
-    let (mut rows_before, mut counted_from) = (0, CacheCounters::default());
+    let mut t = Timed::default();
     for (i, step) in (first - warmup..first + args.steps).enumerate() {
         if step == first {
-            rows_before = stage.table().table().live_rows();
-            counted_from = *dir.counters();
+            t.rows_before = stage.table().table().live_rows();
+            t.counted_from = *dir.counters();
         }
         let start = (step * global) % n;
         let mine = shard::rank_slice(0..global, topo.rank, topo.size);
@@ -450,73 +447,100 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let st = stage.exchange_and_apply(sent, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
         let t5 = Instant::now();
         if cached && !back {
-            // The cached entries of the list the leader applied, with their gradient rows.
-            // In a world of one rank, as the trainer: where every cached entry is, bit for
-            // bit, this rank's own key gradient, only slots and indices into those travel.
-            buf.at.clear();
-            let mut own = false;
-            if let Some(g) = stage.applied()? {
-                dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
-                buf.index.clear();
-                let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
-                let index = &mut buf.index;
-                own = topo.size == 1
-                    && buf.at.iter().all(|&j| {
-                        let j = j as usize;
-                        let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
-                        index.push(p as u32);
-                        g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
-                    });
-                buf.update.clear();
-                if !own {
-                    buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
-                }
-            }
-            let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
-            dir.counters_mut().uploaded(bytes);
-            update_bytes += if step >= first { bytes as f64 } else { 0.0 };
+            let bytes = update_list(topo, stage, &mut dir, dim, buf)?;
+            t.update_bytes += if step >= first { bytes as f64 } else { 0.0 };
         }
         let t6 = Instant::now();
         if cached && (i + 1) % every == 0 {
             let (rows, left) = refresh(stage, &mut dir, dim, buf)?;
             // Write-back: the rows leaving come down to be written into the table.
-            refreshes.0.push((rows + if back { left } else { 0 }, t6.elapsed().as_secs_f64()));
+            t.refreshes.0.push((rows + if back { left } else { 0 }, t6.elapsed().as_secs_f64()));
         }
         if step >= first {
-            let mut add = |k: &str, s: f64| *phases.entry(k.to_string()).or_default() += s * 1e3;
+            let mut add = |k: &str, s: f64| *t.phases.entry(k.to_string()).or_default() += s * 1e3;
             for (k, s) in [("batch", t1 - t0), ("plan", t2 - t1), ("lookup", t3 - t2), ("grads", t4 - t3), ("exchange", t5 - t4), ("update", t6 - t5)] {
                 add(k, s.as_secs_f64());
             }
             for (k, s) in [("dedupe", st.dedupe_s), ("host", st.host_s), ("cross", st.cross_s), ("merge", st.merge_s), ("apply", st.apply_s)] {
                 add(k, s);
             }
-            total += (t6 - t0).as_secs_f64();
-            uniq += u as f64;
-            host_uniq += st.keys_host as f64;
+            t.total += (t6 - t0).as_secs_f64();
+            t.uniq += u as f64;
+            t.host_uniq += st.keys_host as f64;
         }
     }
+    Ok(summarize(topo, args, stage, &dir, b, (mib, back), rates, t))
+}
+
+/// The cache's update list after a step, as the trainer builds it (`train::gpu_cache`): the
+/// cached entries of the list the leader applied with their slots and gradient rows, or in a
+/// world of one rank, where every such row is bit for bit this rank's own key gradient,
+/// their slots and indices into those. Counts and returns the bytes it uploads.
+fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<usize> {
+    buf.at.clear();
+    let mut own = false;
+    if let Some(g) = stage.applied()? {
+        dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
+        buf.index.clear();
+        let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
+        let index = &mut buf.index;
+        own = topo.size == 1
+            && buf.at.iter().all(|&j| {
+                let j = j as usize;
+                let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
+                index.push(p as u32);
+                g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
+            });
+        buf.update.clear();
+        if !own {
+            buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+        }
+    }
+    let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
+    dir.counters_mut().uploaded(bytes);
+    Ok(bytes)
+}
+
+/// What the timed steps of one combination summed.
+#[derive(Default)]
+struct Timed {
+    phases: std::collections::BTreeMap<String, f64>,
+    total: f64,
+    uniq: f64,
+    host_uniq: f64,
+    update_bytes: f64,
+    rows_before: u64,
+    counted_from: CacheCounters,
+    refreshes: Refreshes,
+}
+
+/// One combination's row from its sums: means over the timed steps, the slowest rank's.
+#[allow(clippy::too_many_arguments)]
+fn summarize(topo: &Topology, args: &StepBenchArgs, stage: &EmbeddingStage, dir: &CacheDirectory, b: usize, (mib, back): (u64, bool), rates: &Rates, mut t: Timed) -> StepRow {
+    let (dim, global, every) = (args.dim, b * topo.size, args.gpu_cache_refresh.max(1) as usize);
+    let optimizer = stage.table().table().header().optimizer;
     let steps = args.steps.max(1) as f64;
     // A refresh (timed apart) costs its steady-state time and rows once every `every` steps.
-    let (refresh_rows, refresh_s) = refreshes.steady();
+    let (refresh_rows, refresh_s) = t.refreshes.steady();
     let (refresh_s, refresh_rows) = (refresh_s / every as f64, refresh_rows / every as f64);
-    let inserted_per_step = max_over(topo, (stage.table().table().live_rows() - rows_before) as f64 / steps);
-    for v in phases.values_mut() {
+    let inserted_per_step = max_over(topo, (stage.table().table().live_rows() - t.rows_before) as f64 / steps);
+    for v in t.phases.values_mut() {
         *v = max_over(topo, *v / steps);
     }
-    phases.insert("refresh".into(), max_over(topo, refresh_s * 1e3));
-    let step_s = max_over(topo, total / steps + refresh_s);
-    let unique_per_rank = sum_over(&topo.world.comm, uniq / steps) / topo.size as f64;
+    t.phases.insert("refresh".into(), max_over(topo, refresh_s * 1e3));
+    let step_s = max_over(topo, t.total / steps + refresh_s);
+    let unique_per_rank = sum_over(&topo.world.comm, t.uniq / steps) / topo.size as f64;
     // Ranges partition a host's keys among its ranks: their sum is the host's keys.
-    let unique_per_host = sum_over(&topo.world.comm, host_uniq / steps) / topo.num_hosts as f64;
+    let unique_per_host = sum_over(&topo.world.comm, t.host_uniq / steps) / topo.num_hosts as f64;
     let per_host = b * topo.local_size;
     let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, dim, per_host, unique_per_rank, unique_per_host, inserted_per_step, rates.bandwidth, rates.line_rate);
     let host_rate = per_host as f64 / step_s;
     // The timed steps' own transfers (a refresh among them excluded: it counts per step).
-    let c = dir.counters().since(&counted_from);
+    let c = dir.counters().since(&t.counted_from);
     let timed_refresh_bytes = c.rows_refreshed * (slot_bytes(dim, optimizer) + 4);
     let per_sample = |bytes: f64| bytes / (steps * b as f64);
     let refresh_up = refresh_rows * (slot_bytes(dim, optimizer) + 4) as f64 / b as f64;
-    Ok(StepRow {
+    StepRow {
         batch_per_rank: b,
         gpu_cache_mib: mib,
         write_back: back,
@@ -527,11 +551,11 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         uploaded_per_sample: max_over(topo, per_sample((c.bytes_uploaded - timed_refresh_bytes.min(c.bytes_uploaded)) as f64) + refresh_up),
         downloaded_per_sample: max_over(topo, per_sample(c.bytes_downloaded as f64)),
         rows_refreshed_per_step: max_over(topo, refresh_rows),
-        update_uploaded_per_sample: max_over(topo, per_sample(update_bytes)),
+        update_uploaded_per_sample: max_over(topo, per_sample(t.update_bytes)),
         step_ms: step_s * 1e3,
         samples_per_sec_host: host_rate,
         samples_per_sec: global as f64 / step_s,
-        phases_ms: phases,
+        phases_ms: t.phases,
         unique_per_rank,
         unique_per_host,
         inserted_per_step,
@@ -541,7 +565,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         random_lines_per_sec: rates.line_rate,
         roofline_samples_per_sec: roofline,
         of_roofline: host_rate / roofline,
-    })
+    }
 }
 
 /// Runs the benchmark; prints on rank 0.

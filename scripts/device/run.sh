@@ -11,6 +11,8 @@
 #   the same GPU at batch 1024, 8192, 65536 on the 200k-row set and a Zipf set, bench step
 #   with the cache, the bundled binaries' `gpu` tests); its readable report in
 #   $OUT/i30-report.txt. DEADLINE defaults to 420 s and no step runs past HARD (460 s).
+#   Bundle its tests with `scripts/device/bundle.sh device train gpu_cache` (each binary
+#   runs its tests named `gpu`, at most 150 s each).
 # Steps past DEADLINE seconds are skipped (the device time is short); with HARD set, a
 # step's timeout is cut so that it ends by HARD seconds.
 set -u

@@ -20,6 +20,12 @@
 #      same GPU (scripts/bench/torch_ctr.py --device cuda --model M: model and data on the
 #      GPU, nn.Embedding(sparse=True)) where a Python with torch exists (TORCH_PY, else
 #      target/bench-venv/bin/python; skipped, with the reason, without one).
+#   6. issue 30 (scripts/device/i30.sh): the GPU hot-row cache off and on (pipeline on)
+#      beside PyTorch on the same GPU at batch 1024, 8192 and 65536, on the 200k-row set and
+#      a Zipf set of a 97M-key space; test AUC of cache on vs off; `bench step` with the
+#      cache (0, 256, 1024 MiB). Its table: $OUT/i30-report.txt (scripts/device/i30_report.py).
+#      I30=0 leaves it out; DEVICE=host runs it without a GPU (the kernels on the CPU, PyTorch
+#      on the CPU: a check of the script, not a measurement). GPU_TESTS=0 leaves out step 2.
 # Output: target/gpu-check/report.json (machine-readable) and target/gpu-check/report.txt
 # (the same, readable), plus each step's raw output beside them. Exit status 0 when every
 # step that ran passed.
@@ -62,7 +68,9 @@ else
 fi
 step info "$RINGREC" info
 
-if [ -f Cargo.toml ]; then
+if [ "${GPU_TESTS:-1}" = 0 ]; then
+  skip gpu-tests "GPU_TESTS=0"
+elif [ -f Cargo.toml ]; then
   step gpu-tests cargo test --release --locked --features cuda -- gpu --test-threads=1
 else
   skip gpu-tests "no source tree here (run from the repository for the tests)"
@@ -93,6 +101,28 @@ else
   skip train "no GPU"
 fi
 
+if [ "${I30:-1}" != 0 ] && { [ "$GPUS" -ge 1 ] || [ "${DEVICE:-cuda}" != cuda ]; }; then
+  RES=$OUT/i30-results.jsonl; : > "$RES"
+  tstep() { # name timeout cmd...: a step under a timeout, its last JSON line into $RES
+    local name=$1 to=$2; shift 2
+    local t0; t0=$(date +%s.%N)
+    step "$name" timeout -k 5 "$to" "$@"
+    local rc=0; [ "${results[${#results[@]}-1]}" = pass ] || rc=1
+    local dt; dt=$(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $t0}")
+    local line; line=$(grep -h '^{.*}$' "$OUT/$name.txt" 2>/dev/null | tail -n 1)
+    case $line in
+      '{}'|'') echo "{\"step\":\"$name\",\"rc\":$rc,\"secs\":$dt}" ;;
+      *) echo "{\"step\":\"$name\",\"rc\":$rc,\"secs\":$dt,${line#\{}" ;;
+    esac >> "$RES"
+  }
+  [ "${DEVICE:-cuda}" = cuda ] || TORCH_DEVICE=${TORCH_DEVICE:-cpu}
+  TORCH_PY=${TORCH_PY:-target/bench-venv/bin/python} R=$RINGREC DATA_DIR=${DATA_DIR:-$OUT/i30-data} TEST_BINS=
+  . scripts/device/i30.sh
+  python3 scripts/device/i30_report.py "$RES" > "$OUT/i30-report.txt" 2>&1 || status=1
+else
+  skip i30 "no GPU (DEVICE=host runs it on the CPU)"
+fi
+
 # The report: every step's result, the machine, and the training summaries side by side.
 json_line() { grep -h '^{' "$OUT/$1.txt" 2>/dev/null | tail -n 1; }
 {
@@ -119,6 +149,8 @@ json_line() { grep -h '^{' "$OUT/$1.txt" 2>/dev/null | tail -n 1; }
   [ -f "$OUT/nvidia-smi.txt" ] && cat "$OUT/nvidia-smi.txt"
   echo; cat "$OUT/info.txt"
   if [ -f "$OUT/nccl-allreduce.txt" ]; then echo; grep -E '^#|^ +[0-9]' "$OUT/nccl-allreduce.txt"; fi
+  echo
+  [ -f "$OUT/i30-report.txt" ] && { echo; cat "$OUT/i30-report.txt"; }
   echo
   printf '%-22s %12s %10s %10s %10s\n' run samples/s train_loss test_auc params_fnv
   for t in train-gpu-1 train-cpu-1 train-gpu-n train-cpu-n $(for m in mlp dlrm dcn deepfm wide-deep; do echo "model-$m-gpu model-$m-gpu-bf16 model-$m-torch"; done); do

@@ -147,3 +147,53 @@ fn info_lists_every_cuda_library_with_where_it_was_found_or_looked_for() {
         assert!(!out.status.success() && (err.contains("pip install nvidia-cuda-nvrtc-cu12") || err.contains("without CUDA support")), "{err}");
     }
 }
+
+#[test]
+fn bench_step_with_the_gpu_cache_counts_what_the_staging_moves() {
+    let dir = std::env::temp_dir().join(format!("ringrec-cli-step-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("zipf.tsv");
+    let ringrec = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+        c.args(args).env("RINGREC_JOB_ID", format!("cli-step-{}", std::process::id()));
+        let job = common::run_with_timeout(c, Duration::from_secs(300));
+        job.assert_ok();
+        job.stdout
+    };
+    ringrec(&["data", "synth", "--rows", "4000", "--vocab-scale", "300", "--zipf", "1.05", "--out", data.to_str().unwrap()]);
+    let (batch, dim) = (512.0, 16.0);
+    let out = ringrec(&[
+        "bench", "step", "--data", data.to_str().unwrap(), "--data-dir", dir.to_str().unwrap(), "--batch", "512", "--gpu-cache-mib", "0,1", "--write-back",
+        "--steps", "3", "--warmup", "1", "--cache-warmup", "4", "--gpu-cache-refresh", "2", "--table-capacity", "262144", "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(report["table_keys"].as_u64().unwrap() > 10_000, "every row's keys are in the table: {report}");
+    let rows = report["rows"].as_array().expect("rows");
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    // Cache off, write-through 1 MiB (16,384 slots of 16 f32), write-back 1 MiB.
+    assert_eq!(rows.iter().map(|r| (r["gpu_cache_mib"].as_u64(), r["write_back"].as_bool(), r["cache_slots"].as_u64())).collect::<Vec<_>>(), [
+        (Some(0), Some(false), Some(0)),
+        (Some(1), Some(false), Some(16384)),
+        (Some(1), Some(true), Some(16384))
+    ]);
+    let (off, through, back) = (&rows[0], &rows[1], &rows[2]);
+    // The same rows: the same unique keys per step.
+    let u = f(off, "unique_per_rank");
+    assert!(u > 0.0 && u == f(through, "unique_per_rank") && u == f(back, "unique_per_rank"), "{rows:?}");
+    // Without a cache: every unique key's row up, with the inverse map, dense features, labels
+    // and the CSR lists (26 + 13 + 1 + 26 values per sample, keys + 1 offsets); its key
+    // gradient down.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    assert!(close(f(off, "uploaded_per_sample"), 4.0 * (dim * u + u + 1.0) / batch + 4.0 * 66.0), "{off}");
+    assert!(close(f(off, "downloaded_per_sample"), 4.0 * dim * u / batch), "{off}");
+    assert_eq!((f(off, "hit_rate"), f(off, "update_uploaded_per_sample"), f(off, "of_cache_off")), (0.0, 0.0, 1.0));
+    // Write-through: hits, the same key gradients down, an update list up.
+    assert!(f(through, "hit_rate") > 0.05, "{through}");
+    assert!(close(f(through, "downloaded_per_sample"), f(off, "downloaded_per_sample")), "{through}");
+    assert!(f(through, "update_uploaded_per_sample") > 0.0 && f(through, "rows_refreshed_per_step") > 0.0, "{through}");
+    // Write-back: no update list, only the misses' gradients down.
+    assert_eq!(f(back, "update_uploaded_per_sample"), 0.0);
+    assert!(f(back, "downloaded_per_sample") < f(through, "downloaded_per_sample"), "{back}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -9,7 +9,7 @@ use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
 use ringrec::data::multihot::{synth_multi_hot, LIST_FIELDS};
 use ringrec::data::parquet_write::{tsv_to_parquet, ROWS_PER_GROUP};
-use ringrec::data::synth::{synth_with, PlantedModel, SynthSummary};
+use ringrec::data::synth::{synth_shaped, PlantedModel, SynthSummary, ValueShape, ZIPF_EXPONENT};
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -76,6 +76,14 @@ pub enum DataCommand {
         /// waits for multi-hot pooling.
         #[arg(long)]
         multi_hot: bool,
+        /// Multiply every field's vocabulary (10 to 100,000 values) by N: 31 gives the 26
+        /// fields a key space of 10 million, 300 one of 97 million (the largest field 30
+        /// million values). The default file is unchanged by `--vocab-scale 1`.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        vocab_scale: u32,
+        /// Zipf exponent of the values' draw by rank (default 1.1).
+        #[arg(long, value_name = "S", default_value_t = ZIPF_EXPONENT)]
+        zipf: f64,
     },
     /// Verify a cache file (every block's CRC-32) and print its header, row count and CTR.
     Inspect {
@@ -132,22 +140,23 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.seed
             );
         }
-        DataCommand::Synth { rows, out, seed, interactions, format, .. } => {
+        DataCommand::Synth { rows, out, seed, interactions, format, vocab_scale, zipf, .. } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };
+            let shape = ValueShape::new(vocab_scale, zipf)?;
             let s = if format == "parquet" {
                 // The TSV is written beside it, converted, and removed.
                 let tsv = out.with_extension("synth.tsv");
-                let s = synth_with(&tsv, rows, seed, model)?;
+                let s = synth_shaped(&tsv, rows, seed, model, shape)?;
                 let converted = tsv_to_parquet(&tsv, &out, ROWS_PER_GROUP);
                 std::fs::remove_file(&tsv)?;
                 converted?;
                 SynthSummary { path: out.clone(), bytes: std::fs::metadata(&out)?.len(), ..s }
             } else {
-                synth_with(&out, rows, seed, model)?
+                synth_shaped(&out, rows, seed, model, shape)?
             };
             println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}",
+                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4} ({} positives), planted-model (Bayes) AUC {:.4}, seed {}{}{}",
                 s.path.display(),
                 s.rows,
                 s.bytes,
@@ -156,7 +165,8 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.positives,
                 s.bayes_auc,
                 s.seed,
-                if interactions { " (planted interactions: first-order + factorisation machine + deep)" } else { "" }
+                if interactions { " (planted interactions: first-order + factorisation machine + deep)" } else { "" },
+                if shape == ValueShape::default() { String::new() } else { format!("; values Zipf({}) over vocabularies x{} (key space {})", shape.zipf, shape.vocab_scale, shape.key_space()) }
             );
         }
         DataCommand::Inspect { path, json } => {

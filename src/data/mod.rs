@@ -31,7 +31,8 @@
 //! - [`shard`]: global batches cut into per-rank slices, so results do not depend on the
 //!   number of ranks; a deterministic per-epoch shuffle; the train/test split.
 //! - [`evalset`]: [`EvalSet`], rows to score over one or more datasets, in batches.
-//! - [`synth`](mod@synth): a synthetic TSV with a planted logistic model and its Bayes AUC.
+//! - [`synth`](mod@synth): a synthetic TSV with a planted logistic model and its Bayes AUC;
+//!   its values' vocabularies and skew can be scaled (`ValueShape`: Zipf ranks from [`zipf`]).
 //! - `ringrec data prepare | synth | inspect` is the binary's (`src/cli/data.rs`).
 
 pub mod cache;
@@ -47,6 +48,7 @@ pub mod prepare;
 pub mod shard;
 pub mod synth;
 pub mod weights;
+pub mod zipf;
 
 pub use cache::{CacheHeader, Dataset, SourceStat};
 pub use criteo::{BadLine, BadLineKind, BadLineReport, Columns, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};
@@ -55,7 +57,7 @@ pub use evalset::EvalSet;
 pub use inputs::{natural_cmp, resolve};
 pub use prepare::{prepare, prepare_with, PrepareOptions, PrepareSummary};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};
-pub use synth::{synth, synth_with, PlantedModel, SynthSummary};
+pub use synth::{synth, synth_shaped, synth_with, PlantedModel, SynthSummary, ValueShape};
 
 /// A data file's identity for comparing ranks' inputs: its size and an FNV-1a digest of
 /// its first and last 64 KiB (a copy of the file on another host gets the same one;

@@ -8,6 +8,10 @@
 //!   100,000 (log-spaced, in a scrambled field order), drawn Zipf(1.1) by rank; rank `j`
 //!   is written as 8 hex digits `fmix32(j ^ salt_f)` (a bijection, so ranks never merge).
 //!   Some fields are often missing (empty), as in the real logs (up to 35%).
+//!   [`ValueShape`] (`ringrec data synth --vocab-scale N --zipf S`) multiplies every
+//!   vocabulary by N and draws with exponent S instead ([`ZipfRanks`]: no table, so 26
+//!   fields of up to 10^5 N values cost nothing to set up); the default shape draws from
+//!   the cumulative table as always, so the default file stays the same byte for byte.
 //! - **Integers** I1..I13: `floor(exp(mu_k + 1.2 z)) - 1` with `z` roughly normal; I2 is
 //!   shifted down by 2, so it takes the values -3..; each is missing with 2% to 20%
 //!   probability.
@@ -46,6 +50,7 @@ use rayon::prelude::*;
 use crate::fileio::AtomicFile;
 use super::criteo::{dense_value, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
+use super::zipf::ZipfRanks;
 use crate::hash::{splitmix64, Stream, GOLDEN};
 
 /// Length of the latent vector of a (field, value) in the interactions model.
@@ -93,6 +98,93 @@ pub enum PlantedModel {
     Interactions,
 }
 
+/// The categorical values' vocabularies and skew.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct ValueShape {
+    /// Every field's vocabulary is its default one (10 to 100,000 values) times this.
+    pub vocab_scale: u32,
+    /// The Zipf exponent of the draw by rank.
+    pub zipf: f64,
+}
+
+impl Default for ValueShape {
+    fn default() -> ValueShape {
+        ValueShape { vocab_scale: 1, zipf: ZIPF_EXPONENT }
+    }
+}
+
+impl ValueShape {
+    /// The largest `vocab_scale`: every rank of the largest field fits in 32 bits.
+    pub const MAX_VOCAB_SCALE: u32 = 40_000;
+
+    /// A shape, checked: a scale of 1 to [`Self::MAX_VOCAB_SCALE`], an exponent in (0, 10].
+    pub fn new(vocab_scale: u32, zipf: f64) -> DataResult<ValueShape> {
+        if !(1..=Self::MAX_VOCAB_SCALE).contains(&vocab_scale) {
+            return Err(DataError::InvalidArgument(format!("vocabulary scale {vocab_scale}: give 1 to {}", Self::MAX_VOCAB_SCALE)));
+        }
+        if !(zipf > 0.0 && zipf <= 10.0) {
+            return Err(DataError::InvalidArgument(format!("Zipf exponent {zipf}: give a number in (0, 10]")));
+        }
+        Ok(ValueShape { vocab_scale, zipf })
+    }
+
+    /// Each field's vocabulary (values, the missing one not counted).
+    pub fn vocabularies(&self) -> [u64; NUM_SPARSE] {
+        // Log-spaced 10..1e5 in a scrambled order (7 is coprime with 26).
+        std::array::from_fn(|f| 10f64.powf(1.0 + 4.0 * ((f * 7) % NUM_SPARSE) as f64 / (NUM_SPARSE - 1) as f64).round() as u64 * self.vocab_scale.max(1) as u64)
+    }
+
+    /// The keys the 26 fields can take together (their vocabularies summed).
+    pub fn key_space(&self) -> u64 {
+        self.vocabularies().iter().sum()
+    }
+}
+
+/// How one field's values are drawn by rank.
+enum ValueDraw {
+    /// The default shape: cumulative Zipf weights of ranks 0..V_f, searched.
+    Table(Vec<f64>),
+    /// Any other shape: the inverted continuous power law.
+    Ranks(ZipfRanks),
+}
+
+impl ValueDraw {
+    fn new(vocab: u64, shape: &ValueShape) -> ValueDraw {
+        if *shape != ValueShape::default() {
+            return ValueDraw::Ranks(ZipfRanks::new(vocab, shape.zipf));
+        }
+        let mut acc = 0.0;
+        ValueDraw::Table(
+            (0..vocab)
+                .map(|j| {
+                    acc += ((j + 1) as f64).powf(-ZIPF_EXPONENT);
+                    acc
+                })
+                .collect(),
+        )
+    }
+
+    /// The vocabulary's size.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        match self {
+            ValueDraw::Table(cdf) => cdf.len(),
+            ValueDraw::Ranks(z) => z.len() as usize,
+        }
+    }
+
+    /// The rank of the uniform draw `u`.
+    fn rank(&self, u: f64) -> u32 {
+        match self {
+            ValueDraw::Table(cdf) => {
+                let total = cdf.last().copied().unwrap_or(0.0);
+                cdf.partition_point(|&c| c <= u * total).min(cdf.len().saturating_sub(1)) as u32
+            }
+            ValueDraw::Ranks(z) => z.rank(u) as u32,
+        }
+    }
+}
+
 /// What [`synth`] wrote.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SynthSummary {
@@ -113,6 +205,8 @@ pub struct SynthSummary {
     pub seed: u64,
     /// The model that labelled the rows.
     pub model: PlantedModel,
+    /// The categorical values' vocabularies and skew.
+    pub shape: ValueShape,
 }
 
 /// Roughly standard normal from one 64-bit hash: four 16-bit uniforms (Irwin-Hall).
@@ -133,8 +227,8 @@ fn fmix32(mut x: u32) -> u32 {
 /// The planted model and the value distributions of one seed.
 struct Planted {
     seed: u64,
-    /// Per field: cumulative Zipf weights of ranks 0..V_f.
-    cdf: Vec<Vec<f64>>,
+    /// Per field: how its values are drawn by rank.
+    draw: Vec<ValueDraw>,
     cat_missing: [f64; NUM_SPARSE],
     hex_salt: [u32; NUM_SPARSE],
     dense_mu: [f64; NUM_DENSE],
@@ -169,11 +263,11 @@ struct Parts {
 }
 
 impl Interactions {
-    fn new(seed: u64, vocab: [usize; NUM_SPARSE]) -> Interactions {
+    fn new(seed: u64, vocab: [u64; NUM_SPARSE]) -> Interactions {
         let h = |a: u64, b: u64| splitmix64(seed ^ splitmix64(a.wrapping_mul(GOLDEN) ^ b ^ 0x4641_4354_4f52_5321));
         let s1 = (1.0 / DEEP_INPUT as f64).sqrt();
         let s2 = (1.0 / DEEP_HIDDEN as f64).sqrt();
-        let interacting = std::array::from_fn(|f| vocab[f] <= INTERACTION_MAX_VOCAB);
+        let interacting = std::array::from_fn(|f| vocab[f] <= INTERACTION_MAX_VOCAB as u64);
         Interactions {
             seed,
             interacting,
@@ -251,21 +345,10 @@ struct Row {
 }
 
 impl Planted {
-    fn new(seed: u64, model: PlantedModel) -> Planted {
+    fn new(seed: u64, model: PlantedModel, shape: &ValueShape) -> Planted {
         let h = |a: u64, b: u64| splitmix64(seed ^ splitmix64(a.wrapping_mul(GOLDEN) ^ b));
-        let cdf: Vec<Vec<f64>> = (0..NUM_SPARSE)
-            .map(|f| {
-                // Log-spaced 10..1e5 in a scrambled order (7 is coprime with 26).
-                let v = 10f64.powf(1.0 + 4.0 * ((f * 7) % NUM_SPARSE) as f64 / (NUM_SPARSE - 1) as f64).round() as usize;
-                let mut acc = 0.0;
-                (0..v)
-                    .map(|j| {
-                        acc += ((j + 1) as f64).powf(-ZIPF_EXPONENT);
-                        acc
-                    })
-                    .collect()
-            })
-            .collect();
+        let vocab = shape.vocabularies();
+        let draw: Vec<ValueDraw> = vocab.iter().map(|&v| ValueDraw::new(v, shape)).collect();
         let cat_missing = std::array::from_fn(|f| match f % 6 {
             2 => 0.35,
             4 => 0.05,
@@ -275,9 +358,8 @@ impl Planted {
         let dense_mu = std::array::from_fn(|k| 0.3 + (k as f64 * 0.77) % 3.5);
         let dense_missing = std::array::from_fn(|k| if k % 4 == 0 { 0.2 } else { 0.02 });
         let dense_w = std::array::from_fn(|k| DENSE_WEIGHT_SCALE * gauss(h(2, k as u64)));
-        let vocab = std::array::from_fn(|f| cdf[f].len());
         let interactions = (model == PlantedModel::Interactions).then(|| Interactions::new(seed, vocab));
-        let mut p = Planted { seed, cdf, cat_missing, hex_salt, dense_mu, dense_missing, dense_w, interactions, bias: 0.0 };
+        let mut p = Planted { seed, draw, cat_missing, hex_salt, dense_mu, dense_missing, dense_w, interactions, bias: 0.0 };
         p.calibrate();
         p
     }
@@ -315,14 +397,7 @@ impl Planted {
         let cats = std::array::from_fn(|f| {
             let missing = rng.unit() < self.cat_missing[f];
             let u = rng.unit();
-            let j = if missing {
-                None
-            } else {
-                let cdf = &self.cdf[f];
-                let total = cdf.last().copied().unwrap_or(0.0);
-                let j = cdf.partition_point(|&c| c <= u * total).min(cdf.len().saturating_sub(1));
-                Some(j as u32)
-            };
+            let j = if missing { None } else { Some(self.draw[f].rank(u)) };
             logit += self.cat_weight(f, j);
             j
         });
@@ -439,7 +514,14 @@ pub fn synth(out: &Path, rows: u64, seed: u64) -> DataResult<SynthSummary> {
 
 /// [`synth`] with the labels of the planted `model`.
 pub fn synth_with(out: &Path, rows: u64, seed: u64, model: PlantedModel) -> DataResult<SynthSummary> {
-    let planted = Planted::new(seed, model);
+    synth_shaped(out, rows, seed, model, ValueShape::default())
+}
+
+/// [`synth_with`] with the categorical values of `shape` (vocabularies scaled, another
+/// Zipf exponent).
+pub fn synth_shaped(out: &Path, rows: u64, seed: u64, model: PlantedModel, shape: ValueShape) -> DataResult<SynthSummary> {
+    let shape = ValueShape::new(shape.vocab_scale, shape.zipf)?;
+    let planted = Planted::new(seed, model, &shape);
     let tmp = AtomicFile::create(out, crate::fileio::PRIVATE)?;
     let werr = |e| DataError::io(tmp.path(), "write", e);
     let mut w = BufWriter::with_capacity(1 << 20, tmp.file());
@@ -478,6 +560,7 @@ pub fn synth_with(out: &Path, rows: u64, seed: u64, model: PlantedModel) -> Data
         bytes,
         seed,
         model,
+        shape,
     })
 }
 
@@ -518,8 +601,8 @@ mod tests {
 
     #[test]
     fn vocabularies_span_ten_to_a_hundred_thousand() {
-        let p = Planted::new(1, PlantedModel::Logistic);
-        let sizes: Vec<usize> = p.cdf.iter().map(|c| c.len()).collect();
+        let p = Planted::new(1, PlantedModel::Logistic, &ValueShape::default());
+        let sizes: Vec<usize> = p.draw.iter().map(|c| c.len()).collect();
         assert_eq!(*sizes.iter().min().unwrap(), 10);
         assert_eq!(*sizes.iter().max().unwrap(), 100_000);
     }
@@ -541,6 +624,35 @@ mod tests {
         let bytes = std::fs::read(&s.path).unwrap();
         assert_eq!((bytes.len(), crate::hash::fnv1a64(&bytes)), (254_824, 0x4b4c_d7de_854a_fc3e));
         assert_eq!((s.positives, s.model), (274, PlantedModel::Logistic));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_scaled_shape_spreads_the_values_over_a_larger_key_space() {
+        assert_eq!(ValueShape::default().key_space(), ValueShape::new(1, ZIPF_EXPONENT).unwrap().key_space());
+        let wide = ValueShape::new(300, 1.05).unwrap();
+        assert!(wide.key_space() > 90_000_000, "{}", wide.key_space());
+        assert_eq!(wide.vocabularies().iter().max(), Some(&30_000_000));
+        assert!(ValueShape::new(0, 1.05).is_err() && ValueShape::new(40_001, 1.05).is_err() && ValueShape::new(2, 0.0).is_err());
+        let dir = scratch("shape");
+        let distinct = |name: &str, shape: ValueShape| {
+            let s = synth_shaped(&dir.join(name), 4000, 3, PlantedModel::Logistic, shape).unwrap();
+            let text = std::fs::read_to_string(&s.path).unwrap();
+            let mut keys: Vec<(usize, &str)> = text.lines().flat_map(|l| l.split('\t').enumerate().skip(1 + NUM_DENSE).filter(|(_, v)| !v.is_empty())).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            (s, text.clone(), keys.len())
+        };
+        let (s1, t1, narrow_keys) = distinct("a.tsv", ValueShape::default());
+        let (_, t2, _) = distinct("b.tsv", ValueShape::new(1, ZIPF_EXPONENT).unwrap());
+        assert_eq!(t1, t2, "the default shape, however given, is the default file");
+        let (s3, t3, wide_keys) = distinct("c.tsv", wide);
+        let (_, t4, _) = distinct("d.tsv", wide);
+        assert_eq!(t3, t4, "deterministic");
+        assert_eq!(s3.shape, wide);
+        assert!(wide_keys > narrow_keys * 3 / 2, "{wide_keys} distinct keys vs {narrow_keys}");
+        // The integers and labels' model are drawn the same way: only the values differ.
+        assert!((s3.ctr - s1.ctr).abs() < 0.05, "ctr {} vs {}", s3.ctr, s1.ctr);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -573,14 +685,14 @@ mod tests {
 
     #[test]
     fn the_factorisation_machine_is_the_sum_of_pairwise_dots() {
-        let p = Planted::new(2, PlantedModel::Interactions);
+        let p = Planted::new(2, PlantedModel::Interactions, &ValueShape::default());
         let ix = p.interactions.as_ref().unwrap();
         assert_eq!(ix.interacting.iter().filter(|&&i| i).count(), 13, "the fields of 10 to 1,000 values");
         assert_eq!(ix.deep_fields.len(), DEEP_FIELDS);
         for r in 0..20 {
             let row = p.row(r);
             // Only the fields of at most INTERACTION_MAX_VOCAB values interact.
-            let v: Vec<[f64; LATENT_DIM]> = row.cats.iter().enumerate().map(|(f, &j)| if p.cdf[f].len() <= INTERACTION_MAX_VOCAB { ix.latent(f, j) } else { [0.0; LATENT_DIM] }).collect();
+            let v: Vec<[f64; LATENT_DIM]> = row.cats.iter().enumerate().map(|(f, &j)| if p.draw[f].len() <= INTERACTION_MAX_VOCAB { ix.latent(f, j) } else { [0.0; LATENT_DIM] }).collect();
             let mut pairs = 0.0;
             for f in 0..NUM_SPARSE {
                 for g in f + 1..NUM_SPARSE {
@@ -614,7 +726,7 @@ mod tests {
         assert!((0.2..0.3).contains(&s.ctr), "ctr {}", s.ctr);
         // The exact AUC (Mann-Whitney, ties half) of the planted probabilities against the
         // labels read back agrees with the summary's histogram AUC.
-        let p = Planted::new(9, PlantedModel::Interactions);
+        let p = Planted::new(9, PlantedModel::Interactions, &ValueShape::default());
         let mut scored: Vec<(f64, bool)> = samples.iter().enumerate().map(|(r, x)| (sigmoid(p.logit(&p.row(r as u64)) + p.bias), x.label == 1.0)).collect();
         scored.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (mut neg_below, mut area) = (0u64, 0.0);

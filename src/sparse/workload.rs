@@ -1,20 +1,14 @@
 //! Synthetic sparse workloads for benchmarks and tests: Zipf or uniform ids, scrambled
 //! into keys, and per-rank batches of (key, gradient row). Deterministic from their seeds.
 
+use crate::data::zipf::ZipfRanks;
 use crate::hash::splitmix64;
 
-/// `len` Zipf-distributed ids in `0..n` (id r drawn with probability ~ 1/(r+1)^s, by
-/// inverting the continuous power-law CDF), from `seed`.
+/// `len` Zipf-distributed ids in `0..n` (id r drawn with probability ~ 1/(r+1)^s:
+/// [`ZipfRanks`]), from `seed`.
 pub fn zipf_ids(n: u64, len: usize, s: f64, seed: u64) -> Vec<u64> {
-    let nf = n.max(1) as f64;
-    let a = nf.powf(1.0 - s) - 1.0;
-    unit_stream(seed)
-        .take(len)
-        .map(|u| {
-            let r = if (s - 1.0).abs() < 1e-9 { nf.powf(u) - 1.0 } else { (a * u + 1.0).powf(1.0 / (1.0 - s)) - 1.0 };
-            (r.max(0.0) as u64).min(n.max(1) - 1)
-        })
-        .collect()
+    let z = ZipfRanks::new(n, s);
+    unit_stream(seed).take(len).map(|u| z.rank(u)).collect()
 }
 
 /// `len` uniformly distributed ids in `0..n`, from `seed` (the same stream as [`zipf_ids`]).

@@ -11,6 +11,34 @@
 //! - `exchange`: the sparse exchange, the leader's table update and the host barrier
 //!   (`EmbeddingStage::exchange_and_apply`), split into its own phases.
 //!
+//! With the GPU hot-row cache (`--gpu-cache-mib`, a list; 0 is today's path above), the
+//! host work is the cache's (`embedding::cache::CacheDirectory`, the trainer's own):
+//!
+//! - `plan`: the batch's keys counted for the next refresh and each unique key mapped to its
+//!   cache slot or a miss;
+//! - `lookup`: only the misses' rows from the host table, with the per-key sources;
+//! - `update`: the cache's update list, as the trainer builds it (`train::gpu_cache`): the
+//!   cached entries of the list the host's leader applied (`EmbeddingStage::applied`) with
+//!   their slots and gradient rows, or in a world of one rank, where those rows are bit for
+//!   bit its own key gradients (checked), their slots and indices into those;
+//! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
+//!   keys chosen anew, the entering rows and accumulators read from the host table.
+//!
+//! `--write-back` measures the alternative beside it (one rank): the device updates its cached
+//! rows itself, so only the misses' gradients come down and go through the exchange and the
+//! host's update, and the rows leaving at a refresh come down to be written back.
+//!
+//! First every row's keys of the data set are put into the table (zero gradients), as after
+//! an epoch, so no combination pays for inserting them. Each combination warms up
+//! (`--warmup`, and with a cache `--cache-warmup` steps, so the cache holds the keys of
+//! earlier batches, as in a long run); the timed steps read the same rows for every cache
+//! size. The bytes each way
+//! per sample are those the trainer's staging moves: up, the rows staged (every unique key's,
+//! or only the misses' plus a 4-byte source per unique key), the inverse map, dense
+//! features, labels and the per-key CSR lists, the update list and the refreshed rows with
+//! their optimizer state; down, the key gradients (write-back: the misses', and the rows
+//! leaving).
+//!
 //! time = mean of the slowest rank's step; samples/s per host = per-rank batch x ranks of
 //! the host / time. The roofline: every rank of the host copies a buffer at the
 //! same time (memcpy, bytes read + written per second summed over the host's ranks), and
@@ -24,6 +52,7 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
 use ringrec::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, DEFAULT_REFRESH_STEPS};
 use ringrec::data::shard;
 use ringrec::topology::Topology;
 use ringrec::train::batch::Batch;
@@ -58,24 +87,64 @@ pub struct StepBenchArgs {
     /// Slots of the host table.
     #[arg(long, default_value_t = 1 << 23)]
     pub table_capacity: u64,
-    /// Print one JSON document instead of the table.
+    /// GPU hot-row cache sizes to measure, MiB (comma separated; 0: no cache, today's path).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub gpu_cache_mib: Vec<u64>,
+    /// Steps between two refreshes of the cache's keys.
+    #[arg(long, default_value_t = DEFAULT_REFRESH_STEPS)]
+    pub gpu_cache_refresh: u64,
+    /// Also measure each cache in write-back (one rank only): the device updates its cached
+    /// rows itself, only the misses' gradients come down and are exchanged and applied on
+    /// the host, rows leaving at a refresh come down (their write into the table not timed).
+    /// The trainer is write-through; this measures the alternative issue 30 asks about.
+    #[arg(long)]
+    pub write_back: bool,
+    /// Warm-up steps with a cache (at least `--warmup`): the cache holds keys of the batches
+    /// before the timed ones, as in a long run.
+    #[arg(long, default_value_t = 2 * DEFAULT_REFRESH_STEPS as usize)]
+    pub cache_warmup: usize,
+    /// Print one JSON document (one line) instead of the table.
     #[arg(long)]
     pub json: bool,
 }
 
-/// One batch size's figures (means over the timed steps; phases: the slowest rank's).
+/// One batch size's and cache size's figures (means over the timed steps; phases: the
+/// slowest rank's).
 #[derive(Serialize, Debug, Clone, Default)]
 pub struct StepRow {
     /// Samples per rank per step.
     pub batch_per_rank: usize,
+    /// The GPU cache's size, MiB (0: no cache).
+    pub gpu_cache_mib: u64,
+    /// Write-back (`--write-back`): cached rows updated on the device only, the host's
+    /// exchange and update over the misses, leaving rows written back at a refresh.
+    /// Otherwise write-through, the trainer's design.
+    pub write_back: bool,
+    /// Its slots (rows with their optimizer state).
+    pub cache_slots: usize,
+    /// Host time per sample of the slowest rank, microseconds (the step's mean / batch).
+    pub host_us_per_sample: f64,
+    /// host_us_per_sample / that of the run without a cache at this batch size (1 without one).
+    pub of_cache_off: f64,
+    /// Unique keys found in the cache / unique keys (the slowest rank's: its lowest).
+    pub hit_rate: f64,
+    /// Bytes uploaded per sample (the rank that uploads most).
+    pub uploaded_per_sample: f64,
+    /// Bytes downloaded per sample (the rank that downloads most).
+    pub downloaded_per_sample: f64,
+    /// Rows read into the cache by refreshes, per step.
+    pub rows_refreshed_per_step: f64,
+    /// Of the bytes uploaded per sample, the update list's (cached keys' slots and merged
+    /// gradient rows; one rank: slots and indices into its own key gradients).
+    pub update_uploaded_per_sample: f64,
     /// Mean step time of the slowest rank, ms.
     pub step_ms: f64,
     /// Samples per second of one host.
     pub samples_per_sec_host: f64,
     /// Samples per second of the job.
     pub samples_per_sec: f64,
-    /// Phase means (ms): batch, lookup, grads, exchange (and inside it: dedupe, host,
-    /// cross, merge, apply).
+    /// Phase means (ms): batch, plan, lookup, grads, exchange (and inside it: dedupe, host,
+    /// cross, merge, apply), update, refresh (per step).
     pub phases_ms: std::collections::BTreeMap<String, f64>,
     /// Distinct keys per rank per step.
     pub unique_per_rank: f64,
@@ -106,7 +175,9 @@ pub struct StepReport {
     pub hosts: usize,
     /// Ranks per host.
     pub ranks_per_host: usize,
-    /// One row per batch size.
+    /// Keys in the host table once every row's keys are in it (the data set's distinct keys).
+    pub table_keys: u64,
+    /// One row per batch size and cache size.
     pub rows: Vec<StepRow>,
 }
 
@@ -195,15 +266,28 @@ fn roofline(topo: &Topology, dim: usize, per_host: usize, unique_per_rank: f64, 
     (bytes_per_sample, lines_per_sample, roofline)
 }
 
+/// The header lines of the table.
+fn print_header() {
+    println!(
+        "{:>8} {:>6} {:>9} {:>12} {:>8} {:>6} | {:>7} {:>6} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) {:>6} {:>7} | {:>6} {:>7} {:>7} {:>7} {:>8} | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}",
+        "batch", "cache", "step ms", "samples/s/h", "us/smp", "of off", "batch", "plan", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "update", "refresh", "hit%", "up B/s", "upd B/s", "down B/s", "refr/st",
+        "uniq/rk", "uniq/host", "new/step", "B/smp", "lines/smp", "roofline/s", "of it"
+    );
+}
+
 /// One table line of a row.
 fn print_row(row: &StepRow) {
     let p = |k: &str| row.phases_ms.get(k).copied().unwrap_or(0.0);
     println!(
-        "{:>8} {:>9.2} {:>12.0} | {:>7.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
+        "{:>8} {:>6} {:>9.2} {:>12.0} {:>8.3} {:>6.2} | {:>7.2} {:>6.2} {:>7.2} {:>7.2} {:>8.2} ({:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}) {:>6.2} {:>7.2} | {:>6.1} {:>7.0} {:>7.0} {:>7.0} {:>8.0} | {:>8.0} {:>9.0} {:>8.0} | {:>6.0} {:>9.2} {:>11.0} {:>5.0}%",
         row.batch_per_rank,
+        format!("{}{}", row.gpu_cache_mib, if row.write_back { "wb" } else { "" }),
         row.step_ms,
         row.samples_per_sec_host,
+        row.host_us_per_sample,
+        row.of_cache_off,
         p("batch"),
+        p("plan"),
         p("lookup"),
         p("grads"),
         p("exchange"),
@@ -212,6 +296,13 @@ fn print_row(row: &StepRow) {
         p("cross"),
         p("merge"),
         p("apply"),
+        p("update"),
+        p("refresh"),
+        100.0 * row.hit_rate,
+        row.uploaded_per_sample,
+        row.update_uploaded_per_sample,
+        row.downloaded_per_sample,
+        row.rows_refreshed_per_step,
         row.unique_per_rank,
         row.unique_per_host,
         row.inserted_per_step,
@@ -220,6 +311,261 @@ fn print_row(row: &StepRow) {
         row.roofline_samples_per_sec,
         100.0 * row.of_roofline
     );
+}
+
+/// The host memory's two rates, measured once.
+struct Rates {
+    bandwidth: f64,
+    line_rate: f64,
+}
+
+/// The step's buffers, reused across steps.
+#[derive(Default)]
+struct Buffers {
+    batch: Batch,
+    plan: StagingPlan,
+    emb: Vec<f32>,
+    inverse: Vec<u32>,
+    dense: Vec<f32>,
+    labels: Vec<f32>,
+    grads: Vec<f32>,
+    at: Vec<u32>,
+    slots: Vec<u32>,
+    index: Vec<u32>,
+    update: Vec<f32>,
+    entering: Vec<u64>,
+    accs: Vec<f32>,
+}
+
+/// Bytes the staging of a batch of `samples` samples and `keys` unique keys moves that do
+/// not depend on the cache: the inverse map, dense features, labels and the per-key CSR
+/// lists (offsets and slots), as `DenseModel::load` uploads them.
+fn batch_bytes(samples: usize, keys: usize) -> usize {
+    4 * (samples * NUM_SPARSE + samples * NUM_DENSE + samples + (keys + 1) + samples * NUM_SPARSE)
+}
+
+/// Every row's keys put into the table once (zero gradients: values unchanged), in batches
+/// of `b` per rank, so the table holds the data set's keys, as after an epoch, and no
+/// measured combination pays for inserting them.
+fn prime(topo: &Topology, stage: &mut EmbeddingStage, ds: &ringrec::data::Dataset, n: usize, b: usize, buf: &mut Buffers) -> anyhow::Result<()> {
+    let global = b * topo.size;
+    for (step, start) in (0..n).step_by(global).enumerate() {
+        let end = n.min(start + global);
+        buf.batch.load(ds, shard::rank_slice(start..end, topo.rank, topo.size).map(|i| i as u32))?;
+        buf.grads.clear();
+        buf.grads.resize(buf.batch.uniq.len() * stage.exchanger().dim(), 0.0);
+        stage.exchange_and_apply(&buf.batch.uniq, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
+    }
+    Ok(())
+}
+
+/// What the refreshes of one combination cost: per refresh, the rows read and the seconds.
+#[derive(Default)]
+struct Refreshes(Vec<(u64, f64)>);
+
+impl Refreshes {
+    /// Rows and seconds of a refresh in steady state: the mean of the refreshes after the
+    /// first (the first fills an empty cache), or the first if it is the only one.
+    fn steady(&self) -> (f64, f64) {
+        let later = if self.0.len() > 1 { &self.0[1..] } else { &self.0[..] };
+        let n = later.len().max(1) as f64;
+        (later.iter().fold(0.0, |a, r| a + r.0 as f64) / n, later.iter().fold(0.0, |a, r| a + r.1) / n)
+    }
+}
+
+/// The cache's refresh after a step: keys chosen anew, the entering rows and accumulators
+/// read from the host table into staging. Returns the rows read and the rows that left.
+fn refresh(stage: &EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<(u64, u64)> {
+    let table = stage.table().table();
+    let r = dir.refresh(|k| table.contains(k));
+    buf.entering.clear();
+    buf.entering.extend(r.entering.iter().map(|(k, _)| *k));
+    buf.emb.resize(buf.entering.len() * dim, 0.0);
+    stage.lookup(&buf.entering, &mut buf.emb)?;
+    buf.accs.clear();
+    buf.accs.extend(buf.entering.iter().map(|k| table.accumulator(*k).unwrap_or(0.0)));
+    Ok((buf.entering.len() as u64, r.left as u64))
+}
+
+/// Warm-up steps with a cache at `global` samples per step: `--cache-warmup`, but no more
+/// than leave the timed steps rows the warm-up did not read (at least `--warmup`).
+fn cache_warmup(args: &StepBenchArgs, n: usize, global: usize) -> usize {
+    args.cache_warmup.min((n / global.max(1)).saturating_sub(args.steps)).max(args.warmup)
+}
+
+/// One combination's measurement: per-rank batch `b`, a cache of `mib` MiB (0: none),
+/// write-through or (`back`, one rank) write-back.
+#[allow(clippy::too_many_arguments)]
+fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds: &ringrec::data::Dataset, n: usize, b: usize, (mib, back): (u64, bool), rates: &Rates, buf: &mut Buffers) -> anyhow::Result<StepRow> {
+    let dim = args.dim;
+    let optimizer = stage.table().table().header().optimizer;
+    let mut dir = CacheDirectory::new(slots_for_bytes(mib << 20, dim, optimizer));
+    let cached = dir.capacity() > 0;
+    let back = back && cached;
+    let global = b * topo.size;
+    // The timed steps are the same steps of the stream for every combination.
+    let first = cache_warmup(args, n, global);
+    let warmup = if cached { first } else { args.warmup };
+    let every = args.gpu_cache_refresh.max(1) as usize;
+    let mut t = Timed::default();
+    for (i, step) in (first - warmup..first + args.steps).enumerate() {
+        if step == first {
+            t.rows_before = stage.table().table().live_rows();
+            t.counted_from = *dir.counters();
+        }
+        let start = (step * global) % n;
+        let mine = shard::rank_slice(0..global, topo.rank, topo.size);
+        topo.world.comm.barrier();
+        let t0 = Instant::now();
+        buf.batch.load(ds, mine.map(|i| ((start + i) % n) as u32))?;
+        let t1 = Instant::now();
+        let (u, samples) = (buf.batch.uniq.len(), buf.batch.labels.len());
+        if cached {
+            dir.observe(&buf.batch.uniq, &buf.batch.inverse);
+            dir.plan(&buf.batch.uniq, samples, &mut buf.plan);
+        }
+        let t2 = Instant::now();
+        let staged = if cached { &buf.plan.misses } else { &buf.batch.uniq };
+        buf.emb.resize(staged.len() * dim, 0.0);
+        stage.lookup(staged, &mut buf.emb)?;
+        buf.inverse.clone_from(&buf.batch.inverse);
+        buf.dense.clone_from(&buf.batch.dense);
+        buf.labels.clone_from(&buf.batch.labels);
+        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(samples, u) + if cached { 4 * u } else { 0 });
+        let t3 = Instant::now();
+        // Write-back: the device updates its cached rows itself; only the misses' key
+        // gradients come down and go through the exchange and the host's update.
+        let sent = if back { &buf.plan.misses } else { &buf.batch.uniq };
+        buf.grads.resize(sent.len() * dim, 0.0);
+        if cached {
+            buf.grads.iter_mut().enumerate().for_each(|(j, g)| *g = 1e-4 * (j % 7) as f32);
+        } else {
+            buf.grads.iter_mut().zip(&buf.emb).for_each(|(g, e)| *g = 1e-4 * e);
+        }
+        dir.counters_mut().downloaded(4 * sent.len() * dim);
+        let t4 = Instant::now();
+        let st = stage.exchange_and_apply(sent, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
+        let t5 = Instant::now();
+        if cached && !back {
+            let bytes = update_list(topo, stage, &mut dir, dim, buf)?;
+            t.update_bytes += if step >= first { bytes as f64 } else { 0.0 };
+        }
+        let t6 = Instant::now();
+        if cached && (i + 1) % every == 0 {
+            let (rows, left) = refresh(stage, &mut dir, dim, buf)?;
+            // Write-back: the rows leaving come down to be written into the table.
+            t.refreshes.0.push((rows + if back { left } else { 0 }, t6.elapsed().as_secs_f64()));
+        }
+        if step >= first {
+            let mut add = |k: &str, s: f64| *t.phases.entry(k.to_string()).or_default() += s * 1e3;
+            for (k, s) in [("batch", t1 - t0), ("plan", t2 - t1), ("lookup", t3 - t2), ("grads", t4 - t3), ("exchange", t5 - t4), ("update", t6 - t5)] {
+                add(k, s.as_secs_f64());
+            }
+            for (k, s) in [("dedupe", st.dedupe_s), ("host", st.host_s), ("cross", st.cross_s), ("merge", st.merge_s), ("apply", st.apply_s)] {
+                add(k, s);
+            }
+            t.total += (t6 - t0).as_secs_f64();
+            t.uniq += u as f64;
+            t.host_uniq += st.keys_host as f64;
+        }
+    }
+    Ok(summarize(topo, args, stage, &dir, b, (mib, back), rates, t))
+}
+
+/// The cache's update list after a step, as the trainer builds it (`train::gpu_cache`): the
+/// cached entries of the list the leader applied with their slots and gradient rows, or in a
+/// world of one rank, where every such row is bit for bit this rank's own key gradient,
+/// their slots and indices into those. Counts and returns the bytes it uploads.
+fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<usize> {
+    buf.at.clear();
+    let mut own = false;
+    if let Some(g) = stage.applied()? {
+        dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
+        buf.index.clear();
+        let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
+        let index = &mut buf.index;
+        own = topo.size == 1
+            && buf.at.iter().all(|&j| {
+                let j = j as usize;
+                let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
+                index.push(p as u32);
+                g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
+            });
+        buf.update.clear();
+        if !own {
+            buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+        }
+    }
+    let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
+    dir.counters_mut().uploaded(bytes);
+    Ok(bytes)
+}
+
+/// What the timed steps of one combination summed.
+#[derive(Default)]
+struct Timed {
+    phases: std::collections::BTreeMap<String, f64>,
+    total: f64,
+    uniq: f64,
+    host_uniq: f64,
+    update_bytes: f64,
+    rows_before: u64,
+    counted_from: CacheCounters,
+    refreshes: Refreshes,
+}
+
+/// One combination's row from its sums: means over the timed steps, the slowest rank's.
+#[allow(clippy::too_many_arguments)]
+fn summarize(topo: &Topology, args: &StepBenchArgs, stage: &EmbeddingStage, dir: &CacheDirectory, b: usize, (mib, back): (u64, bool), rates: &Rates, mut t: Timed) -> StepRow {
+    let (dim, global, every) = (args.dim, b * topo.size, args.gpu_cache_refresh.max(1) as usize);
+    let optimizer = stage.table().table().header().optimizer;
+    let steps = args.steps.max(1) as f64;
+    // A refresh (timed apart) costs its steady-state time and rows once every `every` steps.
+    let (refresh_rows, refresh_s) = t.refreshes.steady();
+    let (refresh_s, refresh_rows) = (refresh_s / every as f64, refresh_rows / every as f64);
+    let inserted_per_step = max_over(topo, (stage.table().table().live_rows() - t.rows_before) as f64 / steps);
+    for v in t.phases.values_mut() {
+        *v = max_over(topo, *v / steps);
+    }
+    t.phases.insert("refresh".into(), max_over(topo, refresh_s * 1e3));
+    let step_s = max_over(topo, t.total / steps + refresh_s);
+    let unique_per_rank = sum_over(&topo.world.comm, t.uniq / steps) / topo.size as f64;
+    // Ranges partition a host's keys among its ranks: their sum is the host's keys.
+    let unique_per_host = sum_over(&topo.world.comm, t.host_uniq / steps) / topo.num_hosts as f64;
+    let per_host = b * topo.local_size;
+    let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, dim, per_host, unique_per_rank, unique_per_host, inserted_per_step, rates.bandwidth, rates.line_rate);
+    let host_rate = per_host as f64 / step_s;
+    // The timed steps' own transfers (a refresh among them excluded: it counts per step).
+    let c = dir.counters().since(&t.counted_from);
+    let timed_refresh_bytes = c.rows_refreshed * (slot_bytes(dim, optimizer) + 4);
+    let per_sample = |bytes: f64| bytes / (steps * b as f64);
+    let refresh_up = refresh_rows * (slot_bytes(dim, optimizer) + 4) as f64 / b as f64;
+    StepRow {
+        batch_per_rank: b,
+        gpu_cache_mib: mib,
+        write_back: back,
+        cache_slots: dir.capacity(),
+        host_us_per_sample: step_s * 1e6 / b as f64,
+        of_cache_off: 1.0,
+        hit_rate: -max_over(topo, -c.hit_rate()),
+        uploaded_per_sample: max_over(topo, per_sample((c.bytes_uploaded - timed_refresh_bytes.min(c.bytes_uploaded)) as f64) + refresh_up),
+        downloaded_per_sample: max_over(topo, per_sample(c.bytes_downloaded as f64)),
+        rows_refreshed_per_step: max_over(topo, refresh_rows),
+        update_uploaded_per_sample: max_over(topo, per_sample(t.update_bytes)),
+        step_ms: step_s * 1e3,
+        samples_per_sec_host: host_rate,
+        samples_per_sec: global as f64 / step_s,
+        phases_ms: t.phases,
+        unique_per_rank,
+        unique_per_host,
+        inserted_per_step,
+        bytes_per_sample,
+        lines_per_sample,
+        memcpy_bytes_per_sec: rates.bandwidth,
+        random_lines_per_sec: rates.line_rate,
+        roofline_samples_per_sec: roofline,
+        of_roofline: host_rate / roofline,
+    }
 }
 
 /// Runs the benchmark; prints on rank 0.
@@ -231,95 +577,41 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
     let data = data::open(topo, &cfg)?;
     let (ds, n) = data.first()?;
     let mut stage = EmbeddingStage::open(topo, &cfg, None)?;
-    let (bandwidth, line_rate) = (memcpy_bandwidth(topo), random_line_rate(topo));
+    if args.write_back && topo.size > 1 {
+        anyhow::bail!("bench step --write-back measures one rank only (the other ranks' keys would still need the exchange): run it without mpirun, or leave out --write-back");
+    }
+    let rates = Rates { bandwidth: memcpy_bandwidth(topo), line_rate: random_line_rate(topo) };
     let root = topo.rank == 0;
     if root && !args.json {
         println!("# ringrec bench step: {} ranks on {} host(s), {} threads per rank, dim {}, {} rows of {}", topo.size, topo.num_hosts, threads, args.dim, n, ds.path().display());
-        println!("# host: memcpy {:.1} GB/s (read + write), random 64-byte reads {:.0} M/s (all local ranks at once); time = mean of the slowest rank over {} steps", bandwidth / 1e9, line_rate / 1e6, args.steps);
-        println!("{:>8} {:>9} {:>12} | {:>7} {:>7} {:>7} {:>8} ({:>6} {:>6} {:>6} {:>6} {:>6}) | {:>8} {:>9} {:>8} | {:>6} {:>9} {:>11} {:>6}", "batch", "step ms", "samples/s/h", "batch", "lookup", "grads", "exchange", "dedupe", "host", "cross", "merge", "apply", "uniq/rk", "uniq/host", "new/step", "B/smp", "lines/smp", "roofline/s", "of it");
+        println!("# host: memcpy {:.1} GB/s (read + write), random 64-byte reads {:.0} M/s (all local ranks at once); time = mean of the slowest rank over {} steps", rates.bandwidth / 1e9, rates.line_rate / 1e6, args.steps);
     }
-    let (mut batch, mut emb, mut inverse, mut dense, mut labels, mut grads) = (Batch::default(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut buf = Buffers::default();
     let mut rows = Vec::new();
-    for &b in &args.batch {
-        let global = b * topo.size;
-        let mut phases = std::collections::BTreeMap::<String, f64>::new();
-        let (mut total, mut uniq, mut host_uniq) = (0f64, 0f64, 0f64);
-        let mut rows_before = 0;
-        for step in 0..args.warmup + args.steps {
-            if step == args.warmup {
-                rows_before = stage.table().table().live_rows();
-            }
-            let timed = step >= args.warmup;
-            let start = (step * global) % n;
-            let mine = shard::rank_slice(0..global, topo.rank, topo.size);
-            topo.world.comm.barrier();
-            let t0 = Instant::now();
-            batch.load(ds, mine.map(|i| ((start + i) % n) as u32))?;
-            let t1 = Instant::now();
-            let u = batch.uniq.len();
-            emb.resize(u * args.dim, 0.0);
-            stage.lookup(&batch.uniq, &mut emb)?;
-            inverse.clone_from(&batch.inverse);
-            dense.clone_from(&batch.dense);
-            labels.clone_from(&batch.labels);
-            let t2 = Instant::now();
-            grads.resize(u * args.dim, 0.0);
-            grads.iter_mut().zip(&emb).for_each(|(g, e)| *g = 1e-4 * e);
-            let t3 = Instant::now();
-            let st = stage.exchange_and_apply(&batch.uniq, &grads, step as u64, ringrec::train::NanPolicy::Stop)?;
-            let t4 = Instant::now();
-            if timed {
-                let mut add = |k: &str, s: f64| *phases.entry(k.to_string()).or_default() += s * 1e3;
-                add("batch", (t1 - t0).as_secs_f64());
-                add("lookup", (t2 - t1).as_secs_f64());
-                add("grads", (t3 - t2).as_secs_f64());
-                add("exchange", (t4 - t3).as_secs_f64());
-                add("dedupe", st.dedupe_s);
-                add("host", st.host_s);
-                add("cross", st.cross_s);
-                add("merge", st.merge_s);
-                add("apply", st.apply_s);
-                total += (t4 - t0).as_secs_f64();
-                uniq += u as f64;
-                host_uniq += st.keys_host as f64;
-            }
-        }
-        let steps = args.steps.max(1) as f64;
-        let inserted_per_step = max_over(topo, (stage.table().table().live_rows() - rows_before) as f64 / steps);
-        for v in phases.values_mut() {
-            *v = max_over(topo, *v / steps);
-        }
-        let step_s = max_over(topo, total / steps);
-        let unique_per_rank = sum_over(&topo.world.comm, uniq / steps) / topo.size as f64;
-        // Ranges partition a host's keys among its ranks: their sum is the host's keys.
-        let unique_per_host = sum_over(&topo.world.comm, host_uniq / steps) / topo.num_hosts as f64;
-        let per_host = b * topo.local_size;
-        let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, args.dim, per_host, unique_per_rank, unique_per_host, inserted_per_step, bandwidth, line_rate);
-        let host_rate = per_host as f64 / step_s;
-        let row = StepRow {
-            batch_per_rank: b,
-            step_ms: step_s * 1e3,
-            samples_per_sec_host: host_rate,
-            samples_per_sec: global as f64 / step_s,
-            phases_ms: phases,
-            unique_per_rank,
-            unique_per_host,
-            inserted_per_step,
-            bytes_per_sample,
-            lines_per_sample,
-            memcpy_bytes_per_sec: bandwidth,
-            random_lines_per_sec: line_rate,
-            roofline_samples_per_sec: roofline,
-            of_roofline: host_rate / roofline,
-        };
-        if root && !args.json {
-            print_row(&row);
-        }
-        rows.push(row);
+    prime(topo, &mut stage, ds, n, args.batch.iter().copied().max().unwrap_or(1).max(1), &mut buf)?;
+    let table_keys = stage.table().table().live_rows();
+    if root && !args.json {
+        println!("# table: {table_keys} keys, every key of the data put in before the timed steps; GPU cache (MiB, 0 = none): up to {} steps of warm-up with one, a refresh every {} steps (its time and rows counted per step); bytes per sample: up/down between host and device", args.cache_warmup, args.gpu_cache_refresh);
+        print_header();
     }
-    let report = StepReport { ranks: topo.size, hosts: topo.num_hosts, ranks_per_host: topo.local_size, rows };
+    for &b in &args.batch {
+        let mut off = None;
+        let modes = args.gpu_cache_mib.iter().flat_map(|&m| std::iter::once((m, false)).chain((args.write_back && m > 0).then_some((m, true))));
+        for mode in modes.collect::<Vec<_>>() {
+            let mut row = measure(topo, args, &mut stage, ds, n, b, mode, &rates, &mut buf)?;
+            if row.cache_slots == 0 {
+                off = off.or(Some(row.host_us_per_sample));
+            }
+            row.of_cache_off = off.map_or(f64::NAN, |o| row.host_us_per_sample / o);
+            if root && !args.json {
+                print_row(&row);
+            }
+            rows.push(row);
+        }
+    }
+    let report = StepReport { ranks: topo.size, hosts: topo.num_hosts, ranks_per_host: topo.local_size, table_keys, rows };
     if root && args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string(&report)?);
     }
     Ok(report)
 }

@@ -95,6 +95,27 @@ pub enum DataCommand {
     },
 }
 
+/// `ringrec data synth --format parquet --multi-hot`: the multi-hot set, and what it is.
+fn synth_multi_hot_set(out: &std::path::Path, rows: u64, seed: u64, format: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(format == "parquet", "--multi-hot writes Parquet: give --format parquet");
+    let t = Instant::now();
+    let s = synth_multi_hot(out, rows, seed)?;
+    println!(
+        "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4}, {} list ids ({:.1} a list); planted-model (Bayes) AUC {:.4}, with each list cut to its first id {:.4}; seed {}",
+        s.path.display(),
+        s.rows,
+        s.bytes,
+        t.elapsed().as_secs_f64(),
+        s.positives as f64 / s.rows.max(1) as f64,
+        s.list_ids,
+        s.list_ids as f64 / (s.rows.max(1) * LIST_FIELDS as u64) as f64,
+        s.bayes_auc,
+        s.first_id_auc,
+        s.seed
+    );
+    Ok(())
+}
+
 /// Runs a `ringrec data` command.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
@@ -122,24 +143,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
             }
         }
-        DataCommand::Synth { multi_hot: true, rows, out, seed, format, .. } => {
-            anyhow::ensure!(format == "parquet", "--multi-hot writes Parquet: give --format parquet");
-            let t = Instant::now();
-            let s = synth_multi_hot(&out, rows, seed)?;
-            println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4}, {} list ids ({:.1} a list); planted-model (Bayes) AUC {:.4}, with each list cut to its first id {:.4}; seed {}",
-                s.path.display(),
-                s.rows,
-                s.bytes,
-                t.elapsed().as_secs_f64(),
-                s.positives as f64 / s.rows.max(1) as f64,
-                s.list_ids,
-                s.list_ids as f64 / (s.rows.max(1) * LIST_FIELDS as u64) as f64,
-                s.bayes_auc,
-                s.first_id_auc,
-                s.seed
-            );
-        }
+        DataCommand::Synth { multi_hot: true, rows, out, seed, format, .. } => synth_multi_hot_set(&out, rows, seed, &format)?,
         DataCommand::Synth { rows, out, seed, interactions, format, vocab_scale, zipf, .. } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };

@@ -33,7 +33,7 @@ use rayon::prelude::*;
 use super::bgemm;
 use super::ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 use super::sgemm::sgemm;
-use super::{Device, DeviceError, DeviceResult, Direction, Scalar, CACHE_MISS};
+use super::{Device, DeviceError, DeviceResult, Direction, Scalar};
 use crate::partition::part;
 use crate::dtype::Element;
 use crate::tensor::Tensor;
@@ -387,46 +387,6 @@ impl Device for CpuDevice {
                     }
                 }
             }),
-            Op::GatherSourced { cache, misses, source, index, out, rows, per_row, dim, stride } => self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
-                for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
-                    let r = r0 + j;
-                    for (f, u) in index[r * per_row..(r + 1) * per_row].iter().enumerate() {
-                        let s = source[*u as usize];
-                        let (from, at) = if s & CACHE_MISS != 0 { (&misses[..], (s & !CACHE_MISS) as usize) } else { (&cache[..], s as usize) };
-                        row[f * dim..(f + 1) * dim].copy_from_slice(&from[at * dim..(at + 1) * dim]);
-                    }
-                }
-            }),
-            Op::CacheUpdate { rows, acc, slots, grads, index, n, dim, lr, eps, adagrad } => {
-                for (e, s) in slots[..n].iter().enumerate() {
-                    let at = index.map_or(e, |i| i[e] as usize);
-                    let g = &grads[at * dim..(at + 1) * dim];
-                    let s = *s as usize;
-                    let w = &mut rows[s * dim..(s + 1) * dim];
-                    if adagrad {
-                        // The order and roundings of `embedding::update`'s row-wise Adagrad.
-                        let a = &mut acc[s];
-                        *a += g.iter().map(|g| g * g).sum::<f32>() / dim as f32;
-                        let denom = a.sqrt() + eps;
-                        for (x, g) in w.iter_mut().zip(g) {
-                            *x -= lr * g / denom;
-                        }
-                    } else {
-                        for (x, g) in w.iter_mut().zip(g) {
-                            *x -= lr * g;
-                        }
-                    }
-                }
-            }
-            Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
-                for (e, s) in slots[..n].iter().enumerate() {
-                    let s = *s as usize;
-                    rows[s * dim..(s + 1) * dim].copy_from_slice(&values[e * dim..(e + 1) * dim]);
-                    if has_acc {
-                        acc[s] = accs[e];
-                    }
-                }
-            }
             Op::Sgd { p, at, g, lr, n } => {
                 for (p, g) in p[at..at + n].iter_mut().zip(&g[..n]) {
                     *p -= lr * g;
@@ -456,7 +416,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
-            op => return self.exec_model(op),
+            op => return self.exec_cache(op),
         }
         Ok(())
     }

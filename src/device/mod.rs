@@ -20,6 +20,7 @@
 #[clippy::msrv = "1.89"]
 pub mod bgemm;
 pub mod cpu;
+mod cpu_cache;
 mod cpu_models;
 pub mod cuda;
 pub mod host_kernels;

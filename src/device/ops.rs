@@ -366,19 +366,10 @@ impl<D: Device> Op<'_, D> {
                 f("slots", dev.len(*slots), rows * per_row)?;
                 f("out", dev.len(&**out), segments * dim)
             }
-            Op::CopyBlock { .. }
-            | Op::Mul { .. }
-            | Op::AddInto { .. }
-            | Op::Interaction { .. }
-            | Op::InteractionGrad { .. }
-            | Op::StripFirstOrder { .. }
-            | Op::FirstOrderSum { .. }
-            | Op::StripFirstOrderGrad { .. }
-            | Op::FmSecondOrder { .. }
-            | Op::FmSecondOrderGrad { .. }
-            | Op::GatherSourced { .. }
-            | Op::CacheUpdate { .. }
-            | Op::CachePut { .. } => self.check_model(dev),
+            // The models' and the cache's kernels.
+            Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
+            Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
+            Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } => self.check_model(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)

@@ -1,0 +1,58 @@
+//! The GPU hot-row cache's kernels (kernels/cache.cu) on the CPU device: the input gathered
+//! from the cache or the misses, the cached rows' update with the table's own arithmetic
+//! (`embedding::update`: the same order and roundings, no contraction), rows put into slots.
+
+use super::cpu::CpuDevice;
+use super::ops::Op;
+use super::CACHE_MISS;
+use super::DeviceResult;
+
+impl CpuDevice {
+    /// Runs a cache kernel; any other op goes on to [`CpuDevice::exec_model`].
+    pub(super) fn exec_cache(&self, op: Op<'_, Self>) -> DeviceResult<()> {
+        match op {
+            Op::GatherSourced { cache, misses, source, index, out, rows, per_row, dim, stride } => self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
+                for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
+                    let r = r0 + j;
+                    for (f, u) in index[r * per_row..(r + 1) * per_row].iter().enumerate() {
+                        let s = source[*u as usize];
+                        let (from, at) = if s & CACHE_MISS != 0 { (&misses[..], (s & !CACHE_MISS) as usize) } else { (&cache[..], s as usize) };
+                        row[f * dim..(f + 1) * dim].copy_from_slice(&from[at * dim..(at + 1) * dim]);
+                    }
+                }
+            }),
+            Op::CacheUpdate { rows, acc, slots, grads, index, n, dim, lr, eps, adagrad } => {
+                for (e, s) in slots[..n].iter().enumerate() {
+                    let at = index.map_or(e, |i| i[e] as usize);
+                    let g = &grads[at * dim..(at + 1) * dim];
+                    let s = *s as usize;
+                    let w = &mut rows[s * dim..(s + 1) * dim];
+                    if adagrad {
+                        // The order and roundings of `embedding::update`'s row-wise Adagrad.
+                        let a = &mut acc[s];
+                        *a += g.iter().map(|g| g * g).sum::<f32>() / dim as f32;
+                        let denom = a.sqrt() + eps;
+                        for (x, g) in w.iter_mut().zip(g) {
+                            *x -= lr * g / denom;
+                        }
+                    } else {
+                        for (x, g) in w.iter_mut().zip(g) {
+                            *x -= lr * g;
+                        }
+                    }
+                }
+            }
+            Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
+                for (e, s) in slots[..n].iter().enumerate() {
+                    let s = *s as usize;
+                    rows[s * dim..(s + 1) * dim].copy_from_slice(&values[e * dim..(e + 1) * dim]);
+                    if has_acc {
+                        acc[s] = accs[e];
+                    }
+                }
+            }
+            op => return self.exec_model(op),
+        }
+        Ok(())
+    }
+}

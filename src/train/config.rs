@@ -184,9 +184,9 @@ settings! {
         pub dense_precision: GemmPrecision = GemmPrecision::F32,
         /// MiB of each GPU's memory for the hot-row cache (fractions allowed): the rows of the keys this rank
         /// sees most (with their optimizer state), kept on the device and updated there exactly
-        /// as the host updates them, so only the other rows are uploaded (0: off). Default: on
-        /// --device cuda a quarter of the GPU's free memory once the model is there, at most
-        /// the rows the table can hold; 0 on host and cpu. Refused on --device cpu.
+        /// as the host updates them, so only the other rows are uploaded (0: off, the default:
+        /// it does not pay yet, docs/gpus.md). At most the rows the table can hold. Refused on
+        /// --device cpu.
         #[setting(flag = "--gpu-cache-mib", scope = Scope::Free("each rank's own GPU memory; results do not depend on it"), service = ServiceRole::Args, value_name = "MIB")]
         pub gpu_cache_mib: Option<f64> = None,
         /// Steps between two choices of the hot-row cache's keys (the most frequent in this

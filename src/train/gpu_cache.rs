@@ -26,13 +26,10 @@
 
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
-use crate::device::{Device, DeviceResult, Direction, Op, Placement, Scalar};
+use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
 use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan};
 use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
 use crate::model::DenseModel;
-
-/// Share of the GPU's free memory (once the model is there) the default cache takes.
-pub const DEFAULT_FREE_SHARE: f64 = 0.25;
 
 /// An upload: host staging (of `cap` elements) and the device buffer it goes to.
 struct Upload<D: Device, T: Scalar> {
@@ -107,15 +104,17 @@ fn removed(c: RowCounts) -> u64 {
     c.evicted + c.expired
 }
 
-/// The slots of this run's cache on `dev` (`--gpu-cache-mib`, or its default: on a GPU
-/// [`DEFAULT_FREE_SHARE`] of its free memory, on other devices none), at most the rows the
+/// The slots of this run's cache (`--gpu-cache-mib`; none by default), at most the rows the
 /// table can hold. 0 where the run cannot have one.
-pub fn cache_slots<D: Device>(cfg: &TrainConfig, dev: &D, table: &EmbeddingTable) -> usize {
+///
+/// The default is off, not a share of the GPU's free memory: on 2026-11-28 the cache cost
+/// more host time per step than it saved (docs/BENCHMARKS.md, "The GPU hot-row cache's host
+/// work") and a 60-step H100 run with a 128 MiB cache was slower than without one.
+pub fn cache_slots(cfg: &TrainConfig, table: &EmbeddingTable) -> usize {
     let h = table.header();
     let bytes = match cfg.gpu_cache_mib {
         Some(mib) => (mib * (1u64 << 20) as f64) as u64,
-        None if cfg.device == Placement::Cpu || cfg.gpu_cache_unsupported().is_some() => 0,
-        None => dev.free_memory().map_or(0, |free| (free as f64 * DEFAULT_FREE_SHARE) as u64),
+        None => 0,
     };
     slots_for_bytes(bytes, table.dim(), h.optimizer).min(table.capacity() as usize)
 }

@@ -171,7 +171,7 @@ pub struct Trainer<'a, D: Device> {
 /// rank 0).
 fn open_gpu_cache<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseModel<D>, embedding: &EmbeddingStage) -> TrainResult<Option<GpuCache<D>>> {
     let table = embedding.table().table();
-    let slots = super::gpu_cache::cache_slots(cfg, model.device(), table);
+    let slots = super::gpu_cache::cache_slots(cfg, table);
     if slots == 0 {
         return Ok(None);
     }

@@ -153,7 +153,7 @@ def _host_embeddings(sparse):
     return found
 
 
-# `ringrec train`'s flag names (as keyword arguments, `_` for `-`) a HostEmbedding takes.
+# Keyword arguments that are not a flag's name: `lr` is `--sparse-lr`.
 _LR_ALIAS = {"lr": "sparse_lr"}
 
 

@@ -1,7 +1,9 @@
 //! The `ringrec` Python module (python/, issue 32) under real mpirun: Horovod's API at 1, 2
 //! and 4 ranks (4 as 2 simulated hosts) against numpy (tests/python/api.py), the torch
 //! `DistributedOptimizer` against torch DDP over gloo (tests/python/ddp.py), and a rank that
-//! raises ending the job with its traceback (tests/python/raises.py).
+//! raises ending the job with its traceback (tests/python/raises.py); `HostEmbedding` against
+//! DDP + `nn.Embedding(sparse=True)` at 1, 2 and 4 ranks on 2 hosts (tests/python/hostemb.py),
+//! and examples/python/dlrm.py for a few steps.
 //!
 //! Needs the module's venv and this checkout's extension (scripts/python-venv.sh: numpy,
 //! torch, maturin; the extension in `<target>/python-site`), named by
@@ -13,7 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn script(name: &str) -> String {
-    format!("{}/tests/python/{name}", env!("CARGO_MANIFEST_DIR"))
+    match name {
+        "dlrm.py" => format!("{}/examples/python/{name}", env!("CARGO_MANIFEST_DIR")),
+        _ => format!("{}/tests/python/{name}", env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 /// The venv's python and the site directory holding the extension, or None (printed as
@@ -38,14 +43,22 @@ fn module_python(modules: &str) -> Option<(String, PathBuf)> {
 
 /// `python script` under mpirun with `np` ranks and `env`.
 fn run(np: usize, name: &str, env: &[(&str, &str)], timeout: Duration) -> Option<common::Job> {
-    let (py, site) = module_python(if name == "ddp.py" { "numpy, torch" } else { "numpy" })?;
+    run_args(np, name, env, &[], timeout)
+}
+
+/// [`run`] with arguments after the script.
+fn run_args(np: usize, name: &str, env: &[(&str, &str)], args: &[&str], timeout: Duration) -> Option<common::Job> {
+    let (py, site) = module_python(if matches!(name, "api.py" | "raises.py") { "numpy" } else { "numpy, torch" })?;
     let site = site.to_str().expect("utf8 path").to_string();
     let mut env: Vec<(&str, &str)> = env.to_vec();
     env.push(("PYTHONPATH", &site));
     // A tensor some rank never submits ends the job instead of waiting for the test's deadline.
     env.push(("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", "60"));
     env.push(("OMP_NUM_THREADS", "1"));
-    Some(common::mpirun_exe(Path::new(&py), np, &env, &[&script(name)], timeout))
+    let script = script(name);
+    let mut argv = vec![script.as_str()];
+    argv.extend_from_slice(args);
+    Some(common::mpirun_exe(Path::new(&py), np, &env, &argv, timeout))
 }
 
 fn count(job: &common::Job, prefix: &str) -> usize {
@@ -68,6 +81,35 @@ fn distributed_optimizer_trains_as_torch_ddp_within_1e_5() {
     let Some(job) = run(2, "ddp.py", &env, Duration::from_secs(300)) else { return };
     job.assert_ok();
     assert_eq!(count(&job, "ddp ok rank "), 2, "{}", job.all());
+}
+
+/// A free TCP port on this machine, for gloo's rendezvous.
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port().to_string()
+}
+
+#[test]
+fn host_embedding_trains_as_ddp_with_sparse_nn_embedding_at_1_2_and_4_ranks_on_2_hosts() {
+    for (np, per_host) in [(1, "0"), (2, "0"), (4, "2")] {
+        let dir = common::scratch(&format!("hostemb-{np}"));
+        let port = free_port();
+        let save = dir.to_str().expect("utf8 path");
+        let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str()), ("STEPS", "6"), ("SAVE_DIR", save), ("RINGREC_RANKS_PER_HOST", per_host)];
+        let Some(job) = run(np, "hostemb.py", &env, Duration::from_secs(300)) else { return };
+        job.assert_ok();
+        assert_eq!(count(&job, "hostemb ok rank "), np, "{}", job.all());
+    }
+}
+
+#[test]
+fn the_dlrm_example_trains_a_few_steps_at_2_ranks() {
+    let data = common::scratch("dlrm-example").join("train.tsv");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec")).args(["data", "synth", "--rows", "3000", "--out"]).arg(&data).output().expect("ringrec data synth");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = data.to_str().expect("utf8 path");
+    let Some(job) = run_args(2, "dlrm.py", &[], &["--data", data, "--steps", "20", "--batch", "128"], Duration::from_secs(300)) else { return };
+    job.assert_ok();
+    assert!(job.stdout.contains("dlrm: done"), "{}", job.all());
 }
 
 #[test]

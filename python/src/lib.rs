@@ -10,6 +10,8 @@
 //! or broadcasts it in place, without a copy; an allgather's new result comes back as a
 //! [`Buffer`] that numpy and torch view without a copy (`__array_interface__`).
 
+mod embedding;
+
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::create_exception;
@@ -60,7 +62,7 @@ fn not_running(s: &State) -> PyErr {
 }
 
 /// Runs `f` on the runtime, or raises when there is none.
-fn with_runtime<T>(f: impl FnOnce(&Runtime) -> T) -> PyResult<T> {
+pub(crate) fn with_runtime<T>(f: impl FnOnce(&Runtime) -> T) -> PyResult<T> {
     match &*state() {
         State::Running(rt) => Ok(f(rt)),
         s => Err(not_running(s)),
@@ -107,6 +109,8 @@ fn shutdown(py: Python<'_>) {
         }
     };
     if let Some(rt) = rt {
+        // The host tables' communicators go before MPI does.
+        embedding::close_all();
         py.detach(move || drop(rt));
     }
 }
@@ -343,6 +347,8 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RingrecError", m.py().get_type::<RingrecError>())?;
     m.add_class::<Handle>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<embedding::HostTable>()?;
+    m.add_function(wrap_pyfunction!(embedding::saved_table_shape, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;

@@ -180,6 +180,12 @@ impl EmbeddingStage {
         &self.exchanger
     }
 
+    /// Sets the learning rate of the leader's updates from the next step on (the Python
+    /// module's `SparseOptimizer(lr=...)`; `--sparse-lr` at the start).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+
     /// This rank's weight and all ranks' for the next exchange (`--sparse-normalize
     /// weighted`: [`SparseExchanger::set_weights`]).
     pub fn set_sparse_weights(&mut self, (mine, total): (f32, f32)) {

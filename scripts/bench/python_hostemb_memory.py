@@ -1,0 +1,92 @@
+"""HostEmbedding's memory with every rank on one host (issue 32's figure): each rank's PSS
+(proportional set size: a page shared by k processes counts 1/k in each, so the sum over
+the ranks counts the shared table once) grows by about table / ranks, against ranks x the
+rows for per-rank nn.Embedding tables of the same rows.
+
+    mpirun -np 4 python scripts/bench/python_hostemb_memory.py --rows 1000000 --dim 16
+
+Rank 0 prints one JSON line: the table's file bytes (its mapping in /proc/self/smaps), the
+sum over the ranks of their PSS growth from before the table was opened to after it holds
+--rows rows, the same for an nn.Embedding of --rows rows on every rank, and the ratios."""
+
+import argparse
+import json
+
+import torch
+
+import ringrec.torch as hvd
+
+
+def pss_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Pss in /proc/self/smaps_rollup")
+
+
+def table_mapping_kib():
+    """The size of the largest shared mapping whose name says table (the host table)."""
+    best, size, name = 0, 0, ""
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5 and not parts[0].endswith(":"):
+                name = " ".join(parts[5:])
+            elif parts[0] == "Size:" and "table" in name:
+                size = int(parts[1])
+                best = max(best, size)
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=4096, help="keys per rank per sparse step")
+    a = p.parse_args()
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.set_num_threads(1)
+
+    def total(kib):
+        return int(hvd.allreduce(torch.tensor([float(kib)], dtype=torch.float64), op=hvd.Sum, name="pss").item())
+
+    # Torch's and the engine's one-time allocations (autograd, the first allreduce) come
+    # before either measurement.
+    w = torch.zeros(8, a.dim, requires_grad=True)
+    torch.nn.functional.embedding(torch.arange(a.chunk) % 8, w).sum().backward()
+    total(0)
+    before = pss_kib()
+    emb = hvd.HostEmbedding(num_embeddings=a.rows, embedding_dim=a.dim, sparse_normalize="frequency")
+    opened = total(pss_kib() - before)
+    chunk = a.chunk
+    mine = torch.arange(r, a.rows, n)
+    steps = -(-len(torch.arange(0, a.rows, n)) // chunk)
+    for s in range(steps):  # every rank runs the same number of sparse steps
+        keys = mine[s * chunk:(s + 1) * chunk]
+        emb(keys).sum().backward()
+        emb.sparse_step()
+    hvd.allreduce(torch.zeros(1), name="filled")
+    grown = total(pss_kib() - before)
+    table = table_mapping_kib()
+    live = emb.size()[1]
+    emb.close()
+
+    before = pss_kib()
+    dense = torch.nn.Embedding(a.rows, a.dim, sparse=True)
+    dense.weight.data.add_(1.0)  # touch every page
+    per_rank = total(pss_kib() - before)
+    if r == 0:
+        print(json.dumps({
+            "ranks": n, "rows": a.rows, "live_rows": live, "dim": a.dim,
+            "table_file_kib": table, "host_embedding_pss_growth_kib": grown, "pss_growth_at_open_kib": opened,
+            "per_rank_nn_embedding_pss_growth_kib": per_rank,
+            "host_embedding_over_table": round(grown / max(table, 1), 3),
+            "per_rank_over_table": round(per_rank / max(table, 1), 3),
+            "per_rank_over_host_embedding": round(per_rank / max(grown, 1), 3),
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ use reference::{fill_row, scatter_key_grads};
 use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
+use ringrec::model::pooling::build_bag_csr;
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
 use ringrec::model::{CrossStructure, DenseModel, DenseOptimState, DenseOptimizer, ModelKind, ModelSpec, Part};
 use ringrec::tensor::Tensor;
@@ -648,6 +649,133 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, spec.num_params());
     let e = DenseModel::new(make(), spec.clone(), &spec.init_params(1)[1..], &opt).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
+}
+
+/// Random bags for the pooling tests: `rows x bags` bags of 0 to 6 ids among `keys` keys
+/// (some empty), as (index, offsets).
+fn random_bags(rows: usize, bags: usize, keys: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
+    let (mut s, mut index, mut offsets) = (seed, Vec::new(), vec![0u32]);
+    for _ in 0..rows * bags {
+        for _ in 0..splitmix64_next(&mut s) % 7 {
+            index.push((splitmix64_next(&mut s) % keys as u64) as u32);
+        }
+        offsets.push(index.len() as u32);
+    }
+    (index, offsets)
+}
+
+/// Multi-hot pooling and its backward against a plain loop (bit for bit: the same order),
+/// sum and mean fields side by side, into rows with other columns around the bags; the
+/// backward adds to what the key gradients hold.
+fn pooling_matches_a_plain_loop<D: Device>(dev: &D) {
+    let (rows, bags, dim, keys, col, stride) = (23, 3, 4, 17, 5, 5 + 3 * 4 + 2);
+    let mean = 0b010;
+    let (index, offsets) = random_bags(rows, bags, keys, 11);
+    let table = random(keys * dim, 12);
+    let mut want = random(rows * stride, 13);
+    let mut out = dev.buffer_from(&want).unwrap();
+    for b in 0..rows * bags {
+        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+        for d in 0..dim {
+            let mut acc = 0f32;
+            for u in &index[lo..hi] {
+                acc += table[*u as usize * dim + d];
+            }
+            if (mean >> (b % bags)) & 1 == 1 && hi > lo {
+                acc /= (hi - lo) as f32;
+            }
+            want[(b / bags) * stride + col + (b % bags) * dim + d] = acc;
+        }
+    }
+    let (table_d, index_d, offsets_d) = (dev.buffer_from(&table).unwrap(), dev.buffer_from(&index).unwrap(), dev.buffer_from(&offsets).unwrap());
+    dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows, bags, dim, stride, col, mean }).unwrap();
+    assert_eq!(dev.to_vec(&out, rows * stride).unwrap(), want, "pool_bags");
+    let empty = (0..rows * bags).find(|b| offsets[*b] == offsets[b + 1]).expect("an empty bag");
+    let at = (empty / bags) * stride + col + (empty % bags) * dim;
+    assert_eq!(&want[at..at + dim], &[0.0; 4], "an empty bag pools to zeros");
+
+    // Backward: every id of a bag gets the bag's gradient (over its length for a mean
+    // field), summed per key in bag order onto what the key's row held.
+    let dx = random(rows * stride, 14);
+    let held = random(keys * dim, 15);
+    let mut want = held.clone();
+    for b in 0..rows * bags {
+        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+        for u in &index[lo..hi] {
+            for d in 0..dim {
+                let mut g = dx[(b / bags) * stride + col + (b % bags) * dim + d];
+                if (mean >> (b % bags)) & 1 == 1 {
+                    g /= (hi - lo) as f32;
+                }
+                want[*u as usize * dim + d] += g;
+            }
+        }
+    }
+    let (mut key_offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; index.len()], Vec::new());
+    build_bag_csr(&index, &offsets, keys, &mut key_offsets, &mut slots, &mut next).unwrap();
+    let mut grads = dev.buffer_from(&held).unwrap();
+    let (ko, sl) = (dev.buffer_from(&key_offsets).unwrap(), dev.buffer_from(&slots).unwrap());
+    dev.exec(Op::PoolBagsGrad { src: &dev.buffer_from(&dx).unwrap(), offsets: &offsets_d, key_offsets: &ko, slots: &sl, out: &mut grads, segments: keys, rows, bags, dim, stride, col, mean }).unwrap();
+    assert_eq!(dev.to_vec(&grads, keys * dim).unwrap(), want, "pool_bags_grad");
+
+    // Bags that do not fit the row, or too many fields for the mask, are refused.
+    let e = dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows, bags, dim, stride: col + bags * dim - 1, col, mean }).unwrap_err().to_string();
+    assert!(e.contains("do not fit"), "{e}");
+    let e = dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows: 0, bags: 33, dim: 0, stride, col, mean }).unwrap_err().to_string();
+    assert!(e.contains("at most 32"), "{e}");
+}
+
+#[test]
+fn cpu_pooling_matches_a_plain_loop() {
+    for threads in [1, 3] {
+        pooling_matches_a_plain_loop(&CpuDevice::new(threads));
+    }
+}
+
+#[test]
+fn host_kernels_pooling_matches_a_plain_loop() {
+    pooling_matches_a_plain_loop(&HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_pooling_matches_a_plain_loop() {
+    if let Some(d) = gpu() {
+        pooling_matches_a_plain_loop(&d);
+    }
+}
+
+#[test]
+fn pooling_gradient_matches_finite_differences() {
+    // loss = sum of w * pooled over the bags; its gradient in a table entry by central
+    // differences against what pool_bags_grad spreads to the entry's key.
+    let dev = CpuDevice::new(2);
+    let (rows, bags, dim, keys) = (9, 2, 3, 7);
+    let stride = bags * dim;
+    for mean in [0b00, 0b01, 0b11] {
+        let (index, offsets) = random_bags(rows, bags, keys, 21 + mean as u64);
+        let table = random(keys * dim, 22);
+        let w = random(rows * stride, 23);
+        let offsets_d = dev.buffer_from(&offsets).unwrap();
+        let loss = |t: &[f32]| -> f64 {
+            let mut out = dev.alloc(rows * stride).unwrap();
+            dev.exec(Op::PoolBags { table: &dev.buffer_from(t).unwrap(), index: &dev.buffer_from(&index).unwrap(), offsets: &offsets_d, out: &mut out, rows, bags, dim, stride, col: 0, mean }).unwrap();
+            dev.to_vec(&out, rows * stride).unwrap().iter().zip(&w).map(|(p, w)| (*p as f64) * (*w as f64)).sum()
+        };
+        let (mut key_offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; index.len()], Vec::new());
+        build_bag_csr(&index, &offsets, keys, &mut key_offsets, &mut slots, &mut next).unwrap();
+        let mut grads = dev.alloc(keys * dim).unwrap();
+        let (ko, sl) = (dev.buffer_from(&key_offsets).unwrap(), dev.buffer_from(&slots).unwrap());
+        dev.exec(Op::PoolBagsGrad { src: &dev.buffer_from(&w).unwrap(), offsets: &offsets_d, key_offsets: &ko, slots: &sl, out: &mut grads, segments: keys, rows, bags, dim, stride, col: 0, mean }).unwrap();
+        let grads = dev.to_vec(&grads, keys * dim).unwrap();
+        let eps = 1e-2f32;
+        for i in 0..keys * dim {
+            let (mut up, mut down) = (table.clone(), table.clone());
+            up[i] += eps;
+            down[i] -= eps;
+            let fd = (loss(&up) - loss(&down)) / (2.0 * eps as f64);
+            assert!((fd - grads[i] as f64).abs() <= 1e-3 * (1.0 + fd.abs()), "mean mask {mean:#b}, entry {i}: finite difference {fd} vs {}", grads[i]);
+        }
+    }
 }
 
 #[test]

@@ -29,6 +29,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cast", include_str!("../../kernels/cast.cu")),
     ("compress", include_str!("../../kernels/compress.cu")),
     ("models", include_str!("../../kernels/models.cu")),
+    ("pooling", include_str!("../../kernels/pooling.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -92,11 +93,15 @@ pub enum Kernel {
     FmSecondOrder,
     /// Its backward.
     FmSecondOrderGrad,
+    /// Multi-hot pooling (sum or mean per field).
+    PoolBags,
+    /// Its backward, added into the key gradients.
+    PoolBagsGrad,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -126,6 +131,8 @@ impl Kernel {
         Kernel::StripFirstOrderGrad,
         Kernel::FmSecondOrder,
         Kernel::FmSecondOrderGrad,
+        Kernel::PoolBags,
+        Kernel::PoolBagsGrad,
     ];
 
     /// The function's name in its source.
@@ -160,6 +167,8 @@ impl Kernel {
             Kernel::StripFirstOrderGrad => "strip_first_order_grad",
             Kernel::FmSecondOrder => "fm_second_order",
             Kernel::FmSecondOrderGrad => "fm_second_order_grad",
+            Kernel::PoolBags => "pool_bags",
+            Kernel::PoolBagsGrad => "pool_bags_grad",
         }
     }
 
@@ -179,6 +188,7 @@ impl Kernel {
             | Kernel::StripFirstOrderGrad
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
+            Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
             _ => "dense",
         }
     }

@@ -7,6 +7,7 @@
 //! pooled gradient back to every id of the bag, summed per key in bag order
 //! ([`build_bag_csr`]), after the key's single-hot slots.
 
+use super::input::build_csr;
 use crate::device::ops::MAX_BAGS;
 
 /// How a multi-hot field's bag is pooled (`--multi-hot-pooling`).
@@ -53,27 +54,18 @@ pub fn mean_mask(modes: &[Pooling]) -> Result<u32, String> {
 /// as `index`). `next` is scratch. An error names an id out of range or offsets that do not
 /// rise.
 pub fn build_bag_csr(index: &[u32], offsets: &[u32], keys: usize, key_offsets: &mut [u32], slots: &mut [u32], next: &mut Vec<u32>) -> Result<(), String> {
-    if let Some(bad) = index.iter().find(|u| **u as usize >= keys) {
-        return Err(format!("a bag names row {bad} of {keys} unique keys"));
+    if offsets.first() != Some(&0) || offsets.windows(2).any(|w| w[1] < w[0]) || offsets.last().is_some_and(|l| *l as usize != index.len()) {
+        return Err(format!("bag offsets do not rise from 0 to the {} ids", index.len()));
     }
-    if offsets.windows(2).any(|w| w[1] < w[0]) || offsets.last().is_some_and(|l| *l as usize != index.len()) {
-        return Err(format!("bag offsets do not rise to the {} ids", index.len()));
-    }
-    key_offsets[..keys + 1].fill(0);
-    for u in index {
-        key_offsets[*u as usize + 1] += 1;
-    }
-    for u in 0..keys {
-        key_offsets[u + 1] += key_offsets[u];
-    }
+    // A key's positions in `index` in increasing order are its bags in bag order (the bags
+    // lie one after another); each position then becomes its bag.
+    build_csr(index, keys, key_offsets, slots, next)?;
     next.clear();
-    next.extend_from_slice(&key_offsets[..keys]);
     for (b, w) in offsets.windows(2).enumerate() {
-        for u in &index[w[0] as usize..w[1] as usize] {
-            let at = &mut next[*u as usize];
-            slots[*at as usize] = b as u32;
-            *at += 1;
-        }
+        next.extend(std::iter::repeat_n(b as u32, (w[1] - w[0]) as usize));
+    }
+    for s in slots[..index.len()].iter_mut() {
+        *s = next[*s as usize];
     }
     Ok(())
 }
@@ -92,6 +84,7 @@ mod tests {
         assert_eq!(slots, [0, 2, 0, 2, 2]);
         assert!(build_bag_csr(&index, &offsets, 2, &mut ko, &mut slots, &mut next).unwrap_err().contains("row 2 of 2"));
         assert!(build_bag_csr(&index, &[0, 3, 2, 5], 3, &mut ko, &mut slots, &mut next).is_err());
+        assert!(build_bag_csr(&index, &[1, 3, 3, 5], 3, &mut ko, &mut slots, &mut next).is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use reference::{fill_row, scatter_key_grads};
 use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
-use ringrec::model::pooling::build_bag_csr;
+use ringrec::model::pooling::{build_bag_csr, Pooling};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
 use ringrec::model::{CrossStructure, DenseModel, DenseOptimState, DenseOptimizer, ModelKind, ModelSpec, Part};
 use ringrec::tensor::Tensor;
@@ -775,6 +775,119 @@ fn pooling_gradient_matches_finite_differences() {
             let fd = (loss(&up) - loss(&down)) / (2.0 * eps as f64);
             assert!((fd - grads[i] as f64).abs() <= 1e-3 * (1.0 + fd.abs()), "mean mask {mean:#b}, entry {i}: finite difference {fd} vs {}", grads[i]);
         }
+    }
+}
+
+/// Stages `b` in `m` with its last `bags` fields as bags of one id each (the ids `inverse`
+/// names for them), and loads it.
+fn stage_as_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize) {
+    let (batch, fields) = (b.labels.len(), LAYOUT.fields);
+    let index: Vec<u32> = (0..batch).flat_map(|s| b.inverse[s * fields + fields - bags..(s + 1) * fields].to_vec()).collect();
+    let offsets: Vec<u32> = (0..=batch * bags).map(|i| i as u32).collect();
+    stage_with_bags(m, b, bags, &index, &offsets);
+}
+
+/// A model whose last two fields are multi-hot bags of one id each trains bit for bit as
+/// the same model with those ids single-hot (a bag of one pools to its row, sum or mean,
+/// and spreads the whole gradient back to it), every key distinct so the per-key sums
+/// have one term.
+fn bags_of_one_equal_single_hot_fields<D: Device>(make: impl Fn() -> D) {
+    for modes in [[Pooling::Sum, Pooling::Sum], [Pooling::Mean, Pooling::Sum]] {
+        let (mut single, mut multi) = (model(make(), DenseOptimizer::Adam, vec![8, 4], 5), model(make(), DenseOptimizer::Adam, vec![8, 4], 5));
+        multi.set_multi_hot(&modes).unwrap();
+        for t in 0..4u64 {
+            let n = 6 + t as usize;
+            let b = batch_of(40 + t, n, n * LAYOUT.fields, LAYOUT);
+            stage(&mut single, &b);
+            stage_as_bags(&mut multi, &b, modes.len());
+            step_alone(&mut single, 0.1);
+            step_alone(&mut multi, 0.1);
+            assert_eq!(single.key_grads().unwrap().to_vec(), multi.key_grads().unwrap().to_vec(), "{modes:?}, step {t}: key gradients");
+            single.apply().unwrap();
+            multi.apply().unwrap();
+        }
+        assert_eq!(single.params().unwrap(), multi.params().unwrap(), "{modes:?}: parameters after 4 steps");
+    }
+    // A model with bags refuses a batch staged without them.
+    let mut m = model(make(), DenseOptimizer::Sgd, vec![4], 1);
+    m.set_multi_hot(&[Pooling::Sum]).unwrap();
+    let b = batch_of(3, 5, 5 * LAYOUT.fields, LAYOUT);
+    let st = m.stage(5, b.keys).unwrap();
+    st.inverse.fill(0);
+    let e = m.load().unwrap_err().to_string();
+    assert!(e.contains("stage_bags"), "{e}");
+    assert!(m.set_multi_hot(&[Pooling::Sum; 5]).is_err(), "more multi-hot fields than fields");
+}
+
+#[test]
+fn cpu_bags_of_one_equal_single_hot_fields() {
+    bags_of_one_equal_single_hot_fields(|| CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_bags_of_one_equal_single_hot_fields() {
+    bags_of_one_equal_single_hot_fields(|| HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_bags_of_one_equal_single_hot_fields() {
+    if gpu().is_some() {
+        bags_of_one_equal_single_hot_fields(|| CudaDevice::new(0).unwrap());
+    }
+}
+
+/// Stages `b`'s first `fields - bags` fields as single-hot and the bags `(index, offsets)`
+/// (rows among `b`'s keys) in `m`, and loads it.
+fn stage_with_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize, index: &[u32], offsets: &[u32]) {
+    let (batch, fields) = (b.labels.len(), LAYOUT.fields);
+    let single = fields - bags;
+    let st = m.stage(batch, b.keys).unwrap();
+    st.emb.copy_from_slice(&b.emb);
+    for s in 0..batch {
+        st.inverse[s * single..(s + 1) * single].copy_from_slice(&b.inverse[s * fields..s * fields + single]);
+    }
+    st.dense.copy_from_slice(&b.dense);
+    st.labels.copy_from_slice(&b.labels);
+    let (o, i) = m.stage_bags(batch, index.len()).unwrap();
+    o.copy_from_slice(offsets);
+    i.copy_from_slice(index);
+    m.load().unwrap();
+}
+
+/// A model with two multi-hot fields (bags of 0 to 6 ids, summed and averaged) trained 5
+/// steps on `dev` and on the CPU device: the same key gradients and parameters (within
+/// 1e-5: the GEMMs may sum in another order).
+fn multi_hot_model_matches_the_cpu_device<D: Device>(dev: D) {
+    let modes = [Pooling::Sum, Pooling::Mean];
+    let (mut cpu, mut other) = (model(CpuDevice::new(2), DenseOptimizer::Adam, vec![8, 4], 9), model(dev, DenseOptimizer::Adam, vec![8, 4], 9));
+    cpu.set_multi_hot(&modes).unwrap();
+    other.set_multi_hot(&modes).unwrap();
+    for t in 0..5u64 {
+        let n = 7 + t as usize;
+        let b = batch(60 + t, n, LAYOUT);
+        let (index, offsets) = random_bags(n, modes.len(), b.keys, 70 + t);
+        stage_with_bags(&mut cpu, &b, modes.len(), &index, &offsets);
+        stage_with_bags(&mut other, &b, modes.len(), &index, &offsets);
+        step_alone(&mut cpu, 0.1);
+        step_alone(&mut other, 0.1);
+        let (kc, ko) = (cpu.key_grads().unwrap().to_vec(), other.key_grads().unwrap().to_vec());
+        assert!(kc.iter().any(|g| *g != 0.0), "step {t}: some gradient");
+        assert!(close(&ko, &kc, 1e-5), "step {t}: key gradients");
+        cpu.apply().unwrap();
+        other.apply().unwrap();
+    }
+    assert!(close(&other.params().unwrap(), &cpu.params().unwrap(), 1e-5), "parameters after 5 steps");
+}
+
+#[test]
+fn host_kernels_multi_hot_model_matches_the_cpu_device() {
+    multi_hot_model_matches_the_cpu_device(HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_multi_hot_model_matches_the_cpu_device() {
+    if let Some(d) = gpu() {
+        multi_hot_model_matches_the_cpu_device(d);
     }
 }
 

@@ -233,6 +233,11 @@ impl<D: Device> DenseModel<D> {
         Ok(())
     }
 
+    /// Multi-hot fields per sample ([`DenseModel::set_multi_hot`]; 0 without).
+    pub fn multi_hot_fields(&self) -> usize {
+        self.bags
+    }
+
     /// Single-hot fields per sample: the layout's fields less the multi-hot ones.
     pub fn single_fields(&self) -> usize {
         self.layout.fields - self.bags

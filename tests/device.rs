@@ -781,32 +781,36 @@ fn pooling_gradient_matches_finite_differences() {
 /// Stages `b` in `m` with its last `bags` fields as bags of one id each (the ids `inverse`
 /// names for them), and loads it.
 fn stage_as_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize) {
-    let (batch, fields) = (b.labels.len(), LAYOUT.fields);
+    let (batch, fields) = (b.labels.len(), m.spec().layout().fields);
     let index: Vec<u32> = (0..batch).flat_map(|s| b.inverse[s * fields + fields - bags..(s + 1) * fields].to_vec()).collect();
     let offsets: Vec<u32> = (0..=batch * bags).map(|i| i as u32).collect();
     stage_with_bags(m, b, bags, &index, &offsets);
 }
 
-/// A model whose last two fields are multi-hot bags of one id each trains bit for bit as
-/// the same model with those ids single-hot (a bag of one pools to its row, sum or mean,
-/// and spreads the whole gradient back to it), every key distinct so the per-key sums
-/// have one term.
+/// Every model (the MLP, DLRM, DCN, DeepFM, Wide & Deep) whose last two fields are
+/// multi-hot bags of one id each trains bit for bit as the same model with those ids
+/// single-hot (a bag of one pools to its row, sum or mean, and spreads the whole gradient
+/// back to it), every key distinct so the per-key sums have one term.
 fn bags_of_one_equal_single_hot_fields<D: Device>(make: impl Fn() -> D) {
-    for modes in [[Pooling::Sum, Pooling::Sum], [Pooling::Mean, Pooling::Sum]] {
-        let (mut single, mut multi) = (model(make(), DenseOptimizer::Adam, vec![8, 4], 5), model(make(), DenseOptimizer::Adam, vec![8, 4], 5));
+    let specs = std::iter::once(spec_of(LAYOUT, vec![8, 4])).chain(model_specs());
+    for (spec, modes) in specs.zip([[Pooling::Sum, Pooling::Sum], [Pooling::Mean, Pooling::Sum]].into_iter().cycle()) {
+        let (what, layout) = (spec.describe(), spec.layout());
+        let params = spec.init_params(5);
+        let opt = DenseOptimState::new(DenseOptimizer::Adam, 0.01, params.len());
+        let (mut single, mut multi) = (DenseModel::new(make(), spec.clone(), &params, &opt).unwrap(), DenseModel::new(make(), spec.clone(), &params, &opt).unwrap());
         multi.set_multi_hot(&modes).unwrap();
         for t in 0..4u64 {
             let n = 6 + t as usize;
-            let b = batch_of(40 + t, n, n * LAYOUT.fields, LAYOUT);
+            let b = batch_of(40 + t, n, n * layout.fields, layout);
             stage(&mut single, &b);
             stage_as_bags(&mut multi, &b, modes.len());
             step_alone(&mut single, 0.1);
             step_alone(&mut multi, 0.1);
-            assert_eq!(single.key_grads().unwrap().to_vec(), multi.key_grads().unwrap().to_vec(), "{modes:?}, step {t}: key gradients");
+            assert_eq!(single.key_grads().unwrap().to_vec(), multi.key_grads().unwrap().to_vec(), "{what}, {modes:?}, step {t}: key gradients");
             single.apply().unwrap();
             multi.apply().unwrap();
         }
-        assert_eq!(single.params().unwrap(), multi.params().unwrap(), "{modes:?}: parameters after 4 steps");
+        assert_eq!(single.params().unwrap(), multi.params().unwrap(), "{what}, {modes:?}: parameters after 4 steps");
     }
     // A model with bags refuses a batch staged without them.
     let mut m = model(make(), DenseOptimizer::Sgd, vec![4], 1);
@@ -839,7 +843,7 @@ fn gpu_bags_of_one_equal_single_hot_fields() {
 /// Stages `b`'s first `fields - bags` fields as single-hot and the bags `(index, offsets)`
 /// (rows among `b`'s keys) in `m`, and loads it.
 fn stage_with_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize, index: &[u32], offsets: &[u32]) {
-    let (batch, fields) = (b.labels.len(), LAYOUT.fields);
+    let (batch, fields) = (b.labels.len(), m.spec().layout().fields);
     let single = fields - bags;
     let st = m.stage(batch, b.keys).unwrap();
     st.emb.copy_from_slice(&b.emb);

@@ -387,40 +387,6 @@ impl Device for CpuDevice {
                     }
                 }
             }),
-            Op::PoolBags { table, index, offsets, out, rows, bags, dim, stride, col, mean } => self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
-                for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
-                    for f in 0..bags {
-                        let b = (r0 + j) * bags + f;
-                        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
-                        let acc = &mut row[col + f * dim..col + (f + 1) * dim];
-                        acc.fill(0.0);
-                        for u in &index[lo..hi] {
-                            let u = *u as usize;
-                            add_into(acc, &table[u * dim..(u + 1) * dim]);
-                        }
-                        if (mean >> f) & 1 == 1 && hi > lo {
-                            let len = (hi - lo) as f32;
-                            acc.iter_mut().for_each(|v| *v /= len);
-                        }
-                    }
-                }
-            }),
-            Op::PoolBagsGrad { src, offsets, key_offsets, slots, out, segments, bags, dim, stride, col, mean, .. } => self.for_chunks(&mut out[..segments * dim], dim, |u0, chunk| {
-                for (j, acc) in chunk.chunks_exact_mut(dim).enumerate() {
-                    let u = u0 + j;
-                    for b in &slots[key_offsets[u] as usize..key_offsets[u + 1] as usize] {
-                        let b = *b as usize;
-                        let (f, at) = (b % bags, (b / bags) * stride + col + (b % bags) * dim);
-                        let g = &src[at..at + dim];
-                        if (mean >> f) & 1 == 1 {
-                            let len = (offsets[b + 1] - offsets[b]) as f32;
-                            acc.iter_mut().zip(g).for_each(|(a, g)| *a += g / len);
-                        } else {
-                            add_into(acc, g);
-                        }
-                    }
-                }
-            }),
             Op::Sgd { p, at, g, lr, n } => {
                 for (p, g) in p[at..at + n].iter_mut().zip(&g[..n]) {
                     *p -= lr * g;
@@ -450,7 +416,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
-            op => return self.exec_model(op),
+            op => return self.exec_pooling(op),
         }
         Ok(())
     }

@@ -363,18 +363,7 @@ impl<D: Device> Op<'_, D> {
                 f("slots", dev.len(*slots), rows * per_row)?;
                 f("out", dev.len(&**out), segments * dim)
             }
-            Op::PoolBags { offsets, out, rows, bags, dim, stride, col, .. } => {
-                check_bags("pool_bags", *bags, *dim, *stride, *col)?;
-                f("offsets", dev.len(*offsets), rows * bags + 1)?;
-                f("out", dev.len(&**out), rows * stride)
-            }
-            Op::PoolBagsGrad { src, offsets, key_offsets, out, segments, rows, bags, dim, stride, col, .. } => {
-                check_bags("pool_bags_grad", *bags, *dim, *stride, *col)?;
-                f("src", dev.len(*src), rows * stride)?;
-                f("offsets", dev.len(*offsets), rows * bags + 1)?;
-                f("key_offsets", dev.len(*key_offsets), segments + 1)?;
-                f("out", dev.len(&**out), segments * dim)
-            }
+            Op::PoolBags { .. } | Op::PoolBagsGrad { .. } => self.check_pooling(dev),
             Op::CopyBlock { .. }
             | Op::Mul { .. }
             | Op::AddInto { .. }
@@ -435,6 +424,26 @@ fn check_bags(name: &str, bags: usize, dim: usize, stride: usize, col: usize) ->
 }
 
 impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the pooling kernels (kernels/pooling.cu).
+    fn check_pooling(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
+        match self {
+            Op::PoolBags { offsets, out, rows, bags, dim, stride, col, .. } => {
+                check_bags("pool_bags", *bags, *dim, *stride, *col)?;
+                f("offsets", dev.len(*offsets), rows * bags + 1)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::PoolBagsGrad { src, offsets, key_offsets, out, segments, rows, bags, dim, stride, col, .. } => {
+                check_bags("pool_bags_grad", *bags, *dim, *stride, *col)?;
+                f("src", dev.len(*src), rows * stride)?;
+                f("offsets", dev.len(*offsets), rows * bags + 1)?;
+                f("key_offsets", dev.len(*key_offsets), segments + 1)?;
+                f("out", dev.len(&**out), segments * dim)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`Op::check`] of the models' kernels (kernels/models.cu).
     fn check_model(&self, dev: &D) -> DeviceResult<()> {
         let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);

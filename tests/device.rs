@@ -10,6 +10,7 @@ use reference::{fill_row, scatter_key_grads};
 use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
+use ringrec::model::pooling::{build_bag_csr, Pooling};
 use ringrec::model::optim::{adam_factors, BETA1, BETA2};
 use ringrec::model::{CrossStructure, DenseModel, DenseOptimState, DenseOptimizer, ModelKind, ModelSpec, Part};
 use ringrec::tensor::Tensor;
@@ -648,6 +649,250 @@ fn bad_launches_are_refused<D: Device>(make: impl Fn() -> D) {
     let opt = DenseOptimState::new(DenseOptimizer::Sgd, 0.1, spec.num_params());
     let e = DenseModel::new(make(), spec.clone(), &spec.init_params(1)[1..], &opt).err().unwrap().to_string();
     assert!(e.contains("parameters given"), "{e}");
+}
+
+/// Random bags for the pooling tests: `rows x bags` bags of 0 to 6 ids among `keys` keys
+/// (some empty), as (index, offsets).
+fn random_bags(rows: usize, bags: usize, keys: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
+    let (mut s, mut index, mut offsets) = (seed, Vec::new(), vec![0u32]);
+    for _ in 0..rows * bags {
+        for _ in 0..splitmix64_next(&mut s) % 7 {
+            index.push((splitmix64_next(&mut s) % keys as u64) as u32);
+        }
+        offsets.push(index.len() as u32);
+    }
+    (index, offsets)
+}
+
+/// Multi-hot pooling and its backward against a plain loop (bit for bit: the same order),
+/// sum and mean fields side by side, into rows with other columns around the bags; the
+/// backward adds to what the key gradients hold.
+fn pooling_matches_a_plain_loop<D: Device>(dev: &D) {
+    let (rows, bags, dim, keys, col, stride) = (23, 3, 4, 17, 5, 5 + 3 * 4 + 2);
+    let mean = 0b010;
+    let (index, offsets) = random_bags(rows, bags, keys, 11);
+    let table = random(keys * dim, 12);
+    let mut want = random(rows * stride, 13);
+    let mut out = dev.buffer_from(&want).unwrap();
+    for b in 0..rows * bags {
+        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+        for d in 0..dim {
+            let mut acc = 0f32;
+            for u in &index[lo..hi] {
+                acc += table[*u as usize * dim + d];
+            }
+            if (mean >> (b % bags)) & 1 == 1 && hi > lo {
+                acc /= (hi - lo) as f32;
+            }
+            want[(b / bags) * stride + col + (b % bags) * dim + d] = acc;
+        }
+    }
+    let (table_d, index_d, offsets_d) = (dev.buffer_from(&table).unwrap(), dev.buffer_from(&index).unwrap(), dev.buffer_from(&offsets).unwrap());
+    dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows, bags, dim, stride, col, mean }).unwrap();
+    assert_eq!(dev.to_vec(&out, rows * stride).unwrap(), want, "pool_bags");
+    let empty = (0..rows * bags).find(|b| offsets[*b] == offsets[b + 1]).expect("an empty bag");
+    let at = (empty / bags) * stride + col + (empty % bags) * dim;
+    assert_eq!(&want[at..at + dim], &[0.0; 4], "an empty bag pools to zeros");
+
+    // Backward: every id of a bag gets the bag's gradient (over its length for a mean
+    // field), summed per key in bag order onto what the key's row held.
+    let dx = random(rows * stride, 14);
+    let held = random(keys * dim, 15);
+    let mut want = held.clone();
+    for b in 0..rows * bags {
+        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+        for u in &index[lo..hi] {
+            for d in 0..dim {
+                let mut g = dx[(b / bags) * stride + col + (b % bags) * dim + d];
+                if (mean >> (b % bags)) & 1 == 1 {
+                    g /= (hi - lo) as f32;
+                }
+                want[*u as usize * dim + d] += g;
+            }
+        }
+    }
+    let (mut key_offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; index.len()], Vec::new());
+    build_bag_csr(&index, &offsets, keys, &mut key_offsets, &mut slots, &mut next).unwrap();
+    let mut grads = dev.buffer_from(&held).unwrap();
+    let (ko, sl) = (dev.buffer_from(&key_offsets).unwrap(), dev.buffer_from(&slots).unwrap());
+    dev.exec(Op::PoolBagsGrad { src: &dev.buffer_from(&dx).unwrap(), offsets: &offsets_d, key_offsets: &ko, slots: &sl, out: &mut grads, segments: keys, rows, bags, dim, stride, col, mean }).unwrap();
+    assert_eq!(dev.to_vec(&grads, keys * dim).unwrap(), want, "pool_bags_grad");
+
+    // Bags that do not fit the row, or too many fields for the mask, are refused.
+    let e = dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows, bags, dim, stride: col + bags * dim - 1, col, mean }).unwrap_err().to_string();
+    assert!(e.contains("do not fit"), "{e}");
+    let e = dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows: 0, bags: 33, dim: 0, stride, col, mean }).unwrap_err().to_string();
+    assert!(e.contains("at most 32"), "{e}");
+}
+
+#[test]
+fn cpu_pooling_matches_a_plain_loop() {
+    for threads in [1, 3] {
+        pooling_matches_a_plain_loop(&CpuDevice::new(threads));
+    }
+}
+
+#[test]
+fn host_kernels_pooling_matches_a_plain_loop() {
+    pooling_matches_a_plain_loop(&HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_pooling_matches_a_plain_loop() {
+    if let Some(d) = gpu() {
+        pooling_matches_a_plain_loop(&d);
+    }
+}
+
+#[test]
+fn pooling_gradient_matches_finite_differences() {
+    // loss = sum of w * pooled over the bags; its gradient in a table entry by central
+    // differences against what pool_bags_grad spreads to the entry's key.
+    let dev = CpuDevice::new(2);
+    let (rows, bags, dim, keys) = (9, 2, 3, 7);
+    let stride = bags * dim;
+    for mean in [0b00, 0b01, 0b11] {
+        let (index, offsets) = random_bags(rows, bags, keys, 21 + mean as u64);
+        let table = random(keys * dim, 22);
+        let w = random(rows * stride, 23);
+        let offsets_d = dev.buffer_from(&offsets).unwrap();
+        let loss = |t: &[f32]| -> f64 {
+            let mut out = dev.alloc(rows * stride).unwrap();
+            dev.exec(Op::PoolBags { table: &dev.buffer_from(t).unwrap(), index: &dev.buffer_from(&index).unwrap(), offsets: &offsets_d, out: &mut out, rows, bags, dim, stride, col: 0, mean }).unwrap();
+            dev.to_vec(&out, rows * stride).unwrap().iter().zip(&w).map(|(p, w)| (*p as f64) * (*w as f64)).sum()
+        };
+        let (mut key_offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; index.len()], Vec::new());
+        build_bag_csr(&index, &offsets, keys, &mut key_offsets, &mut slots, &mut next).unwrap();
+        let mut grads = dev.alloc(keys * dim).unwrap();
+        let (ko, sl) = (dev.buffer_from(&key_offsets).unwrap(), dev.buffer_from(&slots).unwrap());
+        dev.exec(Op::PoolBagsGrad { src: &dev.buffer_from(&w).unwrap(), offsets: &offsets_d, key_offsets: &ko, slots: &sl, out: &mut grads, segments: keys, rows, bags, dim, stride, col: 0, mean }).unwrap();
+        let grads = dev.to_vec(&grads, keys * dim).unwrap();
+        let eps = 1e-2f32;
+        for i in 0..keys * dim {
+            let (mut up, mut down) = (table.clone(), table.clone());
+            up[i] += eps;
+            down[i] -= eps;
+            let fd = (loss(&up) - loss(&down)) / (2.0 * eps as f64);
+            assert!((fd - grads[i] as f64).abs() <= 1e-3 * (1.0 + fd.abs()), "mean mask {mean:#b}, entry {i}: finite difference {fd} vs {}", grads[i]);
+        }
+    }
+}
+
+/// Stages `b` in `m` with its last `bags` fields as bags of one id each (the ids `inverse`
+/// names for them), and loads it.
+fn stage_as_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize) {
+    let (batch, fields) = (b.labels.len(), m.spec().layout().fields);
+    let index: Vec<u32> = (0..batch).flat_map(|s| b.inverse[s * fields + fields - bags..(s + 1) * fields].to_vec()).collect();
+    let offsets: Vec<u32> = (0..=batch * bags).map(|i| i as u32).collect();
+    stage_with_bags(m, b, bags, &index, &offsets);
+}
+
+/// Every model (the MLP, DLRM, DCN, DeepFM, Wide & Deep) whose last two fields are
+/// multi-hot bags of one id each trains bit for bit as the same model with those ids
+/// single-hot (a bag of one pools to its row, sum or mean, and spreads the whole gradient
+/// back to it), every key distinct so the per-key sums have one term.
+fn bags_of_one_equal_single_hot_fields<D: Device>(make: impl Fn() -> D) {
+    let specs = std::iter::once(spec_of(LAYOUT, vec![8, 4])).chain(model_specs());
+    for (spec, modes) in specs.zip([[Pooling::Sum, Pooling::Sum], [Pooling::Mean, Pooling::Sum]].into_iter().cycle()) {
+        let (what, layout) = (spec.describe(), spec.layout());
+        let params = spec.init_params(5);
+        let opt = DenseOptimState::new(DenseOptimizer::Adam, 0.01, params.len());
+        let (mut single, mut multi) = (DenseModel::new(make(), spec.clone(), &params, &opt).unwrap(), DenseModel::new(make(), spec.clone(), &params, &opt).unwrap());
+        multi.set_multi_hot(&modes).unwrap();
+        for t in 0..4u64 {
+            let n = 6 + t as usize;
+            let b = batch_of(40 + t, n, n * layout.fields, layout);
+            stage(&mut single, &b);
+            stage_as_bags(&mut multi, &b, modes.len());
+            step_alone(&mut single, 0.1);
+            step_alone(&mut multi, 0.1);
+            assert_eq!(single.key_grads().unwrap().to_vec(), multi.key_grads().unwrap().to_vec(), "{what}, {modes:?}, step {t}: key gradients");
+            single.apply().unwrap();
+            multi.apply().unwrap();
+        }
+        assert_eq!(single.params().unwrap(), multi.params().unwrap(), "{what}, {modes:?}: parameters after 4 steps");
+    }
+    // A model with bags refuses a batch staged without them.
+    let mut m = model(make(), DenseOptimizer::Sgd, vec![4], 1);
+    m.set_multi_hot(&[Pooling::Sum]).unwrap();
+    let b = batch_of(3, 5, 5 * LAYOUT.fields, LAYOUT);
+    let st = m.stage(5, b.keys).unwrap();
+    st.inverse.fill(0);
+    let e = m.load().unwrap_err().to_string();
+    assert!(e.contains("stage_bags"), "{e}");
+    assert!(m.set_multi_hot(&[Pooling::Sum; 5]).is_err(), "more multi-hot fields than fields");
+}
+
+#[test]
+fn cpu_bags_of_one_equal_single_hot_fields() {
+    bags_of_one_equal_single_hot_fields(|| CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_bags_of_one_equal_single_hot_fields() {
+    bags_of_one_equal_single_hot_fields(|| HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_bags_of_one_equal_single_hot_fields() {
+    if gpu().is_some() {
+        bags_of_one_equal_single_hot_fields(|| CudaDevice::new(0).unwrap());
+    }
+}
+
+/// Stages `b`'s first `fields - bags` fields as single-hot and the bags `(index, offsets)`
+/// (rows among `b`'s keys) in `m`, and loads it.
+fn stage_with_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize, index: &[u32], offsets: &[u32]) {
+    let (batch, fields) = (b.labels.len(), m.spec().layout().fields);
+    let single = fields - bags;
+    let st = m.stage(batch, b.keys).unwrap();
+    st.emb.copy_from_slice(&b.emb);
+    for s in 0..batch {
+        st.inverse[s * single..(s + 1) * single].copy_from_slice(&b.inverse[s * fields..s * fields + single]);
+    }
+    st.dense.copy_from_slice(&b.dense);
+    st.labels.copy_from_slice(&b.labels);
+    let (o, i) = m.stage_bags(batch, index.len()).unwrap();
+    o.copy_from_slice(offsets);
+    i.copy_from_slice(index);
+    m.load().unwrap();
+}
+
+/// A model with two multi-hot fields (bags of 0 to 6 ids, summed and averaged) trained 5
+/// steps on `dev` and on the CPU device: the same key gradients and parameters (within
+/// 1e-5: the GEMMs may sum in another order).
+fn multi_hot_model_matches_the_cpu_device<D: Device>(dev: D) {
+    let modes = [Pooling::Sum, Pooling::Mean];
+    let (mut cpu, mut other) = (model(CpuDevice::new(2), DenseOptimizer::Adam, vec![8, 4], 9), model(dev, DenseOptimizer::Adam, vec![8, 4], 9));
+    cpu.set_multi_hot(&modes).unwrap();
+    other.set_multi_hot(&modes).unwrap();
+    for t in 0..5u64 {
+        let n = 7 + t as usize;
+        let b = batch(60 + t, n, LAYOUT);
+        let (index, offsets) = random_bags(n, modes.len(), b.keys, 70 + t);
+        stage_with_bags(&mut cpu, &b, modes.len(), &index, &offsets);
+        stage_with_bags(&mut other, &b, modes.len(), &index, &offsets);
+        step_alone(&mut cpu, 0.1);
+        step_alone(&mut other, 0.1);
+        let (kc, ko) = (cpu.key_grads().unwrap().to_vec(), other.key_grads().unwrap().to_vec());
+        assert!(kc.iter().any(|g| *g != 0.0), "step {t}: some gradient");
+        assert!(close(&ko, &kc, 1e-5), "step {t}: key gradients");
+        cpu.apply().unwrap();
+        other.apply().unwrap();
+    }
+    assert!(close(&other.params().unwrap(), &cpu.params().unwrap(), 1e-5), "parameters after 5 steps");
+}
+
+#[test]
+fn host_kernels_multi_hot_model_matches_the_cpu_device() {
+    multi_hot_model_matches_the_cpu_device(HostKernels::new().unwrap());
+}
+
+#[test]
+fn gpu_multi_hot_model_matches_the_cpu_device() {
+    if let Some(d) = gpu() {
+        multi_hot_model_matches_the_cpu_device(d);
+    }
 }
 
 #[test]

@@ -13,4 +13,7 @@ fi
 if [ "${WITH_TORCH:-0}" = 1 ] && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   "$venv/bin/pip" install -q torch >&2
 fi
+if [ "${WITH_TORCH:-0}" = 1 ] && ! "$venv/bin/python" -c "import pyarrow" 2>/dev/null; then
+  "$venv/bin/pip" install -q pyarrow >&2 # torch_multihot.py reads Parquet
+fi
 echo "$venv/bin/python"

@@ -41,6 +41,7 @@ pub mod criteo;
 pub mod error;
 pub mod evalset;
 pub mod inputs;
+pub mod lists;
 pub mod multihot;
 pub mod parquet_file;
 pub mod parquet_write;

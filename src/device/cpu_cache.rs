@@ -51,7 +51,7 @@ impl CpuDevice {
                     }
                 }
             }
-            op => return self.exec_model(op),
+            op => return self.exec_pooling(op),
         }
         Ok(())
     }

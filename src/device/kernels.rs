@@ -30,6 +30,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("compress", include_str!("../../kernels/compress.cu")),
     ("models", include_str!("../../kernels/models.cu")),
     ("cache", include_str!("../../kernels/cache.cu")),
+    ("pooling", include_str!("../../kernels/pooling.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -99,11 +100,15 @@ pub enum Kernel {
     CacheUpdate,
     /// Rows (and accumulators) put into cache slots.
     CachePut,
+    /// Multi-hot pooling (sum or mean per field).
+    PoolBags,
+    /// Its backward, added into the key gradients.
+    PoolBagsGrad,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 34] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -136,6 +141,8 @@ impl Kernel {
         Kernel::GatherSourced,
         Kernel::CacheUpdate,
         Kernel::CachePut,
+        Kernel::PoolBags,
+        Kernel::PoolBagsGrad,
     ];
 
     /// The function's name in its source.
@@ -173,6 +180,8 @@ impl Kernel {
             Kernel::GatherSourced => "gather_sourced",
             Kernel::CacheUpdate => "cache_update",
             Kernel::CachePut => "cache_put",
+            Kernel::PoolBags => "pool_bags",
+            Kernel::PoolBagsGrad => "pool_bags_grad",
         }
     }
 
@@ -193,6 +202,7 @@ impl Kernel {
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
             Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
+            Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
             _ => "dense",
         }
     }

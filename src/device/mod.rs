@@ -22,6 +22,7 @@ pub mod bgemm;
 pub mod cpu;
 mod cpu_cache;
 mod cpu_models;
+mod cpu_pooling;
 pub mod cuda;
 pub mod host_kernels;
 pub mod host_stream;

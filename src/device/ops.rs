@@ -171,6 +171,18 @@ pub enum Op<'a, D: Device> {
     /// `slots[offsets[u]..offsets[u+1]]` (slot `p` is block `p % per_row` of row
     /// `p / per_row`) summed in list order into `out[u * dim ..]`.
     SegmentSum { src: &'a D::Buf<f32>, offsets: &'a D::Buf<u32>, slots: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, segments: usize, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// Multi-hot pooling (`EmbeddingBag`, kernels/pooling.cu): bag `b < rows * bags` (field
+    /// `b % bags` of row `b / bags`) holds the rows of `table` (`dim` values each) named by
+    /// `index[offsets[b]..offsets[b + 1]]`; their sum in list order — divided by the bag's
+    /// length for a field whose bit is set in `mean` — goes to `out[(b / bags) * stride +
+    /// col + (b % bags) * dim ..]`. An empty bag gives zeros.
+    PoolBags { table: &'a D::Buf<f32>, index: &'a D::Buf<u32>, offsets: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, bags: usize, dim: usize, stride: usize, col: usize, mean: u32 },
+    /// The backward of [`Op::PoolBags`], added into the key gradients: for key `u`, the
+    /// pooled gradient blocks of `src` (rows as `out` above) of the bags listed in
+    /// `slots[key_offsets[u]..key_offsets[u + 1]]` (once per occurrence of the key, in bag
+    /// order), each divided by its bag's length for a mean field, are added in list order
+    /// to `out[u * dim ..]`.
+    PoolBagsGrad { src: &'a D::Buf<f32>, offsets: &'a D::Buf<u32>, key_offsets: &'a D::Buf<u32>, slots: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, segments: usize, rows: usize, bags: usize, dim: usize, stride: usize, col: usize, mean: u32 },
     /// A block of columns copied between row-major matrices of `rows` rows:
     /// `out[r * stride + col + c] = src[r * src_stride + src_col + c]` for `c < cols`.
     CopyBlock { src: &'a D::Buf<f32>, src_stride: usize, src_col: usize, out: &'a mut D::Buf<f32>, stride: usize, col: usize, rows: usize, cols: usize },
@@ -287,6 +299,8 @@ impl<D: Device> Op<'_, D> {
             Op::GatherRows { .. } => "gather_rows",
             Op::CopyColumns { .. } => "copy_columns",
             Op::SegmentSum { .. } => "segment_sum",
+            Op::PoolBags { .. } => "pool_bags",
+            Op::PoolBagsGrad { .. } => "pool_bags_grad",
             Op::CopyBlock { .. } => "copy_block",
             Op::Mul { .. } => "mul",
             Op::AddInto { .. } => "add_into",
@@ -370,6 +384,7 @@ impl<D: Device> Op<'_, D> {
             Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
             Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
             Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } => self.check_model(dev),
+            Op::PoolBags { .. } | Op::PoolBagsGrad { .. } => self.check_pooling(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)
@@ -405,7 +420,41 @@ impl<D: Device> Op<'_, D> {
     }
 }
 
+/// The most multi-hot fields one pooling launch takes (the bits of its `mean` mask).
+pub const MAX_BAGS: usize = 32;
+
+/// Refuses a pooling whose fields do not fit its mask or an output row.
+fn check_bags(name: &str, bags: usize, dim: usize, stride: usize, col: usize) -> DeviceResult<()> {
+    if bags > MAX_BAGS {
+        return Err(DeviceError::refused(name, format!("{bags} multi-hot fields; one pooling takes at most {MAX_BAGS}")));
+    }
+    if col + bags * dim > stride {
+        return Err(DeviceError::refused(name, format!("{bags} bags of {dim} from column {col} do not fit a row of {stride}")));
+    }
+    Ok(())
+}
+
 impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the pooling kernels (kernels/pooling.cu).
+    fn check_pooling(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
+        match self {
+            Op::PoolBags { offsets, out, rows, bags, dim, stride, col, .. } => {
+                check_bags("pool_bags", *bags, *dim, *stride, *col)?;
+                f("offsets", dev.len(*offsets), rows * bags + 1)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::PoolBagsGrad { src, offsets, key_offsets, out, segments, rows, bags, dim, stride, col, .. } => {
+                check_bags("pool_bags_grad", *bags, *dim, *stride, *col)?;
+                f("src", dev.len(*src), rows * stride)?;
+                f("offsets", dev.len(*offsets), rows * bags + 1)?;
+                f("key_offsets", dev.len(*key_offsets), segments + 1)?;
+                f("out", dev.len(&**out), segments * dim)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`Op::check`] of the models' kernels (kernels/models.cu) and the hot-row cache's
     /// (kernels/cache.cu).
     fn check_model(&self, dev: &D) -> DeviceResult<()> {
@@ -545,6 +594,14 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::SegmentSum { src, offsets, slots, out, segments, per_row, dim, stride, .. } => {
             dev.launch(Kernel::SegmentSum, segments * dim, &mut [In(src, 0), InU32(offsets), InU32(slots), Out(out, 0), int(segments)?, int(per_row)?, int(dim)?, int(stride)?])
         }
+        Op::PoolBags { table, index, offsets, out, rows, bags, dim, stride, col, mean } => {
+            dev.launch(Kernel::PoolBags, rows * bags * dim, &mut [In(table, 0), InU32(index), InU32(offsets), Out(out, 0), int(rows)?, int(bags)?, int(dim)?, int(stride)?, int(col)?, KernelArg::I32(mean as i32)])
+        }
+        Op::PoolBagsGrad { src, offsets, key_offsets, slots, out, segments, bags, dim, stride, col, mean, .. } => dev.launch(
+            Kernel::PoolBagsGrad,
+            segments * dim,
+            &mut [In(src, 0), InU32(offsets), InU32(key_offsets), InU32(slots), Out(out, 0), int(segments)?, int(bags)?, int(dim)?, int(stride)?, int(col)?, KernelArg::I32(mean as i32)],
+        ),
         Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => dev.launch(Kernel::CopyBlock, rows * cols, &mut [In(src, 0), int(src_stride)?, int(src_col)?, Out(out, 0), int(stride)?, int(col)?, int(rows)?, int(cols)?]),
         Op::Mul { a, b, out, n, accumulate } => dev.launch(Kernel::Mul, n, &mut [In(a, 0), In(b, 0), Out(out, 0), long(n), KernelArg::I32(accumulate as i32)]),
         Op::AddInto { x, out, n } => dev.launch(Kernel::AddInto, n, &mut [In(x, 0), Out(out, 0), long(n)]),

@@ -17,10 +17,18 @@
 //! [`Tensor`]s ([`Device::lend`]: host memory for the CPU device, device tensors
 //! elsewhere) to be summed over the ranks; [`DenseModel::give_back`] takes the reduced
 //! ones back before [`DenseModel::apply`] runs the optimizer.
+//!
+//! **Multi-hot fields are the last `bags` of the layout's fields**
+//! ([`DenseModel::set_multi_hot`]): the staged `inverse` names the single-hot fields only,
+//! and each batch's bags ([`DenseModel::stage_bags`], CSR over the same unique keys) are
+//! pooled into the last fields' columns ([`Op::PoolBags`]); the key gradients add the bags'
+//! spread gradient after the single-hot slots' ([`Op::PoolBagsGrad`]). So every model that
+//! only counts fields takes the pooled vectors unchanged. Without bags nothing of this runs.
 
 use super::input::{build_csr, InputLayout};
 use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
+use super::pooling::{build_bag_csr, mean_mask, Pooling};
 use super::spec::ModelSpec;
 use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
@@ -57,6 +65,12 @@ struct Arrays<F, U> {
     labels: F,
     offsets: U,
     slots: U,
+    /// Multi-hot bags (empty without): where each bag's ids start, the ids (rows among the
+    /// unique keys), each key's bags ([`build_bag_csr`]).
+    bag_offsets: U,
+    bag_index: U,
+    key_offsets: U,
+    bag_slots: U,
 }
 
 /// One staging slot: a batch in (page-locked) host memory.
@@ -73,13 +87,16 @@ struct Stage<D: Device> {
     source: Option<D::Staging<u32>>,
     /// The misses staged in `emb` when the staged batch has sources.
     misses: Option<usize>,
+    /// Ids in the staged batch's bags ([`DenseModel::stage_bags`]; `None`: not staged).
+    bag_ids: Option<usize>,
 }
 
 impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        Ok(Stage { arrays: Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)? }, weights: None, weighted: false, staged: None, source: None, misses: None })
+        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)? };
+        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None })
     }
 }
 
@@ -112,7 +129,8 @@ impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        Ok(Batch { arrays: Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()? }, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None })
+        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
+        Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -172,6 +190,9 @@ pub struct DenseModel<D: Device> {
     moved: std::cell::Cell<(u64, u64)>,
     /// Scratch of the CSR build.
     csr_next: Vec<u32>,
+    /// Multi-hot fields (the layout's last ones) and their `mean` mask.
+    bags: usize,
+    mean: u32,
 }
 
 /// Buffers of [`DenseModel::non_finite_gradient`].
@@ -200,12 +221,53 @@ impl<D: Device> DenseModel<D> {
             loaded: None,
             moved: std::cell::Cell::new((0, 0)),
             csr_next: Vec::new(),
+            bags: 0,
+            mean: 0,
             layout,
             spec,
             net,
             opt,
             dev,
         })
+    }
+
+    /// Makes the layout's last `modes.len()` fields multi-hot, each pooled as its mode
+    /// says (see the module docs); every batch after it is staged with
+    /// [`DenseModel::stage_bags`]. An error when there are more than the layout's fields.
+    pub fn set_multi_hot(&mut self, modes: &[Pooling]) -> DeviceResult<()> {
+        if modes.len() > self.layout.fields {
+            return Err(DeviceError::refused("multi-hot fields", format!("{} multi-hot fields, but the model takes {} fields in all", modes.len(), self.layout.fields)));
+        }
+        self.mean = mean_mask(modes).map_err(|e| DeviceError::refused("multi-hot fields", e))?;
+        self.bags = modes.len();
+        Ok(())
+    }
+
+    /// Multi-hot fields per sample ([`DenseModel::set_multi_hot`]; 0 without).
+    pub fn multi_hot_fields(&self) -> usize {
+        self.bags
+    }
+
+    /// Single-hot fields per sample: the layout's fields less the multi-hot ones.
+    pub fn single_fields(&self) -> usize {
+        self.layout.fields - self.bags
+    }
+
+    /// Host views of the staged batch's bags, for the caller to fill after
+    /// [`DenseModel::stage`] (`batch` samples, `ids` ids in all their bags): where each bag
+    /// starts (`batch * bags + 1` values, from 0, bag `s * bags + g` = multi-hot field `g`
+    /// of sample `s`) and the ids (rows among the staged unique keys).
+    pub fn stage_bags(&mut self, batch: usize, ids: usize) -> DeviceResult<(&mut [u32], &mut [u32])> {
+        let (dev, bags) = (&self.dev, self.bags);
+        let st = &mut self.stages[self.fill];
+        if bags == 0 || st.staged.map(|s| s.0) != Some(batch) {
+            return Err(DeviceError::refused("staging bags", format!("no multi-hot fields, or the staged batch does not have {batch} samples (call set_multi_hot() and stage() first)")));
+        }
+        st.bag_ids = Some(ids);
+        let a = &mut st.arrays;
+        grow_staging(dev, &mut a.bag_slots, ids, Direction::ToDevice)?;
+        let offsets = grow_staging(dev, &mut a.bag_offsets, batch * bags + 1, Direction::ToDevice)?;
+        Ok((offsets, grow_staging(dev, &mut a.bag_index, ids, Direction::ToDevice)?))
     }
 
     /// The model it is.
@@ -255,7 +317,8 @@ impl<D: Device> DenseModel<D> {
         self.stage_rows(batch, keys, misses)?;
         let st = &mut self.stages[self.fill];
         st.misses = Some(misses);
-        let InputLayout { fields, dim, ndense } = self.layout;
+        let InputLayout { dim, ndense, .. } = self.layout;
+        let fields = self.single_fields();
         let dev = &self.dev;
         let a = &mut st.arrays;
         let source = st.source.as_mut().ok_or_else(|| DeviceError::refused("staging sources", "no staging buffer"))?;
@@ -270,10 +333,12 @@ impl<D: Device> DenseModel<D> {
 
     /// The staging slot for `batch` samples, `keys` unique keys and `rows` staged rows.
     fn stage_rows(&mut self, batch: usize, keys: usize, rows: usize) -> DeviceResult<StageMut<'_>> {
-        let InputLayout { fields, dim, ndense } = self.layout;
+        let InputLayout { dim, ndense, .. } = self.layout;
+        let fields = self.single_fields();
         let dev = &self.dev;
         let st = &mut self.stages[self.fill];
         st.staged = Some((batch, keys));
+        st.bag_ids = None;
         st.weighted = false;
         st.misses = None;
         let a = &mut st.arrays;
@@ -335,8 +400,19 @@ impl<D: Device> DenseModel<D> {
         if misses.is_some() != cache.is_some() {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
+        if cache.is_some() && self.bags > 0 {
+            // The pooling reads every bag id's row from the staged rows, which hold only the
+            // cache's misses here.
+            return Err(DeviceError::refused("loading a batch", "a model with multi-hot fields cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
+        }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
-        let InputLayout { fields, dim, ndense } = self.layout;
+        let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
+            (0, _) => 0,
+            (_, Some(ids)) => ids,
+            (_, None) => return Err(DeviceError::refused("a dense step", "a model with multi-hot fields needs the batch's bags (call stage_bags() after stage())")),
+        };
+        let InputLayout { dim, ndense, .. } = self.layout;
+        let (fields, bags, mean) = (self.single_fields(), self.bags, self.mean);
         let dev = &self.dev;
         self.batch.fit(dev, &self.layout, batch, keys)?;
         grow_staging(dev, &mut self.key_grads_host, keys * dim, Direction::FromDevice)?;
@@ -346,6 +422,23 @@ impl<D: Device> DenseModel<D> {
             let offsets = &mut dev.host(&mut st.offsets)?[..keys + 1];
             let slots = &mut dev.host(&mut st.slots)?[..batch * fields];
             build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
+        }
+        if bags > 0 {
+            grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
+            let bag_offsets = &dev.host(&mut st.bag_offsets)?[..batch * bags + 1];
+            let bag_index = &dev.host(&mut st.bag_index)?[..ids];
+            let key_offsets = &mut dev.host(&mut st.key_offsets)?[..keys + 1];
+            let bag_slots = &mut dev.host(&mut st.bag_slots)?[..ids];
+            build_bag_csr(bag_index, bag_offsets, keys, key_offsets, bag_slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch's bags", e))?;
+            let b = &mut self.batch.arrays;
+            grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
+            grow(dev, &mut b.bag_index, ids)?;
+            grow(dev, &mut b.key_offsets, keys + 1)?;
+            grow(dev, &mut b.bag_slots, ids)?;
+            dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
+            dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
+            dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
+            dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
         }
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
         let rows = misses.unwrap_or(keys);
@@ -384,7 +477,10 @@ impl<D: Device> DenseModel<D> {
             }
             _ => dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?,
         }
-        dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: fields * dim })?;
+        if bags > 0 {
+            dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags, dim, stride, col: fields * dim, mean })?;
+        }
+        dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: self.layout.fields * dim })?;
         self.fill = 1 - slot;
         self.loaded = Some((batch, keys));
         self.count_moved(moved, 0);
@@ -433,9 +529,13 @@ impl<D: Device> DenseModel<D> {
     /// order): the input gradient summed per key on the device, moved to the host.
     pub fn key_grads(&mut self) -> DeviceResult<&[f32]> {
         let (batch, keys) = self.loaded()?;
-        let InputLayout { fields, dim, .. } = self.layout;
+        let (fields, dim, stride, bags) = (self.single_fields(), self.layout.dim, self.layout.width(), self.bags);
         let (dev, b) = (&self.dev, &mut self.batch);
-        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride: self.layout.width() })?;
+        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
+        if bags > 0 {
+            let a = &b.arrays;
+            dev.exec(Op::PoolBagsGrad { src: &b.dx, offsets: &a.bag_offsets, key_offsets: &a.key_offsets, slots: &a.bag_slots, out: &mut b.key_grads, segments: keys, rows: batch, bags, dim, stride, col: fields * dim, mean: self.mean })?;
+        }
         dev.download(&mut b.key_grads, keys * dim, &mut self.key_grads_host)?;
         self.count_moved(0, 4 * keys * dim);
         Ok(&dev.host(&mut self.key_grads_host)?[..keys * dim])

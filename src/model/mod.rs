@@ -15,6 +15,7 @@ pub mod net;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod optim;
+pub mod pooling;
 pub mod spec;
 
 pub use dense::{DenseModel, Part, StageMut};

@@ -2,6 +2,12 @@
 //! keys, with the keys deduplicated once for the whole step: `uniq` (sorted by key, as the
 //! sparse exchange wants them: it takes them as they are) and `inverse[s * 26 + f]` naming
 //! sample s's field f among them. Reused from step to step.
+//!
+//! A batch of a multi-hot set also carries each multi-hot field's ids per sample in CSR
+//! form (`bags` fields; bag `b` = field `b % bags` of sample `b / bags`, its ids
+//! `bag_index[bag_offsets[b]..bag_offsets[b + 1]]`), deduplicated with the single-hot keys
+//! in the same `uniq`: a key met in both is one row of the step
+//! ([`crate::model::pooling`] pools them).
 
 use crate::data::cache::Dataset;
 use crate::data::criteo::Sample;
@@ -22,6 +28,12 @@ pub struct Batch {
     pub uniq: Vec<u64>,
     /// Per (sample, field): the position of its key in `uniq`.
     pub inverse: Vec<u32>,
+    /// Multi-hot fields per sample (0: a single-hot batch).
+    pub bags: usize,
+    /// Per bag, where its ids start in `bag_index` (`len() * bags + 1` entries, from 0).
+    pub bag_offsets: Vec<u32>,
+    /// Per id of a bag, in bag order: the position of its key in `uniq`.
+    pub bag_index: Vec<u32>,
     deduper: Deduper,
 }
 
@@ -43,10 +55,7 @@ impl Batch {
     /// Reads the rows of each piece (a dataset and rows of it) in turn — a batch that
     /// spans files — and deduplicates their keys.
     pub fn load_pieces<'d, R: Iterator<Item = u32>>(&mut self, pieces: impl IntoIterator<Item = (&'d Dataset, R)>) -> DataResult<()> {
-        self.rows.clear();
-        self.labels.clear();
-        self.dense.clear();
-        self.keys.clear();
+        self.clear();
         for (ds, rows) in pieces {
             let at = self.rows.len();
             self.rows.extend(rows);
@@ -58,26 +67,89 @@ impl Batch {
     /// Takes `samples` (parsed lines or rows of a request, `ringrec serve-model`) as the
     /// batch, numbered 0.. in `rows`, and deduplicates their keys.
     pub fn load_samples(&mut self, samples: &[Sample]) -> DataResult<()> {
-        self.rows.clear();
-        self.labels.clear();
-        self.dense.clear();
-        self.keys.clear();
+        self.load_samples_with_bags(samples, 0, &[0], &[])
+    }
+
+    /// [`Batch::load_samples`] with `bags` multi-hot fields per sample: bag `b`'s keys
+    /// (field-salted like the single-hot ones) are `keys[offsets[b]..offsets[b + 1]]`.
+    /// All keys are deduplicated together. An error when the offsets do not cover
+    /// `samples.len() * bags` bags rising from 0 to `keys.len()`.
+    pub fn load_samples_with_bags(&mut self, samples: &[Sample], bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
+        let spans_all = offsets.len() == samples.len() * bags + 1 && offsets[0] == 0 && offsets.windows(2).all(|w| w[0] <= w[1]) && offsets.last().is_some_and(|l| *l as usize == keys.len());
+        if !spans_all {
+            return Err(DataError::InvalidArgument(format!("multi-hot offsets: {} entries for {} samples of {bags} bags, rising from 0 to the {} keys, expected", offsets.len(), samples.len(), keys.len())));
+        }
+        self.clear();
         for (i, s) in samples.iter().enumerate() {
             self.rows.push(i as u32);
             self.labels.push(s.label);
             self.dense.extend_from_slice(&s.dense);
             self.keys.extend_from_slice(&s.keys);
         }
+        self.bags = bags;
+        self.bag_offsets.clear();
+        self.bag_offsets.extend_from_slice(offsets);
+        self.keys.extend_from_slice(keys);
         self.index_keys()
     }
 
-    /// `uniq` and `inverse` of the loaded keys.
+    /// Empties the batch (no multi-hot fields).
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.labels.clear();
+        self.dense.clear();
+        self.keys.clear();
+        self.bags = 0;
+        self.bag_offsets.clear();
+        self.bag_offsets.push(0);
+    }
+
+    /// `uniq`, `inverse` and `bag_index` of the loaded keys (the single-hot keys first,
+    /// then the bags' keys, deduplicated together).
     fn index_keys(&mut self) -> DataResult<()> {
         self.deduper.index_keys(&self.keys).map_err(|e| DataError::InvalidArgument(e.to_string()))?;
         self.uniq.clear();
         self.uniq.extend(self.deduper.sorted_keys());
+        let single = self.keys.len() - self.bag_offsets.last().map_or(0, |n| *n as usize);
+        let mut places = self.deduper.places();
         self.inverse.clear();
-        self.inverse.extend(self.deduper.places());
+        self.inverse.extend(places.by_ref().take(single));
+        self.bag_index.clear();
+        self.bag_index.extend(places);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+
+    fn sample(first: u64) -> Sample {
+        let mut keys = [0u64; NUM_SPARSE];
+        for (f, k) in keys.iter_mut().enumerate() {
+            *k = first + f as u64;
+        }
+        Sample { label: 1.0, dense: [0.0; NUM_DENSE], keys }
+    }
+
+    #[test]
+    fn bag_keys_are_deduplicated_with_the_single_hot_keys() {
+        // Samples with keys 100..126 and 200..226; bags [5, 100], [], [5], [300, 5, 300].
+        let samples = [sample(100), sample(200)];
+        let (offsets, keys) = ([0u32, 2, 2, 3, 6], [5u64, 100, 5, 300, 5, 300]);
+        let mut b = Batch::default();
+        b.load_samples_with_bags(&samples, 2, &offsets, &keys).unwrap();
+        assert_eq!(b.uniq.len(), 2 * NUM_SPARSE + 2, "5 and 300 are new; 100 is sample 0's first key");
+        assert_eq!(b.inverse.len(), 2 * NUM_SPARSE);
+        let named: Vec<u64> = b.bag_index.iter().map(|u| b.uniq[*u as usize]).collect();
+        assert_eq!(named, keys);
+        assert_eq!(b.bag_index[1], b.inverse[0], "a key in a bag and a single-hot field is one row");
+        assert_eq!(b.bag_offsets, offsets);
+        // A plain batch after it carries no bags.
+        b.load_samples(&samples).unwrap();
+        assert_eq!((b.bags, b.bag_offsets.as_slice(), b.bag_index.len()), (0, &[0u32][..], 0));
+        assert!(b.load_samples_with_bags(&samples, 2, &[0, 2, 2], &keys).is_err());
+        assert!(b.load_samples_with_bags(&samples, 2, &[0, 2, 1, 3, 6], &keys).is_err());
     }
 }

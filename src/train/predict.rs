@@ -40,7 +40,8 @@ use crate::model::{DenseModel, DenseOptimState, DenseOptimizer};
 use crate::topology::Topology;
 
 /// Stages batch `b` for `model`: its unique keys' rows from `table`, its inverse map, dense
-/// features and labels.
+/// features and labels, and its multi-hot bags (a model and a batch with as many
+/// multi-hot fields).
 pub fn stage<D: Device>(model: &mut DenseModel<D>, table: &HostTable, b: &Batch) -> TrainResult<()> {
     stage_from(model, table.table(), b)
 }
@@ -53,6 +54,14 @@ pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, 
     st.inverse.copy_from_slice(&b.inverse);
     st.dense.copy_from_slice(&b.dense);
     st.labels.copy_from_slice(&b.labels);
+    if b.bags != model.multi_hot_fields() {
+        return Err(crate::device::DeviceError::refused("staging a batch", format!("the batch has {} multi-hot fields, the model {}", b.bags, model.multi_hot_fields())).into());
+    }
+    if b.bags > 0 {
+        let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
+        offsets.copy_from_slice(&b.bag_offsets);
+        index.copy_from_slice(&b.bag_index);
+    }
     Ok(())
 }
 

@@ -1,0 +1,170 @@
+"""PyTorch reference for the multi-hot set of issue 33 (`ringrec data synth --format parquet
+--multi-hot`): 10 single-hot fields c0..c9 and 6 list fields l0..l5 (mean length 20).
+
+Model: one nn.Embedding row per (single-hot field, id) and one nn.EmbeddingBag(mode="sum",
+sparse=True) row per (list field, id), dim 16 (a field's ids are offset by field x 100,000:
+no hashing); the 16 vectors concatenated (width 256; an empty list pools to zeros); MLP
+256 -> 256 -> ReLU -> 128 -> ReLU -> 1; BCEWithLogits, mean over the global batch. Init:
+embeddings U(-1/sqrt(dim), 1/sqrt(dim)), Linear Glorot-uniform, biases 0. Dense parameters
+Adam (lr 0.001), embeddings plain SGD (--sparse-lr 0.05) on their sparse gradients.
+Data: the first (1 - test_fraction) of the rows train, the rest test, in file order; global
+batch 1024. Test AUC exact (Mann-Whitney, ties as average ranks).
+
+--truncate cuts every list to its first id (the figure's "lists cut to their first id").
+--ddp N runs N processes (gloo on 127.0.0.1), the whole model inside
+DistributedDataParallel, each taking a disjoint slice of every global batch.
+samples/s counts the training loop only. Reads Parquet with pyarrow (scripts/bench/venv.sh
+with WITH_TORCH=1 installs it); imports nothing from ringrec.
+
+    python scripts/bench/torch_multihot.py --data target/bench-data/multihot.parquet --json
+    python scripts/bench/torch_multihot.py --data target/bench-data/multihot.parquet --truncate --json
+    python scripts/bench/torch_multihot.py --data target/bench-data/multihot.parquet --ddp 2 --threads 1 --json
+"""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+SINGLE, LISTS, VOCAB = 10, 6, 100_000
+
+
+def load(path, truncate):
+    t = pq.read_table(path)
+    labels = t.column("label").to_numpy().astype(np.float32)
+    single = np.stack([t.column(f"c{f}").to_numpy() + f * VOCAB for f in range(SINGLE)], axis=1).astype(np.int64)
+    lists = []
+    for g in range(LISTS):
+        arr = t.column(f"l{g}").combine_chunks()
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        values = arr.values.to_numpy().astype(np.int64) + g * VOCAB
+        if truncate:
+            lens = np.minimum(np.diff(offsets), 1)
+            values = values[offsets[:-1][lens == 1]]
+            offsets = np.concatenate([[0], np.cumsum(lens)])
+        lists.append((offsets, values))
+    return labels, single, lists
+
+
+def bag_batch(lists, rows):
+    """Per list field: (flat ids, per-row starts) of the rows `rows` (a range)."""
+    out = []
+    for offsets, values in lists:
+        lo, hi = offsets[rows.start], offsets[rows.stop]
+        out.append((torch.from_numpy(values[lo:hi]), torch.from_numpy(offsets[rows.start:rows.stop] - lo)))
+    return out
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        bound = 1.0 / dim ** 0.5
+        self.single = nn.Embedding(SINGLE * VOCAB, dim, sparse=True)
+        self.bags = nn.EmbeddingBag(LISTS * VOCAB, dim, mode="sum", sparse=True)
+        for e in (self.single, self.bags):
+            nn.init.uniform_(e.weight, -bound, bound)
+        layers, width = [], (SINGLE + LISTS) * dim
+        for out in (256, 128):
+            layers += [nn.Linear(width, out), nn.ReLU()]
+            width = out
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+        for m in self.mlp:
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, single, bags):
+        parts = [self.single(single).flatten(1)] + [self.bags(ids, starts) for ids, starts in bags]
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+
+
+def auc(scores, labels):
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    pos = labels == 1
+    n_pos, n_neg = pos.sum(), (~pos).sum()
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def run(rank, world, args, out):
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
+    if world > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    labels, single, lists = load(args.data, args.truncate)
+    n = len(labels)
+    n_train = int(n * (1 - args.test_fraction))
+    model = Model()
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    dense = torch.optim.Adam([p for name, p in model.named_parameters() if name.startswith("mlp")], lr=1e-3)
+    sparse = torch.optim.SGD([model.single.weight, model.bags.weight], lr=args.sparse_lr)
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    start = time.perf_counter()
+    for _ in range(args.epochs):
+        for b0 in range(0, n_train, args.batch):
+            b1 = min(b0 + args.batch, n_train)
+            per = (b1 - b0 + world - 1) // world
+            rows = range(b0 + rank * per, min(b0 + (rank + 1) * per, b1))
+            if len(rows) == 0:
+                rows = range(b0, b0)
+            logits = net(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))
+            loss = loss_fn(logits, torch.from_numpy(labels[rows.start:rows.stop])) * (world / (b1 - b0))
+            dense.zero_grad()
+            sparse.zero_grad()
+            loss.backward()
+            dense.step()
+            sparse.step()
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        with torch.no_grad():
+            scores = []
+            for b0 in range(n_train, n, 8192):
+                rows = range(b0, min(b0 + 8192, n))
+                scores.append(torch.sigmoid(model(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))).numpy())
+        scores = np.concatenate(scores) if scores else np.zeros(0)
+        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate)
+        if world > 1:
+            print(json.dumps(out) if args.json else out, flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument("--sparse-lr", type=float, default=0.05)
+    p.add_argument("--truncate", action="store_true")
+    p.add_argument("--ddp", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.ddp > 1:
+        torch.multiprocessing.spawn(run, args=(args.ddp, args, {}), nprocs=args.ddp)
+        return
+    out = {}
+    run(0, 1, args, out)
+    print(json.dumps(out) if args.json else out)
+
+
+if __name__ == "__main__":
+    main()

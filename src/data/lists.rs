@@ -1,0 +1,183 @@
+//! Multi-hot list columns of a Parquet file (issue 33) read into bags: per row and list
+//! field, its ids hashed with the field's number into keys of the one host table, in CSR
+//! form — the ids of field `g` of row `r` are `keys[offsets[r * fields + g]..offsets[r *
+//! fields + g + 1]]`, rows in file order, fields in the order named. List field `g` is
+//! categorical field number `NUM_SPARSE + g` (after the single-hot slots), so a list id
+//! never shares a key with a single-hot id of another field. A null list and an empty one
+//! are both an empty bag (counted); a null element is left out (counted).
+//!
+//! This is what the version-4 cache's `spans` and `ids` sections are to hold (not written
+//! yet: see docs/data.md); [`crate::train::batch::Batch::load_samples_with_bags`] takes
+//! the same CSR.
+
+use std::path::Path;
+
+use ::parquet::column::reader::ColumnReader;
+use ::parquet::file::reader::{FileReader, SerializedFileReader};
+
+use super::criteo::{EMPTY_KEY, FIELD_SALT, NUM_SPARSE};
+use super::error::{DataError, DataResult};
+use crate::hash::splitmix64;
+
+/// The key of id `id` of list field `g` (categorical field `NUM_SPARSE + g`, salted as
+/// [`super::criteo::category_key`] salts the single-hot fields).
+pub fn list_key(g: usize, id: u64) -> u64 {
+    let salt = splitmix64(FIELD_SALT.wrapping_add((NUM_SPARSE + g) as u64));
+    let k = splitmix64(salt ^ id);
+    if k == EMPTY_KEY {
+        EMPTY_KEY - 1
+    } else {
+        k
+    }
+}
+
+/// Bags of a file's list columns (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bags {
+    /// List fields per row.
+    pub fields: usize,
+    /// Where each bag's keys start (`rows * fields + 1` entries, from 0).
+    pub offsets: Vec<u32>,
+    /// The keys of every bag, bag after bag.
+    pub keys: Vec<u64>,
+    /// Null or empty lists.
+    pub empty: u64,
+    /// Null elements left out.
+    pub null_elements: u64,
+}
+
+impl Bags {
+    /// Rows read.
+    pub fn rows(&self) -> usize {
+        (self.offsets.len() - 1).checked_div(self.fields).unwrap_or(0)
+    }
+}
+
+/// One list column of one row group: per row its ids (hashed), appended to `ids`, and
+/// their count to `lens`. A level of definition `max_def` is an id; one below `list_def`
+/// (the definition level of a list with an element) that starts a row is a null or empty
+/// list; any other, a null element.
+fn read_list(r: ColumnReader, g: usize, rows: usize, (max_def, list_def): (i16, i16), lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64)) -> Result<(), String> {
+    let mut col = match r {
+        ColumnReader::Int64ColumnReader(r) => r,
+        ColumnReader::Int32ColumnReader(_) => return Err("a list of int32 ids; ringrec reads lists of int64 ids".into()),
+        _ => return Err("a list of non-integer values; a multi-hot field is a list of int64 ids".into()),
+    };
+    let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    let mut done = 0usize;
+    while done < rows {
+        defs.clear();
+        reps.clear();
+        values.clear();
+        let (records, _, levels) = col.read_records(rows - done, Some(&mut defs), Some(&mut reps), &mut values).map_err(|e| e.to_string())?;
+        if records == 0 {
+            return Err(format!("the column ends at row {done} of the group's {rows}"));
+        }
+        let mut vi = values.iter();
+        for i in 0..levels {
+            if reps[i] == 0 {
+                lens.push(0);
+                if defs[i] < list_def {
+                    counts.0 += 1;
+                    continue;
+                }
+            }
+            if defs[i] == max_def {
+                let id = vi.next().ok_or("fewer values than definition levels")?;
+                ids.push(list_key(g, *id as u64));
+                *lens.last_mut().ok_or("a list continues before it starts")? += 1;
+            } else {
+                counts.1 += 1;
+            }
+        }
+        done += records;
+    }
+    Ok(())
+}
+
+/// The bags of the list columns `names` of the Parquet file `path`, every row group in
+/// order. An error names the file, the row group and the column.
+pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
+    let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })?;
+    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+    let mut columns = Vec::with_capacity(names.len());
+    for name in names {
+        let at = (0..descr.num_columns()).find(|i| descr.column(*i).path().parts().first() == Some(name));
+        let at = at.filter(|i| descr.column(*i).max_rep_level() == 1).ok_or_else(|| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{name}`"), detail: "no such list column (a multi-hot field is a list of int64 ids)".into() })?;
+        columns.push(at);
+    }
+    let mut bags = Bags { fields: names.len(), offsets: vec![0], ..Default::default() };
+    let mut counts = (0u64, 0u64);
+    for rg in 0..reader.num_row_groups() {
+        let fail = |at: String, detail: String| DataError::Parquet { path: path.to_path_buf(), at, detail };
+        let group = reader.get_row_group(rg).map_err(|e| fail(format!("row group {rg}"), e.to_string()))?;
+        let rows = usize::try_from(group.metadata().num_rows()).map_err(|_| fail(format!("row group {rg}"), "a negative row count".into()))?;
+        let (mut lens, mut ids) = (Vec::with_capacity(rows * names.len()), Vec::new());
+        let mut per_field = Vec::with_capacity(names.len());
+        for (g, (&c, name)) in columns.iter().zip(names).enumerate() {
+            let (start_len, start_id) = (lens.len(), ids.len());
+            let r = group.get_column_reader(c).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e.to_string()))?;
+            let leaf = descr.column(c);
+            let max_def = leaf.max_def_level();
+            let list_def = max_def - i16::from(leaf.self_type().is_optional());
+            read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, &mut counts).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
+            if lens.len() - start_len != rows {
+                return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
+            }
+            per_field.push((start_len, start_id));
+        }
+        // Interleave: row by row, field by field.
+        let mut next: Vec<usize> = per_field.iter().map(|(_, id)| *id).collect();
+        for r in 0..rows {
+            for (g, (start_len, _)) in per_field.iter().enumerate() {
+                let n = lens[start_len + r] as usize;
+                bags.keys.extend_from_slice(&ids[next[g]..next[g] + n]);
+                next[g] += n;
+                let end = u32::try_from(bags.keys.len()).map_err(|_| fail(format!("row group {rg}"), format!("more than {} list ids in one file", u32::MAX)))?;
+                bags.offsets.push(end);
+            }
+        }
+    }
+    (bags.empty, bags.null_elements) = counts;
+    Ok(bags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::multihot::{synth_multi_hot, LIST_FIELDS};
+
+    #[test]
+    fn the_synth_sets_lists_read_back_as_bags() {
+        let dir = std::env::temp_dir().join(format!("ringrec-lists-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.parquet");
+        let s = synth_multi_hot(&path, 40_000, 7).unwrap();
+        let names: Vec<String> = (0..LIST_FIELDS).map(|g| format!("l{g}")).collect();
+        let bags = read_bags(&path, &names).unwrap();
+        assert_eq!(bags.rows(), 40_000, "two row groups read in order");
+        assert_eq!(bags.keys.len() as u64, s.list_ids);
+        assert!(bags.empty > 0 && bags.empty == bags.offsets.windows(2).filter(|w| w[0] == w[1]).count() as u64);
+        assert_eq!(bags.null_elements, 0);
+        assert!(bags.keys.iter().all(|k| *k != EMPTY_KEY));
+        // Two fields, in the other order: the same lists, swapped in each row (salted by
+        // their place in the order named).
+        let two = read_bags(&path, &["l1".to_string(), "l0".to_string()]).unwrap();
+        fn bag(b: &Bags, i: usize) -> &[u64] {
+            &b.keys[b.offsets[i] as usize..b.offsets[i + 1] as usize]
+        }
+        let (k0, k1) = (bag(&bags, 3 * LIST_FIELDS), bag(&bags, 3 * LIST_FIELDS + 1));
+        assert_eq!(bag(&two, 3 * 2 + 1).len(), k0.len());
+        assert_eq!(bag(&two, 3 * 2).len(), k1.len());
+        let e = read_bags(&path, &["c0".to_string()]).unwrap_err().to_string();
+        assert!(e.contains("`c0`") && e.contains("no such list column"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn list_keys_are_salted_by_field() {
+        assert_ne!(list_key(0, 5), list_key(1, 5));
+        assert_ne!(list_key(0, 5), crate::data::criteo::category_key(0, 5));
+    }
+}

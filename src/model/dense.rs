@@ -315,10 +315,10 @@ impl<D: Device> DenseModel<D> {
             grow_staging(&self.dev, source, keys, Direction::ToDevice)?;
         }
         self.stage_rows(batch, keys, misses)?;
-        let st = &mut self.stages[self.fill];
-        st.misses = Some(misses);
         let InputLayout { dim, ndense, .. } = self.layout;
         let fields = self.single_fields();
+        let st = &mut self.stages[self.fill];
+        st.misses = Some(misses);
         let dev = &self.dev;
         let a = &mut st.arrays;
         let source = st.source.as_mut().ok_or_else(|| DeviceError::refused("staging sources", "no staging buffer"))?;

@@ -11,16 +11,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-gpu-cache-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::scratch(&format!("gpu-cache-{name}"))
 }
 
 fn data_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringrec-gpu-cache-test-{}-data", std::process::id()));
-    std::fs::create_dir_all(&d).expect("data dir");
-    d
+    common::shared_scratch("gpu-cache-data")
 }
 
 /// 12 steps of 240 samples at dim 16 (a few thousand distinct keys per step).

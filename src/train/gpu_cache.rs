@@ -297,6 +297,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = TableConfig { optimizer, ..TableConfig::new(DIM as u32, 1024) };
         let mut t = EmbeddingTable::create(&dir.join("t.rrt"), &cfg).unwrap();
+        // The mapping outlives the file's name: nothing is left in the temp directory.
+        std::fs::remove_dir_all(&dir).unwrap();
         let all: Vec<u64> = (0..keys).collect();
         t.apply_updates(&all, &grads(&mut Stream(99), all.len()), LR).unwrap();
         t

@@ -113,12 +113,21 @@ pub const CHECKSUM_AT: usize = 232;
 pub const HEADER_FIELDS_V3: usize = 272;
 /// Offset of a version-3 header's checksum.
 pub const CHECKSUM_AT_V3: usize = 264;
+/// Bytes of a version-4 header (a cache with multi-hot lists) that carry fields.
+pub const HEADER_FIELDS_V4: usize = 296;
+/// Offset of a version-4 header's checksum.
+pub const CHECKSUM_AT_V4: usize = 288;
+/// Most list fields a version-4 header may declare (a sanity bound; the model pools fewer).
+pub const MAX_LIST_FIELDS: u32 = 1024;
 /// The dataset cache format without weights (magic `RRDATA`, version 2): what every TSV
 /// without `--weight-column` is prepared into.
 pub static FORMAT: Format = BASE_FORMAT;
 /// The dataset cache format with a weight column (version 3: version 2 and a weights
 /// section; see the module docs).
 pub static FORMAT_V3: Format = Format { version: 3, checksum_at: CHECKSUM_AT_V3, ..BASE_FORMAT };
+/// The dataset cache format with multi-hot list fields (version 4: version 2 and the
+/// lists' spans, ids and names; see the module docs).
+pub static FORMAT_V4: Format = Format { version: 4, checksum_at: CHECKSUM_AT_V4, ..BASE_FORMAT };
 const BASE_FORMAT: Format = Format {
     magic: *b"RRDATA\0\0",
     version: 2,
@@ -145,6 +154,10 @@ pub(crate) const LABEL_BYTES: u64 = 4;
 pub(crate) const WEIGHT_BYTES: u64 = 4;
 pub(crate) const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
 pub(crate) const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
+/// Bytes of one span (start and end of a bag among the ids, u64 each).
+pub(crate) const SPAN_BYTES: u64 = 16;
+/// Bytes of one list id.
+pub(crate) const ID_BYTES: u64 = 8;
 const BLOCK: u64 = CHECKSUM_BLOCK as u64;
 /// Blocks [`Dataset::verify`] checks at a time (in parallel) before it hands their pages
 /// back: at least this many, and one a thread of the rayon pool.
@@ -169,6 +182,20 @@ pub struct CacheLayout {
     pub weights_offset: u64,
     /// Their length (`rows * 4`; 0 without weights).
     pub weights_len: u64,
+    /// Start of the lists' spans (version 4: per row and list field its ids' start and end
+    /// among the ids, u64 each; `sums_offset` in a cache without lists).
+    pub spans_offset: u64,
+    /// Their length (`rows * list fields * 16`; 0 without lists).
+    pub spans_len: u64,
+    /// Start of the lists' ids (field-salted keys, u64 each; row groups' ids at their own
+    /// places, with gaps).
+    pub ids_offset: u64,
+    /// Their length (room for the ids, `capacity * 8`; 0 without lists).
+    pub ids_len: u64,
+    /// Start of the list fields' names (UTF-8, separated by NUL bytes).
+    pub names_offset: u64,
+    /// Their length in bytes (0 without lists).
+    pub names_len: u64,
     /// Start of the block sums (u32 per block of the column sections).
     pub sums_offset: u64,
     /// Their length (4 bytes per block).
@@ -182,22 +209,37 @@ impl CacheLayout {
     /// weights section when `weighted` (version 3); `None` on overflow or when
     /// `rows > row_capacity`.
     pub fn compute(rows: u64, row_capacity: u64, weighted: bool) -> Option<CacheLayout> {
-        if rows > row_capacity {
+        CacheLayout::compute_with(rows, row_capacity, weighted, None)
+    }
+
+    /// [`CacheLayout::compute`] with the list sections of `lists` (version 4; not with
+    /// weights: `None` then).
+    pub fn compute_with(rows: u64, row_capacity: u64, weighted: bool, lists: Option<ListShape>) -> Option<CacheLayout> {
+        if rows > row_capacity || (weighted && lists.is_some()) {
             return None;
         }
         let labels_offset = HEADER_LEN;
         let dense_offset = align_up(labels_offset.checked_add(row_capacity.checked_mul(LABEL_BYTES)?)?)?;
         let keys_offset = align_up(dense_offset.checked_add(row_capacity.checked_mul(DENSE_BYTES)?)?)?;
         let weights_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
-        let sums_offset = if weighted { align_up(weights_offset.checked_add(row_capacity.checked_mul(WEIGHT_BYTES)?)?)? } else { weights_offset };
+        let spans_offset = if weighted { align_up(weights_offset.checked_add(row_capacity.checked_mul(WEIGHT_BYTES)?)?)? } else { weights_offset };
+        let (ids_offset, names_offset, sums_offset) = match lists {
+            None => (spans_offset, spans_offset, spans_offset),
+            Some(s) => {
+                let ids_offset = align_up(spans_offset.checked_add(row_capacity.checked_mul(u64::from(s.fields))?.checked_mul(SPAN_BYTES)?)?)?;
+                let names_offset = align_up(ids_offset.checked_add(s.id_capacity.checked_mul(ID_BYTES)?)?)?;
+                (ids_offset, names_offset, align_up(names_offset.checked_add(s.names_len)?)?)
+            }
+        };
         // Each extent is under 2^64 bytes, so under 2^44 blocks: the sum and `* 4` cannot overflow.
-        let extents = [dense_offset - labels_offset, keys_offset - dense_offset, weights_offset - keys_offset, sums_offset - weights_offset];
+        let extents = [dense_offset - labels_offset, keys_offset - dense_offset, weights_offset - keys_offset, spans_offset - weights_offset, ids_offset - spans_offset, names_offset - ids_offset, sums_offset - names_offset];
         let blocks: u64 = extents.iter().map(|e| e.div_ceil(BLOCK)).sum();
         let sums_len = blocks * 4;
         let file_len = sums_offset.checked_add(sums_len)?;
         if file_len > isize::MAX as u64 {
             return None;
         }
+        let (fields, id_capacity, names_len) = lists.map_or((0, 0, 0), |s| (u64::from(s.fields), s.id_capacity, s.names_len));
         Some(CacheLayout {
             labels_offset,
             labels_len: rows * LABEL_BYTES,
@@ -207,6 +249,12 @@ impl CacheLayout {
             keys_len: rows * KEYS_BYTES,
             weights_offset,
             weights_len: if weighted { rows * WEIGHT_BYTES } else { 0 },
+            spans_offset,
+            spans_len: rows * fields * SPAN_BYTES,
+            ids_offset,
+            ids_len: id_capacity * ID_BYTES,
+            names_offset,
+            names_len,
             sums_offset,
             sums_len,
             file_len,
@@ -215,15 +263,34 @@ impl CacheLayout {
 
     /// The checksummed sections in the order of their sums: name, offset and extent (bytes
     /// up to the next section, padding included; the weights' extent is 0 without weights,
-    /// so a version-2 file has the sums of its three sections only).
-    pub fn checksummed(&self) -> [(&'static str, u64, u64); 4] {
+    /// the lists' without lists, so a version-2 file has the sums of its three sections only).
+    pub fn checksummed(&self) -> [(&'static str, u64, u64); 7] {
         [
             ("labels", self.labels_offset, self.dense_offset.saturating_sub(self.labels_offset)),
             ("dense", self.dense_offset, self.keys_offset.saturating_sub(self.dense_offset)),
             ("keys", self.keys_offset, self.weights_offset.saturating_sub(self.keys_offset)),
-            ("weights", self.weights_offset, self.sums_offset.saturating_sub(self.weights_offset)),
+            ("weights", self.weights_offset, self.spans_offset.saturating_sub(self.weights_offset)),
+            ("spans", self.spans_offset, self.ids_offset.saturating_sub(self.spans_offset)),
+            ("ids", self.ids_offset, self.names_offset.saturating_sub(self.ids_offset)),
+            ("names", self.names_offset, self.sums_offset.saturating_sub(self.names_offset)),
         ]
     }
+}
+
+/// The shape of a version-4 cache's list sections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ListShape {
+    /// List (multi-hot) fields per row.
+    pub fields: u32,
+    /// Room for ids in the ids section.
+    pub id_capacity: u64,
+    /// Bytes of the fields' names (NUL-separated).
+    pub names_len: u64,
+}
+
+/// The names section's bytes of list fields `names` (NUL-separated, UTF-8).
+pub fn encode_list_names(names: &[String]) -> Vec<u8> {
+    names.join("\0").into_bytes()
 }
 
 /// What `stat` says of a source TSV: the identity a cache is keyed and reused by.
@@ -275,6 +342,9 @@ pub struct CacheHeader {
     /// `--weight-column`: the 1-based field of each source line that held the row's weight
     /// (the file is then version 3, with a weights section); `None`: version 2.
     pub weight_column: Option<u32>,
+    /// Multi-hot list fields per row (the file is then version 4, with spans, ids and
+    /// names sections); 0: none.
+    pub list_fields: u32,
     /// The source TSV's size, times and inode when it was read.
     pub source: SourceStat,
     /// CRC-32 of the whole source TSV (its content digest).
@@ -287,10 +357,13 @@ pub struct CacheHeader {
     pub layout: CacheLayout,
 }
 
-/// The format of a cache with weights (version 3) or without (version 2).
-fn format_of(weighted: bool) -> &'static Format {
+/// The format of a cache with weights (version 3), with lists (version 4) or with neither
+/// (version 2).
+fn format_of(weighted: bool, lists: bool) -> &'static Format {
     if weighted {
         &FORMAT_V3
+    } else if lists {
+        &FORMAT_V4
     } else {
         &FORMAT
     }
@@ -306,9 +379,15 @@ fn bad_line_kinds(weighted: bool) -> usize {
 }
 
 impl CacheHeader {
-    /// The format of the file: version 3 with a weight column, else version 2.
+    /// The format of the file: version 3 with a weight column, 4 with lists, else 2.
     pub fn format(&self) -> &'static Format {
-        format_of(self.weight_column.is_some())
+        format_of(self.weight_column.is_some(), self.list_fields > 0)
+    }
+
+    /// The list sections' shape (`None` without lists).
+    pub fn lists(&self) -> Option<ListShape> {
+        let l = &self.layout;
+        (self.list_fields > 0).then_some(ListShape { fields: self.list_fields, id_capacity: l.ids_len / ID_BYTES, names_len: l.names_len })
     }
 
     /// Encodes the header fields and their checksum (bytes `0..HEADER_FIELDS`, or
@@ -341,6 +420,13 @@ impl CacheHeader {
             wr_u64(&mut b, 248, l.weights_len);
             wr_u32(&mut b, 256, column);
         }
+        if self.list_fields > 0 {
+            wr_u32(&mut b, 232, self.list_fields);
+            let lists = [l.spans_offset, l.spans_len, l.ids_offset, l.ids_len, l.names_offset, l.names_len];
+            for (i, v) in lists.into_iter().enumerate() {
+                wr_u64(&mut b, 240 + 8 * i, v);
+            }
+        }
         format.seal(&mut b);
         b
     }
@@ -348,9 +434,10 @@ impl CacheHeader {
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` its
     /// real length. Arbitrary bytes give an error, never a panic.
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
-        // Version 3 (and a newer one, so that its error names the newest version read).
-        let v3 = bytes.len() >= 12 && rd_u32(bytes, 8) >= FORMAT_V3.version;
-        let format = format_of(v3);
+        // Version 3, or 4 (and a newer one, so that its error names the newest version read).
+        let version = if bytes.len() >= 12 { rd_u32(bytes, 8) } else { 0 };
+        let (v3, v4) = (version == FORMAT_V3.version, version >= FORMAT_V4.version);
+        let format = format_of(v3, v4);
         format.check(path, bytes, file_len)?;
         let bad = |field: &'static str, detail: String| DataError::from(format.bad(path, field, detail));
         let expect_u32 = |at: usize, field: &'static str, want: u32| {
@@ -381,6 +468,19 @@ impl CacheHeader {
         } else {
             None
         };
+        let list_fields = if v4 {
+            expect_u32(236, "reserved", 0)?;
+            let n = rd_u32(bytes, 232);
+            if n == 0 || n > MAX_LIST_FIELDS {
+                return Err(bad("list_fields", format!("{n}, expected 1 to {MAX_LIST_FIELDS}")));
+            }
+            if rd_u64(bytes, 264) % ID_BYTES != 0 {
+                return Err(bad("ids_len", format!("{} bytes, not a whole number of ids", rd_u64(bytes, 264))));
+            }
+            n
+        } else {
+            0
+        };
         if rows > row_capacity {
             return Err(bad("rows", format!("{rows} rows exceed the row capacity {row_capacity}")));
         }
@@ -398,14 +498,21 @@ impl CacheHeader {
             dense_len: g(3),
             keys_offset: g(4),
             keys_len: g(5),
-            weights_offset: if v3 { rd_u64(bytes, 240) } else { g(6) },
+            weights_offset: if v3 || v4 { rd_u64(bytes, 240) } else { g(6) },
             weights_len: if v3 { rd_u64(bytes, 248) } else { 0 },
+            spans_offset: if v4 { rd_u64(bytes, 240) } else { g(6) },
+            spans_len: if v4 { rd_u64(bytes, 248) } else { 0 },
+            ids_offset: if v4 { rd_u64(bytes, 256) } else { g(6) },
+            ids_len: if v4 { rd_u64(bytes, 264) } else { 0 },
+            names_offset: if v4 { rd_u64(bytes, 272) } else { g(6) },
+            names_len: if v4 { rd_u64(bytes, 280) } else { 0 },
             sums_offset: g(6),
             sums_len: g(7),
             file_len: g(8),
         };
         let bad_layout = |detail: String| DataError::from(format.layout(path, detail));
-        let want = CacheLayout::compute(rows, row_capacity, v3).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
+        let lists = v4.then(|| ListShape { fields: list_fields, id_capacity: rd_u64(bytes, 264) / ID_BYTES, names_len: rd_u64(bytes, 280) });
+        let want = CacheLayout::compute_with(rows, row_capacity, v3, lists).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
         if stored_layout != want {
             return Err(bad_layout(format!("sections {stored_layout:?} differ from the layout of {rows} rows in room for {row_capacity}: {want:?}")));
         }
@@ -422,6 +529,7 @@ impl CacheHeader {
             bad_lines,
             bad_counts,
             weight_column,
+            list_fields,
             source,
             source_crc32: rd_u32(bytes, 96),
             prepared_ns: rd_u64(bytes, 104),
@@ -482,6 +590,8 @@ pub struct Dataset {
     path: PathBuf,
     map: Mmap,
     header: CacheHeader,
+    /// The list fields' names (version 4; empty without lists).
+    list_names: Vec<String>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -495,9 +605,33 @@ impl Dataset {
     /// block's CRC-32 ([`Dataset::verify`]). A damaged file is an error naming it, the
     /// section and the bytes that differ.
     pub fn open(path: &Path) -> DataResult<Dataset> {
-        let ds = Dataset::map(path)?;
+        let mut ds = Dataset::map(path)?;
         ds.verify()?;
+        ds.list_names = ds.check_lists()?;
         Ok(ds)
+    }
+
+    /// A version-4 file's list names, after checking that they are as many as its list
+    /// fields, and that every span lies inside the ids section (so that [`Dataset::bag`]
+    /// slices in bounds). Checksummed sections can still be forged: this keeps such a file
+    /// an error, never a panic.
+    fn check_lists(&self) -> DataResult<Vec<String>> {
+        let Some(shape) = self.header.lists() else { return Ok(Vec::new()) };
+        let format = self.header.format();
+        let l = &self.header.layout;
+        let bad = |field: &'static str, detail: String| DataError::from(format.bad(&self.path, field, detail));
+        let text = std::str::from_utf8(self.section(l.names_offset, l.names_len)).map_err(|e| bad("names", format!("not UTF-8: {e}")))?;
+        let names: Vec<String> = text.split('\0').map(str::to_string).collect();
+        if names.len() != shape.fields as usize || names.iter().any(String::is_empty) {
+            return Err(bad("names", format!("{} names ({text:?}) for {} list fields", names.len(), shape.fields)));
+        }
+        let fields = shape.fields as usize;
+        for (i, span) in self.spans_all().chunks_exact(2).enumerate() {
+            if span[0] > span[1] || span[1] > shape.id_capacity {
+                return Err(bad("spans", format!("row {} field `{}`: ids {}..{} outside the {} ids", i / fields, names[i % fields], span[0], span[1], shape.id_capacity)));
+            }
+        }
+        Ok(names)
     }
 
     /// Maps `path` after checking its header and layout (not its sections' sums).
@@ -506,7 +640,7 @@ impl Dataset {
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
         // reported before anything is mapped.
-        let mut head = vec![0u8; HEADER_FIELDS_V3.min(len as usize)];
+        let mut head = vec![0u8; HEADER_FIELDS_V4.min(len as usize)];
         file.read_exact_at(&mut head, 0).map_err(|e| DataError::io(path, "read", e))?;
         CacheHeader::parse(path, &head, len)?;
         // SAFETY: the mapping is read-only and cache files are never modified in place:
@@ -516,7 +650,7 @@ impl Dataset {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| DataError::io(path, "map", e))?;
         // Parse again from the mapping itself: the one the accessors trust.
         let header = CacheHeader::parse(path, &map, map.len() as u64)?;
-        Ok(Dataset { path: path.to_path_buf(), map, header })
+        Ok(Dataset { path: path.to_path_buf(), map, header, list_names: Vec::new() })
     }
 
     /// Checks every byte after the header fields: the rest of the header page is zero, the
@@ -688,6 +822,57 @@ impl Dataset {
         self.header.weight_column.map(|_| bytemuck::cast_slice(self.section(l.weights_offset, l.weights_len)))
     }
 
+    /// Multi-hot list fields per row (version 4; 0 without lists).
+    pub fn list_fields(&self) -> usize {
+        self.list_names.len()
+    }
+
+    /// The list fields' names, in their order in each row (empty without lists).
+    pub fn list_names(&self) -> &[String] {
+        &self.list_names
+    }
+
+    /// Every row's spans, row-major: per row and list field its ids' start and end in
+    /// [`Dataset::ids_all`] (`len() * list_fields() * 2` values).
+    pub fn spans_all(&self) -> &[u64] {
+        let l = &self.header.layout;
+        bytemuck::cast_slice(self.section(l.spans_offset, l.spans_len))
+    }
+
+    /// The ids section (the lists' field-salted keys, with the gaps row groups left).
+    pub fn ids_all(&self) -> &[u64] {
+        let l = &self.header.layout;
+        bytemuck::cast_slice(self.section(l.ids_offset, l.ids_len))
+    }
+
+    /// The keys of list field `g` of row `i`. Panics when `i >= len()` or `g >=
+    /// list_fields()`.
+    pub fn bag(&self, i: usize, g: usize) -> &[u64] {
+        let at = 2 * (i * self.list_fields() + g);
+        let span = &self.spans_all()[at..at + 2];
+        // Spans were checked against the ids section when the file was opened.
+        &self.ids_all()[span[0] as usize..span[1] as usize]
+    }
+
+    /// Appends the bags of rows `indices` (each row's list fields in order) to `keys`, and
+    /// after each bag its end (the length of `keys`) to `ends`: the CSR of
+    /// [`crate::train::batch::Batch`]. An index past the end gives
+    /// [`DataError::RowOutOfRange`]; more than `u32::MAX` ids an error.
+    pub fn append_bags<I: RowIndex>(&self, indices: &[I], ends: &mut Vec<u32>, keys: &mut Vec<u64>) -> DataResult<()> {
+        let fields = self.list_fields();
+        for &i in indices {
+            let i = i.as_index();
+            if i >= self.len() {
+                return Err(DataError::RowOutOfRange { index: i, rows: self.len() });
+            }
+            for g in 0..fields {
+                keys.extend_from_slice(self.bag(i, g));
+                ends.push(u32::try_from(keys.len()).map_err(|_| DataError::InvalidArgument(format!("more than {} multi-hot ids in one batch", u32::MAX)))?);
+            }
+        }
+        Ok(())
+    }
+
     /// Label of row `i`. Panics when `i >= len()`, like slice indexing.
     pub fn label(&self, i: usize) -> f32 {
         self.labels()[i]
@@ -748,7 +933,7 @@ pub fn cache_path(tsv: &Path, cache_dir: &Path) -> DataResult<PathBuf> {
 /// version-2 cache of [`cache_path`]; a column: a version-3 cache whose name also covers the
 /// column, so caches of one TSV read with and without it, or with another, never meet).
 pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) -> DataResult<PathBuf> {
-    let version = format_of(weight_column.is_some()).version;
+    let version = format_of(weight_column.is_some(), false).version;
     cache_path_of(tsv, cache_dir, version, weight_column, &[])
 }
 
@@ -765,7 +950,7 @@ pub fn cache_path_with(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> D
             schema.push(0);
         }
     }
-    let version = format_of(opts.weight_column.is_some()).version;
+    let version = format_of(opts.weight_column.is_some(), false).version;
     cache_path_of(tsv, cache_dir, version, opts.weight_column, &schema)
 }
 
@@ -813,6 +998,7 @@ mod tests {
             bad_lines: 1,
             bad_counts: [0, 1, 0, 0, 0, 0, 0],
             weight_column: None,
+            list_fields: 0,
             source: SourceStat { size: 1234, mtime_ns: 5678, ctime_ns: 10 * RACY_NS, inode: 42 },
             source_crc32: 0xdead_beef,
             prepared_ns: 12 * RACY_NS,
@@ -831,14 +1017,14 @@ mod tests {
         // One block per section (each under 1 MiB), 4 bytes each, and the file ends there.
         assert_eq!(l.sums_len, 12);
         assert_eq!(l.file_len, 8192 + 53248 + 208_896 + 12);
-        assert_eq!(l.checksummed(), [("labels", 4096, 4096), ("dense", 8192, 53248), ("keys", 61440, 208_896), ("weights", 270_336, 0)]);
+        assert_eq!(l.checksummed(), [("labels", 4096, 4096), ("dense", 8192, 53248), ("keys", 61440, 208_896), ("weights", 270_336, 0), ("spans", 270_336, 0), ("ids", 270_336, 0), ("names", 270_336, 0)]);
         // 10,000 rows: the keys' 2,080,768 bytes are two blocks.
         let l = CacheLayout::compute(10_000, 10_000, false).unwrap();
-        assert_eq!(l.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 0]);
+        assert_eq!(l.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 0, 0, 0, 0]);
         assert_eq!(l.sums_len, 16);
         // With weights: one section more after the keys, one block more of sums.
         let w = CacheLayout::compute(10_000, 10_000, true).unwrap();
-        assert_eq!(w.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 40960]);
+        assert_eq!(w.checksummed().map(|(_, _, e)| e), [40960, 520_192, 2_080_768, 40960, 0, 0, 0]);
         assert_eq!((w.weights_offset, w.weights_len, w.sums_offset, w.sums_len), (l.sums_offset, 40_000, l.sums_offset + 40960, 20));
         let empty = CacheLayout::compute(0, 0, false).unwrap();
         assert_eq!((empty.sums_offset, empty.sums_len, empty.file_len), (4096, 0, 4096));

@@ -6,14 +6,15 @@
 //! never shares a key with a single-hot id of another field. A null list and an empty one
 //! are both an empty bag (counted); a null element is left out (counted).
 //!
-//! This is what the version-4 cache's `spans` and `ids` sections are to hold (not written
-//! yet: see docs/data.md); [`crate::train::batch::Batch::load_samples_with_bags`] takes
-//! the same CSR.
+//! `data prepare` writes them into a version-4 cache's `spans` and `ids` sections
+//! ([`super::parquet_file::prepare`], row group by row group: [`read_group_bags`]);
+//! [`crate::train::batch::Batch::load_samples_with_bags`] takes the same CSR.
 
 use std::path::Path;
 
 use ::parquet::column::reader::ColumnReader;
 use ::parquet::file::reader::{FileReader, SerializedFileReader};
+use ::parquet::schema::types::SchemaDescriptor;
 
 use super::criteo::{EMPTY_KEY, FIELD_SALT, NUM_SPARSE};
 use super::error::{DataError, DataResult};
@@ -95,48 +96,74 @@ fn read_list(r: ColumnReader, g: usize, rows: usize, (max_def, list_def): (i16, 
     Ok(())
 }
 
-/// The bags of the list columns `names` of the Parquet file `path`, every row group in
-/// order. An error names the file, the row group and the column.
-pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
-    let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })?;
-    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+/// The leaf columns of the list columns `names` of a file whose schema is `descr`, in that
+/// order; an error names the first that is not a list of int64 ids.
+pub(crate) fn list_columns(path: &Path, descr: &SchemaDescriptor, names: &[String]) -> DataResult<Vec<usize>> {
     let mut columns = Vec::with_capacity(names.len());
     for name in names {
         let at = (0..descr.num_columns()).find(|i| descr.column(*i).path().parts().first() == Some(name));
         let at = at.filter(|i| descr.column(*i).max_rep_level() == 1).ok_or_else(|| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{name}`"), detail: "no such list column (a multi-hot field is a list of int64 ids)".into() })?;
         columns.push(at);
     }
+    Ok(columns)
+}
+
+/// The bags of row group `rg` (of `rows` rows) of `reader`'s list columns `columns` (leaf
+/// indices, named `names`): appended to `keys`, and after each bag (row by row, field by
+/// field) its end in the group's keys to `ends` (from the group's first key, 0). Null
+/// lists and null elements are added to `counts` (empty or null lists, null elements).
+/// An error names the file, the row group and the column.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs::File>, rg: usize, rows: usize, columns: &[usize], names: &[String], ends: &mut Vec<u32>, keys: &mut Vec<u64>, counts: &mut (u64, u64)) -> DataResult<()> {
+    let fail = |at: String, detail: String| DataError::Parquet { path: path.to_path_buf(), at, detail };
+    let group = reader.get_row_group(rg).map_err(|e| fail(format!("row group {rg}"), e.to_string()))?;
+    let descr = reader.metadata().file_metadata().schema_descr_ptr();
+    let (mut lens, mut ids) = (Vec::with_capacity(rows * names.len()), Vec::new());
+    let mut per_field = Vec::with_capacity(names.len());
+    for (g, (&c, name)) in columns.iter().zip(names).enumerate() {
+        let (start_len, start_id) = (lens.len(), ids.len());
+        let r = group.get_column_reader(c).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e.to_string()))?;
+        let leaf = descr.column(c);
+        let max_def = leaf.max_def_level();
+        let list_def = max_def - i16::from(leaf.self_type().is_optional());
+        read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, counts).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
+        if lens.len() - start_len != rows {
+            return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
+        }
+        per_field.push((start_len, start_id));
+    }
+    // Interleave: row by row, field by field.
+    let first = keys.len();
+    let mut next: Vec<usize> = per_field.iter().map(|(_, id)| *id).collect();
+    for r in 0..rows {
+        for (g, (start_len, _)) in per_field.iter().enumerate() {
+            let n = lens[start_len + r] as usize;
+            keys.extend_from_slice(&ids[next[g]..next[g] + n]);
+            next[g] += n;
+            let end = u32::try_from(keys.len() - first).map_err(|_| fail(format!("row group {rg}"), format!("more than {} list ids in one row group", u32::MAX)))?;
+            ends.push(end);
+        }
+    }
+    Ok(())
+}
+
+/// The bags of the list columns `names` of the Parquet file `path`, every row group in
+/// order. An error names the file, the row group and the column.
+pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
+    let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })?;
+    let columns = list_columns(path, reader.metadata().file_metadata().schema_descr(), names)?;
     let mut bags = Bags { fields: names.len(), offsets: vec![0], ..Default::default() };
     let mut counts = (0u64, 0u64);
+    let mut ends = Vec::new();
     for rg in 0..reader.num_row_groups() {
-        let fail = |at: String, detail: String| DataError::Parquet { path: path.to_path_buf(), at, detail };
-        let group = reader.get_row_group(rg).map_err(|e| fail(format!("row group {rg}"), e.to_string()))?;
-        let rows = usize::try_from(group.metadata().num_rows()).map_err(|_| fail(format!("row group {rg}"), "a negative row count".into()))?;
-        let (mut lens, mut ids) = (Vec::with_capacity(rows * names.len()), Vec::new());
-        let mut per_field = Vec::with_capacity(names.len());
-        for (g, (&c, name)) in columns.iter().zip(names).enumerate() {
-            let (start_len, start_id) = (lens.len(), ids.len());
-            let r = group.get_column_reader(c).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e.to_string()))?;
-            let leaf = descr.column(c);
-            let max_def = leaf.max_def_level();
-            let list_def = max_def - i16::from(leaf.self_type().is_optional());
-            read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, &mut counts).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
-            if lens.len() - start_len != rows {
-                return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
-            }
-            per_field.push((start_len, start_id));
-        }
-        // Interleave: row by row, field by field.
-        let mut next: Vec<usize> = per_field.iter().map(|(_, id)| *id).collect();
-        for r in 0..rows {
-            for (g, (start_len, _)) in per_field.iter().enumerate() {
-                let n = lens[start_len + r] as usize;
-                bags.keys.extend_from_slice(&ids[next[g]..next[g] + n]);
-                next[g] += n;
-                let end = u32::try_from(bags.keys.len()).map_err(|_| fail(format!("row group {rg}"), format!("more than {} list ids in one file", u32::MAX)))?;
-                bags.offsets.push(end);
-            }
+        let rows = usize::try_from(reader.metadata().row_group(rg).num_rows()).map_err(|_| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {rg}"), detail: "a negative row count".into() })?;
+        let base = bags.keys.len();
+        ends.clear();
+        read_group_bags(path, &reader, rg, rows, &columns, names, &mut ends, &mut bags.keys, &mut counts)?;
+        for &e in &ends {
+            let end = u32::try_from(base + e as usize).map_err(|_| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {rg}"), detail: format!("more than {} list ids in one file", u32::MAX) })?;
+            bags.offsets.push(end);
         }
     }
     (bags.empty, bags.null_elements) = counts;

@@ -15,7 +15,7 @@
 //! | floating point | dense | a dense feature, as it is |
 //! | string or binary (dictionary-encoded or not) | categorical | one id, hashed with the field's number as a TSV's (a string of 1 to 16 hex digits is the number it spells, as in a TSV; other strings their FNV-1a digest) |
 //! | integer named categorical | - | one id: the integer, hashed with the field's number |
-//! | a list (multi-hot) | refused | refused for now: multi-hot fields are not trained yet |
+//! | a list of int64 ids | categorical, multi-hot | a bag of ids a row, hashed with the list field's number ([`super::lists::list_key`]), pooled by the model |
 //!
 //! Dense and categorical fields take the model's slots in column order; the slots a file
 //! does not fill are those of an empty TSV field (0.0, the field's missing-value key), so a
@@ -23,6 +23,10 @@
 //! cache its TSV gives. Nulls are allowed in features and counted (an empty TSV field's
 //! value); a null label is an error. More than 13 dense or 26 categorical columns are
 //! refused naming the first one the model cannot take yet.
+//!
+//! List columns (multi-hot fields, in column order) make the cache a version-4 one: per row
+//! and list field its ids' span, the ids, and the fields' names ([`super::cache`]). A null
+//! list is an empty bag; null elements are left out (counted with the nulls).
 //!
 //! Every failure — a file cut short, a column of the wrong type, a value out of range — is
 //! [`DataError::Parquet`], naming the file, the row group and the column.
@@ -36,7 +40,7 @@ use ::parquet::data_type::DataType;
 use ::parquet::file::reader::{FileReader, SerializedFileReader};
 use ::parquet::schema::types::ColumnDescriptor;
 
-use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE};
+use super::cache::{now_ns, CacheHeader, CacheLayout, ListShape, SourceStat, CACHE_MODE, ID_BYTES, SPAN_BYTES};
 use super::criteo::{category_key, dense_value, missing_key, Columns, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
 use super::prepare::{count_lines, on_threads, write_columns, write_sums, PrepareOptions, PrepareSummary};
@@ -61,6 +65,11 @@ pub enum Role {
     /// Categorical field `slot` (0-based): one id a row.
     Sparse {
         /// Its slot among the 26.
+        slot: usize,
+    },
+    /// Multi-hot field `slot` (0-based, among the list columns): a bag of ids a row.
+    List {
+        /// Its place among the list fields.
         slot: usize,
     },
 }
@@ -133,20 +142,25 @@ impl Schema {
                 }
             }
         }
-        let (mut dense, mut sparse) = (0usize, 0usize);
+        let (mut dense, mut sparse, mut lists) = (0usize, 0usize, 0usize);
         for (i, c) in columns.iter().enumerate().filter(|&(i, _)| i != li) {
             let name = top_name(c);
             let kind = kind_of(c);
             let (as_dense, as_sparse) = if named {
                 (opts.dense_columns.contains(&name), opts.sparse_columns.contains(&name))
             } else {
-                (kind != Kind::Text, kind == Kind::Text)
+                (!matches!(kind, Kind::Text | Kind::List), matches!(kind, Kind::Text | Kind::List))
             };
             if !as_dense && !as_sparse {
                 continue;
             }
             let role = match kind {
-                Kind::List => return Err(refuse(&name, "a list column (multi-hot): multi-hot fields are not trained yet (their pooling is a later part of issue 33); leave it out (or out of --sparse-columns)".into())),
+                Kind::List if as_dense => return Err(refuse(&name, "a list column (multi-hot) cannot be a dense feature (--dense-columns)".into())),
+                Kind::List if c.physical_type() != PhysicalType::INT64 => return Err(refuse(&name, format!("a list of {} values; a multi-hot field is a list of int64 ids", c.physical_type()))),
+                Kind::List => {
+                    lists += 1;
+                    Role::List { slot: lists - 1 }
+                }
                 Kind::Other => return Err(refuse(&name, format!("of type {}, which ringrec does not read (a feature is a boolean, a number or a string)", c.physical_type()))),
                 _ if as_dense && as_sparse => return Err(refuse(&name, "named by both --dense-columns and --sparse-columns".into())),
                 Kind::Text if as_dense => return Err(refuse(&name, "a string column cannot be a dense feature (--dense-columns)".into())),
@@ -169,6 +183,16 @@ impl Schema {
             fields.push(Field { column: i, name, role });
         }
         Ok(Schema { fields })
+    }
+
+    /// The list (multi-hot) fields' names, in their order.
+    pub fn list_names(&self) -> Vec<String> {
+        self.fields.iter().filter(|f| matches!(f.role, Role::List { .. })).map(|f| f.name.clone()).collect()
+    }
+
+    /// The list fields' leaf columns, in their order.
+    fn list_columns(&self) -> Vec<usize> {
+        self.fields.iter().filter(|f| matches!(f.role, Role::List { .. })).map(|f| f.column).collect()
     }
 }
 
@@ -203,6 +227,7 @@ impl Sink<'_> {
             Role::Label => self.label(row, x as f64)?,
             Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { dense_value(x) } else { x as f32 },
             Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = category_key(slot, x as u64),
+            Role::List { .. } => return Err("a list column is read as bags".into()),
         }
         Ok(())
     }
@@ -211,7 +236,7 @@ impl Sink<'_> {
         match self.role {
             Role::Label => self.label(row, x)?,
             Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { x.max(0.0).ln_1p() as f32 } else { x as f32 },
-            Role::Sparse { .. } => return Err("a floating-point column cannot be categorical".into()),
+            Role::Sparse { .. } | Role::List { .. } => return Err("a floating-point column cannot be categorical".into()),
         }
         Ok(())
     }
@@ -268,7 +293,7 @@ fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema:
     let group = reader.get_row_group(g).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}"), detail: e.to_string() })?;
     let descr = reader.metadata().file_metadata().schema_descr_ptr();
     let mut nulls = 0;
-    for f in &schema.fields {
+    for f in schema.fields.iter().filter(|f| !matches!(f.role, Role::List { .. })) {
         let max_def = descr.column(f.column).max_def_level();
         let mut sink = Sink { role: f.role, base, cols: &mut *cols };
         let column = group.get_column_reader(f.column).map_err(|e| fail(&f.name, e.to_string()))?;
@@ -321,10 +346,15 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     }
     let threads = opts.threads.max(1);
     let (_, source_crc32) = count_lines(src, source.size, threads)?;
-    let layout = CacheLayout::compute(rows, rows, false).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
+    let lists = ListPlan::new(&reader, &schema);
+    let layout = CacheLayout::compute_with(rows, rows, false, lists.shape()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     reserve(tmp.file(), tmp.path(), layout.file_len)?;
     tmp.file().set_len(layout.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    if !lists.names.is_empty() {
+        use std::os::unix::fs::FileExt;
+        tmp.file().write_all_at(&lists.names, layout.names_offset).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    }
 
     let (claim, stop, nulls) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
     let failures = on_threads(threads.min(groups.len()), |_| -> Vec<(usize, DataError)> {
@@ -335,6 +365,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
             Err(e) => return vec![(0, e)],
         };
         let mut cols = Columns::default();
+        let mut bags = GroupBags::default();
         loop {
             let g = claim.fetch_add(1, Ordering::Relaxed);
             if g >= groups.len() || stop.load(Ordering::Relaxed) {
@@ -344,11 +375,15 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
                 return vec![(g, DataError::Cancelled { path: src.to_path_buf() })];
             }
             // A reader that panics on a damaged file is an error naming the row group.
-            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)));
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let n = read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)?;
+                Ok(n + lists.read(src, &reader, &schema, g, groups[g] as usize, &mut bags)?)
+            }));
             let read = read.unwrap_or_else(|_| Err(DataError::Parquet { path: src.to_path_buf(), at: format!("row group {g}"), detail: "the Parquet reader failed on it (a damaged file)".into() }));
             let done = read.and_then(|n| {
                 nulls.fetch_add(n, Ordering::Relaxed);
-                write_columns(&tmp, &layout, starts[g], &cols)
+                write_columns(&tmp, &layout, starts[g], &cols)?;
+                lists.write(src, &tmp, &layout, g, starts[g], &bags)
             });
             if let Err(e) = done {
                 stop.store(true, Ordering::Relaxed);
@@ -374,6 +409,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
         bad_lines: 0,
         bad_counts: [0; 7],
         weight_column: None,
+        list_fields: lists.columns.len() as u32,
         source,
         source_crc32,
         prepared_ns,
@@ -384,6 +420,87 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     tmp.file().write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
     Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, report, nulls: nulls.into_inner() })
+}
+
+/// Where a file's list columns go in a version-4 cache: each row group's ids at their own
+/// place, after the room the groups before it may fill (their list columns' values, nulls
+/// included, from the footer: an upper bound of their ids, so the groups are written
+/// independently, on every thread).
+struct ListPlan {
+    /// The list fields' leaf columns (empty: no lists, a version-2 cache).
+    columns: Vec<usize>,
+    /// The names section.
+    names: Vec<u8>,
+    /// Per row group: its first id's place and its room.
+    room: Vec<(u64, u64)>,
+}
+
+/// One row group's bags (scratch of a thread).
+#[derive(Default)]
+struct GroupBags {
+    ends: Vec<u32>,
+    keys: Vec<u64>,
+}
+
+impl ListPlan {
+    fn new(reader: &SerializedFileReader<std::fs::File>, schema: &Schema) -> ListPlan {
+        let columns = schema.list_columns();
+        let names = super::cache::encode_list_names(&schema.list_names());
+        let mut at = 0u64;
+        let room = reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| {
+                let n: u64 = columns.iter().map(|&c| g.column(c).num_values().max(0) as u64).sum();
+                let first = at;
+                at += n;
+                (first, n)
+            })
+            .collect();
+        ListPlan { columns, names, room }
+    }
+
+    /// The cache's list sections (`None` without lists).
+    fn shape(&self) -> Option<ListShape> {
+        let id_capacity = self.room.last().map_or(0, |(at, n)| at + n);
+        (!self.columns.is_empty()).then_some(ListShape { fields: self.columns.len() as u32, id_capacity, names_len: self.names.len() as u64 })
+    }
+
+    /// Reads row group `g`'s bags into `bags`; returns its null lists and elements.
+    fn read(&self, path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, rows: usize, bags: &mut GroupBags) -> DataResult<u64> {
+        bags.ends.clear();
+        bags.keys.clear();
+        if self.columns.is_empty() {
+            return Ok(0);
+        }
+        let mut counts = (0, 0);
+        super::lists::read_group_bags(path, reader, g, rows, &self.columns, &schema.list_names(), &mut bags.ends, &mut bags.keys, &mut counts)?;
+        Ok(counts.0 + counts.1)
+    }
+
+    /// Writes row group `g`'s bags (its first row `first`) at their places.
+    fn write(&self, path: &Path, out: &AtomicFile, layout: &CacheLayout, g: usize, first: u64, bags: &GroupBags) -> DataResult<()> {
+        if self.columns.is_empty() {
+            return Ok(());
+        }
+        let (at, room) = self.room[g];
+        if bags.keys.len() as u64 > room {
+            return Err(DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}"), detail: format!("{} list ids, but the footer counts {room} values in its list columns (a damaged file)", bags.keys.len()) });
+        }
+        let mut spans = Vec::with_capacity(2 * bags.ends.len());
+        let mut start = at;
+        for &e in &bags.ends {
+            spans.extend_from_slice(&[start, at + u64::from(e)]);
+            start = at + u64::from(e);
+        }
+        use std::os::unix::fs::FileExt;
+        let fields = self.columns.len() as u64;
+        for (bytes, offset) in [(bytemuck::cast_slice::<u64, u8>(&spans), layout.spans_offset + first * fields * SPAN_BYTES), (bytemuck::cast_slice(&bags.keys), layout.ids_offset + at * ID_BYTES)] {
+            out.file().write_all_at(bytes, offset).map_err(|e| DataError::io(out.path(), "write", e))?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether `path` starts with Parquet's magic.

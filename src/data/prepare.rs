@@ -299,6 +299,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
         bad_lines: report.bad(),
         bad_counts: report.counts,
         weight_column: opts.weight_column,
+        list_fields: 0,
         source,
         source_crc32,
         prepared_ns,

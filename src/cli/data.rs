@@ -7,7 +7,7 @@ use std::time::Instant;
 use ringrec::data::cache::Dataset;
 use ringrec::data::prepare::{all_cores, prepare_with, PrepareOptions};
 use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
-use ringrec::data::multihot::{synth_multi_hot, LIST_FIELDS};
+use ringrec::data::multihot::{synth_multi_hot_cut, LIST_FIELDS};
 use ringrec::data::parquet_write::{tsv_to_parquet, ROWS_PER_GROUP};
 use ringrec::data::synth::{synth_shaped, PlantedModel, SynthSummary, ValueShape, ZIPF_EXPONENT};
 
@@ -72,10 +72,13 @@ pub enum DataCommand {
         format: String,
         /// With --format parquet: the multi-hot set instead (10 single-hot int64 fields
         /// c0..c9, 6 list fields l0..l5 of mean length 20, Zipf-like ids, labels from a
-        /// planted model that uses the lists; see `ringrec::data::multihot`). Training it
-        /// waits for multi-hot pooling.
+        /// planted model that uses the lists; see `ringrec::data::multihot`).
         #[arg(long)]
         multi_hot: bool,
+        /// With --multi-hot: write each list cut to its first N ids (the same rows and
+        /// labels: what a reading of the lists' first ids sees).
+        #[arg(long, value_name = "N")]
+        max_list_len: Option<u64>,
         /// Multiply every field's vocabulary (10 to 100,000 values) by N: 31 gives the 26
         /// fields a key space of 10 million, 300 one of 97 million (the largest field 30
         /// million values). The default file is unchanged by `--vocab-scale 1`.
@@ -96,10 +99,10 @@ pub enum DataCommand {
 }
 
 /// `ringrec data synth --format parquet --multi-hot`: the multi-hot set, and what it is.
-fn synth_multi_hot_set(out: &std::path::Path, rows: u64, seed: u64, format: &str) -> anyhow::Result<()> {
+fn synth_multi_hot_set(out: &std::path::Path, rows: u64, seed: u64, format: &str, max_list_len: Option<u64>) -> anyhow::Result<()> {
     anyhow::ensure!(format == "parquet", "--multi-hot writes Parquet: give --format parquet");
     let t = Instant::now();
-    let s = synth_multi_hot(out, rows, seed)?;
+    let s = synth_multi_hot_cut(out, rows, seed, max_list_len)?;
     println!(
         "wrote {}: {} rows, {} bytes in {:.2}s; ctr {:.4}, {} list ids ({:.1} a list); planted-model (Bayes) AUC {:.4}, with each list cut to its first id {:.4}; seed {}",
         s.path.display(),
@@ -143,7 +146,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
             }
         }
-        DataCommand::Synth { multi_hot: true, rows, out, seed, format, .. } => synth_multi_hot_set(&out, rows, seed, &format)?,
+        DataCommand::Synth { multi_hot: true, rows, out, seed, format, max_list_len, .. } => synth_multi_hot_set(&out, rows, seed, &format, max_list_len)?,
         DataCommand::Synth { rows, out, seed, interactions, format, vocab_scale, zipf, .. } => {
             let t = Instant::now();
             let model = if interactions { PlantedModel::Interactions } else { PlantedModel::Logistic };

@@ -62,6 +62,9 @@ pub struct PredictArgs {
     /// A Parquet input's categorical columns (as `train --sparse-columns`).
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub sparse_columns: Vec<String>,
+    /// How the multi-hot fields were pooled in training (as `train --multi-hot-pooling`).
+    #[arg(long, value_name = "MODE", default_value = "sum")]
+    pub multi_hot_pooling: String,
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
@@ -134,6 +137,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         label_column: args.label_column.clone(),
         dense_columns: args.dense_columns.clone(),
         sparse_columns: args.sparse_columns.clone(),
+        multi_hot_pooling: args.multi_hot_pooling.clone(),
         backend: args.backend.0,
         require_newest: args.require_newest,
     };

@@ -12,8 +12,8 @@
 //! with `w(id, field)` a fixed pseudo-random weight of standard deviation about 0.5 — an
 //! `EmbeddingBag(mode=sum)` over each list (scaled) sees the signal; the first id of each
 //! list alone sees a fraction of it. Deterministic for a seed. `ringrec data synth --format
-//! parquet --multi-hot` writes it; training it waits for multi-hot pooling (a later part of
-//! issue 33): `data prepare` refuses the list columns, naming them, until then.
+//! parquet --multi-hot` writes it (`--max-list-len N`: each list cut to its first N ids,
+//! the same labels); `data prepare` turns it into a version-4 cache that `train` pools.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -114,6 +114,15 @@ struct Group {
 /// Writes `rows` rows of the multi-hot set (see the module docs) to the Parquet file `out`
 /// (atomically, mode 0600), deterministic for `seed`.
 pub fn synth_multi_hot(out: &Path, rows: u64, seed: u64) -> DataResult<MultiHotSummary> {
+    synth_multi_hot_cut(out, rows, seed, None)
+}
+
+/// [`synth_multi_hot`] with every list written cut to its first `max_len` ids (at least
+/// one; `None`: whole): the same rows and labels (drawn from the whole lists), `list_ids` counting the
+/// ids written.
+pub fn synth_multi_hot_cut(out: &Path, rows: u64, seed: u64, max_len: Option<u64>) -> DataResult<MultiHotSummary> {
+    // A list keeps at least its first id (a cut to none would change no label either).
+    let max_len = max_len.map(|m| m.max(1));
     let fail = |e: ::parquet::errors::ParquetError| DataError::InvalidArgument(format!("{}: writing Parquet: {e}", out.display()));
     let schema = Arc::new(parse_message_type(&schema()).map_err(fail)?);
     let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).set_max_row_group_row_count(Some(ROWS_PER_GROUP)).build());
@@ -150,16 +159,18 @@ pub fn synth_multi_hot(out: &Path, rows: u64, seed: u64) -> DataResult<MultiHotS
                 for i in 0..len {
                     h = splitmix64(h);
                     let id = zipf_id(h);
-                    ids.push(id as i64);
-                    defs.push(2);
-                    reps.push(i16::from(i > 0));
+                    if max_len.is_none_or(|m| i < m) {
+                        ids.push(id as i64);
+                        defs.push(2);
+                        reps.push(i16::from(i > 0));
+                    }
                     let w = scale * weight(seed, SINGLE_FIELDS + k, id);
                     logit += w;
                     if i == 0 {
                         logit1 += w;
                     }
                 }
-                list_ids += len;
+                list_ids += max_len.map_or(len, |m| len.min(m));
             }
             let p = sigmoid(logit);
             h = splitmix64(h);

@@ -34,6 +34,8 @@ pub struct Batch {
     pub bag_offsets: Vec<u32>,
     /// Per id of a bag, in bag order: the position of its key in `uniq`.
     pub bag_index: Vec<u32>,
+    /// The bags' keys as read (scratch of [`Batch::load_pieces`]).
+    bag_keys: Vec<u64>,
     deduper: Deduper,
 }
 
@@ -53,14 +55,23 @@ impl Batch {
     }
 
     /// Reads the rows of each piece (a dataset and rows of it) in turn — a batch that
-    /// spans files — and deduplicates their keys.
+    /// spans files — and deduplicates their keys. The rows of a dataset with list fields
+    /// (a version-4 cache) bring their bags; every piece must have as many list fields.
     pub fn load_pieces<'d, R: Iterator<Item = u32>>(&mut self, pieces: impl IntoIterator<Item = (&'d Dataset, R)>) -> DataResult<()> {
         self.clear();
-        for (ds, rows) in pieces {
+        self.bag_keys.clear();
+        for (i, (ds, rows)) in pieces.into_iter().enumerate() {
             let at = self.rows.len();
             self.rows.extend(rows);
             ds.append_rows(&self.rows[at..], &mut self.labels, &mut self.dense, &mut self.keys)?;
+            if i == 0 {
+                self.bags = ds.list_fields();
+            } else if ds.list_fields() != self.bags {
+                return Err(DataError::InvalidArgument(format!("{} has {} multi-hot fields, and the batch's rows before it {}: every input of a run must have the same list columns", ds.path().display(), ds.list_fields(), self.bags)));
+            }
+            ds.append_bags(&self.rows[at..], &mut self.bag_offsets, &mut self.bag_keys)?;
         }
+        self.keys.extend_from_slice(&self.bag_keys);
         self.index_keys()
     }
 

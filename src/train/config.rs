@@ -221,6 +221,11 @@ settings! {
         /// comma-separated: with --dense-columns, the only feature columns read.
         #[setting(flag = "--sparse-columns", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "NAMES")]
         pub sparse_columns: Vec<String> = Vec::new(),
+        /// How each multi-hot field (a Parquet list column) is pooled into one vector a
+        /// row: sum or mean (EmbeddingBag's modes; an empty list pools to zeros), for every
+        /// field, or FIELD=MODE,... (fields not named are summed).
+        #[setting(flag = "--multi-hot-pooling", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "MODE")]
+        pub multi_hot_pooling: String = "sum".to_string(),
         /// Write checkpoints here (every --checkpoint-every steps and at the end).
         #[setting(flag = "--checkpoint-dir", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "DIR")]
         pub checkpoint_dir: Option<PathBuf> = None,
@@ -559,6 +564,12 @@ impl TrainConfig {
     /// The dense model this run trains: `--model` and its shape flags over the data's
     /// fields, `--dim` and dense features.
     pub fn model_spec(&self) -> ModelSpec {
+        self.model_spec_with(0)
+    }
+
+    /// [`TrainConfig::model_spec`] over data with `lists` multi-hot fields (pooled into
+    /// the last fields' vectors: every model takes them as fields).
+    pub fn model_spec_with(&self, lists: usize) -> ModelSpec {
         use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
         ModelSpec {
             kind: self.model,
@@ -567,8 +578,29 @@ impl TrainConfig {
             cross_layers: self.cross_layers,
             cross_rank: self.cross_rank,
             cross_structure: self.cross_structure,
-            ..ModelSpec::mlp(NUM_SPARSE, self.dim, NUM_DENSE, self.hidden.clone())
+            ..ModelSpec::mlp(NUM_SPARSE + lists, self.dim, NUM_DENSE, self.hidden.clone())
         }
+    }
+
+    /// The pooling of each multi-hot field of data whose list columns are `names`
+    /// (`--multi-hot-pooling`), and what a multi-hot input cannot run with: the GPU
+    /// hot-row cache (its rows are gathered per single-hot slot; the bags' rows are not
+    /// in it). Each refusal names the flag and the input.
+    pub fn multi_hot(&self, input: &std::path::Path, names: &[String]) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
+        let modes = crate::model::pooling::parse_pooling(&self.multi_hot_pooling, names).map_err(TrainError::Config)?;
+        if names.is_empty() {
+            return Ok(modes);
+        }
+        if self.gpu_cache_asked() {
+            return Err(TrainError::Config(format!(
+                "--gpu-cache-mib {}: {} has multi-hot fields ({}), whose rows the GPU hot-row cache does not hold yet: pass --gpu-cache-mib 0",
+                self.gpu_cache_mib.unwrap_or(0.0),
+                input.display(),
+                names.join(", ")
+            )));
+        }
+        crate::model::pooling::mean_mask(&modes).map_err(|e| TrainError::Config(format!("{}: {e}", input.display())))?;
+        Ok(modes)
     }
 
     /// Values per table row: `--dim`, plus the first-order weight for deepfm and wide-deep.

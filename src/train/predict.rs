@@ -138,6 +138,8 @@ pub struct PredictConfig {
     pub dense_columns: Vec<String>,
     /// See `label_column`.
     pub sparse_columns: Vec<String>,
+    /// `--multi-hot-pooling`: how the data's multi-hot fields are pooled (as in training).
+    pub multi_hot_pooling: String,
     /// Host collectives backend (`None`: the best for the topology).
     pub backend: Option<Backend>,
     /// `--require-newest`: a checkpoint directory whose newest checkpoint is damaged is an
@@ -248,6 +250,7 @@ impl PredictConfig {
             ("--label-column", crate::settings::SettingValue::show(&self.label_column)),
             ("--dense-columns", self.dense_columns.join(",")),
             ("--sparse-columns", self.sparse_columns.join(",")),
+            ("--multi-hot-pooling", self.multi_hot_pooling.clone()),
             ("--require-newest", self.require_newest.to_string()),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
@@ -255,6 +258,23 @@ impl PredictConfig {
             ("RINGREC_VERIFY", rc.verify.to_string()),
         ]
     }
+}
+
+/// Makes `model`'s last fields the multi-hot fields of `set`'s data (pooled as
+/// `--multi-hot-pooling` says), refusing data with other fields than the model's.
+fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, set: &EvalSet) -> TrainResult<()> {
+    let Some((ds, _)) = set.parts().next() else { return Ok(()) };
+    let names = ds.list_names();
+    let want = model.spec().fields;
+    let have = crate::data::criteo::NUM_SPARSE + names.len();
+    if want != have {
+        return Err(TrainError::Config(format!("{}: {have} categorical fields ({} of them multi-hot), and the model takes {want}: score the data the model was trained on", ds.path().display(), names.len())));
+    }
+    if !names.is_empty() {
+        let modes = crate::model::pooling::parse_pooling(&cfg.multi_hot_pooling, names).map_err(TrainError::Config)?;
+        model.set_multi_hot(&modes)?;
+    }
+    Ok(())
 }
 
 /// Scores `cfg.data` with `cfg.model` on every rank of `topo` (collective; see the module
@@ -326,6 +346,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         files.push(ScoredFile { path, rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
         set.push(Arc::new(ds), rows)?;
     }
+    multi_hot(&mut model, cfg, &set)?;
     // One set over every file, as train's evaluation scores its --eval-data files.
     let scores = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &set, cfg.batch)?.unwrap_or_default();
     let labels = if topo.rank == 0 { set.labels() } else { Vec::new() };

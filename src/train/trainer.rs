@@ -204,7 +204,9 @@ impl<'a, D: Device> Trainer<'a, D> {
     pub fn new(topo: &'a Topology, cfg: &'a TrainConfig, dev: D, engine: Engine) -> TrainResult<Trainer<'a, D>> {
         cfg.validate()?;
         let mut data = data::open(topo, cfg)?;
-        let spec = cfg.model_spec();
+        let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
+        let pooling = cfg.multi_hot(&input, data.first()?.0.list_names())?;
+        let spec = cfg.model_spec_with(pooling.len());
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
@@ -243,7 +245,10 @@ impl<'a, D: Device> Trainer<'a, D> {
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
-        let model = DenseModel::new(dev, spec, &params, &opt)?;
+        let mut model = DenseModel::new(dev, spec, &params, &opt)?;
+        if !pooling.is_empty() {
+            model.set_multi_hot(&pooling)?;
+        }
         let gpu_cache = open_gpu_cache(topo, cfg, &model, &embedding)?;
         data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);

@@ -12,6 +12,7 @@ use std::process::Command;
 
 use ringrec::data::cache::Dataset;
 use ringrec::data::criteo::{category_key, dense_value, missing_key, NUM_DENSE, NUM_SPARSE};
+use ringrec::data::lists::list_key;
 use ringrec::data::parquet_file::check_same_schema;
 use ringrec::data::parquet_write::tsv_to_parquet;
 use ringrec::data::prepare::{prepare_with, PrepareOptions};
@@ -204,10 +205,18 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
     let o = inferred;
     let err = |name: &str| prepare_with(&d.join(name), &d.join("x.rrdata"), &o).unwrap_err().to_string();
     let path = |name: &str| d.join(name).display().to_string();
-    let e = err("list.parquet");
-    assert!(e.starts_with(&format!("{}: column `tags`: a list column (multi-hot)", path("list.parquet"))) && e.contains("not trained yet"), "{e}");
-    let e = err("large_list.parquet");
-    assert!(e.starts_with(&format!("{}: column `hist`: a list column (multi-hot)", path("large_list.parquet"))), "{e}");
+    // A list column (row groups of 100, empty lists among them) and a large list: multi-hot
+    // fields, a version-4 cache's bags of the ids hashed with the list field's number.
+    for (file, name, bag) in [("list", "tags", (|i: u64| if i % 4 != 0 { vec![i, i + 1] } else { vec![] }) as fn(u64) -> Vec<u64>), ("large_list", "hist", |i| vec![i])] {
+        let out = d.join(format!("{file}.rrdata"));
+        prepare_with(&d.join(format!("{file}.parquet")), &out, &o).unwrap();
+        let ds = Dataset::open(&out).unwrap();
+        assert_eq!((ds.len(), ds.list_names()), (n, &[name.to_string()][..]));
+        for i in 0..n {
+            let want: Vec<u64> = bag(i as u64).into_iter().map(|id| list_key(0, id)).collect();
+            assert_eq!(ds.bag(i, 0), want, "{file}: row {i}");
+        }
+    }
     let e = err("string_label.parquet");
     assert!(e.starts_with(&format!("{}: column `y`: the label is of type BYTE_ARRAY, not a boolean or a number", path("string_label.parquet"))), "{e}");
     let e = err("label_2.parquet");
@@ -295,7 +304,7 @@ fn the_same_rows_train_to_the_same_parameters_from_a_tsv_its_gzip_and_its_parque
 }
 
 #[test]
-fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_waits_for_pooling() {
+fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_prepares_into_a_version_4_cache() {
     let d = dir("multihot");
     let p = d.join("mh.parquet");
     let s = ringrec::data::multihot::synth_multi_hot(&p, 20_000, 3).unwrap();
@@ -304,9 +313,18 @@ fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_waits_for_pooling() {
     assert!((per_list - 20.0).abs() < 0.5, "mean list length {per_list}");
     assert!(s.bayes_auc > s.first_id_auc + 0.05, "the lists carry the signal: {s:?}");
     assert_eq!(ringrec::data::multihot::synth_multi_hot(&d.join("again.parquet"), 20_000, 3).unwrap().positives, s.positives, "deterministic for a seed");
-    // ringrec refuses the lists, naming the first, until multi-hot pooling exists.
-    let e = prepare_with(&p, &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
-    assert!(e.starts_with(&format!("{}: column `l0`: a list column (multi-hot)", p.display())), "{e}");
+    // Inferred, the lists are the multi-hot fields of a version-4 cache, every id in a bag.
+    let out = d.join("x.rrdata");
+    prepare_with(&p, &out, &opts(0)).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    let lists: Vec<String> = (0..6).map(|g| format!("l{g}")).collect();
+    assert_eq!((ds.len(), ds.list_names()), (20_000, &lists[..]));
+    let ids: usize = (0..ds.len()).flat_map(|i| (0..6).map(move |g| (i, g))).map(|(i, g)| ds.bag(i, g).len()).sum();
+    assert_eq!(ids as u64, s.list_ids);
+    // A list column named as a dense feature is refused, naming it.
+    let dense_list = PrepareOptions { dense_columns: vec!["l3".into()], ..opts(0) };
+    let e = prepare_with(&p, &out, &dense_list).unwrap_err().to_string();
+    assert!(e.ends_with("column `l3`: a list column (multi-hot) cannot be a dense feature (--dense-columns)"), "{e}");
     let Some(py) = common::test_python("pyarrow") else { return };
     let check = r#"
 import sys, numpy as np, pyarrow.parquet as pq

@@ -1182,12 +1182,93 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// [`header`] of a cache with 6 list fields.
+    fn header_v4() -> CacheHeader {
+        let shape = ListShape { fields: 6, id_capacity: 1000, names_len: 17 };
+        CacheHeader { list_fields: 6, layout: CacheLayout::compute_with(9, 10, false, Some(shape)).unwrap(), ..header() }
+    }
+
+    #[test]
+    fn a_version_4_cache_round_trips_its_lists_and_a_damaged_one_is_an_error_naming_it() {
+        use crate::data::multihot::{synth_multi_hot, LIST_FIELDS, SINGLE_FIELDS};
+        let h = header_v4();
+        let b = h.encode();
+        assert_eq!((b.len(), rd_u32(&b, 8), rd_u32(&b, 232)), (HEADER_FIELDS_V4, 4, 6));
+        assert_eq!(CacheHeader::parse(Path::new("x"), &b, h.layout.file_len).unwrap(), h);
+        assert_eq!(h.layout.checksummed().map(|(_, _, e)| e)[4..], [4096, 8192, 4096], "spans, ids, names: a page or two each");
+
+        let dir = std::env::temp_dir().join(format!("ringrec-cache-v4-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("m.parquet");
+        // Two row groups (32 Ki rows each), so the second group's ids start after the first's room.
+        synth_multi_hot(&src, 40_000, 3).unwrap();
+        let names: Vec<String> = (0..SINGLE_FIELDS).map(|f| format!("c{f}")).chain((0..LIST_FIELDS).map(|g| format!("l{g}"))).collect();
+        let opts = PrepareOptions { sparse_columns: names[..].to_vec(), ..PrepareOptions::new(0) };
+        let bags = crate::data::lists::read_bags(&src, &names[SINGLE_FIELDS..]).unwrap();
+        let mut caches = Vec::new();
+        for threads in [1, 3] {
+            let out = dir.join(format!("m{threads}.rrdata"));
+            crate::data::prepare::prepare_with(&src, &out, &opts.clone().threads(threads)).unwrap();
+            let ds = Dataset::open(&out).unwrap();
+            assert_eq!((ds.len(), ds.header().list_fields, ds.list_names()), (40_000, 6, &names[SINGLE_FIELDS..]));
+            assert_eq!(rd_u32(&std::fs::read(&out).unwrap(), 8), 4);
+            for i in [0, 1, 32_767, 32_768, 39_999] {
+                for g in 0..LIST_FIELDS {
+                    let b = i * LIST_FIELDS + g;
+                    assert_eq!(ds.bag(i, g), &bags.keys[bags.offsets[b] as usize..bags.offsets[b + 1] as usize], "row {i} list {g}");
+                }
+            }
+            let (mut ends, mut keys) = (vec![0u32], Vec::new());
+            ds.append_bags(&[3u32, 32_770], &mut ends, &mut keys).unwrap();
+            assert_eq!((ends.len(), keys[..ends[1] as usize].to_vec()), (1 + 2 * LIST_FIELDS, ds.bag(3, 0).to_vec()));
+            assert!(ds.append_bags(&[40_000u32], &mut ends, &mut keys).is_err());
+            caches.push((ds.labels().to_vec(), ds.keys_all().to_vec(), ds.spans_all().to_vec()));
+        }
+        assert!(caches[0] == caches[1], "the same cache on 1 and 3 threads");
+
+        let good = std::fs::read(dir.join("m1.rrdata")).unwrap();
+        let ds = Dataset::open(&dir.join("m1.rrdata")).unwrap();
+        let l = ds.header().layout;
+        // Cut short: truncated, naming the file.
+        let cut = dir.join("cut.rrdata");
+        std::fs::write(&cut, &good[..good.len() - 100]).unwrap();
+        let e = Dataset::open(&cut).unwrap_err().to_string();
+        assert!(e.contains(&cut.display().to_string()) && e.contains("truncated"), "{e}");
+        // A byte of each list section changed: damaged, naming the file and the section.
+        for (section, at) in [("spans", l.spans_offset + 8), ("ids", l.ids_offset + 800), ("names", l.names_offset)] {
+            let mut bytes = good.clone();
+            bytes[at as usize] ^= 1;
+            let bad = dir.join(format!("bad-{section}.rrdata"));
+            std::fs::write(&bad, &bytes).unwrap();
+            match Dataset::open(&bad).unwrap_err() {
+                DataError::Damaged { path, section: s, .. } => assert_eq!((path, s), (bad.clone(), section)),
+                e => panic!("{section}: {e}"),
+            }
+        }
+        // A span past the ids, checksums made good again: refused, naming the row and field.
+        let mut bytes = good.clone();
+        let at = l.spans_offset as usize + 16 * 7 + 8;
+        bytes[at..at + 8].copy_from_slice(&(l.ids_len / 8 + 1).to_le_bytes());
+        let tmp = crate::fileio::AtomicFile::create(&dir.join("resummed.rrdata"), CACHE_MODE).unwrap();
+        tmp.file().write_all_at(&bytes, 0).unwrap();
+        let mut h = *ds.header();
+        h.sums_crc32 = crate::data::prepare::write_sums(&tmp, &l, 1).unwrap();
+        tmp.file().write_all_at(&h.encode(), 0).unwrap();
+        tmp.commit().unwrap();
+        let e = Dataset::open(&dir.join("resummed.rrdata")).unwrap_err().to_string();
+        assert!(e.contains("resummed.rrdata") && e.contains("row 1 field `l1`"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic() {
         crate::header::fuzz_headers(&FORMAT, &header().encode(), 50_000, |b, len| {
             let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
         });
         crate::header::fuzz_headers(&FORMAT_V3, &header_v3().encode(), 50_000, |b, len| {
+            let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
+        });
+        crate::header::fuzz_headers(&FORMAT_V4, &header_v4().encode(), 50_000, |b, len| {
             let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
         });
     }

@@ -64,6 +64,29 @@
 //! | 260 | 4 | reserved (0) |
 //! | 264 | 8 | FNV-1a 64 checksum of bytes 0..264 |
 //!
+//! Version 4 (format version 4 at byte 8) is a version-2 file with **multi-hot lists** (a
+//! Parquet file's list columns, [`super::parquet_file`]): after the keys (no weights), three
+//! more sections, each page-aligned and under the block sums in this order —
+//!
+//! ```text
+//! [spans_offset, ..)    spans: rows x list fields x (start, end) u64: the bag's ids are ids[start..end]
+//! [ids_offset, ..)      ids:   room for the ids (u64 field-salted keys); row groups write theirs
+//!                              at their own place, so a bag's span may skip unused room
+//! [names_offset, ..)    names: the list fields' names, UTF-8, NUL-separated
+//! ```
+//!
+//! | offset | size | header field (version 4) |
+//! |---|---|---|
+//! | 184 | 48 | malformed lines per kind (6 x u64, as version 2) |
+//! | 232 | 4 | list fields per row (1 to [`MAX_LIST_FIELDS`]) |
+//! | 236 | 4 | reserved (0) |
+//! | 240 | 48 | spans offset, spans length, ids offset, ids length (the room, bytes), names offset, names length (u64 each) |
+//! | 288 | 8 | FNV-1a 64 checksum of bytes 0..288 |
+//!
+//! On open, besides the checksums, the names must be as many as the list fields and every
+//! span must lie inside the ids' room (a forged file is an error naming the row and field,
+//! never a panic).
+//!
 //! # Integrity
 //!
 //! Every byte of a cache is covered: the header fields by their FNV checksum, the rest of

@@ -7,7 +7,7 @@
 //! are both an empty bag (counted); a null element is left out (counted).
 //!
 //! `data prepare` writes them into a version-4 cache's `spans` and `ids` sections
-//! ([`super::parquet_file::prepare`], row group by row group: [`read_group_bags`]);
+//! ([`super::parquet_file::prepare`], row group by row group);
 //! [`crate::train::batch::Batch::load_samples_with_bags`] takes the same CSR.
 
 use std::path::Path;

@@ -284,6 +284,31 @@ impl CacheLayout {
         })
     }
 
+    /// The layout a header says (version 3 with weights, 4 with lists; a version-2 header's
+    /// sections after the keys all start at its sums).
+    fn stored(bytes: &[u8], v3: bool, v4: bool) -> CacheLayout {
+        let g = |i: usize| rd_u64(bytes, 112 + 8 * i);
+        CacheLayout {
+            labels_offset: g(0),
+            labels_len: g(1),
+            dense_offset: g(2),
+            dense_len: g(3),
+            keys_offset: g(4),
+            keys_len: g(5),
+            weights_offset: if v3 || v4 { rd_u64(bytes, 240) } else { g(6) },
+            weights_len: if v3 { rd_u64(bytes, 248) } else { 0 },
+            spans_offset: if v4 { rd_u64(bytes, 240) } else { g(6) },
+            spans_len: if v4 { rd_u64(bytes, 248) } else { 0 },
+            ids_offset: if v4 { rd_u64(bytes, 256) } else { g(6) },
+            ids_len: if v4 { rd_u64(bytes, 264) } else { 0 },
+            names_offset: if v4 { rd_u64(bytes, 272) } else { g(6) },
+            names_len: if v4 { rd_u64(bytes, 280) } else { 0 },
+            sums_offset: g(6),
+            sums_len: g(7),
+            file_len: g(8),
+        }
+    }
+
     /// The checksummed sections in the order of their sums: name, offset and extent (bytes
     /// up to the next section, padding included; the weights' extent is 0 without weights,
     /// the lists' without lists, so a version-2 file has the sums of its three sections only).
@@ -513,26 +538,7 @@ impl CacheHeader {
         if bad_counts.iter().try_fold(0u64, |a, &c| a.checked_add(c)) != Some(bad_lines) {
             return Err(bad("bad_counts", format!("{bad_counts:?} do not add up to {bad_lines} malformed lines")));
         }
-        let g = |i: usize| rd_u64(bytes, 112 + 8 * i);
-        let stored_layout = CacheLayout {
-            labels_offset: g(0),
-            labels_len: g(1),
-            dense_offset: g(2),
-            dense_len: g(3),
-            keys_offset: g(4),
-            keys_len: g(5),
-            weights_offset: if v3 || v4 { rd_u64(bytes, 240) } else { g(6) },
-            weights_len: if v3 { rd_u64(bytes, 248) } else { 0 },
-            spans_offset: if v4 { rd_u64(bytes, 240) } else { g(6) },
-            spans_len: if v4 { rd_u64(bytes, 248) } else { 0 },
-            ids_offset: if v4 { rd_u64(bytes, 256) } else { g(6) },
-            ids_len: if v4 { rd_u64(bytes, 264) } else { 0 },
-            names_offset: if v4 { rd_u64(bytes, 272) } else { g(6) },
-            names_len: if v4 { rd_u64(bytes, 280) } else { 0 },
-            sums_offset: g(6),
-            sums_len: g(7),
-            file_len: g(8),
-        };
+        let stored_layout = CacheLayout::stored(bytes, v3, v4);
         let bad_layout = |detail: String| DataError::from(format.layout(path, detail));
         let lists = v4.then(|| ListShape { fields: list_fields, id_capacity: rd_u64(bytes, 264) / ID_BYTES, names_len: rd_u64(bytes, 280) });
         let want = CacheLayout::compute_with(rows, row_capacity, v3, lists).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;

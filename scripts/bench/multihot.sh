@@ -13,13 +13,13 @@
 #      --threads 1) vs torch DDP (gloo, EmbeddingBag sparse) at 1 and 2 OMP threads per
 #      rank (the best is the reference).
 # Writes docs/bench/multihot.txt.
-#   scripts/bench/multihot.sh            (ROWS=200000 EPOCHS=1; SKIP_BUILD=1: the release build is there)
+#   scripts/bench/multihot.sh            (ROWS=500000 EPOCHS=1; SKIP_BUILD=1: the release build is there)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target=${CARGO_TARGET_DIR:-target}
 case $target in /*) ;; *) target="$PWD/$target" ;; esac
 py=${PYTHON:-$(WITH_TORCH=1 scripts/bench/venv.sh)}
-rows=${ROWS:-200000}
+rows=${ROWS:-500000}
 epochs=${EPOCHS:-1}
 bin=${RINGREC_BIN:-$target/release/ringrec}
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --locked --release --features cuda >&2

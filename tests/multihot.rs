@@ -131,3 +131,24 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     job.assert_ok();
     assert_ne!(job.summary()["auc"].as_f64(), t["test_auc"].as_f64());
 }
+
+#[test]
+fn a_multi_hot_run_resumes_to_the_parameters_of_one_run_and_warm_starts() {
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-resume");
+    let (data_dir, ck, full) = (dir.join("data"), dir.join("ck"), dir.join("full"));
+    let (d, ck, full) = (data_dir.to_str().unwrap(), ck.to_str().unwrap(), full.to_str().unwrap());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["train", "--data", whole.to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--hidden", "16", "--json"];
+        args.extend(extra);
+        let job = common::mpirun(1, &[], &args);
+        job.assert_ok();
+        job.summary()
+    };
+    let one = run(&["--max-steps", "6", "--checkpoint-dir", full]);
+    run(&["--max-steps", "3", "--checkpoint-dir", ck]);
+    let resumed = run(&["--max-steps", "6", "--checkpoint-dir", ck, "--resume"]);
+    assert_eq!(fnv(&resumed), fnv(&one));
+    let warm = run(&["--max-steps", "1", "--init-from", full]);
+    assert!(warm["table_rows"].as_u64().unwrap() >= one["table_rows"].as_u64().unwrap(), "the table carried over");
+}

@@ -217,7 +217,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         }
         let run_table = cfg.table_config();
         let warm = match &cfg.init_from {
-            Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &run_table, &mut params, &mut opt)?),
+            Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)?),
             None => None,
         };
         let (position, saved) = match &cfg.checkpoint_dir {

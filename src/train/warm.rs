@@ -39,7 +39,7 @@ use crate::model::DenseWeights;
 
 /// Rank 0's checks of `m` against this run (see the module docs); what to share: the
 /// source with what is not carried taken out, and the line that says so.
-fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(ModelSource, String), String> {
+fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, mut m: ModelSource) -> Result<(ModelSource, String), String> {
     let flag = format!("--init-from {}", m.given.display());
     if let Some(d) = &cfg.init_dense {
         if m.kind != SourceKind::Params {
@@ -47,7 +47,6 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         }
         m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
     }
-    let mine = cfg.model_spec();
     let t = &m.table;
     if t.dim as usize != mine.row_width() {
         let theirs = m.model().map(|d| format!(" (its model: the {d})")).unwrap_or_default();
@@ -57,7 +56,7 @@ fn check(cfg: &TrainConfig, run: &TableConfig, mut m: ModelSource) -> Result<(Mo
         return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
     }
     if let Some(d) = &m.dense {
-        let diffs = d.spec.differences(&mine);
+        let diffs = d.spec.differences(mine);
         if !diffs.is_empty() {
             let from = cfg.init_dense.as_ref().map_or(flag.clone(), |p| format!("--init-dense {}", p.display()));
             let what: Vec<String> = diffs.iter().map(|(f, theirs, ours)| format!("{f} {theirs} there, {ours} here")).collect();
@@ -136,16 +135,16 @@ const NOT_EQUAL: &str = " (so this run will not be bit-identical to one that nev
 
 /// Sets this run up from `cfg.init_from` on every rank (collective; see the module docs):
 /// the dense parameters into `params`, the carried optimizer state (if any) into `opt`.
-/// Returns the table file each host leader fills the host table from (`run` is the run's
-/// own table configuration; [`TableFile::config`] turns it into the warm one) and what the
-/// run started from.
-pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, run: &TableConfig, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<(TableFile, WarmFrom)> {
+/// Returns the table file each host leader fills the host table from (`spec` is the run's
+/// model over its data's fields, `run` its own table configuration; [`TableFile::config`]
+/// turns it into the warm one) and what the run started from.
+pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, spec: &crate::model::ModelSpec, run: &TableConfig, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<(TableFile, WarmFrom)> {
     let Some(path) = &cfg.init_from else { return Err(super::TrainError::Config("no --init-from".into())) };
     let mine = (topo.rank == 0).then(|| {
         let fallback = if cfg.require_newest { Fallback::Refuse("leave out --require-newest to start from it") } else { Fallback::Allow };
         let m = ModelSource::open(path, fallback).map_err(|e| format!("--init-from: {e}"))?;
         m.warn_skipped();
-        let (m, line) = check(cfg, run, m)?;
+        let (m, line) = check(cfg, spec, run, m)?;
         crate::eprint_line(&line);
         Ok(m)
     });

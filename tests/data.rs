@@ -344,13 +344,13 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
     assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
-    // A future version (3 is a cache with weights), and the previous one.
+    // A future version (3 is a cache with weights, 4 one with lists), and the previous one.
     let mut b = bytes.clone();
-    b[8] = 4;
+    b[8] = 5;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 4, supported: 3, .. })), "{e:?}");
-    assert!(e.to_string().contains("format version 4, this build reads version 3"), "{e}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 5, supported: 4, .. })), "{e:?}");
+    assert!(e.to_string().contains("format version 5, this build reads version 4"), "{e}");
     b[8] = 1;
     fix_checksum(&mut b);
     let e = try_open("version1.rrdata", &b);

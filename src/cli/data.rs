@@ -186,7 +186,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let positives = ds.positives();
             let ctr = if ds.is_empty() { 0.0 } else { positives as f64 / ds.len() as f64 };
             if json {
-                let v = serde_json::json!({ "path": path, "header": h, "positives": positives, "ctr": ctr, "verified_blocks": blocks, "open_seconds": verify_s });
+                let v = serde_json::json!({ "path": path, "header": h, "list_names": ds.list_names(), "positives": positives, "ctr": ctr, "verified_blocks": blocks, "open_seconds": verify_s });
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("dataset cache {}", path.display());
@@ -195,6 +195,10 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("  features        13 dense (ln(1+max(x,0))), 26 categorical keys");
                 if let Some(c) = h.weight_column {
                     println!("  weights         one per row, from field {c} of each line (format version 3)");
+                }
+                if !ds.list_names().is_empty() {
+                    let ids: usize = ds.spans_all().chunks_exact(2).map(|s| (s[1] - s[0]) as usize).sum();
+                    println!("  multi-hot       {} list fields ({}), {ids} ids ({:.1} a list) (format version 4)", ds.list_fields(), ds.list_names().join(", "), ids as f64 / (ds.len() * ds.list_fields()).max(1) as f64);
                 }
                 let src = &h.source;
                 println!("  source          {} lines, {} bytes, crc32 {:08x}", h.lines, src.size, h.source_crc32);

@@ -311,20 +311,29 @@ fn broadcast_async(name: &str, tensor: Bound<'_, PyAny>, root_rank: usize) -> Py
     with_runtime(|rt| Handle::new(rt.broadcast_async(name, t, root_rank)))
 }
 
-/// Seconds per blocking Sum allreduce of `count` float32 (`iters` calls after 3 warm-up
-/// ones) made from Rust through this process's engine, each on a fresh copy of the input, as
-/// `ringrec.allreduce` makes from Python: the reference of scripts/bench/python_allreduce.py
-/// (what a Rust program calling `Runtime::allreduce` pays, measured in the same job).
+/// Seconds per blocking allreduce of `count` float32 (`iters` calls after 3 warm-up ones)
+/// made from Rust through this process's engine: the reference of
+/// scripts/bench/python_allreduce.py (what a Rust program calling `Runtime::allreduce` pays,
+/// measured in the same job). Each call sums a fresh copy of the input, as `ringrec.allreduce`
+/// does from Python; `in_place`: each call averages one buffer moved in and back out
+/// (`Tensor::from_vec`, `into_vec`: no copy), as `ringrec.allreduce_(x, op=Average)` does.
 #[pyfunction]
-fn bench_allreduce(py: Python<'_>, name: &str, count: usize, iters: usize) -> PyResult<f64> {
+#[pyo3(signature = (name, count, iters, in_place=false))]
+fn bench_allreduce(py: Python<'_>, name: &str, count: usize, iters: usize, in_place: bool) -> PyResult<f64> {
     let x = vec![1.0f32; count];
     py.detach(|| {
         with_runtime(|rt| {
             let mut per_call = 0.0;
+            let mut buf = x.clone();
             for (i, n) in [3, iters.max(1)].into_iter().enumerate() {
                 let t = std::time::Instant::now();
                 for _ in 0..n {
-                    rt.allreduce(name, Tensor::from_slice(&x), ReduceOp::Sum).map_err(py_err)?;
+                    if in_place {
+                        let out = rt.allreduce(name, Tensor::from_vec(std::mem::take(&mut buf)), ReduceOp::Average).map_err(py_err)?;
+                        buf = out.into_vec().map_err(|_| RingrecError::new_err("the engine handed back another tensor"))?;
+                    } else {
+                        rt.allreduce(name, Tensor::from_slice(&x), ReduceOp::Sum).map_err(py_err)?;
+                    }
                 }
                 if i == 1 {
                     per_call = t.elapsed().as_secs_f64() / n as f64;

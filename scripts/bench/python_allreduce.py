@@ -1,7 +1,8 @@
 """Times allreduce from Python (numpy arrays through ringrec.allreduce: the extension, the
 copy of the input, the engine in place), the same calls from Rust through the same engine
 in the same job (`rust-engine`: `Runtime::allreduce` on a fresh copy, the layer's
-reference), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
+reference), both again in place without a copy (`python-inplace`: ringrec.allreduce_ with
+Average; `rust-engine-inplace`: a Vec moved into the engine and back), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
 rank 0: the median of --repeats timings (Python and Rust alternating). Run by
 scripts/bench/python_allreduce.sh."""
 
@@ -51,14 +52,21 @@ while size <= a.max_bytes:
     def once():
         out["y"] = ringrec.allreduce(x, name="bench.%d" % size, op=ringrec.Sum)
 
-    py, rust = [], []
+    def in_place():
+        ringrec.allreduce_(x, name="bench.inplace.%d" % size, op=ringrec.Average)
+
+    py, rust, py_in, rust_in = [], [], [], []
     for _ in range(a.repeats):  # alternating, so both sides see the same machine
         py.append(timed(once, n))
         assert np.allclose(out["y"][:4], 3.0)
         ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
         rust.append(ringrec._ringrec.bench_allreduce("bench.rust.%d" % size, size // 4, n))
+        ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+        py_in.append(timed(in_place, n))
+        ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+        rust_in.append(ringrec._ringrec.bench_allreduce("bench.rust.inplace.%d" % size, size // 4, n, True))
     if r == 0:
-        for what, ts in (("python", py), ("rust-engine", rust)):
+        for what, ts in (("python", py), ("rust-engine", rust), ("python-inplace", py_in), ("rust-engine-inplace", rust_in)):
             row = {"what": what, "size": size, "iters": n, "time_us": statistics.median(ts) * 1e6, "runs_us": [round(t * 1e6, 2) for t in ts]}
             print(json.dumps(row), flush=True)
     size *= a.factor

@@ -128,13 +128,14 @@ def _torch_module(t):
 
 class _Tensor:
     """A tensor as the extension takes it: the contiguous object that lends its memory
-    (``keep``), its address, byte length, dtype name and shape; ``torch`` says what to hand
+    (``keep``), handed over as a DLPack capsule (``capsule()``); ``torch`` says what to hand
     results back as, ``copied`` whether ``keep`` is a contiguous copy of the caller's."""
 
-    __slots__ = ("address", "nbytes", "dtype", "shape", "keep", "torch", "copied")
+    __slots__ = ("keep", "torch", "copied")
 
-    def args(self):
-        return self.keep, self.address, self.nbytes, self.dtype, self.shape
+    def capsule(self):
+        """A fresh ``__dlpack__()`` capsule of ``keep`` (zero-copy; one per submission)."""
+        return self.keep.__dlpack__()
 
 
 _TORCH_NAMES = None
@@ -151,30 +152,38 @@ def _tensor(t, what="tensor", copy=False, write=False):
         if _TORCH_NAMES is None:
             _TORCH_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                             torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
-        if t.device.type != "cpu":
-            raise TypeError(
-                "%s is on %s: this build of ringrec takes CPU tensors (CUDA tensors through "
-                "DLPack need the extension built with the cuda feature, which is not done yet)" % (what, t.device))
         if t.dtype not in _TORCH_NAMES:
             raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
         c = t.detach()
         x.copied = copy or not c.is_contiguous()
-        c = c.clone(memory_format=torch.contiguous_format) if x.copied else c
-        x.address, x.nbytes, x.dtype = c.data_ptr(), c.numel() * c.element_size(), _TORCH_NAMES[t.dtype]
-        x.shape, x.keep, x.torch = list(c.shape), c, True
+        x.keep = c.clone(memory_format=torch.contiguous_format) if x.copied else c
+        x.torch = True
         return x
-    import numpy as np
+    np = _numpy()
     if not isinstance(t, np.ndarray):
         raise TypeError("%s is a %s: ringrec takes numpy arrays and torch tensors" % (what, type(t).__name__))
-    if t.dtype.name not in _NUMPY_DTYPES or not t.dtype.isnative:
+    if _NUMPY_NAMES.get(t.dtype) is None or not t.dtype.isnative:
         raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
-    if write and not copy and not t.flags.writeable:
+    writeable = t.flags.writeable
+    if write and not copy and not writeable:
         raise ValueError("%s is read-only: the in-place forms write the result into it" % what)
-    x.copied = copy or not t.flags.c_contiguous
-    c = np.array(t, order="C", copy=True) if x.copied else t
-    x.address, x.nbytes, x.dtype = c.__array_interface__["data"][0], c.nbytes, c.dtype.name
-    x.shape, x.keep, x.torch = list(c.shape), c, False
+    # A read-only array is copied: DLPack's capsule cannot say read-only.
+    x.copied = copy or not writeable or not t.flags.c_contiguous
+    x.keep = t.copy(order="C") if x.copied else t
+    x.torch = False
     return x
+
+
+_NUMPY_NAMES = {}
+
+
+def _numpy():
+    """numpy, and the dtype -> name table of the dtypes ringrec takes (a dtype's ``.name``
+    costs microseconds per call; the table's lookup does not)."""
+    import numpy as np
+    if not _NUMPY_NAMES:
+        _NUMPY_NAMES.update({np.dtype(n): n for n in _NUMPY_DTYPES})
+    return np
 
 
 def _result(buf, as_torch):
@@ -255,32 +264,36 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     """Starts reducing ``tensor`` over all ranks (``op``: Sum, Average, Min, Max); returns a
     ``Handle`` whose ``wait()`` gives a new tensor with the result."""
     x = _tensor(tensor, copy=True)
-    h = _ringrec.allreduce_async(_name("allreduce", name), *x.args(), _op(op), compression)
+    h = _ringrec.allreduce_async(_name("allreduce", name), x.capsule(), _op(op), compression)
     return Handle(h, x)
 
 
 def allreduce_async_(tensor, name=None, op=Average, compression=None):
     """``allreduce_async`` whose ``wait()`` writes the result into ``tensor``."""
     x = _tensor(tensor, write=True)
-    h = _ringrec.allreduce_async(_name("allreduce", name), *x.args(), _op(op), compression)
+    h = _ringrec.allreduce_async(_name("allreduce", name), x.capsule(), _op(op), compression)
     return Handle(h, x, tensor)
 
 
 def allreduce(tensor, name=None, op=Average, compression=None):
     """The reduction of ``tensor`` over all ranks, a new tensor (Horovod's ``allreduce``)."""
-    return allreduce_async(tensor, name, op, compression).wait()
+    x = _tensor(tensor, copy=True)
+    _ringrec.allreduce(_name("allreduce", name), x.capsule(), _op(op), compression)
+    return x.keep
 
 
 def allreduce_(tensor, name=None, op=Average, compression=None):
     """Reduces ``tensor`` over all ranks in place; returns it."""
-    return allreduce_async_(tensor, name, op, compression).wait()
+    x = _tensor(tensor, write=True)
+    _ringrec.allreduce(_name("allreduce", name), x.capsule(), _op(op), compression)
+    return _into(tensor, x.keep) if x.copied else tensor
 
 
 def grouped_allreduce_async(tensors, name=None, op=Average):
     """Starts reducing ``tensors`` together, in one engine cycle; one ``Handle`` each."""
     base = _name("grouped_allreduce", name)
     xs = [_tensor(t, "tensor %d" % i, copy=True) for i, t in enumerate(tensors)]
-    hs = _ringrec.grouped_allreduce_async([("%s.%d" % (base, i),) + x.args() for i, x in enumerate(xs)], _op(op))
+    hs = _ringrec.grouped_allreduce_async([("%s.%d" % (base, i), x.capsule()) for i, x in enumerate(xs)], _op(op))
     return [Handle(h, x) for h, x in zip(hs, xs)]
 
 
@@ -293,7 +306,7 @@ def allgather_async(tensor, name=None):
     """Starts concatenating every rank's ``tensor`` along the first dimension (its length may
     differ between ranks), in rank order."""
     x = _tensor(tensor)
-    return Handle(_ringrec.allgather_async(_name("allgather", name), *x.args()), x, new=True)
+    return Handle(_ringrec.allgather_async(_name("allgather", name), x.capsule()), x, new=True)
 
 
 def allgather(tensor, name=None):
@@ -304,13 +317,13 @@ def allgather(tensor, name=None):
 def broadcast_async(tensor, root_rank, name=None):
     """Starts sending rank ``root_rank``'s ``tensor`` to every rank."""
     x = _tensor(tensor, copy=True)
-    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x)
+    return Handle(_ringrec.broadcast_async(_name("broadcast", name), x.capsule(), root_rank), x)
 
 
 def broadcast_async_(tensor, root_rank, name=None):
     """``broadcast_async`` whose ``wait()`` writes the result into ``tensor``."""
     x = _tensor(tensor, write=True)
-    return Handle(_ringrec.broadcast_async(_name("broadcast", name), *x.args(), root_rank), x, tensor)
+    return Handle(_ringrec.broadcast_async(_name("broadcast", name), x.capsule(), root_rank), x, tensor)
 
 
 def broadcast(tensor, root_rank, name=None):

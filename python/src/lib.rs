@@ -6,10 +6,12 @@
 //! the library: negotiation, fusion, the response cache, compression, the timeline, the
 //! deadlines and the dead-rank checks are the engine's, exactly as in the `ringrec` binary.
 //!
-//! Memory: a submitted tensor is lent to the engine ([`Tensor::borrowed`]), which reduces
-//! or broadcasts it in place, without a copy; an allgather's new result comes back as a
+//! Memory: a submitted tensor comes as a DLPack capsule (`t.__dlpack__()`, [`dlpack`]) and
+//! is lent to the engine ([`Tensor::borrowed`]), which reduces or broadcasts it in place,
+//! without a copy; an allgather's new result comes back as a
 //! [`Buffer`] that numpy and torch view without a copy (`__array_interface__`).
 
+mod dlpack;
 mod embedding;
 
 use std::sync::{Mutex, MutexGuard};
@@ -148,10 +150,6 @@ fn abort(message: &str, code: i32) {
     }
 }
 
-fn dtype_of(name: &str) -> PyResult<DType> {
-    DType::parse(name).ok_or_else(|| PyValueError::new_err(format!("dtype {name} is not supported: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8 tensors")))
-}
-
 fn op_of(code: u32) -> PyResult<ReduceOp> {
     ReduceOp::from_code(code).ok_or_else(|| PyValueError::new_err(format!("op {code} is not one of ringrec.Sum, Average, Min, Max")))
 }
@@ -161,26 +159,6 @@ fn compression_of(name: Option<&str>, rt_default: Compression) -> PyResult<Compr
         None => Ok(rt_default),
         Some(n) => Compression::parse(n).ok_or_else(|| PyValueError::new_err(format!("compression {n:?} is not one of none, fp16, bf16, 1bit, 1bit-l1"))),
     }
-}
-
-/// A host tensor over the `nbytes` bytes at `address`, lent by the Python object `owner`
-/// (a contiguous numpy array or torch CPU tensor, kept alive by the tensor): the engine
-/// reduces or broadcasts them where they are, without a copy.
-fn lent_tensor(owner: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: &[usize]) -> PyResult<Tensor> {
-    let dt = dtype_of(dtype)?;
-    let n: usize = shape.iter().product();
-    if n * dt.size() != nbytes {
-        return Err(PyValueError::new_err(format!("a {dtype} tensor of shape {shape:?} has {} bytes, not {nbytes}", n * dt.size())));
-    }
-    if nbytes == 0 {
-        return Ok(Tensor::zeros(dt, shape));
-    }
-    // SAFETY: `owner` is the contiguous array whose data pointer and byte length the Python
-    // layer passes (`ringrec._tensor`); the tensor holds a reference to it, so the memory
-    // lives as long as the tensor, and the caller does not touch it until the operation's
-    // handle is waited for (Horovod's contract for a tensor in flight).
-    unsafe { Tensor::borrowed(address as *mut u8, nbytes, dt, shape, owner.unbind()) }
-        .ok_or_else(|| PyValueError::new_err(format!("the {dtype} tensor's data at {address:#x} is null or not aligned for its dtype")))
 }
 
 /// A tensor the engine handed back: numpy views its memory without a copy through
@@ -274,29 +252,46 @@ impl Handle {
     }
 }
 
-/// Submits an allreduce, in place, of `tensor`'s memory (`nbytes` at `address`); `op` is a `ReduceOp` code (Sum 0,
-/// Average 1, Min 2, Max 3); `compression` None takes the engine's (`RINGREC_COMPRESSION`).
+/// Submits an allreduce, in place, of the memory of `tensor` (a `__dlpack__()` capsule);
+/// `op` is a `ReduceOp` code (Sum 0, Average 1, Min 2, Max 3); `compression` None takes the
+/// engine's (`RINGREC_COMPRESSION`).
 #[pyfunction]
-#[pyo3(signature = (name, tensor, address, nbytes, dtype, shape, op, compression=None))]
-#[allow(clippy::too_many_arguments)]
-fn allreduce_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, op: u32, compression: Option<&str>) -> PyResult<Handle> {
+#[pyo3(signature = (name, tensor, op, compression=None))]
+fn allreduce_async(name: &str, tensor: Bound<'_, PyAny>, op: u32, compression: Option<&str>) -> PyResult<Handle> {
     let op = op_of(op)?;
-    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
+    let t = dlpack::lent_tensor(&tensor, name)?;
     with_runtime(|rt| {
         let c = compression_of(compression, rt.compression())?;
         Ok(Handle::new(rt.allreduce_async_with(name, t, op, c)))
     })?
 }
 
-/// Submits tensors that are reduced together, in one cycle: `tensors` is a list of
-/// (name, tensor, address, nbytes, dtype, shape).
+/// A blocking allreduce, in place, of `tensor`'s memory (the arguments of
+/// [`allreduce_async`]): submitted and waited for in one call with the GIL released, the
+/// path a Rust caller of `Runtime::allreduce` takes (no handle objects, the engine's cycle
+/// started at once).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-fn grouped_allreduce_async(tensors: Vec<(String, Bound<'_, PyAny>, usize, usize, String, Vec<usize>)>, op: u32) -> PyResult<Vec<Handle>> {
+#[pyo3(signature = (name, tensor, op, compression=None))]
+fn allreduce(py: Python<'_>, name: &str, tensor: Bound<'_, PyAny>, op: u32, compression: Option<&str>) -> PyResult<()> {
+    let h = allreduce_async(name, tensor, op, compression)?;
+    let h = h.inner.into_inner().unwrap_or_else(|e| e.into_inner());
+    match h {
+        // The lent tensor comes back and goes here, with the GIL held: its array's
+        // reference is released at once, not deferred to pyo3's pool.
+        Some(h) => py.detach(|| h.wait()).map(drop).map_err(py_err),
+        None => Ok(()),
+    }
+}
+
+/// Submits tensors that are reduced together, in one cycle: `tensors` is a list of
+/// (name, `__dlpack__()` capsule).
+#[pyfunction]
+fn grouped_allreduce_async(tensors: Vec<(String, Bound<'_, PyAny>)>, op: u32) -> PyResult<Vec<Handle>> {
     let op = op_of(op)?;
     let mut named = Vec::with_capacity(tensors.len());
-    for (name, tensor, address, nbytes, dtype, shape) in tensors {
-        named.push((name, lent_tensor(tensor, address, nbytes, &dtype, &shape)?));
+    for (name, tensor) in tensors {
+        let t = dlpack::lent_tensor(&tensor, &name)?;
+        named.push((name, t));
     }
     with_runtime(|rt| rt.grouped_allreduce_async(named, op).into_iter().map(Handle::new).collect())
 }
@@ -304,33 +299,41 @@ fn grouped_allreduce_async(tensors: Vec<(String, Bound<'_, PyAny>, usize, usize,
 /// Submits an allgather of `tensor` (every rank's rows concatenated in rank order, a new
 /// tensor).
 #[pyfunction]
-fn allgather_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>) -> PyResult<Handle> {
-    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
+fn allgather_async(name: &str, tensor: Bound<'_, PyAny>) -> PyResult<Handle> {
+    let t = dlpack::lent_tensor(&tensor, name)?;
     with_runtime(|rt| Handle::new(rt.allgather_async(name, t)))
 }
 
 /// Submits a broadcast from `root_rank`, in place in `tensor`'s memory.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn broadcast_async(name: &str, tensor: Bound<'_, PyAny>, address: usize, nbytes: usize, dtype: &str, shape: Vec<usize>, root_rank: usize) -> PyResult<Handle> {
-    let t = lent_tensor(tensor, address, nbytes, dtype, &shape)?;
+fn broadcast_async(name: &str, tensor: Bound<'_, PyAny>, root_rank: usize) -> PyResult<Handle> {
+    let t = dlpack::lent_tensor(&tensor, name)?;
     with_runtime(|rt| Handle::new(rt.broadcast_async(name, t, root_rank)))
 }
 
-/// Seconds per blocking Sum allreduce of `count` float32 (`iters` calls after 3 warm-up
-/// ones) made from Rust through this process's engine, each on a fresh copy of the input, as
-/// `ringrec.allreduce` makes from Python: the reference of scripts/bench/python_allreduce.py
-/// (what a Rust program calling `Runtime::allreduce` pays, measured in the same job).
+/// Seconds per blocking allreduce of `count` float32 (`iters` calls after 3 warm-up ones)
+/// made from Rust through this process's engine: the reference of
+/// scripts/bench/python_allreduce.py (what a Rust program calling `Runtime::allreduce` pays,
+/// measured in the same job). Each call sums a fresh copy of the input, as `ringrec.allreduce`
+/// does from Python; `in_place`: each call averages one buffer moved in and back out
+/// (`Tensor::from_vec`, `into_vec`: no copy), as `ringrec.allreduce_(x, op=Average)` does.
 #[pyfunction]
-fn bench_allreduce(py: Python<'_>, name: &str, count: usize, iters: usize) -> PyResult<f64> {
+#[pyo3(signature = (name, count, iters, in_place=false))]
+fn bench_allreduce(py: Python<'_>, name: &str, count: usize, iters: usize, in_place: bool) -> PyResult<f64> {
     let x = vec![1.0f32; count];
     py.detach(|| {
         with_runtime(|rt| {
             let mut per_call = 0.0;
+            let mut buf = x.clone();
             for (i, n) in [3, iters.max(1)].into_iter().enumerate() {
                 let t = std::time::Instant::now();
                 for _ in 0..n {
-                    rt.allreduce(name, Tensor::from_slice(&x), ReduceOp::Sum).map_err(py_err)?;
+                    if in_place {
+                        let out = rt.allreduce(name, Tensor::from_vec(std::mem::take(&mut buf)), ReduceOp::Average).map_err(py_err)?;
+                        buf = out.into_vec().map_err(|_| RingrecError::new_err("the engine handed back another tensor"))?;
+                    } else {
+                        rt.allreduce(name, Tensor::from_slice(&x), ReduceOp::Sum).map_err(py_err)?;
+                    }
                 }
                 if i == 1 {
                     per_call = t.elapsed().as_secs_f64() / n as f64;
@@ -356,6 +359,7 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(abort, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_async, m)?)?;
+    m.add_function(wrap_pyfunction!(allreduce, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_allreduce_async, m)?)?;
     m.add_function(wrap_pyfunction!(allgather_async, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_async, m)?)?;

@@ -1,12 +1,15 @@
 """Times allreduce from Python (numpy arrays through ringrec.allreduce: the extension, the
 copy of the input, the engine in place), the same calls from Rust through the same engine
 in the same job (`rust-engine`: `Runtime::allreduce` on a fresh copy, the layer's
-reference), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
-rank 0. Run by scripts/bench/python_allreduce.sh."""
+reference), both again in place without a copy (`python-inplace`: ringrec.allreduce_ with
+Average; `rust-engine-inplace`: a Vec moved into the engine and back), and torch.distributed.all_reduce over gloo; one JSON line per (what, size) on
+rank 0: the median of --repeats timings (Python and Rust alternating). Run by
+scripts/bench/python_allreduce.sh."""
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 import numpy as np
@@ -18,6 +21,7 @@ p.add_argument("--min-bytes", type=int, default=4096)
 p.add_argument("--max-bytes", type=int, default=64 << 20)
 p.add_argument("--factor", type=int, default=4)
 p.add_argument("--gloo-bytes", type=int, default=16 << 20)
+p.add_argument("--repeats", type=int, default=5, help="alternating Python and Rust timings per size; the medians are reported")
 a = p.parse_args()
 
 ringrec.init()
@@ -48,13 +52,23 @@ while size <= a.max_bytes:
     def once():
         out["y"] = ringrec.allreduce(x, name="bench.%d" % size, op=ringrec.Sum)
 
-    t = timed(once, n)
-    assert np.allclose(out["y"][:4], 3.0)
-    ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
-    t_rust = ringrec._ringrec.bench_allreduce("bench.rust.%d" % size, size // 4, n)
+    def in_place():
+        ringrec.allreduce_(x, name="bench.inplace.%d" % size, op=ringrec.Average)
+
+    py, rust, py_in, rust_in = [], [], [], []
+    for _ in range(a.repeats):  # alternating, so both sides see the same machine
+        py.append(timed(once, n))
+        assert np.allclose(out["y"][:4], 3.0)
+        ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+        rust.append(ringrec._ringrec.bench_allreduce("bench.rust.%d" % size, size // 4, n))
+        ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+        py_in.append(timed(in_place, n))
+        ringrec.allreduce(np.zeros(1, np.float32), name="bench.barrier")
+        rust_in.append(ringrec._ringrec.bench_allreduce("bench.rust.inplace.%d" % size, size // 4, n, True))
     if r == 0:
-        print(json.dumps({"what": "python", "size": size, "iters": n, "time_us": t * 1e6}), flush=True)
-        print(json.dumps({"what": "rust-engine", "size": size, "iters": n, "time_us": t_rust * 1e6}), flush=True)
+        for what, ts in (("python", py), ("rust-engine", rust), ("python-inplace", py_in), ("rust-engine-inplace", rust_in)):
+            row = {"what": what, "size": size, "iters": n, "time_us": statistics.median(ts) * 1e6, "runs_us": [round(t * 1e6, 2) for t in ts]}
+            print(json.dumps(row), flush=True)
     size *= a.factor
 
 import torch  # noqa: E402
@@ -67,11 +81,13 @@ for size in (a.gloo_bytes,):
     n = iters(size)
     for _ in range(3):
         dist.all_reduce(t_)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        dist.all_reduce(t_)
-    t = (time.perf_counter() - t0) / n
+    ts = []
+    for _ in range(a.repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.all_reduce(t_)
+        ts.append((time.perf_counter() - t0) / n)
     if r == 0:
-        print(json.dumps({"what": "gloo", "size": size, "iters": n, "time_us": t * 1e6}), flush=True)
+        print(json.dumps({"what": "gloo", "size": size, "iters": n, "time_us": statistics.median(ts) * 1e6, "runs_us": [round(t * 1e6, 2) for t in ts]}), flush=True)
 dist.destroy_process_group()

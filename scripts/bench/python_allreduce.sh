@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 32's engine-overhead figures at 2 ranks, one run: allreduce (sum, float32) of 4 KiB
 # to 64 MiB numpy arrays from Python (ringrec.allreduce) against the same calls from Rust
-# through the same engine in the same job (Runtime::allreduce), against the backend alone
+# through the same engine in the same job (Runtime::allreduce; both also in place, without
+# copying the input), against the backend alone
 # (`ringrec bench allreduce --backends shm`, the engine's backend on one host; mpi is
 # measured too, as bench's reference), and torch.distributed.all_reduce (gloo) at 16 MiB.
 # Release builds: the binary and the extension (maturin --release into target/python-site-release).
@@ -33,12 +34,15 @@ rows = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
 py = {r["size"]: r["time_us"] for r in rows if r["what"] == "python"}
 eng = {r["size"]: r["time_us"] for r in rows if r["what"] == "rust-engine"}
 gloo = {r["size"]: r["time_us"] for r in rows if r["what"] == "gloo"}
+py_in = {r["size"]: r["time_us"] for r in rows if r["what"] == "python-inplace"}
+eng_in = {r["size"]: r["time_us"] for r in rows if r["what"] == "rust-engine-inplace"}
 print("# allreduce sum float32, 2 ranks: Python (ringrec.allreduce on numpy) vs Rust through the same engine")
 print("# in the same job (Runtime::allreduce) and vs Rust's backend alone (bench allreduce, shm)")
-print("%12s %14s %14s %14s %10s %10s" % ("size(B)", "bench(us)", "rust-eng(us)", "python(us)", "py/eng", "py/bench"))
+print("# (medians of alternating repeats); in place: allreduce_ (Average) vs a Vec moved through the engine, no copy")
+print("%12s %12s %12s %12s %8s %8s %12s %12s %8s" % ("size(B)", "bench(us)", "rust-eng(us)", "python(us)", "py/eng", "py/bench", "rust-in(us)", "py-in(us)", "in/in"))
 for s in sorted(py):
-    if s in rust and s in eng:
-        print("%12d %14.1f %14.1f %14.1f %10.2f %10.2f" % (s, rust[s], eng[s], py[s], py[s] / eng[s], py[s] / rust[s]))
+    if s in rust and s in eng and s in eng_in and s in py_in:
+        print("%12d %12.1f %12.1f %12.1f %8.2f %8.2f %12.1f %12.1f %8.2f" % (s, rust[s], eng[s], py[s], py[s] / eng[s], py[s] / rust[s], eng_in[s], py_in[s], py_in[s] / eng_in[s]))
 for s, t in sorted(gloo.items()):
     print("# %d B: torch.distributed.all_reduce (gloo) %.1f us, ringrec from Python %.1f us: ringrec %.2fx gloo's speed" % (s, t, py[s], t / py[s]))
 PY

@@ -302,6 +302,7 @@ impl Controller {
     /// again); a peer that submitted meanwhile waits in its cycle's allreduce, without
     /// burning a core, until this one joins.
     pub fn run(mut self) {
+        crate::comm::precise_sleeps();
         let mut last = Instant::now();
         let mut idle = 0u32;
         let reason = loop {

@@ -26,6 +26,15 @@ check((ringrec.cross_rank(), ringrec.cross_size()) == (r // per_host, n // per_h
 ringrec.init()  # a second init is a no-op, as Horovod's
 
 
+def raises(kind, words, f):
+    try:
+        f()
+    except kind as e:
+        check(all(w in str(e) for w in words), "%s names %s: %s" % (kind.__name__, words, e))
+        return
+    raise AssertionError("rank %d: no %s for %s" % (r, kind.__name__, words))
+
+
 def data(rank, dtype, shape, seed):
     g = np.random.default_rng(seed * 1000 + rank)
     if np.issubdtype(dtype, np.integer):
@@ -96,6 +105,17 @@ if torch is not None:
     check(torch.is_tensor(t) and t.shape == (3, 2) and torch.allclose(t, torch.full((3, 2), (n + 1) / 2)), "torch allreduce")
     b = hvd.allreduce(torch.full((4,), float(r), dtype=torch.bfloat16), name="torch.bf16", op=hvd.Sum)
     check(b.dtype == torch.bfloat16 and bool((b == n * (n - 1) / 2).all()), "torch bfloat16 allreduce")
+    # DLPack, zero-copy: the engine works in the tensor's own storage, so a view taken
+    # before the call sees the result and the storage has not moved.
+    tz = torch.full((2, 3), float(r + 1))
+    view, ptr = tz[1], tz.data_ptr()
+    hvd.allreduce_(tz, name="torch.dlpack", op=hvd.Sum)
+    check(tz.data_ptr() == ptr and bool((view == n * (n + 1) / 2).all()), "torch allreduce_ in the tensor's storage (DLPack)")
+    tc = torch.full((4,), float(r))
+    ringrec._ringrec.allreduce("torch.capsule", tc.__dlpack__(), ringrec.Sum)
+    check(bool((tc == n * (n - 1) / 2).all()), "a torch tensor's __dlpack__ capsule reduced in place by the extension")
+    if torch.cuda.is_available():
+        raises(TypeError, ["cuda"], lambda: hvd.allreduce(torch.ones(2, device="cuda"), name="torch.cuda"))
     m = torch.nn.Linear(3, 2)
     with torch.no_grad():
         m.weight.fill_(r)
@@ -104,15 +124,6 @@ if torch is not None:
     opt = torch.optim.Adam(m.parameters(), lr=0.1 * (r + 1))
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     check(opt.param_groups[0]["lr"] == 0.1 and len(opt.state_dict()["state"]) == 2, "broadcast_optimizer_state")
-
-
-def raises(kind, words, f):
-    try:
-        f()
-    except kind as e:
-        check(all(w in str(e) for w in words), "%s names %s: %s" % (kind.__name__, words, e))
-        return
-    raise AssertionError("rank %d: no %s for %s" % (r, kind.__name__, words))
 
 
 # Bad arguments: Python exceptions that name the problem.
@@ -124,6 +135,14 @@ raises(ValueError, ["compression"], lambda: ringrec.allreduce(np.zeros(3, np.flo
 ro = np.zeros(3, np.float32)
 ro.flags.writeable = False
 raises(ValueError, ["read-only"], lambda: ringrec.allreduce_(ro))
+# A DLPack capsule is taken once (the extension renames it used_dltensor); anything else
+# is refused before it reaches the engine. A numpy array's capsule is reduced in place.
+nz = np.full(3, float(r), np.float32)
+cap = nz.__dlpack__()
+ringrec._ringrec.allreduce("dlpack.once", cap, ringrec.Sum)
+check(np.allclose(nz, n * (n - 1) / 2), "a numpy array's __dlpack__ capsule reduced in place by the extension")
+raises(TypeError, ["DLPack", "dltensor"], lambda: ringrec._ringrec.allreduce("dlpack.twice", cap, ringrec.Sum))
+raises(TypeError, ["DLPack"], lambda: ringrec._ringrec.allreduce("dlpack.object", object(), ringrec.Sum))
 raises(ValueError, ["appears twice"], lambda: ringrec.broadcast_parameters([("a", np.zeros(1)), ("a", np.zeros(1))], 0))
 raises(ValueError, ["root", "not a rank"], lambda: ringrec.broadcast(np.zeros(1), n, name="badroot"))
 if n > 1:

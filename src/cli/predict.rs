@@ -62,6 +62,10 @@ pub struct PredictArgs {
     /// A Parquet input's categorical columns (as `train --sparse-columns`).
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub sparse_columns: Vec<String>,
+    /// A Parquet input's columns in a TOML file (as `train --schema`), instead of the column
+    /// flags.
+    #[arg(long, value_name = "FILE.toml")]
+    pub schema: Option<PathBuf>,
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
@@ -134,6 +138,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         label_column: args.label_column.clone(),
         dense_columns: args.dense_columns.clone(),
         sparse_columns: args.sparse_columns.clone(),
+        schema: args.schema.clone(),
         backend: args.backend.0,
         require_newest: args.require_newest,
     };

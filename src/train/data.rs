@@ -88,6 +88,10 @@ pub struct TrainData {
     column_nulls: Vec<ColumnNulls>,
 }
 
+/// A run's inputs resolved: the training files, the held-out files, how they are prepared
+/// and the nulls of their Parquet columns.
+type Resolved = (Vec<PathBuf>, Vec<PathBuf>, PrepareOptions, Vec<ColumnNulls>);
+
 /// The nulls of one column of a run's Parquet inputs (the summary's `column_nulls`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ColumnNulls {
@@ -179,7 +183,7 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
             crate::stale::report(&d, &crate::stale::sweep_temporaries(&d));
         }
     }
-    let resolved = (|| -> Result<(Vec<PathBuf>, Vec<PathBuf>, PrepareOptions, Vec<ColumnNulls>), DataError> {
+    let resolved = (|| -> Result<Resolved, DataError> {
         std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, "create the data directory", e))?;
         let files = if cfg.data.is_empty() { vec![default_set(dir, cfg.synth_rows)?] } else { inputs::resolve("--data", &cfg.data)? };
         let eval = inputs::resolve("--eval-data", &cfg.eval_data)?;

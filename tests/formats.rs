@@ -500,7 +500,7 @@ fn a_schema_file_trains_as_its_flags_and_a_parquet_weight_as_a_tsv_weight() {
     let e = train(&pq, &["--schema", &same, "--label-column", "label"]);
     assert!(e.code != Some(0) && e.all().contains(&format!("--schema {same} and --label-column both name a Parquet input's columns")), "{}", e.all());
     let e = train(&pq, &["--schema", &none, "--checkpoint-dir", ck.to_str().unwrap(), "--resume"]);
-    assert!(e.code != Some(0) && e.all().contains("Parquet columns: the checkpoint was written with") && e.all().contains("transforms I1=none"), "{}", e.all());
+    assert!(e.code != Some(0) && e.all().contains("Parquet columns: the checkpoint was written with") && e.all().contains("transforms I1=none (column `I1`: dense there, dense, transform none here)"), "{}", e.all());
     let e = train(&pq, &["--schema", &none, "--init-from", ck.to_str().unwrap()]);
     assert!(e.code != Some(0) && e.all().contains("column `I1` is dense there and dense, transform none here"), "{}", e.all());
 

@@ -112,7 +112,12 @@ impl ColumnSpec {
     /// Parses the text of the schema file `path`.
     pub fn parse(path: &Path, text: &str) -> DataResult<ColumnSpec> {
         let bad = |key: &str, detail: String| DataError::Schema { path: path.to_path_buf(), key: key.to_string(), detail };
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| bad("(syntax)", e.to_string().trim_end().replace('\n', " ")))?;
+        // The parser's message and the line, not the line's text (which may be anything).
+        let syntax = |e: toml::de::Error| {
+            let line = e.span().map_or(String::new(), |s| format!(" (line {})", 1 + text.as_bytes()[..s.start.min(text.len())].iter().filter(|&&b| b == b'\n').count()));
+            bad("(syntax)", format!("not TOML: {}{line}", e.message().trim_end()))
+        };
+        let table: toml::Table = text.parse().map_err(syntax)?;
         let mut spec = ColumnSpec { file: Some(path.to_path_buf()), ..ColumnSpec::default() };
         for (key, value) in &table {
             match key.as_str() {
@@ -279,6 +284,16 @@ impl ColumnSpec {
         Some(spec)
     }
 
+    /// Where the columns two descriptions ([`ColumnSpec::describe`]: a checkpoint's, a
+    /// run's) name differ, in words (` (column `x`: sparse there, dense here)`); empty when
+    /// either is not a description or they name the same.
+    pub fn described_difference(there: &str, here: &str) -> String {
+        match (ColumnSpec::from_description(there), ColumnSpec::from_description(here)) {
+            (Some(a), Some(b)) => a.first_difference(&b).map_or(String::new(), |(c, a, b)| format!(" (column `{c}`: {a} there, {b} here)")),
+            _ => String::new(),
+        }
+    }
+
     /// The first column whose role differs between `self` and `other` (a checkpoint's
     /// columns and a run's), with what it is in each; `None` when they read the same.
     pub fn first_difference(&self, other: &ColumnSpec) -> Option<(String, String, String)> {
@@ -347,9 +362,11 @@ mod tests {
             assert_eq!(back.describe(), spec.describe());
             assert_eq!(back.first_difference(spec), None);
         }
-        let diff = t.first_difference(&ColumnSpec { transforms: vec![("price".into(), Transform::Log)], ..t.clone() });
+        let diff = t.first_difference(&ColumnSpec { transforms: vec![("count".into(), Transform::Log), ("price".into(), Transform::Log)], ..t.clone() });
         assert_eq!(diff, Some(("price".into(), "dense, transform none".into(), "dense, transform log".into())));
         assert_eq!(flags.first_difference(&ColumnSpec::default()), Some(("y".into(), "the label".into(), "inferred by type".into())));
+        let moved = ColumnSpec { dense: vec!["count".into()], sparse: vec!["item".into(), "price".into(), "user".into()], ..flags.clone() };
+        assert_eq!(ColumnSpec::described_difference(&flags.describe().unwrap(), &moved.describe().unwrap()), " (column `price`: dense there, sparse here)");
     }
 
     #[test]
@@ -364,7 +381,7 @@ mod tests {
             ("[dense]\nprice = 1.5", "key `dense.price`: of type float, not a transform"),
             ("dense = [\"a\"]\nsparse = [\"a\"]", "key `sparse`: column `a` is named by `dense` too"),
             ("label = \"a\"\nweight = \"a\"", "key `weight`: column `a` is named by `label` too"),
-            ("label = ", "key `(syntax)`:"),
+            ("label = \"y\"\nlabel = ", "key `(syntax)`: not TOML: "),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();

@@ -708,7 +708,7 @@ impl TrainConfig {
                 "eval_data" => (data::describe_inputs("--eval-data", &self.eval_data), typed),
                 "backend" => (self.backend(topo).to_string(), typed),
                 // The file's columns, not its path: every rank must read the same schema.
-                "schema" if self.schema.is_some() => (self.parquet_columns().unwrap_or_default(), typed),
+                "schema" if self.schema.is_some() => (self.columns().map_or_else(|e| format!("({e})"), |c| format!("{:?}", ColumnSpec { file: None, ..c })), typed),
                 "compression" => from_env(engine.compression.name().to_string(), self.compression.is_some()),
                 "onebit_lambda" => from_env(engine.onebit_lambda.to_string(), self.onebit_lambda.is_some()),
                 "onebit_block" => from_env(engine.onebit_block.to_string(), self.onebit_block.is_some()),

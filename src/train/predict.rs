@@ -233,7 +233,8 @@ impl PredictConfig {
     /// The Parquet input's named columns: `--schema`, or the column flags (exclusive).
     pub fn columns(&self) -> Result<crate::data::ColumnSpec, crate::data::DataError> {
         let flags = crate::data::ColumnSpec::from_flags(self.label_column.clone(), self.dense_columns.clone(), self.sparse_columns.clone(), None);
-        crate::data::ColumnSpec::resolve(self.schema.as_deref(), flags)
+        // Scoring reads no weights: a schema's weight column need not be there.
+        crate::data::ColumnSpec::resolve(self.schema.as_deref(), flags).map(|c| crate::data::ColumnSpec { weight: None, ..c })
     }
 
     /// Threads per rank on `topo`: `--threads`, else cores / ranks on this host.

@@ -88,13 +88,6 @@ pub struct Schema {
     pub fields: Vec<Field>,
 }
 
-impl Schema {
-    /// Whether a column is the rows' weight.
-    pub fn weighted(&self) -> bool {
-        self.fields.iter().any(|f| f.role == Role::Weight)
-    }
-}
-
 /// The kinds of leaf column the schema tells apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -131,8 +124,7 @@ impl Schema {
         let label = spec.label.as_deref().unwrap_or("label");
         let Some(li) = columns.iter().position(|c| top_name(c) == label) else {
             let names: Vec<String> = columns.iter().map(|c| top_name(c)).collect();
-            let how = if spec.file.is_some() { format!("name the label column with {}", spec.origin("label")) } else { "name the label column with --label-column".into() };
-            return Err(refuse(label, format!("no such column (the file has {}); {how}", names.join(", "))));
+            return Err(refuse(label, format!("no such column (the file has {}); name the label column with {}", names.join(", "), spec.origin("label"))));
         };
         if !matches!(kind_of(&columns[li]), Kind::Bool | Kind::Int | Kind::Float) {
             return Err(refuse(label, format!("the label is of type {}, not a boolean or a number", columns[li].physical_type())));
@@ -196,6 +188,11 @@ impl Schema {
             fields.push(Field { column: i, name, role });
         }
         Ok(Schema { fields })
+    }
+
+    /// Whether a column is the rows' weight.
+    pub fn weighted(&self) -> bool {
+        self.fields.iter().any(|f| f.role == Role::Weight)
     }
 
     /// The index of the weight column `spec` names, checked to be a flat number column.

@@ -11,7 +11,9 @@ dcn, deepfm and wide-deep, as the models' one definition (src/model/spec.rs) giv
                               [--dense-columns A,B] [--sparse-columns C,D] ...
 
 A Parquet file (it starts with PAR1) is read with pyarrow, which is then needed, by the rules
-of model.json's `input.parquet` (single-hot columns: as `ringrec predict` reads them).
+of model.json's `input.parquet` (single-hot columns: as `ringrec predict` reads them), with
+the columns model.json's `input.schema` names (the training run's --schema or column flags,
+each dense column's transform included) unless the column flags here name others.
 
 It checks every file's size and CRC-32 against model.json (and each file's own trailer, and
 the frame's header CRC of bundle version 2),
@@ -366,11 +368,13 @@ def fnv1a64(data):
     return h
 
 
-def parse_parquet(path, spec, label, dense_columns, sparse_columns):
+def parse_parquet(path, spec, label, dense_columns, sparse_columns, transforms=None):
     """(labels, dense float32 (n, 13), values uint64 (n, 26), 0), as ringrec reads a Parquet
     file (model.json's input.parquet): the label column; numbers dense (integers and booleans
-    ln(1 + max(x, 0)), floats as they are), strings categorical (1 to 16 hex digits: the number
-    they spell, else their FNV-1a 64), or exactly the named columns; nulls are empty fields."""
+    ln(1 + max(x, 0)), floats as they are, unless `transforms` maps the column to "log" or
+    "none"), strings categorical (1 to 16 hex digits: the number they spell, else their
+    FNV-1a 64), or exactly the named columns; nulls are empty fields."""
+    transforms = transforms or {}
     import pyarrow.parquet as pq
     import pyarrow.types as pt
 
@@ -409,11 +413,12 @@ def parse_parquet(path, spec, label, dense_columns, sparse_columns):
         if as_dense:
             if di >= nd:
                 fail(f"{path}: column `{name}`: more than {nd} dense columns")
-            if pt.is_floating(typ):
-                x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64).astype(np.float32)
-            else:
-                x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-                x = np.where(x > 0, np.log1p(np.maximum(x, 0).astype(np.float64)), 0.0).astype(np.float32)
+            log = transforms.get(name, "none" if pt.is_floating(typ) else "log") == "log"
+            kind = np.float64 if pt.is_floating(typ) else np.int64
+            x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=kind)
+            if log:
+                x = np.log1p(np.maximum(x, 0).astype(np.float64))
+            x = x.astype(np.float64).astype(np.float32)
             x[null] = 0.0
             dense[:, di] = x
             di += 1
@@ -525,9 +530,13 @@ def main():
     ap.add_argument("--sparse-columns", default="", help="a Parquet file's categorical columns, comma-separated")
     a = ap.parse_args()
     names = lambda s: tuple(x for x in s.split(",") if x)
-    columns = (a.label_column, names(a.dense_columns), names(a.sparse_columns))
+    columns = (a.label_column, names(a.dense_columns), names(a.sparse_columns), {})
 
     model, spec, flat, tkeys, trows = load_bundle(a.bundle)
+    schema = model["input"].get("schema")
+    if schema and not (a.dense_columns or a.sparse_columns or a.label_column != "label"):
+        # The columns the model was trained with, each dense column's transform included.
+        columns = (schema.get("label") or "label", tuple(schema["dense"]), tuple(schema["sparse"]), dict(schema.get("transforms", [])))
     labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction, columns)
     scores = 1.0 / (1.0 + np.exp(-logits(spec, flat, rows, dense)))
 

@@ -17,6 +17,7 @@ use ringrec::data::parquet_file::check_same_schema;
 use ringrec::data::parquet_write::tsv_to_parquet;
 use ringrec::data::prepare::{prepare_with, PrepareOptions};
 use ringrec::data::synth;
+use ringrec::data::ColumnSpec;
 use ringrec::hash::{crc32, fnv1a64};
 
 fn dir(name: &str) -> PathBuf {
@@ -162,7 +163,7 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
     let ok = Command::new(&py).args(["-c", PYARROW_FILES]).arg(&d).status().unwrap();
     assert!(ok.success(), "the pyarrow script failed");
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let o = PrepareOptions { label_column: Some("y".into()), dense_columns: names(&["count", "price"]), sparse_columns: names(&["item", "user", "query"]), ..opts(0) };
+    let o = opts(0).columns(ColumnSpec::from_flags(Some("y".into()), names(&["count", "price"]), names(&["item", "user", "query"]), None));
 
     // Row groups of 128 rows, dictionary-encoded strings, a large string, nulls.
     let out = d.join("good.rrdata");
@@ -186,14 +187,14 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
     }
 
     // Inferred, the integer `user` is a dense feature, the strings categorical.
-    let inferred = PrepareOptions { label_column: Some("y".into()), ..opts(0) };
+    let inferred = opts(0).columns(ColumnSpec::from_flags(Some("y".into()), vec![], vec![], None));
     prepare_with(&d.join("good.parquet"), &out, &inferred).unwrap();
     let (_, dense2, keys2) = columns(&out);
     assert_eq!(dense2[2], dense_value(0), "row 0: user 0, dense (log)");
     assert_eq!(dense2[NUM_DENSE + 2], dense_value(1000003), "row 1: user, dense (log)");
     assert_eq!(keys2[NUM_SPARSE + 1], category_key(1, fnv1a64(b"q1")), "row 1: query is field 2 now");
     // Named columns that are not there, or cannot be what they are named as.
-    let named = |dense: &[&str], sparse: &[&str]| PrepareOptions { dense_columns: names(dense), sparse_columns: names(sparse), ..inferred.clone() };
+    let named = |dense: &[&str], sparse: &[&str]| inferred.clone().columns(ColumnSpec::from_flags(Some("y".into()), names(dense), names(sparse), None));
     let e = prepare_with(&d.join("good.parquet"), &out, &named(&["cost"], &[])).unwrap_err().to_string();
     assert!(e.ends_with("column `cost`: no such column, but --dense-columns names it"), "{e}");
     let e = prepare_with(&d.join("good.parquet"), &out, &named(&["item"], &[])).unwrap_err().to_string();
@@ -231,8 +232,8 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
 
     // Inputs of one run with different schemas: refused naming the first column that differs.
     let (good, other) = (d.join("good.parquet"), d.join("label_2.parquet"));
-    check_same_schema(&[good.clone(), d.join("good.rrdata"), good.clone()], &o).unwrap();
-    let e = check_same_schema(&[good, other.clone()], &o).unwrap_err().to_string();
+    check_same_schema(&[good.clone(), d.join("good.rrdata"), good.clone()], &o.columns).unwrap();
+    let e = check_same_schema(&[good, other.clone()], &o.columns).unwrap_err().to_string();
     assert!(e.starts_with(&format!("{}: column `price`: the schema differs from that of {}: its input 1 is `price`", other.display(), path("good.parquet"))), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -322,7 +323,7 @@ fn the_generated_multi_hot_set_reads_back_with_pyarrow_and_prepares_into_a_versi
     let ids: usize = (0..ds.len()).flat_map(|i| (0..6).map(move |g| (i, g))).map(|(i, g)| ds.bag(i, g).len()).sum();
     assert_eq!(ids as u64, s.list_ids);
     // A list column named as a dense feature is refused, naming it.
-    let dense_list = PrepareOptions { dense_columns: vec!["l3".into()], ..opts(0) };
+    let dense_list = PrepareOptions { columns: ColumnSpec { dense: vec!["l3".into()], ..Default::default() }, ..opts(0) };
     let e = prepare_with(&p, &out, &dense_list).unwrap_err().to_string();
     assert!(e.ends_with("column `l3`: a list column (multi-hot) cannot be a dense feature (--dense-columns)"), "{e}");
     let Some(py) = common::test_python("pyarrow") else { return };
@@ -346,5 +347,206 @@ print("ok")
 "#;
     let out = Command::new(&py).args(["-c", check]).arg(&p).arg(s.rows.to_string()).arg(s.positives.to_string()).arg(s.list_ids.to_string()).output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok", "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Writes `sch.parquet` for the schema tests into `d`.
+const PYARROW_SCHEMA_FILE: &str = r#"
+import sys, pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+n = 600
+cols = {
+    "y": pa.array([i % 3 == 0 for i in range(n)], pa.bool_()),
+    "count": pa.array([None if i % 7 == 0 else i - 10 for i in range(n)], pa.int32()),
+    "price": pa.array([None if i % 11 == 0 else i * 0.25 for i in range(n)], pa.float64()),
+    "item": pa.array([None if i % 5 == 0 else f"item-{i % 37}" for i in range(n)], pa.string()),
+    "user": pa.array([i * 1000003 for i in range(n)], pa.int64()),
+    "w": pa.array([(i % 4) * 0.5 for i in range(n)], pa.float64()),
+    "wstr": pa.array([str(i) for i in range(n)], pa.string()),
+    "wneg": pa.array([-1.0 if i == 42 else 1.0 for i in range(n)], pa.float64()),
+    "wnull": pa.array([None if i == 9 else 1.0 for i in range(n)], pa.float64()),
+    "tags": pa.array([[i, i + 1] for i in range(n)], pa.list_(pa.int64())),
+}
+pq.write_table(pa.table(cols), f"{d}/sch.parquet", row_group_size=100)
+"#;
+
+#[test]
+fn a_schema_file_names_columns_transforms_a_weight_and_counts_nulls() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let d = common::scratch("formats-schema");
+    assert!(Command::new(&py).args(["-c", PYARROW_SCHEMA_FILE]).arg(&d).status().unwrap().success(), "the pyarrow script failed");
+    let src = d.join("sch.parquet");
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let schema = |name: &str, text: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, text).unwrap();
+        ColumnSpec::resolve(Some(&p), ColumnSpec::default())
+    };
+    let flags = ColumnSpec::from_flags(Some("y".into()), names(&["count", "price"]), names(&["item", "user"]), None);
+    let file = schema("same.toml", "label = \"y\"\ndense = [\"count\", \"price\"]\nsparse = [\"item\", \"user\"]\n").unwrap();
+    assert_eq!(file.cache_id(), flags.cache_id(), "a schema file and the same flags name the same cache");
+    let (a, b) = (d.join("flags.rrdata"), d.join("file.rrdata"));
+    let s = prepare_with(&src, &a, &opts(0).columns(flags.clone())).unwrap();
+    prepare_with(&src, &b, &opts(0).columns(file)).unwrap();
+    assert_eq!(columns(&a), columns(&b), "a schema file reads as the same flags");
+
+    // Nulls by column, in the schema's order (the label, then the features in file order).
+    let n = 600usize;
+    let count = |m: usize| (0..n).filter(|i| i % m == 0).count() as u64;
+    let want: Vec<(String, u64)> = [("y", 0), ("count", count(7)), ("price", count(11)), ("item", count(5)), ("user", 0)].iter().map(|(c, k)| (c.to_string(), *k)).collect();
+    assert_eq!(s.column_nulls, want);
+    assert_eq!(s.nulls, count(7) + count(11) + count(5));
+    let footer = ringrec::data::parquet_file::null_counts(&src, &flags).unwrap();
+    assert_eq!(footer, want.iter().map(|(c, k)| (c.clone(), Some(*k))).collect::<Vec<_>>(), "the footer's statistics count the same nulls");
+
+    // Transforms: `none` keeps an integer as it is, `log` takes a float's ln(1 + max(x, 0)).
+    let t = schema("t.toml", "label = \"y\"\nsparse = [\"item\", \"user\"]\n[dense]\ncount = \"none\"\nprice = { transform = \"log\" }\n").unwrap();
+    assert_ne!(t.cache_id(), flags.cache_id(), "another transform, another cache");
+    let c = d.join("t.rrdata");
+    prepare_with(&src, &c, &opts(0).columns(t)).unwrap();
+    let ((_, plain, keys), (_, dense, keys_t)) = (columns(&a), columns(&c));
+    assert_eq!(keys, keys_t);
+    for i in 0..n {
+        let (count, price) = (if i % 7 == 0 { 0.0 } else { (i as f32) - 10.0 }, if i % 11 == 0 { 0.0 } else { (i as f64 * 0.25).ln_1p() as f32 });
+        assert_eq!(dense[i * NUM_DENSE..i * NUM_DENSE + 2], [count, price], "row {i}");
+        let log_count = if i % 7 == 0 { 0.0 } else { dense_value(i as i64 - 10) };
+        assert_eq!(plain[i * NUM_DENSE..i * NUM_DENSE + 2], [log_count, if i % 11 == 0 { 0.0 } else { (i as f64 * 0.25) as f32 }], "row {i}: the defaults");
+    }
+
+    // A weight column, from the schema file or --weight-column NAME: a version-3 cache.
+    let w = schema("w.toml", "label = \"y\"\nweight = \"w\"\ndense = [\"count\", \"price\"]\nsparse = [\"item\", \"user\"]\n").unwrap();
+    let by_flag = ColumnSpec { weight: Some("w".into()), ..flags.clone() };
+    assert_eq!(w.cache_id(), by_flag.cache_id());
+    for (k, spec) in [w, by_flag].into_iter().enumerate() {
+        let out = d.join(format!("w{k}.rrdata"));
+        let s = prepare_with(&src, &out, &opts(0).columns(spec)).unwrap();
+        assert_eq!(s.column_nulls[..2], [("y".to_string(), 0), ("w".to_string(), 0)]);
+        assert_eq!(s.column_nulls[2..], want[1..]);
+        assert_eq!(columns(&out), columns(&a), "the weight is no feature");
+        let ds = Dataset::open(&out).unwrap();
+        assert_eq!(ds.header().weight_column, Some(ringrec::data::prepare::NAMED_WEIGHT_COLUMN));
+        let want: Vec<f32> = (0..n).map(|i| (i % 4) as f32 * 0.5).collect();
+        assert_eq!(ds.weights().unwrap(), &want[..]);
+    }
+
+    // Each bad schema: the file, the key, the column.
+    let path = src.display().to_string();
+    let err = |name: &str, text: &str| -> String {
+        match schema(name, text) {
+            Ok(spec) => prepare_with(&src, &d.join("x.rrdata"), &opts(0).columns(spec)).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        }
+    };
+    let at = |name: &str| d.join(name).display().to_string();
+    let e = err("u.toml", "label = \"y\"\ncolumns = [\"a\"]\n");
+    assert_eq!(e, format!("{}: key `columns`: not a key of a schema file (they are label, weight, dense, sparse, multi_hot)", at("u.toml")));
+    let e = err("m.toml", "label = \"y\"\ndense = [\"cost\"]\n");
+    assert_eq!(e, format!("{path}: column `cost`: no such column, but key `dense` of {} names it", at("m.toml")));
+    let e = err("s.toml", "label = \"y\"\ndense = [\"item\"]\n");
+    assert_eq!(e, format!("{path}: column `item`: a string column cannot be a dense feature (key `dense` of {})", at("s.toml")));
+    let e = err("ty.toml", "label = \"y\"\nsparse = [\"item\", 3]\n");
+    assert_eq!(e, format!("{}: key `sparse[1]`: of type integer, not a column name (a string)", at("ty.toml")));
+    let e = err("ws.toml", "label = \"y\"\nweight = \"wstr\"\nsparse = [\"item\"]\n");
+    assert!(e.starts_with(&format!("{path}: column `wstr`: the weight is of type BYTE_ARRAY, not a number")), "{e}");
+    let e = err("wn.toml", "label = \"y\"\nweight = \"wneg\"\nsparse = [\"item\"]\n");
+    assert_eq!(e, format!("{path}: row group 0, column `wneg`: row 42: weight -1 is not a finite number >= 0"));
+    let e = err("wz.toml", "label = \"y\"\nweight = \"wnull\"\nsparse = [\"item\"]\n");
+    assert!(e.starts_with(&format!("{path}: row group 0, column `wnull`: row 9: the weight is null")), "{e}");
+    let e = err("mh.toml", "label = \"y\"\nmulti_hot = [\"item\"]\n");
+    assert_eq!(e, format!("{path}: column `item`: named multi-hot by key `multi_hot` of {}, but not a list column: name a single-id column in `sparse`", at("mh.toml")));
+    let e = err("tr.toml", "label = \"y\"\n[dense]\ncount = \"sqrt\"\n");
+    assert!(e.starts_with(&format!("{}: key `dense.count`: transform \"sqrt\" is not one of", at("tr.toml"))), "{e}");
+    // A TSV's weight is a field; a Parquet file's a column.
+    let tsv = d.join("day.tsv");
+    synth(&tsv, 100, 1).unwrap();
+    let e = prepare_with(&tsv, &d.join("x.rrdata"), &opts(0).columns(ColumnSpec::from_flags(None, vec![], vec![], Some("w".into())))).unwrap_err().to_string();
+    assert!(e.contains("the weight column `w` is a Parquet file's column; a TSV's weight is a field number"), "{e}");
+    let e = prepare_with(&src, &d.join("x.rrdata"), &opts(0).weight_column(Some(41))).unwrap_err().to_string();
+    assert!(e.contains("--weight-column 41 numbers a TSV's fields; a Parquet file's weight is a column"), "{e}");
+    assert!(!d.join("x.rrdata").exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Adds the weight column `w` (`(i % 4) / 2 + 1/4`) to the Parquet file argv[1] as argv[2].
+const PYARROW_ADD_WEIGHT: &str = r#"
+import sys, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1])
+t = t.append_column("w", pa.array([(i % 4) * 0.5 + 0.25 for i in range(t.num_rows)], pa.float64()))
+pq.write_table(t, sys.argv[2], row_group_size=1000)
+"#;
+
+#[test]
+fn a_schema_file_trains_as_its_flags_and_a_parquet_weight_as_a_tsv_weight() {
+    let d = common::scratch("formats-schema-train");
+    let tsv = d.join("day.tsv");
+    synth(&tsv, 4_000, 5).unwrap();
+    let pq = d.join("day.parquet");
+    tsv_to_parquet(&tsv, &pq, 1_000).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let train = |input: &Path, extra: &[&str]| {
+        let data = d.join("data");
+        let mut args = vec!["train", "--no-progress", "--json", "--data", input.to_str().unwrap(), "--batch", "256", "--max-steps", "6", "--hidden", "16", "--table-capacity", "65536"];
+        args.extend_from_slice(extra);
+        common::mpirun(1, &[("RINGREC_DATA_DIR", data.to_str().unwrap())], &args)
+    };
+    let fnv = |job: &common::Job| {
+        job.assert_ok();
+        summary(job)["params_fnv"].as_str().unwrap().to_string()
+    };
+    let (dense, sparse): (Vec<String>, Vec<String>) = ((1..=13).map(|i| format!("I{i}")).collect(), (1..=26).map(|i| format!("C{i}")).collect());
+    let quoted = |v: &[String]| v.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ");
+    let write = |name: &str, text: String| {
+        std::fs::write(d.join(name), text).unwrap();
+        path(&d.join(name))
+    };
+    let same = write("same.toml", format!("label = \"label\"\ndense = [{}]\nsparse = [{}]\n", quoted(&dense), quoted(&sparse)));
+    let none = write("none.toml", format!("label = \"label\"\nsparse = [{}]\n[dense]\nI1 = \"none\"\n{}\n", quoted(&sparse), dense[1..].iter().map(|n| format!("{n} = {{}}")).collect::<Vec<_>>().join("\n")));
+    let (dense_flag, sparse_flag) = (dense.join(","), sparse.join(","));
+    let by_flags = train(&pq, &["--label-column", "label", "--dense-columns", &dense_flag, "--sparse-columns", &sparse_flag]);
+    let want = fnv(&by_flags);
+    let ck = d.join("ck");
+    let by_file = train(&pq, &["--schema", &same, "--checkpoint-dir", ck.to_str().unwrap()]);
+    assert_eq!(fnv(&by_file), want, "a schema file trains as the same flags");
+    let nulls = summary(&by_file)["column_nulls"].clone();
+    let prepared = prepare_with(&pq, &d.join("x.rrdata"), &opts(0)).unwrap();
+    let counted: u64 = nulls.as_array().unwrap().iter().map(|c| c["nulls"].as_u64().unwrap()).sum();
+    assert_eq!((nulls.as_array().unwrap().len(), nulls[0]["column"].as_str(), counted), (40, Some("label"), prepared.nulls), "the summary's nulls by column: {nulls}");
+    assert!(prepared.nulls > 0, "the synthetic set has empty fields");
+    let ck_none = d.join("ck-none");
+    assert_ne!(fnv(&train(&pq, &["--schema", &none, "--checkpoint-dir", ck_none.to_str().unwrap()])), want, "transform none on I1 trains another model");
+    // The flags and the file are exclusive; a resume or a warm start on other columns is refused, naming them.
+    let e = train(&pq, &["--schema", &same, "--label-column", "label"]);
+    assert!(e.code != Some(0) && e.all().contains(&format!("--schema {same} and --label-column both name a Parquet input's columns")), "{}", e.all());
+    let e = train(&pq, &["--schema", &none, "--checkpoint-dir", ck.to_str().unwrap(), "--resume"]);
+    assert!(e.code != Some(0) && e.all().contains("Parquet columns: the checkpoint was written with") && e.all().contains("transforms I1=none (column `I1`: dense there, dense, transform none here)"), "{}", e.all());
+    let e = train(&pq, &["--schema", &none, "--init-from", ck.to_str().unwrap()]);
+    assert!(e.code != Some(0) && e.all().contains("column `I1` is dense there and dense, transform none here"), "{}", e.all());
+
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    // The bundle records the schema; bundle_predict.py scores with its transforms as predict does.
+    let bundle = d.join("bundle");
+    let env = [("RINGREC_DATA_DIR", d.join("data"))];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.to_str().unwrap())).collect();
+    common::mpirun(1, &env, &["export", "--model", ck_none.to_str().unwrap(), "--out", bundle.to_str().unwrap()]).assert_ok();
+    let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+    assert_eq!(model["input"]["schema"]["transforms"], serde_json::json!([["I1", "none"]]), "{}", model["input"]);
+    let scores = d.join("scores.tsv");
+    common::mpirun(1, &env, &["predict", "--model", ck_none.to_str().unwrap(), "--data", pq.to_str().unwrap(), "--schema", &none, "--out", scores.to_str().unwrap()]).assert_ok();
+    let mut c = Command::new(&py);
+    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&pq).arg("--compare").arg(&scores).args(["--tolerance", "1e-6"]);
+    common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+
+    // A Parquet weight column weighs the rows as the same weights in a TSV's field 41.
+    let wpq = d.join("day_w.parquet");
+    assert!(Command::new(&py).args(["-c", PYARROW_ADD_WEIGHT]).arg(&pq).arg(&wpq).status().unwrap().success());
+    let text = std::fs::read_to_string(&tsv).unwrap();
+    let weighted: String = text.lines().enumerate().map(|(i, l)| format!("{l}\t{}\n", (i % 4) as f64 * 0.5 + 0.25)).collect();
+    let wtsv = d.join("day_w.tsv");
+    std::fs::write(&wtsv, weighted).unwrap();
+    let tsv_weighted = fnv(&train(&wtsv, &["--weight-column", "41"]));
+    assert_ne!(tsv_weighted, want, "the weights change the model");
+    assert_eq!(fnv(&train(&wpq, &["--weight-column", "w"])), tsv_weighted, "--weight-column NAME weighs as the TSV's field");
+    let sw = write("w.toml", "weight = \"w\"\n".into());
+    assert_eq!(fnv(&train(&wpq, &["--schema", &sw])), tsv_weighted, "the schema's weight too");
     std::fs::remove_dir_all(&d).unwrap();
 }

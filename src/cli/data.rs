@@ -10,6 +10,13 @@ use ringrec::data::criteo::{BadLineKind, DEFAULT_MAX_BAD_LINES};
 use ringrec::data::multihot::{synth_multi_hot_cut, LIST_FIELDS};
 use ringrec::data::parquet_write::{tsv_to_parquet, ROWS_PER_GROUP};
 use ringrec::data::synth::{synth_shaped, PlantedModel, SynthSummary, ValueShape, ZIPF_EXPONENT};
+use ringrec::data::weights::WeightColumn;
+use ringrec::data::ColumnSpec;
+
+/// Parses `--weight-column`: a TSV's field number or a Parquet file's column name.
+fn weight_column(s: &str) -> Result<WeightColumn, String> {
+    <WeightColumn as ringrec::settings::Word>::parse_word(s)
+}
 
 /// `ringrec data ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -32,9 +39,10 @@ pub enum DataCommand {
         #[arg(long)]
         threads: Option<usize>,
         /// The lines have 41 fields, field N (1-based) the sample's weight (see `train
-        /// --weight-column`): the cache is then version 3, with the weights.
-        #[arg(long, value_name = "N")]
-        weight_column: Option<u32>,
+        /// --weight-column`), or a Parquet file's weight column NAME: the cache is then
+        /// version 3, with the weights.
+        #[arg(long, value_name = "N|NAME", value_parser = weight_column)]
+        weight_column: Option<WeightColumn>,
         /// A Parquet file's label column [default: label].
         #[arg(long, value_name = "NAME")]
         label_column: Option<String>,
@@ -46,6 +54,10 @@ pub enum DataCommand {
         /// --dense-columns, the only feature columns read.
         #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
         sparse_columns: Vec<String>,
+        /// A Parquet file's columns in a TOML file (label, weight, dense columns with their
+        /// transform, sparse columns: docs/data.md), instead of the column flags.
+        #[arg(long, value_name = "FILE.toml")]
+        schema: Option<PathBuf>,
     },
     /// Write a synthetic Criteo-format TSV with a planted logistic model (or, with
     /// --interactions, a planted factorisation machine plus a deep part) and print the
@@ -122,12 +134,13 @@ fn synth_multi_hot_set(out: &std::path::Path, rows: u64, seed: u64, format: &str
 /// Runs a `ringrec data` command.
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
-        DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column, label_column, dense_columns, sparse_columns } => {
+        DataCommand::Prepare { input, output, max_bad_lines, threads, weight_column, label_column, dense_columns, sparse_columns, schema } => {
             let t = Instant::now();
             // The errors name the file already.
             let max_bad_lines = super::or_env(max_bad_lines, "RINGREC_MAX_BAD_LINES")?.unwrap_or(DEFAULT_MAX_BAD_LINES);
-            let opts = PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)).weight_column(weight_column);
-            let opts = PrepareOptions { label_column, dense_columns, sparse_columns, ..opts };
+            let weight = weight_column.as_ref().and_then(|c| c.name()).map(str::to_string);
+            let columns = ColumnSpec::resolve(schema.as_deref(), ColumnSpec::from_flags(label_column, dense_columns, sparse_columns, weight))?;
+            let opts = PrepareOptions::new(max_bad_lines).threads(threads.unwrap_or_else(all_cores)).weight_column(weight_column.and_then(|c| c.field())).columns(columns);
             let s = prepare_with(&input, &output, &opts)?;
             let secs = t.elapsed().as_secs_f64().max(1e-9);
             println!(
@@ -142,8 +155,9 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.source_crc32,
                 s.report
             );
-            if s.nulls > 0 {
-                println!("{} null value(s) read as empty fields (0.0, the field's missing key)", s.nulls);
+            if !s.column_nulls.is_empty() {
+                let each: Vec<String> = s.column_nulls.iter().map(|(c, n)| format!("{c} {n}")).collect();
+                println!("nulls by column: {} ({} in all, read as empty fields: 0.0, the field's missing key)", each.join(", "), s.nulls);
             }
         }
         DataCommand::Synth { multi_hot: true, rows, out, seed, format, max_list_len, .. } => synth_multi_hot_set(&out, rows, seed, &format, max_list_len)?,
@@ -193,8 +207,10 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("  rows            {}", h.rows);
                 println!("  positives       {positives} (ctr {ctr:.4})");
                 println!("  features        13 dense (ln(1+max(x,0))), 26 categorical keys");
-                if let Some(c) = h.weight_column {
-                    println!("  weights         one per row, from field {c} of each line (format version 3)");
+                match h.weight_column {
+                    Some(ringrec::data::prepare::NAMED_WEIGHT_COLUMN) => println!("  weights         one per row, from a Parquet file's weight column (format version 3)"),
+                    Some(c) => println!("  weights         one per row, from field {c} of each line (format version 3)"),
+                    None => {}
                 }
                 if !ds.list_names().is_empty() {
                     let ids: usize = ds.spans_all().chunks_exact(2).map(|s| (s[1] - s[0]) as usize).sum();

@@ -65,6 +65,10 @@ pub struct PredictArgs {
     /// How the multi-hot fields were pooled in training (as `train --multi-hot-pooling`).
     #[arg(long, value_name = "MODE", default_value = "sum")]
     pub multi_hot_pooling: String,
+    /// A Parquet input's columns in a TOML file (as `train --schema`), instead of the column
+    /// flags.
+    #[arg(long, value_name = "FILE.toml")]
+    pub schema: Option<PathBuf>,
     /// Collective backend: auto, mpi, ring, shm, hier.
     #[arg(long, default_value = "auto", value_parser = backend)]
     pub backend: BackendArg,
@@ -138,6 +142,7 @@ pub fn run(topo: &Topology, args: &PredictArgs) -> anyhow::Result<()> {
         dense_columns: args.dense_columns.clone(),
         sparse_columns: args.sparse_columns.clone(),
         multi_hot_pooling: args.multi_hot_pooling.clone(),
+        schema: args.schema.clone(),
         backend: args.backend.0,
         require_newest: args.require_newest,
     };

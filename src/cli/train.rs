@@ -144,6 +144,10 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
         s.test_calibration.map_or("-".into(), |v| format!("{v:.4}")),
         s.peak_rss_mib
     );
+    if s.column_nulls.iter().any(|c| c.nulls != Some(0)) {
+        let each: Vec<String> = s.column_nulls.iter().map(|c| format!("{} {}", c.column, c.nulls.map_or("?".to_string(), |n| n.to_string()))).collect();
+        println!("nulls by column (read as empty fields; ? where a file's statistics do not count them): {}", each.join(", "));
+    }
     if s.samples_merged + s.samples_dropped_by_weight > 0 {
         println!("sample weights: {} rows merged into identical ones, {} left out below --min-sample-weight", s.samples_merged, s.samples_dropped_by_weight);
     }

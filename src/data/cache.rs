@@ -60,7 +60,7 @@
 //! |---|---|---|
 //! | 184 | 56 | malformed lines per kind (7 x u64, in [`BadLineKind::ALL`](super::criteo::BadLineKind::ALL) order, `weight` last) |
 //! | 240 | 16 | weights offset, weights length (u64 each) |
-//! | 256 | 4 | the weight column (1-based field number, 1 to 41) |
+//! | 256 | 4 | the weight column (1-based field number, 1 to 41; 0: a named column, a Parquet file's) |
 //! | 260 | 4 | reserved (0) |
 //! | 264 | 8 | FNV-1a 64 checksum of bytes 0..264 |
 //!
@@ -388,7 +388,8 @@ pub struct CacheHeader {
     /// (a version-2 file records the first 6; its `weight` count is 0).
     pub bad_counts: [u64; 7],
     /// `--weight-column`: the 1-based field of each source line that held the row's weight
-    /// (the file is then version 3, with a weights section); `None`: version 2.
+    /// (the file is then version 3, with a weights section; [`super::prepare::NAMED_WEIGHT_COLUMN`]:
+    /// a Parquet file's named weight column); `None`: version 2.
     pub weight_column: Option<u32>,
     /// Multi-hot list fields per row (the file is then version 4, with spans, ids and
     /// names sections); 0: none.
@@ -511,7 +512,9 @@ impl CacheHeader {
         let weight_column = if v3 {
             expect_u32(260, "reserved", 0)?;
             let column = rd_u32(bytes, 256);
-            super::criteo::check_weight_column(column).map_err(|e| bad("weight_column", e))?;
+            if column != super::prepare::NAMED_WEIGHT_COLUMN {
+                super::criteo::check_weight_column(column).map_err(|e| bad("weight_column", e))?;
+            }
             Some(column)
         } else {
             None
@@ -605,7 +608,7 @@ enum Reuse {
 
 /// The reuse rule of [`Dataset::from_tsv_cached`] (see the module docs).
 fn reuse(h: &CacheHeader, now: &SourceStat, opts: &PrepareOptions) -> Reuse {
-    if h.source != *now || h.bad_lines > opts.max_bad_lines || h.rows == 0 || h.weight_column != opts.weight_column {
+    if h.source != *now || h.bad_lines > opts.max_bad_lines || h.rows == 0 || h.weight_column != opts.weights_field() {
         Reuse::No
     } else if h.prepared_ns < h.source.ctime_ns.saturating_add(RACY_NS) {
         Reuse::IfDigestMatches
@@ -967,20 +970,13 @@ pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) 
 }
 
 /// The cache file of `tsv` under `cache_dir` prepared as `opts` says: [`cache_path_for`],
-/// the name also covering a Parquet input's `--label-column`, `--dense-columns` and
-/// `--sparse-columns` when they are given (so a cache read with other columns never serves
-/// the run).
+/// the name also covering a Parquet input's named columns when there are any
+/// ([`ColumnSpec::cache_id`](super::schema::ColumnSpec::cache_id)), so a cache read with
+/// other columns never serves the run.
 pub fn cache_path_with(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<PathBuf> {
-    let mut schema = Vec::new();
-    for (tag, names) in [(b'l', opts.label_column.as_slice()), (b'd', &opts.dense_columns), (b's', &opts.sparse_columns)] {
-        for name in names {
-            schema.push(tag);
-            schema.extend_from_slice(name.as_bytes());
-            schema.push(0);
-        }
-    }
-    let version = format_of(opts.weight_column.is_some(), false).version;
-    cache_path_of(tsv, cache_dir, version, opts.weight_column, &schema)
+    let schema = opts.columns.cache_id();
+    let version = format_of(opts.weights_field().is_some(), false).version;
+    cache_path_of(tsv, cache_dir, version, opts.weights_field(), &schema)
 }
 
 /// The cache file of `tsv` under `cache_dir` in format `version` (with `weight_column`, and
@@ -1232,7 +1228,7 @@ mod tests {
         // Two row groups (32 Ki rows each), so the second group's ids start after the first's room.
         synth_multi_hot(&src, 40_000, 3).unwrap();
         let names: Vec<String> = (0..SINGLE_FIELDS).map(|f| format!("c{f}")).chain((0..LIST_FIELDS).map(|g| format!("l{g}"))).collect();
-        let opts = PrepareOptions { sparse_columns: names[..].to_vec(), ..PrepareOptions::new(0) };
+        let opts = PrepareOptions { columns: crate::data::ColumnSpec { sparse: names[..].to_vec(), ..Default::default() }, ..PrepareOptions::new(0) };
         let bags = crate::data::lists::read_bags(&src, &names[SINGLE_FIELDS..]).unwrap();
         let mut caches = Vec::new();
         for threads in [1, 3] {

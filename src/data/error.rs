@@ -80,6 +80,17 @@ pub enum DataError {
         /// What is wrong and what to do.
         detail: String,
     },
+    /// A schema file (`--schema`) ringrec cannot use: its syntax, a key it does not know, a
+    /// value of the wrong type, a column named twice.
+    #[error("{path}: key `{key}`: {detail}")]
+    Schema {
+        /// The schema file.
+        path: PathBuf,
+        /// The key (`dense.price`, `sparse[1]`; `(syntax)` for a file that is not TOML).
+        key: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
     /// The input holds no rows: it is empty, or all its lines are.
     #[error("{path}: holds no rows ({}); a data file needs at least one Criteo TSV line", if *.lines == 0 { "the file is empty".to_string() } else { format!("its {} line(s) are all empty", .lines) })]
     NoRows {

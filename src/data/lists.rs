@@ -111,10 +111,11 @@ pub(crate) fn list_columns(path: &Path, descr: &SchemaDescriptor, names: &[Strin
 /// The bags of row group `rg` (of `rows` rows) of `reader`'s list columns `columns` (leaf
 /// indices, named `names`): appended to `keys`, and after each bag (row by row, field by
 /// field) its end in the group's keys to `ends` (from the group's first key, 0). Null
-/// lists and null elements are added to `counts` (empty or null lists, null elements).
+/// lists and null elements are added to `counts`, one entry per column (empty or null
+/// lists, null elements).
 /// An error names the file, the row group and the column.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs::File>, rg: usize, rows: usize, columns: &[usize], names: &[String], ends: &mut Vec<u32>, keys: &mut Vec<u64>, counts: &mut (u64, u64)) -> DataResult<()> {
+pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs::File>, rg: usize, rows: usize, columns: &[usize], names: &[String], ends: &mut Vec<u32>, keys: &mut Vec<u64>, counts: &mut [(u64, u64)]) -> DataResult<()> {
     let fail = |at: String, detail: String| DataError::Parquet { path: path.to_path_buf(), at, detail };
     let group = reader.get_row_group(rg).map_err(|e| fail(format!("row group {rg}"), e.to_string()))?;
     let descr = reader.metadata().file_metadata().schema_descr_ptr();
@@ -126,7 +127,7 @@ pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs
         let leaf = descr.column(c);
         let max_def = leaf.max_def_level();
         let list_def = max_def - i16::from(leaf.self_type().is_optional());
-        read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, counts).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
+        read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, &mut counts[g]).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
         if lens.len() - start_len != rows {
             return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
         }
@@ -154,7 +155,7 @@ pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
     let reader = SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })?;
     let columns = list_columns(path, reader.metadata().file_metadata().schema_descr(), names)?;
     let mut bags = Bags { fields: names.len(), offsets: vec![0], ..Default::default() };
-    let mut counts = (0u64, 0u64);
+    let mut counts = vec![(0u64, 0u64); names.len()];
     let mut ends = Vec::new();
     for rg in 0..reader.num_row_groups() {
         let rows = usize::try_from(reader.metadata().row_group(rg).num_rows()).map_err(|_| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {rg}"), detail: "a negative row count".into() })?;
@@ -166,7 +167,7 @@ pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
             bags.offsets.push(end);
         }
     }
-    (bags.empty, bags.null_elements) = counts;
+    (bags.empty, bags.null_elements) = counts.iter().fold((0, 0), |(e, n), c| (e + c.0, n + c.1));
     Ok(bags)
 }
 

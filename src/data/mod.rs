@@ -24,7 +24,8 @@
 //! - [`parquet_file`]: Parquet files, their columns mapped onto the model's inputs (a
 //!   schema), row groups read on every core into the same cache; [`parquet_write`]: a
 //!   TSV's rows written as a Criteo-shaped Parquet file; [`multihot`]: a generated multi-hot
-//!   set (list columns) as Parquet, for the multi-hot pooling to come.
+//!   set (list columns) as Parquet, for the multi-hot pooling to come; [`schema`]: the
+//!   columns a user names (`--label-column` and the other column flags, or a schema file).
 //! - [`cache`]: the binary format; [`Dataset::from_tsv_cached`] parses a TSV once per host
 //!   and every later run (and every local rank) maps the cache, until the TSV's stat
 //!   (size, mtime, ctime, inode) changes or the cache is damaged.
@@ -46,6 +47,7 @@ pub mod multihot;
 pub mod parquet_file;
 pub mod parquet_write;
 pub mod prepare;
+pub mod schema;
 pub mod shard;
 pub mod synth;
 pub mod weights;
@@ -57,6 +59,7 @@ pub use error::{DataError, DataResult};
 pub use evalset::EvalSet;
 pub use inputs::{natural_cmp, resolve};
 pub use prepare::{prepare, prepare_with, PrepareOptions, PrepareSummary};
+pub use schema::{ColumnSpec, Transform};
 pub use shard::{epoch_order, global_batch_range, rank_slice, split, steps_per_epoch};
 pub use synth::{synth, synth_shaped, synth_with, PlantedModel, SynthSummary, ValueShape};
 

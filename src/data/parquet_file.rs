@@ -3,16 +3,17 @@
 //!
 //! # Schema
 //!
-//! The label is the column `label`, or the one [`PrepareOptions::label_column`] names
-//! (boolean, integer or floating point, 0 or 1). The features are every other column,
-//! inferred by type, or — when [`PrepareOptions::dense_columns`] or
-//! [`PrepareOptions::sparse_columns`] name any — exactly the columns they name (the others
-//! are not read):
+//! The columns are those a [`ColumnSpec`] names (the column flags or a schema file:
+//! [`super::schema`]). The label is the column `label`, or the one the spec names (boolean,
+//! integer or floating point, 0 or 1); the weight, when the spec names one, a number >= 0
+//! (never null) that becomes the row's weight as a TSV's `--weight-column` field does. The
+//! features are every other column, inferred by type, or — when the spec names dense or
+//! sparse columns — exactly the columns it names (the others are not read):
 //!
 //! | column | inferred as | becomes |
 //! |---|---|---|
-//! | integer or boolean | dense | a dense feature, `ln(1 + max(x, 0))` as Criteo's integers |
-//! | floating point | dense | a dense feature, as it is |
+//! | integer or boolean | dense | a dense feature, `ln(1 + max(x, 0))` as Criteo's integers (transform `log`, the default) or as it is (`none`) |
+//! | floating point | dense | a dense feature, as it is (transform `none`, the default) or `ln(1 + max(x, 0))` (`log`) |
 //! | string or binary (dictionary-encoded or not) | categorical | one id, hashed with the field's number as a TSV's (a string of 1 to 16 hex digits is the number it spells, as in a TSV; other strings their FNV-1a digest) |
 //! | integer named categorical | - | one id: the integer, hashed with the field's number |
 //! | a list of int64 ids | categorical, multi-hot | a bag of ids a row, hashed with the list field's number ([`super::lists::list_key`]), pooled by the model |
@@ -20,8 +21,9 @@
 //! Dense and categorical fields take the model's slots in column order; the slots a file
 //! does not fill are those of an empty TSV field (0.0, the field's missing-value key), so a
 //! Parquet file with Criteo's shape (a label, 13 integers, 26 hex strings) gives the very
-//! cache its TSV gives. Nulls are allowed in features and counted (an empty TSV field's
-//! value); a null label is an error. More than 13 dense or 26 categorical columns are
+//! cache its TSV gives. Nulls are allowed in features and counted per column (an empty TSV
+//! field's value: a dense null is 0, a categorical null the field's missing key); a null
+//! label or weight is an error. More than 13 dense or 26 categorical columns are
 //! refused naming the first one the model cannot take yet.
 //!
 //! List columns (multi-hot fields, in column order) make the cache a version-4 one: per row
@@ -44,6 +46,7 @@ use super::cache::{now_ns, CacheHeader, CacheLayout, ListShape, SourceStat, CACH
 use super::criteo::{category_key, dense_value, missing_key, Columns, NUM_DENSE, NUM_SPARSE};
 use super::error::{DataError, DataResult};
 use super::prepare::{count_lines, on_threads, write_columns, write_sums, PrepareOptions, PrepareSummary};
+use super::schema::{ColumnSpec, Transform};
 use crate::fileio::{reserve, AtomicFile};
 
 /// The magic bytes that start (and end) a Parquet file.
@@ -55,6 +58,8 @@ pub const MAGIC: &[u8; 4] = b"PAR1";
 pub enum Role {
     /// The row's label.
     Label,
+    /// The row's weight (a number >= 0).
+    Weight,
     /// Dense feature `slot` (0-based), `ln(1 + max(x, 0))` when `log`.
     Dense {
         /// Its slot among the 13.
@@ -88,7 +93,7 @@ pub struct Field {
 /// A file's columns mapped onto the model's inputs (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Schema {
-    /// The columns read, the label first.
+    /// The columns read, the label first (then the weight, when there is one).
     pub fields: Vec<Field>,
 }
 
@@ -122,32 +127,45 @@ fn top_name(c: &ColumnDescriptor) -> String {
 }
 
 impl Schema {
-    /// The schema of the file `path` whose leaf columns are `columns`, as `opts` says.
-    pub fn infer(path: &Path, columns: &[std::sync::Arc<ColumnDescriptor>], opts: &PrepareOptions) -> DataResult<Schema> {
+    /// The schema of the file `path` whose leaf columns are `columns`, as `spec` names them.
+    pub fn infer(path: &Path, columns: &[std::sync::Arc<ColumnDescriptor>], spec: &ColumnSpec) -> DataResult<Schema> {
         let refuse = |column: &str, reason: String| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{column}`"), detail: reason };
-        let label = opts.label_column.as_deref().unwrap_or("label");
+        let label = spec.label.as_deref().unwrap_or("label");
         let Some(li) = columns.iter().position(|c| top_name(c) == label) else {
             let names: Vec<String> = columns.iter().map(|c| top_name(c)).collect();
-            return Err(refuse(label, format!("no such column (the file has {}); name the label column with --label-column", names.join(", "))));
+            return Err(refuse(label, format!("no such column (the file has {}); name the label column with {}", names.join(", "), spec.origin("label"))));
         };
         if !matches!(kind_of(&columns[li]), Kind::Bool | Kind::Int | Kind::Float) {
             return Err(refuse(label, format!("the label is of type {}, not a boolean or a number", columns[li].physical_type())));
         }
         let mut fields = vec![Field { column: li, name: label.to_string(), role: Role::Label }];
-        let named = !opts.dense_columns.is_empty() || !opts.sparse_columns.is_empty();
-        for (flag, list) in [("--dense-columns", &opts.dense_columns), ("--sparse-columns", &opts.sparse_columns)] {
+        let wi = Schema::weight_column(path, columns, spec)?;
+        if let Some(wi) = wi {
+            fields.push(Field { column: wi, name: top_name(&columns[wi]), role: Role::Weight });
+        }
+        let named = spec.names_features();
+        for (key, list) in [("dense", &spec.dense), ("sparse", &spec.sparse), ("multi_hot", &spec.multi_hot)] {
             for name in list {
                 if !columns.iter().any(|c| top_name(c) == *name) {
-                    return Err(refuse(name, format!("no such column, but {flag} names it")));
+                    return Err(refuse(name, format!("no such column, but {} names it", spec.origin(key))));
                 }
             }
         }
+        for (name, _) in &spec.transforms {
+            if !spec.dense.contains(name) {
+                return Err(refuse(name, format!("{} gives it a transform, but it is not a dense column", spec.origin("dense"))));
+            }
+        }
         let (mut dense, mut sparse, mut lists) = (0usize, 0usize, 0usize);
-        for (i, c) in columns.iter().enumerate().filter(|&(i, _)| i != li) {
+        for (i, c) in columns.iter().enumerate().filter(|&(i, _)| i != li && Some(i) != wi) {
             let name = top_name(c);
             let kind = kind_of(c);
+            let multi_hot = spec.multi_hot.contains(&name);
+            if multi_hot && kind != Kind::List {
+                return Err(refuse(&name, format!("named multi-hot by {}, but not a list column: name a single-id column in `sparse`", spec.origin("multi_hot"))));
+            }
             let (as_dense, as_sparse) = if named {
-                (opts.dense_columns.contains(&name), opts.sparse_columns.contains(&name))
+                (spec.dense.contains(&name), spec.sparse.contains(&name) || multi_hot)
             } else {
                 (!matches!(kind, Kind::Text | Kind::List), matches!(kind, Kind::Text | Kind::List))
             };
@@ -155,23 +173,24 @@ impl Schema {
                 continue;
             }
             let role = match kind {
-                Kind::List if as_dense => return Err(refuse(&name, "a list column (multi-hot) cannot be a dense feature (--dense-columns)".into())),
+                Kind::List if as_dense => return Err(refuse(&name, format!("a list column (multi-hot) cannot be a dense feature ({})", spec.origin("dense")))),
                 Kind::List if c.physical_type() != PhysicalType::INT64 => return Err(refuse(&name, format!("a list of {} values; a multi-hot field is a list of int64 ids", c.physical_type()))),
                 Kind::List => {
                     lists += 1;
                     Role::List { slot: lists - 1 }
                 }
                 Kind::Other => return Err(refuse(&name, format!("of type {}, which ringrec does not read (a feature is a boolean, a number or a string)", c.physical_type()))),
-                _ if as_dense && as_sparse => return Err(refuse(&name, "named by both --dense-columns and --sparse-columns".into())),
-                Kind::Text if as_dense => return Err(refuse(&name, "a string column cannot be a dense feature (--dense-columns)".into())),
-                Kind::Float if as_sparse => return Err(refuse(&name, "a floating-point column cannot be a categorical field (--sparse-columns)".into())),
+                _ if as_dense && as_sparse => return Err(refuse(&name, format!("named by both {} and {}", spec.origin("dense"), spec.origin("sparse")))),
+                Kind::Text if as_dense => return Err(refuse(&name, format!("a string column cannot be a dense feature ({})", spec.origin("dense")))),
+                Kind::Float if as_sparse => return Err(refuse(&name, format!("a floating-point column cannot be a categorical field ({})", spec.origin("sparse")))),
                 _ if as_sparse => {
                     sparse += 1;
                     Role::Sparse { slot: sparse - 1 }
                 }
                 _ => {
                     dense += 1;
-                    Role::Dense { slot: dense - 1, log: kind != Kind::Float }
+                    let log = spec.transform(&name).map_or(kind != Kind::Float, |t| t == Transform::Log);
+                    Role::Dense { slot: dense - 1, log }
                 }
             };
             if dense > NUM_DENSE {
@@ -193,6 +212,24 @@ impl Schema {
     /// The list fields' leaf columns, in their order.
     fn list_columns(&self) -> Vec<usize> {
         self.fields.iter().filter(|f| matches!(f.role, Role::List { .. })).map(|f| f.column).collect()
+    }
+
+    /// Whether a column is the rows' weight.
+    pub fn weighted(&self) -> bool {
+        self.fields.iter().any(|f| f.role == Role::Weight)
+    }
+
+    /// The index of the weight column `spec` names, checked to be a flat number column.
+    fn weight_column(path: &Path, columns: &[std::sync::Arc<ColumnDescriptor>], spec: &ColumnSpec) -> DataResult<Option<usize>> {
+        let Some(name) = &spec.weight else { return Ok(None) };
+        let refuse = |reason: String| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{name}`"), detail: reason };
+        let Some(i) = columns.iter().position(|c| top_name(c) == *name) else {
+            return Err(refuse(format!("no such column, but {} names it as the weight", spec.origin("weight"))));
+        };
+        match kind_of(&columns[i]) {
+            Kind::Bool | Kind::Int | Kind::Float => Ok(Some(i)),
+            _ => Err(refuse(format!("the weight is of type {}, not a number ({})", columns[i].physical_type(), spec.origin("weight")))),
+        }
     }
 }
 
@@ -222,9 +259,19 @@ impl Sink<'_> {
         Ok(())
     }
 
+    fn weight(&mut self, row: usize, x: f64) -> Result<(), String> {
+        let w = x as f32;
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(format!("row {}: weight {x} is not a finite number >= 0", self.base + row as u64));
+        }
+        self.cols.weights[row] = w + 0.0;
+        Ok(())
+    }
+
     fn int(&mut self, row: usize, x: i64) -> Result<(), String> {
         match self.role {
             Role::Label => self.label(row, x as f64)?,
+            Role::Weight => self.weight(row, x as f64)?,
             Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { dense_value(x) } else { x as f32 },
             Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = category_key(slot, x as u64),
             Role::List { .. } => return Err("a list column is read as bags".into()),
@@ -235,6 +282,7 @@ impl Sink<'_> {
     fn float(&mut self, row: usize, x: f64) -> Result<(), String> {
         match self.role {
             Role::Label => self.label(row, x)?,
+            Role::Weight => self.weight(row, x)?,
             Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { x.max(0.0).ln_1p() as f32 } else { x as f32 },
             Role::Sparse { .. } | Role::List { .. } => return Err("a floating-point column cannot be categorical".into()),
         }
@@ -282,18 +330,27 @@ fn read_flat<T: DataType>(r: &mut ColumnReaderImpl<T>, rows: usize, max_def: i16
     Ok(nulls)
 }
 
-/// Reads row group `g` (of `rows` rows, the first row `base` of the file) into `cols`: the label, 13 dense values and 26 keys
-/// a row. Returns its nulls.
-fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, base: u64, rows: usize, cols: &mut Columns) -> DataResult<u64> {
+/// Reads row group `g` (of `rows` rows, the first row `base` of the file) into `cols`: the
+/// label, 13 dense values, 26 keys and (when the schema has a weight) the weight a row.
+/// Returns the nulls of each of `schema.fields`.
+fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, base: u64, rows: usize, cols: &mut Columns) -> DataResult<Vec<u64>> {
     cols.clear();
     cols.labels.resize(rows, f32::NAN);
+    if schema.weighted() {
+        cols.weights.resize(rows, f32::NAN);
+    }
     cols.dense.resize(rows * NUM_DENSE, 0.0);
     cols.keys.extend((0..rows).flat_map(|_| (0..NUM_SPARSE).map(missing_key)));
     let fail = |column: &str, detail: String| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}, column `{column}`"), detail };
     let group = reader.get_row_group(g).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}"), detail: e.to_string() })?;
     let descr = reader.metadata().file_metadata().schema_descr_ptr();
-    let mut nulls = 0;
-    for f in schema.fields.iter().filter(|f| !matches!(f.role, Role::List { .. })) {
+    let mut nulls = Vec::with_capacity(schema.fields.len());
+    for f in &schema.fields {
+        if matches!(f.role, Role::List { .. }) {
+            // Read as bags, its nulls counted there ([`ListPlan::read`]).
+            nulls.push(0);
+            continue;
+        }
         let max_def = descr.column(f.column).max_def_level();
         let mut sink = Sink { role: f.role, base, cols: &mut *cols };
         let column = group.get_column_reader(f.column).map_err(|e| fail(&f.name, e.to_string()))?;
@@ -308,11 +365,12 @@ fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema:
             ColumnReader::Int96ColumnReader(_) => Err("INT96 columns are not read".into()),
         }
         .map_err(|e| fail(&f.name, e))?;
-        if f.role == Role::Label && n > 0 {
-            let row = cols.labels.iter().position(|l| l.is_nan()).unwrap_or(0);
-            return Err(fail(&f.name, format!("row {}: the label is null ({n} null label(s) in the group)", base + row as u64)));
+        if matches!(f.role, Role::Label | Role::Weight) && n > 0 {
+            let (what, values) = if f.role == Role::Label { ("label", &cols.labels) } else { ("weight", &cols.weights) };
+            let row = values.iter().position(|l| l.is_nan()).unwrap_or(0);
+            return Err(fail(&f.name, format!("row {}: the {what} is null ({n} null {what}(s) in the group)", base + row as u64)));
         }
-        nulls += n;
+        nulls.push(n);
     }
     Ok(nulls)
 }
@@ -323,21 +381,32 @@ fn open(path: &Path) -> DataResult<SerializedFileReader<std::fs::File>> {
     SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })
 }
 
-/// The schema of the Parquet file `path`, as `opts` says.
-pub fn schema_of(path: &Path, opts: &PrepareOptions) -> DataResult<Schema> {
+/// The schema of the Parquet file `path`, as `spec` names its columns.
+pub fn schema_of(path: &Path, spec: &ColumnSpec) -> DataResult<Schema> {
     let reader = open(path)?;
-    Schema::infer(path, reader.metadata().file_metadata().schema_descr().columns(), opts)
+    Schema::infer(path, reader.metadata().file_metadata().schema_descr().columns(), spec)
+}
+
+/// The nulls of each column the schema of `path` reads (as `spec` names them), from the
+/// file's footer (the writer's statistics: no column is read), in [`Schema::fields`] order;
+/// `None` for a column whose statistics do not count its nulls.
+pub fn null_counts(path: &Path, spec: &ColumnSpec) -> DataResult<Vec<(String, Option<u64>)>> {
+    let reader = open(path)?;
+    let meta = reader.metadata();
+    let schema = Schema::infer(path, meta.file_metadata().schema_descr().columns(), spec)?;
+    let count = |column: usize| -> Option<u64> { meta.row_groups().iter().map(|g| g.column(column).statistics().and_then(|s| s.null_count_opt())).sum() };
+    Ok(schema.fields.iter().map(|f| (f.name.clone(), count(f.column))).collect())
 }
 
 /// Converts the Parquet file `src` into the cache file `out` (written atomically, mode 0600)
 /// on `opts.threads` threads, each reading whole row groups and writing them at their rows.
 pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<PrepareSummary> {
-    if opts.weight_column.is_some() {
-        return Err(DataError::InvalidArgument(format!("{}: --weight-column numbers a TSV's fields; a Parquet file's weights are not read yet", src.display())));
+    if let Some(c) = opts.weight_column {
+        return Err(DataError::InvalidArgument(format!("{}: --weight-column {c} numbers a TSV's fields; a Parquet file's weight is a column: name it (--weight-column NAME, or `weight` in the schema file)", src.display())));
     }
     let source = SourceStat::of(src)?;
     let reader = open(src)?;
-    let schema = Schema::infer(src, reader.metadata().file_metadata().schema_descr().columns(), opts)?;
+    let schema = Schema::infer(src, reader.metadata().file_metadata().schema_descr().columns(), &opts.columns)?;
     let groups: Vec<u64> = reader.metadata().row_groups().iter().map(|g| g.num_rows().max(0) as u64).collect();
     let starts: Vec<u64> = groups.iter().scan(0u64, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
     let rows: u64 = groups.iter().sum();
@@ -347,7 +416,10 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     let threads = opts.threads.max(1);
     let (_, source_crc32) = count_lines(src, source.size, threads)?;
     let lists = ListPlan::new(&reader, &schema);
-    let layout = CacheLayout::compute_with(rows, rows, false, lists.shape()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
+    if schema.weighted() && !lists.columns.is_empty() {
+        return Err(DataError::InvalidArgument(format!("{}: a weight column with multi-hot (list) columns is not supported yet: leave out the weight column or the lists", src.display())));
+    }
+    let layout = CacheLayout::compute_with(rows, rows, schema.weighted(), lists.shape()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     reserve(tmp.file(), tmp.path(), layout.file_len)?;
     tmp.file().set_len(layout.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
@@ -356,7 +428,8 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
         tmp.file().write_all_at(&lists.names, layout.names_offset).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     }
 
-    let (claim, stop, nulls) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
+    let (claim, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let nulls: Vec<AtomicU64> = schema.fields.iter().map(|_| AtomicU64::new(0)).collect();
     let failures = on_threads(threads.min(groups.len()), |_| -> Vec<(usize, DataError)> {
         // A reader of its own: the crate reads a `File` through clones of its descriptor,
         // which share one offset, so one reader cannot serve several threads.
@@ -376,12 +449,15 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
             }
             // A reader that panics on a damaged file is an error naming the row group.
             let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let n = read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)?;
-                Ok(n + lists.read(src, &reader, &schema, g, groups[g] as usize, &mut bags)?)
+                let mut n = read_group(src, &reader, &schema, g, starts[g], groups[g] as usize, &mut cols)?;
+                lists.read(src, &reader, &schema, g, groups[g] as usize, &mut bags, &mut n)?;
+                Ok(n)
             }));
             let read = read.unwrap_or_else(|_| Err(DataError::Parquet { path: src.to_path_buf(), at: format!("row group {g}"), detail: "the Parquet reader failed on it (a damaged file)".into() }));
             let done = read.and_then(|n| {
-                nulls.fetch_add(n, Ordering::Relaxed);
+                for (total, n) in nulls.iter().zip(n) {
+                    total.fetch_add(n, Ordering::Relaxed);
+                }
                 write_columns(&tmp, &layout, starts[g], &cols)?;
                 lists.write(src, &tmp, &layout, g, starts[g], &bags)
             });
@@ -408,7 +484,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
         lines: rows,
         bad_lines: 0,
         bad_counts: [0; 7],
-        weight_column: None,
+        weight_column: opts.weights_field(),
         list_fields: lists.columns.len() as u32,
         source,
         source_crc32,
@@ -419,7 +495,9 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     use std::os::unix::fs::FileExt;
     tmp.file().write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, report, nulls: nulls.into_inner() })
+    let column_nulls: Vec<(String, u64)> = schema.fields.iter().zip(nulls).map(|(f, n)| (f.name.clone(), n.into_inner())).collect();
+    let nulls = column_nulls.iter().map(|(_, n)| n).sum();
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, report, nulls, column_nulls })
 }
 
 /// Where a file's list columns go in a version-4 cache: each row group's ids at their own
@@ -467,16 +545,22 @@ impl ListPlan {
         (!self.columns.is_empty()).then_some(ListShape { fields: self.columns.len() as u32, id_capacity, names_len: self.names.len() as u64 })
     }
 
-    /// Reads row group `g`'s bags into `bags`; returns its null lists and elements.
-    fn read(&self, path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, rows: usize, bags: &mut GroupBags) -> DataResult<u64> {
+    /// Reads row group `g`'s bags into `bags`; adds each list field's null (or empty) lists
+    /// and null elements to its entry of `nulls` (one per field of `schema`).
+    #[allow(clippy::too_many_arguments)]
+    fn read(&self, path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, rows: usize, bags: &mut GroupBags, nulls: &mut [u64]) -> DataResult<()> {
         bags.ends.clear();
         bags.keys.clear();
         if self.columns.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
-        let mut counts = (0, 0);
+        let mut counts = vec![(0, 0); self.columns.len()];
         super::lists::read_group_bags(path, reader, g, rows, &self.columns, &schema.list_names(), &mut bags.ends, &mut bags.keys, &mut counts)?;
-        Ok(counts.0 + counts.1)
+        let fields = schema.fields.iter().enumerate().filter(|(_, f)| matches!(f.role, Role::List { .. }));
+        for ((at, _), (empty, null_elements)) in fields.zip(counts) {
+            nulls[at] += empty + null_elements;
+        }
+        Ok(())
     }
 
     /// Writes row group `g`'s bags (its first row `first`) at their places.
@@ -510,12 +594,12 @@ pub fn is_parquet(path: &Path) -> bool {
     crate::fileio::open_input(path).and_then(|mut f| f.read_exact(&mut head)).is_ok_and(|_| head == *MAGIC)
 }
 
-/// Refuses Parquet inputs whose schemas differ (as `opts` infers them): the first that
-/// differs from the first Parquet file of `files`, naming the column. Other files pass.
-pub fn check_same_schema(files: &[std::path::PathBuf], opts: &PrepareOptions) -> DataResult<()> {
+/// Refuses Parquet inputs whose schemas differ (as `spec` names their columns): the first
+/// that differs from the first Parquet file of `files`, naming the column. Other files pass.
+pub fn check_same_schema(files: &[std::path::PathBuf], spec: &ColumnSpec) -> DataResult<()> {
     let mut first: Option<(&Path, Schema)> = None;
     for path in files.iter().filter(|p| is_parquet(p)) {
-        let schema = schema_of(path, opts)?;
+        let schema = schema_of(path, spec)?;
         let Some((first_path, want)) = &first else {
             first = Some((path, schema));
             continue;

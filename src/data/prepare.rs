@@ -37,6 +37,7 @@ use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DEN
 use super::compressed::{count_text, Codec, Decoder};
 use super::criteo::{parse_text, BadLineReport, Columns};
 use super::error::{DataError, DataResult};
+use super::schema::ColumnSpec;
 use crate::fileio::{reserve, AtomicFile};
 use crate::hash::{crc32, Crc32, CHECKSUM_BLOCK};
 
@@ -61,20 +62,19 @@ pub struct PrepareOptions {
     /// `--weight-column`: the 1-based field of the weight in lines of 41 fields (the cache
     /// is then version 3, with the weights); `None`: Criteo's 40 fields (version 2).
     pub weight_column: Option<u32>,
-    /// A Parquet file's label column (`None`: `label`; see [`super::parquet_file`]).
-    pub label_column: Option<String>,
-    /// A Parquet file's dense feature columns (with [`PrepareOptions::sparse_columns`]: the
-    /// only feature columns read; both empty: inferred by type, see
-    /// [`super::parquet_file`]).
-    pub dense_columns: Vec<String>,
-    /// A Parquet file's categorical columns (one id a row; see `dense_columns`).
-    pub sparse_columns: Vec<String>,
+    /// A Parquet file's named columns: label, weight, features and their transforms (the
+    /// default names none: see [`super::parquet_file`]).
+    pub columns: ColumnSpec,
 }
+
+/// The weight column a cache's header records for weights read from a named column (a
+/// Parquet file's `--weight-column NAME` or schema `weight`), not from a TSV's field.
+pub const NAMED_WEIGHT_COLUMN: u32 = 0;
 
 impl PrepareOptions {
     /// One thread per core, 2 MiB chunks, no cancellation.
     pub fn new(max_bad_lines: u64) -> PrepareOptions {
-        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None, weight_column: None, label_column: None, dense_columns: Vec::new(), sparse_columns: Vec::new() }
+        PrepareOptions { max_bad_lines, threads: all_cores(), chunk_bytes: CHUNK_BYTES, cancel: None, weight_column: None, columns: ColumnSpec::default() }
     }
 
     /// The same reading lines with a weight in field `column` (or not).
@@ -82,9 +82,20 @@ impl PrepareOptions {
         PrepareOptions { weight_column: column, ..self }
     }
 
+    /// The same reading a Parquet file's columns as `columns` names them.
+    pub fn columns(self, columns: ColumnSpec) -> PrepareOptions {
+        PrepareOptions { columns, ..self }
+    }
+
     /// The same with `threads` threads.
     pub fn threads(self, threads: usize) -> PrepareOptions {
         PrepareOptions { threads: threads.max(1), ..self }
+    }
+
+    /// The weight column the cache records: the TSV's field, or [`NAMED_WEIGHT_COLUMN`] for
+    /// a named one; `None`: no weights (a version-2 cache).
+    pub fn weights_field(&self) -> Option<u32> {
+        self.weight_column.or(self.columns.weight.as_ref().map(|_| NAMED_WEIGHT_COLUMN))
     }
 
     fn cancelled(&self) -> bool {
@@ -116,6 +127,8 @@ pub struct PrepareSummary {
     pub report: BadLineReport,
     /// Null values read as an empty field's (a Parquet file's; 0 for a TSV).
     pub nulls: u64,
+    /// A Parquet file's nulls by column, in the order its schema reads them (empty for a TSV).
+    pub column_nulls: Vec<(String, u64)>,
 }
 
 /// Runs `work(t)` for `t` in `0..threads`, on this thread when there is one, returning the
@@ -233,6 +246,9 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
         Source::Compressed(codec) => Some(codec),
         Source::Parquet => return super::parquet_file::prepare(tsv, out, opts),
     };
+    if let Some(name) = &opts.columns.weight {
+        return Err(DataError::InvalidArgument(format!("{}: the weight column `{name}` is a Parquet file's column; a TSV's weight is a field number (--weight-column N)", tsv.display())));
+    }
     let threads = opts.threads.max(1);
     let weighted = opts.weight_column.is_some();
     let source = SourceStat::of(tsv)?;
@@ -308,7 +324,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     };
     file.write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report, nulls: 0 })
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report, nulls: 0, column_nulls: Vec::new() })
 }
 
 /// Compressed formats ringrec does not decode, by their magic bytes, with the command that

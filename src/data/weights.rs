@@ -108,6 +108,71 @@ impl crate::settings::Word for (PathBuf, i64) {
 
 crate::settings::list_settings!((PathBuf, i64) => crate::settings::Arity::Repeated);
 
+/// `--weight-column`: a TSV's field number (1 to 41) or a Parquet file's column name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightColumn {
+    /// Field N (1-based) of a line of 41 fields.
+    Field(u32),
+    /// A Parquet file's column.
+    Name(String),
+}
+
+impl WeightColumn {
+    /// The TSV field, when it is one.
+    pub fn field(&self) -> Option<u32> {
+        match self {
+            WeightColumn::Field(n) => Some(*n),
+            WeightColumn::Name(_) => None,
+        }
+    }
+
+    /// The Parquet column's name, when it is one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            WeightColumn::Name(n) => Some(n),
+            WeightColumn::Field(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightColumn::Field(n) => write!(f, "{n}"),
+            WeightColumn::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// As a summary shows it: the field as a number, the column as a string.
+impl serde::Serialize for WeightColumn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            WeightColumn::Field(n) => s.serialize_u32(*n),
+            WeightColumn::Name(name) => s.serialize_str(name),
+        }
+    }
+}
+
+impl crate::settings::Word for WeightColumn {
+    fn parse_word(s: &str) -> Result<WeightColumn, String> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err("give a TSV's field number (1 to 41) or a Parquet file's column name".into());
+        }
+        match s.parse::<u32>() {
+            Ok(n) => Ok(WeightColumn::Field(n)),
+            Err(_) if s.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b'+') => Err(format!("`{s}` is not a field number (1 to 41)")),
+            Err(_) => Ok(WeightColumn::Name(s.to_string())),
+        }
+    }
+    fn word(&self) -> String {
+        self.to_string()
+    }
+}
+
+crate::settings::word_settings!(WeightColumn);
+
 fn parse_decay(values: &[&str]) -> Result<Option<f64>, String> {
     parse_decay_base(crate::settings::one(values)?).map(Some)
 }
@@ -141,11 +206,13 @@ crate::settings::settings! {
         pub merge_duplicates: bool = false,
         /// The --data and --eval-data lines have 41 tab-separated fields: field N (1-based,
         /// like `cut -f`; e.g. 41 last, 2 right after the label) is the sample's weight, a
-        /// finite number >= 0, and the other 40 are Criteo's in order. A training row weighs
-        /// its weight times its decay weight; merged rows add their weights. A bad weight
-        /// makes the line malformed (counted, --max-bad-lines). Evaluation stays unweighted.
-        #[setting(flag = "--weight-column", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "N")]
-        pub weight_column: Option<u32> = None,
+        /// finite number >= 0, and the other 40 are Criteo's in order; or, for Parquet
+        /// inputs, NAME is the weight column (a number >= 0, never null). A training row
+        /// weighs its weight times its decay weight; merged rows add their weights. A bad
+        /// weight makes the line malformed (counted, --max-bad-lines). Evaluation stays
+        /// unweighted.
+        #[setting(flag = "--weight-column", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "N|NAME")]
+        pub weight_column: Option<WeightColumn> = None,
     }
 }
 
@@ -173,7 +240,7 @@ impl WeightConfig {
 
     /// Refuses values no run can use, naming the flag.
     pub fn validate(&self) -> DataResult<()> {
-        if let Some(c) = self.weight_column {
+        if let Some(c) = self.weight_column.as_ref().and_then(WeightColumn::field) {
             super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
         }
         if let Some(b) = self.decay_base {

@@ -54,6 +54,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::ColumnSpec;
 use crate::embedding::{EmbeddingTable, StorageDtype, TableError};
 use crate::fileio::{write_atomic, AtomicDir, IoError};
 use crate::frame::FrameError;
@@ -183,6 +184,11 @@ pub struct InputSpec {
     /// written before Parquet inputs).
     #[serde(default)]
     pub parquet: String,
+    /// The Parquet columns the model was trained with, when its run named them (`--schema`
+    /// or the column flags): label, dense columns with their explicit transforms, sparse
+    /// columns; absent when they were inferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<ColumnSpec>,
 }
 
 impl InputSpec {
@@ -201,7 +207,8 @@ impl InputSpec {
             key: "for categorical field f (C1 is f = 0): key = splitmix64(splitmix64(field_salt_base + f) ^ value) (mod 2^64), the missing value standing for an empty field; a key equal to 0xffffffffffffffff becomes 0xfffffffffffffffe".into(),
             splitmix64: "z = x + 0x9e3779b97f4a7c15; z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb; return z ^ (z >> 31); every operation mod 2^64".into(),
             order: "x = [row(key of C1), ..., row(key of C26), I1, ..., I13]: 26 x dim + 13 binary32 values".into(),
-            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order filling I1..I13 and C1..C26; a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; slots no column fills are missing; list columns (multi-hot) are not read".into(),
+            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order filling I1..I13 and C1..C26; a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; slots no column fills are missing; list columns (multi-hot) are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
+            schema: None,
         }
     }
 }
@@ -385,6 +392,11 @@ fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResul
 /// file), from `from` — into `out` (which must not exist); with [`Format::Onnx`] also
 /// `model.onnx`.
 pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
+    write_with(out, from, None, dense, table, format)
+}
+
+/// [`write`], `model.json` recording the Parquet `columns` the model was trained with.
+pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
     let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
@@ -420,7 +432,7 @@ pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &Emb
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
-            input: InputSpec::criteo(),
+            input: InputSpec { schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), ..InputSpec::criteo() },
             model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),
@@ -471,7 +483,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> Bun
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, dense, &table, format)
+    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), dense, &table, format)
 }
 
 /// A bundle that passed every check.

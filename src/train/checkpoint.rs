@@ -490,6 +490,7 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
     for (flag, value) in settings {
         match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
             Some((_, saved)) if saved == value => {}
+            Some((_, saved)) if *flag == "Parquet columns" => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}{}", crate::data::ColumnSpec::described_difference(saved, value))),
             Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
             // A setting added to ringrec after the checkpoint was written: its run had the
             // default (a new setting's default is the behaviour from before it).

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use super::{data, prefetch::Pipeline, sync::SyncScope, weights, TrainError, TrainResult};
 use crate::comm::Backend;
 use crate::data::weights::WeightConfig;
+use crate::data::ColumnSpec;
 use crate::device::{GemmPrecision, Placement};
 use crate::embedding::{Evict, OptimizerKind, StorageDtype, TableConfig};
 use crate::engine::{Compression, EngineConfig};
@@ -226,6 +227,11 @@ settings! {
         /// field, or FIELD=MODE,... (fields not named are summed).
         #[setting(flag = "--multi-hot-pooling", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "MODE")]
         pub multi_hot_pooling: String = "sum".to_string(),
+        /// A Parquet input's columns in a TOML file: label, weight, dense columns with their
+        /// transform (log or none), sparse columns (see docs/data.md); instead of the column
+        /// flags (--label-column, --dense-columns, --sparse-columns, --weight-column NAME).
+        #[setting(flag = "--schema", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "FILE.toml")]
+        pub schema: Option<PathBuf> = None,
         /// Write checkpoints here (every --checkpoint-every steps and at the end).
         #[setting(flag = "--checkpoint-dir", scope = Scope::Agreed, service = ServiceRole::Owned, value_name = "DIR")]
         pub checkpoint_dir: Option<PathBuf> = None,
@@ -428,7 +434,7 @@ impl TrainConfig {
     /// Refuses settings no run can use, saying which flag and why.
     pub fn validate(&self) -> TrainResult<()> {
         self.weights.validate()?;
-        if self.loss_normalize != weights::LossNormalize::Weights && !self.weights.active() {
+        if self.loss_normalize != weights::LossNormalize::Weights && !self.weight_config().active() {
             return Err(TrainError::Config(format!("--loss-normalize {} chooses how a weighted loss is averaged, and every sample of this run weighs 1: add --decay-base or --merge-duplicates, or drop --loss-normalize", self.loss_normalize)));
         }
         if self.batch == 0 || self.dim == 0 || self.hidden.contains(&0) {
@@ -532,7 +538,7 @@ impl TrainConfig {
             _ if self.sparse_exchange == SparseExchange::Flat => refuse("the sparse deltas travel through the hierarchical exchange: use --sparse-exchange hier (the default)"),
             _ if self.sparse_optimizer != OptimizerKind::Sgd => refuse("the table's optimizer must be sgd (row-wise Adagrad accumulators would differ between hosts): use --sparse-optimizer sgd, or --sync-every 1"),
             _ if self.admit_after > 1 => refuse("--admit-after counts each step's global keys, which local steps do not have: drop --admit-after, or use --sync-every 1"),
-            _ if self.weights.active() => refuse("sample weights (--decay-base, --merge-duplicates, --weight-column) are not combined with local steps yet: drop them, or use --sync-every 1"),
+            _ if self.weight_config().active() => refuse("sample weights (--decay-base, --merge-duplicates, --weight-column) are not combined with local steps yet: drop them, or use --sync-every 1"),
             _ if self.sparse_normalize == SparseNormalize::Weighted => refuse("--sparse-normalize weighted weighs the ranks of every step, which local steps do not share: use frequency, or --sync-every 1"),
             _ if self.expire_after_steps.is_some() => refuse("--expire-after-steps removes rows by each step's global keys, which local steps do not have: drop it, or use --sync-every 1"),
             _ => Ok(()),
@@ -671,8 +677,9 @@ impl TrainConfig {
                 f => v.push((s.flag, self.show(f).unwrap_or_default())),
             }
         }
-        if self.weights.active() {
-            v.push(("sample weights", weights::describe(&self.weights)));
+        let w = self.weight_config();
+        if w.active() {
+            v.push(("sample weights", weights::describe(&w)));
         }
         if let Some(columns) = self.parquet_columns() {
             v.push(("Parquet columns", columns));
@@ -680,19 +687,33 @@ impl TrainConfig {
         v
     }
 
-    /// A Parquet input's named columns as flags (`None` when none is named: the schema is
-    /// inferred from the files, which `--data`'s identity pins). Recorded by a checkpoint
-    /// only when given, so that older checkpoints stay resumable.
-    fn parquet_columns(&self) -> Option<String> {
-        if self.label_column.is_none() && self.dense_columns.is_empty() && self.sparse_columns.is_empty() {
-            return None;
+    /// The weight settings with a schema file's `weight` as `--weight-column NAME` (the
+    /// file and the flag are exclusive: [`ColumnSpec::resolve`]).
+    pub fn weight_config(&self) -> WeightConfig {
+        match self.schema.as_ref().and_then(|_| self.columns().ok()).and_then(|c| c.weight) {
+            Some(name) if self.weights.weight_column.is_none() => WeightConfig { weight_column: Some(crate::data::weights::WeightColumn::Name(name)), ..self.weights.clone() },
+            _ => self.weights.clone(),
         }
-        Some(format!(
-            "--label-column {} --dense-columns {} --sparse-columns {}",
-            self.label_column.as_deref().unwrap_or("label"),
-            self.dense_columns.join(","),
-            self.sparse_columns.join(",")
-        ))
+    }
+
+    /// A Parquet input's named columns, from `--schema` or the column flags (exclusive:
+    /// [`ColumnSpec::resolve`]).
+    pub fn columns(&self) -> Result<ColumnSpec, crate::data::DataError> {
+        let weight = self.weights.weight_column.as_ref().and_then(|c| c.name()).map(str::to_string);
+        let flags = ColumnSpec::from_flags(self.label_column.clone(), self.dense_columns.clone(), self.sparse_columns.clone(), weight);
+        ColumnSpec::resolve(self.schema.as_deref(), flags)
+    }
+
+    /// A Parquet input's named columns as flags (`None` when none is named: the schema is
+    /// inferred from the files, which `--data`'s identity pins; [`ColumnSpec::describe`]: a
+    /// schema file reads as the same flags). Recorded by a checkpoint only when given, so
+    /// that older checkpoints stay resumable. A schema file that cannot be read describes
+    /// itself as such (the run has refused it already).
+    pub fn parquet_columns(&self) -> Option<String> {
+        match self.columns() {
+            Ok(spec) => spec.describe(),
+            Err(e) => Some(format!("({e})")),
+        }
     }
 
     /// Every setting that must be the same on every rank (`Topology::agree_settings`): the
@@ -718,6 +739,8 @@ impl TrainConfig {
                 "data" => (data::describe_inputs("--data", &self.data), typed),
                 "eval_data" => (data::describe_inputs("--eval-data", &self.eval_data), typed),
                 "backend" => (self.backend(topo).to_string(), typed),
+                // The file's columns, not its path: every rank must read the same schema.
+                "schema" if self.schema.is_some() => (self.columns().map_or_else(|e| format!("({e})"), |c| format!("{:?}", ColumnSpec { file: None, ..c })), typed),
                 "compression" => from_env(engine.compression.name().to_string(), self.compression.is_some()),
                 "onebit_lambda" => from_env(engine.onebit_lambda.to_string(), self.onebit_lambda.is_some()),
                 "onebit_block" => from_env(engine.onebit_block.to_string(), self.onebit_block.is_some()),
@@ -818,7 +841,7 @@ mod tests {
 
     #[test]
     fn a_weighted_run_records_every_weight_setting() {
-        let d = weights::describe(&WeightConfig { weight_column: Some(2), ..WeightConfig::default() });
+        let d = weights::describe(&WeightConfig { weight_column: Some(crate::data::weights::WeightColumn::Field(2)), ..WeightConfig::default() });
         for s in WeightConfig::SETTINGS {
             assert!(d.contains(s.flag), "`sample weights` ({d}) must record {}", s.flag);
         }

@@ -38,7 +38,7 @@ use super::weights::{BatchWeights, Weighting};
 use super::{TrainConfig, TrainError, TrainResult};
 use crate::data::cache::{lock_preparation, Dataset, CACHE_EXT};
 use crate::data::weights::FileWeights;
-use crate::data::{inputs, shard, synth, DataError, EvalSet, PrepareOptions};
+use crate::data::{inputs, shard, synth, ColumnSpec, DataError, EvalSet, PrepareOptions};
 use crate::hash::splitmix64;
 use crate::topology::Topology;
 
@@ -84,6 +84,36 @@ pub struct TrainData {
     /// Whether the first file is split into training and held-out rows (then weighed
     /// after the split).
     split_first: bool,
+    /// The nulls of each column of the Parquet inputs.
+    column_nulls: Vec<ColumnNulls>,
+}
+
+/// A run's inputs resolved: the training files, the held-out files, how they are prepared
+/// and the nulls of their Parquet columns.
+type Resolved = (Vec<PathBuf>, Vec<PathBuf>, PrepareOptions, Vec<ColumnNulls>);
+
+/// The nulls of one column of a run's Parquet inputs (the summary's `column_nulls`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ColumnNulls {
+    /// The column.
+    pub column: String,
+    /// Its nulls over every Parquet input (`None`: a file's statistics do not count them).
+    pub nulls: Option<u64>,
+}
+
+/// The nulls of each column the Parquet files among `files` read, summed over them, from
+/// their footers' statistics (see [`crate::data::parquet_file::null_counts`]).
+fn column_nulls(files: &[PathBuf], spec: &ColumnSpec) -> Result<Vec<ColumnNulls>, DataError> {
+    let mut all: Vec<ColumnNulls> = Vec::new();
+    for path in files.iter().filter(|p| crate::data::parquet_file::is_parquet(p)) {
+        for (column, n) in crate::data::parquet_file::null_counts(path, spec)? {
+            match all.iter_mut().find(|c| c.column == column) {
+                Some(c) => c.nulls = c.nulls.zip(n).map(|(a, b)| a + b),
+                None => all.push(ColumnNulls { column, nulls: n }),
+            }
+        }
+    }
+    Ok(all)
 }
 
 /// The synthetic default set under `dir`, generated on first use (under a lock, so the
@@ -115,9 +145,13 @@ pub(crate) fn open_one(path: &Path, cache_dir: &Path, opts: &PrepareOptions) -> 
         return Dataset::from_tsv_cached_with(path, cache_dir, opts);
     }
     let ds = Dataset::open(path)?;
-    let (have, want) = (ds.header().weight_column, opts.weight_column);
+    let (have, want) = (ds.header().weight_column, opts.weights_field());
     if have != want {
-        let column = |c: Option<u32>| c.map_or("no weight column".to_string(), |c| format!("--weight-column {c}"));
+        let column = |c: Option<u32>| match c {
+            None => "no weight column".to_string(),
+            Some(crate::data::prepare::NAMED_WEIGHT_COLUMN) => "a Parquet file's weight column".to_string(),
+            Some(c) => format!("--weight-column {c}"),
+        };
         return Err(DataError::InvalidArgument(format!(
             "{} was prepared with {} and this run reads its data with {}: give the same --weight-column as `ringrec data prepare` had, or prepare the TSV again",
             path.display(),
@@ -149,33 +183,36 @@ pub fn open(topo: &Topology, cfg: &TrainConfig) -> TrainResult<TrainData> {
             crate::stale::report(&d, &crate::stale::sweep_temporaries(&d));
         }
     }
-    let resolved = (|| -> Result<(Vec<PathBuf>, Vec<PathBuf>), DataError> {
+    let resolved = (|| -> Result<Resolved, DataError> {
         std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, "create the data directory", e))?;
         let files = if cfg.data.is_empty() { vec![default_set(dir, cfg.synth_rows)?] } else { inputs::resolve("--data", &cfg.data)? };
         let eval = inputs::resolve("--eval-data", &cfg.eval_data)?;
         let all: Vec<PathBuf> = files.iter().chain(&eval).cloned().collect();
-        crate::data::parquet_file::check_same_schema(&all, &prepare_options(cfg))?;
+        let prepare = prepare_options(cfg)?;
+        crate::data::parquet_file::check_same_schema(&all, &prepare.columns)?;
+        let nulls = column_nulls(&all, &prepare.columns)?;
         if files.len() > 1 && cfg.test_fraction.is_some() {
             return Err(DataError::InvalidArgument(format!(
                 "--test-fraction holds out the last rows of a single --data file, and --data names {} files; hold a file out with --eval-data instead",
                 files.len()
             )));
         }
-        Ok((files, eval))
+        Ok((files, eval, prepare, nulls))
     })();
-    let (files, eval) = topo.agree(resolved.map_err(|e| e.to_string()))?;
-    let weighting = topo.agree(Weighting::new(&cfg.weights, &files).map_err(|e| e.to_string()))?;
+    let (files, eval, prepare, column_nulls) = topo.agree(resolved.map_err(|e| e.to_string()))?;
+    let weighting = topo.agree(Weighting::new(&cfg.weight_config(), &files).map_err(|e| e.to_string()))?;
     let split_first = files.len() == 1 && eval.is_empty();
     let threads = cfg.threads_per_rank(topo);
     let mut data = TrainData {
         files: files.into_iter().map(|path| TrainFile { path, ds: None, rows: 0, order: None, touched: false, weights: None }).collect(),
         held_out: HeldOut::Files(eval),
         cache_dir: dir.join("cache"),
-        prepare: prepare_options(cfg),
+        prepare,
         preparer: None,
         report: topo.rank == 0,
         weighting,
         split_first,
+        column_nulls,
     };
     let later: Vec<PathBuf> = data.files[1..].iter().map(|f| f.path.clone()).chain(data.eval_files().iter().cloned()).filter(|p| !is_cache(p)).collect();
     if topo.local_rank == 0 && !later.is_empty() {
@@ -274,6 +311,11 @@ impl TrainData {
     /// Whether the rows carry weights ([`TrainData::load`] then returns them).
     pub fn weighted(&self) -> bool {
         self.weighting.is_some()
+    }
+
+    /// The nulls of each column of the Parquet inputs (empty without any).
+    pub fn column_nulls(&self) -> &[ColumnNulls] {
+        &self.column_nulls
     }
 
     /// Rows merged and rows dropped by weight over the files opened so far (0, 0 in an
@@ -561,9 +603,9 @@ impl Drop for Preparer {
 
 /// How the run's inputs are prepared: `--max-bad-lines`, `--weight-column` and a Parquet
 /// input's `--label-column`, `--dense-columns` and `--sparse-columns`.
-fn prepare_options(cfg: &TrainConfig) -> PrepareOptions {
-    let opts = PrepareOptions::new(cfg.max_bad_lines).weight_column(cfg.weights.weight_column);
-    PrepareOptions { label_column: cfg.label_column.clone(), dense_columns: cfg.dense_columns.clone(), sparse_columns: cfg.sparse_columns.clone(), ..opts }
+fn prepare_options(cfg: &TrainConfig) -> Result<PrepareOptions, DataError> {
+    let field = cfg.weights.weight_column.as_ref().and_then(|c| c.field());
+    Ok(PrepareOptions::new(cfg.max_bad_lines).weight_column(field).columns(cfg.columns()?))
 }
 
 #[cfg(test)]

@@ -140,6 +140,8 @@ pub struct PredictConfig {
     pub sparse_columns: Vec<String>,
     /// `--multi-hot-pooling`: how the data's multi-hot fields are pooled (as in training).
     pub multi_hot_pooling: String,
+    /// `--schema`: the Parquet input's columns in a TOML file (instead of the column flags).
+    pub schema: Option<std::path::PathBuf>,
     /// Host collectives backend (`None`: the best for the topology).
     pub backend: Option<Backend>,
     /// `--require-newest`: a checkpoint directory whose newest checkpoint is damaged is an
@@ -230,6 +232,13 @@ impl PredictConfig {
         Ok(())
     }
 
+    /// The Parquet input's named columns: `--schema`, or the column flags (exclusive).
+    pub fn columns(&self) -> Result<crate::data::ColumnSpec, crate::data::DataError> {
+        let flags = crate::data::ColumnSpec::from_flags(self.label_column.clone(), self.dense_columns.clone(), self.sparse_columns.clone(), None);
+        // Scoring reads no weights: a schema's weight column need not be there.
+        crate::data::ColumnSpec::resolve(self.schema.as_deref(), flags).map(|c| crate::data::ColumnSpec { weight: None, ..c })
+    }
+
     /// Threads per rank on `topo`: `--threads`, else cores / ranks on this host.
     pub fn threads_per_rank(&self, topo: &Topology) -> usize {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -251,6 +260,7 @@ impl PredictConfig {
             ("--dense-columns", self.dense_columns.join(",")),
             ("--sparse-columns", self.sparse_columns.join(",")),
             ("--multi-hot-pooling", self.multi_hot_pooling.clone()),
+            ("--schema", self.columns().map_or_else(|e| format!("({e})"), |c| c.describe().unwrap_or_default())),
             ("--require-newest", self.require_newest.to_string()),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
             ("RINGREC_SHM_DIR", rc.shm_dir.display().to_string()),
@@ -305,8 +315,8 @@ pub fn run(topo: &Topology, cfg: &PredictConfig) -> TrainResult<Predicted> {
 /// host on this rank's share of the cores; a `.rrdata` cache as it is) on every rank; every rank learns
 /// whether all could and that they agree on its rows.
 fn open_data(topo: &Topology, cfg: &PredictConfig, path: &std::path::Path) -> TrainResult<Dataset> {
-    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo)).weight_column(cfg.weight_column);
-    let opts = PrepareOptions { label_column: cfg.label_column.clone(), dense_columns: cfg.dense_columns.clone(), sparse_columns: cfg.sparse_columns.clone(), ..opts };
+    let columns = topo.agree(cfg.columns().map_err(|e| e.to_string()))?;
+    let opts = PrepareOptions::new(cfg.max_bad_lines).threads(cfg.threads_per_rank(topo)).weight_column(cfg.weight_column).columns(columns);
     let ds = topo.agree(super::data::open_one(path, &cfg.data_dir.join("cache"), &opts).map_err(|e| e.to_string()))?;
     topo.agree_settings(&[("rows of --data (after skipping malformed lines)", format!("{}: {}", path.display(), ds.len()))])?;
     Ok(ds)

@@ -27,6 +27,7 @@ use super::checkpoint::{self, CheckpointError, Manifest};
 use super::TrainResult;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use crate::data::ColumnSpec;
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
 use crate::model::{DenseOptimState, DenseWeights, ModelSpec};
@@ -214,6 +215,10 @@ pub struct ModelSource {
     /// newest was used).
     #[serde(default)]
     pub skipped: Vec<String>,
+    /// The Parquet columns it was trained with, when they were named (a checkpoint's
+    /// `Parquet columns` setting, a bundle's `input.schema`).
+    #[serde(default)]
+    pub columns: Option<ColumnSpec>,
 }
 
 /// Why the model `spec` cannot read a table of rows of `dim` values (another row width,
@@ -290,7 +295,8 @@ impl ModelSource {
         let dense = DenseWeights { spec, params: ck.dense.params };
         let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
         let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
-        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped })
+        let columns = ck.manifest.settings.iter().find(|(k, _)| k == "Parquet columns").and_then(|(_, v)| ColumnSpec::from_description(v));
+        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns })
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
@@ -305,13 +311,14 @@ impl ModelSource {
         if let Some(e) = row_mismatch(&b.dense.spec, table.dim) {
             return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: e }.into());
         }
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new() })
+        let columns = b.json.input.schema.clone();
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns })
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
         let (ph, _) = crate::embedding::read_params_header(path)?;
         let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
-        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new() })
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None })
     }
 
     /// `checkpoint of step 40 (ckpt/step-000000000040)`.

@@ -189,9 +189,13 @@ pub struct TrainSummary {
     /// Training rows merged into an identical earlier row of their file
     /// (`--merge-duplicates`).
     pub samples_merged: u64,
-    /// `--weight-column`: the field of each line that held its sample's weight (`None`:
-    /// no weight column).
-    pub weight_column: Option<u32>,
+    /// `--weight-column`: the field of each line that held its sample's weight, or a Parquet
+    /// input's weight column (`None`: no weight column).
+    pub weight_column: Option<crate::data::weights::WeightColumn>,
+    /// The nulls of each column read from the Parquet inputs (training and held-out files,
+    /// summed; from the files' statistics, `None` where a writer did not count them); empty
+    /// without Parquet inputs.
+    pub column_nulls: Vec<super::data::ColumnNulls>,
     /// The GPU hot-row cache and the step's copies to and from the device, over the ranks.
     pub gpu_cache: GpuCacheSummary,
 }
@@ -353,7 +357,8 @@ impl<D: Device> Trainer<'_, D> {
             params_fnv_per_rank: fnvs.iter().map(|[f]| format!("{f:016x}")).collect(),
             samples_merged: self.data.weight_counts().0,
             samples_dropped_by_weight: self.data.weight_counts().1,
-            weight_column: self.cfg.weights.weight_column,
+            weight_column: self.cfg.weight_config().weight_column,
+            column_nulls: self.data.column_nulls().to_vec(),
             gpu_cache: self.gpu_cache_summary(),
             ..self.table_summary()
         })

@@ -64,6 +64,12 @@ fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, m
             return Err(format!("{from}: its dense model is not this run's: {} (its {}, this run's {}){carry}", what.join("; "), d.spec.describe(), mine.describe()));
         }
     }
+    if let Some(theirs) = &m.columns {
+        let mine = cfg.columns().map_err(|e| e.to_string())?;
+        if let Some((column, there, here)) = theirs.first_difference(&mine) {
+            return Err(format!("{flag}: it was trained on other Parquet columns: column `{column}` is {there} there and {here} here; name the columns as its run did (--schema or the column flags)"));
+        }
+    }
     if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
         return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
     }

@@ -56,7 +56,7 @@ impl Weighting {
 /// it existed (in older checkpoints) are unchanged.
 pub fn describe(cfg: &WeightConfig) -> String {
     let days: Vec<String> = cfg.day_of.iter().map(|(p, d)| format!("{}={d}", p.display())).collect();
-    let column = cfg.weight_column.map_or(String::new(), |c| format!(" --weight-column {c}"));
+    let column = cfg.weight_column.as_ref().map_or(String::new(), |c| format!(" --weight-column {c}"));
     format!(
         "--decay-base {:?} --decay-unit {} --day-of [{}] --min-sample-weight {} --merge-duplicates {}{column}",
         cfg.decay_base,
@@ -119,6 +119,7 @@ pub fn rank_weights(weights: Option<&BatchWeights>, mine: usize, global: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::weights::WeightColumn;
 
     #[test]
     fn unweighted_runs_have_no_weighting_and_describe_names_every_flag() {
@@ -130,7 +131,7 @@ mod tests {
         let d = describe(&cfg);
         assert!(d.contains("--decay-base Some(2.0)") && d.contains("--merge-duplicates true") && d.contains("--min-sample-weight 0.001"), "{d}");
         assert!(!d.contains("--weight-column"), "{d}");
-        let col = WeightConfig { weight_column: Some(41), ..WeightConfig::default() };
+        let col = WeightConfig { weight_column: Some(WeightColumn::Field(41)), ..WeightConfig::default() };
         assert!(col.active());
         assert!(describe(&col).ends_with("--merge-duplicates false --weight-column 41"), "{}", describe(&col));
     }

@@ -7,20 +7,25 @@
 //! directory only decides:
 //!
 //! - **Staging** ([`CacheDirectory::plan`]): for each unique key of a batch, a *source*
-//!   (one `u32`): its cache slot, or [`MISS`] | its index among the batch's misses. Only the
-//!   misses are looked up from the host table and uploaded; a gather kernel builds the
-//!   input from the cache or the staged misses.
-//! - **Updates** ([`CacheDirectory::select_cached`]): the entries of a merged gradient list
-//!   whose keys are cached, with their slots.
+//!   (one `u32`): its cache slot, or [`MISS`] | its index among the batch's misses, and its
+//!   occurrences counted for the refresh, in one hash lookup per key. Only the misses are
+//!   looked up from the host table and uploaded; a gather kernel builds the input from the
+//!   cache or the staged misses.
+//! - **Updates** ([`CacheDirectory::select_update`]): the entries of a merged gradient list
+//!   whose keys are cached, with their slots; in a world of one rank the list is the
+//!   batch's own keys and the slots are the plan's sources (no lookup).
 //! - **Refresh** ([`CacheDirectory::refresh`]): every `--gpu-cache-refresh` steps, the
 //!   `capacity` keys of highest score, where a key's score is its occurrences in this
 //!   rank's batches since the last refresh plus half its score at that refresh (a decayed
-//!   window: a key seen in no batch of an interval loses half its score; only keys seen in
-//!   the last interval or cached are candidates, so memory is bounded by one interval's
-//!   keys). Ties go to the smaller key, so every run chooses the same. Only keys the
-//!   caller says are live in the table are chosen (`--admit-after`). Keys that stay keep
-//!   their slot; keys entering take the slots freed, to be read (row and optimizer state)
-//!   from the host table and uploaded by the caller; keys leaving need no write-back.
+//!   window: a key seen in no batch of an interval loses half its score). Candidates are
+//!   the cached keys and the keys seen at least twice in the interval (admission: a key's
+//!   first sighting only sets a bit, a doorkeeper, so the Zipf tail seen once is neither
+//!   counted in the map nor uploaded); memory and time follow the keys cached and those
+//!   candidates, not the capacity. Ties go to the smaller key, so every run chooses the
+//!   same. Only keys the caller says are live in the table enter (`--admit-after`). Keys
+//!   that stay keep their slot; keys entering take the lowest slots free, to be read (row
+//!   and optimizer state) from the host table and uploaded by the caller (only the rows
+//!   that changed slot travel); keys leaving need no write-back.
 //!
 //! [`CacheCounters`] holds what the cache did: hit rate, bytes moved each way, rows
 //! refreshed. The byte counters are counted where the transfers happen (the caller's
@@ -167,17 +172,81 @@ impl CacheCounters {
     }
 }
 
+/// Marks a directory entry that is not a slot but a candidate: the low 31 bits count its
+/// occurrences since the last refresh.
+const CANDIDATE: u32 = 1 << 31;
+
+/// The first sightings of keys not in the directory since the last refresh: one bit per
+/// hashed key (TinyLFU's doorkeeper). A key whose bit is already set was (most likely) seen
+/// before and becomes a candidate; a false positive only lets a key in one sighting early.
+/// Hashed with a fixed function, so every run admits the same keys.
+#[derive(Debug, Default)]
+struct Doorkeeper {
+    bits: Vec<u64>,
+    mask: u64,
+}
+
+impl Doorkeeper {
+    /// Bits for a cache of `capacity` slots: 8 per slot (at least 2^20, at most 2^30),
+    /// none without slots.
+    fn new(capacity: usize) -> Doorkeeper {
+        if capacity == 0 {
+            return Doorkeeper::default();
+        }
+        let n = (8 * capacity as u64).clamp(1 << 20, 1 << 30).next_power_of_two();
+        Doorkeeper { bits: vec![0; (n / 64) as usize], mask: n - 1 }
+    }
+
+    /// Sets `key`'s bit; returns whether it was set already.
+    #[inline]
+    fn test_and_set(&mut self, key: u64) -> bool {
+        let h = crate::hash::splitmix64(key ^ 0x6361_6368_6564_6f6f) & self.mask;
+        let (w, b) = ((h / 64) as usize, 1u64 << (h % 64));
+        let was = self.bits[w] & b != 0;
+        self.bits[w] |= b;
+        was
+    }
+
+    fn clear(&mut self) {
+        self.bits.iter_mut().for_each(|w| *w = 0);
+    }
+}
+
+/// The cached entries of a merged gradient list ([`CacheDirectory::select_update`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpdateSelection {
+    /// Indices of the cached entries in the list, in list order.
+    pub at: Vec<u32>,
+    /// Their slots.
+    pub slots: Vec<u32>,
+    /// Where every selected row is this rank's own key gradient: each one's index among
+    /// the rank's unique keys (empty otherwise).
+    pub own_index: Vec<u32>,
+}
+
 /// The key -> slot directory of one rank's hot-row cache, its key frequencies and its
 /// counters (see the module docs).
+///
+/// One hash map holds both the cached keys (value: the slot) and the candidates, keys seen
+/// at least twice since the last refresh and not cached (value: [`CANDIDATE`] | their
+/// occurrences), so planning a batch costs one lookup per unique key; a cached key's
+/// occurrences are counted beside its slot. Slots are used from the lowest up, so the
+/// per-slot arrays grow with the keys cached, not with the capacity.
 #[derive(Debug)]
 pub struct CacheDirectory {
     capacity: usize,
-    /// Cached key -> its slot.
-    slot_of: KeyMap<u32>,
-    /// Per slot: its key and score at the last refresh (`None`: empty).
+    /// Cached key -> its slot; candidate -> [`CANDIDATE`] | its occurrences.
+    map: KeyMap<u32>,
+    /// Per slot up to the highest used: its key and score at the last refresh (`None`:
+    /// empty).
     slots: Vec<Option<(u64, f64)>>,
-    /// Occurrences of each key in the batches since the last refresh.
-    window: KeyMap<u64>,
+    /// Per slot: its key's occurrences since the last refresh.
+    seen: Vec<u32>,
+    /// Keys cached now.
+    cached: usize,
+    doorkeeper: Doorkeeper,
+    /// Per unique key of the batch being planned: its occurrences (scratch).
+    counts: Vec<u32>,
     counters: CacheCounters,
 }
 
@@ -185,7 +254,16 @@ impl CacheDirectory {
     /// An empty directory of `capacity` slots (0: no cache, every key misses).
     pub fn new(capacity: usize) -> CacheDirectory {
         let capacity = capacity.min(MISS as usize - 1);
-        CacheDirectory { capacity, slot_of: KeyMap::default(), slots: vec![None; capacity], window: KeyMap::default(), counters: CacheCounters::default() }
+        CacheDirectory {
+            capacity,
+            map: KeyMap::default(),
+            slots: Vec::new(),
+            seen: Vec::new(),
+            cached: 0,
+            doorkeeper: Doorkeeper::new(capacity),
+            counts: Vec::new(),
+            counters: CacheCounters::default(),
+        }
     }
 
     /// Its number of slots.
@@ -195,17 +273,17 @@ impl CacheDirectory {
 
     /// Keys cached now.
     pub fn len(&self) -> usize {
-        self.slot_of.len()
+        self.cached
     }
 
     /// Whether no key is cached.
     pub fn is_empty(&self) -> bool {
-        self.slot_of.is_empty()
+        self.cached == 0
     }
 
     /// The slot of `key`, if cached.
     pub fn slot(&self, key: u64) -> Option<u32> {
-        self.slot_of.get(&key).copied()
+        self.map.get(&key).copied().filter(|v| v & CANDIDATE == 0)
     }
 
     /// Every cached key with its slot, by slot.
@@ -225,41 +303,74 @@ impl CacheDirectory {
 
     /// Records a batch's keys for the next refresh: its unique keys `uniq` and `inverse`
     /// (each sample field's index in `uniq`), so each key counts its occurrences. Nothing
-    /// is recorded without slots.
+    /// is recorded without slots. ([`CacheDirectory::plan`] does this too.)
     pub fn observe(&mut self, uniq: &[u64], inverse: &[u32]) {
-        if self.capacity == 0 {
-            return;
-        }
-        let mut counts = vec![0u64; uniq.len()];
-        for i in inverse {
-            if let Some(c) = counts.get_mut(*i as usize) {
-                *c += 1;
-            }
-        }
-        for (k, c) in uniq.iter().zip(counts) {
-            *self.window.entry(*k).or_insert(0) += c;
-        }
+        self.visit(uniq, inverse, None);
     }
 
-    /// Maps each of a batch's unique keys `uniq` (of `samples` samples) to its source
-    /// (into `plan`, reused) and counts the batch, its unique keys and hits.
-    pub fn plan(&mut self, uniq: &[u64], samples: usize, plan: &mut StagingPlan) {
+    /// Records a batch's keys for the next refresh as [`CacheDirectory::observe`] does and,
+    /// in the same pass (one lookup per key), maps each of its unique keys `uniq` (of
+    /// `samples` samples) to its source (into `plan`, reused); counts the batch, its unique
+    /// keys and hits.
+    pub fn plan(&mut self, uniq: &[u64], inverse: &[u32], samples: usize, plan: &mut StagingPlan) {
         plan.source.clear();
         plan.misses.clear();
         plan.source.reserve(uniq.len());
-        for k in uniq {
-            match self.slot_of.get(k) {
-                Some(s) => plan.source.push(*s),
-                None => {
-                    plan.source.push(MISS | plan.misses.len() as u32);
-                    plan.misses.push(*k);
-                }
-            }
-        }
+        self.visit(uniq, inverse, Some(plan));
         plan.hits = uniq.len() - plan.misses.len();
         self.counters.samples += samples as u64;
         self.counters.unique_keys += uniq.len() as u64;
         self.counters.hits += plan.hits as u64;
+    }
+
+    /// Counts each unique key's occurrences (a cached key's beside its slot, a candidate's
+    /// in its entry, a key's first sighting in the doorkeeper) and, with `plan`, pushes its
+    /// source.
+    fn visit(&mut self, uniq: &[u64], inverse: &[u32], mut plan: Option<&mut StagingPlan>) {
+        let record = self.capacity > 0;
+        if record {
+            self.counts.clear();
+            self.counts.resize(uniq.len(), 0);
+            for i in inverse {
+                if let Some(c) = self.counts.get_mut(*i as usize) {
+                    *c = c.saturating_add(1);
+                }
+            }
+        }
+        for (u, k) in uniq.iter().enumerate() {
+            let slot = match self.map.get_mut(k) {
+                Some(v) if *v & CANDIDATE == 0 => {
+                    if record {
+                        let s = &mut self.seen[*v as usize];
+                        *s = s.saturating_add(self.counts[u]);
+                    }
+                    Some(*v)
+                }
+                Some(v) if record => {
+                    *v = CANDIDATE | (*v & !CANDIDATE).saturating_add(self.counts[u]).min(!CANDIDATE);
+                    None
+                }
+                _ => {
+                    if record {
+                        let c = self.counts[u];
+                        let before = self.doorkeeper.test_and_set(*k) as u32;
+                        if c + before >= 2 {
+                            self.map.insert(*k, CANDIDATE | (c + before).min(!CANDIDATE));
+                        }
+                    }
+                    None
+                }
+            };
+            if let Some(p) = plan.as_deref_mut() {
+                match slot {
+                    Some(s) => p.source.push(s),
+                    None => {
+                        p.source.push(MISS | p.misses.len() as u32);
+                        p.misses.push(*k);
+                    }
+                }
+            }
+        }
     }
 
     /// The entries of the key list `keys` (a merged gradient list) whose keys are cached:
@@ -268,70 +379,127 @@ impl CacheDirectory {
     pub fn select_cached(&self, keys: &[u64], at: &mut Vec<u32>, slots: &mut Vec<u32>) {
         at.clear();
         slots.clear();
-        if self.slot_of.is_empty() {
+        if self.cached == 0 {
             return;
         }
         for (i, k) in keys.iter().enumerate() {
-            if let Some(s) = self.slot_of.get(k) {
+            if let Some(s) = self.slot(*k) {
                 at.push(i as u32);
-                slots.push(*s);
+                slots.push(s);
             }
         }
     }
 
+    /// The cached entries of a merged gradient list (`keys`, rows of `dim` values `grads`)
+    /// into `sel`, for the cache's update. `own`: this rank's unique keys and key gradient
+    /// rows of the batch last planned into `plan` (no refresh since). Returns whether every
+    /// selected row is, bit for bit, this rank's own key gradient (`sel.own_index` then
+    /// gives each one's place among the own keys), so the device can read the rows where
+    /// it holds them. Where the list is the rank's own key list (a world of one rank), the
+    /// slots are the plan's sources, with no lookup.
+    pub fn select_update(&self, plan: &StagingPlan, keys: &[u64], grads: &[f32], dim: usize, own: Option<(&[u64], &[f32])>, sel: &mut UpdateSelection) -> bool {
+        sel.own_index.clear();
+        let planned = own.is_some_and(|(k, _)| k == keys) && plan.source.len() == keys.len();
+        if planned {
+            sel.at.clear();
+            sel.slots.clear();
+            for (i, s) in plan.source.iter().enumerate() {
+                if s & MISS == 0 {
+                    sel.at.push(i as u32);
+                    sel.slots.push(*s);
+                }
+            }
+        } else {
+            self.select_cached(keys, &mut sel.at, &mut sel.slots);
+        }
+        let Some((own_keys, own_grads)) = own else { return false };
+        let index = &mut sel.own_index;
+        let same = sel.at.iter().all(|&j| {
+            let j = j as usize;
+            let p = match planned {
+                true => j,
+                false => match own_keys.binary_search(&keys[j]) {
+                    Ok(p) => p,
+                    Err(_) => return false,
+                },
+            };
+            index.push(p as u32);
+            match (grads.get(j * dim..(j + 1) * dim), own_grads.get(p * dim..(p + 1) * dim)) {
+                (Some(a), Some(b)) => bytemuck::cast_slice::<f32, u32>(a) == bytemuck::cast_slice::<f32, u32>(b),
+                _ => false,
+            }
+        });
+        if !same {
+            sel.own_index.clear();
+        }
+        same
+    }
+
     /// Chooses the cached keys anew (see the module docs): the `capacity` keys of highest
-    /// score among those seen since the last refresh and those cached, keeping only keys
-    /// for which `live` is true; clears the window. Returns the keys entering with their
-    /// slots, and counts them as rows refreshed.
+    /// score among the candidates (keys seen at least twice since the last refresh) for
+    /// which `live` is true and the keys cached; clears the counts. Cached keys are live: a
+    /// row leaves the table only by a removal, after which the caller empties the cache
+    /// ([`CacheDirectory::clear`]). Returns the keys entering with their slots (the lowest
+    /// free ones, by key), and counts them as rows refreshed. Its cost follows the keys
+    /// cached and the candidates, not the capacity.
     pub fn refresh(&mut self, mut live: impl FnMut(u64) -> bool) -> Refresh {
         if self.capacity == 0 {
             return Refresh::default();
         }
-        let mut window = std::mem::take(&mut self.window);
-        let mut candidates: Vec<(u64, f64)> = Vec::with_capacity(window.len() + self.slot_of.len());
-        for (k, s) in self.slots.iter().flatten() {
-            let seen = window.remove(k).unwrap_or(0);
-            candidates.push((*k, seen as f64 + s / 2.0));
-        }
-        candidates.extend(window.drain().map(|(k, c)| (k, c as f64)));
-        self.window = window;
-        let by_score = |a: &(u64, f64), b: &(u64, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        // The best `capacity` live keys: candidates in score order, partially sorted.
-        let mut chosen: Vec<(u64, f64)> = Vec::with_capacity(self.capacity);
-        let mut rest = &mut candidates[..];
-        while chosen.len() < self.capacity && !rest.is_empty() {
-            let take = (self.capacity - chosen.len()).min(rest.len());
-            if take < rest.len() {
-                rest.select_nth_unstable_by(take - 1, by_score);
+        const NEW: u32 = u32::MAX;
+        // (key, score, its slot or NEW) for every key that may stay or enter.
+        let mut items: Vec<(u64, f64, u32)> = Vec::with_capacity(self.map.len());
+        for (s, (e, seen)) in self.slots.iter().zip(self.seen.iter_mut()).enumerate() {
+            if let Some((k, score)) = e {
+                items.push((*k, *seen as f64 + score / 2.0, s as u32));
             }
-            let (head, tail) = rest.split_at_mut(take);
-            head.sort_unstable_by(by_score);
-            chosen.extend(head.iter().filter(|(k, _)| live(*k)).copied());
-            rest = tail;
+            *seen = 0;
         }
-        let keep: KeyMap<f64> = chosen.iter().copied().collect();
-        // Keys that stay keep their slot (with their new score); the others leave.
+        self.map.retain(|k, v| {
+            if *v & CANDIDATE == 0 {
+                return true;
+            }
+            if live(*k) {
+                items.push((*k, (*v & !CANDIDATE) as f64, NEW));
+            }
+            false
+        });
+        self.doorkeeper.clear();
+        let by_score = |a: &(u64, f64, u32), b: &(u64, f64, u32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut left = 0;
-        for e in self.slots.iter_mut() {
-            if let Some((k, s)) = e {
-                match keep.get(k) {
-                    Some(new) => *s = *new,
-                    None => {
-                        self.slot_of.remove(k);
-                        *e = None;
-                        left += 1;
-                    }
+        if items.len() > self.capacity {
+            items.select_nth_unstable_by(self.capacity, by_score);
+            for (k, _, s) in items.drain(self.capacity..) {
+                if s != NEW {
+                    self.map.remove(&k);
+                    self.slots[s as usize] = None;
+                    self.cached -= 1;
+                    left += 1;
                 }
             }
         }
-        let mut entering: Vec<(u64, f64)> = chosen.into_iter().filter(|(k, _)| !self.slot_of.contains_key(k)).collect();
+        // Keys that stay keep their slot (with their new score); the others take the
+        // lowest free slots, by key.
+        let mut entering: Vec<(u64, f64)> = Vec::new();
+        for (k, score, s) in items {
+            match s {
+                NEW => entering.push((k, score)),
+                s => self.slots[s as usize] = Some((k, score)),
+            }
+        }
         entering.sort_unstable_by_key(|(k, _)| *k);
-        let mut free = self.slots.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(s, _)| s).collect::<Vec<_>>().into_iter();
+        let holes: Vec<usize> = self.slots.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(s, _)| s).collect();
+        let mut free = holes.into_iter().chain(self.slots.len()..self.capacity);
         let mut out = Vec::with_capacity(entering.len());
         for (k, score) in entering {
             let Some(s) = free.next() else { break };
+            if s == self.slots.len() {
+                self.slots.push(None);
+                self.seen.push(0);
+            }
             self.slots[s] = Some((k, score));
-            self.slot_of.insert(k, s as u32);
+            self.map.insert(k, s as u32);
+            self.cached += 1;
             out.push((k, s as u32));
         }
         self.counters.rows_refreshed += out.len() as u64;
@@ -339,11 +507,21 @@ impl CacheDirectory {
         Refresh { entering: out, left }
     }
 
-    /// Empties the cache (its window is kept): after something changed rows behind its
-    /// back, the next refresh reloads every key it chooses.
+    /// Empties the cache (its counts are kept: a cached key seen since the last refresh
+    /// becomes a candidate): after something changed rows behind its back, the next
+    /// refresh reloads every key it chooses.
     pub fn clear(&mut self) {
-        self.slot_of.clear();
-        self.slots.iter_mut().for_each(|e| *e = None);
+        for (e, seen) in self.slots.iter().zip(&self.seen) {
+            if let Some((k, _)) = e {
+                match *seen {
+                    0 => self.map.remove(k),
+                    n => self.map.insert(*k, CANDIDATE | n.min(!CANDIDATE)),
+                };
+            }
+        }
+        self.slots.clear();
+        self.seen.clear();
+        self.cached = 0;
     }
 }
 
@@ -364,7 +542,7 @@ mod tests {
         let mut d = CacheDirectory::new(0);
         let mut p = StagingPlan::default();
         d.observe(&[5, 7], &[0, 1, 1]);
-        d.plan(&[5, 7, 9], 3, &mut p);
+        d.plan(&[5, 7, 9], &[0, 1, 2], 3, &mut p);
         assert_eq!(p.source, vec![MISS, MISS | 1, MISS | 2]);
         assert_eq!(p.misses, vec![5, 7, 9]);
         assert_eq!(d.refresh(|_| true), Refresh::default());
@@ -396,7 +574,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_smaller_key() {
         let mut d = CacheDirectory::new(3);
-        d.observe(&[40, 10, 30, 20], &[0, 1, 2, 3]);
+        d.observe(&[40, 10, 30, 20], &[0, 1, 2, 3, 3, 2, 1, 0]);
         let r = d.refresh(|_| true);
         assert_eq!(r.entering, vec![(10, 0), (20, 1), (30, 2)]);
     }
@@ -404,10 +582,10 @@ mod tests {
     #[test]
     fn plans_sources_and_counts_hits() {
         let mut d = CacheDirectory::new(4);
-        d.observe(&[10, 20], &[0, 1]);
+        d.observe(&[10, 20], &[0, 1, 0, 1]);
         d.refresh(|_| true);
         let mut p = StagingPlan::default();
-        d.plan(&[5, 10, 15, 20], 8, &mut p);
+        d.plan(&[5, 10, 15, 20], &[0, 1, 2, 3, 3, 2, 1, 0], 8, &mut p);
         assert_eq!(p.source, vec![MISS, 0, MISS | 1, 1]);
         assert_eq!(p.misses, vec![5, 15]);
         assert_eq!(p.hits, 2);
@@ -427,11 +605,70 @@ mod tests {
         d.observe(&keys, &inverse);
         let mut counts = vec![0u64; 1000];
         inverse.iter().for_each(|i| counts[*i as usize] += 1);
-        let mut want: Vec<(u64, u64)> = keys.iter().map(|k| (*k, counts[*k as usize])).filter(|(k, _)| k % 3 != 0).collect();
+        // Candidates: live keys seen at least twice.
+        let mut want: Vec<(u64, u64)> = keys.iter().map(|k| (*k, counts[*k as usize])).filter(|(k, c)| k % 3 != 0 && *c >= 2).collect();
         want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let mut want: Vec<u64> = want.into_iter().take(100).map(|(k, _)| k).collect();
         want.sort_unstable();
         let r = d.refresh(|k| k % 3 != 0);
         assert_eq!(r.entering.iter().map(|(k, _)| *k).collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn a_key_enters_only_once_seen_twice() {
+        let mut d = CacheDirectory::new(8);
+        // Seen once: only its first sighting is noted; nothing enters.
+        d.observe(&[1, 2], &[0, 1]);
+        assert!(d.refresh(|_| true).entering.is_empty());
+        // Twice in one batch, or once in each of two batches of an interval: it enters.
+        d.observe(&[3, 4], &[0, 0, 1]);
+        d.observe(&[4, 5], &[0, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(3, 0), (4, 1)]);
+        // The sightings of an interval do not carry into the next.
+        d.observe(&[5], &[0]);
+        assert!(d.refresh(|_| true).entering.is_empty());
+    }
+
+    #[test]
+    fn a_large_capacity_costs_only_the_keys_cached() {
+        let mut d = CacheDirectory::new(1 << 24);
+        d.observe(&[7, 9], &[0, 0, 1, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(7, 0), (9, 1)]);
+        assert_eq!((d.slots.len(), d.seen.len(), d.len()), (2, 2, 2));
+    }
+
+    #[test]
+    fn the_update_selection_of_a_planned_list_needs_no_lookup() {
+        let mut d = CacheDirectory::new(4);
+        d.observe(&[10, 20, 30], &[0, 0, 1, 1, 2, 2]);
+        d.refresh(|_| true);
+        let (keys, mut p) = ([5u64, 10, 20, 25], StagingPlan::default());
+        d.plan(&keys, &[0, 1, 2, 3], 4, &mut p);
+        let grads: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let mut planned = UpdateSelection::default();
+        assert!(d.select_update(&p, &keys, &grads, 2, Some((&keys, &grads)), &mut planned));
+        assert_eq!(planned, UpdateSelection { at: vec![1, 2], slots: vec![0, 1], own_index: vec![1, 2] });
+        // The same from lookups: a list that is not the planned one.
+        let (merged, merged_grads) = ([10u64, 20, 30], [2.0f32, 3.0, 4.0, 5.0, 9.0, 9.0]);
+        let mut looked = UpdateSelection::default();
+        assert!(!d.select_update(&p, &merged, &merged_grads, 2, Some((&keys, &grads)), &mut looked));
+        assert_eq!((looked.at, looked.slots, looked.own_index), (vec![0, 1, 2], vec![0, 1, 2], vec![]));
+        // A row that differs from the own gradient by one bit: the rows must travel.
+        let mut other = grads.clone();
+        other[5] = f32::from_bits(other[5].to_bits() ^ 1);
+        assert!(!d.select_update(&p, &keys, &other, 2, Some((&keys, &grads)), &mut planned));
+        assert!(planned.own_index.is_empty() && planned.at == vec![1, 2]);
+    }
+
+    #[test]
+    fn clear_keeps_the_counts_of_the_keys_it_drops() {
+        let mut d = CacheDirectory::new(2);
+        d.observe(&[1, 2], &[0, 0, 1, 1]);
+        d.refresh(|_| true);
+        d.observe(&[1], &[0]);
+        d.clear();
+        assert!(d.is_empty() && d.slot(1).is_none() && d.entries().is_empty());
+        // 1 was seen since the refresh: it is a candidate again; 2 was not.
+        assert_eq!(d.refresh(|_| true).entering, vec![(1, 0)]);
     }
 }

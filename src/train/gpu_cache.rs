@@ -27,7 +27,7 @@
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
 use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
-use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan};
+use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection};
 use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
 use crate::model::DenseModel;
 
@@ -92,9 +92,8 @@ pub struct GpuCache<D: Device> {
     index: Upload<D, u32>,
     values: Upload<D, f32>,
     accs: Upload<D, f32>,
-    /// Indices of the merged list's cached entries (scratch).
-    at: Vec<u32>,
-    slot_list: Vec<u32>,
+    /// The merged list's cached entries (scratch).
+    selection: UpdateSelection,
     /// The table's removals when last seen.
     removed: u64,
 }
@@ -141,8 +140,7 @@ impl<D: Device> GpuCache<D> {
             index: Upload::new(dev).map_err(err)?,
             values: Upload::new(dev).map_err(err)?,
             accs: Upload::new(dev).map_err(err)?,
-            at: Vec::new(),
-            slot_list: Vec::new(),
+            selection: UpdateSelection::default(),
             removed: removed(table.counts()),
         })
     }
@@ -165,8 +163,7 @@ impl<D: Device> GpuCache<D> {
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
     /// source, the inverse map, dense features and labels; records its keys' occurrences.
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
-        self.dir.observe(&b.uniq, &b.inverse);
-        self.dir.plan(&b.uniq, b.len(), &mut self.plan);
+        self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
         let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), self.plan.misses.len())?;
         table.lookup(&self.plan.misses, st.emb)?;
         source.copy_from_slice(&self.plan.source);
@@ -183,39 +180,32 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Applies the merged list the leader applied (`keys`, normalised gradient rows
-    /// `grads`) to the cached rows on `dev`. Where every cached entry's row is, bit for bit,
-    /// this rank's own key gradient of the step (`own`; in a world of one rank the merge of
-    /// one list normalised by a count of 1), the rows are read where the device holds them
-    /// and only slots and indices travel; else the rows are uploaded.
+    /// `grads`) to the cached rows on `dev`, after [`GpuCache::stage`] of the same batch.
+    /// Where every cached entry's row is, bit for bit, this rank's own key gradient of the
+    /// step (`own`; in a world of one rank the merge of one list normalised by a count of 1),
+    /// the rows are read where the device holds them and only slots and indices travel;
+    /// else the rows are uploaded.
     pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32], own: Option<OwnGrads<'_, D>>) -> TrainResult<()> {
-        self.dir.select_cached(keys, &mut self.at, &mut self.slot_list);
-        let (n, dim) = (self.at.len(), self.dim);
+        let dim = self.dim;
+        let same = self.dir.select_update(&self.plan, keys, grads, dim, own.as_ref().map(|o| (o.keys, o.host)), &mut self.selection);
+        let sel = &self.selection;
+        let n = sel.at.len();
         if n == 0 {
             return Ok(());
         }
-        if let Some(o) = own {
-            let mut index = Vec::with_capacity(n);
-            let same = self.at.iter().all(|i| {
-                let i = *i as usize;
-                let Ok(p) = o.keys.binary_search(&keys[i]) else { return false };
-                index.push(p as u32);
-                let (merged, mine) = (&grads[i * dim..(i + 1) * dim], o.host.get(p * dim..(p + 1) * dim).unwrap_or(&[]));
-                merged.len() == mine.len() && merged.iter().zip(mine).all(|(a, b)| a.to_bits() == b.to_bits())
-            });
-            if same {
-                self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
-                self.index.fill(dev, n)?.copy_from_slice(&index);
-                self.slots.send(dev, n)?;
-                self.index.send(dev, n)?;
-                self.dir.counters_mut().uploaded(8 * n);
-                let (slots, index) = (&self.slots.dev, &self.index.dev);
-                dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
-                return Ok(());
-            }
+        if let (true, Some(o)) = (same, own) {
+            self.slots.fill(dev, n)?.copy_from_slice(&sel.slots);
+            self.index.fill(dev, n)?.copy_from_slice(&sel.own_index);
+            self.slots.send(dev, n)?;
+            self.index.send(dev, n)?;
+            self.dir.counters_mut().uploaded(8 * n);
+            let (slots, index) = (&self.slots.dev, &self.index.dev);
+            dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+            return Ok(());
         }
-        self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
+        self.slots.fill(dev, n)?.copy_from_slice(&sel.slots);
         let rows = self.values.fill(dev, n * dim)?;
-        for (row, i) in rows.chunks_exact_mut(dim).zip(&self.at) {
+        for (row, i) in rows.chunks_exact_mut(dim).zip(&sel.at) {
             let i = *i as usize;
             row.copy_from_slice(&grads[i * dim..(i + 1) * dim]);
         }
@@ -331,7 +321,8 @@ mod tests {
         let mut t = table(name, optimizer, 200);
         let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
         let seen: Vec<u64> = (0..120).collect();
-        let inverse: Vec<u32> = (0..120u32).chain(0..40).collect();
+        // Every key seen at least twice (a candidate), the first 40 three times.
+        let inverse: Vec<u32> = (0..120u32).chain(0..120).chain(0..40).collect();
         cache.dir.observe(&seen, &inverse);
         cache.after_step(dev, &t, 1).unwrap();
         assert_eq!(cache.dir.len(), 64);

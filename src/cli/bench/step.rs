@@ -52,7 +52,7 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
 use ringrec::data::criteo::{NUM_DENSE, NUM_SPARSE};
-use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, DEFAULT_REFRESH_STEPS};
+use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection, DEFAULT_REFRESH_STEPS};
 use ringrec::data::shard;
 use ringrec::topology::Topology;
 use ringrec::train::batch::Batch;
@@ -329,9 +329,7 @@ struct Buffers {
     dense: Vec<f32>,
     labels: Vec<f32>,
     grads: Vec<f32>,
-    at: Vec<u32>,
-    slots: Vec<u32>,
-    index: Vec<u32>,
+    selection: UpdateSelection,
     update: Vec<f32>,
     entering: Vec<u64>,
     accs: Vec<f32>,
@@ -421,8 +419,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let t1 = Instant::now();
         let (u, samples) = (buf.batch.uniq.len(), buf.batch.labels.len());
         if cached {
-            dir.observe(&buf.batch.uniq, &buf.batch.inverse);
-            dir.plan(&buf.batch.uniq, samples, &mut buf.plan);
+            dir.plan(&buf.batch.uniq, &buf.batch.inverse, samples, &mut buf.plan);
         }
         let t2 = Instant::now();
         let staged = if cached { &buf.plan.misses } else { &buf.batch.uniq };
@@ -477,26 +474,18 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
 /// world of one rank, where every such row is bit for bit this rank's own key gradient,
 /// their slots and indices into those. Counts and returns the bytes it uploads.
 fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<usize> {
-    buf.at.clear();
     let mut own = false;
+    let mut n = 0;
     if let Some(g) = stage.applied()? {
-        dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
-        buf.index.clear();
-        let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
-        let index = &mut buf.index;
-        own = topo.size == 1
-            && buf.at.iter().all(|&j| {
-                let j = j as usize;
-                let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
-                index.push(p as u32);
-                g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
-            });
+        let mine = (topo.size == 1).then_some((&buf.batch.uniq[..], &buf.grads[..]));
+        own = dir.select_update(&buf.plan, g.keys, g.grads, dim, mine, &mut buf.selection);
+        n = buf.selection.at.len();
         buf.update.clear();
         if !own {
-            buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+            buf.update.extend(buf.selection.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
         }
     }
-    let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
+    let bytes = if own { 8 * n } else { 4 * n * (dim + 1) };
     dir.counters_mut().uploaded(bytes);
     Ok(bytes)
 }

@@ -222,6 +222,9 @@ pub struct UpdateSelection {
     /// Where every selected row is this rank's own key gradient: each one's index among
     /// the rank's unique keys (empty otherwise).
     pub own_index: Vec<u32>,
+    /// Whether the list was the planned batch's own key list: entry `i` is unique key `i`,
+    /// and the plan's sources are the slots of every entry (a miss's to be skipped).
+    pub from_plan: bool,
 }
 
 /// The key -> slot directory of one rank's hot-row cache, its key frequencies and its
@@ -400,6 +403,7 @@ impl CacheDirectory {
     pub fn select_update(&self, plan: &StagingPlan, keys: &[u64], grads: &[f32], dim: usize, own: Option<(&[u64], &[f32])>, sel: &mut UpdateSelection) -> bool {
         sel.own_index.clear();
         let planned = own.is_some_and(|(k, _)| k == keys) && plan.source.len() == keys.len();
+        sel.from_plan = planned;
         if planned {
             sel.at.clear();
             sel.slots.clear();
@@ -647,12 +651,12 @@ mod tests {
         let grads: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let mut planned = UpdateSelection::default();
         assert!(d.select_update(&p, &keys, &grads, 2, Some((&keys, &grads)), &mut planned));
-        assert_eq!(planned, UpdateSelection { at: vec![1, 2], slots: vec![0, 1], own_index: vec![1, 2] });
+        assert_eq!(planned, UpdateSelection { at: vec![1, 2], slots: vec![0, 1], own_index: vec![1, 2], from_plan: true });
         // The same from lookups: a list that is not the planned one.
         let (merged, merged_grads) = ([10u64, 20, 30], [2.0f32, 3.0, 4.0, 5.0, 9.0, 9.0]);
         let mut looked = UpdateSelection::default();
         assert!(!d.select_update(&p, &merged, &merged_grads, 2, Some((&keys, &grads)), &mut looked));
-        assert_eq!((looked.at, looked.slots, looked.own_index), (vec![0, 1, 2], vec![0, 1, 2], vec![]));
+        assert_eq!((looked.at, looked.slots, looked.own_index, looked.from_plan), (vec![0, 1, 2], vec![0, 1, 2], vec![], false));
         // A row that differs from the own gradient by one bit: the rows must travel.
         let mut other = grads.clone();
         other[5] = f32::from_bits(other[5].to_bits() ^ 1);

@@ -15,12 +15,13 @@
 //! host work is the cache's (`embedding::cache::CacheDirectory`, the trainer's own):
 //!
 //! - `plan`: the batch's keys counted for the next refresh and each unique key mapped to its
-//!   cache slot or a miss;
+//!   cache slot or a miss (one lookup per key);
 //! - `lookup`: only the misses' rows from the host table, with the per-key sources;
 //! - `update`: the cache's update list, as the trainer builds it (`train::gpu_cache`): the
 //!   cached entries of the list the host's leader applied (`EmbeddingStage::applied`) with
 //!   their slots and gradient rows, or in a world of one rank, where those rows are bit for
-//!   bit its own key gradients (checked), their slots and indices into those;
+//!   bit its own key gradients (checked) and the list is the batch's own keys, nothing (the
+//!   device reads the slots from the batch's sources it holds);
 //! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
 //!   keys chosen anew, the entering rows and accumulators read from the host table.
 //!
@@ -135,7 +136,7 @@ pub struct StepRow {
     /// Rows read into the cache by refreshes, per step.
     pub rows_refreshed_per_step: f64,
     /// Of the bytes uploaded per sample, the update list's (cached keys' slots and merged
-    /// gradient rows; one rank: slots and indices into its own key gradients).
+    /// gradient rows; one rank: none, the device's sources are the slots).
     pub update_uploaded_per_sample: f64,
     /// Mean step time of the slowest rank, ms.
     pub step_ms: f64,
@@ -471,8 +472,9 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
 
 /// The cache's update list after a step, as the trainer builds it (`train::gpu_cache`): the
 /// cached entries of the list the leader applied with their slots and gradient rows, or in a
-/// world of one rank, where every such row is bit for bit this rank's own key gradient,
-/// their slots and indices into those. Counts and returns the bytes it uploads.
+/// world of one rank, where every such row is bit for bit this rank's own key gradient and
+/// the list is the batch's own, nothing (the device's sources are the slots). Counts and
+/// returns the bytes it uploads.
 fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<usize> {
     let mut own = false;
     let mut n = 0;
@@ -485,7 +487,13 @@ fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirec
             buf.update.extend(buf.selection.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
         }
     }
-    let bytes = if own { 8 * n } else { 4 * n * (dim + 1) };
+    // The batch's own list: the device updates from the sources it holds; other own lists:
+    // slots and indices; else slots and rows.
+    let bytes = match (own, buf.selection.from_plan) {
+        (true, true) => 0,
+        (true, false) => 8 * n,
+        (false, _) => 4 * n * (dim + 1),
+    };
     dir.counters_mut().uploaded(bytes);
     Ok(bytes)
 }

@@ -18,8 +18,9 @@
 //!   `capacity` keys of highest score, where a key's score is its occurrences in this
 //!   rank's batches since the last refresh plus half its score at that refresh (a decayed
 //!   window: a key seen in no batch of an interval loses half its score). Candidates are
-//!   the cached keys and the keys seen at least twice in the interval (admission: a key's
-//!   first sighting only sets a bit, a doorkeeper, so the Zipf tail seen once is neither
+//!   the cached keys and the keys seen at least twice in the interval or once in it and
+//!   once in the interval before (admission: a key's first sighting only sets a bit, a
+//!   doorkeeper, so the Zipf tail seen once is neither
 //!   counted in the map nor uploaded); memory and time follow the keys cached and those
 //!   candidates, not the capacity. Ties go to the smaller key, so every run chooses the
 //!   same. Only keys the caller says are live in the table enter (`--admit-after`). Keys
@@ -176,39 +177,45 @@ impl CacheCounters {
 /// occurrences since the last refresh.
 const CANDIDATE: u32 = 1 << 31;
 
-/// The first sightings of keys not in the directory since the last refresh: one bit per
-/// hashed key (TinyLFU's doorkeeper). A key whose bit is already set was (most likely) seen
-/// before and becomes a candidate; a false positive only lets a key in one sighting early.
-/// Hashed with a fixed function, so every run admits the same keys.
+/// The first sightings of keys not in the directory in this refresh interval and the one
+/// before: one bit per hashed key and interval (TinyLFU's doorkeeper, in two generations so
+/// that a key seen once in each of two intervals in a row is admitted too). A key whose bit
+/// is set in either was (most likely) seen before and becomes a candidate; a false positive
+/// only lets a key in one sighting early. Hashed with a fixed function, so every run admits
+/// the same keys.
 #[derive(Debug, Default)]
 struct Doorkeeper {
-    bits: Vec<u64>,
+    now: Vec<u64>,
+    before: Vec<u64>,
     mask: u64,
 }
 
 impl Doorkeeper {
-    /// Bits for a cache of `capacity` slots: 8 per slot (at least 2^20, at most 2^30),
-    /// none without slots.
+    /// Bits for a cache of `capacity` slots: 8 per slot (at least 2^20, at most 2^30) per
+    /// generation, none without slots.
     fn new(capacity: usize) -> Doorkeeper {
         if capacity == 0 {
             return Doorkeeper::default();
         }
         let n = (8 * capacity as u64).clamp(1 << 20, 1 << 30).next_power_of_two();
-        Doorkeeper { bits: vec![0; (n / 64) as usize], mask: n - 1 }
+        Doorkeeper { now: vec![0; (n / 64) as usize], before: vec![0; (n / 64) as usize], mask: n - 1 }
     }
 
-    /// Sets `key`'s bit; returns whether it was set already.
+    /// Sets `key`'s bit in this interval; returns whether it was set already, in this
+    /// interval or the one before.
     #[inline]
     fn test_and_set(&mut self, key: u64) -> bool {
         let h = crate::hash::splitmix64(key ^ 0x6361_6368_6564_6f6f) & self.mask;
         let (w, b) = ((h / 64) as usize, 1u64 << (h % 64));
-        let was = self.bits[w] & b != 0;
-        self.bits[w] |= b;
+        let was = (self.now[w] | self.before[w]) & b != 0;
+        self.now[w] |= b;
         was
     }
 
-    fn clear(&mut self) {
-        self.bits.iter_mut().for_each(|w| *w = 0);
+    /// A new interval: this one's sightings become the one before's.
+    fn next_interval(&mut self) {
+        std::mem::swap(&mut self.now, &mut self.before);
+        self.now.iter_mut().for_each(|w| *w = 0);
     }
 }
 
@@ -440,7 +447,8 @@ impl CacheDirectory {
     }
 
     /// Chooses the cached keys anew (see the module docs): the `capacity` keys of highest
-    /// score among the candidates (keys seen at least twice since the last refresh) for
+    /// score among the candidates (keys seen at least twice since the last refresh, or once
+    /// since and once in the interval before) for
     /// which `live` is true and the keys cached; clears the counts. Cached keys are live: a
     /// row leaves the table only by a removal, after which the caller empties the cache
     /// ([`CacheDirectory::clear`]). Returns the keys entering with their slots (the lowest
@@ -468,7 +476,7 @@ impl CacheDirectory {
             }
             false
         });
-        self.doorkeeper.clear();
+        self.doorkeeper.next_interval();
         let by_score = |a: &(u64, f64, u32), b: &(u64, f64, u32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut left = 0;
         if items.len() > self.capacity {
@@ -628,8 +636,12 @@ mod tests {
         d.observe(&[3, 4], &[0, 0, 1]);
         d.observe(&[4, 5], &[0, 1]);
         assert_eq!(d.refresh(|_| true).entering, vec![(3, 0), (4, 1)]);
-        // The sightings of an interval do not carry into the next.
-        d.observe(&[5], &[0]);
+        // Once in each of two intervals in a row: it enters (5 was seen in the last one).
+        d.observe(&[5, 6], &[0, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(5, 2)]);
+        // Sightings older than the interval before do not count (6, two refreshes ago).
+        d.refresh(|_| true);
+        d.observe(&[6], &[0]);
         assert!(d.refresh(|_| true).entering.is_empty());
     }
 

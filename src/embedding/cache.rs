@@ -32,10 +32,8 @@
 //! refreshed. The byte counters are counted where the transfers happen (the caller's
 //! [`CacheCounters::uploaded`] / [`CacheCounters::downloaded`]).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
-use super::format::OptimizerKind;
+use super::format::{OptimizerKind, EMPTY_KEY};
+use super::index::{prefetch_slot, probe};
 
 /// Marks a source that is not a cache slot: the low 31 bits are the key's index among the
 /// batch's misses ([`StagingPlan::misses`]).
@@ -58,28 +56,6 @@ pub fn slot_bytes(dim: usize, optimizer: OptimizerKind) -> u64 {
 pub fn slots_for_bytes(bytes: u64, dim: usize, optimizer: OptimizerKind) -> usize {
     (bytes / slot_bytes(dim, optimizer).max(1)).min(MISS as u64 - 1) as usize
 }
-
-/// A cheap hasher for table keys (splitmix64 of the key): the directory is on the step's
-/// path, and keys are not chosen by an adversary who could gain from collisions here.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        crate::hash::splitmix64(self.0)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = k;
-    }
-}
-
-/// A map keyed by table keys, hashed with [`KeyHasher`].
-pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// Where the rows of a batch's unique keys come from ([`CacheDirectory::plan`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -173,6 +149,86 @@ impl CacheCounters {
     }
 }
 
+/// How many keys ahead [`CacheDirectory::plan`] prefetches their index slots.
+const PREFETCH_AHEAD: usize = 8;
+
+/// The directory's key -> value index: open addressing with the table's own probe
+/// ([`probe`]) over a power-of-two array of keys ([`EMPTY_KEY`]: free), the values beside,
+/// at most half full. Between refreshes keys are only added; a refresh rebuilds it from the
+/// keys it keeps, so it needs no removal.
+#[derive(Debug)]
+struct KeyIndex {
+    keys: Vec<u64>,
+    vals: Vec<u32>,
+    len: usize,
+    shift: u32,
+}
+
+impl KeyIndex {
+    /// An empty index with room for `n` keys.
+    fn with_room(n: usize) -> KeyIndex {
+        let cap = (2 * n.max(1 << 12)).next_power_of_two();
+        KeyIndex { keys: vec![EMPTY_KEY; cap], vals: vec![0; cap], len: 0, shift: 64 - cap.trailing_zeros() }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Where `key` is, or the free slot where it would go.
+    #[inline]
+    fn find(&self, key: u64) -> (usize, bool) {
+        probe(&self.keys, key, self.shift).expect("the cache directory's index is at most half full")
+    }
+
+    /// Hints the CPU to fetch `key`'s home slot.
+    #[inline]
+    fn prefetch(&self, key: u64) {
+        prefetch_slot(&self.keys, &self.vals, 1, key, self.shift);
+    }
+
+    fn get(&self, key: u64) -> Option<u32> {
+        match self.find(key) {
+            (i, false) => Some(self.vals[i]),
+            (_, true) => None,
+        }
+    }
+
+    /// The value of `key` to change in place, or `None` with the free slot for it.
+    #[inline]
+    fn entry(&mut self, key: u64) -> Result<&mut u32, usize> {
+        match self.find(key) {
+            (i, false) => Ok(&mut self.vals[i]),
+            (i, true) => Err(i),
+        }
+    }
+
+    /// Puts `key` (absent, [`KeyIndex::entry`] said so) with `val` into free slot `at`.
+    fn insert_at(&mut self, at: usize, key: u64, val: u32) {
+        self.keys[at] = key;
+        self.vals[at] = val;
+        self.len += 1;
+        if 2 * self.len > self.keys.len() {
+            let mut bigger = KeyIndex::with_room(self.keys.len());
+            self.iter().for_each(|(k, v)| bigger.insert(k, v));
+            *self = bigger;
+        }
+    }
+
+    /// Puts `key` with `val`, replacing its value if it is there.
+    fn insert(&mut self, key: u64, val: u32) {
+        match self.entry(key) {
+            Ok(v) => *v = val,
+            Err(at) => self.insert_at(at, key, val),
+        }
+    }
+
+    /// Every key and its value, in slot order.
+    fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.keys.iter().zip(&self.vals).filter(|(k, _)| **k != EMPTY_KEY).map(|(k, v)| (*k, *v))
+    }
+}
+
 /// Marks a directory entry that is not a slot but a candidate: the low 31 bits count its
 /// occurrences since the last refresh.
 const CANDIDATE: u32 = 1 << 31;
@@ -246,7 +302,7 @@ pub struct UpdateSelection {
 pub struct CacheDirectory {
     capacity: usize,
     /// Cached key -> its slot; candidate -> [`CANDIDATE`] | its occurrences.
-    map: KeyMap<u32>,
+    map: KeyIndex,
     /// Per slot up to the highest used: its key and score at the last refresh (`None`:
     /// empty).
     slots: Vec<Option<(u64, f64)>>,
@@ -266,7 +322,7 @@ impl CacheDirectory {
         let capacity = capacity.min(MISS as usize - 1);
         CacheDirectory {
             capacity,
-            map: KeyMap::default(),
+            map: KeyIndex::with_room(0),
             slots: Vec::new(),
             seen: Vec::new(),
             cached: 0,
@@ -293,7 +349,7 @@ impl CacheDirectory {
 
     /// The slot of `key`, if cached.
     pub fn slot(&self, key: u64) -> Option<u32> {
-        self.map.get(&key).copied().filter(|v| v & CANDIDATE == 0)
+        self.map.get(key).filter(|v| v & CANDIDATE == 0)
     }
 
     /// Every cached key with its slot, by slot.
@@ -348,24 +404,29 @@ impl CacheDirectory {
             }
         }
         for (u, k) in uniq.iter().enumerate() {
-            let slot = match self.map.get_mut(k) {
-                Some(v) if *v & CANDIDATE == 0 => {
+            if let Some(next) = uniq.get(u + PREFETCH_AHEAD) {
+                self.map.prefetch(*next);
+            }
+            let slot = match self.map.entry(*k) {
+                _ if *k == EMPTY_KEY => None,
+                Ok(v) if *v & CANDIDATE == 0 => {
                     if record {
                         let s = &mut self.seen[*v as usize];
                         *s = s.saturating_add(self.counts[u]);
                     }
                     Some(*v)
                 }
-                Some(v) if record => {
+                Ok(v) if record => {
                     *v = CANDIDATE | (*v & !CANDIDATE).saturating_add(self.counts[u]).min(!CANDIDATE);
                     None
                 }
-                _ => {
+                Ok(_) => None,
+                Err(at) => {
                     if record {
                         let c = self.counts[u];
                         let before = self.doorkeeper.test_and_set(*k) as u32;
                         if c + before >= 2 {
-                            self.map.insert(*k, CANDIDATE | (c + before).min(!CANDIDATE));
+                            self.map.insert_at(at, *k, CANDIDATE | (c + before).min(!CANDIDATE));
                         }
                     }
                     None
@@ -467,23 +528,14 @@ impl CacheDirectory {
             }
             *seen = 0;
         }
-        self.map.retain(|k, v| {
-            if *v & CANDIDATE == 0 {
-                return true;
-            }
-            if live(*k) {
-                items.push((*k, (*v & !CANDIDATE) as f64, NEW));
-            }
-            false
-        });
+        items.extend(self.map.iter().filter(|(k, v)| v & CANDIDATE != 0 && live(*k)).map(|(k, v)| (k, (v & !CANDIDATE) as f64, NEW)));
         self.doorkeeper.next_interval();
         let by_score = |a: &(u64, f64, u32), b: &(u64, f64, u32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut left = 0;
         if items.len() > self.capacity {
             items.select_nth_unstable_by(self.capacity, by_score);
-            for (k, _, s) in items.drain(self.capacity..) {
+            for (_, _, s) in items.drain(self.capacity..) {
                 if s != NEW {
-                    self.map.remove(&k);
                     self.slots[s as usize] = None;
                     self.cached -= 1;
                     left += 1;
@@ -510,9 +562,15 @@ impl CacheDirectory {
                 self.seen.push(0);
             }
             self.slots[s] = Some((k, score));
-            self.map.insert(k, s as u32);
             self.cached += 1;
             out.push((k, s as u32));
+        }
+        // The candidates are spent: the index holds the cached keys only.
+        self.map = KeyIndex::with_room(self.cached);
+        for (s, e) in self.slots.iter().enumerate() {
+            if let Some((k, _)) = e {
+                self.map.insert(*k, s as u32);
+            }
         }
         self.counters.rows_refreshed += out.len() as u64;
         self.counters.refreshes += 1;
@@ -523,14 +581,11 @@ impl CacheDirectory {
     /// becomes a candidate): after something changed rows behind its back, the next
     /// refresh reloads every key it chooses.
     pub fn clear(&mut self) {
-        for (e, seen) in self.slots.iter().zip(&self.seen) {
-            if let Some((k, _)) = e {
-                match *seen {
-                    0 => self.map.remove(k),
-                    n => self.map.insert(*k, CANDIDATE | n.min(!CANDIDATE)),
-                };
-            }
-        }
+        let candidates = self.map.iter().filter(|(_, v)| v & CANDIDATE != 0);
+        let dropped = self.slots.iter().zip(&self.seen).filter_map(|(e, n)| e.filter(|_| *n > 0).map(|(k, _)| (k, CANDIDATE | (*n).min(!CANDIDATE))));
+        let kept: Vec<(u64, u32)> = candidates.chain(dropped).collect();
+        self.map = KeyIndex::with_room(kept.len());
+        kept.into_iter().for_each(|(k, v)| self.map.insert(k, v));
         self.slots.clear();
         self.seen.clear();
         self.cached = 0;

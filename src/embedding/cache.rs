@@ -293,7 +293,7 @@ pub struct UpdateSelection {
 /// The key -> slot directory of one rank's hot-row cache, its key frequencies and its
 /// counters (see the module docs).
 ///
-/// One hash map holds both the cached keys (value: the slot) and the candidates, keys seen
+/// One index holds both the cached keys (value: the slot) and the candidates, keys seen
 /// at least twice since the last refresh and not cached (value: [`CANDIDATE`] | their
 /// occurrences), so planning a batch costs one lookup per unique key; a cached key's
 /// occurrences are counted beside its slot. Slots are used from the lowest up, so the

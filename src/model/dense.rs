@@ -112,6 +112,10 @@ pub struct StageMut<'a> {
     pub labels: &'a mut [f32],
 }
 
+/// [`DenseModel::last_key_grads`]: the device, the key gradients' host copy and device
+/// buffer, and the batch's cache sources on the device if it was loaded with them.
+pub type LastKeyGrads<'a, D> = (&'a D, &'a [f32], &'a <D as Device>::Buf<f32>, Option<&'a <D as Device>::Buf<u32>>);
+
 /// The batch on the device: its arrays, the input, and what a step computes.
 struct Batch<D: Device> {
     arrays: Arrays<D::Buf<f32>, D::Buf<u32>>,
@@ -552,7 +556,7 @@ impl<D: Device> DenseModel<D> {
     /// next batch is loaded, and for a batch loaded with cache sources
     /// ([`DenseModel::load_cached`]) the device's copy of those (one per key).
     /// Returns the device with them.
-    pub fn last_key_grads(&mut self) -> DeviceResult<(&D, &[f32], &D::Buf<f32>, Option<&D::Buf<u32>>)> {
+    pub fn last_key_grads(&mut self) -> DeviceResult<LastKeyGrads<'_, D>> {
         let (_, keys) = self.loaded()?;
         let n = keys * self.layout.dim;
         let sources = self.batch.source.as_ref().filter(|_| self.batch.sourced);

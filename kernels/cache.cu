@@ -22,12 +22,15 @@ extern "C" __global__ void gather_sourced(const float* __restrict__ cache, const
 // w -= lr * g / (sqrt(acc) + eps). Every operation is rounded on its own (no contraction
 // into FMAs), in the host's order. Slots are distinct (a merged list has one row per key).
 // With indexed, entry e's gradient row is grads[index[e] * dim ..] instead (rows already on
-// the device: the step's own key gradients).
+// the device: the step's own key gradients). An entry whose slot has its top bit set (a
+// cache source that is a miss) is skipped: a batch's sources, one per unique key, serve as
+// the slots of its own key gradients' update.
 extern "C" __global__ void cache_update(float* __restrict__ rows, float* __restrict__ acc,
                                         const u32* __restrict__ slots, const float* __restrict__ grads,
                                         const u32* __restrict__ index, int indexed,
                                         int n, int dim, float lr, float eps, int adagrad) {
     for (long long e = RR_TID; e < n; e += RR_STRIDE) {
+        if (slots[e] & 0x80000000u) continue;
         const float* g = grads + (indexed ? (long long)index[e] : e) * dim;
         float* w = rows + (long long)slots[e] * dim;
         if (adagrad) {

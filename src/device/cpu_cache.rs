@@ -23,6 +23,9 @@ impl CpuDevice {
             }),
             Op::CacheUpdate { rows, acc, slots, grads, index, n, dim, lr, eps, adagrad } => {
                 for (e, s) in slots[..n].iter().enumerate() {
+                    if *s & CACHE_MISS != 0 {
+                        continue;
+                    }
                     let at = index.map_or(e, |i| i[e] as usize);
                     let g = &grads[at * dim..(at + 1) * dim];
                     let s = *s as usize;

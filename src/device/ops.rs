@@ -248,7 +248,9 @@ pub enum Op<'a, D: Device> {
     /// `slots[e]` of `rows` — SGD `w -= lr * g`, or with `adagrad` (accumulators `acc`, one
     /// per row) `acc += sum(g^2) / dim; w -= lr * g / (sqrt(acc) + eps)`, each operation
     /// rounded on its own, sums in order. Slots must be distinct. With `index`, entry `e`'s
-    /// gradient row is `grads[index[e] * dim ..]` instead.
+    /// gradient row is `grads[index[e] * dim ..]` instead. An entry whose slot has
+    /// [`crate::device::CACHE_MISS`] set is skipped, so a batch's sources can serve as the
+    /// slots of its own key gradients.
     CacheUpdate { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, grads: &'a D::Buf<f32>, index: Option<&'a D::Buf<u32>>, n: usize, dim: usize, lr: f32, eps: f32, adagrad: bool },
     /// Rows put into cache slots: `values[e * dim ..]` into row `slots[e]` of `rows` for
     /// `e < n`, and with `has_acc`, `accs[e]` into `acc[slots[e]]`.

@@ -7,29 +7,33 @@
 //! directory only decides:
 //!
 //! - **Staging** ([`CacheDirectory::plan`]): for each unique key of a batch, a *source*
-//!   (one `u32`): its cache slot, or [`MISS`] | its index among the batch's misses. Only the
-//!   misses are looked up from the host table and uploaded; a gather kernel builds the
-//!   input from the cache or the staged misses.
-//! - **Updates** ([`CacheDirectory::select_cached`]): the entries of a merged gradient list
-//!   whose keys are cached, with their slots.
+//!   (one `u32`): its cache slot, or [`MISS`] | its index among the batch's misses, and its
+//!   occurrences counted for the refresh, in one hash lookup per key. Only the misses are
+//!   looked up from the host table and uploaded; a gather kernel builds the input from the
+//!   cache or the staged misses.
+//! - **Updates** ([`CacheDirectory::select_update`]): the entries of a merged gradient list
+//!   whose keys are cached, with their slots; in a world of one rank the list is the
+//!   batch's own keys and the slots are the plan's sources (no lookup).
 //! - **Refresh** ([`CacheDirectory::refresh`]): every `--gpu-cache-refresh` steps, the
 //!   `capacity` keys of highest score, where a key's score is its occurrences in this
 //!   rank's batches since the last refresh plus half its score at that refresh (a decayed
-//!   window: a key seen in no batch of an interval loses half its score; only keys seen in
-//!   the last interval or cached are candidates, so memory is bounded by one interval's
-//!   keys). Ties go to the smaller key, so every run chooses the same. Only keys the
-//!   caller says are live in the table are chosen (`--admit-after`). Keys that stay keep
-//!   their slot; keys entering take the slots freed, to be read (row and optimizer state)
-//!   from the host table and uploaded by the caller; keys leaving need no write-back.
+//!   window: a key seen in no batch of an interval loses half its score). Candidates are
+//!   the cached keys and the keys seen at least twice in the interval or once in it and
+//!   once in the interval before (admission: a key's first sighting only sets a bit, a
+//!   doorkeeper, so the Zipf tail seen once is neither
+//!   counted in the map nor uploaded); memory and time follow the keys cached and those
+//!   candidates, not the capacity. Ties go to the smaller key, so every run chooses the
+//!   same. Only keys the caller says are live in the table enter (`--admit-after`). Keys
+//!   that stay keep their slot; keys entering take the lowest slots free, to be read (row
+//!   and optimizer state) from the host table and uploaded by the caller (only the rows
+//!   that changed slot travel); keys leaving need no write-back.
 //!
 //! [`CacheCounters`] holds what the cache did: hit rate, bytes moved each way, rows
 //! refreshed. The byte counters are counted where the transfers happen (the caller's
 //! [`CacheCounters::uploaded`] / [`CacheCounters::downloaded`]).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
-use super::format::OptimizerKind;
+use super::format::{OptimizerKind, EMPTY_KEY};
+use super::index::{prefetch_slot, probe};
 
 /// Marks a source that is not a cache slot: the low 31 bits are the key's index among the
 /// batch's misses ([`StagingPlan::misses`]).
@@ -52,28 +56,6 @@ pub fn slot_bytes(dim: usize, optimizer: OptimizerKind) -> u64 {
 pub fn slots_for_bytes(bytes: u64, dim: usize, optimizer: OptimizerKind) -> usize {
     (bytes / slot_bytes(dim, optimizer).max(1)).min(MISS as u64 - 1) as usize
 }
-
-/// A cheap hasher for table keys (splitmix64 of the key): the directory is on the step's
-/// path, and keys are not chosen by an adversary who could gain from collisions here.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        crate::hash::splitmix64(self.0)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = k;
-    }
-}
-
-/// A map keyed by table keys, hashed with [`KeyHasher`].
-pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// Where the rows of a batch's unique keys come from ([`CacheDirectory::plan`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -167,17 +149,170 @@ impl CacheCounters {
     }
 }
 
+/// How many keys ahead [`CacheDirectory::plan`] prefetches their index slots.
+const PREFETCH_AHEAD: usize = 8;
+
+/// The directory's key -> value index: open addressing with the table's own probe
+/// ([`probe`]) over a power-of-two array of keys ([`EMPTY_KEY`]: free), the values beside,
+/// at most half full. Between refreshes keys are only added; a refresh rebuilds it from the
+/// keys it keeps, so it needs no removal.
+#[derive(Debug)]
+struct KeyIndex {
+    keys: Vec<u64>,
+    vals: Vec<u32>,
+    len: usize,
+    shift: u32,
+}
+
+impl KeyIndex {
+    /// An empty index with room for `n` keys.
+    fn with_room(n: usize) -> KeyIndex {
+        let cap = (2 * n.max(1 << 12)).next_power_of_two();
+        KeyIndex { keys: vec![EMPTY_KEY; cap], vals: vec![0; cap], len: 0, shift: 64 - cap.trailing_zeros() }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Where `key` is, or the free slot where it would go.
+    #[inline]
+    fn find(&self, key: u64) -> (usize, bool) {
+        probe(&self.keys, key, self.shift).expect("the cache directory's index is at most half full")
+    }
+
+    /// Hints the CPU to fetch `key`'s home slot.
+    #[inline]
+    fn prefetch(&self, key: u64) {
+        prefetch_slot(&self.keys, &self.vals, 1, key, self.shift);
+    }
+
+    fn get(&self, key: u64) -> Option<u32> {
+        match self.find(key) {
+            (i, false) => Some(self.vals[i]),
+            (_, true) => None,
+        }
+    }
+
+    /// The value of `key` to change in place, or `None` with the free slot for it.
+    #[inline]
+    fn entry(&mut self, key: u64) -> Result<&mut u32, usize> {
+        match self.find(key) {
+            (i, false) => Ok(&mut self.vals[i]),
+            (i, true) => Err(i),
+        }
+    }
+
+    /// Puts `key` (absent, [`KeyIndex::entry`] said so) with `val` into free slot `at`.
+    fn insert_at(&mut self, at: usize, key: u64, val: u32) {
+        self.keys[at] = key;
+        self.vals[at] = val;
+        self.len += 1;
+        if 2 * self.len > self.keys.len() {
+            let mut bigger = KeyIndex::with_room(self.keys.len());
+            self.iter().for_each(|(k, v)| bigger.insert(k, v));
+            *self = bigger;
+        }
+    }
+
+    /// Puts `key` with `val`, replacing its value if it is there.
+    fn insert(&mut self, key: u64, val: u32) {
+        match self.entry(key) {
+            Ok(v) => *v = val,
+            Err(at) => self.insert_at(at, key, val),
+        }
+    }
+
+    /// Every key and its value, in slot order.
+    fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.keys.iter().zip(&self.vals).filter(|(k, _)| **k != EMPTY_KEY).map(|(k, v)| (*k, *v))
+    }
+}
+
+/// Marks a directory entry that is not a slot but a candidate: the low 31 bits count its
+/// occurrences since the last refresh.
+const CANDIDATE: u32 = 1 << 31;
+
+/// The first sightings of keys not in the directory in this refresh interval and the one
+/// before: one bit per hashed key and interval (TinyLFU's doorkeeper, in two generations so
+/// that a key seen once in each of two intervals in a row is admitted too). A key whose bit
+/// is set in either was (most likely) seen before and becomes a candidate; a false positive
+/// only lets a key in one sighting early. Hashed with a fixed function, so every run admits
+/// the same keys.
+#[derive(Debug, Default)]
+struct Doorkeeper {
+    now: Vec<u64>,
+    before: Vec<u64>,
+    mask: u64,
+}
+
+impl Doorkeeper {
+    /// Bits for a cache of `capacity` slots: 8 per slot (at least 2^20, at most 2^30) per
+    /// generation, none without slots.
+    fn new(capacity: usize) -> Doorkeeper {
+        if capacity == 0 {
+            return Doorkeeper::default();
+        }
+        let n = (8 * capacity as u64).clamp(1 << 20, 1 << 30).next_power_of_two();
+        Doorkeeper { now: vec![0; (n / 64) as usize], before: vec![0; (n / 64) as usize], mask: n - 1 }
+    }
+
+    /// Sets `key`'s bit in this interval; returns whether it was set already, in this
+    /// interval or the one before.
+    #[inline]
+    fn test_and_set(&mut self, key: u64) -> bool {
+        let h = crate::hash::splitmix64(key ^ 0x6361_6368_6564_6f6f) & self.mask;
+        let (w, b) = ((h / 64) as usize, 1u64 << (h % 64));
+        let was = (self.now[w] | self.before[w]) & b != 0;
+        self.now[w] |= b;
+        was
+    }
+
+    /// A new interval: this one's sightings become the one before's.
+    fn next_interval(&mut self) {
+        std::mem::swap(&mut self.now, &mut self.before);
+        self.now.iter_mut().for_each(|w| *w = 0);
+    }
+}
+
+/// The cached entries of a merged gradient list ([`CacheDirectory::select_update`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpdateSelection {
+    /// Indices of the cached entries in the list, in list order.
+    pub at: Vec<u32>,
+    /// Their slots.
+    pub slots: Vec<u32>,
+    /// Where every selected row is this rank's own key gradient: each one's index among
+    /// the rank's unique keys (empty otherwise).
+    pub own_index: Vec<u32>,
+    /// Whether the list was the planned batch's own key list: entry `i` is unique key `i`,
+    /// and the plan's sources are the slots of every entry (a miss's to be skipped).
+    pub from_plan: bool,
+}
+
 /// The key -> slot directory of one rank's hot-row cache, its key frequencies and its
 /// counters (see the module docs).
+///
+/// One index holds both the cached keys (value: the slot) and the candidates, keys seen
+/// at least twice since the last refresh and not cached (value: [`CANDIDATE`] | their
+/// occurrences), so planning a batch costs one lookup per unique key; a cached key's
+/// occurrences are counted beside its slot. Slots are used from the lowest up, so the
+/// per-slot arrays grow with the keys cached, not with the capacity.
 #[derive(Debug)]
 pub struct CacheDirectory {
     capacity: usize,
-    /// Cached key -> its slot.
-    slot_of: KeyMap<u32>,
-    /// Per slot: its key and score at the last refresh (`None`: empty).
+    /// Cached key -> its slot; candidate -> [`CANDIDATE`] | its occurrences.
+    map: KeyIndex,
+    /// Per slot up to the highest used: its key and score at the last refresh (`None`:
+    /// empty).
     slots: Vec<Option<(u64, f64)>>,
-    /// Occurrences of each key in the batches since the last refresh.
-    window: KeyMap<u64>,
+    /// Per slot: its key's occurrences since the last refresh.
+    seen: Vec<u32>,
+    /// Keys cached now.
+    cached: usize,
+    doorkeeper: Doorkeeper,
+    /// Per unique key of the batch being planned: its occurrences (scratch).
+    counts: Vec<u32>,
     counters: CacheCounters,
 }
 
@@ -185,7 +320,16 @@ impl CacheDirectory {
     /// An empty directory of `capacity` slots (0: no cache, every key misses).
     pub fn new(capacity: usize) -> CacheDirectory {
         let capacity = capacity.min(MISS as usize - 1);
-        CacheDirectory { capacity, slot_of: KeyMap::default(), slots: vec![None; capacity], window: KeyMap::default(), counters: CacheCounters::default() }
+        CacheDirectory {
+            capacity,
+            map: KeyIndex::with_room(0),
+            slots: Vec::new(),
+            seen: Vec::new(),
+            cached: 0,
+            doorkeeper: Doorkeeper::new(capacity),
+            counts: Vec::new(),
+            counters: CacheCounters::default(),
+        }
     }
 
     /// Its number of slots.
@@ -195,17 +339,17 @@ impl CacheDirectory {
 
     /// Keys cached now.
     pub fn len(&self) -> usize {
-        self.slot_of.len()
+        self.cached
     }
 
     /// Whether no key is cached.
     pub fn is_empty(&self) -> bool {
-        self.slot_of.is_empty()
+        self.cached == 0
     }
 
     /// The slot of `key`, if cached.
     pub fn slot(&self, key: u64) -> Option<u32> {
-        self.slot_of.get(&key).copied()
+        self.map.get(key).filter(|v| v & CANDIDATE == 0)
     }
 
     /// Every cached key with its slot, by slot.
@@ -225,41 +369,79 @@ impl CacheDirectory {
 
     /// Records a batch's keys for the next refresh: its unique keys `uniq` and `inverse`
     /// (each sample field's index in `uniq`), so each key counts its occurrences. Nothing
-    /// is recorded without slots.
+    /// is recorded without slots. ([`CacheDirectory::plan`] does this too.)
     pub fn observe(&mut self, uniq: &[u64], inverse: &[u32]) {
-        if self.capacity == 0 {
-            return;
-        }
-        let mut counts = vec![0u64; uniq.len()];
-        for i in inverse {
-            if let Some(c) = counts.get_mut(*i as usize) {
-                *c += 1;
-            }
-        }
-        for (k, c) in uniq.iter().zip(counts) {
-            *self.window.entry(*k).or_insert(0) += c;
-        }
+        self.visit(uniq, inverse, None);
     }
 
-    /// Maps each of a batch's unique keys `uniq` (of `samples` samples) to its source
-    /// (into `plan`, reused) and counts the batch, its unique keys and hits.
-    pub fn plan(&mut self, uniq: &[u64], samples: usize, plan: &mut StagingPlan) {
+    /// Records a batch's keys for the next refresh as [`CacheDirectory::observe`] does and,
+    /// in the same pass (one lookup per key), maps each of its unique keys `uniq` (of
+    /// `samples` samples) to its source (into `plan`, reused); counts the batch, its unique
+    /// keys and hits.
+    pub fn plan(&mut self, uniq: &[u64], inverse: &[u32], samples: usize, plan: &mut StagingPlan) {
         plan.source.clear();
         plan.misses.clear();
         plan.source.reserve(uniq.len());
-        for k in uniq {
-            match self.slot_of.get(k) {
-                Some(s) => plan.source.push(*s),
-                None => {
-                    plan.source.push(MISS | plan.misses.len() as u32);
-                    plan.misses.push(*k);
-                }
-            }
-        }
+        self.visit(uniq, inverse, Some(plan));
         plan.hits = uniq.len() - plan.misses.len();
         self.counters.samples += samples as u64;
         self.counters.unique_keys += uniq.len() as u64;
         self.counters.hits += plan.hits as u64;
+    }
+
+    /// Counts each unique key's occurrences (a cached key's beside its slot, a candidate's
+    /// in its entry, a key's first sighting in the doorkeeper) and, with `plan`, pushes its
+    /// source.
+    fn visit(&mut self, uniq: &[u64], inverse: &[u32], mut plan: Option<&mut StagingPlan>) {
+        let record = self.capacity > 0;
+        if record {
+            self.counts.clear();
+            self.counts.resize(uniq.len(), 0);
+            for i in inverse {
+                if let Some(c) = self.counts.get_mut(*i as usize) {
+                    *c = c.saturating_add(1);
+                }
+            }
+        }
+        for (u, k) in uniq.iter().enumerate() {
+            if let Some(next) = uniq.get(u + PREFETCH_AHEAD) {
+                self.map.prefetch(*next);
+            }
+            let slot = match self.map.entry(*k) {
+                _ if *k == EMPTY_KEY => None,
+                Ok(v) if *v & CANDIDATE == 0 => {
+                    if record {
+                        let s = &mut self.seen[*v as usize];
+                        *s = s.saturating_add(self.counts[u]);
+                    }
+                    Some(*v)
+                }
+                Ok(v) if record => {
+                    *v = CANDIDATE | (*v & !CANDIDATE).saturating_add(self.counts[u]).min(!CANDIDATE);
+                    None
+                }
+                Ok(_) => None,
+                Err(at) => {
+                    if record {
+                        let c = self.counts[u];
+                        let before = self.doorkeeper.test_and_set(*k) as u32;
+                        if c + before >= 2 {
+                            self.map.insert_at(at, *k, CANDIDATE | (c + before).min(!CANDIDATE));
+                        }
+                    }
+                    None
+                }
+            };
+            if let Some(p) = plan.as_deref_mut() {
+                match slot {
+                    Some(s) => p.source.push(s),
+                    None => {
+                        p.source.push(MISS | p.misses.len() as u32);
+                        p.misses.push(*k);
+                    }
+                }
+            }
+        }
     }
 
     /// The entries of the key list `keys` (a merged gradient list) whose keys are cached:
@@ -268,82 +450,145 @@ impl CacheDirectory {
     pub fn select_cached(&self, keys: &[u64], at: &mut Vec<u32>, slots: &mut Vec<u32>) {
         at.clear();
         slots.clear();
-        if self.slot_of.is_empty() {
+        if self.cached == 0 {
             return;
         }
         for (i, k) in keys.iter().enumerate() {
-            if let Some(s) = self.slot_of.get(k) {
+            if let Some(s) = self.slot(*k) {
                 at.push(i as u32);
-                slots.push(*s);
+                slots.push(s);
             }
         }
     }
 
+    /// The cached entries of a merged gradient list (`keys`, rows of `dim` values `grads`)
+    /// into `sel`, for the cache's update. `own`: this rank's unique keys and key gradient
+    /// rows of the batch last planned into `plan` (no refresh since). Returns whether every
+    /// selected row is, bit for bit, this rank's own key gradient (`sel.own_index` then
+    /// gives each one's place among the own keys), so the device can read the rows where
+    /// it holds them. Where the list is the rank's own key list (a world of one rank), the
+    /// slots are the plan's sources, with no lookup.
+    pub fn select_update(&self, plan: &StagingPlan, keys: &[u64], grads: &[f32], dim: usize, own: Option<(&[u64], &[f32])>, sel: &mut UpdateSelection) -> bool {
+        sel.own_index.clear();
+        let planned = own.is_some_and(|(k, _)| k == keys) && plan.source.len() == keys.len();
+        sel.from_plan = planned;
+        if planned {
+            sel.at.clear();
+            sel.slots.clear();
+            for (i, s) in plan.source.iter().enumerate() {
+                if s & MISS == 0 {
+                    sel.at.push(i as u32);
+                    sel.slots.push(*s);
+                }
+            }
+        } else {
+            self.select_cached(keys, &mut sel.at, &mut sel.slots);
+        }
+        let Some((own_keys, own_grads)) = own else { return false };
+        let index = &mut sel.own_index;
+        let same = sel.at.iter().all(|&j| {
+            let j = j as usize;
+            let p = match planned {
+                true => j,
+                false => match own_keys.binary_search(&keys[j]) {
+                    Ok(p) => p,
+                    Err(_) => return false,
+                },
+            };
+            index.push(p as u32);
+            match (grads.get(j * dim..(j + 1) * dim), own_grads.get(p * dim..(p + 1) * dim)) {
+                (Some(a), Some(b)) => bytemuck::cast_slice::<f32, u32>(a) == bytemuck::cast_slice::<f32, u32>(b),
+                _ => false,
+            }
+        });
+        if !same {
+            sel.own_index.clear();
+        }
+        same
+    }
+
     /// Chooses the cached keys anew (see the module docs): the `capacity` keys of highest
-    /// score among those seen since the last refresh and those cached, keeping only keys
-    /// for which `live` is true; clears the window. Returns the keys entering with their
-    /// slots, and counts them as rows refreshed.
+    /// score among the candidates (keys seen at least twice since the last refresh, or once
+    /// since and once in the interval before) for
+    /// which `live` is true and the keys cached; clears the counts. Cached keys are live: a
+    /// row leaves the table only by a removal, after which the caller empties the cache
+    /// ([`CacheDirectory::clear`]). Returns the keys entering with their slots (the lowest
+    /// free ones, by key), and counts them as rows refreshed. Its cost follows the keys
+    /// cached and the candidates, not the capacity.
     pub fn refresh(&mut self, mut live: impl FnMut(u64) -> bool) -> Refresh {
         if self.capacity == 0 {
             return Refresh::default();
         }
-        let mut window = std::mem::take(&mut self.window);
-        let mut candidates: Vec<(u64, f64)> = Vec::with_capacity(window.len() + self.slot_of.len());
-        for (k, s) in self.slots.iter().flatten() {
-            let seen = window.remove(k).unwrap_or(0);
-            candidates.push((*k, seen as f64 + s / 2.0));
-        }
-        candidates.extend(window.drain().map(|(k, c)| (k, c as f64)));
-        self.window = window;
-        let by_score = |a: &(u64, f64), b: &(u64, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        // The best `capacity` live keys: candidates in score order, partially sorted.
-        let mut chosen: Vec<(u64, f64)> = Vec::with_capacity(self.capacity);
-        let mut rest = &mut candidates[..];
-        while chosen.len() < self.capacity && !rest.is_empty() {
-            let take = (self.capacity - chosen.len()).min(rest.len());
-            if take < rest.len() {
-                rest.select_nth_unstable_by(take - 1, by_score);
+        const NEW: u32 = u32::MAX;
+        // (key, score, its slot or NEW) for every key that may stay or enter.
+        let mut items: Vec<(u64, f64, u32)> = Vec::with_capacity(self.map.len());
+        for (s, (e, seen)) in self.slots.iter().zip(self.seen.iter_mut()).enumerate() {
+            if let Some((k, score)) = e {
+                items.push((*k, *seen as f64 + score / 2.0, s as u32));
             }
-            let (head, tail) = rest.split_at_mut(take);
-            head.sort_unstable_by(by_score);
-            chosen.extend(head.iter().filter(|(k, _)| live(*k)).copied());
-            rest = tail;
+            *seen = 0;
         }
-        let keep: KeyMap<f64> = chosen.iter().copied().collect();
-        // Keys that stay keep their slot (with their new score); the others leave.
+        items.extend(self.map.iter().filter(|(k, v)| v & CANDIDATE != 0 && live(*k)).map(|(k, v)| (k, (v & !CANDIDATE) as f64, NEW)));
+        self.doorkeeper.next_interval();
+        let by_score = |a: &(u64, f64, u32), b: &(u64, f64, u32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut left = 0;
-        for e in self.slots.iter_mut() {
-            if let Some((k, s)) = e {
-                match keep.get(k) {
-                    Some(new) => *s = *new,
-                    None => {
-                        self.slot_of.remove(k);
-                        *e = None;
-                        left += 1;
-                    }
+        if items.len() > self.capacity {
+            items.select_nth_unstable_by(self.capacity, by_score);
+            for (_, _, s) in items.drain(self.capacity..) {
+                if s != NEW {
+                    self.slots[s as usize] = None;
+                    self.cached -= 1;
+                    left += 1;
                 }
             }
         }
-        let mut entering: Vec<(u64, f64)> = chosen.into_iter().filter(|(k, _)| !self.slot_of.contains_key(k)).collect();
+        // Keys that stay keep their slot (with their new score); the others take the
+        // lowest free slots, by key.
+        let mut entering: Vec<(u64, f64)> = Vec::new();
+        for (k, score, s) in items {
+            match s {
+                NEW => entering.push((k, score)),
+                s => self.slots[s as usize] = Some((k, score)),
+            }
+        }
         entering.sort_unstable_by_key(|(k, _)| *k);
-        let mut free = self.slots.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(s, _)| s).collect::<Vec<_>>().into_iter();
+        let holes: Vec<usize> = self.slots.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(s, _)| s).collect();
+        let mut free = holes.into_iter().chain(self.slots.len()..self.capacity);
         let mut out = Vec::with_capacity(entering.len());
         for (k, score) in entering {
             let Some(s) = free.next() else { break };
+            if s == self.slots.len() {
+                self.slots.push(None);
+                self.seen.push(0);
+            }
             self.slots[s] = Some((k, score));
-            self.slot_of.insert(k, s as u32);
+            self.cached += 1;
             out.push((k, s as u32));
+        }
+        // The candidates are spent: the index holds the cached keys only.
+        self.map = KeyIndex::with_room(self.cached);
+        for (s, e) in self.slots.iter().enumerate() {
+            if let Some((k, _)) = e {
+                self.map.insert(*k, s as u32);
+            }
         }
         self.counters.rows_refreshed += out.len() as u64;
         self.counters.refreshes += 1;
         Refresh { entering: out, left }
     }
 
-    /// Empties the cache (its window is kept): after something changed rows behind its
-    /// back, the next refresh reloads every key it chooses.
+    /// Empties the cache (its counts are kept: a cached key seen since the last refresh
+    /// becomes a candidate): after something changed rows behind its back, the next
+    /// refresh reloads every key it chooses.
     pub fn clear(&mut self) {
-        self.slot_of.clear();
-        self.slots.iter_mut().for_each(|e| *e = None);
+        let candidates = self.map.iter().filter(|(_, v)| v & CANDIDATE != 0);
+        let dropped = self.slots.iter().zip(&self.seen).filter_map(|(e, n)| e.filter(|_| *n > 0).map(|(k, _)| (k, CANDIDATE | (*n).min(!CANDIDATE))));
+        let kept: Vec<(u64, u32)> = candidates.chain(dropped).collect();
+        self.map = KeyIndex::with_room(kept.len());
+        kept.into_iter().for_each(|(k, v)| self.map.insert(k, v));
+        self.slots.clear();
+        self.seen.clear();
+        self.cached = 0;
     }
 }
 
@@ -364,7 +609,7 @@ mod tests {
         let mut d = CacheDirectory::new(0);
         let mut p = StagingPlan::default();
         d.observe(&[5, 7], &[0, 1, 1]);
-        d.plan(&[5, 7, 9], 3, &mut p);
+        d.plan(&[5, 7, 9], &[0, 1, 2], 3, &mut p);
         assert_eq!(p.source, vec![MISS, MISS | 1, MISS | 2]);
         assert_eq!(p.misses, vec![5, 7, 9]);
         assert_eq!(d.refresh(|_| true), Refresh::default());
@@ -396,7 +641,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_smaller_key() {
         let mut d = CacheDirectory::new(3);
-        d.observe(&[40, 10, 30, 20], &[0, 1, 2, 3]);
+        d.observe(&[40, 10, 30, 20], &[0, 1, 2, 3, 3, 2, 1, 0]);
         let r = d.refresh(|_| true);
         assert_eq!(r.entering, vec![(10, 0), (20, 1), (30, 2)]);
     }
@@ -404,10 +649,10 @@ mod tests {
     #[test]
     fn plans_sources_and_counts_hits() {
         let mut d = CacheDirectory::new(4);
-        d.observe(&[10, 20], &[0, 1]);
+        d.observe(&[10, 20], &[0, 1, 0, 1]);
         d.refresh(|_| true);
         let mut p = StagingPlan::default();
-        d.plan(&[5, 10, 15, 20], 8, &mut p);
+        d.plan(&[5, 10, 15, 20], &[0, 1, 2, 3, 3, 2, 1, 0], 8, &mut p);
         assert_eq!(p.source, vec![MISS, 0, MISS | 1, 1]);
         assert_eq!(p.misses, vec![5, 15]);
         assert_eq!(p.hits, 2);
@@ -427,11 +672,74 @@ mod tests {
         d.observe(&keys, &inverse);
         let mut counts = vec![0u64; 1000];
         inverse.iter().for_each(|i| counts[*i as usize] += 1);
-        let mut want: Vec<(u64, u64)> = keys.iter().map(|k| (*k, counts[*k as usize])).filter(|(k, _)| k % 3 != 0).collect();
+        // Candidates: live keys seen at least twice.
+        let mut want: Vec<(u64, u64)> = keys.iter().map(|k| (*k, counts[*k as usize])).filter(|(k, c)| k % 3 != 0 && *c >= 2).collect();
         want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let mut want: Vec<u64> = want.into_iter().take(100).map(|(k, _)| k).collect();
         want.sort_unstable();
         let r = d.refresh(|k| k % 3 != 0);
         assert_eq!(r.entering.iter().map(|(k, _)| *k).collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn a_key_enters_only_once_seen_twice() {
+        let mut d = CacheDirectory::new(8);
+        // Seen once: only its first sighting is noted; nothing enters.
+        d.observe(&[1, 2], &[0, 1]);
+        assert!(d.refresh(|_| true).entering.is_empty());
+        // Twice in one batch, or once in each of two batches of an interval: it enters.
+        d.observe(&[3, 4], &[0, 0, 1]);
+        d.observe(&[4, 5], &[0, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(3, 0), (4, 1)]);
+        // Once in each of two intervals in a row: it enters (5 was seen in the last one).
+        d.observe(&[5, 6], &[0, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(5, 2)]);
+        // Sightings older than the interval before do not count (6, two refreshes ago).
+        d.refresh(|_| true);
+        d.observe(&[6], &[0]);
+        assert!(d.refresh(|_| true).entering.is_empty());
+    }
+
+    #[test]
+    fn a_large_capacity_costs_only_the_keys_cached() {
+        let mut d = CacheDirectory::new(1 << 24);
+        d.observe(&[7, 9], &[0, 0, 1, 1]);
+        assert_eq!(d.refresh(|_| true).entering, vec![(7, 0), (9, 1)]);
+        assert_eq!((d.slots.len(), d.seen.len(), d.len()), (2, 2, 2));
+    }
+
+    #[test]
+    fn the_update_selection_of_a_planned_list_needs_no_lookup() {
+        let mut d = CacheDirectory::new(4);
+        d.observe(&[10, 20, 30], &[0, 0, 1, 1, 2, 2]);
+        d.refresh(|_| true);
+        let (keys, mut p) = ([5u64, 10, 20, 25], StagingPlan::default());
+        d.plan(&keys, &[0, 1, 2, 3], 4, &mut p);
+        let grads: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let mut planned = UpdateSelection::default();
+        assert!(d.select_update(&p, &keys, &grads, 2, Some((&keys, &grads)), &mut planned));
+        assert_eq!(planned, UpdateSelection { at: vec![1, 2], slots: vec![0, 1], own_index: vec![1, 2], from_plan: true });
+        // The same from lookups: a list that is not the planned one.
+        let (merged, merged_grads) = ([10u64, 20, 30], [2.0f32, 3.0, 4.0, 5.0, 9.0, 9.0]);
+        let mut looked = UpdateSelection::default();
+        assert!(!d.select_update(&p, &merged, &merged_grads, 2, Some((&keys, &grads)), &mut looked));
+        assert_eq!((looked.at, looked.slots, looked.own_index, looked.from_plan), (vec![0, 1, 2], vec![0, 1, 2], vec![], false));
+        // A row that differs from the own gradient by one bit: the rows must travel.
+        let mut other = grads.clone();
+        other[5] = f32::from_bits(other[5].to_bits() ^ 1);
+        assert!(!d.select_update(&p, &keys, &other, 2, Some((&keys, &grads)), &mut planned));
+        assert!(planned.own_index.is_empty() && planned.at == vec![1, 2]);
+    }
+
+    #[test]
+    fn clear_keeps_the_counts_of_the_keys_it_drops() {
+        let mut d = CacheDirectory::new(2);
+        d.observe(&[1, 2], &[0, 0, 1, 1]);
+        d.refresh(|_| true);
+        d.observe(&[1], &[0]);
+        d.clear();
+        assert!(d.is_empty() && d.slot(1).is_none() && d.entries().is_empty());
+        // 1 was seen since the refresh: it is a candidate again; 2 was not.
+        assert_eq!(d.refresh(|_| true).entering, vec![(1, 0)]);
     }
 }

@@ -112,6 +112,10 @@ pub struct StageMut<'a> {
     pub labels: &'a mut [f32],
 }
 
+/// [`DenseModel::last_key_grads`]: the device, the key gradients' host copy and device
+/// buffer, and the batch's cache sources on the device if it was loaded with them.
+pub type LastKeyGrads<'a, D> = (&'a D, &'a [f32], &'a <D as Device>::Buf<f32>, Option<&'a <D as Device>::Buf<u32>>);
+
 /// The batch on the device: its arrays, the input, and what a step computes.
 struct Batch<D: Device> {
     arrays: Arrays<D::Buf<f32>, D::Buf<u32>>,
@@ -123,6 +127,8 @@ struct Batch<D: Device> {
     weights: Option<D::Buf<f32>>,
     /// The sources of a batch staged with them (allocated on first use).
     source: Option<D::Buf<u32>>,
+    /// Whether the loaded batch's sources are in `source`.
+    sourced: bool,
 }
 
 impl<D: Device> Batch<D> {
@@ -130,7 +136,7 @@ impl<D: Device> Batch<D> {
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
         let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
-        Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None })
+        Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -474,8 +480,12 @@ impl<D: Device> DenseModel<D> {
                 dev.upload(src, keys, buf)?;
                 moved += 4 * keys;
                 dev.exec(Op::GatherSourced { cache, misses: &b.emb, source: buf, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
+                self.batch.sourced = true;
             }
-            _ => dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?,
+            _ => {
+                dev.exec(Op::GatherRows { table: &b.emb, index: &b.inverse, out: x, rows: batch, per_row: fields, dim, stride })?;
+                self.batch.sourced = false;
+            }
         }
         if bags > 0 {
             dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags, dim, stride, col: fields * dim, mean })?;
@@ -543,12 +553,14 @@ impl<D: Device> DenseModel<D> {
 
     /// The last step's key gradients as [`DenseModel::key_grads`] left them: the host copy
     /// and the device buffer (both keys x dim, in the staged key order), valid until the
-    /// next batch is loaded.
+    /// next batch is loaded, and for a batch loaded with cache sources
+    /// ([`DenseModel::load_cached`]) the device's copy of those (one per key).
     /// Returns the device with them.
-    pub fn last_key_grads(&mut self) -> DeviceResult<(&D, &[f32], &D::Buf<f32>)> {
+    pub fn last_key_grads(&mut self) -> DeviceResult<LastKeyGrads<'_, D>> {
         let (_, keys) = self.loaded()?;
         let n = keys * self.layout.dim;
-        Ok((&self.dev, &self.dev.host(&mut self.key_grads_host)?[..n], &self.batch.key_grads))
+        let sources = self.batch.source.as_ref().filter(|_| self.batch.sourced);
+        Ok((&self.dev, &self.dev.host(&mut self.key_grads_host)?[..n], &self.batch.key_grads, sources))
     }
 
     /// The first layer whose gradient (reduced, given back) holds a NaN or an infinity,

@@ -27,7 +27,7 @@
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
 use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
-use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan};
+use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection};
 use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
 use crate::model::DenseModel;
 
@@ -72,6 +72,8 @@ pub struct OwnGrads<'a, D: Device> {
     pub host: &'a [f32],
     /// The same rows on the device.
     pub dev: &'a D::Buf<f32>,
+    /// The batch's sources as the device holds them (one per key), if it does.
+    pub sources: Option<&'a D::Buf<u32>>,
 }
 
 /// The device side of one rank's hot-row cache (see the module docs).
@@ -92,9 +94,8 @@ pub struct GpuCache<D: Device> {
     index: Upload<D, u32>,
     values: Upload<D, f32>,
     accs: Upload<D, f32>,
-    /// Indices of the merged list's cached entries (scratch).
-    at: Vec<u32>,
-    slot_list: Vec<u32>,
+    /// The merged list's cached entries (scratch).
+    selection: UpdateSelection,
     /// The table's removals when last seen.
     removed: u64,
 }
@@ -141,8 +142,7 @@ impl<D: Device> GpuCache<D> {
             index: Upload::new(dev).map_err(err)?,
             values: Upload::new(dev).map_err(err)?,
             accs: Upload::new(dev).map_err(err)?,
-            at: Vec::new(),
-            slot_list: Vec::new(),
+            selection: UpdateSelection::default(),
             removed: removed(table.counts()),
         })
     }
@@ -165,8 +165,7 @@ impl<D: Device> GpuCache<D> {
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
     /// source, the inverse map, dense features and labels; records its keys' occurrences.
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
-        self.dir.observe(&b.uniq, &b.inverse);
-        self.dir.plan(&b.uniq, b.len(), &mut self.plan);
+        self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
         let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), self.plan.misses.len())?;
         table.lookup(&self.plan.misses, st.emb)?;
         source.copy_from_slice(&self.plan.source);
@@ -183,39 +182,40 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Applies the merged list the leader applied (`keys`, normalised gradient rows
-    /// `grads`) to the cached rows on `dev`. Where every cached entry's row is, bit for bit,
-    /// this rank's own key gradient of the step (`own`; in a world of one rank the merge of
-    /// one list normalised by a count of 1), the rows are read where the device holds them
-    /// and only slots and indices travel; else the rows are uploaded.
+    /// `grads`) to the cached rows on `dev`, after [`GpuCache::stage`] of the same batch.
+    /// Where every cached entry's row is, bit for bit, this rank's own key gradient of the
+    /// step (`own`; in a world of one rank the merge of one list normalised by a count of 1),
+    /// the rows are read where the device holds them and only slots and indices travel, or
+    /// nothing where the list is the batch's own key list and the device holds its sources;
+    /// else the rows are uploaded.
     pub fn apply(&mut self, dev: &D, keys: &[u64], grads: &[f32], own: Option<OwnGrads<'_, D>>) -> TrainResult<()> {
-        self.dir.select_cached(keys, &mut self.at, &mut self.slot_list);
-        let (n, dim) = (self.at.len(), self.dim);
+        let dim = self.dim;
+        let same = self.dir.select_update(&self.plan, keys, grads, dim, own.as_ref().map(|o| (o.keys, o.host)), &mut self.selection);
+        let sel = &self.selection;
+        let n = sel.at.len();
         if n == 0 {
             return Ok(());
         }
-        if let Some(o) = own {
-            let mut index = Vec::with_capacity(n);
-            let same = self.at.iter().all(|i| {
-                let i = *i as usize;
-                let Ok(p) = o.keys.binary_search(&keys[i]) else { return false };
-                index.push(p as u32);
-                let (merged, mine) = (&grads[i * dim..(i + 1) * dim], o.host.get(p * dim..(p + 1) * dim).unwrap_or(&[]));
-                merged.len() == mine.len() && merged.iter().zip(mine).all(|(a, b)| a.to_bits() == b.to_bits())
-            });
-            if same {
-                self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
-                self.index.fill(dev, n)?.copy_from_slice(&index);
-                self.slots.send(dev, n)?;
-                self.index.send(dev, n)?;
-                self.dir.counters_mut().uploaded(8 * n);
-                let (slots, index) = (&self.slots.dev, &self.index.dev);
-                dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+        if let (true, Some(o)) = (same, own) {
+            // The batch's own key list: its sources on the device are the slots, entry i
+            // its key gradient row i, the misses skipped. Nothing travels.
+            if let (true, Some(sources)) = (sel.from_plan, o.sources) {
+                let n = o.keys.len();
+                dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots: sources, grads: o.dev, index: None, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
                 return Ok(());
             }
+            self.slots.fill(dev, n)?.copy_from_slice(&sel.slots);
+            self.index.fill(dev, n)?.copy_from_slice(&sel.own_index);
+            self.slots.send(dev, n)?;
+            self.index.send(dev, n)?;
+            self.dir.counters_mut().uploaded(8 * n);
+            let (slots, index) = (&self.slots.dev, &self.index.dev);
+            dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: o.dev, index: Some(index), n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+            return Ok(());
         }
-        self.slots.fill(dev, n)?.copy_from_slice(&self.slot_list);
+        self.slots.fill(dev, n)?.copy_from_slice(&sel.slots);
         let rows = self.values.fill(dev, n * dim)?;
-        for (row, i) in rows.chunks_exact_mut(dim).zip(&self.at) {
+        for (row, i) in rows.chunks_exact_mut(dim).zip(&sel.at) {
             let i = *i as usize;
             row.copy_from_slice(&grads[i * dim..(i + 1) * dim]);
         }
@@ -322,16 +322,27 @@ mod tests {
     /// `rounds` merged lists to both; returns the cached (key, row, accumulator) triples
     /// that differ from the table's, with the number compared.
     fn run<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize) -> (Vec<u64>, usize) {
-        run_with(dev, optimizer, name, rounds, false).0
+        run_with(dev, optimizer, name, rounds, Own::No).0
     }
 
-    /// [`run`]; with `own`, each list is also the step's own key gradients, on the device
-    /// too. Also returns the bytes the cache uploaded.
-    fn run_with<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize, own: bool) -> ((Vec<u64>, usize), u64) {
+    /// Whether [`run_with`]'s lists are also the step's own key gradients, and how.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Own {
+        No,
+        /// On the device too.
+        Rows,
+        /// On the device too, with the list planned as the batch and its sources there.
+        Sources,
+    }
+
+    /// [`run`] with lists that are the step's own key gradients as `own` says. Also
+    /// returns the bytes the cache uploaded.
+    fn run_with<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize, own: Own) -> ((Vec<u64>, usize), u64) {
         let mut t = table(name, optimizer, 200);
         let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
         let seen: Vec<u64> = (0..120).collect();
-        let inverse: Vec<u32> = (0..120u32).chain(0..40).collect();
+        // Every key seen at least twice (a candidate), the first 40 three times.
+        let inverse: Vec<u32> = (0..120u32).chain(0..120).chain(0..40).collect();
         cache.dir.observe(&seen, &inverse);
         cache.after_step(dev, &t, 1).unwrap();
         assert_eq!(cache.dir.len(), 64);
@@ -342,14 +353,22 @@ mod tests {
             let keys: Vec<u64> = (0..200).filter(|_| rng.below(3) != 0).collect();
             let g = grads(&mut rng, keys.len());
             t.apply_updates(&keys, &g, LR).unwrap();
-            if own {
-                let mut buf = dev.alloc(g.len()).unwrap();
-                dev.write(&g, &mut buf, 0).unwrap();
-                cache.apply(dev, &keys, &g, Some(OwnGrads { keys: &keys, host: &g, dev: &buf })).unwrap();
-                on_device.push(buf);
-            } else {
+            if own == Own::No {
                 cache.apply(dev, &keys, &g, None).unwrap();
+                continue;
             }
+            let mut buf = dev.alloc(g.len()).unwrap();
+            dev.write(&g, &mut buf, 0).unwrap();
+            let mut sources = dev.alloc(keys.len().max(1)).unwrap();
+            if own == Own::Sources {
+                let mut plan = StagingPlan::default();
+                cache.dir.plan(&keys, &[], keys.len(), &mut plan);
+                dev.write(&plan.source, &mut sources, 0).unwrap();
+                cache.plan = plan;
+            }
+            let sources = (own == Own::Sources).then_some(&sources);
+            cache.apply(dev, &keys, &g, Some(OwnGrads { keys: &keys, host: &g, dev: &buf, sources })).unwrap();
+            on_device.push(buf);
         }
         let contents = cache.contents(dev).unwrap();
         let mut row = vec![0f32; DIM];
@@ -369,12 +388,20 @@ mod tests {
     fn a_world_of_one_updates_from_the_key_gradients_on_the_device() {
         let host = HostKernels::with_options(HostOptions { delay: Some(HostDelay { seed: 5, max_us: 300 }), fault: None }).unwrap();
         for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
-            let ((d, n), sent) = run_with(&host, opt, &format!("own-{opt}"), 5, true);
+            let ((d, n), sent) = run_with(&host, opt, &format!("own-{opt}"), 5, Own::Rows);
             assert!(d.is_empty() && n == 64, "{opt}: keys {d:?} differ from the table");
-            let ((_, _), uploaded_rows) = run_with(&host, opt, &format!("rows-{opt}"), 5, false);
+            let ((_, _), uploaded_rows) = run_with(&host, opt, &format!("rows-{opt}"), 5, Own::No);
             assert!(sent < uploaded_rows, "{opt}: {sent} bytes sent with the rows on the device, {uploaded_rows} without");
-            let ((d, _), _) = run_with(&CpuDevice::new(2), opt, &format!("own-cpu-{opt}"), 5, true);
-            assert!(d.is_empty(), "{opt} on the CPU device: keys {d:?} differ");
+            // The batch's own list with its sources on the device: no update travels, only
+            // the refresh's rows.
+            let ((d, n), from_sources) = run_with(&host, opt, &format!("src-{opt}"), 5, Own::Sources);
+            assert!(d.is_empty() && n == 64, "{opt} from the sources: keys {d:?} differ from the table");
+            let refresh = 64 * (4 + 4 * DIM as u64 + if opt == OptimizerKind::Adagrad { 4 } else { 0 });
+            assert_eq!(from_sources, refresh, "{opt}: bytes sent with the sources on the device");
+            for own in [Own::Rows, Own::Sources] {
+                let ((d, _), _) = run_with(&CpuDevice::new(2), opt, &format!("own-cpu-{opt}"), 5, own);
+                assert!(d.is_empty(), "{opt} on the CPU device: keys {d:?} differ");
+            }
         }
     }
 

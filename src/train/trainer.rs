@@ -507,10 +507,10 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// the list the leader applied, then empties or refreshes itself when due.
     fn update_gpu_cache(&mut self, step: u64) -> TrainResult<()> {
         let Some(cache) = self.gpu_cache.as_mut() else { return Ok(()) };
-        let (dev, host, on_dev) = self.model.last_key_grads()?;
+        let (dev, host, on_dev, sources) = self.model.last_key_grads()?;
         if let Some(g) = self.embedding.applied()? {
             // A world of one rank: the merged rows are (bit for bit, checked) its own.
-            let own = (self.topo.size == 1).then_some(super::gpu_cache::OwnGrads { keys: &self.batch.uniq, host, dev: on_dev });
+            let own = (self.topo.size == 1).then_some(super::gpu_cache::OwnGrads { keys: &self.batch.uniq, host, dev: on_dev, sources });
             cache.apply(dev, g.keys, g.grads, own)?;
         }
         cache.after_step(dev, self.embedding.table().table(), step)

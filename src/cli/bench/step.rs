@@ -15,12 +15,13 @@
 //! host work is the cache's (`embedding::cache::CacheDirectory`, the trainer's own):
 //!
 //! - `plan`: the batch's keys counted for the next refresh and each unique key mapped to its
-//!   cache slot or a miss;
+//!   cache slot or a miss (one lookup per key);
 //! - `lookup`: only the misses' rows from the host table, with the per-key sources;
 //! - `update`: the cache's update list, as the trainer builds it (`train::gpu_cache`): the
 //!   cached entries of the list the host's leader applied (`EmbeddingStage::applied`) with
 //!   their slots and gradient rows, or in a world of one rank, where those rows are bit for
-//!   bit its own key gradients (checked), their slots and indices into those;
+//!   bit its own key gradients (checked) and the list is the batch's own keys, nothing (the
+//!   device reads the slots from the batch's sources it holds);
 //! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
 //!   keys chosen anew, the entering rows and accumulators read from the host table.
 //!
@@ -52,7 +53,7 @@ use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
 use ringrec::data::criteo::{NUM_DENSE, NUM_SPARSE};
-use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, DEFAULT_REFRESH_STEPS};
+use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection, DEFAULT_REFRESH_STEPS};
 use ringrec::data::shard;
 use ringrec::topology::Topology;
 use ringrec::train::batch::Batch;
@@ -135,7 +136,7 @@ pub struct StepRow {
     /// Rows read into the cache by refreshes, per step.
     pub rows_refreshed_per_step: f64,
     /// Of the bytes uploaded per sample, the update list's (cached keys' slots and merged
-    /// gradient rows; one rank: slots and indices into its own key gradients).
+    /// gradient rows; one rank: none, the device's sources are the slots).
     pub update_uploaded_per_sample: f64,
     /// Mean step time of the slowest rank, ms.
     pub step_ms: f64,
@@ -329,9 +330,7 @@ struct Buffers {
     dense: Vec<f32>,
     labels: Vec<f32>,
     grads: Vec<f32>,
-    at: Vec<u32>,
-    slots: Vec<u32>,
-    index: Vec<u32>,
+    selection: UpdateSelection,
     update: Vec<f32>,
     entering: Vec<u64>,
     accs: Vec<f32>,
@@ -421,8 +420,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let t1 = Instant::now();
         let (u, samples) = (buf.batch.uniq.len(), buf.batch.labels.len());
         if cached {
-            dir.observe(&buf.batch.uniq, &buf.batch.inverse);
-            dir.plan(&buf.batch.uniq, samples, &mut buf.plan);
+            dir.plan(&buf.batch.uniq, &buf.batch.inverse, samples, &mut buf.plan);
         }
         let t2 = Instant::now();
         let staged = if cached { &buf.plan.misses } else { &buf.batch.uniq };
@@ -474,29 +472,28 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
 
 /// The cache's update list after a step, as the trainer builds it (`train::gpu_cache`): the
 /// cached entries of the list the leader applied with their slots and gradient rows, or in a
-/// world of one rank, where every such row is bit for bit this rank's own key gradient,
-/// their slots and indices into those. Counts and returns the bytes it uploads.
+/// world of one rank, where every such row is bit for bit this rank's own key gradient and
+/// the list is the batch's own, nothing (the device's sources are the slots). Counts and
+/// returns the bytes it uploads.
 fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<usize> {
-    buf.at.clear();
     let mut own = false;
+    let mut n = 0;
     if let Some(g) = stage.applied()? {
-        dir.select_cached(g.keys, &mut buf.at, &mut buf.slots);
-        buf.index.clear();
-        let (uniq, mine) = (&buf.batch.uniq, &buf.grads);
-        let index = &mut buf.index;
-        own = topo.size == 1
-            && buf.at.iter().all(|&j| {
-                let j = j as usize;
-                let Ok(p) = uniq.binary_search(&g.keys[j]) else { return false };
-                index.push(p as u32);
-                g.grads[j * dim..(j + 1) * dim].iter().zip(&mine[p * dim..(p + 1) * dim]).all(|(a, b)| a.to_bits() == b.to_bits())
-            });
+        let mine = (topo.size == 1).then_some((&buf.batch.uniq[..], &buf.grads[..]));
+        own = dir.select_update(&buf.plan, g.keys, g.grads, dim, mine, &mut buf.selection);
+        n = buf.selection.at.len();
         buf.update.clear();
         if !own {
-            buf.update.extend(buf.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
+            buf.update.extend(buf.selection.at.iter().flat_map(|&j| g.grads[j as usize * dim..(j as usize + 1) * dim].iter().copied()));
         }
     }
-    let bytes = if own { 8 * buf.at.len() } else { 4 * buf.at.len() * (dim + 1) };
+    // The batch's own list: the device updates from the sources it holds; other own lists:
+    // slots and indices; else slots and rows.
+    let bytes = match (own, buf.selection.from_plan) {
+        (true, true) => 0,
+        (true, false) => 8 * n,
+        (false, _) => 4 * n * (dim + 1),
+    };
     dir.counters_mut().uploaded(bytes);
     Ok(bytes)
 }

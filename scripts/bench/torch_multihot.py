@@ -1,18 +1,35 @@
 """PyTorch reference for the multi-hot set of issue 33 (`ringrec data synth --format parquet
 --multi-hot`): 10 single-hot fields c0..c9 and 6 list fields l0..l5 (mean length 20).
 
-Model: one nn.Embedding row per (single-hot field, id) and one nn.EmbeddingBag(mode="sum",
-sparse=True) row per (list field, id), dim 16 (a field's ids are offset by field x 100,000:
-no hashing); the 16 vectors concatenated (width 256; an empty list pools to zeros); MLP
-256 -> 256 -> ReLU -> 128 -> ReLU -> 1; BCEWithLogits, mean over the global batch. Init:
-embeddings U(-1/sqrt(dim), 1/sqrt(dim)), Linear Glorot-uniform, biases 0. Dense parameters
-Adam (lr 0.001), embeddings plain SGD (--sparse-lr 0.05) on their sparse gradients.
-Data: the first (1 - test_fraction) of the rows train, the rest test, in file order; global
-batch 1024. Test AUC exact (Mann-Whitney, ties as average ranks).
+The network is ringrec's own for this data (`ringrec train --model mlp --dim 16 --hidden
+256,128 --sparse-columns c0,..,c9,l0,..,l5`), input slot for input slot:
+- 26 single-hot slots (ringrec's 26 categorical fields): c0..c9 in slots 0..9, and in
+  slots 10..25 the missing-value key of each field no column fills — one learnt row per
+  field, the same row for every sample, trained by sparse SGD like any other row;
+- 6 pooled slots: nn.EmbeddingBag(mode="sum", sparse=True) over l0..l5 (an empty list pools
+  to zeros);
+- 13 dense slots, all 0 (no dense column: an empty Criteo integer's value, ln(1 + 0)).
+That is 32 x 16 + 13 = 525 inputs; MLP 525 -> 256 -> ReLU -> 128 -> ReLU -> 1. Each
+(field, id) has its own row (a field's ids are offset by field x 100,000; ringrec hashes
+(field, id) into distinct keys of one table: the same thing). Init as ringrec's: rows
+U(-1/sqrt(dim), 1/sqrt(dim)) (src/embedding/init.rs), Linear weights Glorot-uniform over
+(fan_in, fan_out), biases 0 (MlpShape::init_params). Loss BCEWithLogits, the gradient of
+the mean over the global batch (ringrec's loss_scale = 1 / global batch); dense parameters
+Adam (lr 0.001, betas 0.9/0.999, eps 1e-8, bias-corrected: ringrec's), every embedding row
+plain SGD (--sparse-lr 0.05) on its gradient summed over the batch's occurrences (ringrec's
+per-key segment sum; at 1 rank its frequency normalisation divides by 1). Data: the last
+round(rows x test_fraction) rows held out, the rest trained in file order (ringrec does not
+shuffle without --shuffle), global batches of 1024 (the last one short); each rank's slice as
+ringrec cuts it (the first `len % ranks` ranks one row more). Test AUC exact (Mann-Whitney,
+ties as average ranks), as ringrec's. What cannot be the same: the random draws (torch's
+generator, --seed), and at 2 ranks the sparse gradients' normalisation (DDP averages every
+row over the ranks; ringrec divides a row by the number of ranks whose slice held its key).
 
+--compact: the older, smaller network (the 16 vectors of c0..c9 and l0..l5 only: 256
+inputs), not ringrec's.
 --truncate cuts every list to its first id (the figure's "lists cut to their first id").
 --ddp N runs N processes (gloo on 127.0.0.1), the whole model inside
-DistributedDataParallel, each taking a disjoint slice of every global batch.
+DistributedDataParallel, each taking its slice of every global batch.
 samples/s counts the training loop only. Reads Parquet with pyarrow (scripts/bench/venv.sh
 with WITH_TORCH=1 installs it); imports nothing from ringrec.
 
@@ -32,6 +49,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 SINGLE, LISTS, VOCAB = 10, 6, 100_000
+# ringrec's fixed input: 26 categorical fields (slots SINGLE.. hold the missing-value keys)
+# and 13 dense features (src/data/criteo.rs NUM_SPARSE, NUM_DENSE).
+NUM_SPARSE, NUM_DENSE = 26, 13
 
 
 def load(path, truncate):
@@ -61,14 +81,25 @@ def bag_batch(lists, rows):
 
 
 class Model(nn.Module):
-    def __init__(self, dim=16):
+    """ringrec's network for the set (see the module docs), or with `compact` the 256-input
+    one of c0..c9 and l0..l5 only."""
+
+    def __init__(self, dim=16, compact=False):
         super().__init__()
         bound = 1.0 / dim ** 0.5
+        self.compact = compact
         self.single = nn.Embedding(SINGLE * VOCAB, dim, sparse=True)
         self.bags = nn.EmbeddingBag(LISTS * VOCAB, dim, mode="sum", sparse=True)
-        for e in (self.single, self.bags):
+        tables = [self.single, self.bags]
+        if not compact:
+            # The missing-value rows of the 16 fields no column fills (slots 10..25).
+            self.missing = nn.Embedding(NUM_SPARSE - SINGLE, dim, sparse=True)
+            self.register_buffer("missing_ids", torch.arange(NUM_SPARSE - SINGLE), persistent=False)
+            tables.append(self.missing)
+        for e in tables:
             nn.init.uniform_(e.weight, -bound, bound)
-        layers, width = [], (SINGLE + LISTS) * dim
+        width = (SINGLE + LISTS) * dim if compact else (NUM_SPARSE + LISTS) * dim + NUM_DENSE
+        layers = []
         for out in (256, 128):
             layers += [nn.Linear(width, out), nn.ReLU()]
             width = out
@@ -79,9 +110,25 @@ class Model(nn.Module):
                 nn.init.xavier_uniform_(m.weight)
                 nn.init.zeros_(m.bias)
 
+    def sparse_params(self):
+        return [p for name, p in self.named_parameters() if not name.startswith("mlp")]
+
     def forward(self, single, bags):
-        parts = [self.single(single).flatten(1)] + [self.bags(ids, starts) for ids, starts in bags]
+        n = single.shape[0]
+        parts = [self.single(single).flatten(1)]
+        if not self.compact:
+            parts.append(self.missing(self.missing_ids.expand(n, -1)).flatten(1))
+        parts += [self.bags(ids, starts) for ids, starts in bags]
+        if not self.compact:
+            parts.append(torch.zeros(n, NUM_DENSE))
         return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+
+
+def rank_slice(b0, b1, rank, world):
+    """Rank `rank`'s rows of the global batch b0..b1, as ringrec cuts it (data/shard.rs)."""
+    base, rem = divmod(b1 - b0, world)
+    start = b0 + rank * base + min(rank, rem)
+    return range(start, start + base + (1 if rank < rem else 0))
 
 
 def auc(scores, labels):
@@ -109,20 +156,17 @@ def run(rank, world, args, out):
         dist.init_process_group("gloo", rank=rank, world_size=world)
     labels, single, lists = load(args.data, args.truncate)
     n = len(labels)
-    n_train = int(n * (1 - args.test_fraction))
-    model = Model()
+    n_train = n - min(n, int(np.floor(n * args.test_fraction + 0.5)))
+    model = Model(compact=args.compact)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     dense = torch.optim.Adam([p for name, p in model.named_parameters() if name.startswith("mlp")], lr=1e-3)
-    sparse = torch.optim.SGD([model.single.weight, model.bags.weight], lr=args.sparse_lr)
+    sparse = torch.optim.SGD(model.sparse_params(), lr=args.sparse_lr)
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     start = time.perf_counter()
     for _ in range(args.epochs):
         for b0 in range(0, n_train, args.batch):
             b1 = min(b0 + args.batch, n_train)
-            per = (b1 - b0 + world - 1) // world
-            rows = range(b0 + rank * per, min(b0 + (rank + 1) * per, b1))
-            if len(rows) == 0:
-                rows = range(b0, b0)
+            rows = rank_slice(b0, b1, rank, world)
             logits = net(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))
             loss = loss_fn(logits, torch.from_numpy(labels[rows.start:rows.stop])) * (world / (b1 - b0))
             dense.zero_grad()
@@ -138,7 +182,7 @@ def run(rank, world, args, out):
                 rows = range(b0, min(b0 + 8192, n))
                 scores.append(torch.sigmoid(model(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))).numpy())
         scores = np.concatenate(scores) if scores else np.zeros(0)
-        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate)
+        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate, network="compact" if args.compact else "ringrec", inputs=model.mlp[0].in_features, seed=args.seed)
         if world > 1:
             print(json.dumps(out) if args.json else out, flush=True)
     if world > 1:
@@ -153,6 +197,7 @@ def main():
     p.add_argument("--test-fraction", type=float, default=0.1)
     p.add_argument("--sparse-lr", type=float, default=0.05)
     p.add_argument("--truncate", action="store_true")
+    p.add_argument("--compact", action="store_true", help="the 256-input network of c0..c9 and l0..l5 only, not ringrec's")
     p.add_argument("--ddp", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)

@@ -289,7 +289,11 @@ fn launch_restarts_a_failed_job_from_its_checkpoint_and_ends_equal() {
     let out = launch("restart", &env, &strs(&args)).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("attempt 1 ended with exit status") && err.contains("relaunching from the checkpoint of step 30"), "{err}");
+    assert!(err.contains("attempt 1 ended with exit status"), "{err}");
+    // The newest checkpoint written whole before rank 1 died at step 35: step 30's, or
+    // step 20's when step 30's was still being written in the background (a loaded machine).
+    let from = err.split("relaunching from the checkpoint of step ").nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse::<u64>().ok());
+    assert!(matches!(from, Some(20 | 30)), "relaunched from the newest whole checkpoint before step 35 (20 or 30), not {from:?}:\n{err}");
     assert_eq!(fnv_of(&String::from_utf8_lossy(&out.stdout)), want);
 }
 

@@ -45,6 +45,11 @@ impl Transform {
             Transform::None => "none",
         }
     }
+
+    /// The transform [`Transform::name`] names, if any.
+    pub fn from_name(name: &str) -> Option<Transform> {
+        [Transform::Log, Transform::None].into_iter().find(|t| t.name() == name)
+    }
 }
 
 /// The columns of a Parquet input the user names (see the module docs). The default names
@@ -155,11 +160,9 @@ impl ColumnSpec {
                 }
                 v => return Err((at(), format!("of type {}, not a transform (\"log\", \"none\", or {{ transform = ... }})", v.type_str()))),
             };
-            match transform {
-                Some("log") => self.transforms.push((name.clone(), Transform::Log)),
-                Some("none") => self.transforms.push((name.clone(), Transform::None)),
-                Some(other) => return Err((at(), format!("transform \"{other}\" is not one of \"log\" (ln(1 + max(x, 0))) and \"none\""))),
-                None => {}
+            if let Some(t) = transform {
+                let t = Transform::from_name(t).ok_or_else(|| (at(), format!("transform \"{t}\" is not one of \"log\" (ln(1 + max(x, 0))) and \"none\"")))?;
+                self.transforms.push((name.clone(), t));
             }
             self.dense.push(name.clone());
         }
@@ -270,12 +273,7 @@ impl ColumnSpec {
                 "transforms" => {
                     for pair in list(value) {
                         let (name, t) = pair.rsplit_once('=')?;
-                        let t = match t {
-                            "log" => Transform::Log,
-                            "none" => Transform::None,
-                            _ => return None,
-                        };
-                        spec.transforms.push((name.to_string(), t));
+                        spec.transforms.push((name.to_string(), Transform::from_name(t)?));
                     }
                 }
                 _ => return None,

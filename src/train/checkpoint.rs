@@ -213,17 +213,29 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
 
 /// The first non-finite row value of a table's image (row slot, element), if any.
 pub fn table_non_finite(t: &TableImage<'_>) -> Option<(u64, usize)> {
-    use rayon::prelude::*;
     let h = t.header();
     let l = h.layout;
     let rows = t.as_bytes().get(l.rows_offset as usize..(l.rows_offset + l.rows_len) as usize)?;
     let dim = h.dim as usize;
+    // A value is not finite when its exponent bits are all ones (infinity or NaN).
     let at = match h.dtype {
-        StorageDtype::F32 => bytemuck::try_cast_slice::<u8, f32>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
-        StorageDtype::F16 => bytemuck::try_cast_slice::<u8, half::f16>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
-        StorageDtype::Bf16 => bytemuck::try_cast_slice::<u8, half::bf16>(rows).ok()?.par_iter().position_first(|x| !x.is_finite()),
+        StorageDtype::F32 => first_all_ones(bytemuck::try_cast_slice::<u8, u32>(rows).ok()?, 0x7f80_0000),
+        StorageDtype::F16 => first_all_ones(bytemuck::try_cast_slice::<u8, u16>(rows).ok()?, 0x7c00),
+        StorageDtype::Bf16 => first_all_ones(bytemuck::try_cast_slice::<u8, u16>(rows).ok()?, 0x7f80),
     }?;
     Some(((at / dim) as u64, at % dim))
+}
+
+/// The index of the first word whose `mask` bits are all set: chunks scanned in parallel
+/// with a branch-free test per word (a table is mostly rows of finite values, scanned whole
+/// by every checkpoint and every load).
+fn first_all_ones<W: Copy + Into<u32> + Sync>(words: &[W], mask: u32) -> Option<usize> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let hit = |c: &[W]| c.iter().fold(false, |acc, &w| acc | (w.into() & mask == mask));
+    let chunk = words.par_chunks(CHUNK).position_first(hit)?;
+    let c = &words[chunk * CHUNK..words.len().min((chunk + 1) * CHUNK)];
+    c.iter().position(|&w| w.into() & mask == mask).map(|i| chunk * CHUNK + i)
 }
 
 impl DenseState {
@@ -676,6 +688,24 @@ mod tests {
         let e = load(&ck).unwrap_err().to_string();
         assert!(e.contains("version 4") && e.contains("newer than this build"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_first_non_finite_value_is_found_in_every_dtype_and_chunk() {
+        let mut v = vec![1.5f32; 3 * (1 << 16) + 7];
+        assert_eq!(first_all_ones(bytemuck::cast_slice::<f32, u32>(&v), 0x7f80_0000), None);
+        v[(1 << 16) * 2 + 3] = f32::NAN;
+        v[(1 << 16) * 2 + 9] = f32::INFINITY;
+        assert_eq!(first_all_ones(bytemuck::cast_slice::<f32, u32>(&v), 0x7f80_0000), Some((1 << 16) * 2 + 3));
+        v[5] = f32::NEG_INFINITY;
+        assert_eq!(first_all_ones(bytemuck::cast_slice::<f32, u32>(&v), 0x7f80_0000), Some(5));
+        // The largest finite values and subnormals are finite.
+        let edge = [f32::MAX, f32::MIN, f32::MIN_POSITIVE / 2.0, -0.0];
+        assert_eq!(first_all_ones(bytemuck::cast_slice::<f32, u32>(&edge), 0x7f80_0000), None);
+        let h: Vec<u16> = [1.0f32, 65504.0, f32::NAN].iter().map(|x| half::f16::from_f32(*x).to_bits()).collect();
+        assert_eq!(first_all_ones(&h, 0x7c00), Some(2));
+        let b: Vec<u16> = [1.0f32, 3.0e38, f32::INFINITY].iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
+        assert_eq!(first_all_ones(&b, 0x7f80), Some(2));
     }
 
     #[test]

@@ -40,6 +40,10 @@ impl DeviceTensor {
     pub fn new<B: Any + Send>(buf: B, dtype: DType, len: usize, device: &'static str) -> DeviceTensor {
         DeviceTensor { dtype, len, device, buf: Box::new(buf) }
     }
+    /// True when the buffer is a `B`.
+    pub fn holds<B: Any>(&self) -> bool {
+        self.buf.is::<B>()
+    }
     /// The buffer, when it is a `B`.
     pub fn buffer_mut<B: Any>(&mut self) -> Option<&mut B> {
         self.buf.downcast_mut()

@@ -23,6 +23,7 @@ use super::error::{EngineError, EngineResult};
 use super::fusion::Step;
 use super::message::{OpKind, Response};
 use crate::comm::device::DeviceCollectives;
+use crate::device::lent::device_buffer_mut;
 use crate::device::ops::{onebit_parts, onebit_words};
 use crate::device::{Device, DeviceError, Half, Op, Scalar};
 use crate::dtype::ReduceOp;
@@ -78,7 +79,7 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
             .iter_mut()
             .map(|t| {
                 let dtype = t.dtype();
-                t.device_mut().and_then(|d| d.buffer_mut::<D::Buf<T>>()).ok_or_else(|| EngineError::Comm(format!("a {dtype} tensor of this response is not a buffer of this rank's device")))
+                t.device_mut().and_then(device_buffer_mut::<D, T>).ok_or_else(|| EngineError::Comm(format!("a {dtype} tensor of this response is not a buffer of this rank's device")))
             })
             .collect()
     }

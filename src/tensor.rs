@@ -215,6 +215,14 @@ impl Tensor {
         Tensor { data: Data::Device(t), shape: vec![n] }
     }
 
+    /// The same elements under `shape` (same number of elements), or the tensor back.
+    pub fn with_shape(self, shape: &[usize]) -> Result<Tensor, Tensor> {
+        if shape.iter().product::<usize>() != self.len() {
+            return Err(self);
+        }
+        Ok(Tensor { data: self.data, shape: shape.to_vec() })
+    }
+
     /// A zero tensor in host memory.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();

@@ -278,6 +278,14 @@ mod imp {
             // `address` until the slice is given up by `forget_borrowed` (`leak`: not freed).
             Ok(unsafe { self.stream.upgrade_device_ptr(address as u64, n) })
         }
+        fn address<T: Scalar>(&self, b: &mut CudaSlice<T>) -> Option<usize> {
+            b.stream().synchronize().ok()?;
+            let (ptr, _read) = b.device_ptr(&self.stream);
+            Some(ptr as usize)
+        }
+        fn stream_handle(&self) -> Option<usize> {
+            Some(self.stream.cu_stream() as usize)
+        }
         fn forget_borrowed<T: Scalar>(b: CudaSlice<T>) {
             // `leak` makes its stream wait for the work on the slice and frees nothing.
             let _ = b.leak();

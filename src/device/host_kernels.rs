@@ -368,6 +368,10 @@ impl Device for HostKernels {
         // given up (forget_borrowed waits for its jobs first).
         Ok(HostBuf { mem: unsafe { Mem::borrowed(ptr, n) } })
     }
+    fn address<T: Scalar>(&self, b: &mut HostBuf<T>) -> Option<usize> {
+        b.mem.wait_idle();
+        Some(b.mem.ptr() as usize)
+    }
     fn forget_borrowed<T: Scalar>(b: HostBuf<T>) {
         // Not freed (`Mem::borrowed`); no job may touch the memory once it is handed back.
         b.mem.wait_idle();

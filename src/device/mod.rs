@@ -316,6 +316,17 @@ pub trait Device: Send + Sync + Sized + 'static {
     unsafe fn borrow_unchecked<T: Scalar>(&self, _address: usize, _n: usize) -> DeviceResult<Self::Buf<T>> {
         Err(DeviceError::refused("borrowing a tensor's memory", format!("a {} device reduces only its own buffers; copy the tensor into one", self.kind())))
     }
+    /// The address of a buffer's first element in the device's memory, once the work queued
+    /// on it has run: what DLPack hands a framework (an allgather's result); `None` where
+    /// the device has none to hand.
+    fn address<T: Scalar>(&self, _b: &mut Self::Buf<T>) -> Option<usize> {
+        None
+    }
+    /// This queue's stream as a CUDA stream handle (DLPack's `stream` argument: the stream
+    /// a producer makes wait for its work); `None` for devices without CUDA streams.
+    fn stream_handle(&self) -> Option<usize> {
+        None
+    }
     /// Gives up a buffer made by [`Device::borrow_unchecked`] without freeing its memory,
     /// once the work queued on it has run.
     fn forget_borrowed<T: Scalar>(b: Self::Buf<T>) {

@@ -178,13 +178,16 @@ fn device_for(topo: &Topology, config: &EngineConfig, placement: Placement) -> E
             Ok(Some(on_device(dev, queue, coll)))
         }
         Placement::Auto | Placement::Cuda(_) => {
-            let auto = placement == Placement::Auto;
-            let usable = topo.agree(select::probe_device().map(|_| ()).map_err(|e| format!("rank {rank}: {e}")));
-            if auto && usable.is_err() {
-                return Ok(None);
-            }
-            usable.map_err(config_err)?;
-            let dev = topo.agree(rank_gpu(topo).map_err(|e| format!("rank {rank}: {e}"))).map_err(config_err)?;
+            let dev = topo.agree(rank_gpu(topo).map_err(|e| format!("rank {rank}: {e}")));
+            let dev = match dev {
+                Err(e) if placement == Placement::Auto => {
+                    if rank == 0 && select::probe_device().is_ok() {
+                        crate::eprint_line(&format!("ringrec: no GPU for device tensors ({e}); CUDA tensors will be refused"));
+                    }
+                    return Ok(None);
+                }
+                dev => dev.map_err(config_err)?,
+            };
             let queue = dev.fork().map_err(config_err)?;
             if topo.size == 1 {
                 return Ok(Some(on_device(dev, queue, Alone)));

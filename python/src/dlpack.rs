@@ -189,7 +189,7 @@ fn cuda_refused(what: &str, device: i32) -> PyErr {
     let why = if cfg!(feature = "cuda") {
         "ringrec was started without a GPU for device tensors (no driver or GPU, or RINGREC_PY_DEVICE=cpu); run on a machine with a GPU, or copy it to the CPU (t.cpu())"
     } else {
-        "this build of ringrec takes CPU tensors only; build the extension with the cuda feature (pip install ./python --config-settings=build-args=--features=cuda) for CUDA tensors, or copy it to the CPU (t.cpu())"
+        "this build of ringrec takes CPU tensors only; build the extension with the cuda feature (MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python) for CUDA tensors, or copy it to the CPU (t.cpu())"
     };
     PyTypeError::new_err(format!("{what} is on cuda:{device}: {why}"))
 }

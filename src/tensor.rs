@@ -40,6 +40,10 @@ impl DeviceTensor {
     pub fn new<B: Any + Send>(buf: B, dtype: DType, len: usize, device: &'static str) -> DeviceTensor {
         DeviceTensor { dtype, len, device, buf: Box::new(buf) }
     }
+    /// True when the buffer is a `B`.
+    pub fn holds<B: Any>(&self) -> bool {
+        self.buf.is::<B>()
+    }
     /// The buffer, when it is a `B`.
     pub fn buffer_mut<B: Any>(&mut self) -> Option<&mut B> {
         self.buf.downcast_mut()
@@ -209,6 +213,14 @@ impl Tensor {
     pub fn on_device(t: DeviceTensor) -> Tensor {
         let n = t.len;
         Tensor { data: Data::Device(t), shape: vec![n] }
+    }
+
+    /// The same elements under `shape` (same number of elements), or the tensor back.
+    pub fn with_shape(self, shape: &[usize]) -> Result<Tensor, Tensor> {
+        if shape.iter().product::<usize>() != self.len() {
+            return Err(self);
+        }
+        Ok(Tensor { data: self.data, shape: shape.to_vec() })
     }
 
     /// A zero tensor in host memory.

@@ -3,7 +3,8 @@
 //! `DistributedOptimizer` against torch DDP over gloo (tests/python/ddp.py), and a rank that
 //! raises ending the job with its traceback (tests/python/raises.py); `HostEmbedding` against
 //! DDP + `nn.Embedding(sparse=True)` at 1, 2 and 4 ranks on 2 hosts (tests/python/hostemb.py),
-//! and examples/python/dlrm.py for a few steps.
+//! and examples/python/dlrm.py for a few steps; the CUDA tensor path through DLPack on the
+//! CPU (tests/python/device.py, the test hook `RINGREC_PY_DEVICE=host`).
 //!
 //! Needs the module's venv and this checkout's extension (scripts/python-venv.sh: numpy,
 //! torch, maturin; the extension in `<target>/python-site`), named by
@@ -48,7 +49,7 @@ fn run(np: usize, name: &str, env: &[(&str, &str)], timeout: Duration) -> Option
 
 /// [`run`] with arguments after the script.
 fn run_args(np: usize, name: &str, env: &[(&str, &str)], args: &[&str], timeout: Duration) -> Option<common::Job> {
-    let (py, site) = module_python(if matches!(name, "api.py" | "raises.py") { "numpy" } else { "numpy, torch" })?;
+    let (py, site) = module_python(if matches!(name, "api.py" | "raises.py" | "device.py") { "numpy" } else { "numpy, torch" })?;
     let site = site.to_str().expect("utf8 path").to_string();
     let mut env: Vec<(&str, &str)> = env.to_vec();
     env.push(("PYTHONPATH", &site));
@@ -75,6 +76,23 @@ fn the_api_matches_numpy_at_1_2_and_4_ranks_on_2_hosts() {
         job.assert_ok();
         assert_eq!(count(&job, "api ok rank "), np, "{}", job.all());
     }
+}
+
+#[test]
+fn cuda_tensors_through_dlpack_reduce_on_the_host_kernels_device_at_1_and_2_ranks() {
+    // Random queue delays (seeded per rank) and the same run without them: the same values.
+    for (np, seed) in [(1, ""), (2, ""), (2, "7")] {
+        let mut env = vec![("RINGREC_PY_DEVICE", "host")];
+        if !seed.is_empty() {
+            env.extend([("RINGREC_HOST_DELAY_SEED", seed), ("RINGREC_HOST_DELAY_MAX_US", "300")]);
+        }
+        let Some(job) = run(np, "device.py", &env, Duration::from_secs(300)) else { return };
+        job.assert_ok();
+        assert_eq!(count(&job, "device ok rank "), np, "{}", job.all());
+    }
+    let Some(job) = run(2, "device.py", &[("RINGREC_PY_DEVICE", "cpu"), ("EXPECT_REFUSED", "1")], Duration::from_secs(300)) else { return };
+    job.assert_ok();
+    assert_eq!(count(&job, "device refused ok rank "), 2, "{}", job.all());
 }
 
 #[test]

@@ -138,6 +138,39 @@ class _Tensor:
         return self.keep.__dlpack__()
 
 
+class _DeviceTensor(_Tensor):
+    """A tensor in a GPU's memory (DLPack device type kDLCUDA: torch CUDA tensors), lent to
+    the engine's device executor (NCCL on the rank's GPU) without a copy."""
+
+    __slots__ = ()
+
+    def capsule(self):
+        """A capsule asked for with the executor's stream, which the producer makes wait for
+        its pending work on the tensor (DLPack's protocol)."""
+        stream = _ringrec.device_stream() if _ringrec.is_initialized() else None
+        return self.keep.__dlpack__() if stream is None else self.keep.__dlpack__(stream=stream)
+
+
+_KDLCUDA = 2
+
+
+def _device_tensor(t, what, copy, write):
+    """A CUDA tensor (torch's, or any object whose ``__dlpack_device__()`` is kDLCUDA) as the
+    engine takes it: contiguous, a private copy on its device for the forms that return a
+    new tensor. Results come back in place, or (allgather) through DLPack."""
+    x = _DeviceTensor()
+    x.torch = _torch_module(t)
+    if x.torch:
+        c = t.detach()
+        x.copied = copy or not c.is_contiguous()
+        x.keep = c.clone(memory_format=__import__("torch").contiguous_format) if x.copied else c
+    else:
+        # Another framework's device tensor: it must be contiguous; ``clone()`` copies it.
+        x.copied = copy
+        x.keep = t.clone() if copy else t
+    return x
+
+
 _TORCH_NAMES = None
 
 
@@ -154,6 +187,8 @@ def _tensor(t, what="tensor", copy=False, write=False):
                             torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
         if t.dtype not in _TORCH_NAMES:
             raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
+        if t.is_cuda:
+            return _device_tensor(t, what, copy, write)
         c = t.detach()
         x.copied = copy or not c.is_contiguous()
         x.keep = c.clone(memory_format=torch.contiguous_format) if x.copied else c
@@ -161,6 +196,8 @@ def _tensor(t, what="tensor", copy=False, write=False):
         return x
     np = _numpy()
     if not isinstance(t, np.ndarray):
+        if hasattr(t, "__dlpack_device__") and t.__dlpack_device__()[0] == _KDLCUDA:
+            return _device_tensor(t, what, copy, write)
         raise TypeError("%s is a %s: ringrec takes numpy arrays and torch tensors" % (what, type(t).__name__))
     if _NUMPY_NAMES.get(t.dtype) is None or not t.dtype.isnative:
         raise TypeError("%s has dtype %s: ringrec takes float32, float64, float16, bfloat16, int32, int64 and uint8" % (what, t.dtype))
@@ -188,7 +225,10 @@ def _numpy():
 
 def _result(buf, as_torch):
     """A new result (allgather's) as a numpy array or torch tensor viewing the engine's
-    memory (no copy)."""
+    memory (no copy); on a GPU, a torch CUDA tensor through DLPack (another framework's
+    device tensor: the result object, which that framework's ``from_dlpack`` takes)."""
+    if buf.__dlpack_device__()[0] == _KDLCUDA:
+        return __import__("torch").from_dlpack(buf) if as_torch else buf
     import numpy as np
     a = np.asarray(buf)
     if not as_torch:

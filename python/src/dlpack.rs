@@ -5,13 +5,20 @@
 //! dtype, shape and strides, and the deleter that releases the producer's tensor. Taking it
 //! renames the capsule `used_dltensor` (the protocol's rule: the consumer now owns it) and
 //! the deleter runs when the engine's tensor is dropped ([`Managed`]).
+//!
+//! CUDA tensors (device type kDLCUDA) go to the engine's device executor
+//! (`ringrec::engine::LendDevice`: NCCL on the rank's GPU; with `RINGREC_PY_DEVICE=host`, a
+//! test hook, the host-kernels device, whose "device memory" is host memory), handed over
+//! with the executor's stream ([`device_stream`]); a new result on the device (an
+//! allgather's) goes back to the framework as a capsule ([`export`]).
 
 use std::ffi::{c_void, CStr};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use ringrec::dtype::DType;
-use ringrec::engine::Tensor;
+use ringrec::device::Placement;
+use ringrec::engine::{LendDevice, Tensor};
 
 /// `DLDevice`.
 #[repr(C)]
@@ -119,8 +126,7 @@ pub fn lent_tensor(capsule: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
     // SAFETY: the producer's DLTensor lives until its deleter runs (`managed`'s drop).
     let t = unsafe { &(*m).dl_tensor };
     match t.device.device_type {
-        DEVICE_CPU | DEVICE_CUDA_HOST => {}
-        DEVICE_CUDA => return Err(cuda_refused(what, t.device.device_id)),
+        DEVICE_CPU | DEVICE_CUDA_HOST | DEVICE_CUDA => {}
         d => return Err(PyTypeError::new_err(format!("{what} is on DLPack device type {d}: ringrec takes host memory (CPU) tensors"))),
     }
     let dt = dtype_of(&t.dtype).ok_or_else(|| {
@@ -145,12 +151,15 @@ pub fn lent_tensor(capsule: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
             want = want.saturating_mul(d.max(1));
         }
     }
+    let address = (t.data as usize).wrapping_add(t.byte_offset as usize);
+    if t.device.device_type == DEVICE_CUDA {
+        return lent_device_tensor(managed, address, t.device.device_id, dt, &shape, what);
+    }
     let n: usize = shape.iter().product();
     let nbytes = n * dt.size();
     if nbytes == 0 {
         return Ok(Tensor::zeros(dt, &shape));
     }
-    let address = (t.data as usize).wrapping_add(t.byte_offset as usize);
     // SAFETY: the producer's tensor holds `nbytes` contiguous bytes at `address` (checked
     // above: host memory, compact strides); `managed` keeps them alive until the engine's
     // tensor is dropped, and the caller does not touch them until the operation completes
@@ -158,13 +167,121 @@ pub fn lent_tensor(capsule: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
     unsafe { Tensor::borrowed(address as *mut u8, nbytes, dt, &shape, managed) }.ok_or_else(|| PyValueError::new_err(format!("{what}: its data at {address:#x} is null or not aligned for {dt}")))
 }
 
-/// Why a CUDA tensor is refused: the engine takes device tensors only from its own NCCL
-/// executor's memory; lending a framework's CUDA memory to it is not built.
+/// A CUDA tensor (`managed`, its data at `address` on GPU `device`) lent to the engine's
+/// device executor without a copy ([`ringrec::device::LentBuf`]): the producer made the
+/// executor's stream wait for its work (`__dlpack__(stream=...)`, [`device_stream`]);
+/// refused with the reason when the runtime has no device executor.
+fn lent_device_tensor(managed: Managed, address: usize, device: i32, dt: DType, shape: &[usize], what: &str) -> PyResult<Tensor> {
+    let ordinal = usize::try_from(device).map_err(|_| PyValueError::new_err(format!("{what}: a negative DLPack device id {device}")))?;
+    crate::with_runtime(|rt| {
+        let lender = rt.lender().ok_or_else(|| cuda_refused(what, device))?;
+        // SAFETY: the producer's tensor holds its elements, contiguous (checked by the
+        // caller), in the memory of device `ordinal` (the lender checks the ordinal and, on a
+        // GPU, asks the driver; the host-kernels test hook takes host memory by contract);
+        // `managed` keeps them alive until the engine's tensor is dropped, and the caller does
+        // not touch them until the operation completes (Horovod's contract).
+        unsafe { lender.lend(address, dt, shape, ordinal, Box::new(managed)) }.map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+    })?
+}
+
+/// Why a CUDA tensor is refused: this extension has no device executor.
 fn cuda_refused(what: &str, device: i32) -> PyErr {
     let why = if cfg!(feature = "cuda") {
-        "this build has the cuda feature, but the engine cannot yet reduce a CUDA tensor lent through DLPack (only its own executor's device buffers); copy it to the CPU (t.cpu())"
+        "ringrec was started without a GPU for device tensors (no driver or GPU, or RINGREC_PY_DEVICE=cpu); run on a machine with a GPU, or copy it to the CPU (t.cpu())"
     } else {
-        "this build of ringrec takes CPU tensors (build the extension with the cuda feature for device tensors, not done yet); copy it to the CPU (t.cpu())"
+        "this build of ringrec takes CPU tensors only; build the extension with the cuda feature (MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python) for CUDA tensors, or copy it to the CPU (t.cpu())"
     };
     PyTypeError::new_err(format!("{what} is on cuda:{device}: {why}"))
+}
+
+/// The stream to pass as `t.__dlpack__(stream=...)` for a CUDA tensor: the device
+/// executor's (NCCL's) stream, which the producer makes wait for its pending work on the
+/// tensor; `None` without a GPU executor (the host-kernels test hook has no CUDA stream).
+#[pyfunction]
+pub fn device_stream() -> PyResult<Option<usize>> {
+    crate::with_runtime(|rt| rt.lender().and_then(|l| l.stream()))
+}
+
+/// The device executor's device in words (`None` without one: CUDA tensors are refused).
+#[pyfunction]
+pub fn device() -> PyResult<Option<String>> {
+    crate::with_runtime(|rt| rt.lender().map(|l| format!("{} ({}, device {})", l.describe(), l.kind(), l.ordinal())))
+}
+
+/// Where the Python module's device tensors go: `RINGREC_PY_DEVICE` (`auto`, `cuda`, `cpu`,
+/// and the test hook `host`: the host-kernels device, which takes DLPack capsules of device
+/// type kDLCUDA over host memory).
+pub fn placement() -> PyResult<Placement> {
+    let v = ringrec::config::var("RINGREC_PY_DEVICE").unwrap_or_else(|| "auto".into());
+    match Placement::parse(&v) {
+        Some(Placement::Cuda(_)) => Ok(Placement::Cuda(None)),
+        Some(p) => Ok(p),
+        None => Err(PyValueError::new_err(format!("RINGREC_PY_DEVICE={v}: expected auto, cuda, cpu or host (a test hook)"))),
+    }
+}
+
+/// A tensor the engine made on its device (an allgather's result), handed to a framework
+/// as a DLPack capsule (`dltensor`, device type kDLCUDA): the capsule owns the tensor, and
+/// its deleter (or the capsule's destructor, when no one took it) frees it. The result is
+/// ready for any stream (the executor synchronized before answering), so the consumer's
+/// `stream` needs no wait.
+pub fn export(py: Python<'_>, mut tensor: Tensor, lender: &dyn LendDevice) -> PyResult<Py<PyAny>> {
+    let address = lender.address(&mut tensor).ok_or_else(|| PyValueError::new_err("the result is not in the device executor's memory"))?;
+    let dtype = match tensor.dtype() {
+        DType::F32 => DlDataType { code: 2, bits: 32, lanes: 1 },
+        DType::F64 => DlDataType { code: 2, bits: 64, lanes: 1 },
+        DType::F16 => DlDataType { code: 2, bits: 16, lanes: 1 },
+        DType::BF16 => DlDataType { code: 4, bits: 16, lanes: 1 },
+        DType::I32 => DlDataType { code: 0, bits: 32, lanes: 1 },
+        DType::I64 => DlDataType { code: 0, bits: 64, lanes: 1 },
+        DType::U8 => DlDataType { code: 1, bits: 8, lanes: 1 },
+    };
+    let mut held = Box::new(Exported { shape: tensor.shape().iter().map(|&d| d as i64).collect(), _tensor: tensor });
+    let device = DlDevice { device_type: DEVICE_CUDA, device_id: lender.ordinal() as i32 };
+    let dl_tensor = DlTensor { data: address as *mut c_void, device, ndim: held.shape.len() as i32, dtype, shape: held.shape.as_mut_ptr(), strides: std::ptr::null_mut(), byte_offset: 0 };
+    let managed = Box::into_raw(Box::new(DlManagedTensor { dl_tensor, manager_ctx: Box::into_raw(held).cast(), deleter: Some(delete_exported) }));
+    // SAFETY: a new capsule over the boxed DLManagedTensor, named as DLPack requires; the
+    // destructor frees it unless a consumer renamed the capsule (took it over).
+    let capsule = unsafe { pyo3::ffi::PyCapsule_New(managed.cast(), CAPSULE.as_ptr(), Some(capsule_destructor)) };
+    if capsule.is_null() {
+        // SAFETY: the capsule was not made; the DLManagedTensor is still ours alone.
+        unsafe { delete_exported(managed) };
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: PyCapsule_New returned a new reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
+}
+
+/// What an exported capsule owns: the engine's tensor and the shape DLPack points to.
+struct Exported {
+    shape: Vec<i64>,
+    _tensor: Tensor,
+}
+
+/// The DLPack deleter of an exported tensor: frees the engine's tensor and the structures.
+unsafe extern "C" fn delete_exported(m: *mut DlManagedTensor) {
+    if m.is_null() {
+        return;
+    }
+    // SAFETY: `m` and its manager came from Box::into_raw in `export`; DLPack calls the
+    // deleter once (the consumer that took the capsule, or the capsule's destructor).
+    unsafe {
+        let m = Box::from_raw(m);
+        drop(Box::from_raw(m.manager_ctx.cast::<Exported>()));
+    }
+}
+
+/// The capsule's destructor: frees the tensor when no consumer took it (still named
+/// `dltensor`).
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: called by Python with the GIL on a capsule made by `export`; a consumer that
+    // took it renamed it, and then owns the tensor.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, CAPSULE.as_ptr()) == 1 {
+            let m = pyo3::ffi::PyCapsule_GetPointer(capsule, CAPSULE.as_ptr()).cast::<DlManagedTensor>();
+            delete_exported(m);
+        } else {
+            pyo3::ffi::PyErr_Clear();
+        }
+    }
 }

@@ -91,7 +91,8 @@ fn init(py: Python<'_>) -> PyResult<()> {
         State::Done => return Err(not_running(&s)),
         State::Empty => {}
     }
-    let rt = py.detach(|| engine::init().map(|rt| Owned(Box::new(rt)))).map_err(py_err)?;
+    let placement = dlpack::placement()?;
+    let rt = py.detach(|| engine::init_on(placement).map(|rt| Owned(Box::new(rt)))).map_err(py_err)?;
     *s = State::Running(rt);
     Ok(())
 }
@@ -190,6 +191,33 @@ impl Buffer {
     #[getter]
     fn shape(&self) -> Vec<usize> {
         self.shape.clone()
+    }
+
+    /// DLPack's device of the result: (kDLCUDA, ordinal) for a device tensor, else (kDLCPU, 0).
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        let on_device = self.tensor.lock().unwrap_or_else(|e| e.into_inner()).location() == engine::Location::Device;
+        Ok(if on_device { (2, with_runtime(|rt| rt.lender().map_or(0, |l| l.ordinal() as i32))?) } else { (1, 0) })
+    }
+
+    /// A device result handed over as a DLPack capsule (`torch.from_dlpack(buffer)`), once:
+    /// the capsule owns it from then on. Ready for any stream (`stream` needs no wait).
+    #[pyo3(signature = (stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(&self, py: Python<'_>, stream: Option<Bound<'_, PyAny>>, max_version: Option<Bound<'_, PyAny>>, dl_device: Option<Bound<'_, PyAny>>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
+        let _ = (stream, max_version, dl_device, copy);
+        let t = {
+            let mut g = self.tensor.lock().unwrap_or_else(|e| e.into_inner());
+            if g.location() != engine::Location::Device {
+                return Err(PyValueError::new_err("a host result: view it with numpy (np.asarray), not DLPack"));
+            }
+            std::mem::replace(&mut *g, Tensor::zeros(self.dtype, &[0]))
+        };
+        if t.location() != engine::Location::Device {
+            return Err(PyValueError::new_err("this result was already handed over through DLPack"));
+        }
+        with_runtime(|rt| match rt.lender() {
+            Some(l) => dlpack::export(py, t, l),
+            None => Err(RingrecError::new_err("a device result without a device executor")),
+        })?
     }
 
     /// numpy's array interface (version 3) over the tensor's memory.
@@ -364,5 +392,7 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(allgather_async, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_async, m)?)?;
     m.add_function(wrap_pyfunction!(bench_allreduce, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack::device_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack::device, m)?)?;
     Ok(())
 }

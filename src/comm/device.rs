@@ -30,8 +30,15 @@ pub trait DeviceCollectives<D: Device>: Send {
     /// Queues an allgather of the first `n` words of every rank's `send` into `recv`:
     /// rank r's at words `r * n ..` (1-bit compression's encodings).
     fn allgather_words(&mut self, dev: &D, send: &mut D::Buf<u32>, n: usize, recv: &mut D::Buf<u32>) -> CommResult<()>;
+    /// Queues an allgather of the first `n` elements of every rank's `send` (`n` may differ
+    /// between ranks) into a new buffer, rank 0's first; returns it with each rank's count.
+    fn allgatherv<T: Scalar + Element>(&mut self, dev: &D, send: &mut D::Buf<T>, n: usize) -> CommResult<(D::Buf<T>, Vec<usize>)>;
     /// Waits for everything queued (with a deadline where a peer could hang it).
     fn wait(&mut self, dev: &D) -> CommResult<()>;
+}
+
+fn device_failed(e: crate::device::DeviceError) -> CommError {
+    CommError::Failed(e.to_string())
 }
 
 /// [`DeviceCollectives`] over a CPU backend, for devices whose memory is the host's.
@@ -82,6 +89,14 @@ impl<D: Device> DeviceCollectives<D> for HostCollectives {
         bytemuck::cast_slice_mut::<u32, u8>(host_slice(dev, recv, 0, size * n)?).copy_from_slice(&g.data);
         Ok(())
     }
+    fn allgatherv<T: Scalar + Element>(&mut self, dev: &D, send: &mut D::Buf<T>, n: usize) -> CommResult<(D::Buf<T>, Vec<usize>)> {
+        let g = self.coll.allgatherv_raw(bytemuck::cast_slice(host_slice(dev, send, 0, n)?))?;
+        let size = std::mem::size_of::<T>();
+        let total = g.data.len() / size;
+        let mut recv = dev.alloc::<T>(total).map_err(device_failed)?;
+        bytemuck::cast_slice_mut::<T, u8>(host_slice(dev, &mut recv, 0, total)?).copy_from_slice(&g.data[..total * size]);
+        Ok((recv, g.counts.iter().map(|c| c / size).collect()))
+    }
     fn wait(&mut self, _dev: &D) -> CommResult<()> {
         Ok(())
     }
@@ -108,7 +123,12 @@ impl<D: Device> DeviceCollectives<D> for Alone {
         Ok(())
     }
     fn allgather_words(&mut self, dev: &D, send: &mut D::Buf<u32>, n: usize, recv: &mut D::Buf<u32>) -> CommResult<()> {
-        dev.copy((&*send, 0), (recv, 0), n).map_err(|e| CommError::Failed(e.to_string()))
+        dev.copy((&*send, 0), (recv, 0), n).map_err(device_failed)
+    }
+    fn allgatherv<T: Scalar + Element>(&mut self, dev: &D, send: &mut D::Buf<T>, n: usize) -> CommResult<(D::Buf<T>, Vec<usize>)> {
+        let mut recv = dev.alloc::<T>(n).map_err(device_failed)?;
+        dev.copy((&*send, 0), (&mut recv, 0), n).map_err(device_failed)?;
+        Ok((recv, vec![n]))
     }
     fn wait(&mut self, _dev: &D) -> CommResult<()> {
         Ok(())

@@ -33,7 +33,7 @@ mod imp {
 
     use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
     use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
-    use mpi::traits::{Communicator, Root};
+    use mpi::traits::{Communicator, CommunicatorCollectives, Root};
 
     use super::DeviceCollectives;
     use crate::comm::{verify, Header};
@@ -247,6 +247,43 @@ mod imp {
             // buffers' events are recorded on.
             unsafe { cudarc::nccl::result::all_gather(src as *const _, dst as *mut _, n, ncclDataType_t::ncclUint32, self.comm, stream.cu_stream() as _) }.map(|_| ()).map_err(|e| nccl_err("ncclAllGather", e))
         }
+        /// Horovod's allgatherv on NCCL: the counts over MPI, then one broadcast per rank into
+        /// its place of the result, in one NCCL group.
+        fn allgatherv<T: Scalar + Element>(&mut self, dev: &CudaDevice, send: &mut CudaSlice<T>, n: usize) -> CommResult<(CudaSlice<T>, Vec<usize>)> {
+            use crate::device::Device;
+            self.agree(Header::allgatherv(n * T::DTYPE.size()))?;
+            let mut counts = vec![0u64; self.size];
+            self.mpi.comm.all_gather_into(&(n as u64), &mut counts[..]);
+            let counts: Vec<usize> = counts.into_iter().map(|c| c as usize).collect();
+            let total: usize = counts.iter().sum();
+            let mut recv = dev.alloc::<T>(total).map_err(|e| CommError::Failed(e.to_string()))?;
+            if send.len() < n {
+                return Err(CommError::Invalid(format!("an allgather of {n} elements from a buffer of {}", send.len())));
+            }
+            let stream = self.stream.clone();
+            let (src, _read) = send.device_ptr(&stream);
+            let (dst, _record) = recv.device_ptr_mut(&stream);
+            cudarc::nccl::result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+            let mut at = 0usize;
+            let mut failed = None;
+            for (root, &c) in counts.iter().enumerate() {
+                if c > 0 && failed.is_none() {
+                    let to = dst + (at * std::mem::size_of::<T>()) as u64;
+                    // SAFETY: rank `root` sends its `c` elements (this rank's `send` holds `n`,
+                    // checked) into `recv` at element `at`, which holds `total`; queued on the
+                    // stream the buffers' events are recorded on.
+                    let r = unsafe { cudarc::nccl::result::broadcast(src as *const _, to as *mut _, c, nccl_dtype(T::DTYPE), root as i32, self.comm, stream.cu_stream() as _) };
+                    failed = r.err();
+                }
+                at += c;
+            }
+            cudarc::nccl::result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e))?;
+            if let Some(e) = failed {
+                return Err(nccl_err("ncclBroadcast (allgatherv)", e));
+            }
+            drop((_read, _record));
+            Ok((recv, counts))
+        }
         fn wait(&mut self, _dev: &CudaDevice) -> CommResult<()> {
             let event = self.stream.record_event(None).map_err(|e| nccl_err("recording an event on the NCCL stream", e))?;
             let start = Instant::now();
@@ -325,6 +362,9 @@ mod dummy {
             match *self {}
         }
         fn allgather_words(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<u32>, _: usize, _: &mut <CudaDevice as Device>::Buf<u32>) -> CommResult<()> {
+            match *self {}
+        }
+        fn allgatherv<T: Scalar + Element>(&mut self, _: &CudaDevice, _: &mut <CudaDevice as Device>::Buf<T>, _: usize) -> CommResult<(<CudaDevice as Device>::Buf<T>, Vec<usize>)> {
             match *self {}
         }
         fn wait(&mut self, _: &CudaDevice) -> CommResult<()> {

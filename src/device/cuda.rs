@@ -257,6 +257,39 @@ mod imp {
         fn exec_unchecked(&self, op: Op<'_, Self>) -> DeviceResult<()> {
             launch(self, op)
         }
+        fn ordinal(&self) -> usize {
+            self.ctx.ordinal()
+        }
+        unsafe fn borrow_unchecked<T: Scalar>(&self, address: usize, n: usize) -> DeviceResult<CudaSlice<T>> {
+            use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute};
+            let what = "borrowing a tensor's GPU memory";
+            self.ctx.bind_to_thread().map_err(call("binding the CUDA context"))?;
+            let mut ordinal: std::ffi::c_int = -1;
+            // SAFETY: the attribute is an int written into `ordinal`; the driver checks the
+            // pointer itself (an error for memory it does not know).
+            let known = unsafe { cuPointerGetAttribute((&mut ordinal as *mut std::ffi::c_int).cast(), CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address as u64) }.result();
+            if let Err(e) = known {
+                return Err(DeviceError::refused(what, format!("{address:#x} is not memory the CUDA driver knows ({e:?}): not a CUDA tensor of this process")));
+            }
+            if usize::try_from(ordinal).ok() != Some(self.ctx.ordinal()) {
+                return Err(DeviceError::refused(what, format!("the memory at {address:#x} is on GPU {ordinal}, this rank's engine on GPU {}; move the tensor to cuda:{} (torch.cuda.set_device(local_rank) before making it)", self.ctx.ordinal(), self.ctx.ordinal())));
+            }
+            // SAFETY: the caller's contract: `n` elements of `T` of this GPU's memory at
+            // `address` until the slice is given up by `forget_borrowed` (`leak`: not freed).
+            Ok(unsafe { self.stream.upgrade_device_ptr(address as u64, n) })
+        }
+        fn address<T: Scalar>(&self, b: &mut CudaSlice<T>) -> Option<usize> {
+            b.stream().synchronize().ok()?;
+            let (ptr, _read) = b.device_ptr(&self.stream);
+            Some(ptr as usize)
+        }
+        fn stream_handle(&self) -> Option<usize> {
+            Some(self.stream.cu_stream() as usize)
+        }
+        fn forget_borrowed<T: Scalar>(b: CudaSlice<T>) {
+            // `leak` makes its stream wait for the work on the slice and frees nothing.
+            let _ = b.leak();
+        }
         fn lend<T: Scalar + Element>(&self, b: CudaSlice<T>) -> Tensor {
             let n = b.len();
             Tensor::on_device(DeviceTensor::new(b, T::DTYPE, n, self.kind()))

@@ -361,6 +361,21 @@ impl Device for HostKernels {
     fn exec_unchecked(&self, op: Op<'_, Self>) -> DeviceResult<()> {
         launch(self, op)
     }
+    unsafe fn borrow_unchecked<T: Scalar>(&self, address: usize, n: usize) -> DeviceResult<HostBuf<T>> {
+        let ptr = std::ptr::NonNull::new(address as *mut T).ok_or_else(|| DeviceError::refused("borrowing a tensor's memory", "a null pointer"))?;
+        // SAFETY: the caller's contract (Device::borrow_unchecked): `n` elements of host
+        // memory, the "device memory" of this device, lent to the buffer alone until it is
+        // given up (forget_borrowed waits for its jobs first).
+        Ok(HostBuf { mem: unsafe { Mem::borrowed(ptr, n) } })
+    }
+    fn address<T: Scalar>(&self, b: &mut HostBuf<T>) -> Option<usize> {
+        b.mem.wait_idle();
+        Some(b.mem.ptr() as usize)
+    }
+    fn forget_borrowed<T: Scalar>(b: HostBuf<T>) {
+        // Not freed (`Mem::borrowed`); no job may touch the memory once it is handed back.
+        b.mem.wait_idle();
+    }
     fn lend<T: Scalar + Element>(&self, b: HostBuf<T>) -> Tensor {
         let n = b.mem.elements();
         Tensor::on_device(DeviceTensor::new(b, T::DTYPE, n, self.kind()))

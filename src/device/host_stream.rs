@@ -150,11 +150,14 @@ pub trait Region: Send + Sync {
 pub struct Mem<T> {
     ptr: NonNull<T>,
     len: usize,
+    /// False for memory a caller lends ([`Mem::borrowed`]): not freed here.
+    owned: bool,
     lock: RwLock<()>,
     uses: Mutex<Uses>,
 }
 
-// SAFETY: `Mem` owns its allocation (a boxed slice of `T: Send`). Its elements are only
+// SAFETY: `Mem` owns its allocation (a boxed slice of `T: Send`), or holds memory lent to it
+// alone for its lifetime ([`Mem::borrowed`]'s contract). Its elements are only
 // touched (1) by a job holding `lock` (shared to read, exclusive to write), (2) by the host
 // under `lock` (copies), or (3) by the host through the one handle (`HostBuf`/`HostStaging`,
 // not `Clone`) after `wait_idle` and while it holds that handle exclusively, so that no job
@@ -165,6 +168,9 @@ unsafe impl<T: Send + Sync> Sync for Mem<T> {}
 
 impl<T> Drop for Mem<T> {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: ptr/len come from `Box::into_raw` of a boxed slice in `Mem::zeroed`, and the
         // last owner drops it once (no job holds the memory any more).
         unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len))) }
@@ -176,7 +182,18 @@ impl<T: Scalar> Mem<T> {
     pub fn zeroed(n: usize) -> Arc<Mem<T>> {
         let b: Box<[T]> = vec![T::zeroed(); n].into_boxed_slice();
         let ptr = NonNull::new(Box::into_raw(b) as *mut T).unwrap_or(NonNull::dangling());
-        Arc::new(Mem { ptr, len: n, lock: RwLock::new(()), uses: Mutex::new(Uses::default()) })
+        Arc::new(Mem { ptr, len: n, owned: true, lock: RwLock::new(()), uses: Mutex::new(Uses::default()) })
+    }
+
+    /// `n` elements at `ptr` that a caller lends (a framework's tensor, the "device memory"
+    /// of the host-kernels device): used like the device's own memory, never freed here.
+    ///
+    /// # Safety
+    /// `ptr` points to `n` valid, aligned elements that stay valid, and that nothing else
+    /// reads or writes, until every job queued on the memory has run ([`Mem::wait_idle`])
+    /// and its handle is dropped (no job is queued on it after that).
+    pub unsafe fn borrowed(ptr: NonNull<T>, n: usize) -> Arc<Mem<T>> {
+        Arc::new(Mem { ptr, len: n, owned: false, lock: RwLock::new(()), uses: Mutex::new(Uses::default()) })
     }
 
     /// Its number of elements.

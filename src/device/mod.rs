@@ -27,6 +27,7 @@ pub mod cuda;
 pub mod host_kernels;
 pub mod host_stream;
 pub mod kernels;
+pub mod lent;
 pub mod libs;
 pub mod ops;
 pub mod plan;
@@ -39,6 +40,7 @@ pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
 pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
 pub use ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
+pub use lent::LentBuf;
 pub use libs::CudaLib;
 pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};
 
@@ -296,6 +298,40 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn gemm_unchecked(&self, g: &Gemm, a: (&Self::Buf<f32>, usize), b: (&Self::Buf<f32>, usize), c: (&mut Self::Buf<f32>, usize), epi: Epilogue<'_, Self>) -> DeviceResult<()>;
     /// Runs `op`. Called through [`Device::exec`], which checks bounds.
     fn exec_unchecked(&self, op: Op<'_, Self>) -> DeviceResult<()>;
+
+    /// The device's ordinal: the GPU's index among those this process sees
+    /// (`CUDA_VISIBLE_DEVICES`), as DLPack's `device_id` names it; 0 for host devices.
+    fn ordinal(&self) -> usize {
+        0
+    }
+    /// A buffer over `n` elements of `T` at `address` in this device's memory that the device
+    /// does not own (a framework's tensor lent through DLPack, [`lent::LentBuf`]); give it up
+    /// with [`Device::forget_borrowed`], never by dropping it. Called through
+    /// [`lent::LentBuf::new`], which checks the pointer, its alignment and the ordinal. The
+    /// default refuses: the device cannot reduce memory it does not own.
+    ///
+    /// # Safety
+    /// `address` holds `n` elements of `T` in this device's memory until the buffer is given
+    /// up, and nothing else reads or writes them meanwhile.
+    unsafe fn borrow_unchecked<T: Scalar>(&self, _address: usize, _n: usize) -> DeviceResult<Self::Buf<T>> {
+        Err(DeviceError::refused("borrowing a tensor's memory", format!("a {} device reduces only its own buffers; copy the tensor into one", self.kind())))
+    }
+    /// The address of a buffer's first element in the device's memory, once the work queued
+    /// on it has run: what DLPack hands a framework (an allgather's result); `None` where
+    /// the device has none to hand.
+    fn address<T: Scalar>(&self, _b: &mut Self::Buf<T>) -> Option<usize> {
+        None
+    }
+    /// This queue's stream as a CUDA stream handle (DLPack's `stream` argument: the stream
+    /// a producer makes wait for its work); `None` for devices without CUDA streams.
+    fn stream_handle(&self) -> Option<usize> {
+        None
+    }
+    /// Gives up a buffer made by [`Device::borrow_unchecked`] without freeing its memory,
+    /// once the work queued on it has run.
+    fn forget_borrowed<T: Scalar>(b: Self::Buf<T>) {
+        std::mem::forget(b);
+    }
 
     /// Lends a buffer to the engine as a tensor: host memory for the CPU device (the
     /// engine's host collectives reduce it in place), a [`crate::tensor::DeviceTensor`]

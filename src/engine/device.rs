@@ -23,6 +23,7 @@ use super::error::{EngineError, EngineResult};
 use super::fusion::Step;
 use super::message::{OpKind, Response};
 use crate::comm::device::DeviceCollectives;
+use crate::device::lent::device_buffer_mut;
 use crate::device::ops::{onebit_parts, onebit_words};
 use crate::device::{Device, DeviceError, Half, Op, Scalar};
 use crate::dtype::ReduceOp;
@@ -78,7 +79,7 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
             .iter_mut()
             .map(|t| {
                 let dtype = t.dtype();
-                t.device_mut().and_then(|d| d.buffer_mut::<D::Buf<T>>()).ok_or_else(|| EngineError::Comm(format!("a {dtype} tensor of this response is not a buffer of this rank's device")))
+                t.device_mut().and_then(device_buffer_mut::<D, T>).ok_or_else(|| EngineError::Comm(format!("a {dtype} tensor of this response is not a buffer of this rank's device")))
             })
             .collect()
     }
@@ -207,6 +208,29 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
         Ok(vec![("COMPRESS", t0, t1), ("ALLGATHER", t1, t2), ("DECOMPRESS", t2, Instant::now())])
     }
 
+    /// Replaces each tensor with every rank's, concatenated along the first dimension in rank
+    /// order: a new buffer of this device (NCCL: one broadcast per rank in a group).
+    fn allgather<T: Scalar + Element>(&mut self, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        let t0 = Instant::now();
+        for t in tensors.iter_mut() {
+            let (n, mut shape) = (t.len(), t.shape().to_vec());
+            let row: usize = shape.iter().skip(1).product();
+            let (recv, counts) = {
+                let b = Self::buffers::<T>(std::slice::from_mut(t))?.pop().ok_or_else(|| EngineError::Comm("an allgather without its tensor (engine bug)".into()))?;
+                self.coll.allgatherv(&self.dev, b, n)?
+            };
+            self.wait()?;
+            let total: usize = counts.iter().sum();
+            if shape.is_empty() {
+                shape.push(counts.len()); // scalars gather into a vector
+            } else if let Some(rows) = total.checked_div(row) {
+                shape[0] = rows;
+            }
+            *t = self.dev.lend(recv).with_shape(&shape).map_err(|_| EngineError::Comm("allgather returned a ragged result".into()))?;
+        }
+        Ok(vec![("ALLGATHER", t0, Instant::now())])
+    }
+
     fn broadcast<T: Scalar + Element>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
         for (b, e) in Self::buffers::<T>(tensors)?.into_iter().zip(&resp.entries) {
@@ -246,7 +270,7 @@ impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> 
                 Compression::OneBit | Compression::OneBitL1 => self.allreduce_onebit(resp, tensors),
             },
             OpKind::Broadcast => by_dtype!(self, broadcast, resp.dtype, resp, tensors),
-            OpKind::Allgather => Err(EngineError::Invalid { name: resp.entries[0].name.clone(), reason: "allgather of device tensors is not supported; allgather a host copy".into() }),
+            OpKind::Allgather => by_dtype!(self, allgather, resp.dtype, tensors),
         }
     }
 

@@ -34,6 +34,7 @@ pub mod coordinator;
 pub mod device;
 pub mod error;
 pub mod fusion;
+pub mod lend;
 pub mod message;
 pub mod timeline;
 pub mod weighted;
@@ -47,6 +48,7 @@ use std::time::{Duration, Instant};
 pub use compression::Compression;
 pub use error::{EngineError, EngineResult};
 pub use device::{DeviceExecutor, ExecuteDevice};
+pub use lend::{init_on, LendDevice};
 pub use message::OpKind;
 pub use weighted::WeightedHandle;
 pub use crate::tensor::{DeviceTensor, Location, Tensor};
@@ -453,13 +455,15 @@ impl Drop for Engine {
 pub struct Runtime {
     /// Declared first: stopped (and its communicators freed) before the topology goes.
     engine: Engine,
+    /// Lends device tensors to the engine's device executor ([`lend`]), when it has one.
+    lender: Option<Box<dyn LendDevice>>,
     topo: Topology,
 }
 
 impl Runtime {
     /// Starts the engine over `topo` with `config`.
     pub fn new(topo: Topology, config: &EngineConfig) -> EngineResult<Runtime> {
-        Ok(Runtime { engine: Engine::start(&topo, config)?, topo })
+        Ok(Runtime { engine: Engine::start(&topo, config)?, lender: None, topo })
     }
     /// The process topology.
     pub fn topology(&self) -> &Topology {

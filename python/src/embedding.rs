@@ -59,11 +59,14 @@ unsafe impl Send for Stage {}
 
 type Shared = Arc<Mutex<Option<Stage>>>;
 
+/// A table as the registry of open tables holds it: closed tables drop out.
+type Held = Weak<Mutex<Option<Stage>>>;
+
 /// Every table of this process by name, closed by `shutdown()` before MPI is finalised.
-static OPEN: Mutex<Vec<(String, Weak<Mutex<Option<Stage>>>)>> = Mutex::new(Vec::new());
+static OPEN: Mutex<Vec<(String, Held)>> = Mutex::new(Vec::new());
 
 /// Whether the table behind `w` is still open.
-fn alive(w: &Weak<Mutex<Option<Stage>>>) -> bool {
+fn alive(w: &Held) -> bool {
     w.upgrade().is_some_and(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_some())
 }
 

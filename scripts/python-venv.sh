@@ -5,9 +5,12 @@
 #      <key> a hash of the requirements and the Python version (a new requirement makes a
 #      new venv; RINGREC_PYTHON_VENV names another place). Only what fails to import is
 #      installed. Needs PyPI the first time (torch is large: about 3 GB with its CUDA wheels).
-#   2. this checkout's extension, built by maturin (debug profile, ${CARGO_TARGET_DIR:-target}
-#      shared with cargo) and unpacked with the package's Python files into
-#      <target>/python-site, which the tests put first on PYTHONPATH.
+#   2. this checkout's extension, built the way `pip install ./python` builds it: pip's PEP 517
+#      path into the package's build backend, maturin (`pip wheel --no-build-isolation`: the
+#      venv's maturin; the dev profile through MATURIN_PEP517_ARGS, ${CARGO_TARGET_DIR:-target}
+#      shared with cargo, so a rerun rebuilds only what changed), then installed with the
+#      package's Python files into <target>/python-site, which the tests put first on
+#      PYTHONPATH.
 # Prints the venv's python on stdout (everything else goes to stderr).
 #   RINGREC_TEST_PYTHON_MODULE=$(scripts/python-venv.sh)   (scripts/test.sh does this)
 set -euo pipefail
@@ -33,9 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   PIP_ROOT_USER_ACTION=ignore "$venv/bin/python" -m pip install --disable-pip-version-check -q "${missing[@]}" >&2
   trap - ERR
 fi
-echo "python-venv: building the extension (maturin) into $target/python-site" >&2
+echo "python-venv: building the extension (pip wheel ./python: PEP 517, maturin) into $target/python-site" >&2
 rm -rf "$target/python-wheel" "$target/python-site"
-CARGO_TARGET_DIR=$target "$venv/bin/maturin" build --quiet -m python/Cargo.toml -i "$venv/bin/python" --out "$target/python-wheel" >&2
+PATH="$venv/bin:$PATH" CARGO_TARGET_DIR=$target MATURIN_PEP517_ARGS="--profile dev" \
+  "$venv/bin/python" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps -w "$target/python-wheel" ./python >&2
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps --target "$target/python-site" "$target/python-wheel"/ringrec-*.whl >&2
 PYTHONPATH="$target/python-site" "$venv/bin/python" -c "import ringrec, ringrec.torch, numpy, torch; print('python-venv: ringrec from', ringrec.__file__, 'numpy', numpy.__version__, 'torch', torch.__version__)" >&2
 echo "$venv/bin/python"

@@ -3,8 +3,10 @@
 //! `DistributedOptimizer` against torch DDP over gloo (tests/python/ddp.py), and a rank that
 //! raises ending the job with its traceback (tests/python/raises.py); `HostEmbedding` against
 //! DDP + `nn.Embedding(sparse=True)` at 1, 2 and 4 ranks on 2 hosts (tests/python/hostemb.py),
-//! and examples/python/dlrm.py for a few steps; the CUDA tensor path through DLPack on the
-//! CPU (tests/python/device.py, the test hook `RINGREC_PY_DEVICE=host`).
+//! two `HostEmbedding`s of different dims in one model against DDP with two, saved and
+//! restored (tests/python/tables.py), and examples/python/dlrm.py for a few steps; the CUDA
+//! tensor path through DLPack on the CPU (tests/python/device.py, the test hook
+//! `RINGREC_PY_DEVICE=host`).
 //!
 //! Needs the module's venv and this checkout's extension (scripts/python-venv.sh: numpy,
 //! torch, maturin; the extension in `<target>/python-site`), named by
@@ -119,6 +121,19 @@ fn host_embedding_trains_as_ddp_with_sparse_nn_embedding_at_1_2_and_4_ranks_on_2
         let Some(job) = run(np, "hostemb.py", &env, Duration::from_secs(300)) else { return };
         job.assert_ok();
         assert_eq!(count(&job, "hostemb ok rank "), np, "{}", job.all());
+    }
+}
+
+#[test]
+fn two_host_embeddings_of_different_dims_train_as_ddp_and_restore_at_2_and_4_ranks_on_2_hosts() {
+    for (np, per_host) in [(2, "0"), (4, "2")] {
+        let dir = common::scratch(&format!("tables-{np}"));
+        let port = free_port();
+        let save = dir.to_str().expect("utf8 path");
+        let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str()), ("STEPS", "5"), ("SAVE_DIR", save), ("RINGREC_RANKS_PER_HOST", per_host)];
+        let Some(job) = run(np, "tables.py", &env, Duration::from_secs(300)) else { return };
+        job.assert_ok();
+        assert_eq!(count(&job, "tables ok rank "), np, "{}", job.all());
     }
 }
 

@@ -17,6 +17,7 @@ per host), trained by ``SparseOptimizer`` or by ``DistributedOptimizer(..., spar
 """
 
 import contextlib
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +157,10 @@ def _host_embeddings(sparse):
 # Keyword arguments that are not a flag's name: `lr` is `--sparse-lr`.
 _LR_ALIAS = {"lr": "sparse_lr"}
 
+# The default names of HostEmbeddings, in the order a process builds them (Horovod's
+# auto-names): every rank agrees when it builds its modules in the same order.
+_AUTO_NAMES = itertools.count()
+
 
 class HostEmbedding(torch.nn.Module):
     """An embedding table held once per host in shared memory: ringrec's host table, as
@@ -180,11 +185,17 @@ class HostEmbedding(torch.nn.Module):
     ``sparse_optimizer``, ``sparse_normalize``, ``sparse_exchange``, ``sparse_compression``,
     ``onebit_lambda``, ``nan_policy``, and ``lr`` (``--sparse-lr``). ``num_embeddings``, when
     given, bounds the keys (< num_embeddings) and sizes the table to hold them all without
-    growing. Construction is collective over the world; one HostEmbedding per process at a
-    time (``close()`` the other first).
+    growing. Construction is collective over the world.
+
+    A process may hold several (a table per feature, each of its own size and dim), each
+    with its own shared memory, exchange and checkpoint. ``name`` tells them apart; by
+    default ``HostEmbedding.<n>``, ``n`` counting the tables this process built, so ranks
+    that build their modules in the same order agree. A name open in this process already
+    is a ``ValueError``; ranks that open different names or dims at the same point get an
+    error saying what each rank opened.
     """
 
-    def __init__(self, num_embeddings=None, embedding_dim=None, mode=None, _saved=None, **settings):
+    def __init__(self, num_embeddings=None, embedding_dim=None, mode=None, name=None, _saved=None, **settings):
         super().__init__()
         if embedding_dim is None:
             raise TypeError("HostEmbedding() needs embedding_dim")
@@ -205,14 +216,15 @@ class HostEmbedding(torch.nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = int(embedding_dim)
         self.mode = mode
-        self._table = _ringrec.HostTable(self.embedding_dim, pairs, _saved)
+        self.name = "HostEmbedding.%d" % next(_AUTO_NAMES) if name is None else str(name)
+        self._table = _ringrec.HostTable(self.embedding_dim, pairs, self.name, _saved)
         self._pending = []
 
     @classmethod
     def load(cls, path, **settings):
         """A HostEmbedding holding the table saved at ``path`` (``save``), opened with its
         saved shape (dim, capacity, storage dtype, optimizer, seed, initial scale);
-        ``settings`` as for the constructor (collective)."""
+        ``settings`` (``name`` included) as for the constructor (collective)."""
         dim, capacity, dtype, optimizer, seed, scale = _ringrec.saved_table_shape(str(path))
         for k, v in (("table_capacity", capacity), ("table_dtype", dtype), ("sparse_optimizer", optimizer),
                      ("seed", seed), ("table_init_scale", scale)):
@@ -302,7 +314,8 @@ class HostEmbedding(torch.nn.Module):
         return self._table.exchange_and_apply(keys.data_ptr(), keys.numel(), g.data_ptr())
 
     def extra_repr(self):
-        return "num_embeddings=%s, embedding_dim=%d, mode=%s" % (self.num_embeddings, self.embedding_dim, self.mode)
+        return "name=%r, num_embeddings=%s, embedding_dim=%d, mode=%s" % (self.name, self.num_embeddings, self.embedding_dim,
+                                                                           self.mode)
 
 
 class SparseOptimizer:

@@ -7,15 +7,18 @@
 //! keys and rows is done here: the batch's keys deduplicated ([`Deduper`]), their rows
 //! looked up, and a step's gradients exchanged, normalised and applied by the host leader,
 //! then the host barrier. Every call that touches other ranks is collective over the world.
+//!
+//! A process holds any number of tables at once (a CTR model's table per feature), each
+//! under its name ([`TableName`]): its own shared-memory files, segments and exchangers.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use ringrec::embedding::EmbeddingTable;
+use ringrec::embedding::{EmbeddingTable, TableSource};
 use ringrec::sparse::Deduper;
-use ringrec::train::embedding::EmbeddingStage;
+use ringrec::train::embedding::{EmbeddingStage, TableName};
 use ringrec::train::{NanPolicy, TrainConfig, TrainError};
 
 use crate::{with_runtime, RingrecError};
@@ -56,13 +59,26 @@ unsafe impl Send for Stage {}
 
 type Shared = Arc<Mutex<Option<Stage>>>;
 
-/// Every open table, closed by `shutdown()` before MPI is finalised.
-static OPEN: Mutex<Vec<Weak<Mutex<Option<Stage>>>>> = Mutex::new(Vec::new());
+/// A table as the registry of open tables holds it: closed tables drop out.
+type Held = Weak<Mutex<Option<Stage>>>;
+
+/// Every table of this process by name, closed by `shutdown()` before MPI is finalised.
+static OPEN: Mutex<Vec<(String, Held)>> = Mutex::new(Vec::new());
+
+/// Whether the table behind `w` is still open.
+fn alive(w: &Held) -> bool {
+    w.upgrade().is_some_and(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_some())
+}
+
+/// Whether the table `name` is open in this process.
+fn is_open(name: &str) -> bool {
+    OPEN.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, w)| n == name && alive(w))
+}
 
 /// Closes every table still open (before the runtime stops).
 pub fn close_all() {
     let open = std::mem::take(&mut *OPEN.lock().unwrap_or_else(|e| e.into_inner()));
-    for w in open {
+    for (_, w) in open {
         if let Some(s) = w.upgrade() {
             s.lock().unwrap_or_else(|e| e.into_inner()).take();
         }
@@ -142,12 +158,14 @@ impl HostTable {
 
 #[pymethods]
 impl HostTable {
-    /// Opens this host's table (collective over the world): `settings` are (field, value)
-    /// pairs of [`TABLE_SETTINGS`] over `ringrec train`'s defaults, `dim` the row width;
-    /// `saved` a table saved by [`HostTable::save`] to start from (its shape must match).
+    /// Opens this host's table `name` (collective over the world; every rank opens the same
+    /// names with the same dims in the same order): `settings` are (field, value) pairs of
+    /// [`TABLE_SETTINGS`] over `ringrec train`'s defaults, `dim` the row width; `saved` a
+    /// table saved by [`HostTable::save`] to start from (its shape must match). A name
+    /// open in this process already is a `ValueError`.
     #[new]
-    #[pyo3(signature = (dim, settings, saved=None))]
-    fn new(py: Python<'_>, dim: usize, settings: Vec<(String, String)>, saved: Option<String>) -> PyResult<HostTable> {
+    #[pyo3(signature = (dim, settings, name, saved=None))]
+    fn new(py: Python<'_>, dim: usize, settings: Vec<(String, String)>, name: String, saved: Option<String>) -> PyResult<HostTable> {
         let mut cfg = TrainConfig::new(std::path::PathBuf::from("."));
         if dim == 0 {
             return Err(PyValueError::new_err("embedding_dim must be positive"));
@@ -161,19 +179,28 @@ impl HostTable {
         }
         cfg.validate_table().map_err(train_err)?;
         let policy = cfg.nan_policy;
-        let already = OPEN.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|w| w.upgrade().is_some_and(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_some()));
-        if already {
-            return Err(PyValueError::new_err("a HostEmbedding is already open in this process: the host table is one per job; put every field in one table (offset each field's keys), or close() the other first"));
+        if name.is_empty() {
+            return Err(PyValueError::new_err("a HostEmbedding's name must not be empty"));
+        }
+        if is_open(&name) {
+            return Err(PyValueError::new_err(format!("a HostEmbedding named {name:?} is already open in this process: give each table its own name, or close() the other first")));
         }
         let stage = py.detach(|| {
             with_runtime(|rt| {
                 let topo = rt.topology();
                 cfg.engine_config(topo).map_err(train_err)?;
-                EmbeddingStage::open(topo, &cfg, saved.as_deref().map(Path::new)).map(|stage| Stage { stage, deduper: Deduper::new(), policy, steps: 0 }).map_err(train_err)
+                let tc = cfg.table_config();
+                let source = match saved.as_deref() {
+                    Some(p) => TableSource::Saved(Path::new(p), &tc),
+                    None => TableSource::New(&tc),
+                };
+                EmbeddingStage::open_named(topo, &cfg, source, &TableName::named(&name)).map(|stage| Stage { stage, deduper: Deduper::new(), policy, steps: 0 }).map_err(train_err)
             })
         })??;
         let inner: Shared = Arc::new(Mutex::new(Some(stage)));
-        OPEN.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(_, w)| alive(w));
+        open.push((name, Arc::downgrade(&inner)));
         Ok(HostTable { inner, dim: cfg.row_width() })
     }
 

@@ -7,7 +7,12 @@ rows for per-rank nn.Embedding tables of the same rows.
 
 Rank 0 prints one JSON line: the table's file bytes (its mapping in /proc/self/smaps), the
 sum over the ranks of their PSS growth from before the table was opened to after it holds
---rows rows, the same for an nn.Embedding of --rows rows on every rank, and the ratios."""
+--rows rows, the same for an nn.Embedding of --rows rows on every rank, and the ratios.
+
+PSS counts only the pages a process touched, while ringrec allocates its shared segments in
+full when it makes them (posix_fallocate in the shared-memory directory): the host's memory
+(`host_memory_growth_kib`) is the ranks' PSS growth outside ringrec's segments plus the
+sizes of the segments (each once: every local rank maps every one, rank 0's view)."""
 
 import argparse
 import json
@@ -23,6 +28,22 @@ def pss_kib():
             if line.startswith("Pss:"):
                 return int(line.split()[1])
     raise RuntimeError("no Pss in /proc/self/smaps_rollup")
+
+
+def segments_kib():
+    """(sizes, this process's PSS) of its mappings of ringrec's shared segments, KiB."""
+    size = pss = 0
+    name = ""
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5 and not parts[0].endswith(":"):
+                name = " ".join(parts[5:])
+            elif "/ringrec-" in name and parts[0] == "Size:":
+                size += int(parts[1])
+            elif "/ringrec-" in name and parts[0] == "Pss:":
+                pss += int(parts[1])
+    return size, pss
 
 
 def table_mapping_kib():
@@ -58,6 +79,7 @@ def main():
     torch.nn.functional.embedding(torch.arange(a.chunk) % 8, w).sum().backward()
     total(0)
     before = pss_kib()
+    seg_before = segments_kib()
     emb = hvd.HostEmbedding(num_embeddings=a.rows, embedding_dim=a.dim, sparse_normalize="frequency")
     opened = total(pss_kib() - before)
     chunk = a.chunk
@@ -69,6 +91,10 @@ def main():
         emb.sparse_step()
     hvd.allreduce(torch.zeros(1), name="filled")
     grown = total(pss_kib() - before)
+    seg_after = segments_kib()
+    # Outside the segments (PSS), then the segments' full sizes once (rank 0's).
+    private = total(pss_kib() - before - (seg_after[1] - seg_before[1]))
+    host = private + (seg_after[0] - seg_before[0])
     table = table_mapping_kib()
     live = emb.size()[1]
     emb.close()
@@ -83,6 +109,8 @@ def main():
             "table_file_kib": table, "host_embedding_pss_growth_kib": grown, "pss_growth_at_open_kib": opened,
             "per_rank_nn_embedding_pss_growth_kib": per_rank,
             "host_embedding_over_table": round(grown / max(table, 1), 3),
+            "host_memory_growth_kib": host, "segments_kib": seg_after[0] - seg_before[0],
+            "host_memory_over_table": round(host / max(table, 1), 3),
             "per_rank_over_table": round(per_rank / max(table, 1), 3),
             "per_rank_over_host_embedding": round(per_rank / max(grown, 1), 3),
         }), flush=True)

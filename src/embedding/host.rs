@@ -160,9 +160,17 @@ impl HostTable {
 
     /// [`HostTable::open`] from any [`TableSource`].
     pub fn open_from(topo: &Topology, source: TableSource<'_>) -> TableResult<HostTable> {
+        HostTable::open_tagged(topo, source, "table")
+    }
+
+    /// [`HostTable::open_from`] under the segment tag `tag` (`"table"`: [`host_table_path`]):
+    /// the table's file `ringrec-<job>-h<host>-<tag>`, its grown files (`-<n>` after it) and
+    /// its host barrier (`<tag>-barrier`) are named by it, so a process may hold several host
+    /// tables of different tags at once.
+    pub fn open_tagged(topo: &Topology, source: TableSource<'_>, tag: &str) -> TableResult<HostTable> {
         // The leader may fill a big table first: a peer still answering is working on it.
         let _w = crate::watchdog::waiting_on_work("the host leader setting up the host table");
-        let path = host_table_path(topo);
+        let path = topo.segment_path(tag);
         let comm = &topo.local.comm;
         let leader = topo.is_leader();
 
@@ -238,7 +246,7 @@ impl HostTable {
                 )),
             });
         }
-        let barrier = HostBarrier::new(topo, "table-barrier", "host table sync")?;
+        let barrier = HostBarrier::new(topo, &format!("{tag}-barrier"), "host table sync")?;
         let threads = rayon::current_num_threads() * topo.local_size;
         let pool = (leader && topo.local_size > 1).then(|| rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ringrec-apply-{i}")).build().ok()).flatten();
         let local = topo.local.duplicate();

@@ -3,20 +3,23 @@
 //!
 //! Three segments: a [`HostBarrier`], a small control block (every rank's piece length and
 //! rows on a cache line of its own, then the leader's status) and the data: per local rank
-//! two areas of `area_bytes` each ([`Area::Own`], [`Area::Range`]), rank after rank; a rank
-//! writes only its own areas.
+//! two areas ([`Area::Own`], [`Area::Range`]), rank after rank, each sized for the pieces
+//! that area held (local rank 0's range area holds the host's whole list, the others' an
+//! error piece at most); a rank writes only its own areas.
 //! [`HostBoard::publish`] is collective over the host:
 //!
 //! 1. every rank posts the length of its piece and passes the barrier (so every rank has
 //!    finished reading the pieces of the previous round of this area: reading borrows the
 //!    board and publishing needs it mutably);
-//! 2. if a piece does not fit, every rank maps a larger segment (all decide alike from the
-//!    same lengths; the old one goes away, and so do its other area's pieces);
+//! 2. if a piece does not fit its area, every rank maps a larger segment (all decide alike
+//!    from the same lengths; the old one goes away, and so do its other area's pieces);
 //! 3. every rank writes its piece into its area, then a barrier: the pieces are readable.
 //!
-//! Segments grow to 5/4 of the largest piece seen and never shrink, so after the first
+//! Each area grows to 5/4 of the largest piece it held and never shrinks, so after the first
 //! steps of a job a publish is two barriers and one copy of this rank's piece (or none,
-//! where the writer fills its area in place).
+//! where the writer fills its area in place). The segment is allocated in full in the
+//! shared-memory directory, so areas sized apart keep it near what the pieces need (a
+//! rank's list per rank and the host's list once), not every area at the largest piece.
 //!
 //! [`HostBoard::publish_list`] is the same collective for one list written by all: every rank
 //! posts how many rows it adds, every rank computes from the same numbers where its rows
@@ -72,15 +75,16 @@ pub struct HostBoard {
     local_rank: usize,
     local_size: usize,
     seg: Option<SharedSegment>,
-    /// Bytes of every area (a multiple of the page size).
-    area_bytes: usize,
+    /// Per area, the bytes of every local rank's (multiples of the page size; 0 without a
+    /// segment).
+    caps: [Vec<usize>; 2],
     /// Per area, the length of every local rank's last piece.
     lens: [Vec<usize>; 2],
 }
 
 impl std::fmt::Debug for HostBoard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostBoard").field("local_rank", &self.local_rank).field("local_size", &self.local_size).field("area_bytes", &self.area_bytes).finish()
+        f.debug_struct("HostBoard").field("local_rank", &self.local_rank).field("local_size", &self.local_size).field("caps", &self.caps).finish()
     }
 }
 
@@ -93,8 +97,8 @@ fn area_bytes(need: usize) -> usize {
 }
 
 /// The largest segment a host board of `local_size` ranks holds when no piece is over
-/// `max_piece` bytes (two areas per local rank): what the shared-memory directory must keep
-/// free for it beside the host table.
+/// `max_piece` bytes (two areas per local rank, each at most that): what the shared-memory
+/// directory must keep free for it beside the host table.
 pub fn board_bytes(local_size: usize, max_piece: usize) -> u64 {
     (area_bytes(max_piece) as u64).saturating_mul(2 * local_size as u64)
 }
@@ -117,7 +121,7 @@ impl HostBoard {
             local_rank: topo.local_rank,
             local_size: topo.local_size,
             seg: None,
-            area_bytes: 0,
+            caps: [vec![0; topo.local_size], vec![0; topo.local_size]],
             lens: [vec![0; topo.local_size], vec![0; topo.local_size]],
         })
     }
@@ -157,8 +161,28 @@ impl HostBoard {
         Ok(())
     }
 
+    /// Where local rank `q`'s `area` starts: the areas lie rank after rank, own then range.
     fn offset(&self, q: usize, area: Area) -> usize {
-        (2 * q + area as usize) * self.area_bytes
+        let before: usize = (0..q).map(|p| self.caps[0][p] + self.caps[1][p]).sum();
+        before + if area == Area::Range { self.caps[0][q] } else { 0 }
+    }
+
+    /// Makes every local rank's `area` hold at least `needs[q]` bytes (collective: every
+    /// rank calls it with the same `needs`): a larger segment when one does not fit.
+    fn fit(&mut self, area: Area, needs: &[usize]) -> SparseResult<()> {
+        let caps = &self.caps[area as usize];
+        if self.seg.is_some() && needs.iter().zip(caps).all(|(n, c)| n <= c) {
+            return Ok(());
+        }
+        let first = self.seg.is_none();
+        let mut grown = self.caps.clone();
+        for (c, n) in grown[area as usize].iter_mut().zip(needs) {
+            // The first segment gives every area of this kind a page at least: never empty.
+            if *n > *c || first {
+                *c = (*c).max(area_bytes(*n));
+            }
+        }
+        self.grow(grown)
     }
 
     /// Publishes this rank's piece of `len` bytes in `area`: `write` fills it (given exactly
@@ -168,15 +192,12 @@ impl HostBoard {
         self.rank_word(self.local_rank, 1).store(len as u64, Ordering::Release);
         self.barrier()?;
         let lens: Vec<usize> = (0..self.local_size).map(|q| self.rank_word(q, 1).load(Ordering::Acquire) as usize).collect();
-        let most = lens.iter().copied().max().unwrap_or(0);
-        if self.seg.is_none() || most > self.area_bytes {
-            self.grow(most)?;
-        }
+        self.fit(area, &lens)?;
         self.lens[area as usize] = lens;
         let off = self.offset(self.local_rank, area);
         if let Some(seg) = &self.seg {
-            // SAFETY: the area lies inside the segment (`grow` made every area at least
-            // `most >= len` bytes); only this rank writes it, and no peer reads it between the
+            // SAFETY: the area lies inside the segment (`fit` made this rank's area at least
+            // `len` bytes); only this rank writes it, and no peer reads it between the
             // barrier above (every peer has finished reading the previous piece) and the
             // barrier below.
             let dst = unsafe { std::slice::from_raw_parts_mut(seg.as_ptr().add(off), len) };
@@ -207,15 +228,12 @@ impl HostBoard {
         let errors: Vec<usize> = (0..self.local_size).map(|q| self.rank_word(q, 1).load(Ordering::Acquire) as usize).collect();
         let parts: Vec<usize> = (0..self.local_size).map(|q| self.rank_word(q, 2).load(Ordering::Acquire) as usize).collect();
         if errors.iter().any(|len| *len > 0) {
-            let most = errors.iter().copied().max().unwrap_or(0);
-            if self.seg.is_none() || most > self.area_bytes {
-                self.grow(most)?;
-            }
+            self.fit(Area::Range, &errors)?;
             self.lens[Area::Range as usize] = errors;
             if let Some(seg) = &self.seg {
                 let off = self.offset(self.local_rank, Area::Range);
-                // SAFETY: as in `publish`: this rank's own area, at least `most` bytes, read by
-                // no peer until the barrier below.
+                // SAFETY: as in `publish`: this rank's own area, at least its error's length
+                // (`fit`), read by no peer until the barrier below.
                 let dst = unsafe { std::slice::from_raw_parts_mut(seg.as_ptr().add(off), error.len()) };
                 dst.copy_from_slice(error);
             }
@@ -225,11 +243,9 @@ impl HostBoard {
         let total = parts.iter().try_fold(0usize, |a, n| a.checked_add(*n)).unwrap_or(usize::MAX);
         let header = list::header(total, dim, true)?;
         let need = list::encoded_len(total, dim, true);
-        if self.seg.is_none() || need > self.area_bytes {
-            self.grow(need)?;
-        }
         let mut lens = vec![0; self.local_size];
         lens[0] = need;
+        self.fit(Area::Range, &lens)?;
         self.lens[Area::Range as usize] = lens;
         let first: usize = parts[..self.local_rank].iter().sum();
         let [keys, counts, values] = list::row_spans(total, dim, true, first..first + rows);
@@ -268,22 +284,23 @@ impl HostBoard {
         Ok(true)
     }
 
-    /// Maps a segment whose areas hold `need` bytes (collective: every rank calls it with
-    /// the same `need`).
-    fn grow(&mut self, need: usize) -> SparseResult<()> {
+    /// Maps a segment whose areas hold `caps` bytes (collective: every rank calls it with
+    /// the same `caps`).
+    fn grow(&mut self, caps: [Vec<usize>; 2]) -> SparseResult<()> {
         self.seg = None;
-        self.area_bytes = 0;
+        self.caps = [vec![0; self.local_size], vec![0; self.local_size]];
         self.lens = [vec![0; self.local_size], vec![0; self.local_size]];
-        let area = area_bytes(need);
-        let len = area
-            .checked_mul(2 * self.local_size)
-            .ok_or_else(|| SparseError::Invalid(format!("a host board of {} local ranks with {need}-byte pieces overflows the address space", self.local_size)))?;
+        let len = caps
+            .iter()
+            .flatten()
+            .try_fold(0usize, |a, c| a.checked_add(*c))
+            .ok_or_else(|| SparseError::Invalid(format!("a host board of {} local ranks with areas of {caps:?} bytes overflows the address space", self.local_size)))?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let mut path = self.seg_prefix.clone().into_os_string();
         path.push(generation.to_string());
         let path = PathBuf::from(path);
         self.seg = Some(SharedSegment::on_host(&self.local, &path, len)?);
-        self.area_bytes = area;
+        self.caps = caps;
         Ok(())
     }
 
@@ -291,7 +308,7 @@ impl HostBoard {
     /// that area (empty if there is no segment or no such rank).
     pub fn piece(&self, q: usize, area: Area) -> &[u8] {
         let (Some(seg), Some(len)) = (&self.seg, self.lens[area as usize].get(q)) else { return &[] };
-        // SAFETY: inside the segment (`len <= area_bytes`, checked when it grew); written by
+        // SAFETY: inside the segment (`len` fits the area, `fit` checked it); written by
         // rank q before the barrier that ended the publish, and not written again until
         // every rank (this one included, which needs `&mut self`) enters the next publish.
         unsafe { std::slice::from_raw_parts(seg.as_ptr().add(self.offset(q, area)), *len) }

@@ -7,6 +7,10 @@
 //! `--table-max-bytes`, then evicts (`--evict`); `--expire-after-steps` and `--admit-after`
 //! apply. Rank 0 reports every growth; the counts since the start of the run are in
 //! [`EmbeddingStage::counts`].
+//!
+//! A process may hold several stages at once, each under its own [`TableName`] (the Python
+//! module's tables, one per feature): the name tells their shared-memory files and segments
+//! apart, and every rank must open the same names with the same dims in the same order.
 
 use std::path::Path;
 
@@ -18,6 +22,69 @@ use crate::sparse::delta::RowsAtSync;
 use crate::sparse::error::NON_FINITE;
 use crate::sparse::{AggregatedGrads, SparseError, SparseExchanger, SparseNormalize, SparseResult, SparseStats};
 use crate::topology::Topology;
+
+/// Which of a process's host tables a stage is: `ringrec train`'s one table
+/// ([`TableName::default`], today's segment names) or a named one, whose shared-memory
+/// files (the table, its grown files, its host barrier) and exchangers' segments carry a
+/// hash of the name. Every rank opens the same names in the same order
+/// ([`EmbeddingStage::open_named`] checks it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableName(Option<String>);
+
+impl TableName {
+    /// The named table `name`.
+    pub fn named(name: &str) -> TableName {
+        TableName(Some(name.to_string()))
+    }
+
+    /// The name as a user wrote it (`None`: the job's one table).
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// The segment tag of this table's `base` (`table`, `sparse`, `sparse-delta`): `base`
+    /// itself for the default table, else `base.<FNV-1a of the name>` (any name, any length,
+    /// fits a file name; the sweep of stale segments recognises it as ever).
+    pub fn tag(&self, base: &str) -> String {
+        match &self.0 {
+            None => base.to_string(),
+            Some(n) => format!("{base}.{}", crate::hash::fnv_hex(n.as_bytes())),
+        }
+    }
+}
+
+/// Bytes of a table's name that a mismatch's message shows per rank.
+const NAME_SHOWN: usize = 48;
+
+/// Every rank opens the same table (name and row width) as this one (collective over the
+/// world): else every rank gets the same [`TrainError::Config`] naming what each rank
+/// opened, before any collective of the table itself, so ranks that build their tables in
+/// different orders fail here instead of waiting on each other.
+fn check_same_table(topo: &Topology, name: &TableName, width: usize) -> TrainResult<()> {
+    let id = name.name().map_or(0, |n| crate::hash::fnv1a64(n.as_bytes()) | 1);
+    let all = topo.control().all_gather("every rank's name and dim of the host table it opens", [id, width as u64]);
+    if all.iter().all(|a| *a == all[0]) {
+        return Ok(());
+    }
+    let mut shown = [0u8; NAME_SHOWN];
+    if let Some(n) = name.name() {
+        let b = n.as_bytes();
+        let k = b.len().min(NAME_SHOWN);
+        shown[..k].copy_from_slice(&b[..k]);
+    }
+    let names = topo.control().all_gather("every rank's name of the host table it opens", shown);
+    let what = |r: usize| {
+        let n = String::from_utf8_lossy(&names[r]).trim_end_matches('\0').to_string();
+        let n = if all[r][0] == 0 { "the job's table".to_string() } else { format!("table {n:?}") };
+        format!("rank {r} opens {n} of dim {}", all[r][1])
+    };
+    let differ: Vec<String> = (1..all.len()).filter(|r| all[*r] != all[0]).take(8).map(what).collect();
+    Err(TrainError::Config(format!(
+        "the ranks open different host tables: {}, {}; every rank must create its tables in the same order with the same names and dims",
+        what(0),
+        differ.join(", ")
+    )))
+}
 
 /// The host table and the sparse exchanger of a run.
 pub struct EmbeddingStage {
@@ -129,9 +196,17 @@ impl EmbeddingStage {
     /// `cfg` says: what [`EmbeddingStage::open`] does, and a warm start's table
     /// (`--init-from`).
     pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>) -> TrainResult<EmbeddingStage> {
-        let mut table = HostTable::open_from(topo, source)?;
+        EmbeddingStage::open_named(topo, cfg, source, &TableName::default())
+    }
+
+    /// [`EmbeddingStage::open_from`] for the table `name` (collective over the world): one
+    /// of several a process holds at once. Every rank must open the same name with the same
+    /// row width here, else every rank gets [`TrainError::Config`] saying what each opened.
+    pub fn open_named(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>, name: &TableName) -> TrainResult<EmbeddingStage> {
+        check_same_table(topo, name, cfg.row_width())?;
+        let mut table = HostTable::open_tagged(topo, source, &name.tag("table"))?;
         let h = *table.table().header();
-        let mut exchanger = SparseExchanger::new(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.row_width())?;
+        let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, cfg.sparse_normalize, cfg.row_width(), &name.tag("sparse"))?;
         // `--sparse-compression`: the rows that cross hosts, gradients or (with
         // `--sync-every`) the deltas of a sync.
         let row_form = match cfg.sparse_compression {
@@ -143,7 +218,7 @@ impl EmbeddingStage {
         let sync = if cfg.sync_every > 1 {
             exchanger.set_host_only(true);
             // Only leaders send deltas: a key's count is the number of hosts that changed it.
-            let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.row_width(), "sparse-delta")?;
+            let mut exchanger = SparseExchanger::new_tagged(topo, cfg.sparse_exchange, SparseNormalize::Frequency, cfg.row_width(), &name.tag("sparse-delta"))?;
             exchanger.set_row_compression(row_form)?;
             Some(SparseSync { rows: RowsAtSync::new(cfg.row_width()), exchanger, skipped: 0, counts: DeltaCounts::default() })
         } else {

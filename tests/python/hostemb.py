@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import ringrec.torch as hvd
+from checks import raises
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
@@ -98,15 +99,6 @@ for norm in ("world", "none", "frequency"):
         emb.close()
 
 
-def raises(kind, words, f):
-    try:
-        f()
-    except kind as e:
-        assert all(w in str(e) for w in words), "rank %d: %s lacks %s" % (r, e, words)
-        return
-    raise AssertionError("rank %d: no %s naming %s" % (r, kind.__name__, words))
-
-
 # Bad arguments: each raises on every rank, before any collective.
 raises(TypeError, ["int64", "float32"], lambda: emb(torch.zeros(3)))
 raises(TypeError, ["int64", "int32"], lambda: emb(torch.zeros(3, dtype=torch.int32)))
@@ -115,7 +107,7 @@ raises(IndexError, ["num_embeddings"], lambda: emb(torch.tensor([V])))
 raises(ValueError, ["offsets", "mode"], lambda: emb(torch.tensor([1, 2]), torch.tensor([0])))
 raises(TypeError, ["bogus_option"], lambda: hvd.HostEmbedding(embedding_dim=D, bogus_option=1))
 raises(ValueError, ["sparse_normalize", "often"], lambda: hvd.HostEmbedding(embedding_dim=D, sparse_normalize="often"))
-raises(ValueError, ["already open"], lambda: hvd.HostEmbedding(embedding_dim=D))
+raises(ValueError, ["already open", emb.name], lambda: hvd.HostEmbedding(embedding_dim=D, name=emb.name))
 raises(TypeError, ["HostEmbedding", "Linear"], lambda: hvd.SparseOptimizer([torch.nn.Linear(2, 2)]))
 
 # Save and load: every row comes back.

@@ -189,8 +189,11 @@ pub struct SparseExchanger {
     num_hosts: usize,
     /// World ranks of every host, in local-rank order.
     host_ranks: Vec<Vec<usize>>,
-    /// Shared memory among this host's ranks: barriers of the board, status broadcast.
-    host: ShmCollectives,
+    /// Shared memory among this host's ranks for the leader's status broadcast, where no
+    /// host board carries it (`flat`, or one rank per host): the board's own control block
+    /// does in `hier`, so it maps none (its slots are allocated in full in the
+    /// shared-memory directory).
+    host: Option<ShmCollectives>,
     /// `flat`: MPI over the world.
     net: Option<MpiCollectives>,
     /// `hier`: how the key ranges travel.
@@ -285,7 +288,6 @@ impl SparseExchanger {
         if dim == 0 || dim > u32::MAX as usize {
             return Err(SparseError::Invalid(format!("dim {dim} is out of range; rows need 1..={} values", u32::MAX)));
         }
-        let host = comm::host_collectives(topo, tag)?;
         let mut host_ranks = vec![Vec::new(); topo.num_hosts];
         for r in 0..topo.size {
             host_ranks[topo.host_of_rank[r]].push(r);
@@ -297,6 +299,8 @@ impl SparseExchanger {
             SparseExchange::Flat => (Some(MpiCollectives::new(topo.world.duplicate(), topo.config.verify)), None),
             SparseExchange::Hierarchical => (None, Some(Hier::new(topo, &host_ranks)?)),
         };
+        let on_board = hier.as_ref().is_some_and(|h| h.board.is_some());
+        let host = if on_board { None } else { Some(comm::host_collectives(topo, tag)?) };
         Ok(SparseExchanger {
             mode,
             normalize,
@@ -579,7 +583,10 @@ impl SparseExchanger {
         }
         match self.hier.as_mut().and_then(|h| h.board.as_mut()) {
             Some(board) => board.broadcast_status(&mut status)?,
-            None => self.host.broadcast_raw(&mut status, 0)?,
+            None => match self.host.as_mut() {
+                Some(host) => host.broadcast_raw(&mut status, 0)?,
+                None => return Err(SparseError::Invalid("the exchange has neither a host board nor host collectives".into())),
+            },
         }
         if self.local_rank == 0 {
             return Ok(None);

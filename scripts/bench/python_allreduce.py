@@ -22,7 +22,7 @@ p.add_argument("--min-bytes", type=int, default=4096)
 p.add_argument("--max-bytes", type=int, default=64 << 20)
 p.add_argument("--factor", type=int, default=4)
 p.add_argument("--gloo-bytes", type=int, default=16 << 20)
-p.add_argument("--repeats", type=int, default=5, help="alternating Python and Rust timings per size; the medians are reported")
+p.add_argument("--repeats", type=int, default=9, help="alternating Python and Rust timings per size; the medians are reported")
 a = p.parse_args()
 
 ringrec.init()
@@ -46,11 +46,14 @@ def timed(f, n, warm=3):
 
 
 def rust_timed(name, count, n, in_place=False):
-    """bench_allreduce's seconds per call, and this thread's CPU per call (its 3 warm-up
-    calls included: the loop runs in Rust)."""
-    c = time.thread_time()
+    """bench_allreduce's seconds per call, and this thread's CPU per call: the loop runs in
+    Rust, so its CPU is the difference from a second run of one call (the same input made,
+    the same 3 warm-up calls), over n - 1 calls."""
+    c0 = time.thread_time()
     wall = ringrec._ringrec.bench_allreduce(name, count, n, in_place)
-    return wall, (time.thread_time() - c) / (n + 3)
+    c1 = time.thread_time()
+    ringrec._ringrec.bench_allreduce(name, count, 1, in_place)
+    return wall, ((c1 - c0) - (time.thread_time() - c1)) / (n - 1)
 
 
 size = a.min_bytes

@@ -134,7 +134,10 @@ class _Tensor:
     __slots__ = ("keep", "torch", "copied")
 
     def capsule(self):
-        """A fresh ``__dlpack__()`` capsule of ``keep`` (zero-copy; one per submission)."""
+        """A fresh ``__dlpack__()`` capsule of ``keep`` (zero-copy; one per submission); a
+        torch CPU tensor's from torch's C export (``__dlpack__`` is microseconds of Python)."""
+        if self.torch and self.keep.is_cpu:
+            return _to_dlpack(self.keep)
         return self.keep.__dlpack__()
 
 
@@ -172,17 +175,21 @@ def _device_tensor(t, what, copy, write):
 
 
 _TORCH_NAMES = None
+# torch.Tensor, torch's DLPack export and contiguous format, once a first call met torch.
+_torch_tensor = _to_dlpack = _contiguous = None
 
 
 def _tensor(t, what="tensor", copy=False, write=False):
     """A numpy array or torch CPU tensor as the engine takes it, without a copy (a
     non-contiguous one is made contiguous first); ``copy``: a private copy, for the forms
     that return a new tensor; ``write``: the engine will write into it."""
-    global _TORCH_NAMES
+    global _TORCH_NAMES, _torch_tensor, _to_dlpack, _contiguous
     x = _Tensor()
     if _torch_module(t):
         import torch
         if _TORCH_NAMES is None:
+            import torch.utils.dlpack
+            _torch_tensor, _to_dlpack, _contiguous = torch.Tensor, torch.utils.dlpack.to_dlpack, torch.contiguous_format
             _TORCH_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                             torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
         if t.dtype not in _TORCH_NAMES:
@@ -213,13 +220,19 @@ def _tensor(t, what="tensor", copy=False, write=False):
 
 _NUMPY_NAMES = {}
 
+# numpy.ndarray once a first call imported numpy (``_numpy()``): arrays of exactly this type
+# may take the extension's fast path (``_ringrec.allreduce_simple``).
+_ndarray = None
+
 
 def _numpy():
     """numpy, and the dtype -> name table of the dtypes ringrec takes (a dtype's ``.name``
     costs microseconds per call; the table's lookup does not)."""
+    global _ndarray
     import numpy as np
     if not _NUMPY_NAMES:
         _NUMPY_NAMES.update({np.dtype(n): n for n in _NUMPY_DTYPES})
+        _ndarray = np.ndarray
     return np
 
 
@@ -279,19 +292,14 @@ class Handle:
         return self._done
 
 
-_names = {}
-
-
 def _name(kind, name):
     """Horovod's automatic names: ``kind.noname.N``, the same on every rank that makes the
-    same calls in the same order."""
+    same calls in the same order (counted by the extension, whose fast path names too)."""
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string, not %r" % (name,))
         return name
-    n = _names.get(kind, 0)
-    _names[kind] = n + 1
-    return "%s.noname.%d" % (kind, n)
+    return _ringrec.auto_name(kind)
 
 
 def _op(op):
@@ -315,8 +323,22 @@ def allreduce_async_(tensor, name=None, op=Average, compression=None):
     return Handle(h, x, tensor)
 
 
+# The common blocking calls, on a numpy array or a torch CPU tensor of a dtype ringrec takes,
+# are one extension call (``_ringrec.allreduce_simple``); whatever it declines takes the
+# general path, whose checks name the problem.
+
+
 def allreduce(tensor, name=None, op=Average, compression=None):
     """The reduction of ``tensor`` over all ranks, a new tensor (Horovod's ``allreduce``)."""
+    kind = type(tensor)
+    if kind is _ndarray:
+        y = tensor.copy()
+        if _ringrec.allreduce_simple(y, name, op, compression):
+            return y
+    elif kind is _torch_tensor and tensor.is_cpu and tensor.dtype in _TORCH_NAMES:
+        y = tensor.detach().clone(memory_format=_contiguous)
+        if _ringrec.allreduce_simple(_to_dlpack(y), name, op, compression):
+            return y
     x = _tensor(tensor, copy=True)
     _ringrec.allreduce(_name("allreduce", name), x.capsule(), _op(op), compression)
     return x.keep
@@ -324,6 +346,13 @@ def allreduce(tensor, name=None, op=Average, compression=None):
 
 def allreduce_(tensor, name=None, op=Average, compression=None):
     """Reduces ``tensor`` over all ranks in place; returns it."""
+    kind = type(tensor)
+    if kind is _ndarray:
+        if _ringrec.allreduce_simple(tensor, name, op, compression):
+            return tensor
+    elif kind is _torch_tensor and tensor.is_cpu and tensor.dtype in _TORCH_NAMES:
+        if _ringrec.allreduce_simple(_to_dlpack(tensor), name, op, compression):
+            return tensor
     x = _tensor(tensor, write=True)
     _ringrec.allreduce(_name("allreduce", name), x.capsule(), _op(op), compression)
     return _into(tensor, x.keep) if x.copied else tensor

@@ -5,6 +5,9 @@
 //! (object, address, dtype, shape) and back; everything the library does is done here, by
 //! the library: negotiation, fusion, the response cache, compression, the timeline, the
 //! deadlines and the dead-rank checks are the engine's, exactly as in the `ringrec` binary.
+//! The common blocking call (`allreduce_` of a contiguous numpy array or torch CPU tensor)
+//! skips the Python half's checks: [`allreduce_simple`] does it in one call, and declines
+//! what needs them.
 //!
 //! Memory: a submitted tensor comes as a DLPack capsule (`t.__dlpack__()`, [`dlpack`]) and
 //! is lent to the engine ([`Tensor::borrowed`]), which reduces or broadcasts it in place,
@@ -13,13 +16,15 @@
 
 mod dlpack;
 mod embedding;
+mod names;
 
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::intern;
+use pyo3::types::{PyCapsule, PyDict, PyString};
 use ringrec::dtype::{DType, ReduceOp};
 use ringrec::engine::{self, Compression, EngineError, Runtime, Tensor};
 
@@ -311,6 +316,61 @@ fn allreduce(py: Python<'_>, name: &str, tensor: Bound<'_, PyAny>, op: u32, comp
     }
 }
 
+/// The common call's fast path, `ringrec.allreduce_` (and `allreduce`, on its copy) of a
+/// numpy array or a torch CPU tensor: one extension call that takes the tensor's DLPack
+/// capsule (`tensor.__dlpack__()`, or `tensor` itself when it is a capsule: torch's
+/// `to_dlpack`), makes the automatic name here ([`names`]), submits and waits with the GIL
+/// released — no Python-side checks, no handle objects. Returns false, having submitted
+/// nothing and counted no name, when the call needs the general path, whose checks raise the
+/// errors that name the problem: a tensor not exported (numpy's read-only or byte-swapped
+/// arrays), one not contiguous, a dtype ringrec does not take, a name that is not a
+/// non-empty string, an op or compression that is not one of ringrec's. The engine's own
+/// errors (shapes that differ across ranks, a name in flight twice, a deadline, a rank gone)
+/// are raised as by [`allreduce`].
+#[pyfunction]
+fn allreduce_simple(py: Python<'_>, tensor: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, op: &Bound<'_, PyAny>, compression: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Some(op) = op.extract::<u32>().ok().and_then(ReduceOp::from_code) else { return Ok(false) };
+    let compression = if compression.is_none() {
+        None
+    } else {
+        match compression.cast::<PyString>().ok().and_then(|c| Compression::parse(&c.to_cow().ok()?)) {
+            Some(c) => Some(c),
+            None => return Ok(false),
+        }
+    };
+    let given = if name.is_none() {
+        None
+    } else {
+        match name.cast::<PyString>().ok().and_then(|n| n.to_cow().ok()) {
+            Some(n) if !n.is_empty() => Some(n),
+            _ => return Ok(false),
+        }
+    };
+    let capsule = if tensor.is_instance_of::<PyCapsule>() {
+        tensor.clone()
+    } else {
+        match tensor.call_method0(intern!(py, "__dlpack__")) {
+            Ok(c) => c,
+            Err(_) => return Ok(false),
+        }
+    };
+    let Ok(t) = dlpack::lent_tensor(&capsule, "tensor") else { return Ok(false) };
+    let h = with_runtime(|rt| {
+        let auto;
+        let name: &str = match &given {
+            Some(n) => n,
+            None => {
+                auto = names::next("allreduce");
+                &auto
+            }
+        };
+        rt.allreduce_async_with(name, t, op, compression.unwrap_or(rt.compression()))
+    })?;
+    // The lent tensor comes back and goes here, with the GIL held (its array's reference).
+    py.detach(|| h.wait()).map(drop).map_err(py_err)?;
+    Ok(true)
+}
+
 /// Submits tensors that are reduced together, in one cycle: `tensors` is a list of
 /// (name, `__dlpack__()` capsule).
 #[pyfunction]
@@ -388,6 +448,8 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abort, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_async, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce, m)?)?;
+    m.add_function(wrap_pyfunction!(allreduce_simple, m)?)?;
+    m.add_function(wrap_pyfunction!(names::auto_name, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_allreduce_async, m)?)?;
     m.add_function(wrap_pyfunction!(allgather_async, m)?)?;
     m.add_function(wrap_pyfunction!(broadcast_async, m)?)?;

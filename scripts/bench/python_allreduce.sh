@@ -36,13 +36,18 @@ eng = {r["size"]: r["time_us"] for r in rows if r["what"] == "rust-engine"}
 gloo = {r["size"]: r["time_us"] for r in rows if r["what"] == "gloo"}
 py_in = {r["size"]: r["time_us"] for r in rows if r["what"] == "python-inplace"}
 eng_in = {r["size"]: r["time_us"] for r in rows if r["what"] == "rust-engine-inplace"}
+cpu = {(r["what"], r["size"]): r.get("cpu_us", float("nan")) for r in rows}
 print("# allreduce sum float32, 2 ranks: Python (ringrec.allreduce on numpy) vs Rust through the same engine")
 print("# in the same job (Runtime::allreduce) and vs Rust's backend alone (bench allreduce, shm)")
-print("# (medians of alternating repeats); in place: allreduce_ (Average) vs a Vec moved through the engine, no copy")
-print("%12s %12s %12s %12s %8s %8s %12s %12s %8s" % ("size(B)", "bench(us)", "rust-eng(us)", "python(us)", "py/eng", "py/bench", "rust-in(us)", "py-in(us)", "in/in"))
+print("# (medians of alternating repeats); in place: allreduce_ (Average) vs a Vec moved through the engine, no copy;")
+print("# cpu: the calling thread's CPU time per call, in place, Rust and Python (to 64 KiB: above, making")
+print("# bench_allreduce's input, which its CPU figure subtracts, varies more than a call costs)")
+print("%12s %12s %12s %12s %8s %8s %12s %12s %8s %10s %10s" % ("size(B)", "bench(us)", "rust-eng(us)", "python(us)", "py/eng", "py/bench", "rust-in(us)", "py-in(us)", "in/in", "cpu-rs(us)", "cpu-py(us)"))
 for s in sorted(py):
     if s in rust and s in eng and s in eng_in and s in py_in:
-        print("%12d %12.1f %12.1f %12.1f %8.2f %8.2f %12.1f %12.1f %8.2f" % (s, rust[s], eng[s], py[s], py[s] / eng[s], py[s] / rust[s], eng_in[s], py_in[s], py_in[s] / eng_in[s]))
+        small = s <= 65536
+        print("%12d %12.1f %12.1f %12.1f %8.2f %8.2f %12.1f %12.1f %8.2f %10s %10s" % (s, rust[s], eng[s], py[s], py[s] / eng[s], py[s] / rust[s], eng_in[s], py_in[s], py_in[s] / eng_in[s],
+              "%.2f" % cpu[("rust-engine-inplace", s)] if small else "-", "%.2f" % cpu[("python-inplace", s)] if small else "-"))
 for s, t in sorted(gloo.items()):
     print("# %d B: torch.distributed.all_reduce (gloo) %.1f us, ringrec from Python %.1f us: ringrec %.2fx gloo's speed" % (s, t, py[s], t / py[s]))
 PY

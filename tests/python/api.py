@@ -65,6 +65,12 @@ x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] * (r + 1)
 check(np.allclose(ringrec.allreduce(x, op=ringrec.Sum), np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2] * n * (n + 1) / 2), "non-contiguous allreduce")
 y = np.full(7, r, np.float64)
 check(ringrec.allreduce_(y, name="inplace") is y and np.allclose(y, (n - 1) / 2), "allreduce_ in place")
+# The extension's fast path (a contiguous numpy array) and the general path count automatic
+# names together: the blocking call takes the name after the async call's, not the same.
+h = ringrec.allreduce_async(np.ones(2, np.float32), op=ringrec.Sum)
+k = int(h.name.rsplit(".", 1)[1])
+check(np.allclose(ringrec.allreduce(np.ones(3, np.float32), op=ringrec.Sum), n) and np.allclose(h.wait(), n), "fast path beside an async call")
+check(ringrec._name("allreduce", None) == "allreduce.noname.%d" % (k + 2), "automatic names counted once for both paths")
 z = np.arange(12, dtype=np.float32).reshape(3, 4) * (r + 1)
 ringrec.allreduce_(z[:, ::2], name="inplace.strided", op=ringrec.Sum)
 want = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -111,6 +117,9 @@ if torch is not None:
     view, ptr = tz[1], tz.data_ptr()
     hvd.allreduce_(tz, name="torch.dlpack", op=hvd.Sum)
     check(tz.data_ptr() == ptr and bool((view == n * (n + 1) / 2).all()), "torch allreduce_ in the tensor's storage (DLPack)")
+    ts = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)
+    tv = ts[:, ::2]
+    check(hvd.allreduce_(tv, name="torch.strided", op=hvd.Sum) is tv and bool((tv == torch.arange(12.).reshape(3, 4)[:, ::2] * n * (n + 1) / 2).all()), "torch allreduce_ of a non-contiguous view")
     tc = torch.full((4,), float(r))
     ringrec._ringrec.allreduce("torch.capsule", tc.__dlpack__(), ringrec.Sum)
     check(bool((tc == n * (n - 1) / 2).all()), "a torch tensor's __dlpack__ capsule reduced in place by the extension")

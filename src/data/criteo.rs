@@ -725,6 +725,15 @@ impl Columns {
         self.weights.push(weight);
     }
 
+    /// Appends the rows of `other` (of the same shape).
+    pub fn append(&mut self, other: &Columns) {
+        debug_assert_eq!(self.fields, other.fields);
+        self.labels.extend_from_slice(&other.labels);
+        self.dense.extend_from_slice(&other.dense);
+        self.keys.extend_from_slice(&other.keys);
+        self.weights.extend_from_slice(&other.weights);
+    }
+
     /// Drops every row, keeping the allocations.
     pub fn clear(&mut self) {
         self.labels.clear();

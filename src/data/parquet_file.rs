@@ -21,8 +21,9 @@
 //! The rows have exactly the file's features ([`Fields`]): its dense columns, in column
 //! order, then its single-hot categorical columns, any number of either (none padded), so a
 //! Parquet file with Criteo's shape (a label, 13 integers, 26 hex strings) gives the very
-//! cache its TSV gives. A file needs one categorical column (single-hot or list) at least:
-//! the rows' keys are what the table learns. Nulls are allowed in features and counted per
+//! cache its TSV gives. A file needs one feature column at least (and the models one
+//! categorical column, single-hot or list: the trainer refuses a file of dense columns
+//! only). Nulls are allowed in features and counted per
 //! column (an empty TSV field's value: a dense null is 0, a categorical null the field's
 //! missing key); a null label or weight is an error.
 //!
@@ -197,12 +198,8 @@ impl Schema {
             fields.push(Field { column: i, name, role });
         }
         let schema = Schema { fields };
-        if sparse + lists == 0 {
-            return Err(DataError::Parquet {
-                path: path.to_path_buf(),
-                at: "columns".into(),
-                detail: format!("no categorical column (a string, an integer named by {}, or a list of int64 ids): the model learns the rows' keys, and this file's features are {} dense columns only", spec.origin("sparse"), dense),
-            });
+        if dense + sparse + lists == 0 {
+            return Err(DataError::Parquet { path: path.to_path_buf(), at: "columns".into(), detail: "no feature column besides the label (and the weight)".into() });
         }
         if let Some(e) = schema.fields().check() {
             return Err(DataError::Parquet { path: path.to_path_buf(), at: "columns".into(), detail: e });
@@ -247,7 +244,7 @@ impl Schema {
 
 /// The key of a string value of categorical field `slot`: the number its 1 to 16 hex digits
 /// spell (as a TSV's), else its FNV-1a digest; an empty string is the missing value.
-fn text_key(slot: usize, bytes: &[u8]) -> u64 {
+pub fn text_key(slot: usize, bytes: &[u8]) -> u64 {
     if bytes.is_empty() {
         return missing_key(slot);
     }

@@ -11,7 +11,7 @@
 //! ([`crate::model::pooling`] pools them).
 
 use crate::data::cache::Dataset;
-use crate::data::criteo::Sample;
+use crate::data::criteo::{Columns, Sample};
 use crate::data::Fields;
 use crate::data::{DataError, DataResult};
 use crate::sparse::Deduper;
@@ -109,6 +109,19 @@ impl Batch {
         self.bag_offsets.clear();
         self.bag_offsets.extend_from_slice(offsets);
         self.keys.extend_from_slice(keys);
+        self.index_keys()
+    }
+
+    /// Takes rows `rows` of `cols` (rows of any shape: `ringrec serve-model`'s requests) as
+    /// the batch, numbered 0.. in `rows`, and deduplicates their keys.
+    pub fn load_columns(&mut self, cols: &Columns, rows: std::ops::Range<usize>) -> DataResult<()> {
+        self.clear();
+        let Fields { dense, sparse } = cols.fields;
+        self.fields = cols.fields;
+        self.rows.extend((0..rows.len()).map(|i| i as u32));
+        self.labels.extend_from_slice(&cols.labels[rows.clone()]);
+        self.dense.extend_from_slice(&cols.dense[rows.start * dense..rows.end * dense]);
+        self.keys.extend_from_slice(&cols.keys[rows.start * sparse..rows.end * sparse]);
         self.index_keys()
     }
 

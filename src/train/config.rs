@@ -588,6 +588,23 @@ impl TrainConfig {
         }
     }
 
+    /// [`TrainConfig::model_spec_for`] over the rows of `input`, refused naming it and its
+    /// shape when no model can take them (no categorical field; a shape the kind refuses).
+    pub fn model_spec_of(&self, input: &std::path::Path, fields: crate::data::Fields, lists: usize) -> TrainResult<ModelSpec> {
+        let spec = self.model_spec_for(fields, lists);
+        if spec.fields == 0 {
+            return Err(TrainError::Config(format!(
+                "{}: no categorical column, single-hot or multi-hot ({}): every model learns the rows' keys; name a categorical column (--sparse-columns)",
+                input.display(),
+                fields.with_lists(lists)
+            )));
+        }
+        if let Some(e) = spec.check() {
+            return Err(TrainError::Config(format!("{}: the model cannot take its rows ({}): {e}", input.display(), fields.with_lists(lists))));
+        }
+        Ok(spec)
+    }
+
     /// The pooling of each multi-hot field of data whose list columns are `names`
     /// (`--multi-hot-pooling`), and what a multi-hot input cannot run with: the GPU
     /// hot-row cache (its rows are gathered per single-hot slot; the bags' rows are not

@@ -206,13 +206,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
         let pooling = cfg.multi_hot(&input, data.first()?.0.list_names())?;
-        let spec = cfg.model_spec_for(data.first()?.0.fields(), pooling.len());
-        if spec.fields == 0 {
-            return Err(TrainError::Config(format!("{}: no categorical column, single-hot or multi-hot ({}): every model learns the rows' keys; name a categorical column (--sparse-columns)", input.display(), data.first()?.0.fields().with_lists(0))));
-        }
-        if let Some(e) = spec.check() {
-            return Err(TrainError::Config(format!("{}: the model cannot take its rows ({}): {e}", input.display(), data.first()?.0.fields().with_lists(pooling.len()))));
-        }
+        let spec = cfg.model_spec_of(&input, data.first()?.0.fields(), pooling.len())?;
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;

@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ringrec::data::cache::Dataset;
-use ringrec::data::criteo::{category_key, dense_value, missing_key, NUM_DENSE, NUM_SPARSE};
+use ringrec::data::criteo::{category_key, dense_value, missing_key};
 use ringrec::data::lists::list_key;
 use ringrec::data::parquet_file::check_same_schema;
 use ringrec::data::parquet_write::tsv_to_parquet;
 use ringrec::data::prepare::{prepare_with, PrepareOptions};
 use ringrec::data::synth;
-use ringrec::data::ColumnSpec;
+use ringrec::data::{ColumnSpec, Fields};
 use ringrec::hash::{crc32, fnv1a64};
 
 fn dir(name: &str) -> PathBuf {
@@ -172,18 +172,18 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
     assert_eq!(s.rows, n as u64);
     assert_eq!(s.nulls, (0..n).filter(|i| i % 7 == 0).count() as u64 + (0..n).filter(|i| i % 5 == 0).count() as u64);
     let (labels, dense, keys) = columns(&out);
+    assert_eq!(Dataset::open(&out).unwrap().fields(), Fields { dense: 2, sparse: 3 }, "the file's own columns, no padding");
+    assert_eq!((dense.len(), keys.len()), (2 * n, 3 * n));
     for i in 0..n {
         assert_eq!(labels[i], f32::from(i % 3 == 0), "row {i}");
-        let row = &dense[i * NUM_DENSE..(i + 1) * NUM_DENSE];
+        let row = &dense[i * 2..(i + 1) * 2];
         let count = if i % 7 == 0 { 0.0 } else { dense_value(i as i64 - 10) };
-        assert_eq!(row[..2], [count, (i as f64 * 0.25) as f32], "row {i}: count (log), price (as is)");
-        assert!(row[2..].iter().all(|&x| x == 0.0), "row {i}: the slots no column fills are 0");
-        let row = &keys[i * NUM_SPARSE..(i + 1) * NUM_SPARSE];
+        assert_eq!(row, [count, (i as f64 * 0.25) as f32], "row {i}: count (log), price (as is)");
+        let row = &keys[i * 3..(i + 1) * 3];
         let item = if i % 5 == 0 { missing_key(0) } else { category_key(0, fnv1a64(format!("item-{}", i % 37).as_bytes())) };
         let user = category_key(1, (i as u64) * 1000003);
         let query = category_key(2, fnv1a64(format!("q{}", i % 11).as_bytes()));
-        assert_eq!(row[..3], [item, user, query], "row {i}: item (dictionary), user (an integer in --sparse-columns), query (large string)");
-        assert!(row[3..].iter().enumerate().all(|(j, &k)| k == missing_key(3 + j)), "row {i}: the fields no column fills are missing");
+        assert_eq!(row, [item, user, query], "row {i}: item (dictionary), user (an integer in --sparse-columns), query (large string)");
     }
 
     // Inferred, the integer `user` is a dense feature, the strings categorical.
@@ -191,8 +191,8 @@ fn parquet_files_written_by_pyarrow_are_read_as_written() {
     prepare_with(&d.join("good.parquet"), &out, &inferred).unwrap();
     let (_, dense2, keys2) = columns(&out);
     assert_eq!(dense2[2], dense_value(0), "row 0: user 0, dense (log)");
-    assert_eq!(dense2[NUM_DENSE + 2], dense_value(1000003), "row 1: user, dense (log)");
-    assert_eq!(keys2[NUM_SPARSE + 1], category_key(1, fnv1a64(b"q1")), "row 1: query is field 2 now");
+    assert_eq!(dense2[3 + 2], dense_value(1000003), "row 1: user, dense (log)");
+    assert_eq!(keys2[2 + 1], category_key(1, fnv1a64(b"q1")), "row 1: query is field 2 now");
     // Named columns that are not there, or cannot be what they are named as.
     let named = |dense: &[&str], sparse: &[&str]| inferred.clone().columns(ColumnSpec::from_flags(Some("y".into()), names(dense), names(sparse), None));
     let e = prepare_with(&d.join("good.parquet"), &out, &named(&["cost"], &[])).unwrap_err().to_string();
@@ -408,9 +408,9 @@ fn a_schema_file_names_columns_transforms_a_weight_and_counts_nulls() {
     assert_eq!(keys, keys_t);
     for i in 0..n {
         let (count, price) = (if i % 7 == 0 { 0.0 } else { (i as f32) - 10.0 }, if i % 11 == 0 { 0.0 } else { (i as f64 * 0.25).ln_1p() as f32 });
-        assert_eq!(dense[i * NUM_DENSE..i * NUM_DENSE + 2], [count, price], "row {i}");
+        assert_eq!(dense[i * 2..i * 2 + 2], [count, price], "row {i}");
         let log_count = if i % 7 == 0 { 0.0 } else { dense_value(i as i64 - 10) };
-        assert_eq!(plain[i * NUM_DENSE..i * NUM_DENSE + 2], [log_count, if i % 11 == 0 { 0.0 } else { (i as f64 * 0.25) as f32 }], "row {i}: the defaults");
+        assert_eq!(plain[i * 2..i * 2 + 2], [log_count, if i % 11 == 0 { 0.0 } else { (i as f64 * 0.25) as f32 }], "row {i}: the defaults");
     }
 
     // A weight column, from the schema file or --weight-column NAME: a version-3 cache.

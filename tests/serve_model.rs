@@ -328,3 +328,44 @@ fn a_swap_under_concurrent_requests_drops_none_and_answers_with_each_model() {
     assert!(metrics.contains("ringrec_serve_model_swaps_total 1"), "{metrics}");
     assert!(metrics.contains("ringrec_serve_model_version 2"), "{metrics}");
 }
+
+/// A Parquet file of other rows than Criteo's (written by pyarrow, the tests' venv): a
+/// float `price`, an integer `count` (dense features), strings `item`, `user` and an integer
+/// `shop` named categorical — 2 dense and 3 categorical fields; and its rows as JSON.
+const PYARROW_SHAPED: &str = r#"
+import sys, json, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+rng = np.random.default_rng(3)
+n = 1200
+item, user, shop = rng.integers(0, 30, n), rng.integers(0, 50, n), rng.integers(0, 7, n)
+price, count = rng.normal(0, 1, n), rng.integers(-2, 40, n)
+label = (rng.random(n) < 1 / (1 + np.exp(-(item % 3 - 1.0 + price)))).astype(np.int64)
+t = {"label": label, "price": price, "count": count, "item": [f"i{v}" for v in item], "user": [f"{v:x}" for v in user], "shop": shop}
+pq.write_table(pa.table(t), f"{d}/shaped.parquet", row_group_size=500)
+rows = [{"dense": [float(price[i]), int(count[i])], "sparse": [f"i{item[i]}", f"{user[i]:x}", int(shop[i])]} for i in range(n)]
+json.dump(rows, open(f"{d}/shaped.json", "w"))
+"#;
+
+#[test]
+fn a_model_of_another_shape_scores_json_rows_of_its_shape_as_predict_does() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = TempDir::new("serve-model-shaped");
+    assert!(Command::new(&py).args(["-c", PYARROW_SHAPED]).arg(dir.path("")).status().expect("python").success(), "the pyarrow script failed");
+    let (data, ck) = (dir.path("shaped.parquet"), dir.path("ck"));
+    let (d, c) = (data.to_str().expect("utf8"), ck.to_str().expect("utf8"));
+    run(&dir, &["train", "--data", d, "--dense-columns", "price,count", "--sparse-columns", "item,user,shop", "--batch", "200", "--max-steps", "5", "--checkpoint-dir", c, "--threads", "2", "--no-progress"]);
+    let out = dir.path("scores.tsv");
+    run(&dir, &["predict", "--model", c, "--data", d, "--dense-columns", "price,count", "--sparse-columns", "item,user,shop", "--batch", "64", "--threads", "2", "--out", out.to_str().expect("utf8")]);
+    let want: Vec<f32> = std::fs::read_to_string(&out).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect();
+    let rows: Vec<Value> = serde_json::from_slice(&std::fs::read(dir.path("shaped.json")).expect("rows")).expect("JSON");
+    let s = Server::start(&ck, &["--max-batch", "64"]);
+    let (got, _) = s.score(None, &json!({ "rows": rows[..320] }));
+    assert_eq!(bits(&got), bits(&want[..320]), "serve-model scores the rows as predict does");
+    // Criteo rows and lines do not fit the model: refused, naming its shape.
+    let (st, text) = s.call("POST", "/v1/score", None, json!({ "rows": [row_of(&["0"; 40].join("\t"))] }).to_string().as_bytes());
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("rows[0].dense: 13 values, expected 2 numbers or null"), "{text}");
+    let (st, text) = s.call("POST", "/v1/score", None, json!({ "tsv": ["1"] }).to_string().as_bytes());
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"), "{text}");
+}

@@ -5,9 +5,9 @@
 #   lists), ROWS rows, the last 10% held out, in file order, EPOCHS epochs:
 #   1. test AUC, 1 rank: ringrec (--model mlp, --dim 16, --hidden 256,128, Adam 1e-3,
 #      sparse SGD 0.05, batch 1024, lists pooled by their sum) vs
-#      scripts/bench/torch_multihot.py (ringrec's very network — 26 single-hot slots, 16 of
-#      them the learnt missing-value rows of the fields no column fills, 6 pooled lists, 13
-#      zero dense inputs: 525 inputs — on nn.EmbeddingBag(mode="sum", sparse=True)), on the
+#      scripts/bench/torch_multihot.py (ringrec's very network — the file's 10 single-hot
+#      fields and 6 pooled lists, no dense input: 256 inputs — on
+#      nn.EmbeddingBag(mode="sum", sparse=True)), on the
 #      same file and split, once per seed of SEEDS (--seed on both sides: the spread of
 #      the random draws, which cannot be the same);
 #   2. the same with every list cut to its first id (ringrec: the file written with
@@ -43,7 +43,7 @@ out=docs/bench/multihot.txt
 {
   echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine: other jobs were running)"
   echo "# $rows rows ($whole), epochs $epochs, batch 1024, test fraction 0.1; ringrec $(git rev-parse --short HEAD)"
-  echo "## AUC, 1 rank (sum pooling), the same network (ringrec's: 525 inputs)"
+  echo "## AUC, 1 rank (sum pooling), the same network (ringrec's: 256 inputs)"
   for s in $seeds; do
     "${mpi[@]}" -np 1 "$bin" train --data "$whole" "${flags[@]}" --seed "$s" --threads 2 | field test_auc samples_per_sec | sed "s/^/ringrec whole, seed $s: /"
     "$py" scripts/bench/torch_multihot.py --data "$whole" --epochs "$epochs" --seed "$s" --threads 2 --json | field test_auc samples_per_s | sed "s/^/torch   whole, seed $s: /"

@@ -2,14 +2,14 @@
 --multi-hot`): 10 single-hot fields c0..c9 and 6 list fields l0..l5 (mean length 20).
 
 The network is ringrec's own for this data (`ringrec train --model mlp --dim 16 --hidden
-256,128 --sparse-columns c0,..,c9,l0,..,l5`), input slot for input slot:
-- 26 single-hot slots (ringrec's 26 categorical fields): c0..c9 in slots 0..9, and in
-  slots 10..25 the missing-value key of each field no column fills — one learnt row per
-  field, the same row for every sample, trained by sparse SGD like any other row;
+256,128 --sparse-columns c0,..,c9,l0,..,l5`), input slot for input slot — the file's
+columns exactly, as ringrec takes a Parquet file's (no slot padded to Criteo's 26
+categorical and 13 dense features):
+- 10 single-hot slots: c0..c9;
 - 6 pooled slots: nn.EmbeddingBag(mode="sum", sparse=True) over l0..l5 (an empty list pools
   to zeros);
-- 13 dense slots, all 0 (no dense column: an empty Criteo integer's value, ln(1 + 0)).
-That is 32 x 16 + 13 = 525 inputs; MLP 525 -> 256 -> ReLU -> 128 -> ReLU -> 1. Each
+- no dense slot (the file has no dense column).
+That is 16 x 16 = 256 inputs; MLP 256 -> 256 -> ReLU -> 128 -> ReLU -> 1. Each
 (field, id) has its own row (a field's ids are offset by field x 100,000; ringrec hashes
 (field, id) into distinct keys of one table: the same thing). Init as ringrec's: rows
 U(-1/sqrt(dim), 1/sqrt(dim)) (src/embedding/init.rs), Linear weights Glorot-uniform over
@@ -25,8 +25,6 @@ ties as average ranks), as ringrec's. What cannot be the same: the random draws 
 generator, --seed), and at 2 ranks the sparse gradients' normalisation (DDP averages every
 row over the ranks; ringrec divides a row by the number of ranks whose slice held its key).
 
---compact: the older, smaller network (the 16 vectors of c0..c9 and l0..l5 only: 256
-inputs), not ringrec's.
 --truncate cuts every list to its first id (the figure's "lists cut to their first id").
 --ddp N runs N processes (gloo on 127.0.0.1), the whole model inside
 DistributedDataParallel, each taking its slice of every global batch.
@@ -49,9 +47,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 SINGLE, LISTS, VOCAB = 10, 6, 100_000
-# ringrec's fixed input: 26 categorical fields (slots SINGLE.. hold the missing-value keys)
-# and 13 dense features (src/data/criteo.rs NUM_SPARSE, NUM_DENSE).
-NUM_SPARSE, NUM_DENSE = 26, 13
 
 
 def load(path, truncate):
@@ -81,24 +76,16 @@ def bag_batch(lists, rows):
 
 
 class Model(nn.Module):
-    """ringrec's network for the set (see the module docs), or with `compact` the 256-input
-    one of c0..c9 and l0..l5 only."""
+    """ringrec's network for the set (see the module docs)."""
 
-    def __init__(self, dim=16, compact=False):
+    def __init__(self, dim=16):
         super().__init__()
         bound = 1.0 / dim ** 0.5
-        self.compact = compact
         self.single = nn.Embedding(SINGLE * VOCAB, dim, sparse=True)
         self.bags = nn.EmbeddingBag(LISTS * VOCAB, dim, mode="sum", sparse=True)
-        tables = [self.single, self.bags]
-        if not compact:
-            # The missing-value rows of the 16 fields no column fills (slots 10..25).
-            self.missing = nn.Embedding(NUM_SPARSE - SINGLE, dim, sparse=True)
-            self.register_buffer("missing_ids", torch.arange(NUM_SPARSE - SINGLE), persistent=False)
-            tables.append(self.missing)
-        for e in tables:
+        for e in (self.single, self.bags):
             nn.init.uniform_(e.weight, -bound, bound)
-        width = (SINGLE + LISTS) * dim if compact else (NUM_SPARSE + LISTS) * dim + NUM_DENSE
+        width = (SINGLE + LISTS) * dim
         layers = []
         for out in (256, 128):
             layers += [nn.Linear(width, out), nn.ReLU()]
@@ -114,13 +101,8 @@ class Model(nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("mlp")]
 
     def forward(self, single, bags):
-        n = single.shape[0]
         parts = [self.single(single).flatten(1)]
-        if not self.compact:
-            parts.append(self.missing(self.missing_ids.expand(n, -1)).flatten(1))
         parts += [self.bags(ids, starts) for ids, starts in bags]
-        if not self.compact:
-            parts.append(torch.zeros(n, NUM_DENSE))
         return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
 
 
@@ -157,7 +139,7 @@ def run(rank, world, args, out):
     labels, single, lists = load(args.data, args.truncate)
     n = len(labels)
     n_train = n - min(n, int(np.floor(n * args.test_fraction + 0.5)))
-    model = Model(compact=args.compact)
+    model = Model()
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     dense = torch.optim.Adam([p for name, p in model.named_parameters() if name.startswith("mlp")], lr=1e-3)
     sparse = torch.optim.SGD(model.sparse_params(), lr=args.sparse_lr)
@@ -182,7 +164,7 @@ def run(rank, world, args, out):
                 rows = range(b0, min(b0 + 8192, n))
                 scores.append(torch.sigmoid(model(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))).numpy())
         scores = np.concatenate(scores) if scores else np.zeros(0)
-        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate, network="compact" if args.compact else "ringrec", inputs=model.mlp[0].in_features, seed=args.seed)
+        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate, network="ringrec", inputs=model.mlp[0].in_features, seed=args.seed)
         if world > 1:
             print(json.dumps(out) if args.json else out, flush=True)
     if world > 1:
@@ -197,7 +179,6 @@ def main():
     p.add_argument("--test-fraction", type=float, default=0.1)
     p.add_argument("--sparse-lr", type=float, default=0.05)
     p.add_argument("--truncate", action="store_true")
-    p.add_argument("--compact", action="store_true", help="the 256-input network of c0..c9 and l0..l5 only, not ringrec's")
     p.add_argument("--ddp", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)

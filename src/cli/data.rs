@@ -206,7 +206,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 println!("dataset cache {}", path.display());
                 println!("  rows            {}", h.rows);
                 println!("  positives       {positives} (ctr {ctr:.4})");
-                println!("  features        13 dense (ln(1+max(x,0))), 26 categorical keys");
+                println!("  features        {} dense, {} categorical keys a row", h.fields.dense, h.fields.sparse);
                 match h.weight_column {
                     Some(ringrec::data::prepare::NAMED_WEIGHT_COLUMN) => println!("  weights         one per row, from a Parquet file's weight column (format version 3)"),
                     Some(c) => println!("  weights         one per row, from field {c} of each line (format version 3)"),

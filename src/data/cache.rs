@@ -6,8 +6,8 @@
 //! ```text
 //! [0, 4096)             header (fields below, then zero padding to one page)
 //! [labels_offset, ..)   labels:  rows x f32 (0.0 or 1.0)
-//! [dense_offset, ..)    dense:   rows x 13 f32, row-major (ln(1 + max(x, 0)) of I1..I13)
-//! [keys_offset, ..)     keys:    rows x 26 u64, row-major (field-salted keys of C1..C26)
+//! [dense_offset, ..)    dense:   rows x num_dense f32, row-major (a TSV's 13: ln(1 + max(x, 0)) of I1..I13)
+//! [keys_offset, ..)     keys:    rows x num_sparse u64, row-major (a TSV's 26: field-salted keys of C1..C26)
 //! [weights_offset, ..)  weights: rows x f32 (version 3 only: the `--weight-column` field)
 //! [sums_offset, ..)     sums:    u32 CRC-32 of every block of the sections above
 //! ```
@@ -35,8 +35,8 @@
 //! | 0   | 8 | magic `"RRDATA\0\0"` |
 //! | 8   | 4 | format version (2) |
 //! | 12  | 4 | header length (4096) |
-//! | 16  | 4 | dense features per row (13) |
-//! | 20  | 4 | categorical features per row (26) |
+//! | 16  | 4 | dense features per row, `num_dense` (a TSV's 13; a Parquet file's dense columns) |
+//! | 20  | 4 | single-hot categorical features per row, `num_sparse` (a TSV's 26; a Parquet file's) |
 //! | 24  | 4 | checksum block length (1048576) |
 //! | 28  | 4 | CRC-32 of the sums section |
 //! | 32  | 8 | rows |
@@ -83,6 +83,10 @@
 //! | 240 | 48 | spans offset, spans length, ids offset, ids length (the room, bytes), names offset, names length (u64 each) |
 //! | 288 | 8 | FNV-1a 64 checksum of bytes 0..288 |
 //!
+//! The counts at 16 and 20 are the rows' shape ([`Fields`]): any number up to
+//! [`MAX_FIELDS`](super::fields::MAX_FIELDS) each, at least one field (dense, single-hot or
+//! list) in all; the sections' lengths follow from them.
+//!
 //! On open, besides the checksums, the names must be as many as the list fields and every
 //! span must lie inside the ids' room (a forged file is an error naming the row and field,
 //! never a panic).
@@ -122,7 +126,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
-use super::criteo::{BAD_LINE_KINDS, NUM_DENSE, NUM_SPARSE};
+use super::criteo::BAD_LINE_KINDS;
+use super::fields::Fields;
 use super::error::{DataError, DataResult};
 use super::prepare::{count_lines, prepare_with, PrepareOptions};
 use crate::hash::{crc32, first_bad_block, fnv1a64, CHECKSUM_BLOCK};
@@ -172,11 +177,11 @@ pub const CACHE_MODE: u32 = crate::fileio::PRIVATE;
 /// digest to match (see the module docs).
 pub const RACY_NS: u64 = 2_000_000_000;
 
-/// Bytes of a row's label, dense features, keys and weight.
+/// Bytes of a row's label and weight, and of one dense feature and one key.
 pub(crate) const LABEL_BYTES: u64 = 4;
 pub(crate) const WEIGHT_BYTES: u64 = 4;
-pub(crate) const DENSE_BYTES: u64 = 4 * NUM_DENSE as u64;
-pub(crate) const KEYS_BYTES: u64 = 8 * NUM_SPARSE as u64;
+pub(crate) const DENSE_VALUE_BYTES: u64 = 4;
+pub(crate) const KEY_BYTES: u64 = 8;
 /// Bytes of one span (start and end of a bag among the ids, u64 each).
 pub(crate) const SPAN_BYTES: u64 = 16;
 /// Bytes of one list id.
@@ -193,13 +198,13 @@ pub struct CacheLayout {
     pub labels_offset: u64,
     /// Their length (`rows * 4`).
     pub labels_len: u64,
-    /// Start of the dense features (13 f32 per row).
+    /// Start of the dense features (`num_dense` f32 per row: 13 for a TSV).
     pub dense_offset: u64,
-    /// Their length (`rows * 52`).
+    /// Their length (`rows * num_dense * 4`).
     pub dense_len: u64,
-    /// Start of the keys (26 u64 per row).
+    /// Start of the keys (`num_sparse` u64 per row: 26 for a TSV).
     pub keys_offset: u64,
-    /// Their length (`rows * 208`).
+    /// Their length (`rows * num_sparse * 8`).
     pub keys_len: u64,
     /// Start of the weights (f32 per row; `sums_offset` in a cache without weights).
     pub weights_offset: u64,
@@ -229,22 +234,24 @@ pub struct CacheLayout {
 
 impl CacheLayout {
     /// The one layout of a file sized for `row_capacity` rows and holding `rows`, with a
-    /// weights section when `weighted` (version 3); `None` on overflow or when
-    /// `rows > row_capacity`.
+    /// weights section when `weighted` (version 3), of a TSV's rows (13 dense features, 26
+    /// keys); `None` on overflow or when `rows > row_capacity`.
     pub fn compute(rows: u64, row_capacity: u64, weighted: bool) -> Option<CacheLayout> {
-        CacheLayout::compute_with(rows, row_capacity, weighted, None)
+        CacheLayout::compute_with(rows, row_capacity, weighted, None, Fields::CRITEO)
     }
 
     /// [`CacheLayout::compute`] with the list sections of `lists` (version 4; not with
-    /// weights: `None` then).
-    pub fn compute_with(rows: u64, row_capacity: u64, weighted: bool, lists: Option<ListShape>) -> Option<CacheLayout> {
+    /// weights: `None` then), of rows of `fields`' shape.
+    pub fn compute_with(rows: u64, row_capacity: u64, weighted: bool, lists: Option<ListShape>, fields: Fields) -> Option<CacheLayout> {
         if rows > row_capacity || (weighted && lists.is_some()) {
             return None;
         }
+        let dense_bytes = DENSE_VALUE_BYTES.checked_mul(fields.dense as u64)?;
+        let keys_bytes = KEY_BYTES.checked_mul(fields.sparse as u64)?;
         let labels_offset = HEADER_LEN;
         let dense_offset = align_up(labels_offset.checked_add(row_capacity.checked_mul(LABEL_BYTES)?)?)?;
-        let keys_offset = align_up(dense_offset.checked_add(row_capacity.checked_mul(DENSE_BYTES)?)?)?;
-        let weights_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(KEYS_BYTES)?)?)?;
+        let keys_offset = align_up(dense_offset.checked_add(row_capacity.checked_mul(dense_bytes)?)?)?;
+        let weights_offset = align_up(keys_offset.checked_add(row_capacity.checked_mul(keys_bytes)?)?)?;
         let spans_offset = if weighted { align_up(weights_offset.checked_add(row_capacity.checked_mul(WEIGHT_BYTES)?)?)? } else { weights_offset };
         let (ids_offset, names_offset, sums_offset) = match lists {
             None => (spans_offset, spans_offset, spans_offset),
@@ -267,9 +274,9 @@ impl CacheLayout {
             labels_offset,
             labels_len: rows * LABEL_BYTES,
             dense_offset,
-            dense_len: rows * DENSE_BYTES,
+            dense_len: rows * dense_bytes,
             keys_offset,
-            keys_len: rows * KEYS_BYTES,
+            keys_len: rows * keys_bytes,
             weights_offset,
             weights_len: if weighted { rows * WEIGHT_BYTES } else { 0 },
             spans_offset,
@@ -394,6 +401,9 @@ pub struct CacheHeader {
     /// Multi-hot list fields per row (the file is then version 4, with spans, ids and
     /// names sections); 0: none.
     pub list_fields: u32,
+    /// Dense features and single-hot fields per row (header words 16 and 20: a TSV's 13
+    /// and 26, a Parquet file's its columns).
+    pub fields: Fields,
     /// The source TSV's size, times and inode when it was read.
     pub source: SourceStat,
     /// CRC-32 of the whole source TSV (its content digest).
@@ -445,8 +455,8 @@ impl CacheHeader {
     pub fn encode(&self) -> Vec<u8> {
         let format = self.format();
         let mut b = vec![0u8; format.fields_len()];
-        wr_u32(&mut b, 16, NUM_DENSE as u32);
-        wr_u32(&mut b, 20, NUM_SPARSE as u32);
+        wr_u32(&mut b, 16, self.fields.dense as u32);
+        wr_u32(&mut b, 20, self.fields.sparse as u32);
         wr_u32(&mut b, 24, CHECKSUM_BLOCK as u32);
         wr_u32(&mut b, 28, self.sums_crc32);
         let s = &self.source;
@@ -497,8 +507,10 @@ impl CacheHeader {
                 Err(bad(field, format!("{v}, expected {want}")))
             }
         };
-        expect_u32(16, "num_dense", NUM_DENSE as u32)?;
-        expect_u32(20, "num_sparse", NUM_SPARSE as u32)?;
+        let fields = Fields { dense: rd_u32(bytes, 16) as usize, sparse: rd_u32(bytes, 20) as usize };
+        if let Some(e) = fields.check() {
+            return Err(bad("num_dense", e));
+        }
         expect_u32(24, "checksum_block", CHECKSUM_BLOCK as u32)?;
         expect_u32(100, "reserved", 0)?;
         let f = |i: usize| rd_u64(bytes, 32 + 8 * i);
@@ -544,7 +556,10 @@ impl CacheHeader {
         let stored_layout = CacheLayout::stored(bytes, v3, v4);
         let bad_layout = |detail: String| DataError::from(format.layout(path, detail));
         let lists = v4.then(|| ListShape { fields: list_fields, id_capacity: rd_u64(bytes, 264) / ID_BYTES, names_len: rd_u64(bytes, 280) });
-        let want = CacheLayout::compute_with(rows, row_capacity, v3, lists).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
+        if fields.dense + fields.sparse + list_fields as usize == 0 {
+            return Err(bad("num_sparse", "no dense, categorical or list field in a row".into()));
+        }
+        let want = CacheLayout::compute_with(rows, row_capacity, v3, lists, fields).ok_or_else(|| bad_layout(format!("{row_capacity} rows do not fit in the address space")))?;
         if stored_layout != want {
             return Err(bad_layout(format!("sections {stored_layout:?} differ from the layout of {rows} rows in room for {row_capacity}: {want:?}")));
         }
@@ -562,6 +577,7 @@ impl CacheHeader {
             bad_counts,
             weight_column,
             list_fields,
+            fields,
             source,
             source_crc32: rd_u32(bytes, 96),
             prepared_ns: rd_u64(bytes, 104),
@@ -836,13 +852,18 @@ impl Dataset {
         bytemuck::cast_slice(self.section(l.labels_offset, l.labels_len))
     }
 
-    /// All dense features, row-major (`len() * 13` values).
+    /// Dense features and single-hot fields per row.
+    pub fn fields(&self) -> Fields {
+        self.header.fields
+    }
+
+    /// All dense features, row-major (`len() * fields().dense` values).
     pub fn dense_all(&self) -> &[f32] {
         let l = &self.header.layout;
         bytemuck::cast_slice(self.section(l.dense_offset, l.dense_len))
     }
 
-    /// All keys, row-major (`len() * 26` values).
+    /// All keys, row-major (`len() * fields().sparse` values).
     pub fn keys_all(&self) -> &[u64] {
         let l = &self.header.layout;
         bytemuck::cast_slice(self.section(l.keys_offset, l.keys_len))
@@ -910,18 +931,20 @@ impl Dataset {
         self.labels()[i]
     }
 
-    /// The 13 dense features of row `i`. Panics when `i >= len()`.
+    /// The dense features of row `i`. Panics when `i >= len()`.
     pub fn dense(&self, i: usize) -> &[f32] {
-        &self.dense_all()[i * NUM_DENSE..(i + 1) * NUM_DENSE]
+        let n = self.header.fields.dense;
+        &self.dense_all()[i * n..(i + 1) * n]
     }
 
-    /// The 26 keys of row `i`. Panics when `i >= len()`.
+    /// The single-hot keys of row `i`. Panics when `i >= len()`.
     pub fn keys(&self, i: usize) -> &[u64] {
-        &self.keys_all()[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]
+        let n = self.header.fields.sparse;
+        &self.keys_all()[i * n..(i + 1) * n]
     }
 
-    /// Gathers the rows `indices` (in that order) into `labels` (`n`), `dense` (`n * 13`,
-    /// row-major) and `keys` (`n * 26`), replacing their contents and reusing their
+    /// Gathers the rows `indices` (in that order) into `labels` (`n`), `dense` (`n *
+    /// fields().dense`, row-major) and `keys` (`n * fields().sparse`), replacing their contents and reusing their
     /// allocations. An index past the end gives [`DataError::RowOutOfRange`] and leaves
     /// the buffers in an unspecified state.
     pub fn fill_batch<I: RowIndex>(&self, indices: &[I], labels: &mut Vec<f32>, dense: &mut Vec<f32>, keys: &mut Vec<u64>) -> DataResult<()> {
@@ -935,17 +958,18 @@ impl Dataset {
     /// datasets.
     pub fn append_rows<I: RowIndex>(&self, indices: &[I], labels: &mut Vec<f32>, dense: &mut Vec<f32>, keys: &mut Vec<u64>) -> DataResult<()> {
         let (ls, ds, ks) = (self.labels(), self.dense_all(), self.keys_all());
+        let Fields { dense: nd, sparse: ns } = self.header.fields;
         labels.reserve(indices.len());
-        dense.reserve(indices.len() * NUM_DENSE);
-        keys.reserve(indices.len() * NUM_SPARSE);
+        dense.reserve(indices.len() * nd);
+        keys.reserve(indices.len() * ns);
         for &i in indices {
             let i = i.as_index();
             let Some(&l) = ls.get(i) else {
                 return Err(DataError::RowOutOfRange { index: i, rows: ls.len() });
             };
             labels.push(l);
-            dense.extend_from_slice(&ds[i * NUM_DENSE..(i + 1) * NUM_DENSE]);
-            keys.extend_from_slice(&ks[i * NUM_SPARSE..(i + 1) * NUM_SPARSE]);
+            dense.extend_from_slice(&ds[i * nd..(i + 1) * nd]);
+            keys.extend_from_slice(&ks[i * ns..(i + 1) * ns]);
         }
         Ok(())
     }
@@ -972,9 +996,14 @@ pub fn cache_path_for(tsv: &Path, cache_dir: &Path, weight_column: Option<u32>) 
 /// The cache file of `tsv` under `cache_dir` prepared as `opts` says: [`cache_path_for`],
 /// the name also covering a Parquet input's named columns when there are any
 /// ([`ColumnSpec::cache_id`](super::schema::ColumnSpec::cache_id)), so a cache read with
-/// other columns never serves the run.
+/// other columns never serves the run. A Parquet input's name also says that its rows have
+/// exactly its columns ([`Fields`]): a cache an older build padded to 13 dense and 26
+/// single-hot fields is not taken for it (it still opens when named itself).
 pub fn cache_path_with(tsv: &Path, cache_dir: &Path, opts: &PrepareOptions) -> DataResult<PathBuf> {
-    let schema = opts.columns.cache_id();
+    let mut schema = opts.columns.cache_id();
+    if super::parquet_file::is_parquet(tsv) {
+        schema.extend_from_slice(b"\0fields: the file's own");
+    }
     let version = format_of(opts.weights_field().is_some(), false).version;
     cache_path_of(tsv, cache_dir, version, opts.weights_field(), &schema)
 }
@@ -1024,6 +1053,7 @@ mod tests {
             bad_counts: [0, 1, 0, 0, 0, 0, 0],
             weight_column: None,
             list_fields: 0,
+            fields: Fields::CRITEO,
             source: SourceStat { size: 1234, mtime_ns: 5678, ctime_ns: 10 * RACY_NS, inode: 42 },
             source_crc32: 0xdead_beef,
             prepared_ns: 12 * RACY_NS,
@@ -1083,6 +1113,41 @@ mod tests {
         FORMAT_V3.seal(&mut bad);
         let e = CacheHeader::parse(Path::new("x"), &bad, v3.layout.file_len).unwrap_err();
         assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
+    }
+
+    #[test]
+    fn the_rows_shape_round_trips_and_a_damaged_one_is_refused() {
+        // 2 dense and 30 single-hot fields; 0 dense and 3; lists only.
+        let shaped = |fields: Fields, lists: Option<ListShape>| CacheHeader { fields, list_fields: lists.map_or(0, |l| l.fields), layout: CacheLayout::compute_with(9, 10, false, lists, fields).unwrap(), ..header() };
+        let shape = ListShape { fields: 2, id_capacity: 100, names_len: 5 };
+        for h in [shaped(Fields { dense: 2, sparse: 30 }, None), shaped(Fields { dense: 0, sparse: 3 }, None), shaped(Fields { dense: 0, sparse: 0 }, Some(shape)), shaped(Fields { dense: 2, sparse: 30 }, Some(shape))] {
+            let b = h.encode();
+            assert_eq!((rd_u32(&b, 16), rd_u32(&b, 20)), (h.fields.dense as u32, h.fields.sparse as u32));
+            assert_eq!(CacheHeader::parse(Path::new("x"), &b, h.layout.file_len).unwrap(), h);
+        }
+        let wide = shaped(Fields { dense: 2, sparse: 30 }, None);
+        assert_eq!((wide.layout.dense_len, wide.layout.keys_len), (9 * 8, 9 * 30 * 8));
+        let tsv = header().encode();
+        assert_eq!((rd_u32(&tsv, 16), rd_u32(&tsv, 20)), (13, 26), "a TSV's header keeps 13 and 26");
+        // Counts that disagree with the sections, too many, or no field at all (checksum made good).
+        let resealed = |h: &CacheHeader, dense: u32, sparse: u32| {
+            let mut b = h.encode();
+            wr_u32(&mut b, 16, dense);
+            wr_u32(&mut b, 20, sparse);
+            FORMAT.seal(&mut b);
+            CacheHeader::parse(Path::new("x"), &b, h.layout.file_len).unwrap_err()
+        };
+        let e = resealed(&wide, 2, 29);
+        assert!(matches!(e, DataError::Format(FormatError::BadLayout { .. })), "{e}");
+        let e = resealed(&wide, 2, u32::MAX);
+        assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: "num_dense", .. })), "{e}");
+        let none = CacheHeader { layout: CacheLayout::compute_with(9, 10, false, None, Fields { dense: 0, sparse: 0 }).unwrap(), fields: Fields { dense: 0, sparse: 0 }, ..header() };
+        let e = CacheHeader::parse(Path::new("x"), &none.encode(), none.layout.file_len).unwrap_err();
+        assert!(matches!(e, DataError::Format(FormatError::BadHeader { field: "num_sparse", .. })), "{e}");
+        // A byte of the counts changed without resealing: the header's checksum finds it.
+        let mut b = wide.encode();
+        b[20] ^= 1;
+        assert!(CacheHeader::parse(Path::new("x"), &b, wide.layout.file_len).is_err());
     }
 
     #[test]
@@ -1210,7 +1275,7 @@ mod tests {
     /// [`header`] of a cache with 6 list fields.
     fn header_v4() -> CacheHeader {
         let shape = ListShape { fields: 6, id_capacity: 1000, names_len: 17 };
-        CacheHeader { list_fields: 6, layout: CacheLayout::compute_with(9, 10, false, Some(shape)).unwrap(), ..header() }
+        CacheHeader { list_fields: 6, layout: CacheLayout::compute_with(9, 10, false, Some(shape), Fields::CRITEO).unwrap(), ..header() }
     }
 
     #[test]
@@ -1229,7 +1294,7 @@ mod tests {
         synth_multi_hot(&src, 40_000, 3).unwrap();
         let names: Vec<String> = (0..SINGLE_FIELDS).map(|f| format!("c{f}")).chain((0..LIST_FIELDS).map(|g| format!("l{g}"))).collect();
         let opts = PrepareOptions { columns: crate::data::ColumnSpec { sparse: names[..].to_vec(), ..Default::default() }, ..PrepareOptions::new(0) };
-        let bags = crate::data::lists::read_bags(&src, &names[SINGLE_FIELDS..]).unwrap();
+        let bags = crate::data::lists::read_bags(&src, &names[SINGLE_FIELDS..], Fields { dense: 0, sparse: SINGLE_FIELDS }).unwrap();
         let mut caches = Vec::new();
         for threads in [1, 3] {
             let out = dir.join(format!("m{threads}.rrdata"));

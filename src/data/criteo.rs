@@ -49,6 +49,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::error::{DataError, DataResult};
+use super::fields::Fields;
 use crate::hash::splitmix64;
 
 /// Integer features per line (I1..I13).
@@ -88,17 +89,25 @@ pub struct Sample {
 /// Integers below this take `ln(1 + x)` from a table.
 const LN1P_TABLE: usize = 4096;
 
+/// Field salts precomputed (the fields past them compute theirs).
+const SALTS: usize = 256;
+
 /// Precomputed values of the hot path: `ln(1 + x)` of small integers and the field salts.
 struct Tables {
     ln1p: Vec<f32>,
-    salt: [u64; NUM_SPARSE],
+    salt: Vec<u64>,
+}
+
+/// The salt of categorical field `field`.
+fn field_salt(field: usize) -> u64 {
+    splitmix64(FIELD_SALT.wrapping_add(field as u64))
 }
 
 fn tables() -> &'static Tables {
     static T: std::sync::OnceLock<Tables> = std::sync::OnceLock::new();
     T.get_or_init(|| Tables {
         ln1p: (0..LN1P_TABLE).map(|x| (x as f64).ln_1p() as f32).collect(),
-        salt: std::array::from_fn(|f| splitmix64(FIELD_SALT.wrapping_add(f as u64))),
+        salt: (0..SALTS).map(field_salt).collect(),
     })
 }
 
@@ -114,11 +123,15 @@ pub fn dense_value(x: i64) -> f32 {
     }
 }
 
-/// The key of categorical field `field` (0-based, 0..26) with value `value`.
-/// Panics when `field >= 26`.
+/// The key of categorical field `field` (0-based, any number: a Criteo line's are 0..26) with
+/// value `value`.
 #[inline]
 pub fn category_key(field: usize, value: u64) -> u64 {
-    let k = splitmix64(tables().salt[field] ^ value);
+    let salt = match tables().salt.get(field) {
+        Some(&s) => s,
+        None => field_salt(field),
+    };
+    let k = splitmix64(salt ^ value);
     if k == EMPTY_KEY {
         EMPTY_KEY - 1
     } else {
@@ -671,14 +684,17 @@ fn parse_weighted_careful(line: &[u8], column: usize, rest: &mut Vec<u8>) -> Res
 }
 
 /// Parsed rows as columns, the layout of the cache's sections: labels, dense features
-/// (13 a row, row-major) and keys (26 a row, row-major).
+/// (`fields.dense` a row, row-major) and keys (`fields.sparse` a row, row-major). The
+/// default is a TSV's: 13 and 26.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Columns {
+    /// The rows' shape: the strides of `dense` and `keys`.
+    pub fields: Fields,
     /// One label a row.
     pub labels: Vec<f32>,
-    /// 13 values a row.
+    /// `fields.dense` values a row.
     pub dense: Vec<f32>,
-    /// 26 keys a row.
+    /// `fields.sparse` keys a row.
     pub keys: Vec<u64>,
     /// One weight a row, for lines with a weight column (empty otherwise).
     pub weights: Vec<f32>,
@@ -695,8 +711,9 @@ impl Columns {
         self.labels.is_empty()
     }
 
-    /// Appends one row.
+    /// Appends one row (of a Criteo line: `fields` must be [`Fields::CRITEO`]).
     pub fn push(&mut self, s: &Sample) {
+        debug_assert_eq!(self.fields, Fields::CRITEO);
         self.labels.push(s.label);
         self.dense.extend_from_slice(&s.dense);
         self.keys.extend_from_slice(&s.keys);
@@ -706,6 +723,15 @@ impl Columns {
     pub fn push_weighted(&mut self, s: &Sample, weight: f32) {
         self.push(s);
         self.weights.push(weight);
+    }
+
+    /// Appends the rows of `other` (of the same shape).
+    pub fn append(&mut self, other: &Columns) {
+        debug_assert_eq!(self.fields, other.fields);
+        self.labels.extend_from_slice(&other.labels);
+        self.dense.extend_from_slice(&other.dense);
+        self.keys.extend_from_slice(&other.keys);
+        self.weights.extend_from_slice(&other.weights);
     }
 
     /// Drops every row, keeping the allocations.

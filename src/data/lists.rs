@@ -2,8 +2,9 @@
 //! field, its ids hashed with the field's number into keys of the one host table, in CSR
 //! form — the ids of field `g` of row `r` are `keys[offsets[r * fields + g]..offsets[r *
 //! fields + g + 1]]`, rows in file order, fields in the order named. List field `g` is
-//! categorical field number `NUM_SPARSE + g` (after the single-hot slots), so a list id
-//! never shares a key with a single-hot id of another field. A null list and an empty one
+//! categorical field number [`Fields::list_field`]`(g)` (after the single-hot fields: `26 +
+//! g` up to 26 of them), so a list id never shares a key with a single-hot id of another
+//! field. A null list and an empty one
 //! are both an empty bag (counted); a null element is left out (counted).
 //!
 //! `data prepare` writes them into a version-4 cache's `spans` and `ids` sections
@@ -16,20 +17,15 @@ use ::parquet::column::reader::ColumnReader;
 use ::parquet::file::reader::{FileReader, SerializedFileReader};
 use ::parquet::schema::types::SchemaDescriptor;
 
-use super::criteo::{EMPTY_KEY, FIELD_SALT, NUM_SPARSE};
+use super::criteo::{category_key, NUM_SPARSE};
 use super::error::{DataError, DataResult};
-use crate::hash::splitmix64;
+use super::fields::Fields;
 
-/// The key of id `id` of list field `g` (categorical field `NUM_SPARSE + g`, salted as
-/// [`super::criteo::category_key`] salts the single-hot fields).
+/// The key of id `id` of list field `g` of data with at most 26 single-hot fields
+/// (categorical field `26 + g`, salted as [`super::criteo::category_key`] salts the
+/// single-hot fields; [`Fields::list_key`] for any data).
 pub fn list_key(g: usize, id: u64) -> u64 {
-    let salt = splitmix64(FIELD_SALT.wrapping_add((NUM_SPARSE + g) as u64));
-    let k = splitmix64(salt ^ id);
-    if k == EMPTY_KEY {
-        EMPTY_KEY - 1
-    } else {
-        k
-    }
+    category_key(NUM_SPARSE + g, id)
 }
 
 /// Bags of a file's list columns (see the module docs).
@@ -58,7 +54,7 @@ impl Bags {
 /// their count to `lens`. A level of definition `max_def` is an id; one below `list_def`
 /// (the definition level of a list with an element) that starts a row is a null or empty
 /// list; any other, a null element.
-fn read_list(r: ColumnReader, g: usize, rows: usize, (max_def, list_def): (i16, i16), lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64)) -> Result<(), String> {
+fn read_list(r: ColumnReader, (fields, g): (Fields, usize), rows: usize, (max_def, list_def): (i16, i16), lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64)) -> Result<(), String> {
     let mut col = match r {
         ColumnReader::Int64ColumnReader(r) => r,
         ColumnReader::Int32ColumnReader(_) => return Err("a list of int32 ids; ringrec reads lists of int64 ids".into()),
@@ -85,7 +81,7 @@ fn read_list(r: ColumnReader, g: usize, rows: usize, (max_def, list_def): (i16, 
             }
             if defs[i] == max_def {
                 let id = vi.next().ok_or("fewer values than definition levels")?;
-                ids.push(list_key(g, *id as u64));
+                ids.push(fields.list_key(g, *id as u64));
                 *lens.last_mut().ok_or("a list continues before it starts")? += 1;
             } else {
                 counts.1 += 1;
@@ -109,13 +105,13 @@ pub(crate) fn list_columns(path: &Path, descr: &SchemaDescriptor, names: &[Strin
 }
 
 /// The bags of row group `rg` (of `rows` rows) of `reader`'s list columns `columns` (leaf
-/// indices, named `names`): appended to `keys`, and after each bag (row by row, field by
+/// indices, named `names`; keys salted after `fields`' single-hot fields): appended to `keys`, and after each bag (row by row, field by
 /// field) its end in the group's keys to `ends` (from the group's first key, 0). Null
 /// lists and null elements are added to `counts`, one entry per column (empty or null
 /// lists, null elements).
 /// An error names the file, the row group and the column.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs::File>, rg: usize, rows: usize, columns: &[usize], names: &[String], ends: &mut Vec<u32>, keys: &mut Vec<u64>, counts: &mut [(u64, u64)]) -> DataResult<()> {
+pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs::File>, (rg, rows): (usize, usize), columns: &[usize], names: &[String], fields: Fields, ends: &mut Vec<u32>, keys: &mut Vec<u64>, counts: &mut [(u64, u64)]) -> DataResult<()> {
     let fail = |at: String, detail: String| DataError::Parquet { path: path.to_path_buf(), at, detail };
     let group = reader.get_row_group(rg).map_err(|e| fail(format!("row group {rg}"), e.to_string()))?;
     let descr = reader.metadata().file_metadata().schema_descr_ptr();
@@ -127,7 +123,7 @@ pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs
         let leaf = descr.column(c);
         let max_def = leaf.max_def_level();
         let list_def = max_def - i16::from(leaf.self_type().is_optional());
-        read_list(r, g, rows, (max_def, list_def), &mut lens, &mut ids, &mut counts[g]).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
+        read_list(r, (fields, g), rows, (max_def, list_def), &mut lens, &mut ids, &mut counts[g]).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
         if lens.len() - start_len != rows {
             return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
         }
@@ -149,8 +145,9 @@ pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs
 }
 
 /// The bags of the list columns `names` of the Parquet file `path`, every row group in
-/// order. An error names the file, the row group and the column.
-pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
+/// order, keys salted after `fields`' single-hot fields. An error names the file, the row
+/// group and the column.
+pub fn read_bags(path: &Path, names: &[String], fields: Fields) -> DataResult<Bags> {
     let file = crate::fileio::open_input(path).map_err(|e| DataError::io(path, "open", e))?;
     let reader = SerializedFileReader::new(file).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: "footer".into(), detail: format!("{e} (a file cut short, or not Parquet)") })?;
     let columns = list_columns(path, reader.metadata().file_metadata().schema_descr(), names)?;
@@ -161,7 +158,7 @@ pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
         let rows = usize::try_from(reader.metadata().row_group(rg).num_rows()).map_err(|_| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {rg}"), detail: "a negative row count".into() })?;
         let base = bags.keys.len();
         ends.clear();
-        read_group_bags(path, &reader, rg, rows, &columns, names, &mut ends, &mut bags.keys, &mut counts)?;
+        read_group_bags(path, &reader, (rg, rows), &columns, names, fields, &mut ends, &mut bags.keys, &mut counts)?;
         for &e in &ends {
             let end = u32::try_from(base + e as usize).map_err(|_| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {rg}"), detail: format!("more than {} list ids in one file", u32::MAX) })?;
             bags.offsets.push(end);
@@ -175,6 +172,7 @@ pub fn read_bags(path: &Path, names: &[String]) -> DataResult<Bags> {
 mod tests {
     use super::*;
     use crate::data::multihot::{synth_multi_hot, LIST_FIELDS};
+    use crate::data::criteo::EMPTY_KEY;
 
     #[test]
     fn the_synth_sets_lists_read_back_as_bags() {
@@ -183,7 +181,7 @@ mod tests {
         let path = dir.join("m.parquet");
         let s = synth_multi_hot(&path, 40_000, 7).unwrap();
         let names: Vec<String> = (0..LIST_FIELDS).map(|g| format!("l{g}")).collect();
-        let bags = read_bags(&path, &names).unwrap();
+        let bags = read_bags(&path, &names, Fields::CRITEO).unwrap();
         assert_eq!(bags.rows(), 40_000, "two row groups read in order");
         assert_eq!(bags.keys.len() as u64, s.list_ids);
         assert!(bags.empty > 0 && bags.empty == bags.offsets.windows(2).filter(|w| w[0] == w[1]).count() as u64);
@@ -191,14 +189,14 @@ mod tests {
         assert!(bags.keys.iter().all(|k| *k != EMPTY_KEY));
         // Two fields, in the other order: the same lists, swapped in each row (salted by
         // their place in the order named).
-        let two = read_bags(&path, &["l1".to_string(), "l0".to_string()]).unwrap();
+        let two = read_bags(&path, &["l1".to_string(), "l0".to_string()], Fields::CRITEO).unwrap();
         fn bag(b: &Bags, i: usize) -> &[u64] {
             &b.keys[b.offsets[i] as usize..b.offsets[i + 1] as usize]
         }
         let (k0, k1) = (bag(&bags, 3 * LIST_FIELDS), bag(&bags, 3 * LIST_FIELDS + 1));
         assert_eq!(bag(&two, 3 * 2 + 1).len(), k0.len());
         assert_eq!(bag(&two, 3 * 2).len(), k1.len());
-        let e = read_bags(&path, &["c0".to_string()]).unwrap_err().to_string();
+        let e = read_bags(&path, &["c0".to_string()], Fields::CRITEO).unwrap_err().to_string();
         assert!(e.contains("`c0`") && e.contains("no such list column"), "{e}");
         let _ = std::fs::remove_dir_all(dir);
     }

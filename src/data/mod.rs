@@ -15,6 +15,8 @@
 //! ```
 //!
 //! - [`inputs`]: files, directories and globs turned into the list of data files.
+//! - [`fields`]: [`Fields`], a row's shape (dense features, single-hot fields): a TSV's
+//!   13 and 26, a Parquet file's its columns; the list fields' salt.
 //! - [`criteo`]: the text format, the feature transform (`ln(1 + max(x, 0))`) and the
 //!   field-salted key hash; malformed lines are never dropped silently.
 //! - [`prepare`](mod@prepare): a TSV converted on several threads, the cache the same byte
@@ -41,6 +43,7 @@ pub mod compressed;
 pub mod criteo;
 pub mod error;
 pub mod evalset;
+pub mod fields;
 pub mod inputs;
 pub mod lists;
 pub mod multihot;
@@ -57,6 +60,7 @@ pub use cache::{CacheHeader, Dataset, SourceStat};
 pub use criteo::{BadLine, BadLineKind, BadLineReport, Columns, CriteoReader, Sample, NUM_DENSE, NUM_SPARSE};
 pub use error::{DataError, DataResult};
 pub use evalset::EvalSet;
+pub use fields::Fields;
 pub use inputs::{natural_cmp, resolve};
 pub use prepare::{prepare, prepare_with, PrepareOptions, PrepareSummary};
 pub use schema::{ColumnSpec, Transform};

@@ -18,13 +18,14 @@
 //! | integer named categorical | - | one id: the integer, hashed with the field's number |
 //! | a list of int64 ids | categorical, multi-hot | a bag of ids a row, hashed with the list field's number ([`super::lists::list_key`]), pooled by the model |
 //!
-//! Dense and categorical fields take the model's slots in column order; the slots a file
-//! does not fill are those of an empty TSV field (0.0, the field's missing-value key), so a
+//! The rows have exactly the file's features ([`Fields`]): its dense columns, in column
+//! order, then its single-hot categorical columns, any number of either (none padded), so a
 //! Parquet file with Criteo's shape (a label, 13 integers, 26 hex strings) gives the very
-//! cache its TSV gives. Nulls are allowed in features and counted per column (an empty TSV
-//! field's value: a dense null is 0, a categorical null the field's missing key); a null
-//! label or weight is an error. More than 13 dense or 26 categorical columns are
-//! refused naming the first one the model cannot take yet.
+//! cache its TSV gives. A file needs one feature column at least (and the models one
+//! categorical column, single-hot or list: the trainer refuses a file of dense columns
+//! only). Nulls are allowed in features and counted per
+//! column (an empty TSV field's value: a dense null is 0, a categorical null the field's
+//! missing key); a null label or weight is an error.
 //!
 //! List columns (multi-hot fields, in column order) make the cache a version-4 one: per row
 //! and list field its ids' span, the ids, and the fields' names ([`super::cache`]). A null
@@ -43,8 +44,9 @@ use ::parquet::file::reader::{FileReader, SerializedFileReader};
 use ::parquet::schema::types::ColumnDescriptor;
 
 use super::cache::{now_ns, CacheHeader, CacheLayout, ListShape, SourceStat, CACHE_MODE, ID_BYTES, SPAN_BYTES};
-use super::criteo::{category_key, dense_value, missing_key, Columns, NUM_DENSE, NUM_SPARSE};
+use super::criteo::{category_key, dense_value, missing_key, Columns};
 use super::error::{DataError, DataResult};
+use super::fields::Fields;
 use super::prepare::{count_lines, on_threads, write_columns, write_sums, PrepareOptions, PrepareSummary};
 use super::schema::{ColumnSpec, Transform};
 use crate::fileio::{reserve, AtomicFile};
@@ -62,14 +64,14 @@ pub enum Role {
     Weight,
     /// Dense feature `slot` (0-based), `ln(1 + max(x, 0))` when `log`.
     Dense {
-        /// Its slot among the 13.
+        /// Its slot among the dense features.
         slot: usize,
         /// Whether the log transform applies.
         log: bool,
     },
     /// Categorical field `slot` (0-based): one id a row.
     Sparse {
-        /// Its slot among the 26.
+        /// Its slot among the single-hot fields.
         slot: usize,
     },
     /// Multi-hot field `slot` (0-based, among the list columns): a bag of ids a row.
@@ -193,15 +195,22 @@ impl Schema {
                     Role::Dense { slot: dense - 1, log }
                 }
             };
-            if dense > NUM_DENSE {
-                return Err(refuse(&name, format!("would be dense feature {dense}: the model takes {NUM_DENSE} dense features, and fields beyond them are not trained yet")));
-            }
-            if sparse > NUM_SPARSE {
-                return Err(refuse(&name, format!("would be categorical field {sparse}: the model takes {NUM_SPARSE} categorical fields, and fields beyond them are not trained yet")));
-            }
             fields.push(Field { column: i, name, role });
         }
-        Ok(Schema { fields })
+        let schema = Schema { fields };
+        if dense + sparse + lists == 0 {
+            return Err(DataError::Parquet { path: path.to_path_buf(), at: "columns".into(), detail: "no feature column besides the label (and the weight)".into() });
+        }
+        if let Some(e) = schema.fields().check() {
+            return Err(DataError::Parquet { path: path.to_path_buf(), at: "columns".into(), detail: e });
+        }
+        Ok(schema)
+    }
+
+    /// The rows' shape: the dense and the single-hot categorical columns read.
+    pub fn fields(&self) -> Fields {
+        let count = |dense: bool| self.fields.iter().filter(|f| if dense { matches!(f.role, Role::Dense { .. }) } else { matches!(f.role, Role::Sparse { .. }) }).count();
+        Fields { dense: count(true), sparse: count(false) }
     }
 
     /// The list (multi-hot) fields' names, in their order.
@@ -235,7 +244,7 @@ impl Schema {
 
 /// The key of a string value of categorical field `slot`: the number its 1 to 16 hex digits
 /// spell (as a TSV's), else its FNV-1a digest; an empty string is the missing value.
-fn text_key(slot: usize, bytes: &[u8]) -> u64 {
+pub fn text_key(slot: usize, bytes: &[u8]) -> u64 {
     if bytes.is_empty() {
         return missing_key(slot);
     }
@@ -272,8 +281,8 @@ impl Sink<'_> {
         match self.role {
             Role::Label => self.label(row, x as f64)?,
             Role::Weight => self.weight(row, x as f64)?,
-            Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { dense_value(x) } else { x as f32 },
-            Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = category_key(slot, x as u64),
+            Role::Dense { slot, log } => self.cols.dense[row * self.cols.fields.dense + slot] = if log { dense_value(x) } else { x as f32 },
+            Role::Sparse { slot } => self.cols.keys[row * self.cols.fields.sparse + slot] = category_key(slot, x as u64),
             Role::List { .. } => return Err("a list column is read as bags".into()),
         }
         Ok(())
@@ -283,7 +292,7 @@ impl Sink<'_> {
         match self.role {
             Role::Label => self.label(row, x)?,
             Role::Weight => self.weight(row, x)?,
-            Role::Dense { slot, log } => self.cols.dense[row * NUM_DENSE + slot] = if log { x.max(0.0).ln_1p() as f32 } else { x as f32 },
+            Role::Dense { slot, log } => self.cols.dense[row * self.cols.fields.dense + slot] = if log { x.max(0.0).ln_1p() as f32 } else { x as f32 },
             Role::Sparse { .. } | Role::List { .. } => return Err("a floating-point column cannot be categorical".into()),
         }
         Ok(())
@@ -291,7 +300,7 @@ impl Sink<'_> {
 
     fn text(&mut self, row: usize, bytes: &[u8]) -> Result<(), String> {
         match self.role {
-            Role::Sparse { slot } => self.cols.keys[row * NUM_SPARSE + slot] = text_key(slot, bytes),
+            Role::Sparse { slot } => self.cols.keys[row * self.cols.fields.sparse + slot] = text_key(slot, bytes),
             _ => return Err("a string column can only be categorical".into()),
         }
         Ok(())
@@ -331,16 +340,18 @@ fn read_flat<T: DataType>(r: &mut ColumnReaderImpl<T>, rows: usize, max_def: i16
 }
 
 /// Reads row group `g` (of `rows` rows, the first row `base` of the file) into `cols`: the
-/// label, 13 dense values, 26 keys and (when the schema has a weight) the weight a row.
+/// label, the schema's dense values and keys and (when it has a weight) the weight a row.
 /// Returns the nulls of each of `schema.fields`.
 fn read_group(path: &Path, reader: &SerializedFileReader<std::fs::File>, schema: &Schema, g: usize, base: u64, rows: usize, cols: &mut Columns) -> DataResult<Vec<u64>> {
     cols.clear();
+    cols.fields = schema.fields();
+    let fields = cols.fields;
     cols.labels.resize(rows, f32::NAN);
     if schema.weighted() {
         cols.weights.resize(rows, f32::NAN);
     }
-    cols.dense.resize(rows * NUM_DENSE, 0.0);
-    cols.keys.extend((0..rows).flat_map(|_| (0..NUM_SPARSE).map(missing_key)));
+    cols.dense.resize(rows * fields.dense, 0.0);
+    cols.keys.extend((0..rows).flat_map(|_| (0..fields.sparse).map(missing_key)));
     let fail = |column: &str, detail: String| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}, column `{column}`"), detail };
     let group = reader.get_row_group(g).map_err(|e| DataError::Parquet { path: path.to_path_buf(), at: format!("row group {g}"), detail: e.to_string() })?;
     let descr = reader.metadata().file_metadata().schema_descr_ptr();
@@ -419,7 +430,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     if schema.weighted() && !lists.columns.is_empty() {
         return Err(DataError::InvalidArgument(format!("{}: a weight column with multi-hot (list) columns is not supported yet: leave out the weight column or the lists", src.display())));
     }
-    let layout = CacheLayout::compute_with(rows, rows, schema.weighted(), lists.shape()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
+    let layout = CacheLayout::compute_with(rows, rows, schema.weighted(), lists.shape(), schema.fields()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     reserve(tmp.file(), tmp.path(), layout.file_len)?;
     tmp.file().set_len(layout.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
@@ -486,6 +497,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
         bad_counts: [0; 7],
         weight_column: opts.weights_field(),
         list_fields: lists.columns.len() as u32,
+        fields: schema.fields(),
         source,
         source_crc32,
         prepared_ns,
@@ -555,7 +567,7 @@ impl ListPlan {
             return Ok(());
         }
         let mut counts = vec![(0, 0); self.columns.len()];
-        super::lists::read_group_bags(path, reader, g, rows, &self.columns, &schema.list_names(), &mut bags.ends, &mut bags.keys, &mut counts)?;
+        super::lists::read_group_bags(path, reader, (g, rows), &self.columns, &schema.list_names(), schema.fields(), &mut bags.ends, &mut bags.keys, &mut counts)?;
         let fields = schema.fields.iter().enumerate().filter(|(_, f)| matches!(f.role, Role::List { .. }));
         for ((at, _), (empty, null_elements)) in fields.zip(counts) {
             nulls[at] += empty + null_elements;

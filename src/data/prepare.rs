@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_BYTES, KEYS_BYTES, LABEL_BYTES, WEIGHT_BYTES};
+use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_VALUE_BYTES, KEY_BYTES, LABEL_BYTES, WEIGHT_BYTES};
 use super::compressed::{count_text, Codec, Decoder};
 use super::criteo::{parse_text, BadLineReport, Columns};
 use super::error::{DataError, DataResult};
@@ -316,6 +316,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
         bad_counts: report.counts,
         weight_column: opts.weight_column,
         list_fields: 0,
+        fields: super::fields::Fields::CRITEO,
         source,
         source_crc32,
         prepared_ns,
@@ -586,15 +587,16 @@ impl<'a> Chunks<'a> {
     }
 }
 
-/// Writes `cols` into the sections `l` of the cache being written, from row `at` on, each
-/// piece started back to disk.
+/// Writes `cols` (rows of `cols.fields`' shape, the layout's) into the sections `l` of the
+/// cache being written, from row `at` on, each piece started back to disk.
 pub(crate) fn write_columns(out: &AtomicFile, l: &CacheLayout, at: u64, cols: &Columns) -> DataResult<()> {
     let file = out.file();
+    let (dense_bytes, keys_bytes) = (DENSE_VALUE_BYTES * cols.fields.dense as u64, KEY_BYTES * cols.fields.sparse as u64);
     // Without a weight column `cols.weights` is empty: nothing is written there.
     let pieces: [(&[u8], u64); 4] = [
         (bytemuck::cast_slice(&cols.labels), l.labels_offset + at * LABEL_BYTES),
-        (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * DENSE_BYTES),
-        (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * KEYS_BYTES),
+        (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * dense_bytes),
+        (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * keys_bytes),
         (bytemuck::cast_slice(&cols.weights), l.weights_offset + at * WEIGHT_BYTES),
     ];
     for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {

@@ -1,7 +1,8 @@
 //! [`Batch`]: one batch of this rank on the host — its rows' labels, dense features and
 //! keys, with the keys deduplicated once for the whole step: `uniq` (sorted by key, as the
-//! sparse exchange wants them: it takes them as they are) and `inverse[s * 26 + f]` naming
-//! sample s's field f among them. Reused from step to step.
+//! sparse exchange wants them: it takes them as they are) and `inverse[s * n + f]` naming
+//! sample s's field f among them (`n` the data's single-hot fields, [`Batch::fields`]: a
+//! TSV's 26). Reused from step to step.
 //!
 //! A batch of a multi-hot set also carries each multi-hot field's ids per sample in CSR
 //! form (`bags` fields; bag `b` = field `b % bags` of sample `b / bags`, its ids
@@ -10,7 +11,8 @@
 //! ([`crate::model::pooling`] pools them).
 
 use crate::data::cache::Dataset;
-use crate::data::criteo::Sample;
+use crate::data::criteo::{Columns, Sample};
+use crate::data::Fields;
 use crate::data::{DataError, DataResult};
 use crate::sparse::Deduper;
 
@@ -19,9 +21,11 @@ use crate::sparse::Deduper;
 pub struct Batch {
     /// Rows of the data set(s), in batch order.
     pub rows: Vec<u32>,
+    /// The rows' shape: dense features and single-hot keys per sample.
+    pub fields: Fields,
     /// Labels (0/1), one per sample.
     pub labels: Vec<f32>,
-    /// Dense features, 13 per sample.
+    /// Dense features, `fields.dense` per sample.
     pub dense: Vec<f32>,
     keys: Vec<u64>,
     /// The batch's distinct keys, in key order.
@@ -56,7 +60,7 @@ impl Batch {
 
     /// Reads the rows of each piece (a dataset and rows of it) in turn — a batch that
     /// spans files — and deduplicates their keys. The rows of a dataset with list fields
-    /// (a version-4 cache) bring their bags; every piece must have as many list fields.
+    /// (a version-4 cache) bring their bags; every piece must have the same fields.
     pub fn load_pieces<'d, R: Iterator<Item = u32>>(&mut self, pieces: impl IntoIterator<Item = (&'d Dataset, R)>) -> DataResult<()> {
         self.clear();
         self.bag_keys.clear();
@@ -66,6 +70,9 @@ impl Batch {
             ds.append_rows(&self.rows[at..], &mut self.labels, &mut self.dense, &mut self.keys)?;
             if i == 0 {
                 self.bags = ds.list_fields();
+                self.fields = ds.fields();
+            } else if ds.fields() != self.fields {
+                return Err(DataError::InvalidArgument(format!("{} has {}, and the batch's rows before it {}: every input of a run must have the same columns", ds.path().display(), ds.fields(), self.fields)));
             } else if ds.list_fields() != self.bags {
                 return Err(DataError::InvalidArgument(format!("{} has {} multi-hot fields, and the batch's rows before it {}: every input of a run must have the same list columns", ds.path().display(), ds.list_fields(), self.bags)));
             }
@@ -91,6 +98,7 @@ impl Batch {
             return Err(DataError::InvalidArgument(format!("multi-hot offsets: {} entries for {} samples of {bags} bags, rising from 0 to the {} keys, expected", offsets.len(), samples.len(), keys.len())));
         }
         self.clear();
+        self.fields = Fields::CRITEO;
         for (i, s) in samples.iter().enumerate() {
             self.rows.push(i as u32);
             self.labels.push(s.label);
@@ -101,6 +109,19 @@ impl Batch {
         self.bag_offsets.clear();
         self.bag_offsets.extend_from_slice(offsets);
         self.keys.extend_from_slice(keys);
+        self.index_keys()
+    }
+
+    /// Takes rows `rows` of `cols` (rows of any shape: `ringrec serve-model`'s requests) as
+    /// the batch, numbered 0.. in `rows`, and deduplicates their keys.
+    pub fn load_columns(&mut self, cols: &Columns, rows: std::ops::Range<usize>) -> DataResult<()> {
+        self.clear();
+        let Fields { dense, sparse } = cols.fields;
+        self.fields = cols.fields;
+        self.rows.extend((0..rows.len()).map(|i| i as u32));
+        self.labels.extend_from_slice(&cols.labels[rows.clone()]);
+        self.dense.extend_from_slice(&cols.dense[rows.start * dense..rows.end * dense]);
+        self.keys.extend_from_slice(&cols.keys[rows.start * sparse..rows.end * sparse]);
         self.index_keys()
     }
 

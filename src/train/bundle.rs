@@ -192,6 +192,19 @@ pub struct InputSpec {
 }
 
 impl InputSpec {
+    /// The input of a model of `spec` trained on data whose Parquet `columns` were named
+    /// (`None`: inferred, or a TSV): a TSV's rules ([`InputSpec::criteo`]) with the model's
+    /// counts of dense features and categorical fields.
+    pub fn of(spec: &crate::model::ModelSpec, columns: Option<&ColumnSpec>) -> InputSpec {
+        let criteo = InputSpec::criteo();
+        let order = if (spec.ndense, spec.fields) == (criteo.dense_features, criteo.categorical_features) {
+            criteo.order.clone()
+        } else {
+            format!("x = [row(key of field 0), ..., row(key of field {}), dense feature 0, ..., dense feature {}]: {} x dim + {} binary32 values", spec.fields as i64 - 1, spec.ndense as i64 - 1, spec.fields, spec.ndense)
+        };
+        InputSpec { dense_features: spec.ndense, categorical_features: spec.fields, order, schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), ..criteo }
+    }
+
     /// ringrec's input, as [`crate::data::criteo`] parses it.
     pub fn criteo() -> InputSpec {
         use crate::data::criteo::{FIELD_SALT, MISSING_VALUE, NUM_DENSE, NUM_SPARSE};
@@ -207,7 +220,7 @@ impl InputSpec {
             key: "for categorical field f (C1 is f = 0): key = splitmix64(splitmix64(field_salt_base + f) ^ value) (mod 2^64), the missing value standing for an empty field; a key equal to 0xffffffffffffffff becomes 0xfffffffffffffffe".into(),
             splitmix64: "z = x + 0x9e3779b97f4a7c15; z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb; return z ^ (z >> 31); every operation mod 2^64".into(),
             order: "x = [row(key of C1), ..., row(key of C26), I1, ..., I13]: 26 x dim + 13 binary32 values".into(),
-            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order filling I1..I13 and C1..C26; a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; slots no column fills are missing; list columns (multi-hot) are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
+            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order: the dense columns are the dense features (dense_features of them), the others the categorical fields (categorical_features of them; a Criteo-shaped file's fill I1..I13 and C1..C26); a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; list columns (multi-hot) are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
             schema: None,
         }
     }
@@ -432,7 +445,7 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
-            input: InputSpec { schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), ..InputSpec::criteo() },
+            input: InputSpec::of(spec, columns),
             model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),

@@ -49,13 +49,27 @@ pub(super) struct Resumed {
 /// Rank 0 finds the checkpoint to resume from in `dir` (the newest that passes every
 /// check and matches this run's `settings`; it says which, and why it skipped newer
 /// ones); every rank gets its position, parameters and optimizer state (collective).
-pub(super) fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, settings: &[(&'static str, String)], params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<Resumed> {
+pub(super) fn resume(topo: &Topology, coll: &mut dyn Collectives, dir: &Path, settings: &[(&'static str, String)], spec: &crate::model::ModelSpec, params: &mut Vec<f32>, opt: &mut DenseOptimState) -> TrainResult<Resumed> {
     let n = params.len();
     let (kind, lr) = (opt.kind, opt.lr);
     let found = if topo.rank == 0 {
         checkpoint::find(dir, |ck| checkpoint::check_settings(ck, settings)).map_err(|e| e.to_string()).and_then(|(ck, warnings): (Loaded, Vec<String>)| {
             for w in &warnings {
                 crate::eprint_line(&format!("ringrec: warning: {w}"));
+            }
+            if let Some(theirs) = ck.dense.spec.as_ref().filter(|s| !s.differences(spec).is_empty()) {
+                let what: Vec<String> = theirs.differences(spec).iter().map(|(f, there, here)| format!("{f} {there} there, {here} here")).collect();
+                return Err(format!(
+                    "{}: the checkpoint's model is not this run's: {} (its {} over {} dense and {} categorical fields, this run's {} over {} and {}); resume on the data it was trained on",
+                    ck.dir.display(),
+                    what.join("; "),
+                    theirs.describe(),
+                    theirs.ndense,
+                    theirs.fields,
+                    spec.describe(),
+                    spec.ndense,
+                    spec.fields
+                ));
             }
             if ck.dense.params.len() != n || ck.dense.opt.kind != kind {
                 return Err(format!("{}: {} dense parameters ({}), the model has {n} ({kind})", ck.dir.display(), ck.dense.params.len(), ck.dense.opt.kind));

@@ -567,16 +567,16 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// The dense model this run trains: `--model` and its shape flags over the data's
-    /// fields, `--dim` and dense features.
+    /// The dense model this run trains on a TSV's rows (13 dense features, 26 fields):
+    /// `--model` and its shape flags, `--dim`.
     pub fn model_spec(&self) -> ModelSpec {
-        self.model_spec_with(0)
+        self.model_spec_for(crate::data::Fields::CRITEO, 0)
     }
 
-    /// [`TrainConfig::model_spec`] over data with `lists` multi-hot fields (pooled into
-    /// the last fields' vectors: every model takes them as fields).
-    pub fn model_spec_with(&self, lists: usize) -> ModelSpec {
-        use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+    /// [`TrainConfig::model_spec`] over data of `fields`' shape with `lists` multi-hot
+    /// fields after them (pooled into the last fields' vectors: every model takes them as
+    /// fields).
+    pub fn model_spec_for(&self, fields: crate::data::Fields, lists: usize) -> ModelSpec {
         ModelSpec {
             kind: self.model,
             bottom: self.bottom_mlp.clone(),
@@ -584,8 +584,25 @@ impl TrainConfig {
             cross_layers: self.cross_layers,
             cross_rank: self.cross_rank,
             cross_structure: self.cross_structure,
-            ..ModelSpec::mlp(NUM_SPARSE + lists, self.dim, NUM_DENSE, self.hidden.clone())
+            ..ModelSpec::mlp(fields.sparse + lists, self.dim, fields.dense, self.hidden.clone())
         }
+    }
+
+    /// [`TrainConfig::model_spec_for`] over the rows of `input`, refused naming it and its
+    /// shape when no model can take them (no categorical field; a shape the kind refuses).
+    pub fn model_spec_of(&self, input: &std::path::Path, fields: crate::data::Fields, lists: usize) -> TrainResult<ModelSpec> {
+        let spec = self.model_spec_for(fields, lists);
+        if spec.fields == 0 {
+            return Err(TrainError::Config(format!(
+                "{}: no categorical column, single-hot or multi-hot ({}): every model learns the rows' keys; name a categorical column (--sparse-columns)",
+                input.display(),
+                fields.with_lists(lists)
+            )));
+        }
+        if let Some(e) = spec.check() {
+            return Err(TrainError::Config(format!("{}: the model cannot take its rows ({}): {e}", input.display(), fields.with_lists(lists))));
+        }
+        Ok(spec)
     }
 
     /// The pooling of each multi-hot field of data whose list columns are `names`

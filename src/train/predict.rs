@@ -49,14 +49,16 @@ pub fn stage<D: Device>(model: &mut DenseModel<D>, table: &HostTable, b: &Batch)
 /// [`stage`] from any table (a host table's, or one a single process maps, `ringrec
 /// serve-model`).
 pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
+    let (spec, bags) = (model.spec(), model.multi_hot_fields());
+    let takes = crate::data::Fields { dense: spec.ndense, sparse: spec.fields - bags };
+    if b.fields != takes || b.bags != bags {
+        return Err(crate::device::DeviceError::refused("staging a batch", format!("the batch has {}, the model takes {}", b.fields.with_lists(b.bags), takes.with_lists(bags))).into());
+    }
     let st = model.stage(b.len(), b.uniq.len())?;
     table.lookup(&b.uniq, st.emb)?;
     st.inverse.copy_from_slice(&b.inverse);
     st.dense.copy_from_slice(&b.dense);
     st.labels.copy_from_slice(&b.labels);
-    if b.bags != model.multi_hot_fields() {
-        return Err(crate::device::DeviceError::refused("staging a batch", format!("the batch has {} multi-hot fields, the model {}", b.bags, model.multi_hot_fields())).into());
-    }
     if b.bags > 0 {
         let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
         offsets.copy_from_slice(&b.bag_offsets);
@@ -275,10 +277,16 @@ impl PredictConfig {
 fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, set: &EvalSet) -> TrainResult<()> {
     let Some((ds, _)) = set.parts().next() else { return Ok(()) };
     let names = ds.list_names();
-    let want = model.spec().fields;
-    let have = crate::data::criteo::NUM_SPARSE + names.len();
-    if want != have {
-        return Err(TrainError::Config(format!("{}: {have} categorical fields ({} of them multi-hot), and the model takes {want}: score the data the model was trained on", ds.path().display(), names.len())));
+    let spec = model.spec();
+    let have = ds.fields();
+    if spec.fields != have.sparse + names.len() || spec.ndense != have.dense {
+        return Err(TrainError::Config(format!(
+            "{}: its rows have {}, and the model takes {} dense and {} categorical fields: score the data the model was trained on",
+            ds.path().display(),
+            have.with_lists(names.len()),
+            spec.ndense,
+            spec.fields
+        )));
     }
     if !names.is_empty() {
         let modes = crate::model::pooling::parse_pooling(&cfg.multi_hot_pooling, names).map_err(TrainError::Config)?;

@@ -17,7 +17,8 @@ use super::batch::Batch;
 use super::predict::{score_batch, scoring_model};
 use super::source::{Fallback, ModelSource, SourceKind};
 use super::{TrainError, TrainResult};
-use crate::data::criteo::Sample;
+use crate::data::criteo::{Columns, Sample};
+use crate::data::Fields;
 use crate::device::{CpuDevice, Device};
 use crate::embedding::{EmbeddingTable, SegmentGuard};
 use crate::model::DenseModel;
@@ -83,6 +84,22 @@ impl Scorer {
             score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
         }
         Ok(())
+    }
+
+    /// [`Scorer::score`] of rows of any shape (the model's: [`Scorer::fields`]).
+    pub fn score_columns(&mut self, cols: &Columns, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+        let n = cols.len();
+        for start in (0..n).step_by(batch_rows.max(1)) {
+            self.batch.load_columns(cols, start..n.min(start + batch_rows.max(1)))?;
+            score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
+        }
+        Ok(())
+    }
+
+    /// The rows the model takes: its dense features and categorical fields.
+    pub fn fields(&self) -> Fields {
+        let spec = self.model.spec();
+        Fields { dense: spec.ndense, sparse: spec.fields - self.model.multi_hot_fields() }
     }
 
     /// Rows of its table.

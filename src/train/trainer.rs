@@ -206,7 +206,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
         let pooling = cfg.multi_hot(&input, data.first()?.0.list_names())?;
-        let spec = cfg.model_spec_with(pooling.len());
+        let spec = cfg.model_spec_of(&input, data.first()?.0.fields(), pooling.len())?;
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
@@ -222,7 +222,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         };
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
-                let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;
+                let r = resume(topo, coll.as_mut(), dir, &resume_settings, &spec, &mut params, &mut opt)?;
                 params = r.params;
                 opt = r.opt;
                 (r.position, Some(r.table))

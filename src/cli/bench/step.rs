@@ -52,7 +52,7 @@ use std::time::Instant;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use serde::Serialize;
 
-use ringrec::data::criteo::{NUM_DENSE, NUM_SPARSE};
+use ringrec::data::Fields;
 use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection, DEFAULT_REFRESH_STEPS};
 use ringrec::data::shard;
 use ringrec::topology::Topology;
@@ -250,13 +250,14 @@ fn random_line_rate(topo: &Topology) -> f64 {
 /// The bytes and random lines a sample of this step touches, and the roofline bound they
 /// give at the measured memcpy bandwidth and random-line rate (samples/s per host).
 #[allow(clippy::too_many_arguments)]
-fn roofline(topo: &Topology, dim: usize, per_host: usize, unique_per_rank: f64, unique_per_host: f64, inserted_per_step: f64, bandwidth: f64, line_rate: f64) -> (f64, f64, f64) {
+fn roofline(topo: &Topology, (dim, fields): (usize, Fields), per_host: usize, unique_per_rank: f64, unique_per_host: f64, inserted_per_step: f64, bandwidth: f64, line_rate: f64) -> (f64, f64, f64) {
     let row_bytes = (4 * dim) as f64;
     // Streamed per sample: its cache row read and written into the batch, its keys read
     // by the dedupe, its inverse written and staged, labels and dense staged. Per rank
     // and unique key: its row staged, its gradient written, published (key + row) and
     // read by the merge; per host key: the merged row written and read by the update.
-    let sample = 2.0 * (4 + 4 * NUM_DENSE + 8 * NUM_SPARSE) as f64 + 8.0 * NUM_SPARSE as f64 + 2.0 * 4.0 * NUM_SPARSE as f64 + 2.0 * (4 + 4 * NUM_DENSE) as f64;
+    let Fields { dense, sparse } = fields;
+    let sample = 2.0 * (4 + 4 * dense + 8 * sparse) as f64 + 8.0 * sparse as f64 + 2.0 * 4.0 * sparse as f64 + 2.0 * (4 + 4 * dense) as f64;
     let host_bytes = per_host as f64 * sample + topo.local_size as f64 * unique_per_rank * (4.0 * row_bytes + 8.0) + unique_per_host * (2.0 * row_bytes + 16.0);
     let bytes_per_sample = host_bytes / per_host as f64;
     // Random lines: a unique key's index slot and row per rank (lookup), a host key's
@@ -336,11 +337,11 @@ struct Buffers {
     accs: Vec<f32>,
 }
 
-/// Bytes the staging of a batch of `samples` samples and `keys` unique keys moves that do
-/// not depend on the cache: the inverse map, dense features, labels and the per-key CSR
-/// lists (offsets and slots), as `DenseModel::load` uploads them.
-fn batch_bytes(samples: usize, keys: usize) -> usize {
-    4 * (samples * NUM_SPARSE + samples * NUM_DENSE + samples + (keys + 1) + samples * NUM_SPARSE)
+/// Bytes the staging of a batch of `samples` samples of `fields`' shape and `keys` unique
+/// keys moves that do not depend on the cache: the inverse map, dense features, labels and
+/// the per-key CSR lists (offsets and slots), as `DenseModel::load` uploads them.
+fn batch_bytes(fields: Fields, samples: usize, keys: usize) -> usize {
+    4 * (samples * fields.sparse + samples * fields.dense + samples + (keys + 1) + samples * fields.sparse)
 }
 
 /// Every row's keys put into the table once (zero gradients: values unchanged), in batches
@@ -406,7 +407,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
     let first = cache_warmup(args, n, global);
     let warmup = if cached { first } else { args.warmup };
     let every = args.gpu_cache_refresh.max(1) as usize;
-    let mut t = Timed::default();
+    let mut t = Timed { fields: ds.fields(), ..Timed::default() };
     for (i, step) in (first - warmup..first + args.steps).enumerate() {
         if step == first {
             t.rows_before = stage.table().table().live_rows();
@@ -429,7 +430,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         buf.inverse.clone_from(&buf.batch.inverse);
         buf.dense.clone_from(&buf.batch.dense);
         buf.labels.clone_from(&buf.batch.labels);
-        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(samples, u) + if cached { 4 * u } else { 0 });
+        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(buf.batch.fields, samples, u) + if cached { 4 * u } else { 0 });
         let t3 = Instant::now();
         // Write-back: the device updates its cached rows itself; only the misses' key
         // gradients come down and go through the exchange and the host's update.
@@ -501,6 +502,7 @@ fn update_list(topo: &Topology, stage: &mut EmbeddingStage, dir: &mut CacheDirec
 /// What the timed steps of one combination summed.
 #[derive(Default)]
 struct Timed {
+    fields: Fields,
     phases: std::collections::BTreeMap<String, f64>,
     total: f64,
     uniq: f64,
@@ -530,7 +532,7 @@ fn summarize(topo: &Topology, args: &StepBenchArgs, stage: &EmbeddingStage, dir:
     // Ranges partition a host's keys among its ranks: their sum is the host's keys.
     let unique_per_host = sum_over(&topo.world.comm, t.host_uniq / steps) / topo.num_hosts as f64;
     let per_host = b * topo.local_size;
-    let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, dim, per_host, unique_per_rank, unique_per_host, inserted_per_step, rates.bandwidth, rates.line_rate);
+    let (bytes_per_sample, lines_per_sample, roofline) = roofline(topo, (dim, t.fields), per_host, unique_per_rank, unique_per_host, inserted_per_step, rates.bandwidth, rates.line_rate);
     let host_rate = per_host as f64 / step_s;
     // The timed steps' own transfers (a refresh among them excluded: it counts per step).
     let c = dir.counters().since(&t.counted_from);

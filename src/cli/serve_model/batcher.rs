@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringrec::data::criteo::Sample;
+use ringrec::data::criteo::Columns;
 use tokio::sync::oneshot;
 
 use super::live::Live;
@@ -30,8 +30,8 @@ pub struct Scored {
 
 /// A request waiting to be scored.
 pub struct Job {
-    /// Its rows.
-    pub samples: Vec<Sample>,
+    /// Its rows (of the model's shape when it was parsed).
+    pub samples: Columns,
     /// Where the answer goes.
     pub reply: oneshot::Sender<Result<Scored, String>>,
 }
@@ -48,7 +48,7 @@ pub struct Limits {
 /// The scoring thread's loop; returns when every sender is gone.
 pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metrics>) {
     let mut carry: Option<Job> = None;
-    let mut all: Vec<Sample> = Vec::new();
+    let mut all = Columns::default();
     let mut out: Vec<f32> = Vec::new();
     loop {
         let first = match carry.take() {
@@ -81,12 +81,15 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
         out.clear();
         let scored = {
             let mut scorer = model.scorer.lock().unwrap_or_else(|e| e.into_inner());
-            if group.len() == 1 {
-                scorer.score(&group[0].samples, limits.max_batch, &mut out)
+            if group.len() == 1 || group.iter().any(|j| j.samples.fields != group[0].samples.fields) {
+                // One request, or requests parsed for models of other shapes (a swap between
+                // them): each scored alone, a shape the model does not take refused.
+                group.iter().try_for_each(|j| scorer.score_columns(&j.samples, limits.max_batch, &mut out))
             } else {
                 all.clear();
-                group.iter().for_each(|j| all.extend_from_slice(&j.samples));
-                scorer.score(&all, limits.max_batch, &mut out)
+                all.fields = group[0].samples.fields;
+                group.iter().for_each(|j| all.append(&j.samples));
+                scorer.score_columns(&all, limits.max_batch, &mut out)
             }
         };
         metrics.batch_rows.observe(rows as f64);

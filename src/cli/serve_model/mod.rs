@@ -177,7 +177,7 @@ async fn score(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::r
 
 async fn scored(app: &App, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<(Response, usize), ApiError> {
     let body = body.map_err(|e| ApiError(e.status(), format!("reading the body: {}", e.body_text())))?;
-    let samples = request::parse(&body).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
+    let samples = request::parse(&body, app.live.current().fields).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
     let rows = samples.len();
     let (reply, answer) = tokio::sync::oneshot::channel();
     let gone = || ApiError(StatusCode::SERVICE_UNAVAILABLE, "the scoring thread has stopped".into());

@@ -13,31 +13,43 @@
 //! - `tsv[i]` is a line as the trainer reads it: 40 tab-separated fields (label, I1..I13,
 //!   C1..C26), or 39 without the label.
 //!
+//!
+//! A model trained on other rows than Criteo's (a Parquet file's columns: n dense features
+//! and F categorical fields, [`Fields`]) takes `rows` of its shape: `dense` n values, an
+//! integer read as a Parquet integer column is (`ln(1 + max(x, 0))`), any other number as a
+//! float column is (as it is), `null` 0; `sparse` F values, a string as a Parquet string
+//! column's (1 to 16 hex digits the number they spell, another string its FNV-1a 64), an
+//! integer its value, `null` or `""` missing. It takes no `tsv` lines.
+//!
 //! Scores come back in that order: every `rows` entry, then every `tsv` line.
 
-use ringrec::data::criteo::{self, Sample, NUM_DENSE, NUM_FIELDS, NUM_SPARSE};
+use ringrec::data::criteo::{self, Columns, NUM_FIELDS};
+use ringrec::data::Fields;
 use serde_json::Value;
 
-/// Parses a request body into samples (see the module docs); the error names the row and
-/// field.
-pub fn parse(body: &[u8]) -> Result<Vec<Sample>, String> {
+/// Parses a request body into rows of `fields`' shape, the model's (see the module docs);
+/// the error names the row and field.
+pub fn parse(body: &[u8], fields: Fields) -> Result<Columns, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}; send {{\"rows\": [{{\"dense\": [13 values], \"sparse\": [26 values]}}]}} or {{\"tsv\": [\"line\"]}}"))?;
     let Value::Object(top) = v else { return Err("the body must be a JSON object with `rows` and/or `tsv`".into()) };
     if let Some(k) = top.keys().find(|k| *k != "rows" && *k != "tsv") {
         return Err(format!("unknown field `{}`: the body has `rows` (JSON rows) and/or `tsv` (Criteo lines)", k.escape_debug()));
     }
-    let mut out = Vec::new();
+    let mut out = Columns { fields, ..Columns::default() };
     if let Some(rows) = top.get("rows") {
         let Value::Array(rows) = rows else { return Err("rows: must be an array of rows".into()) };
         for (i, r) in rows.iter().enumerate() {
-            out.push(row(i, r)?);
+            row(i, r, &mut out)?;
         }
     }
     if let Some(lines) = top.get("tsv") {
         let Value::Array(lines) = lines else { return Err("tsv: must be an array of strings (Criteo lines)".into()) };
+        if fields != Fields::CRITEO && !lines.is_empty() {
+            return Err(format!("tsv: the model takes rows of {fields}, not Criteo lines: send them as `rows`"));
+        }
         for (i, l) in lines.iter().enumerate() {
             let Value::String(l) = l else { return Err(format!("tsv[{i}]: must be a string (a Criteo line)")) };
-            out.push(line(l).map_err(|e| format!("tsv[{i}]: {e}"))?);
+            out.push(&line(l).map_err(|e| format!("tsv[{i}]: {e}"))?);
         }
     }
     if out.is_empty() {
@@ -47,50 +59,62 @@ pub fn parse(body: &[u8]) -> Result<Vec<Sample>, String> {
 }
 
 /// A TSV line, with or without its label.
-fn line(l: &str) -> Result<Sample, String> {
+fn line(l: &str) -> Result<criteo::Sample, String> {
     let l = l.strip_suffix('\n').unwrap_or(l);
     let fields = l.split('\t').count();
     let parsed = if fields == NUM_FIELDS - 1 { criteo::parse_line(format!("0\t{l}").as_bytes()) } else { criteo::parse_line(l.as_bytes()) };
     parsed.map_err(|e| format!("{} (a line has {NUM_FIELDS} tab-separated fields, label I1..I13 C1..C26, or {} without the label; it has {fields})", e.detail, NUM_FIELDS - 1))
 }
 
-fn row(i: usize, r: &Value) -> Result<Sample, String> {
+/// Appends JSON row `i` to `out`.
+fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
     let Value::Object(r) = r else { return Err(format!("rows[{i}]: must be an object with `dense` and `sparse`")) };
     if let Some(k) = r.keys().find(|k| !["label", "dense", "sparse"].contains(&k.as_str())) {
         return Err(format!("rows[{i}]: unknown field `{}` (a row has `label`, `dense`, `sparse`)", k.escape_debug()));
     }
-    let mut s = Sample::default();
-    match r.get("label") {
-        None | Some(Value::Null) => {}
+    let label = match r.get("label") {
+        None | Some(Value::Null) => 0.0,
         Some(l) => match l.as_f64() {
-            Some(y) if y == 0.0 || y == 1.0 => s.label = y as f32,
+            Some(y) if y == 0.0 || y == 1.0 => y as f32,
             _ => return Err(format!("rows[{i}].label: {l} is not 0 or 1")),
         },
-    }
-    let dense = array(i, r, "dense", NUM_DENSE, "integers or null (I1..I13)")?;
+    };
+    // A Criteo row's values are a TSV line's (I1..I13 integers, C1..C26 hex strings); any
+    // other model's are a Parquet file's (see the module docs).
+    let fields = out.fields;
+    let criteo = fields == Fields::CRITEO;
+    let (dense_what, sparse_what) = if criteo { ("integers or null (I1..I13)", "hex strings or null (C1..C26)") } else { ("numbers or null", "strings, integers or null") };
+    let name = |kind: char, j: usize| if criteo { format!("{kind}{}", j + 1) } else { format!("{} {j}", if kind == 'I' { "dense feature" } else { "field" }) };
+    let dense = array(i, r, "dense", fields.dense, dense_what)?;
     for (j, x) in dense.iter().enumerate() {
-        s.dense[j] = match x {
+        let v = match x {
             Value::Null => 0.0,
-            Value::Number(n) => match n.as_i64() {
-                Some(v) => criteo::dense_value(v),
-                None => return Err(format!("rows[{i}].dense[{j}] (I{}): {n} is not an integer within a signed 64-bit integer", j + 1)),
+            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(v), _) => criteo::dense_value(v),
+                (None, Some(x)) if !criteo => x as f32,
+                _ => return Err(format!("rows[{i}].dense[{j}] ({}): {n} is not an integer within a signed 64-bit integer", name('I', j))),
             },
-            other => return Err(format!("rows[{i}].dense[{j}] (I{}): {other} is not a number or null", j + 1)),
+            other => return Err(format!("rows[{i}].dense[{j}] ({}): {other} is not a number or null", name('I', j))),
         };
+        out.dense.push(v);
     }
-    let sparse = array(i, r, "sparse", NUM_SPARSE, "hex strings or null (C1..C26)")?;
+    let sparse = array(i, r, "sparse", fields.sparse, sparse_what)?;
     for (j, c) in sparse.iter().enumerate() {
-        s.keys[j] = match c {
+        let k = match c {
             Value::Null => criteo::missing_key(j),
             Value::String(h) if h.is_empty() => criteo::missing_key(j),
+            Value::String(h) if !criteo => ringrec::data::parquet_file::text_key(j, h.as_bytes()),
+            Value::Number(n) if !criteo && n.as_u64().is_some() => criteo::category_key(j, n.as_u64().unwrap_or_default()),
             Value::String(h) => match hex(h) {
                 Some(v) => criteo::category_key(j, v),
-                None => return Err(format!("rows[{i}].sparse[{j}] (C{}): \"{}\" is not 1 to 16 hex digits", j + 1, h.escape_debug())),
+                None => return Err(format!("rows[{i}].sparse[{j}] ({}): \"{}\" is not 1 to 16 hex digits", name('C', j), h.escape_debug())),
             },
-            other => return Err(format!("rows[{i}].sparse[{j}] (C{}): {other} is not a hex string or null", j + 1)),
+            other => return Err(format!("rows[{i}].sparse[{j}] ({}): {other} is not {}", name('C', j), if criteo { "a hex string or null" } else { "a string, a non-negative integer or null" })),
         };
+        out.keys.push(k);
     }
-    Ok(s)
+    out.labels.push(label);
+    Ok(())
 }
 
 fn array<'a>(i: usize, r: &'a serde_json::Map<String, Value>, name: &str, n: usize, what: &str) -> Result<&'a Vec<Value>, String> {
@@ -124,17 +148,20 @@ mod tests {
     fn json_rows_and_tsv_lines_give_the_trainers_samples() {
         let want = criteo::parse_line(LINE.as_bytes()).unwrap();
         let body = serde_json::json!({ "rows": [json_of(LINE)], "tsv": [LINE, LINE.split_once('\t').unwrap().1] });
-        let got = parse(body.to_string().as_bytes()).unwrap();
+        let got = parse(body.to_string().as_bytes(), Fields::CRITEO).unwrap();
         assert_eq!(got.len(), 3);
-        assert_eq!(got[0], want);
-        assert_eq!(got[1], want);
-        assert_eq!((got[2].dense, got[2].keys), (want.dense, want.keys), "a line without its label scores the same");
+        let mut one = Columns::default();
+        one.push(&want);
+        for r in 0..3 {
+            assert_eq!((&got.dense[r * 13..(r + 1) * 13], &got.keys[r * 26..(r + 1) * 26]), (&one.dense[..], &one.keys[..]), "row {r}: a line without its label scores the same");
+        }
+        assert_eq!(got.labels, [1.0, 1.0, 0.0]);
     }
 
     #[test]
     fn bad_requests_name_the_row_and_field() {
         let mut r = json_of(LINE);
-        let err = |v: Value| parse(v.to_string().as_bytes()).unwrap_err();
+        let err = |v: Value| parse(v.to_string().as_bytes(), Fields::CRITEO).unwrap_err();
         r["dense"][2] = Value::from(1.5);
         assert!(err(serde_json::json!({ "rows": [json_of(LINE), r.clone()] })).starts_with("rows[1].dense[2] (I3): 1.5 is not an integer"));
         let mut r = json_of(LINE);
@@ -149,9 +176,24 @@ mod tests {
         let mut r = json_of(LINE);
         r["label"] = Value::from(2);
         assert!(err(serde_json::json!({ "rows": [r] })).starts_with("rows[0].label"));
-        assert!(parse(b"{").unwrap_err().starts_with("the body is not JSON"));
+        assert!(parse(b"{", Fields::CRITEO).unwrap_err().starts_with("the body is not JSON"));
         assert_eq!(hex("+1"), None);
         assert_eq!(hex("00ab"), Some(0xab));
         assert_eq!(hex("11112222333344445"), None);
+    }
+
+    #[test]
+    fn rows_of_another_shape_are_read_as_a_parquet_files_and_take_no_tsv() {
+        let fields = Fields { dense: 2, sparse: 3 };
+        let body = serde_json::json!({ "rows": [{ "dense": [5, 0.25], "sparse": ["v3", "00ab", 7] }, { "dense": [null, -1], "sparse": [null, "", "v3"] }] });
+        let got = parse(body.to_string().as_bytes(), fields).unwrap();
+        assert_eq!(got.fields, fields);
+        assert_eq!(got.dense, [criteo::dense_value(5), 0.25, 0.0, 0.0]);
+        let text = ringrec::data::parquet_file::text_key;
+        assert_eq!(got.keys, [text(0, b"v3"), criteo::category_key(1, 0xab), criteo::category_key(2, 7), criteo::missing_key(0), criteo::missing_key(1), text(2, b"v3")]);
+        let err = |v: Value| parse(v.to_string().as_bytes(), fields).unwrap_err();
+        assert!(err(serde_json::json!({ "rows": [{ "dense": [1], "sparse": ["a", "b", "c"] }] })).starts_with("rows[0].dense: 1 values, expected 2 numbers or null"));
+        assert!(err(serde_json::json!({ "rows": [{ "dense": [1, 2], "sparse": ["a", "b", -1] }] })).starts_with("rows[0].sparse[2] (field 2): -1 is not a string, a non-negative integer or null"));
+        assert!(err(serde_json::json!({ "tsv": [LINE] })).starts_with("tsv: the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"));
     }
 }

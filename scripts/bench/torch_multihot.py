@@ -25,6 +25,13 @@ ties as average ranks), as ringrec's. What cannot be the same: the random draws 
 generator, --seed), and at 2 ranks the sparse gradients' normalisation (DDP averages every
 row over the ranks; ringrec divides a row by the number of ranks whose slice held its key).
 
+--init ringrec starts from the very values ringrec draws for --seed: every row by
+src/embedding/init.rs's documented formula over ringrec's documented keys (splitmix64 of
+the field's salt ^ id; list field g is categorical field max(single-hot fields, 26) + g) and
+the MLP from MlpShape::init_params's splitmix64 stream, written here from those formulas
+(nothing imported). Then the two runs differ only by floating-point order (with --lr 0
+--sparse-lr 0 the test AUCs are equal), so one seed compares the implementations; the
+default (torch) draws the same distributions from torch's generator.
 --truncate cuts every list to its first id (the figure's "lists cut to their first id").
 --ddp N runs N processes (gloo on 127.0.0.1), the whole model inside
 DistributedDataParallel, each taking its slice of every global batch.
@@ -37,6 +44,7 @@ with WITH_TORCH=1 installs it); imports nothing from ringrec.
 """
 import argparse
 import json
+import math
 import os
 import time
 
@@ -73,6 +81,70 @@ def bag_batch(lists, rows):
         lo, hi = offsets[rows.start], offsets[rows.stop]
         out.append((torch.from_numpy(values[lo:hi]), torch.from_numpy(offsets[rows.start:rows.stop] - lo)))
     return out
+
+
+U64 = np.uint64
+GOLDEN = U64(0x9E3779B97F4A7C15)
+FIELD_SALT = 0x5249_4E47_5245_4300  # "RINGREC\0"
+EMPTY = U64(0xFFFFFFFFFFFFFFFF)
+
+
+def splitmix64(z):
+    """splitmix64's finaliser of z + golden, over a uint64 array (wrapping arithmetic)."""
+    z = np.asarray(z, dtype=U64) + GOLDEN
+    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+def field_keys(slot, ids):
+    """ringrec's keys of ids of categorical slot `slot` (docs/DATA.md: splitmix64(salt ^ id),
+    salt = splitmix64(FIELD_SALT + slot); the all-ones key is moved one down)."""
+    salt = splitmix64(np.array([FIELD_SALT + slot], dtype=U64))[0]
+    k = splitmix64(np.asarray(ids, dtype=np.int64).view(U64) ^ salt)
+    k[k == EMPTY] = EMPTY - U64(1)
+    return k
+
+
+def initial_rows(keys, seed, dim, scale):
+    """ringrec's initial row of each key (src/embedding/init.rs's documented formula)."""
+    base = splitmix64(U64(seed) ^ splitmix64(keys))
+    j = (np.arange(1, dim + 1, dtype=U64) * GOLDEN)[None, :]
+    u = splitmix64(base[:, None] + j) >> U64(40)
+    return np.float32(scale) * (u.astype(np.float32) * np.float32(1.0 / (1 << 23)) - np.float32(1.0))
+
+
+def initial_dense(widths, seed):
+    """ringrec's initial MLP (Glorot-uniform from one splitmix64 stream, W in x out
+    row-major then zero biases, per layer): [(W (out x in) as torch holds it, b)]."""
+    state = U64(seed) ^ U64(0xD1B54A32D192ED03)
+    out = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        n = fan_in * fan_out
+        stream = state + np.arange(n, dtype=U64) * GOLDEN
+        state = state + U64(n) * GOLDEN
+        u = (splitmix64(stream) >> U64(11)).astype(np.float64) / float(1 << 53)
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        w = ((2.0 * u - 1.0) * limit).astype(np.float32).reshape(fan_in, fan_out)
+        out.append((w.T.copy(), np.zeros(fan_out, dtype=np.float32)))
+    return out
+
+
+def ringrec_init(model, seed, dim):
+    """Gives `model` the initial parameters ringrec draws for `--seed seed` (see --init)."""
+    scale = 1.0 / np.sqrt(np.float32(dim), dtype=np.float32)
+    ids = np.arange(VOCAB, dtype=np.int64)
+    with torch.no_grad(), np.errstate(over="ignore"):
+        for f in range(SINGLE):
+            model.single.weight[f * VOCAB:(f + 1) * VOCAB] = torch.from_numpy(initial_rows(field_keys(f, ids), seed, dim, scale))
+        for g in range(LISTS):
+            # List field g is categorical field max(single-hot fields, 26) + g.
+            model.bags.weight[g * VOCAB:(g + 1) * VOCAB] = torch.from_numpy(initial_rows(field_keys(max(SINGLE, 26) + g, ids), seed, dim, scale))
+        linears = [m for m in model.mlp if isinstance(m, nn.Linear)]
+        widths = [linears[0].in_features] + [m.out_features for m in linears]
+        for m, (w, b) in zip(linears, initial_dense(widths, seed)):
+            m.weight.copy_(torch.from_numpy(w))
+            m.bias.copy_(torch.from_numpy(b))
 
 
 class Model(nn.Module):
@@ -140,8 +212,10 @@ def run(rank, world, args, out):
     n = len(labels)
     n_train = n - min(n, int(np.floor(n * args.test_fraction + 0.5)))
     model = Model()
+    if args.init == "ringrec":
+        ringrec_init(model, args.seed, 16)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    dense = torch.optim.Adam([p for name, p in model.named_parameters() if name.startswith("mlp")], lr=1e-3)
+    dense = torch.optim.Adam([p for name, p in model.named_parameters() if name.startswith("mlp")], lr=args.lr)
     sparse = torch.optim.SGD(model.sparse_params(), lr=args.sparse_lr)
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     start = time.perf_counter()
@@ -164,7 +238,7 @@ def run(rank, world, args, out):
                 rows = range(b0, min(b0 + 8192, n))
                 scores.append(torch.sigmoid(model(torch.from_numpy(single[rows.start:rows.stop]), bag_batch(lists, rows))).numpy())
         scores = np.concatenate(scores) if scores else np.zeros(0)
-        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate, network="ringrec", inputs=model.mlp[0].in_features, seed=args.seed)
+        out.update(test_auc=auc(scores, labels[n_train:]), samples_per_s=n_train * args.epochs / seconds, seconds=seconds, rows=n, ranks=world, truncate=args.truncate, network="ringrec", inputs=model.mlp[0].in_features, seed=args.seed, init=args.init)
         if world > 1:
             print(json.dumps(out) if args.json else out, flush=True)
     if world > 1:
@@ -177,11 +251,14 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate (ringrec's --lr)")
     p.add_argument("--sparse-lr", type=float, default=0.05)
     p.add_argument("--truncate", action="store_true")
     p.add_argument("--ddp", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--init", choices=("torch", "ringrec"), default="torch",
+                   help="torch: the same distributions drawn by torch's generator; ringrec: the very values ringrec draws for --seed (its documented formulas)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.ddp > 1:

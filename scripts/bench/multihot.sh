@@ -8,8 +8,8 @@
 #      scripts/bench/torch_multihot.py (ringrec's very network — the file's 10 single-hot
 #      fields and 6 pooled lists, no dense input: 256 inputs — on
 #      nn.EmbeddingBag(mode="sum", sparse=True)), on the
-#      same file and split, once per seed of SEEDS (--seed on both sides: the spread of
-#      the random draws, which cannot be the same);
+#      same file and split, once per seed of SEEDS (--seed on both sides, torch started
+#      from the very values ringrec draws for it: --init ringrec);
 #   2. the same with every list cut to its first id (ringrec: the file written with
 #      `--max-list-len 1`, the same rows and labels; torch: --truncate);
 #   3. samples/s at 2 ranks, the same global batch: ringrec (mpirun -np 2, --device cpu,
@@ -46,11 +46,11 @@ out=docs/bench/multihot.txt
   echo "## AUC, 1 rank (sum pooling), the same network (ringrec's: 256 inputs)"
   for s in $seeds; do
     "${mpi[@]}" -np 1 "$bin" train --data "$whole" "${flags[@]}" --seed "$s" --threads 2 | field test_auc samples_per_sec | sed "s/^/ringrec whole, seed $s: /"
-    "$py" scripts/bench/torch_multihot.py --data "$whole" --epochs "$epochs" --seed "$s" --threads 2 --json | field test_auc samples_per_s | sed "s/^/torch   whole, seed $s: /"
+    "$py" scripts/bench/torch_multihot.py --data "$whole" --epochs "$epochs" --seed "$s" --init ringrec --threads 2 --json | field test_auc samples_per_s | sed "s/^/torch   whole, seed $s: /"
   done
   echo "## AUC, 1 rank, every list cut to its first id"
   "${mpi[@]}" -np 1 "$bin" train --data "$cut" "${flags[@]}" --threads 2 | field test_auc samples_per_sec | sed 's/^/ringrec cut:   /'
-  "$py" scripts/bench/torch_multihot.py --data "$whole" --truncate --epochs "$epochs" --threads 2 --json | field test_auc samples_per_s | sed 's/^/torch   cut:   /'
+  "$py" scripts/bench/torch_multihot.py --data "$whole" --truncate --epochs "$epochs" --init ringrec --threads 2 --json | field test_auc samples_per_s | sed 's/^/torch   cut:   /'
   echo "## samples/s, 2 ranks, global batch 1024"
   "${mpi[@]}" -np 2 "$bin" train --data "$whole" "${flags[@]}" --threads 1 | field samples_per_sec test_auc | sed 's/^/ringrec 2 ranks, 1 thread each: /'
   for t in 1 2; do

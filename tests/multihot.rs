@@ -125,11 +125,35 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     job.assert_ok();
     let p = job.summary();
     assert_eq!(p["auc"].as_f64(), t["test_auc"].as_f64(), "predict's AUC differs from train's evaluation");
-    // Scored with the other pooling, the same model scores otherwise.
-    let args: Vec<&str> = args.iter().map(|a| if *a == "mean" { "sum" } else { a }).collect();
-    let job = common::mpirun(2, &[], &args);
+    // The pooling is the model's: predict takes it from the checkpoint, and refuses another.
+    let no_flag: Vec<&str> = args.iter().copied().filter(|a| *a != "--multi-hot-pooling" && *a != "mean").collect();
+    let job = common::mpirun(1, &[], &no_flag);
     job.assert_ok();
-    assert_ne!(job.summary()["auc"].as_f64(), t["test_auc"].as_f64());
+    assert_eq!(job.summary()["auc"].as_f64(), t["test_auc"].as_f64(), "predict without --multi-hot-pooling scores as the model was trained");
+    let sum: Vec<&str> = args.iter().map(|a| if *a == "mean" { "sum" } else { a }).collect();
+    let job = common::mpirun(1, &[], &sum);
+    assert_ne!(job.code, Some(0));
+    let recorded = "l0=mean,l1=mean,l2=mean,l3=mean,l4=mean,l5=mean";
+    assert!(job.stderr.contains("--multi-hot-pooling sum") && job.stderr.contains(recorded) && job.stderr.contains("field l0: mean there, sum here"), "{}", job.all());
+    // A warm start takes it from the model too; a resume must repeat it.
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--data", e, "--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--hidden", "16", "--json"];
+        args.extend(extra);
+        common::mpirun(1, &[], &args)
+    };
+    let warm = train(&["--max-steps", "2", "--init-from", c]);
+    warm.assert_ok();
+    let warm_mean = train(&["--max-steps", "2", "--init-from", c, "--multi-hot-pooling", "mean"]);
+    warm_mean.assert_ok();
+    assert_eq!(fnv(&warm.summary()), fnv(&warm_mean.summary()), "--init-from's model pools with mean");
+    let job = train(&["--max-steps", "2", "--init-from", c, "--multi-hot-pooling", "l3=mean"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("--multi-hot-pooling l3=mean") && job.stderr.contains(recorded) && job.stderr.contains("field l0: mean there, sum here"), "{}", job.all());
+    let mut resume = vec!["train", "--data", whole.to_str().unwrap(), "--checkpoint-dir", c, "--resume", "--max-steps", "9", "--hidden", "16", "--eval-data", e];
+    resume.extend(common_flags.iter().map(|a| if *a == "mean" { "sum" } else { a }));
+    let job = common::mpirun(1, &[], &resume);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains(&format!("--multi-hot-pooling: the checkpoint was written with {recorded}, this run has l0=sum,l1=sum")), "{}", job.all());
 }
 
 #[test]

@@ -189,9 +189,39 @@ pub struct InputSpec {
     /// columns; absent when they were inferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<ColumnSpec>,
+    /// The multi-hot fields (Parquet list columns), in the order their pooled vectors follow
+    /// the single-hot fields' rows, each with its pooling; absent without them (and in
+    /// bundles written before them, whose models summed any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multi_hot: Vec<MultiHotField>,
+}
+
+/// A multi-hot field of `model.json`'s `input`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MultiHotField {
+    /// The list column.
+    pub name: String,
+    /// The categorical field whose salt its ids' keys take (`key` of `input`).
+    pub field: usize,
+    /// How its bag of rows becomes one vector: `sum` or `mean` (an empty bag: zeros).
+    pub pooling: String,
 }
 
 impl InputSpec {
+    /// The pooling its model records ([`crate::model::pooling::describe_pooling`]).
+    pub fn pooling(&self) -> String {
+        match self.multi_hot.is_empty() {
+            true => "sum".into(),
+            false => self.multi_hot.iter().map(|f| format!("{}={}", f.name, f.pooling)).collect::<Vec<_>>().join(","),
+        }
+    }
+
+    /// The multi-hot fields of a model that recorded `pooling` (`l0=sum,l1=mean`).
+    fn multi_hot_of(pooling: Option<&str>) -> Vec<MultiHotField> {
+        let fields = pooling.and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
+        fields.into_iter().enumerate().map(|(g, (name, mode))| MultiHotField { name, field: crate::data::criteo::NUM_SPARSE + g, pooling: mode.to_string() }).collect()
+    }
+
     /// ringrec's input, as [`crate::data::criteo`] parses it.
     pub fn criteo() -> InputSpec {
         use crate::data::criteo::{FIELD_SALT, MISSING_VALUE, NUM_DENSE, NUM_SPARSE};
@@ -209,6 +239,7 @@ impl InputSpec {
             order: "x = [row(key of C1), ..., row(key of C26), I1, ..., I13]: 26 x dim + 13 binary32 values".into(),
             parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order filling I1..I13 and C1..C26; a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; slots no column fills are missing; list columns (multi-hot) are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
             schema: None,
+            multi_hot: Vec::new(),
         }
     }
 }
@@ -392,11 +423,12 @@ fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResul
 /// file), from `from` — into `out` (which must not exist); with [`Format::Onnx`] also
 /// `model.onnx`.
 pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
-    write_with(out, from, None, dense, table, format)
+    write_with(out, from, None, None, dense, table, format)
 }
 
-/// [`write`], `model.json` recording the Parquet `columns` the model was trained with.
-pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
+/// [`write`], `model.json` recording the Parquet `columns` the model was trained with and
+/// the `pooling` of its multi-hot fields, as recorded ([`super::source::ModelSource::pooling`]).
+pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, pooling: Option<&str>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
     let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
@@ -432,7 +464,7 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
-            input: InputSpec { schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), ..InputSpec::criteo() },
+            input: InputSpec { schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), multi_hot: InputSpec::multi_hot_of(pooling), ..InputSpec::criteo() },
             model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),
@@ -483,7 +515,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> Bun
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), dense, &table, format)
+    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), m.pooling.as_deref(), dense, &table, format)
 }
 
 /// A bundle that passed every check.

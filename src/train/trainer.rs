@@ -205,12 +205,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         cfg.validate()?;
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
-        let pooling = cfg.multi_hot(&input, data.first()?.0.list_names())?;
-        let spec = cfg.model_spec_with(pooling.len());
+        let lists = data.first()?.0.list_names().to_vec();
+        let spec = cfg.model_spec_with(lists.len());
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
-        let resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
+        let mut resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
         if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
@@ -220,6 +220,11 @@ impl<'a, D: Device> Trainer<'a, D> {
             Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)?),
             None => None,
         };
+        // The pooling is part of the model: recorded with the fields' names.
+        let pooling = cfg.multi_hot(&input, &lists, warm.as_ref().and_then(|(_, from)| from.pooling.as_deref()))?;
+        if let Some(entry) = resume_settings.iter_mut().find(|(k, _)| *k == "--multi-hot-pooling") {
+            entry.1 = crate::model::pooling::describe_pooling(&pooling, &lists, cfg.multi_hot_pooling.as_deref());
+        }
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
                 let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;

@@ -8,7 +8,9 @@
 //! checksum. A checkpoint's table is mapped read-only where it lies (no copy); a bundle's
 //! rows are imported into a private table under the shared-memory directory, whose name is
 //! unlinked as soon as it is filled (the mapping lives on; nothing is left behind). Keys a
-//! table lacks read as their initial rows, as in training.
+//! table lacks read as their initial rows, as in training. A model with multi-hot fields
+//! scores [`Rows`] with their bags, pooled as the model records
+//! ([`ModelSource::pooling`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +23,55 @@ use crate::data::criteo::Sample;
 use crate::device::{CpuDevice, Device};
 use crate::embedding::{EmbeddingTable, SegmentGuard};
 use crate::model::DenseModel;
+
+/// Rows to score: their samples and, for a model with multi-hot fields, each row's bags:
+/// bag `b` (field `b % bags` of row `b / bags`) holds the keys `keys[offsets[b]..offsets[b +
+/// 1]]`, salted by their field ([`crate::data::lists::list_key`]).
+#[derive(Clone, Debug, Default)]
+pub struct Rows {
+    /// One per row.
+    pub samples: Vec<Sample>,
+    /// Multi-hot fields per row (0: none).
+    pub bags: usize,
+    /// Where each bag's keys start, `samples.len() * bags + 1` entries from 0.
+    pub offsets: Vec<u32>,
+    /// The bags' keys, bag after bag.
+    pub keys: Vec<u64>,
+}
+
+impl Rows {
+    /// Rows without multi-hot fields.
+    pub fn single_hot(samples: Vec<Sample>) -> Rows {
+        Rows { samples, bags: 0, offsets: vec![0], keys: Vec::new() }
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Empties them, for rows of `bags` multi-hot fields.
+    pub fn clear(&mut self, bags: usize) {
+        self.samples.clear();
+        self.keys.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        self.bags = bags;
+    }
+
+    /// Appends `other`'s rows (of as many multi-hot fields).
+    pub fn extend(&mut self, other: &Rows) {
+        let base = self.offsets.last().copied().unwrap_or(0);
+        self.samples.extend_from_slice(&other.samples);
+        self.offsets.extend(other.offsets.iter().skip(1).map(|o| o + base));
+        self.keys.extend_from_slice(&other.keys);
+    }
+}
 
 /// A model ready to score (see the module docs).
 pub struct Scorer {
@@ -68,7 +119,19 @@ impl Scorer {
                 table
             }
         };
-        let model = scoring_model(CpuDevice::new(threads), &source)?;
+        let mut model = scoring_model(CpuDevice::new(threads), &source)?;
+        let lists: Vec<_> = source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
+        let fields = model.spec().fields;
+        if fields != crate::data::criteo::NUM_SPARSE + lists.len() {
+            return Err(TrainError::Config(format!(
+                "{}: its model takes {fields} categorical fields, and it records {} multi-hot fields by name: a model trained before the pooling was recorded; resume its run for a step with this ringrec (--multi-hot-pooling as it was trained) to record them",
+                path.display(),
+                lists.len()
+            )));
+        }
+        if !lists.is_empty() {
+            model.set_multi_hot(&lists.iter().map(|(_, m)| *m).collect::<Vec<_>>())?;
+        }
         if let Some(d) = source.dense.as_mut() {
             d.params = Vec::new();
         }
@@ -83,6 +146,31 @@ impl Scorer {
             score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
         }
         Ok(())
+    }
+
+    /// [`Scorer::score`] of rows with their bags (as many multi-hot fields as the model's,
+    /// [`Scorer::multi_hot_fields`]), pooled as the model records.
+    pub fn score_rows(&mut self, rows: &Rows, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+        let (bags, step) = (rows.bags, batch_rows.max(1));
+        if bags != self.model.multi_hot_fields() {
+            return Err(TrainError::Config(format!("the rows have {bags} multi-hot fields, the model {}", self.model.multi_hot_fields())));
+        }
+        let mut offsets = Vec::new();
+        for first in (0..rows.len()).step_by(step) {
+            let end = (first + step).min(rows.len());
+            let span = &rows.offsets[first * bags..=end * bags];
+            let base = span[0];
+            offsets.clear();
+            offsets.extend(span.iter().map(|o| o - base));
+            self.batch.load_samples_with_bags(&rows.samples[first..end], bags, &offsets, &rows.keys[base as usize..span[span.len() - 1] as usize])?;
+            score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
+        }
+        Ok(())
+    }
+
+    /// The model's multi-hot fields with their pooling, in order (empty without them).
+    pub fn multi_hot_fields(&self) -> Vec<(String, crate::model::pooling::Pooling)> {
+        self.source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default()
     }
 
     /// Rows of its table.

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringrec::data::criteo::Sample;
+use ringrec::train::scorer::Rows;
 use tokio::sync::oneshot;
 
 use super::live::Live;
@@ -30,8 +30,8 @@ pub struct Scored {
 
 /// A request waiting to be scored.
 pub struct Job {
-    /// Its rows.
-    pub samples: Vec<Sample>,
+    /// Its rows (with their bags for a model with multi-hot fields).
+    pub rows: Rows,
     /// Where the answer goes.
     pub reply: oneshot::Sender<Result<Scored, String>>,
 }
@@ -48,7 +48,7 @@ pub struct Limits {
 /// The scoring thread's loop; returns when every sender is gone.
 pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metrics>) {
     let mut carry: Option<Job> = None;
-    let mut all: Vec<Sample> = Vec::new();
+    let mut all = Rows::default();
     let mut out: Vec<f32> = Vec::new();
     loop {
         let first = match carry.take() {
@@ -58,7 +58,7 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
                 Err(_) => return,
             },
         };
-        let mut rows = first.samples.len();
+        let mut rows = first.rows.len();
         let mut group = vec![first];
         let deadline = Instant::now() + limits.max_wait;
         while rows < limits.max_batch {
@@ -70,11 +70,11 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
                 },
             };
-            if rows + next.samples.len() > limits.max_batch {
+            if rows + next.rows.len() > limits.max_batch {
                 carry = Some(next);
                 break;
             }
-            rows += next.samples.len();
+            rows += next.rows.len();
             group.push(next);
         }
         let model = live.current();
@@ -82,17 +82,17 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
         let scored = {
             let mut scorer = model.scorer.lock().unwrap_or_else(|e| e.into_inner());
             if group.len() == 1 {
-                scorer.score(&group[0].samples, limits.max_batch, &mut out)
+                scorer.score_rows(&group[0].rows, limits.max_batch, &mut out)
             } else {
-                all.clear();
-                group.iter().for_each(|j| all.extend_from_slice(&j.samples));
-                scorer.score(&all, limits.max_batch, &mut out)
+                all.clear(group[0].rows.bags);
+                group.iter().for_each(|j| all.extend(&j.rows));
+                scorer.score_rows(&all, limits.max_batch, &mut out)
             }
         };
         metrics.batch_rows.observe(rows as f64);
         let mut at = 0;
         for j in group {
-            let n = j.samples.len();
+            let n = j.rows.len();
             let answer = match &scored {
                 Ok(()) => Ok(Scored { probabilities: out[at..at + n].to_vec(), version: model.version, step: model.step }),
                 Err(e) => Err(format!("scoring failed: {e}")),

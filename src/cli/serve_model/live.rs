@@ -33,6 +33,8 @@ pub struct Loaded {
     pub describe: String,
     /// Rows of its table.
     pub table_rows: u64,
+    /// Its multi-hot fields by name, in order (a request's `lists`).
+    pub lists: Vec<String>,
 }
 
 /// How to load a model.
@@ -53,7 +55,8 @@ impl LoadOptions {
     pub fn load(&self, version: u64) -> anyhow::Result<Loaded> {
         let scorer = Scorer::open(&self.model, self.fallback, &self.shm_dir, self.threads)?;
         scorer.source.warn_skipped();
-        Ok(Loaded { describe: scorer.source.describe(), table_rows: scorer.table_rows(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
+        let lists = scorer.multi_hot_fields().into_iter().map(|(name, _)| name).collect();
+        Ok(Loaded { lists, describe: scorer.source.describe(), table_rows: scorer.table_rows(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
     }
 }
 

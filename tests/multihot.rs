@@ -176,3 +176,39 @@ fn a_multi_hot_run_resumes_to_the_parameters_of_one_run_and_warm_starts() {
     let warm = run(&["--max-steps", "1", "--init-from", full]);
     assert!(warm["table_rows"].as_u64().unwrap() >= one["table_rows"].as_u64().unwrap(), "the table carried over");
 }
+
+/// `data` with a float64 column `w` appended (weights `i -> weights[i % weights.len()]`),
+/// written by pyarrow in row groups of 1000 rows, as `out`.
+fn with_weights(py: &str, data: &Path, out: &Path, weights: &[f64]) {
+    let script = "import sys, json, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1]); w = json.loads(sys.argv[3])
+pq.write_table(t.append_column('w', pa.array([w[i % len(w)] for i in range(t.num_rows)], pa.float64())), sys.argv[2], row_group_size=1000)";
+    let o = std::process::Command::new(py).args(["-c", script]).arg(data).arg(out).arg(serde_json::to_string(weights).unwrap()).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_weight_column_with_list_columns_weighs_the_multi_hot_rows() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-weighted");
+    let files: Vec<PathBuf> = ["ones", "twos", "uneven"].iter().map(|n| dir.join(format!("{n}.parquet"))).collect();
+    for (f, w) in files.iter().zip([&[1.0][..], &[2.0], &[0.5, 1.5, 2.5]]) {
+        with_weights(&py, whole, f, w);
+    }
+    let weighted = |f: &Path, name: &str| train(name, 2, f, "cpu", &["--weight-column", "w"]);
+    let (ones, twos, uneven) = (weighted(&files[0], "w-ones"), weighted(&files[1], "w-twos"), weighted(&files[2], "w-uneven"));
+    let plain = train("w-plain", 2, whole, "cpu", &[]);
+    ranks_agree(&uneven);
+    assert_eq!(ones["weight_column"], "w", "{ones}");
+    assert_eq!(fnv(&ones), fnv(&plain), "weights all 1 train the multi-hot rows like no weights");
+    assert_eq!(fnv(&twos), fnv(&ones), "weights all 2: the weighted mean is unchanged bit for bit");
+    assert_ne!(fnv(&uneven), fnv(&ones), "uneven weights change the model");
+    // The cache holds both: version 5, its lists and its weights.
+    let cache_dir = common::scratch_root().join("multihot-w-uneven").join("data").join("cache");
+    let caches: Vec<PathBuf> = std::fs::read_dir(&cache_dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "rrdata")).collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    let ds = ringrec::data::cache::Dataset::open(&caches[0]).unwrap();
+    assert_eq!((ds.header().format().version, ds.list_fields()), (5, 6));
+    assert_eq!(&ds.weights().unwrap()[..4], [0.5, 1.5, 2.5, 0.5]);
+}

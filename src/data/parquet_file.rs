@@ -416,9 +416,6 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     let threads = opts.threads.max(1);
     let (_, source_crc32) = count_lines(src, source.size, threads)?;
     let lists = ListPlan::new(&reader, &schema);
-    if schema.weighted() && !lists.columns.is_empty() {
-        return Err(DataError::InvalidArgument(format!("{}: a weight column with multi-hot (list) columns is not supported yet: leave out the weight column or the lists", src.display())));
-    }
     let layout = CacheLayout::compute_with(rows, rows, schema.weighted(), lists.shape()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     reserve(tmp.file(), tmp.path(), layout.file_len)?;

@@ -1259,7 +1259,7 @@ mod tests {
 
     fn header_v5() -> CacheHeader {
         let shape = ListShape { fields: 6, id_capacity: 1000, names_len: 17 };
-        CacheHeader { list_fields: 6, weight_column: Some(super::super::prepare::NAMED_WEIGHT_COLUMN), bad_counts: [0; 7], layout: CacheLayout::compute_with(9, 10, true, Some(shape)).unwrap(), ..header() }
+        CacheHeader { list_fields: 6, weight_column: Some(super::super::prepare::NAMED_WEIGHT_COLUMN), layout: CacheLayout::compute_with(9, 10, true, Some(shape)).unwrap(), ..header() }
     }
 
     #[test]
@@ -1274,9 +1274,8 @@ mod tests {
         assert_eq!(h.layout.checksummed().map(|(_, _, e)| e)[3..], [4096, 4096, 8192, 4096], "weights, spans, ids, names");
         // The weight's malformed-line count has its own place.
         let mut w = h.clone();
-        (w.bad_counts[6], w.bad_lines, w.rows) = (1, 1, 8);
+        (w.bad_counts[6], w.bad_lines, w.rows, w.lines) = (1, 2, 8, 10);
         w.layout = CacheLayout::compute_with(8, 10, true, h.lists()).unwrap();
-        w.lines = 9;
         let wb = w.encode();
         assert_eq!(rd_u64(&wb, 312), 1);
         assert_eq!(CacheHeader::parse(Path::new("x"), &wb, w.layout.file_len).unwrap(), w);

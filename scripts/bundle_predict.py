@@ -383,11 +383,26 @@ def parse_lists(path, table, fields):
         if name not in table.column_names:
             fail(f"{path}: column `{name}`: no such column; the model's multi-hot field `{name}` is a list column")
         typ = table.schema.field(name).type
-        if not (pt.is_list(typ) or pt.is_large_list(typ)) or not pt.is_integer(typ.value_type):
-            fail(f"{path}: column `{name}`: {typ}, the model's multi-hot field `{name}` is a list of integer ids")
+        if not (pt.is_list(typ) or pt.is_large_list(typ)):
+            fail(f"{path}: column `{name}`: {typ}, the model's multi-hot field `{name}` is a list of integer or string ids")
+        vt = typ.value_type
+        text = pt.is_string(vt) or pt.is_large_string(vt) or pt.is_binary(vt) or pt.is_large_binary(vt)
+        if not (pt.is_integer(vt) or text):
+            fail(f"{path}: column `{name}`: {typ}, the model's multi-hot field `{name}` is a list of integer or string ids")
+
+        def id_of(v):
+            # An integer as an unsigned 64-bit number; a string's 1 to 16 hex digits the
+            # number they spell, another string its FNV-1a 64; an empty one left out.
+            if not text:
+                return v & M64
+            b = v.encode("utf-8") if isinstance(v, str) else v
+            if not b:
+                return None
+            return int(b, 16) if HEX_RE.fullmatch(b.decode("latin-1")) else fnv1a64(b)
+
         rows = []
         for ids in table.column(name).to_pylist():
-            rows.append(u64([i & M64 for i in (ids or []) if i is not None]))
+            rows.append(u64([x for x in (id_of(i) for i in (ids or []) if i is not None) if x is not None]))
         out.append(rows)
     return out
 

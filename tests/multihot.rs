@@ -212,3 +212,67 @@ fn a_weight_column_with_list_columns_weighs_the_multi_hot_rows() {
     assert_eq!((ds.header().format().version, ds.list_fields()), (5, 6));
     assert_eq!(&ds.weights().unwrap()[..4], [0.5, 1.5, 2.5, 0.5]);
 }
+
+/// The multi-hot set's lists rewritten by pyarrow as other list types (`kind`: i32, u32,
+/// u64, large, hex (each id as its hex string), text (a non-hex string per id), float,
+/// nested), in row groups of 700 rows.
+fn lists_as(py: &str, data: &Path, out: &Path, kind: &str) {
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1]); kind = sys.argv[3]
+types = {'i32': pa.list_(pa.int32()), 'u32': pa.list_(pa.uint32()), 'u64': pa.list_(pa.uint64()), 'large': pa.large_list(pa.int64()), 'float': pa.list_(pa.float64())}
+for g in range(6):
+    name = f'l{g}'; col = t.column(name)
+    if kind in types:
+        col = col.cast(types[kind])
+    elif kind == 'hex':
+        col = pa.array([None if l is None else [format(i, 'x') for i in l] for l in col.to_pylist()], pa.list_(pa.string()))
+    elif kind == 'text':
+        col = pa.array([None if l is None else [f'item-{i}' for i in l] for l in col.to_pylist()], pa.list_(pa.string()))
+    elif kind == 'nested':
+        col = pa.array([None if l is None else [[i] for i in l] for l in col.to_pylist()], pa.list_(pa.list_(pa.int64())))
+    t = t.set_column(t.schema.get_field_index(name), name, col)
+pq.write_table(t, sys.argv[2], row_group_size=700)";
+    let o = std::process::Command::new(py).args(["-c", script]).arg(data).arg(out).arg(kind).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn lists_of_int32_uint_strings_and_large_lists_read_as_their_ids_and_floats_or_nested_lists_are_refused() {
+    use ringrec::data::lists::{list_key, read_bags};
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-types");
+    let names: Vec<String> = (0..6).map(|g| format!("l{g}")).collect();
+    let want = read_bags(whole, &names).unwrap();
+    let file = |kind: &str| {
+        let p = dir.join(format!("{kind}.parquet"));
+        lists_as(&py, whole, &p, kind);
+        p
+    };
+    for kind in ["i32", "u32", "u64", "large", "hex"] {
+        let got = read_bags(&file(kind), &names).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!((got.offsets == want.offsets, got.keys == want.keys, got.empty), (true, true, want.empty), "{kind}: the same ids as the int64 lists");
+    }
+    // A string that is not hex digits is its FNV-1a 64, as a single-hot string's.
+    let text = read_bags(&file("text"), &names).unwrap();
+    assert_eq!(text.offsets, want.offsets);
+    assert_ne!(text.keys, want.keys);
+    let small = dir.join("small.parquet");
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.table({'label': [0, 1], 'l0': pa.array([['item-7', '', None, 'Ab'], None], pa.list_(pa.string()))}), sys.argv[1])";
+    let o = std::process::Command::new(&py).args(["-c", script]).arg(&small).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let b = read_bags(&small, &names[..1]).unwrap();
+    assert_eq!(b.keys, [list_key(0, ringrec::hash::fnv1a64(b"item-7")), list_key(0, 0xab)], "an empty string and a null are left out");
+    assert_eq!((b.offsets.as_slice(), b.empty, b.null_elements), (&[0, 2, 2][..], 1, 2));
+    // Trained from the hex strings, the model is the int64 lists' bit for bit.
+    let (hex, base) = (train("hex", 1, &dir.join("hex.parquet"), "cpu", &["--max-steps", "6"]), train("int64", 1, whole, "cpu", &["--max-steps", "6"]));
+    assert_eq!(fnv(&hex), fnv(&base), "hex-string lists train as the int64 lists they spell");
+    // A list of floats and a list of lists are refused, naming the file and the column.
+    for (kind, says) in [("float", "a list of DOUBLE values; a multi-hot field is a list of integer or string ids"), ("nested", "a list of lists (nested)")] {
+        let p = file(kind);
+        let job = common::mpirun(1, &[], &["train", "--data", p.to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", dir.join("d").to_str().unwrap(), "--max-steps", "1"]);
+        assert_ne!(job.code, Some(0));
+        assert!(job.stderr.contains(&format!("{kind}.parquet")) && job.stderr.contains("`l0`") && job.stderr.contains(says), "{kind}: {}", job.all());
+    }
+}

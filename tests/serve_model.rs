@@ -393,7 +393,7 @@ fn a_multi_hot_models_rows_score_as_predict_in_the_server_and_the_bundle_reader(
         refused(json!({ "rows": [r] }), "rows[0].sparse[2] (C3): a list where one id is expected");
         let mut r = rows[0].clone();
         r["lists"]["l0"] = json!([["1"]]);
-        refused(json!({ "rows": [r] }), "rows[0].lists.l0[0]: [\\\"1\\\"] is not an integer id");
+        refused(json!({ "rows": [r] }), "rows[0].lists.l0[0]: [\\\"1\\\"] is not an id");
         refused(json!({ "tsv": ["0\t1"] }), "tsv: a Criteo line has no multi-hot fields");
     }
 }

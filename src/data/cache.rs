@@ -1273,7 +1273,7 @@ mod tests {
         assert_eq!((rd_u64(&b, 288), rd_u64(&b, 296)), (l.weights_offset, l.weights_len));
         assert_eq!(h.layout.checksummed().map(|(_, _, e)| e)[3..], [4096, 4096, 8192, 4096], "weights, spans, ids, names");
         // The weight's malformed-line count has its own place.
-        let mut w = h.clone();
+        let mut w = h;
         (w.bad_counts[6], w.bad_lines, w.rows, w.lines) = (1, 2, 8, 10);
         w.layout = CacheLayout::compute_with(8, 10, true, h.lists()).unwrap();
         let wb = w.encode();

@@ -11,8 +11,9 @@
 //! - `rows[i].sparse[j]` is categorical feature C(j+1): 1 to 16 hex digits (either case);
 //!   `null` or `""` is a missing value.
 //! - `rows[i].lists` holds a model's multi-hot fields (its `model.json`'s `input.multi_hot`),
-//!   every one by name: a list of integer ids (within a signed or unsigned 64-bit integer,
-//!   as the Parquet list column had them), pooled as the model was trained (an empty list
+//!   every one by name: a list of ids as the Parquet list column had them (integers within
+//!   a signed or unsigned 64-bit integer, or strings keyed as a Parquet list's strings: their
+//!   hex digits' number, else their FNV-1a 64; an empty string or a null left out), pooled as the model was trained (an empty list
 //!   or `null` pools to zeros); a model without multi-hot fields takes no `lists`.
 //! - `label` is optional and does not change the score (0 or 1 when given).
 //! - `tsv[i]` is a line as the trainer reads it: 40 tab-separated fields (label, I1..I13,
@@ -70,9 +71,14 @@ fn bags(i: usize, r: &Value, lists: &[String], keys: &mut Vec<u64>, ends: &mut V
                 for (j, id) in ids.iter().enumerate() {
                     let v = match id {
                         Value::Number(n) => n.as_i64().map(|v| v as u64).or_else(|| n.as_u64()),
+                        // A string id as a Parquet list's: its hex digits' number, else its
+                        // FNV-1a 64; an empty one (or a null) is left out.
+                        Value::String(t) if t.is_empty() => continue,
+                        Value::String(t) => Some(hex(t).unwrap_or_else(|| ringrec::hash::fnv1a64(t.as_bytes()))),
+                        Value::Null => continue,
                         _ => None,
                     };
-                    let v = v.ok_or_else(|| format!("{at}[{j}]: {id} is not an integer id within 64 bits"))?;
+                    let v = v.ok_or_else(|| format!("{at}[{j}]: {id} is not an id (an integer within 64 bits or a string)"))?;
                     keys.push(list_key(g, v));
                 }
             }
@@ -240,7 +246,11 @@ mod tests {
         bad["lists"] = serde_json::json!({ "l0": [1] });
         assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1: missing"));
         bad["lists"] = serde_json::json!({ "l0": [1], "l1": [[2]] });
-        assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1[0]: [2] is not an integer id"));
+        assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1[0]: [2] is not an id"));
+        let mut r3 = json_of(LINE);
+        r3["lists"] = serde_json::json!({ "l0": ["item-7", "", null, "Ab"], "l1": [] });
+        let rows = parse_rows(serde_json::json!({ "rows": [r3] }).to_string().as_bytes(), &lists).unwrap();
+        assert_eq!(rows.keys, [list_key(0, ringrec::hash::fnv1a64(b"item-7")), list_key(0, 0xab)]);
         bad["lists"] = serde_json::json!({ "l0": 3, "l1": [] });
         assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l0: 3 is not a list"));
         bad["lists"] = serde_json::json!({ "l0": [], "l1": [], "l9": [] });

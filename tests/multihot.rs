@@ -276,3 +276,21 @@ pq.write_table(pa.table({'label': [0, 1], 'l0': pa.array([['item-7', '', None, '
         assert!(job.stderr.contains(&format!("{kind}.parquet")) && job.stderr.contains("`l0`") && job.stderr.contains(says), "{kind}: {}", job.all());
     }
 }
+
+#[test]
+fn merging_duplicates_compares_the_lists_too() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let dir = common::scratch("multihot-merge");
+    let data = dir.join("dups.parquet");
+    // 400 rows, the same label and single-hot id each; lists [r % 4]: 4 distinct rows.
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+n = 400
+pq.write_table(pa.table({'label': [1] * n, 'c0': ['ab'] * n, 'l0': pa.array([[r % 4] for r in range(n)], pa.list_(pa.int64()))}), sys.argv[1])";
+    let o = std::process::Command::new(&py).args(["-c", script]).arg(&data).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", dir.join("d").to_str().unwrap(), "--device", "cpu", "--batch", "2", "--hidden", "8", "--max-steps", "1", "--test-fraction", "0", "--merge-duplicates", "--json"];
+    let job = common::mpirun(1, &[], &args);
+    job.assert_ok();
+    let s = job.summary();
+    assert_eq!((s["samples_merged"].as_u64(), s["train_rows"].as_u64()), (Some(396), Some(4)), "rows differing only in their lists are not merged: {s}");
+}

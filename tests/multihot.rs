@@ -288,7 +288,8 @@ n = 400
 pq.write_table(pa.table({'label': [1] * n, 'c0': ['ab'] * n, 'l0': pa.array([[r % 4] for r in range(n)], pa.list_(pa.int64()))}), sys.argv[1])";
     let o = std::process::Command::new(&py).args(["-c", script]).arg(&data).output().expect("python");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", dir.join("d").to_str().unwrap(), "--device", "cpu", "--batch", "2", "--hidden", "8", "--max-steps", "1", "--test-fraction", "0", "--merge-duplicates", "--json"];
+    let data_dir = dir.join("d");
+    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", data_dir.to_str().unwrap(), "--device", "cpu", "--batch", "2", "--hidden", "8", "--max-steps", "1", "--test-fraction", "0", "--merge-duplicates", "--json"];
     let job = common::mpirun(1, &[], &args);
     job.assert_ok();
     let s = job.summary();

@@ -197,6 +197,17 @@ fn totals(data: &TrainData, cfg: &TrainConfig) -> (Option<u64>, u64) {
     (spe, cfg.epochs.saturating_mul(per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX)))
 }
 
+/// The pooling of the data's multi-hot fields `lists` of `input` ([`TrainConfig::multi_hot`]:
+/// the flag, else the `--init-from` model's `warm`, else sum), recorded in `settings` with
+/// the fields' names: the pooling is part of the model.
+fn model_pooling(cfg: &TrainConfig, input: &std::path::Path, lists: &[String], warm: Option<&str>, settings: &mut [(&'static str, String)]) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
+    let pooling = cfg.multi_hot(input, lists, warm)?;
+    if let Some(entry) = settings.iter_mut().find(|(k, _)| *k == "--multi-hot-pooling") {
+        entry.1 = crate::model::pooling::describe_pooling(&pooling, lists, cfg.multi_hot_pooling.as_deref());
+    }
+    Ok(pooling)
+}
+
 impl<'a, D: Device> Trainer<'a, D> {
     /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
     /// its gradients reduced by `engine`, the host table; from the checkpoint when
@@ -220,11 +231,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)?),
             None => None,
         };
-        // The pooling is part of the model: recorded with the fields' names.
-        let pooling = cfg.multi_hot(&input, &lists, warm.as_ref().and_then(|(_, from)| from.pooling.as_deref()))?;
-        if let Some(entry) = resume_settings.iter_mut().find(|(k, _)| *k == "--multi-hot-pooling") {
-            entry.1 = crate::model::pooling::describe_pooling(&pooling, &lists, cfg.multi_hot_pooling.as_deref());
-        }
+        let pooling = model_pooling(cfg, &input, &lists, warm.as_ref().and_then(|(_, from)| from.pooling.as_deref()), &mut resume_settings)?;
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
                 let r = resume(topo, coll.as_mut(), dir, &resume_settings, &mut params, &mut opt)?;

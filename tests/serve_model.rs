@@ -443,3 +443,37 @@ fn a_multi_hot_models_rows_score_as_predict_in_the_server_and_the_bundle_reader(
         refused(json!({ "tsv": ["0\t1"] }), "tsv: a Criteo line has no multi-hot fields");
     }
 }
+
+/// A Parquet file of 2 float dense columns, 28 string categorical columns and 2 lists of
+/// int64 ids (written by pyarrow), and its rows as JSON with their lists.
+const PYARROW_WIDE_LISTS: &str = r#"
+import sys, json, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+rng = np.random.default_rng(5)
+n = 600
+dense = {f"d{k}": rng.normal(0, 1, n) for k in range(2)}
+cats = {f"c{k}": [f"v{v}" for v in rng.integers(0, 20, n)] for k in range(28)}
+lists = {f"l{g}": [[int(v) for v in rng.integers(0, 40, rng.integers(0, 5))] for _ in range(n)] for g in range(2)}
+label = (rng.random(n) < 0.4).astype(np.int64)
+t = {"label": label, **dense, **cats, **{g: pa.array(l, pa.list_(pa.int64())) for g, l in lists.items()}}
+pq.write_table(pa.table(t), f"{d}/wide.parquet", row_group_size=250)
+rows = [{"dense": [float(dense[f"d{k}"][i]) for k in range(2)], "sparse": [cats[f"c{k}"][i] for k in range(28)], "lists": {g: l[i] for g, l in lists.items()}} for i in range(n)]
+json.dump(rows, open(f"{d}/wide.json", "w"))
+"#;
+
+#[test]
+fn a_multi_hot_model_of_more_than_26_single_hot_fields_scores_json_rows_as_predict_does() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = TempDir::new("serve-model-wide-lists");
+    assert!(Command::new(&py).args(["-c", PYARROW_WIDE_LISTS]).arg(dir.path("")).status().expect("python").success(), "the pyarrow script failed");
+    let (data, ck) = (dir.path("wide.parquet"), dir.path("ck"));
+    let (d, c) = (data.to_str().expect("utf8"), ck.to_str().expect("utf8"));
+    run(&dir, &["train", "--data", d, "--batch", "100", "--max-steps", "4", "--hidden", "16", "--multi-hot-pooling", "l1=mean", "--checkpoint-dir", c, "--threads", "2", "--no-progress"]);
+    let out = dir.path("scores.tsv");
+    run(&dir, &["predict", "--model", c, "--data", d, "--batch", "64", "--threads", "2", "--out", out.to_str().expect("utf8")]);
+    let want: Vec<f32> = std::fs::read_to_string(&out).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect();
+    let rows: Vec<Value> = serde_json::from_slice(&std::fs::read(dir.path("wide.json")).expect("rows")).expect("JSON");
+    let s = Server::start(&ck, &["--max-batch", "64"]);
+    let (got, _) = s.score(None, &json!({ "rows": rows[..192] }));
+    assert_eq!(bits(&got), bits(&want[..192]), "serve-model keys the lists after the model's 28 single-hot fields, as predict does");
+}

@@ -13,7 +13,11 @@ dcn, deepfm and wide-deep, as the models' one definition (src/model/spec.rs) giv
 A Parquet file (it starts with PAR1) is read with pyarrow, which is then needed, by the rules
 of model.json's `input.parquet` (single-hot columns: as `ringrec predict` reads them), with
 the columns model.json's `input.schema` names (the training run's --schema or column flags,
-each dense column's transform included) unless the column flags here name others.
+each dense column's transform included) unless the column flags here name others. A model
+with multi-hot fields (model.json's `input.multi_hot`) reads each of them from its list
+column: every id's row (keyed with its field's salt, as `input.key` says), the rows summed
+or averaged as the field's `pooling` says (a null or empty list: zeros, a null id left out),
+after the single-hot fields' rows.
 
 It checks every file's size and CRC-32 against model.json (and each file's own trailer, and
 the frame's header CRC of bundle version 2),
@@ -368,12 +372,79 @@ def fnv1a64(data):
     return h
 
 
+def parse_lists(path, table, fields):
+    """Per multi-hot field of model.json's input.multi_hot, every row's ids (uint64) from its
+    list column: a null list is empty, null ids are left out."""
+    import pyarrow.types as pt
+
+    out = []
+    for f in fields:
+        name = f["name"]
+        if name not in table.column_names:
+            fail(f"{path}: column `{name}`: no such column; the model's multi-hot field `{name}` is a list column")
+        typ = table.schema.field(name).type
+        if not (pt.is_list(typ) or pt.is_large_list(typ)):
+            fail(f"{path}: column `{name}`: {typ}, the model's multi-hot field `{name}` is a list of integer or string ids")
+        vt = typ.value_type
+        text = pt.is_string(vt) or pt.is_large_string(vt) or pt.is_binary(vt) or pt.is_large_binary(vt)
+        if not (pt.is_integer(vt) or text):
+            fail(f"{path}: column `{name}`: {typ}, the model's multi-hot field `{name}` is a list of integer or string ids")
+
+        def id_of(v):
+            # An integer as an unsigned 64-bit number; a string's 1 to 16 hex digits the
+            # number they spell, another string its FNV-1a 64; an empty one left out.
+            if not text:
+                return v & M64
+            b = v.encode("utf-8") if isinstance(v, str) else v
+            if not b:
+                return None
+            return int(b, 16) if HEX_RE.fullmatch(b.decode("latin-1")) else fnv1a64(b)
+
+        rows = []
+        for ids in table.column(name).to_pylist():
+            rows.append(u64([x for x in (id_of(i) for i in (ids or []) if i is not None) if x is not None]))
+        out.append(rows)
+    return out
+
+
+def pooled_rows(lists, fields, spec, dim, lookup):
+    """(n, G, row_width) float32: per row and multi-hot field its ids' rows pooled as the
+    field's `pooling` says (sum, or mean; an empty list: zeros), in binary32 in list order
+    as ringrec pools them."""
+    salt_base = int(spec["field_salt_base"], 16)
+    n = len(lists[0]) if lists else 0
+    out = None
+    for g, (f, rows) in enumerate(zip(fields, lists)):
+        with np.errstate(over="ignore"):
+            salt = splitmix64(u64([salt_base + f["field"]]))[0]
+            ids = np.concatenate(rows) if rows else u64([])
+            keys = splitmix64(salt ^ ids)
+            keys[keys == np.uint64(M64)] = np.uint64(M64 - 1)
+        vals = lookup(keys)
+        if out is None:
+            out = np.zeros((n, len(fields), dim), dtype=np.float32)
+        at = 0
+        for r, ids in enumerate(rows):
+            bag = vals[at:at + len(ids)]
+            at += len(ids)
+            if len(ids) == 0:
+                continue
+            acc = np.zeros(bag.shape[1], dtype=np.float32)
+            for v in bag:
+                acc = acc + v
+            if f["pooling"] == "mean":
+                acc = acc / np.float32(len(ids))
+            out[r, g] = acc
+    return out
+
+
 def parse_parquet(path, spec, label, dense_columns, sparse_columns, transforms=None):
-    """(labels, dense float32 (n, 13), values uint64 (n, 26), 0), as ringrec reads a Parquet
-    file (model.json's input.parquet): the label column; numbers dense (integers and booleans
-    ln(1 + max(x, 0)), floats as they are, unless `transforms` maps the column to "log" or
-    "none"), strings categorical (1 to 16 hex digits: the number they spell, else their
-    FNV-1a 64), or exactly the named columns; nulls are empty fields."""
+    """(labels, dense float32 (n, 13), values uint64 (n, 26), 0, lists), as ringrec reads a
+    Parquet file (model.json's input.parquet): the label column; numbers dense (integers and
+    booleans ln(1 + max(x, 0)), floats as they are, unless `transforms` maps the column to
+    "log" or "none"), strings categorical (1 to 16 hex digits: the number they spell, else
+    their FNV-1a 64), or exactly the named columns; nulls are empty fields; the list columns
+    of the model's multi-hot fields read by parse_lists."""
     transforms = transforms or {}
     import pyarrow.parquet as pq
     import pyarrow.types as pt
@@ -394,8 +465,10 @@ def parse_parquet(path, spec, label, dense_columns, sparse_columns, transforms=N
     dense = np.zeros((n, nd), dtype=np.float32)
     values = np.full((n, nc), missing, dtype=np.uint64)
     di = si = 0
+    fields = spec.get("multi_hot", [])
+    multi = {f["name"] for f in fields}
     for name in table.column_names:
-        if name == label:
+        if name == label or name in multi:
             continue
         typ = table.schema.field(name).type
         if pt.is_dictionary(typ):
@@ -405,7 +478,7 @@ def parse_parquet(path, spec, label, dense_columns, sparse_columns, transforms=N
         if not (as_dense or as_sparse):
             continue
         if pt.is_list(typ) or pt.is_large_list(typ):
-            fail(f"{path}: column `{name}`: a list column (multi-hot), which ringrec does not train yet")
+            fail(f"{path}: column `{name}`: a list column (multi-hot), and the model's multi-hot fields are {sorted(multi) or 'none'}")
         col = table.column(name).combine_chunks()
         if pt.is_dictionary(col.type):
             col = col.cast(typ)
@@ -441,7 +514,7 @@ def parse_parquet(path, spec, label, dense_columns, sparse_columns, transforms=N
                 v[null] = np.uint64(missing)
             values[:, si] = v
             si += 1
-    return labels.astype(np.float32), dense, values, 0
+    return labels.astype(np.float32), dense, values, 0, parse_lists(path, table, fields)
 
 
 def load_bundle(bundle):
@@ -478,10 +551,14 @@ def inputs(model, tkeys, trows, data, test_fraction, columns=("label", (), ())):
     dim = tab["dim"]
     with open(data, "rb") as f:
         parquet = f.read(4) == b"PAR1"
-    labels, dense, values, skipped = parse_parquet(data, spec, *columns) if parquet else parse_tsv(data, spec)
+    labels, dense, values, skipped, lists = parse_parquet(data, spec, *columns) if parquet else (*parse_tsv(data, spec), [])
+    fields = spec.get("multi_hot", [])
+    if fields and not parquet:
+        fail(f"{data}: a TSV has no list columns, and the model has multi-hot fields ({', '.join(f['name'] for f in fields)}): score a Parquet file")
     n = len(labels)
     cut = n - min(n, int(math.floor(n * test_fraction + 0.5))) if test_fraction > 0 else 0
     labels, dense, values = labels[cut:], dense[cut:], values[cut:]
+    lists = [rows[cut:] for rows in lists]
 
     with np.errstate(over="ignore"):
         salt_base = int(spec["field_salt_base"], 16)
@@ -495,7 +572,27 @@ def inputs(model, tkeys, trows, data, test_fraction, columns=("label", (), ())):
         rows[found] = trows[at[found]]
         rows[~found] = init_rows(uniq[~found], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
     per_sample = rows[inverse.reshape(-1)].reshape(len(labels), spec["categorical_features"], dim)
+
+    def lookup(keys):
+        at = np.minimum(np.searchsorted(tkeys, keys), max(len(tkeys) - 1, 0))
+        hit = (tkeys[at] == keys) if len(tkeys) else np.zeros(len(keys), dtype=bool)
+        out = np.empty((len(keys), dim), dtype=np.float32)
+        out[hit] = trows[at[hit]]
+        out[~hit] = init_rows(keys[~hit], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
+        return out
+
+    if fields:
+        per_sample = np.concatenate([per_sample, pooled_rows(lists, fields, spec, dim, lookup)], axis=1)
     return labels, per_sample, dense, skipped, int(found.sum()), len(uniq)
+
+
+def schema_columns(model):
+    """A Parquet file's (label, dense, categorical columns, transforms) as model.json's
+    input.schema names them (the training run's --schema or column flags), or by type."""
+    schema = model["input"].get("schema")
+    if not schema:
+        return ("label", (), (), {})
+    return (schema.get("label") or "label", tuple(schema["dense"]), tuple(schema["sparse"]), dict(schema.get("transforms", [])))
 
 
 def open_bundle(bundle):
@@ -533,10 +630,9 @@ def main():
     columns = (a.label_column, names(a.dense_columns), names(a.sparse_columns), {})
 
     model, spec, flat, tkeys, trows = load_bundle(a.bundle)
-    schema = model["input"].get("schema")
-    if schema and not (a.dense_columns or a.sparse_columns or a.label_column != "label"):
+    if not (a.dense_columns or a.sparse_columns or a.label_column != "label"):
         # The columns the model was trained with, each dense column's transform included.
-        columns = (schema.get("label") or "label", tuple(schema["dense"]), tuple(schema["sparse"]), dict(schema.get("transforms", [])))
+        columns = schema_columns(model)
     labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction, columns)
     scores = 1.0 / (1.0 + np.exp(-logits(spec, flat, rows, dense)))
 

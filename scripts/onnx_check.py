@@ -10,7 +10,8 @@ bundle: `onnx.checker.check_model(full_check=True)` on BUNDLE/model.onnx (size a
 checked against model.json first), then ONNX Runtime scores the TSV's rows (the last
 fraction F of them with --test-fraction, train's held-out split), the inputs made as
 scripts/bundle_predict.py makes them (dense features transformed, each field's row from
-table.bin, a key it lacks given its initial row), and the scores are compared with
+table.bin, a key it lacks given its initial row; a Parquet file's columns as model.json's
+input.schema names them, a multi-hot field's slot its list's pooled rows), and the scores are compared with
 `ringrec predict --out` scores of the same rows: exit 1 when any differs by more than the
 tolerance.
 
@@ -68,7 +69,7 @@ def check_bundle(a):
         bp.fail(f"{a.bundle}: no model.onnx (export with --format onnx)")
     data = checked_graph(os.path.join(a.bundle, spec["file"]), spec)
     model, _, _, tkeys, trows = bp.load_bundle(a.bundle)
-    labels, emb, dense, skipped, found, distinct = bp.inputs(model, tkeys, trows, a.data, a.test_fraction)
+    labels, emb, dense, skipped, found, distinct = bp.inputs(model, tkeys, trows, a.data, a.test_fraction, bp.schema_columns(model))
     scores = score(session(data), dense, emb)
     print(f"onnx_check: onnx {onnx.__version__} checker (full) passed; onnxruntime {ort.__version__} scored {len(scores)} rows ({skipped} malformed line(s) skipped; {found} of {distinct} distinct keys in the table)", file=sys.stderr)
     bp.compare(a.compare, scores, labels, a.tolerance, "onnx_check")

@@ -344,13 +344,14 @@ fn corrupt_cache_files_are_refused_each_with_its_own_error() {
     let e = try_open("tsv.rrdata", &std::fs::read(&tsv).unwrap());
     assert!(matches!(e, DataError::Format(FormatError::BadMagic { .. })), "{e:?}");
     assert!(e.to_string().contains("ringrec data prepare"), "{e}");
-    // A future version (3 is a cache with weights, 4 one with lists), and the previous one.
+    // A future version (3 is a cache with weights, 4 one with lists, 5 one with both), and
+    // the previous one.
     let mut b = bytes.clone();
-    b[8] = 5;
+    b[8] = 6;
     fix_checksum(&mut b);
     let e = try_open("version.rrdata", &b);
-    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 5, supported: 4, .. })), "{e:?}");
-    assert!(e.to_string().contains("format version 5, this build reads version 4"), "{e}");
+    assert!(matches!(e, DataError::Format(FormatError::BadVersion { found: 6, supported: 5, .. })), "{e:?}");
+    assert!(e.to_string().contains("format version 6, this build reads version 5"), "{e}");
     b[8] = 1;
     fix_checksum(&mut b);
     let e = try_open("version1.rrdata", &b);

@@ -119,6 +119,20 @@ fn thirty_single_hot_two_dense_and_two_multi_hot_columns_train_score_resume_and_
     job.assert_ok();
     assert_eq!(job.summary()["auc"].as_f64(), one["test_auc"].as_f64(), "predict's AUC differs from train's evaluation");
 
+    // Its bundle: 2 dense and 30 single-hot fields, the lists salted after the 30, scored by
+    // bundle_predict.py (pooling the lists) as predict scores it.
+    let (bundle, scores) = (dir.join("bundle"), dir.join("wide-scores"));
+    ringrec(1, &dir, &["export", "--model", ck.to_str().unwrap(), "--out", bundle.to_str().unwrap()]).assert_ok();
+    let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+    assert_eq!((&model["input"]["dense_features"], &model["input"]["categorical_features"]), (&serde_json::json!(2), &serde_json::json!(30)));
+    let salts: Vec<u64> = model["input"]["multi_hot"].as_array().unwrap().iter().map(|f| f["field"].as_u64().unwrap()).collect();
+    assert_eq!(salts, [30, 31]);
+    ringrec(1, &dir, &["predict", "--model", bundle.to_str().unwrap(), "--data", eval.to_str().unwrap(), "--out", scores.to_str().unwrap()]).assert_ok();
+    let mut c = Command::new(common::test_python("numpy, pyarrow").unwrap());
+    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&eval);
+    c.arg("--compare").arg(&scores).args(["--tolerance", "1e-6"]);
+    common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+
     // Stopped at step 3 and resumed to 6: the parameters of 6 steps in one run.
     let full6 = train(1, d, "wide.parquet", &dir, &["--max-steps", "6", "--checkpoint-dir", full.to_str().unwrap()]);
     train(1, d, "wide.parquet", &dir, &["--max-steps", "3", "--checkpoint-dir", part.to_str().unwrap()]);

@@ -125,11 +125,35 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     job.assert_ok();
     let p = job.summary();
     assert_eq!(p["auc"].as_f64(), t["test_auc"].as_f64(), "predict's AUC differs from train's evaluation");
-    // Scored with the other pooling, the same model scores otherwise.
-    let args: Vec<&str> = args.iter().map(|a| if *a == "mean" { "sum" } else { a }).collect();
-    let job = common::mpirun(2, &[], &args);
+    // The pooling is the model's: predict takes it from the checkpoint, and refuses another.
+    let no_flag: Vec<&str> = args.iter().copied().filter(|a| *a != "--multi-hot-pooling" && *a != "mean").collect();
+    let job = common::mpirun(1, &[], &no_flag);
     job.assert_ok();
-    assert_ne!(job.summary()["auc"].as_f64(), t["test_auc"].as_f64());
+    assert_eq!(job.summary()["auc"].as_f64(), t["test_auc"].as_f64(), "predict without --multi-hot-pooling scores as the model was trained");
+    let sum: Vec<&str> = args.iter().map(|a| if *a == "mean" { "sum" } else { a }).collect();
+    let job = common::mpirun(1, &[], &sum);
+    assert_ne!(job.code, Some(0));
+    let recorded = "l0=mean,l1=mean,l2=mean,l3=mean,l4=mean,l5=mean";
+    assert!(job.stderr.contains("--multi-hot-pooling sum") && job.stderr.contains(recorded) && job.stderr.contains("field l0: mean there, sum here"), "{}", job.all());
+    // A warm start takes it from the model too; a resume must repeat it.
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--data", e, "--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--hidden", "16", "--json"];
+        args.extend(extra);
+        common::mpirun(1, &[], &args)
+    };
+    let warm = train(&["--max-steps", "2", "--init-from", c]);
+    warm.assert_ok();
+    let warm_mean = train(&["--max-steps", "2", "--init-from", c, "--multi-hot-pooling", "mean"]);
+    warm_mean.assert_ok();
+    assert_eq!(fnv(&warm.summary()), fnv(&warm_mean.summary()), "--init-from's model pools with mean");
+    let job = train(&["--max-steps", "2", "--init-from", c, "--multi-hot-pooling", "l3=mean"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("--multi-hot-pooling l3=mean") && job.stderr.contains(recorded) && job.stderr.contains("field l0: mean there, sum here"), "{}", job.all());
+    let mut resume = vec!["train", "--data", whole.to_str().unwrap(), "--checkpoint-dir", c, "--resume", "--max-steps", "9", "--hidden", "16", "--eval-data", e];
+    resume.extend(common_flags.iter().map(|a| if *a == "mean" { "sum" } else { a }));
+    let job = common::mpirun(1, &[], &resume);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains(&format!("--multi-hot-pooling: the checkpoint was written with {recorded}, this run has l0=sum,l1=sum")), "{}", job.all());
 }
 
 #[test]
@@ -151,4 +175,126 @@ fn a_multi_hot_run_resumes_to_the_parameters_of_one_run_and_warm_starts() {
     assert_eq!(fnv(&resumed), fnv(&one));
     let warm = run(&["--max-steps", "1", "--init-from", full]);
     assert!(warm["table_rows"].as_u64().unwrap() >= one["table_rows"].as_u64().unwrap(), "the table carried over");
+}
+
+/// `data` with a float64 column `w` appended (weights `i -> weights[i % weights.len()]`),
+/// written by pyarrow in row groups of 1000 rows, as `out`.
+fn with_weights(py: &str, data: &Path, out: &Path, weights: &[f64]) {
+    let script = "import sys, json, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1]); w = json.loads(sys.argv[3])
+pq.write_table(t.append_column('w', pa.array([w[i % len(w)] for i in range(t.num_rows)], pa.float64())), sys.argv[2], row_group_size=1000)";
+    let o = std::process::Command::new(py).args(["-c", script]).arg(data).arg(out).arg(serde_json::to_string(weights).unwrap()).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_weight_column_with_list_columns_weighs_the_multi_hot_rows() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-weighted");
+    let files: Vec<PathBuf> = ["ones", "twos", "uneven"].iter().map(|n| dir.join(format!("{n}.parquet"))).collect();
+    for (f, w) in files.iter().zip([&[1.0][..], &[2.0], &[0.5, 1.5, 2.5]]) {
+        with_weights(&py, whole, f, w);
+    }
+    let weighted = |f: &Path, name: &str| train(name, 2, f, "cpu", &["--weight-column", "w"]);
+    let (ones, twos, uneven) = (weighted(&files[0], "w-ones"), weighted(&files[1], "w-twos"), weighted(&files[2], "w-uneven"));
+    let plain = train("w-plain", 2, whole, "cpu", &[]);
+    ranks_agree(&uneven);
+    assert_eq!(ones["weight_column"], "w", "{ones}");
+    assert_eq!(fnv(&ones), fnv(&plain), "weights all 1 train the multi-hot rows like no weights");
+    assert_eq!(fnv(&twos), fnv(&ones), "weights all 2: the weighted mean is unchanged bit for bit");
+    assert_ne!(fnv(&uneven), fnv(&ones), "uneven weights change the model");
+    // The cache holds both: version 5, its lists and its weights.
+    let cache_dir = common::scratch_root().join("multihot-w-uneven").join("data").join("cache");
+    let caches: Vec<PathBuf> = std::fs::read_dir(&cache_dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "rrdata")).collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    let ds = ringrec::data::cache::Dataset::open(&caches[0]).unwrap();
+    assert_eq!((ds.header().format().version, ds.list_fields()), (5, 6));
+    assert_eq!(&ds.weights().unwrap()[..4], [0.5, 1.5, 2.5, 0.5]);
+}
+
+/// The multi-hot set's lists rewritten by pyarrow as other list types (`kind`: i32, u32,
+/// u64, large, hex (each id as its hex string), text (a non-hex string per id), float,
+/// nested), in row groups of 700 rows.
+fn lists_as(py: &str, data: &Path, out: &Path, kind: &str) {
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1]); kind = sys.argv[3]
+types = {'i32': pa.list_(pa.int32()), 'u32': pa.list_(pa.uint32()), 'u64': pa.list_(pa.uint64()), 'large': pa.large_list(pa.int64()), 'float': pa.list_(pa.float64())}
+for g in range(6):
+    name = f'l{g}'; col = t.column(name)
+    if kind in types:
+        col = col.cast(types[kind])
+    elif kind == 'hex':
+        col = pa.array([None if l is None else [format(i, 'x') for i in l] for l in col.to_pylist()], pa.list_(pa.string()))
+    elif kind == 'text':
+        col = pa.array([None if l is None else [f'item-{i}' for i in l] for l in col.to_pylist()], pa.list_(pa.string()))
+    elif kind == 'nested':
+        col = pa.array([None if l is None else [[i] for i in l] for l in col.to_pylist()], pa.list_(pa.list_(pa.int64())))
+    t = t.set_column(t.schema.get_field_index(name), name, col)
+pq.write_table(t, sys.argv[2], row_group_size=700)";
+    let o = std::process::Command::new(py).args(["-c", script]).arg(data).arg(out).arg(kind).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn lists_of_int32_uint_strings_and_large_lists_read_as_their_ids_and_floats_or_nested_lists_are_refused() {
+    use ringrec::data::lists::{list_key, read_bags};
+    use ringrec::data::Fields;
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-types");
+    let names: Vec<String> = (0..6).map(|g| format!("l{g}")).collect();
+    // c0..c9: 10 single-hot fields, the lists salted after 26 as ever.
+    let fields = Fields { dense: 0, sparse: 10 };
+    let want = read_bags(whole, &names, fields).unwrap();
+    let file = |kind: &str| {
+        let p = dir.join(format!("{kind}.parquet"));
+        lists_as(&py, whole, &p, kind);
+        p
+    };
+    for kind in ["i32", "u32", "u64", "large", "hex"] {
+        let got = read_bags(&file(kind), &names, fields).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!((got.offsets == want.offsets, got.keys == want.keys, got.empty), (true, true, want.empty), "{kind}: the same ids as the int64 lists");
+    }
+    // A string that is not hex digits is its FNV-1a 64, as a single-hot string's.
+    let text = read_bags(&file("text"), &names, fields).unwrap();
+    assert_eq!(text.offsets, want.offsets);
+    assert_ne!(text.keys, want.keys);
+    let small = dir.join("small.parquet");
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.table({'label': [0, 1], 'l0': pa.array([['item-7', '', None, 'Ab'], None], pa.list_(pa.string()))}), sys.argv[1])";
+    let o = std::process::Command::new(&py).args(["-c", script]).arg(&small).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let b = read_bags(&small, &names[..1], Fields { dense: 0, sparse: 0 }).unwrap();
+    assert_eq!(b.keys, [list_key(0, ringrec::hash::fnv1a64(b"item-7")), list_key(0, 0xab)], "an empty string and a null are left out");
+    assert_eq!((b.offsets.as_slice(), b.empty, b.null_elements), (&[0, 2, 2][..], 1, 2));
+    // Trained from the hex strings, the model is the int64 lists' bit for bit.
+    let (hex, base) = (train("hex", 1, &dir.join("hex.parquet"), "cpu", &["--max-steps", "6"]), train("int64", 1, whole, "cpu", &["--max-steps", "6"]));
+    assert_eq!(fnv(&hex), fnv(&base), "hex-string lists train as the int64 lists they spell");
+    // A list of floats and a list of lists are refused, naming the file and the column.
+    for (kind, says) in [("float", "a list of DOUBLE values; a multi-hot field is a list of integer or string ids"), ("nested", "a list of lists (nested)")] {
+        let p = file(kind);
+        let job = common::mpirun(1, &[], &["train", "--data", p.to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", dir.join("d").to_str().unwrap(), "--max-steps", "1"]);
+        assert_ne!(job.code, Some(0));
+        assert!(job.stderr.contains(&format!("{kind}.parquet")) && job.stderr.contains("`l0`") && job.stderr.contains(says), "{kind}: {}", job.all());
+    }
+}
+
+#[test]
+fn merging_duplicates_compares_the_lists_too() {
+    let Some(py) = common::test_python("pyarrow") else { return };
+    let dir = common::scratch("multihot-merge");
+    let data = dir.join("dups.parquet");
+    // 400 rows, the same label and single-hot id each; lists [r % 4]: 4 distinct rows.
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq
+n = 400
+pq.write_table(pa.table({'label': [1] * n, 'c0': ['ab'] * n, 'l0': pa.array([[r % 4] for r in range(n)], pa.list_(pa.int64()))}), sys.argv[1])";
+    let o = std::process::Command::new(&py).args(["-c", script]).arg(&data).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let data_dir = dir.join("d");
+    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", data_dir.to_str().unwrap(), "--device", "cpu", "--batch", "2", "--hidden", "8", "--max-steps", "1", "--test-fraction", "0", "--merge-duplicates", "--json"];
+    let job = common::mpirun(1, &[], &args);
+    job.assert_ok();
+    let s = job.summary();
+    assert_eq!((s["samples_merged"].as_u64(), s["train_rows"].as_u64()), (Some(396), Some(4)), "rows differing only in their lists are not merged: {s}");
 }

@@ -1,7 +1,8 @@
 //! The ONNX export (`ringrec export --format onnx`) checked by an independent implementation:
 //! onnx's checker (full) passes every graph, ONNX Runtime scores the default model's
 //! held-out rows within 1e-5 of `ringrec predict`, and every model of docs/models.md scores
-//! random inputs as a numpy implementation of the spec does (scripts/onnx_check.py). The
+//! random inputs as a numpy implementation of the spec does (scripts/onnx_check.py); a
+//! multi-hot model's graph scores its pooled lists as `ringrec predict`. The
 //! Python side needs the tests' venv (scripts/test-venv.sh; skipped without it, a failure
 //! in CI).
 
@@ -81,6 +82,32 @@ fn the_default_models_onnx_graph_scores_as_ringrec_predict() {
     let bad = common::mpirun(1, &[("RINGREC_DATA_DIR", data_dir.to_str().unwrap())], &["predict", "--model", b_s, "--data", d]);
     assert_eq!(bad.code, Some(1), "{}", bad.all());
     assert!(bad.stderr.contains("model.onnx") && bad.stderr.contains("model.json says"), "{}", bad.stderr);
+}
+
+/// A multi-hot model's graph takes each multi-hot field's pooled vector in its field's slot
+/// of `emb` (the caller pools, as model.json's `input.multi_hot` says): onnx_check.py pools
+/// a Parquet file's lists as scripts/bundle_predict.py does and ONNX Runtime scores as
+/// `ringrec predict`.
+#[test]
+fn a_multi_hot_models_onnx_graph_takes_the_pooled_lists_and_scores_as_ringrec_predict() {
+    let Some(py) = common::test_python("numpy, onnx, onnxruntime, pyarrow") else { return };
+    let dir = TempDir::new("onnx-multihot");
+    let data = dir.path("mh.parquet");
+    ringrec::data::multihot::synth_multi_hot_cut(&data, 2000, 3, None).expect("synth");
+    let (d, ck, bundle, scores) = (data.to_str().unwrap(), dir.path("ck"), dir.path("bundle"), dir.path("scores.tsv"));
+    let (ck_s, b_s) = (ck.to_str().unwrap(), bundle.to_str().unwrap());
+    let sparse = "c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5";
+    ringrec_json(&dir, 1, &["train", "--data", d, "--sparse-columns", sparse, "--batch", "200", "--max-steps", "6", "--hidden", "16", "--multi-hot-pooling", "l2=mean", "--checkpoint-dir", ck_s, "--no-progress", "--json"]);
+    ringrec_json(&dir, 1, &["export", "--model", ck_s, "--out", b_s, "--format", "onnx", "--json"]);
+    let p = ringrec_json(&dir, 1, &["predict", "--model", b_s, "--data", d, "--sparse-columns", sparse, "--test-fraction", "0.1", "--out", scores.to_str().unwrap(), "--json"]);
+    assert_eq!(p["rows"], 200);
+    let mut c = Command::new(py);
+    c.arg(check_script()).args(["bundle", b_s, d, "--test-fraction", "0.1", "--tolerance", "1e-5", "--compare"]).arg(&scores);
+    let job = common::run_with_timeout(c, Duration::from_secs(180));
+    job.assert_ok();
+    assert!(job.stderr.contains("checker (full) passed") && job.stderr.contains("scored 200 rows"), "{}", job.stderr);
+    let worst = figure(&job.stderr, "max |score - ringrec's|");
+    assert!(worst <= 1e-5, "ONNX Runtime vs ringrec predict: {worst:e}");
 }
 
 /// Deterministic parameters uniform in [-a, a).

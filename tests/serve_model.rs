@@ -369,3 +369,111 @@ fn a_model_of_another_shape_scores_json_rows_of_its_shape_as_predict_does() {
     assert_eq!(st, 400, "{text}");
     assert!(text.contains("the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"), "{text}");
 }
+
+/// The generated multi-hot set's columns, all categorical (its ids are integers).
+const MULTI_HOT_SPARSE: &str = "c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5";
+
+/// The first `n` rows of a multi-hot Parquet file as JSON rows of `serve-model`'s request
+/// (read by pyarrow, an independent reader): no dense features, c0..c9 in hex (the model's
+/// 10 single-hot fields, read as a Parquet file's strings), the lists by name.
+fn multi_hot_rows(py: &str, data: &Path, n: usize) -> Vec<Value> {
+    let script = r#"
+import json, sys
+import pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1]).slice(0, int(sys.argv[2])).to_pylist()
+M = (1 << 64) - 1
+rows = [{"label": r["label"], "dense": [],
+         "sparse": [format(r[f"c{k}"] & M, "x") if r[f"c{k}"] is not None else None for k in range(10)],
+         "lists": {f"l{g}": r[f"l{g}"] for g in range(6)}} for r in t]
+print(json.dumps(rows))
+"#;
+    let o = Command::new(py).args(["-c", script]).arg(data).arg(n.to_string()).output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("rows")
+}
+
+#[test]
+fn a_multi_hot_models_rows_score_as_predict_in_the_server_and_the_bundle_reader() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = TempDir::new("serve-model-multihot");
+    let data = dir.path("mh.parquet");
+    ringrec::data::multihot::synth_multi_hot_cut(&data, 2000, 5, None).expect("synth");
+    let (ck, bundle, scores) = (dir.path("ck"), dir.path("bundle"), dir.path("scores.tsv"));
+    let (d, c, b, sc) = (data.to_str().expect("utf8"), ck.to_str().expect("utf8"), bundle.to_str().expect("utf8"), scores.to_str().expect("utf8"));
+    run(&dir, &["train", "--data", d, "--sparse-columns", MULTI_HOT_SPARSE, "--batch", "200", "--max-steps", "4", "--hidden", "16", "--multi-hot-pooling", "l1=mean,l4=mean", "--checkpoint-dir", c, "--threads", "2", "--no-progress"]);
+    // predict takes the pooling from the checkpoint.
+    run(&dir, &["predict", "--model", c, "--data", d, "--sparse-columns", MULTI_HOT_SPARSE, "--batch", "64", "--threads", "2", "--out", sc]);
+    let want: Vec<f32> = std::fs::read_to_string(&scores).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect();
+    run(&dir, &["export", "--model", c, "--out", b]);
+    let model: Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).expect("model.json")).expect("JSON");
+    let fields: Vec<(&str, &str)> = model["input"]["multi_hot"].as_array().expect("input.multi_hot").iter().map(|f| (f["name"].as_str().expect("name"), f["pooling"].as_str().expect("pooling"))).collect();
+    assert_eq!(fields, [("l0", "sum"), ("l1", "mean"), ("l2", "sum"), ("l3", "sum"), ("l4", "mean"), ("l5", "sum")]);
+    // The input counts the model's own single-hot fields (c0..c9), the lists salted after 26.
+    assert_eq!((&model["input"]["dense_features"], &model["input"]["categorical_features"]), (&json!(0), &json!(10)));
+    let salts: Vec<u64> = model["input"]["multi_hot"].as_array().expect("input.multi_hot").iter().map(|f| f["field"].as_u64().expect("field")).collect();
+    assert_eq!(salts, [26, 27, 28, 29, 30, 31]);
+
+    // scripts/bundle_predict.py (numpy, pyarrow) pools the lists as ringrec does.
+    let mut cmd = Command::new(&py);
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).arg("--compare").arg(&scores).args(["--tolerance", "1e-6"]);
+    common::run_with_timeout(cmd, Duration::from_secs(120)).assert_ok();
+
+    // The server, from the checkpoint and from the bundle: predict's bits for JSON rows with
+    // their lists (320 rows: 5 batches of 64, as predict cut them).
+    let rows = multi_hot_rows(&py, &data, 320);
+    for model in [&ck, &bundle] {
+        let s = Server::start(model, &["--max-batch", "64", "--max-body", "10000000"]);
+        let (got, _) = s.score(None, &json!({ "rows": rows }));
+        assert_eq!(bits(&got), bits(&want[..320]), "{}: JSON rows with lists score as predict does, bit for bit", model.display());
+        let (st, text) = s.call("GET", "/v1/model", None, b"");
+        assert!(st == 200 && text.contains("\"multi_hot\":[\"l0\",\"l1\",\"l2\",\"l3\",\"l4\",\"l5\"]"), "{text}");
+        let refused = |body: Value, says: &str| {
+            let (st, text) = s.call("POST", "/v1/score", None, body.to_string().as_bytes());
+            assert!(st == 400 && text.contains(says), "{st} {text}, expected {says:?}");
+        };
+        let mut r = rows[0].clone();
+        r["lists"].as_object_mut().expect("lists").remove("l3");
+        refused(json!({ "rows": [r] }), "rows[0].lists.l3: missing");
+        let mut r = rows[0].clone();
+        r["sparse"][2] = json!(["1", "2"]);
+        refused(json!({ "rows": [r] }), "rows[0].sparse[2] (field 2): a list where one id is expected");
+        let mut r = rows[0].clone();
+        r["lists"]["l0"] = json!([["1"]]);
+        refused(json!({ "rows": [r] }), "rows[0].lists.l0[0]: [\\\"1\\\"] is not an id");
+        refused(json!({ "tsv": ["0\t1"] }), "tsv: a Criteo line has no multi-hot fields");
+    }
+}
+
+/// A Parquet file of 2 float dense columns, 28 string categorical columns and 2 lists of
+/// int64 ids (written by pyarrow), and its rows as JSON with their lists.
+const PYARROW_WIDE_LISTS: &str = r#"
+import sys, json, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+rng = np.random.default_rng(5)
+n = 600
+dense = {f"d{k}": rng.normal(0, 1, n) for k in range(2)}
+cats = {f"c{k}": [f"v{v}" for v in rng.integers(0, 20, n)] for k in range(28)}
+lists = {f"l{g}": [[int(v) for v in rng.integers(0, 40, rng.integers(0, 5))] for _ in range(n)] for g in range(2)}
+label = (rng.random(n) < 0.4).astype(np.int64)
+t = {"label": label, **dense, **cats, **{g: pa.array(l, pa.list_(pa.int64())) for g, l in lists.items()}}
+pq.write_table(pa.table(t), f"{d}/wide.parquet", row_group_size=250)
+rows = [{"dense": [float(dense[f"d{k}"][i]) for k in range(2)], "sparse": [cats[f"c{k}"][i] for k in range(28)], "lists": {g: l[i] for g, l in lists.items()}} for i in range(n)]
+json.dump(rows, open(f"{d}/wide.json", "w"))
+"#;
+
+#[test]
+fn a_multi_hot_model_of_more_than_26_single_hot_fields_scores_json_rows_as_predict_does() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = TempDir::new("serve-model-wide-lists");
+    assert!(Command::new(&py).args(["-c", PYARROW_WIDE_LISTS]).arg(dir.path("")).status().expect("python").success(), "the pyarrow script failed");
+    let (data, ck) = (dir.path("wide.parquet"), dir.path("ck"));
+    let (d, c) = (data.to_str().expect("utf8"), ck.to_str().expect("utf8"));
+    run(&dir, &["train", "--data", d, "--batch", "100", "--max-steps", "4", "--hidden", "16", "--multi-hot-pooling", "l1=mean", "--checkpoint-dir", c, "--threads", "2", "--no-progress"]);
+    let out = dir.path("scores.tsv");
+    run(&dir, &["predict", "--model", c, "--data", d, "--batch", "64", "--threads", "2", "--out", out.to_str().expect("utf8")]);
+    let want: Vec<f32> = std::fs::read_to_string(&out).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect();
+    let rows: Vec<Value> = serde_json::from_slice(&std::fs::read(dir.path("wide.json")).expect("rows")).expect("JSON");
+    let s = Server::start(&ck, &["--max-batch", "64"]);
+    let (got, _) = s.score(None, &json!({ "rows": rows[..192] }));
+    assert_eq!(bits(&got), bits(&want[..192]), "serve-model keys the lists after the model's 28 single-hot fields, as predict does");
+}

@@ -62,9 +62,10 @@ pub struct PredictArgs {
     /// A Parquet input's categorical columns (as `train --sparse-columns`).
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub sparse_columns: Vec<String>,
-    /// How the multi-hot fields were pooled in training (as `train --multi-hot-pooling`).
-    #[arg(long, value_name = "MODE", default_value = "sum")]
-    pub multi_hot_pooling: String,
+    /// How the multi-hot fields were pooled in training (as `train --multi-hot-pooling`):
+    /// the model records it; given, it must agree.
+    #[arg(long, value_name = "MODE")]
+    pub multi_hot_pooling: Option<String>,
     /// A Parquet input's columns in a TOML file (as `train --schema`), instead of the column
     /// flags.
     #[arg(long, value_name = "FILE.toml")]

@@ -87,6 +87,22 @@
 //! [`MAX_FIELDS`](super::fields::MAX_FIELDS) each, at least one field (dense, single-hot or
 //! list) in all; the sections' lengths follow from them.
 //!
+//! Version 5 (format version 5 at byte 8) is a version-4 file with **weights** too (a
+//! Parquet file's list columns and its weight column): version 3's weights section between
+//! the keys and the spans (the sections in the order of the first diagram, each under the
+//! block sums), and after version 4's header fields:
+//!
+//! | offset | size | header field (version 5) |
+//! |---|---|---|
+//! | 288 | 16 | weights offset, weights length (u64 each) |
+//! | 304 | 4 | the weight column (as version 3's) |
+//! | 308 | 4 | reserved (0) |
+//! | 312 | 8 | malformed lines of kind `weight` (the other 6 at 184, as version 4) |
+//! | 320 | 8 | FNV-1a 64 checksum of bytes 0..320 |
+//!
+//! Versions 2, 3 and 4 are written and read as before: a file is version 5 only when it
+//! has both.
+//!
 //! On open, besides the checksums, the names must be as many as the list fields and every
 //! span must lie inside the ids' room (a forged file is an error naming the row and field,
 //! never a panic).
@@ -145,6 +161,10 @@ pub const CHECKSUM_AT_V3: usize = 264;
 pub const HEADER_FIELDS_V4: usize = 296;
 /// Offset of a version-4 header's checksum.
 pub const CHECKSUM_AT_V4: usize = 288;
+/// Bytes of a version-5 header (a cache with multi-hot lists and weights) that carry fields.
+pub const HEADER_FIELDS_V5: usize = 328;
+/// Offset of a version-5 header's checksum.
+pub const CHECKSUM_AT_V5: usize = 320;
 /// Most list fields a version-4 header may declare (a sanity bound; the model pools fewer).
 pub const MAX_LIST_FIELDS: u32 = 1024;
 /// The dataset cache format without weights (magic `RRDATA`, version 2): what every TSV
@@ -156,6 +176,9 @@ pub static FORMAT_V3: Format = Format { version: 3, checksum_at: CHECKSUM_AT_V3,
 /// The dataset cache format with multi-hot list fields (version 4: version 2 and the
 /// lists' spans, ids and names; see the module docs).
 pub static FORMAT_V4: Format = Format { version: 4, checksum_at: CHECKSUM_AT_V4, ..BASE_FORMAT };
+/// The dataset cache format with multi-hot list fields and a weight column (version 5:
+/// version 4 and version 3's weights section; see the module docs).
+pub static FORMAT_V5: Format = Format { version: 5, checksum_at: CHECKSUM_AT_V5, ..BASE_FORMAT };
 const BASE_FORMAT: Format = Format {
     magic: *b"RRDATA\0\0",
     version: 2,
@@ -240,10 +263,10 @@ impl CacheLayout {
         CacheLayout::compute_with(rows, row_capacity, weighted, None, Fields::CRITEO)
     }
 
-    /// [`CacheLayout::compute`] with the list sections of `lists` (version 4; not with
-    /// weights: `None` then), of rows of `fields`' shape.
+    /// [`CacheLayout::compute`] with the list sections of `lists` (version 4; version 5
+    /// with weights too), of rows of `fields`' shape.
     pub fn compute_with(rows: u64, row_capacity: u64, weighted: bool, lists: Option<ListShape>, fields: Fields) -> Option<CacheLayout> {
-        if rows > row_capacity || (weighted && lists.is_some()) {
+        if rows > row_capacity {
             return None;
         }
         let dense_bytes = DENSE_VALUE_BYTES.checked_mul(fields.dense as u64)?;
@@ -291,10 +314,12 @@ impl CacheLayout {
         })
     }
 
-    /// The layout a header says (version 3 with weights, 4 with lists; a version-2 header's
-    /// sections after the keys all start at its sums).
-    fn stored(bytes: &[u8], v3: bool, v4: bool) -> CacheLayout {
+    /// The layout a header says (version 3 with weights, 4 with lists, 5 with both; a
+    /// version-2 header's sections after the keys all start at its sums).
+    fn stored(bytes: &[u8], weighted: bool, v4: bool) -> CacheLayout {
         let g = |i: usize| rd_u64(bytes, 112 + 8 * i);
+        // Version 3's weights at 240, version 5's after the lists' fields.
+        let (v3, v5) = (weighted && !v4, weighted && v4);
         CacheLayout {
             labels_offset: g(0),
             labels_len: g(1),
@@ -302,8 +327,8 @@ impl CacheLayout {
             dense_len: g(3),
             keys_offset: g(4),
             keys_len: g(5),
-            weights_offset: if v3 || v4 { rd_u64(bytes, 240) } else { g(6) },
-            weights_len: if v3 { rd_u64(bytes, 248) } else { 0 },
+            weights_offset: if v5 { rd_u64(bytes, 288) } else if v3 || v4 { rd_u64(bytes, 240) } else { g(6) },
+            weights_len: if v5 { rd_u64(bytes, 296) } else if v3 { rd_u64(bytes, 248) } else { 0 },
             spans_offset: if v4 { rd_u64(bytes, 240) } else { g(6) },
             spans_len: if v4 { rd_u64(bytes, 248) } else { 0 },
             ids_offset: if v4 { rd_u64(bytes, 256) } else { g(6) },
@@ -416,10 +441,12 @@ pub struct CacheHeader {
     pub layout: CacheLayout,
 }
 
-/// The format of a cache with weights (version 3), with lists (version 4) or with neither
-/// (version 2).
+/// The format of a cache with weights (version 3), with lists (version 4), with both
+/// (version 5) or with neither (version 2).
 fn format_of(weighted: bool, lists: bool) -> &'static Format {
-    if weighted {
+    if weighted && lists {
+        &FORMAT_V5
+    } else if weighted {
         &FORMAT_V3
     } else if lists {
         &FORMAT_V4
@@ -438,7 +465,8 @@ fn bad_line_kinds(weighted: bool) -> usize {
 }
 
 impl CacheHeader {
-    /// The format of the file: version 3 with a weight column, 4 with lists, else 2.
+    /// The format of the file: version 3 with a weight column, 4 with lists, 5 with both,
+    /// else 2.
     pub fn format(&self) -> &'static Format {
         format_of(self.weight_column.is_some(), self.list_fields > 0)
     }
@@ -470,14 +498,25 @@ impl CacheHeader {
         for (i, v) in sections.into_iter().enumerate() {
             wr_u64(&mut b, 112 + 8 * i, v);
         }
-        let kinds = bad_line_kinds(self.weight_column.is_some());
+        // Version 5 keeps version 4's fields where they are: its weights after them.
+        let v5 = self.weight_column.is_some() && self.list_fields > 0;
+        let kinds = bad_line_kinds(self.weight_column.is_some() && !v5);
         for (i, v) in self.bad_counts.into_iter().take(kinds).enumerate() {
             wr_u64(&mut b, 184 + 8 * i, v);
         }
-        if let Some(column) = self.weight_column {
-            wr_u64(&mut b, 240, l.weights_offset);
-            wr_u64(&mut b, 248, l.weights_len);
-            wr_u32(&mut b, 256, column);
+        match self.weight_column {
+            Some(column) if v5 => {
+                wr_u64(&mut b, 288, l.weights_offset);
+                wr_u64(&mut b, 296, l.weights_len);
+                wr_u32(&mut b, 304, column);
+                wr_u64(&mut b, 312, self.bad_counts[BAD_LINE_KINDS - 1]);
+            }
+            Some(column) => {
+                wr_u64(&mut b, 240, l.weights_offset);
+                wr_u64(&mut b, 248, l.weights_len);
+                wr_u32(&mut b, 256, column);
+            }
+            None => {}
         }
         if self.list_fields > 0 {
             wr_u32(&mut b, 232, self.list_fields);
@@ -493,9 +532,10 @@ impl CacheHeader {
     /// Decodes and validates a header. `bytes` is (a prefix of) the file, `file_len` its
     /// real length. Arbitrary bytes give an error, never a panic.
     pub fn parse(path: &Path, bytes: &[u8], file_len: u64) -> DataResult<CacheHeader> {
-        // Version 3, or 4 (and a newer one, so that its error names the newest version read).
+        // Version 3, 4 or 5 (and a newer one, so that its error names the newest version read).
         let version = if bytes.len() >= 12 { rd_u32(bytes, 8) } else { 0 };
-        let (v3, v4) = (version == FORMAT_V3.version, version >= FORMAT_V4.version);
+        let (v3, v4) = (version == FORMAT_V3.version || version >= FORMAT_V5.version, version >= FORMAT_V4.version);
+        let v5 = v3 && v4;
         let format = format_of(v3, v4);
         format.check(path, bytes, file_len)?;
         let bad = |field: &'static str, detail: String| DataError::from(format.bad(path, field, detail));
@@ -517,13 +557,17 @@ impl CacheHeader {
         let (rows, row_capacity, lines, bad_lines) = (f(0), f(1), f(2), f(3));
         let source = SourceStat { size: f(4), mtime_ns: f(5), ctime_ns: f(6), inode: f(7) };
         let mut bad_counts = [0u64; BAD_LINE_KINDS];
-        let kinds = bad_line_kinds(v3);
+        let kinds = bad_line_kinds(v3 && !v5);
         for (i, c) in bad_counts.iter_mut().take(kinds).enumerate() {
             *c = rd_u64(bytes, 184 + 8 * i);
         }
+        if v5 {
+            bad_counts[BAD_LINE_KINDS - 1] = rd_u64(bytes, 312);
+        }
+        let column_at = if v5 { 304 } else { 256 };
         let weight_column = if v3 {
-            expect_u32(260, "reserved", 0)?;
-            let column = rd_u32(bytes, 256);
+            expect_u32(column_at + 4, "reserved", 0)?;
+            let column = rd_u32(bytes, column_at);
             if column != super::prepare::NAMED_WEIGHT_COLUMN {
                 super::criteo::check_weight_column(column).map_err(|e| bad("weight_column", e))?;
             }
@@ -688,7 +732,7 @@ impl Dataset {
         let len = file.metadata().map_err(|e| DataError::io(path, "stat", e))?.len();
         // Validate the header from a plain read first, so a short or foreign file is
         // reported before anything is mapped.
-        let mut head = vec![0u8; HEADER_FIELDS_V4.min(len as usize)];
+        let mut head = vec![0u8; HEADER_FIELDS_V5.min(len as usize)];
         file.read_exact_at(&mut head, 0).map_err(|e| DataError::io(path, "read", e))?;
         CacheHeader::parse(path, &head, len)?;
         // SAFETY: the mapping is read-only and cache files are never modified in place:
@@ -1276,6 +1320,35 @@ mod tests {
     fn header_v4() -> CacheHeader {
         let shape = ListShape { fields: 6, id_capacity: 1000, names_len: 17 };
         CacheHeader { list_fields: 6, layout: CacheLayout::compute_with(9, 10, false, Some(shape), Fields::CRITEO).unwrap(), ..header() }
+    }
+
+    fn header_v5() -> CacheHeader {
+        let shape = ListShape { fields: 6, id_capacity: 1000, names_len: 17 };
+        CacheHeader { list_fields: 6, weight_column: Some(super::super::prepare::NAMED_WEIGHT_COLUMN), layout: CacheLayout::compute_with(9, 10, true, Some(shape), Fields::CRITEO).unwrap(), ..header() }
+    }
+
+    #[test]
+    fn a_version_5_header_holds_the_lists_and_the_weights_and_versions_2_to_4_stay_as_they_were() {
+        let h = header_v5();
+        let b = h.encode();
+        assert_eq!((b.len(), rd_u32(&b, 8), rd_u32(&b, 232)), (HEADER_FIELDS_V5, 5, 6));
+        assert_eq!(CacheHeader::parse(Path::new("x"), &b, h.layout.file_len).unwrap(), h);
+        let l = &h.layout;
+        assert!(l.keys_offset < l.weights_offset && l.weights_offset < l.spans_offset && l.weights_len == 9 * 4, "{l:?}");
+        assert_eq!((rd_u64(&b, 288), rd_u64(&b, 296)), (l.weights_offset, l.weights_len));
+        assert_eq!(h.layout.checksummed().map(|(_, _, e)| e)[3..], [4096, 4096, 8192, 4096], "weights, spans, ids, names");
+        // The weight's malformed-line count has its own place.
+        let mut w = h;
+        (w.bad_counts[6], w.bad_lines, w.rows, w.lines) = (1, 2, 8, 10);
+        w.layout = CacheLayout::compute_with(8, 10, true, h.lists(), Fields::CRITEO).unwrap();
+        let wb = w.encode();
+        assert_eq!(rd_u64(&wb, 312), 1);
+        assert_eq!(CacheHeader::parse(Path::new("x"), &wb, w.layout.file_len).unwrap(), w);
+        // Versions 2, 3 and 4 encode as before.
+        assert_eq!((header().encode().len(), header_v3().encode().len(), header_v4().encode().len()), (HEADER_FIELDS, HEADER_FIELDS_V3, HEADER_FIELDS_V4));
+        crate::header::fuzz_headers(&FORMAT_V5, &b, 20_000, |b, len| {
+            let _ = CacheHeader::parse(Path::new("fuzz"), b, len);
+        });
     }
 
     #[test]

@@ -7,19 +7,28 @@
 //! field. A null list and an empty one
 //! are both an empty bag (counted); a null element is left out (counted).
 //!
+//! An id is an integer (int64, int32, uint32, uint64: the number it is, as an unsigned
+//! 64-bit number) or a string (1 to 16 hex digits: the number they spell, else its FNV-1a
+//! 64, as a single-hot string's; an empty string is left out like a null). A list or a
+//! large list alike; a list of floating-point or boolean values, or of lists, is refused
+//! naming the column.
+//!
 //! `data prepare` writes them into a version-4 cache's `spans` and `ids` sections
 //! ([`super::parquet_file::prepare`], row group by row group);
 //! [`crate::train::batch::Batch::load_samples_with_bags`] takes the same CSR.
 
 use std::path::Path;
 
-use ::parquet::column::reader::ColumnReader;
+use ::parquet::basic::ConvertedType;
+use ::parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use ::parquet::data_type::DataType;
 use ::parquet::file::reader::{FileReader, SerializedFileReader};
-use ::parquet::schema::types::SchemaDescriptor;
+use ::parquet::schema::types::{ColumnDescriptor, SchemaDescriptor};
 
 use super::criteo::{category_key, NUM_SPARSE};
 use super::error::{DataError, DataResult};
 use super::fields::Fields;
+use crate::hash::fnv1a64;
 
 /// The key of id `id` of list field `g` of data with at most 26 single-hot fields
 /// (categorical field `26 + g`, salted as [`super::criteo::category_key`] salts the
@@ -50,16 +59,41 @@ impl Bags {
     }
 }
 
-/// One list column of one row group: per row its ids (hashed), appended to `ids`, and
-/// their count to `lens`. A level of definition `max_def` is an id; one below `list_def`
-/// (the definition level of a list with an element) that starts a row is a null or empty
-/// list; any other, a null element.
-fn read_list(r: ColumnReader, (fields, g): (Fields, usize), rows: usize, (max_def, list_def): (i16, i16), lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64)) -> Result<(), String> {
-    let mut col = match r {
-        ColumnReader::Int64ColumnReader(r) => r,
-        ColumnReader::Int32ColumnReader(_) => return Err("a list of int32 ids; ringrec reads lists of int64 ids".into()),
-        _ => return Err("a list of non-integer values; a multi-hot field is a list of int64 ids".into()),
-    };
+/// The id of a string element: the number its 1 to 16 hex digits spell, else its FNV-1a
+/// 64; `None` (left out) for an empty string.
+fn text_id(bytes: &[u8]) -> Option<u64> {
+    (!bytes.is_empty()).then(|| super::criteo::parse_hex(bytes).unwrap_or_else(|| fnv1a64(bytes)))
+}
+
+/// Whether a leaf column holds unsigned integers (uint32 is stored as an INT32).
+fn unsigned(leaf: &ColumnDescriptor) -> bool {
+    // A logical type's unsigned integer has its converted type too (the format's rule).
+    matches!(leaf.converted_type(), ConvertedType::UINT_8 | ConvertedType::UINT_16 | ConvertedType::UINT_32 | ConvertedType::UINT_64)
+}
+
+/// One list column (leaf `leaf`) of one row group: per row its ids (hashed), appended to
+/// `ids`, and their count to `lens`, each value's id by the column's type (see the module
+/// docs).
+fn read_list(r: ColumnReader, leaf: &ColumnDescriptor, (fields, g): (Fields, usize), rows: usize, lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64)) -> Result<(), String> {
+    let max_def = leaf.max_def_level();
+    let levels = (max_def, max_def - i16::from(leaf.self_type().is_optional()));
+    let unsigned = unsigned(leaf);
+    match r {
+        ColumnReader::Int64ColumnReader(mut c) => read_levels(&mut c, (fields, g), rows, levels, lens, ids, counts, |v| Some(*v as u64)),
+        ColumnReader::Int32ColumnReader(mut c) if unsigned => read_levels(&mut c, (fields, g), rows, levels, lens, ids, counts, |v| Some(u64::from(*v as u32))),
+        ColumnReader::Int32ColumnReader(mut c) => read_levels(&mut c, (fields, g), rows, levels, lens, ids, counts, |v| Some(i64::from(*v) as u64)),
+        ColumnReader::ByteArrayColumnReader(mut c) => read_levels(&mut c, (fields, g), rows, levels, lens, ids, counts, |v| text_id(v.data())),
+        ColumnReader::FixedLenByteArrayColumnReader(mut c) => read_levels(&mut c, (fields, g), rows, levels, lens, ids, counts, |v| text_id(v.data())),
+        _ => Err("a list of floating-point or boolean values; a multi-hot field is a list of integer or string ids".into()),
+    }
+}
+
+/// [`read_list`] over a column of values of type `T`, `id` giving a value's id (`None`: left
+/// out, counted as a null element). A level of definition `max_def` is a value; one below
+/// `list_def` (the definition level of a list with an element) that starts a row is a null
+/// or empty list; any other, a null element.
+#[allow(clippy::too_many_arguments)]
+fn read_levels<T: DataType>(col: &mut ColumnReaderImpl<T>, (fields, g): (Fields, usize), rows: usize, (max_def, list_def): (i16, i16), lens: &mut Vec<u32>, ids: &mut Vec<u64>, counts: &mut (u64, u64), id: impl Fn(&T::T) -> Option<u64>) -> Result<(), String> {
     let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
     let mut done = 0usize;
     while done < rows {
@@ -80,9 +114,14 @@ fn read_list(r: ColumnReader, (fields, g): (Fields, usize), rows: usize, (max_de
                 }
             }
             if defs[i] == max_def {
-                let id = vi.next().ok_or("fewer values than definition levels")?;
-                ids.push(fields.list_key(g, *id as u64));
-                *lens.last_mut().ok_or("a list continues before it starts")? += 1;
+                let v = vi.next().ok_or("fewer values than definition levels")?;
+                match id(v) {
+                    Some(v) => {
+                        ids.push(fields.list_key(g, v));
+                        *lens.last_mut().ok_or("a list continues before it starts")? += 1;
+                    }
+                    None => counts.1 += 1,
+                }
             } else {
                 counts.1 += 1;
             }
@@ -93,12 +132,12 @@ fn read_list(r: ColumnReader, (fields, g): (Fields, usize), rows: usize, (max_de
 }
 
 /// The leaf columns of the list columns `names` of a file whose schema is `descr`, in that
-/// order; an error names the first that is not a list of int64 ids.
+/// order; an error names the first that is not a flat list column.
 pub(crate) fn list_columns(path: &Path, descr: &SchemaDescriptor, names: &[String]) -> DataResult<Vec<usize>> {
     let mut columns = Vec::with_capacity(names.len());
     for name in names {
         let at = (0..descr.num_columns()).find(|i| descr.column(*i).path().parts().first() == Some(name));
-        let at = at.filter(|i| descr.column(*i).max_rep_level() == 1).ok_or_else(|| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{name}`"), detail: "no such list column (a multi-hot field is a list of int64 ids)".into() })?;
+        let at = at.filter(|i| descr.column(*i).max_rep_level() == 1).ok_or_else(|| DataError::Parquet { path: path.to_path_buf(), at: format!("column `{name}`"), detail: "no such list column (a multi-hot field is a flat list of integer or string ids)".into() })?;
         columns.push(at);
     }
     Ok(columns)
@@ -120,10 +159,7 @@ pub(crate) fn read_group_bags(path: &Path, reader: &SerializedFileReader<std::fs
     for (g, (&c, name)) in columns.iter().zip(names).enumerate() {
         let (start_len, start_id) = (lens.len(), ids.len());
         let r = group.get_column_reader(c).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e.to_string()))?;
-        let leaf = descr.column(c);
-        let max_def = leaf.max_def_level();
-        let list_def = max_def - i16::from(leaf.self_type().is_optional());
-        read_list(r, (fields, g), rows, (max_def, list_def), &mut lens, &mut ids, &mut counts[g]).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
+        read_list(r, &descr.column(c), (fields, g), rows, &mut lens, &mut ids, &mut counts[g]).map_err(|e| fail(format!("row group {rg}, column `{name}`"), e))?;
         if lens.len() - start_len != rows {
             return Err(fail(format!("row group {rg}, column `{name}`"), format!("{} lists for the group's {rows} rows", lens.len() - start_len)));
         }

@@ -16,7 +16,7 @@
 //! | floating point | dense | a dense feature, as it is (transform `none`, the default) or `ln(1 + max(x, 0))` (`log`) |
 //! | string or binary (dictionary-encoded or not) | categorical | one id, hashed with the field's number as a TSV's (a string of 1 to 16 hex digits is the number it spells, as in a TSV; other strings their FNV-1a digest) |
 //! | integer named categorical | - | one id: the integer, hashed with the field's number |
-//! | a list of int64 ids | categorical, multi-hot | a bag of ids a row, hashed with the list field's number ([`super::lists::list_key`]), pooled by the model |
+//! | a list (or large list) of integer or string ids | categorical, multi-hot | a bag of ids a row, hashed with the list field's number ([`super::lists::list_key`]), pooled by the model |
 //!
 //! The rows have exactly the file's features ([`Fields`]): its dense columns, in column
 //! order, then its single-hot categorical columns, any number of either (none padded), so a
@@ -176,7 +176,10 @@ impl Schema {
             }
             let role = match kind {
                 Kind::List if as_dense => return Err(refuse(&name, format!("a list column (multi-hot) cannot be a dense feature ({})", spec.origin("dense")))),
-                Kind::List if c.physical_type() != PhysicalType::INT64 => return Err(refuse(&name, format!("a list of {} values; a multi-hot field is a list of int64 ids", c.physical_type()))),
+                Kind::List if c.max_rep_level() > 1 => return Err(refuse(&name, "a list of lists (nested); a multi-hot field is a flat list of integer or string ids".into())),
+                Kind::List if !matches!(c.physical_type(), PhysicalType::INT32 | PhysicalType::INT64 | PhysicalType::BYTE_ARRAY | PhysicalType::FIXED_LEN_BYTE_ARRAY) => {
+                    return Err(refuse(&name, format!("a list of {} values; a multi-hot field is a list of integer or string ids", c.physical_type())))
+                }
                 Kind::List => {
                     lists += 1;
                     Role::List { slot: lists - 1 }
@@ -427,9 +430,6 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     let threads = opts.threads.max(1);
     let (_, source_crc32) = count_lines(src, source.size, threads)?;
     let lists = ListPlan::new(&reader, &schema);
-    if schema.weighted() && !lists.columns.is_empty() {
-        return Err(DataError::InvalidArgument(format!("{}: a weight column with multi-hot (list) columns is not supported yet: leave out the weight column or the lists", src.display())));
-    }
     let layout = CacheLayout::compute_with(rows, rows, schema.weighted(), lists.shape(), schema.fields()).ok_or_else(|| DataError::InvalidArgument(format!("{}: {rows} rows do not fit in the address space", src.display())))?;
     let tmp = AtomicFile::create(out, CACHE_MODE)?;
     reserve(tmp.file(), tmp.path(), layout.file_len)?;

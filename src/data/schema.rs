@@ -10,7 +10,7 @@
 //! label = "click"            # the label column [default: label]
 //! weight = "w"               # a per-sample weight column (optional)
 //! sparse = ["user", "item"]  # categorical columns: one id a row (strings or integers)
-//! multi_hot = ["history"]    # list columns of int64 ids: multi-hot fields (pooled)
+//! multi_hot = ["history"]    # list columns of integer or string ids: multi-hot fields (pooled)
 //!
 //! [dense]                    # dense columns, each with its transform
 //! count = "log"              # ln(1 + max(x, 0)), as Criteo's integers
@@ -64,7 +64,7 @@ pub struct ColumnSpec {
     pub dense: Vec<String>,
     /// The categorical columns, one id a row.
     pub sparse: Vec<String>,
-    /// List columns named as multi-hot fields (lists of int64 ids, pooled by the model).
+    /// List columns named as multi-hot fields (lists of integer or string ids, pooled by the model).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub multi_hot: Vec<String>,
     /// Dense columns given a transform explicitly (by the schema file), in name order; the

@@ -13,8 +13,8 @@
 //! then the count of merged rows.
 //!
 //! **Merging** (`--merge-duplicates`): rows of one file (one day: the time bucket) with
-//! the same label, the same 13 dense values (bit for bit) and the same 26 keys become
-//! one row, the first in file order, whose column weight is the sum of theirs (their
+//! the same label, the same 13 dense values (bit for bit), the same 26 keys and the same
+//! ids in every multi-hot field become one row, the first in file order, whose column weight is the sum of theirs (their
 //! column weights are not compared). It depends on the file alone, so every rank
 //! computes the same kept rows without communication.
 //!
@@ -312,12 +312,24 @@ fn row_hash(ds: &Dataset, i: usize) -> u64 {
     for k in ds.keys(i) {
         h = splitmix64(h ^ k);
     }
+    // A multi-hot row's bags too (nothing for a cache without lists: the hash as before).
+    for g in 0..ds.list_fields() {
+        let bag = ds.bag(i, g);
+        h = splitmix64(h ^ bag.len() as u64);
+        for k in bag {
+            h = splitmix64(h ^ k);
+        }
+    }
     h
 }
 
-/// Whether rows `a` and `b` are identical (label, dense bits, keys).
+/// Whether rows `a` and `b` are identical (label, dense bits, keys, and the ids of every
+/// multi-hot field in order).
 fn same_row(ds: &Dataset, a: usize, b: usize) -> bool {
-    ds.label(a).to_bits() == ds.label(b).to_bits() && ds.dense(a).iter().zip(ds.dense(b)).all(|(x, y)| x.to_bits() == y.to_bits()) && ds.keys(a) == ds.keys(b)
+    ds.label(a).to_bits() == ds.label(b).to_bits()
+        && ds.dense(a).iter().zip(ds.dense(b)).all(|(x, y)| x.to_bits() == y.to_bits())
+        && ds.keys(a) == ds.keys(b)
+        && (0..ds.list_fields()).all(|g| ds.bag(a, g) == ds.bag(b, g))
 }
 
 /// Weighs rows `0..rows` of `ds`, each of decay weight `day_weight` and of its column

@@ -39,6 +39,59 @@ pub fn parse_pooling(spec: &str, names: &[String]) -> Result<Vec<Pooling>, Strin
     Ok(modes)
 }
 
+/// The pooling a model records (a checkpoint's `--multi-hot-pooling`, a bundle's
+/// `input.multi_hot`): every multi-hot field by name, `FIELD=MODE,...` in field order, so
+/// that the record names the fields as well; without multi-hot fields, `spoken` (the flag as
+/// given) or `sum`.
+pub fn describe_pooling(modes: &[Pooling], names: &[String], spoken: Option<&str>) -> String {
+    if names.is_empty() {
+        return spoken.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("sum").to_string();
+    }
+    names.iter().zip(modes).map(|(n, m)| format!("{n}={m}")).collect::<Vec<_>>().join(",")
+}
+
+/// The multi-hot fields a recorded pooling names, with their modes (`l0=sum,l1=mean`);
+/// empty for a record without names (`sum`: a model without multi-hot fields, or one
+/// recorded before the names were).
+pub fn recorded_fields(recorded: &str) -> Result<Vec<(String, Pooling)>, String> {
+    if !recorded.contains('=') {
+        recorded.trim().parse::<Pooling>().map_err(|e| format!("--multi-hot-pooling: {e}"))?;
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = recorded.split(',').filter_map(|p| p.split_once('=')).map(|(n, _)| n.trim().to_string()).collect();
+    Ok(names.iter().cloned().zip(parse_pooling(recorded, &names)?).collect())
+}
+
+/// The pooling of the multi-hot fields `names` of a model that recorded `recorded` (`None`:
+/// a checkpoint or bundle written before the pooling was recorded, which summed every
+/// field), checked against a `flag` given again: a flag that pools a field otherwise is
+/// refused naming both values (`model`: what recorded it, for the message).
+pub fn recorded_pooling(recorded: Option<&str>, flag: Option<&str>, names: &[String], model: &str) -> Result<Vec<Pooling>, String> {
+    let recorded = recorded.unwrap_or("sum");
+    let theirs = parse_pooling(recorded, names).map_err(|e| format!("{model}: its recorded pooling: {e}"))?;
+    if let Some(flag) = flag {
+        let mine = parse_pooling(flag, names)?;
+        if let Some(at) = (0..names.len()).find(|&f| mine[f] != theirs[f]) {
+            return Err(format!(
+                "--multi-hot-pooling {flag}: the {model} pools its multi-hot fields as {recorded} (field {}: {} there, {} here); leave the flag out to score as it was trained",
+                names[at], theirs[at], mine[at]
+            ));
+        }
+    }
+    Ok(theirs)
+}
+
+/// Whether two recorded poolings are the same model's: equal, or one mode without names
+/// (`sum`, a checkpoint's from before the names were recorded) and the other every field
+/// pooled so.
+pub fn same_pooling(a: &str, b: &str) -> bool {
+    let one = |named: &str, word: &str| match (recorded_fields(named), word.trim().parse::<Pooling>()) {
+        (Ok(fields), Ok(w)) => fields.iter().all(|(_, m)| *m == w),
+        _ => false,
+    };
+    a == b || (!a.contains('=') && b.contains('=') && one(b, a)) || (!b.contains('=') && a.contains('=') && one(a, b))
+}
+
 /// The `mean` mask of a pooling launch: bit `f` set when field `f` is pooled by its mean.
 /// An error when there are more fields than a launch takes ([`MAX_BAGS`]).
 pub fn mean_mask(modes: &[Pooling]) -> Result<u32, String> {
@@ -96,5 +149,24 @@ mod tests {
         assert!(parse_pooling("max", &names).unwrap_err().contains("max"));
         assert!(parse_pooling("l9=sum", &names).unwrap_err().contains("l9"));
         assert!(mean_mask(&[Pooling::Mean; 33]).is_err());
+    }
+
+    #[test]
+    fn a_recorded_pooling_names_every_field_and_refuses_a_contradicting_flag() {
+        let names: Vec<String> = ["l0", "l1"].iter().map(|s| s.to_string()).collect();
+        let rec = describe_pooling(&parse_pooling("l1=mean", &names).unwrap(), &names, Some("l1=mean"));
+        assert_eq!(rec, "l0=sum,l1=mean");
+        assert_eq!(describe_pooling(&[], &[], Some(" mean ")), "mean");
+        assert_eq!(describe_pooling(&[], &[], None), "sum");
+        assert_eq!(recorded_fields(&rec).unwrap(), [("l0".to_string(), Pooling::Sum), ("l1".to_string(), Pooling::Mean)]);
+        assert!(recorded_fields("sum").unwrap().is_empty());
+        assert_eq!(recorded_pooling(Some(&rec), None, &names, "checkpoint").unwrap(), [Pooling::Sum, Pooling::Mean]);
+        assert_eq!(recorded_pooling(Some(&rec), Some("l1=mean"), &names, "checkpoint").unwrap(), [Pooling::Sum, Pooling::Mean]);
+        assert_eq!(recorded_pooling(None, None, &names, "checkpoint").unwrap(), [Pooling::Sum; 2], "a record from before: sum");
+        let e = recorded_pooling(Some(&rec), Some("mean"), &names, "checkpoint").unwrap_err();
+        assert!(e.contains("--multi-hot-pooling mean") && e.contains("l0=sum,l1=mean") && e.contains("field l0: sum there, mean here"), "{e}");
+        assert!(recorded_pooling(None, Some("mean"), &names, "checkpoint").unwrap_err().contains("pools its multi-hot fields as sum"));
+        assert!(same_pooling("sum", "l0=sum,l1=sum") && same_pooling("l0=mean,l1=mean", "mean") && same_pooling("sum", "sum"));
+        assert!(!same_pooling("sum", "l0=sum,l1=mean") && !same_pooling("mean", "sum") && !same_pooling("l0=sum", "l1=sum"));
     }
 }

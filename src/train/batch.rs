@@ -93,10 +93,7 @@ impl Batch {
     /// All keys are deduplicated together. An error when the offsets do not cover
     /// `samples.len() * bags` bags rising from 0 to `keys.len()`.
     pub fn load_samples_with_bags(&mut self, samples: &[Sample], bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
-        let spans_all = offsets.len() == samples.len() * bags + 1 && offsets[0] == 0 && offsets.windows(2).all(|w| w[0] <= w[1]) && offsets.last().is_some_and(|l| *l as usize == keys.len());
-        if !spans_all {
-            return Err(DataError::InvalidArgument(format!("multi-hot offsets: {} entries for {} samples of {bags} bags, rising from 0 to the {} keys, expected", offsets.len(), samples.len(), keys.len())));
-        }
+        check_bags(samples.len(), bags, offsets, keys)?;
         self.clear();
         self.fields = Fields::CRITEO;
         for (i, s) in samples.iter().enumerate() {
@@ -115,6 +112,13 @@ impl Batch {
     /// Takes rows `rows` of `cols` (rows of any shape: `ringrec serve-model`'s requests) as
     /// the batch, numbered 0.. in `rows`, and deduplicates their keys.
     pub fn load_columns(&mut self, cols: &Columns, rows: std::ops::Range<usize>) -> DataResult<()> {
+        self.load_columns_with_bags(cols, rows, 0, &[0], &[])
+    }
+
+    /// [`Batch::load_columns`] with `bags` multi-hot fields per row, as
+    /// [`Batch::load_samples_with_bags`] takes them (`offsets` and `keys` of the rows taken).
+    pub fn load_columns_with_bags(&mut self, cols: &Columns, rows: std::ops::Range<usize>, bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
+        check_bags(rows.len(), bags, offsets, keys)?;
         self.clear();
         let Fields { dense, sparse } = cols.fields;
         self.fields = cols.fields;
@@ -122,6 +126,10 @@ impl Batch {
         self.labels.extend_from_slice(&cols.labels[rows.clone()]);
         self.dense.extend_from_slice(&cols.dense[rows.start * dense..rows.end * dense]);
         self.keys.extend_from_slice(&cols.keys[rows.start * sparse..rows.end * sparse]);
+        self.bags = bags;
+        self.bag_offsets.clear();
+        self.bag_offsets.extend_from_slice(offsets);
+        self.keys.extend_from_slice(keys);
         self.index_keys()
     }
 
@@ -150,6 +158,15 @@ impl Batch {
         self.bag_index.extend(places);
         Ok(())
     }
+}
+
+/// An error when `offsets` do not cover `rows * bags` bags rising from 0 to `keys.len()`.
+fn check_bags(rows: usize, bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
+    let spans_all = offsets.len() == rows * bags + 1 && offsets[0] == 0 && offsets.windows(2).all(|w| w[0] <= w[1]) && offsets.last().is_some_and(|l| *l as usize == keys.len());
+    if !spans_all {
+        return Err(DataError::InvalidArgument(format!("multi-hot offsets: {} entries for {rows} samples of {bags} bags, rising from 0 to the {} keys, expected", offsets.len(), keys.len())));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

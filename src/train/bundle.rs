@@ -189,20 +189,55 @@ pub struct InputSpec {
     /// columns; absent when they were inferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<ColumnSpec>,
+    /// The multi-hot fields (Parquet list columns), in the order their pooled vectors follow
+    /// the single-hot fields' rows, each with its pooling; absent without them (and in
+    /// bundles written before them, whose models summed any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multi_hot: Vec<MultiHotField>,
+}
+
+/// A multi-hot field of `model.json`'s `input`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MultiHotField {
+    /// The list column.
+    pub name: String,
+    /// The categorical field whose salt its ids' keys take (`key` of `input`).
+    pub field: usize,
+    /// How its bag of rows becomes one vector: `sum` or `mean` (an empty bag: zeros).
+    pub pooling: String,
 }
 
 impl InputSpec {
     /// The input of a model of `spec` trained on data whose Parquet `columns` were named
-    /// (`None`: inferred, or a TSV): a TSV's rules ([`InputSpec::criteo`]) with the model's
-    /// counts of dense features and categorical fields.
-    pub fn of(spec: &crate::model::ModelSpec, columns: Option<&ColumnSpec>) -> InputSpec {
+    /// (`None`: inferred, or a TSV) and that recorded `pooling` (its multi-hot fields by
+    /// name): a TSV's rules ([`InputSpec::criteo`]) with the model's counts of dense
+    /// features and single-hot categorical fields, its multi-hot fields after them.
+    pub fn of(spec: &crate::model::ModelSpec, columns: Option<&ColumnSpec>, pooling: Option<&str>) -> InputSpec {
         let criteo = InputSpec::criteo();
-        let order = if (spec.ndense, spec.fields) == (criteo.dense_features, criteo.categorical_features) {
-            criteo.order.clone()
-        } else {
-            format!("x = [row(key of field 0), ..., row(key of field {}), dense feature 0, ..., dense feature {}]: {} x dim + {} binary32 values", spec.fields as i64 - 1, spec.ndense as i64 - 1, spec.fields, spec.ndense)
+        let lists = pooling.and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
+        let fields = crate::data::Fields { dense: spec.ndense, sparse: spec.fields.saturating_sub(lists.len()) };
+        let order = match (fields == crate::data::Fields::CRITEO, lists.len()) {
+            (true, 0) => criteo.order.clone(),
+            (_, 0) => format!("x = [row(key of field 0), ..., row(key of field {}), dense feature 0, ..., dense feature {}]: {} x dim + {} binary32 values", fields.sparse as i64 - 1, fields.dense as i64 - 1, fields.sparse, fields.dense),
+            (_, l) => format!(
+                "x = [row(key of field 0), ..., row(key of field {}), pooled row of multi_hot[0], ..., pooled row of multi_hot[{}], dense feature 0, ..., dense feature {}]: {} x dim + {} binary32 values",
+                fields.sparse as i64 - 1,
+                l - 1,
+                fields.dense as i64 - 1,
+                spec.fields,
+                fields.dense
+            ),
         };
-        InputSpec { dense_features: spec.ndense, categorical_features: spec.fields, order, schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), ..criteo }
+        let multi_hot = lists.into_iter().enumerate().map(|(g, (name, mode))| MultiHotField { name, field: fields.list_field(g), pooling: mode.to_string() }).collect();
+        InputSpec { dense_features: fields.dense, categorical_features: fields.sparse, order, schema: columns.map(|c| ColumnSpec { file: None, ..c.clone() }), multi_hot, ..criteo }
+    }
+
+    /// The pooling its model records ([`crate::model::pooling::describe_pooling`]).
+    pub fn pooling(&self) -> String {
+        match self.multi_hot.is_empty() {
+            true => "sum".into(),
+            false => self.multi_hot.iter().map(|f| format!("{}={}", f.name, f.pooling)).collect::<Vec<_>>().join(","),
+        }
     }
 
     /// ringrec's input, as [`crate::data::criteo`] parses it.
@@ -220,8 +255,9 @@ impl InputSpec {
             key: "for categorical field f (C1 is f = 0): key = splitmix64(splitmix64(field_salt_base + f) ^ value) (mod 2^64), the missing value standing for an empty field; a key equal to 0xffffffffffffffff becomes 0xfffffffffffffffe".into(),
             splitmix64: "z = x + 0x9e3779b97f4a7c15; z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9; z = (z ^ (z >> 27)) * 0x94d049bb133111eb; return z ^ (z >> 31); every operation mod 2^64".into(),
             order: "x = [row(key of C1), ..., row(key of C26), I1, ..., I13]: 26 x dim + 13 binary32 values".into(),
-            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order: the dense columns are the dense features (dense_features of them), the others the categorical fields (categorical_features of them; a Criteo-shaped file's fill I1..I13 and C1..C26); a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; list columns (multi-hot) are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
+            parquet: "a Parquet file's label is the column `label` (or `--label-column`), boolean or number, 0 or 1, never null; its features are every other column by type (integer or boolean: dense, ln(1 + max(x, 0)) as for I1..I13; float: dense as it is, rounded to binary32; string or binary, dictionary-encoded or not: categorical) or exactly the columns --dense-columns and --sparse-columns name (an integer there: categorical, its value as an unsigned 64-bit number), in column order: the dense columns are the dense features (dense_features of them), the others the categorical fields (categorical_features of them; a Criteo-shaped file's fill I1..I13 and C1..C26); a categorical string of 1 to 16 hex digits is the number it spells, another string its FNV-1a 64 (offset 0xcbf29ce484222325, prime 0x100000001b3) over its bytes; an empty string or a null is the missing value, a null dense value 0; a list column of `multi_hot` (a multi-hot field) is read as its ids (a null list is empty, a null id or an empty string left out), each id keyed by `key` with f = the field's `field` and as value the id (an integer as an unsigned 64-bit number; a string as a categorical string above: its hex digits' number or its FNV-1a 64), the rows of a list's keys pooled in list order in binary32 by the field's `pooling` (sum; mean: that sum divided by the list's length; an empty list: zeros), the pooled vectors following the single-hot fields' rows in `multi_hot`'s order (x = [single-hot rows, pooled rows, dense features]); other list columns are not read; `schema`, when present, names the columns as --label-column, --dense-columns and --sparse-columns would, and `transforms` gives a dense column's transform where it was chosen (log: ln(1 + max(x, 0)); none: as it is), the others taking the default above".into(),
             schema: None,
+            multi_hot: Vec::new(),
         }
     }
 }
@@ -405,11 +441,12 @@ fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResul
 /// file), from `from` — into `out` (which must not exist); with [`Format::Onnx`] also
 /// `model.onnx`.
 pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
-    write_with(out, from, None, dense, table, format)
+    write_with(out, from, None, None, dense, table, format)
 }
 
-/// [`write`], `model.json` recording the Parquet `columns` the model was trained with.
-pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
+/// [`write`], `model.json` recording the Parquet `columns` the model was trained with and
+/// the `pooling` of its multi-hot fields, as recorded ([`super::source::ModelSource::pooling`]).
+pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, pooling: Option<&str>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
     let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
@@ -445,7 +482,7 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
-            input: InputSpec::of(spec, columns),
+            input: InputSpec::of(spec, columns, pooling),
             model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),
@@ -496,7 +533,7 @@ pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> Bun
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), dense, &table, format)
+    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), m.pooling.as_deref(), dense, &table, format)
 }
 
 /// A bundle that passed every check.

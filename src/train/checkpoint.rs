@@ -417,7 +417,8 @@ pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
 /// [`crate::settings::SettingValue::show`]): older versions wrote `--hidden` as `[256,
 /// 128]`, an unset `--expire-after-steps` as `None` (a set one as `Some(N)`), an unset
 /// `--table-max-bytes` as `auto`, and recorded `--loss-normalize` only in weighted runs
-/// (an unweighted run's is the default, `weights`).
+/// (an unweighted run's is the default, `weights`) and did not record
+/// `--multi-hot-pooling` (every multi-hot field was summed: `sum`).
 pub fn settings_as_typed(mut settings: Vec<(String, String)>) -> Vec<(String, String)> {
     use crate::settings::NOT_SET;
     for (flag, v) in settings.iter_mut() {
@@ -431,9 +432,11 @@ pub fn settings_as_typed(mut settings: Vec<(String, String)>) -> Vec<(String, St
             *v = l;
         }
     }
-    let has = |f: &str| settings.iter().any(|(k, _)| k == f);
-    if has("--batch") && !has("--loss-normalize") {
-        settings.push(("--loss-normalize".into(), "weights".into()));
+    let has = |settings: &[(String, String)], f: &str| settings.iter().any(|(k, _)| k == f);
+    for (flag, default) in [("--loss-normalize", "weights"), ("--multi-hot-pooling", "sum")] {
+        if has(&settings, "--batch") && !has(&settings, flag) {
+            settings.push((flag.into(), default.into()));
+        }
     }
     settings
 }
@@ -502,6 +505,7 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
     for (flag, value) in settings {
         match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
             Some((_, saved)) if saved == value => {}
+            Some((_, saved)) if *flag == "--multi-hot-pooling" && crate::model::pooling::same_pooling(saved, value) => {}
             Some((_, saved)) if *flag == "Parquet columns" => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}{}", crate::data::ColumnSpec::described_difference(saved, value))),
             Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
             // A setting added to ringrec after the checkpoint was written: its run had the

@@ -224,9 +224,11 @@ settings! {
         pub sparse_columns: Vec<String> = Vec::new(),
         /// How each multi-hot field (a Parquet list column) is pooled into one vector a
         /// row: sum or mean (EmbeddingBag's modes; an empty list pools to zeros), for every
-        /// field, or FIELD=MODE,... (fields not named are summed).
-        #[setting(flag = "--multi-hot-pooling", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "MODE")]
-        pub multi_hot_pooling: String = "sum".to_string(),
+        /// field, or FIELD=MODE,... (fields not named are summed). Part of the model: a
+        /// checkpoint records it (a resume repeats it); not given, a run from --init-from
+        /// takes its model's, any other run sums.
+        #[setting(flag = "--multi-hot-pooling", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "MODE")]
+        pub multi_hot_pooling: Option<String> = None,
         /// A Parquet input's columns in a TOML file: label, weight, dense columns with their
         /// transform (log or none), sparse columns (see docs/data.md); instead of the column
         /// flags (--label-column, --dense-columns, --sparse-columns, --weight-column NAME).
@@ -606,11 +608,18 @@ impl TrainConfig {
     }
 
     /// The pooling of each multi-hot field of data whose list columns are `names`
-    /// (`--multi-hot-pooling`), and what a multi-hot input cannot run with: the GPU
-    /// hot-row cache (its rows are gathered per single-hot slot; the bags' rows are not
-    /// in it). Each refusal names the flag and the input.
-    pub fn multi_hot(&self, input: &std::path::Path, names: &[String]) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
-        let modes = crate::model::pooling::parse_pooling(&self.multi_hot_pooling, names).map_err(TrainError::Config)?;
+    /// (`--multi-hot-pooling`; not given: `warm`, the pooling the `--init-from` model
+    /// recorded, which a flag given must not contradict; else sum), and what a multi-hot
+    /// input cannot run with: the GPU hot-row cache (its rows are gathered per single-hot
+    /// slot; the bags' rows are not in it). Each refusal names the flag and the input.
+    pub fn multi_hot(&self, input: &std::path::Path, names: &[String], warm: Option<&str>) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
+        use crate::model::pooling::{parse_pooling, recorded_pooling};
+        let flag = self.multi_hot_pooling.as_deref();
+        let modes = match warm {
+            Some(rec) => recorded_pooling(Some(rec), flag, names, "--init-from model"),
+            None => parse_pooling(flag.unwrap_or("sum"), names),
+        }
+        .map_err(TrainError::Config)?;
         if names.is_empty() {
             return Ok(modes);
         }
@@ -691,6 +700,9 @@ impl TrainConfig {
             match s.field {
                 "data" => v.extend([("--data", data_identity.to_string()), ("rows of --data", rows.to_string())]),
                 "test_fraction" => v.push((s.flag, self.test_fraction().to_string())),
+                // The fields' names and modes once the data is open (`Trainer::new`:
+                // [`crate::model::pooling::describe_pooling`]); without list fields as given.
+                "multi_hot_pooling" => v.push((s.flag, crate::model::pooling::describe_pooling(&[], &[], self.multi_hot_pooling.as_deref()))),
                 f => v.push((s.flag, self.show(f).unwrap_or_default())),
             }
         }

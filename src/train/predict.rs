@@ -140,8 +140,9 @@ pub struct PredictConfig {
     pub dense_columns: Vec<String>,
     /// See `label_column`.
     pub sparse_columns: Vec<String>,
-    /// `--multi-hot-pooling`: how the data's multi-hot fields are pooled (as in training).
-    pub multi_hot_pooling: String,
+    /// `--multi-hot-pooling`: how the data's multi-hot fields are pooled; the model records
+    /// it, and a value given must agree (`None`: the model's).
+    pub multi_hot_pooling: Option<String>,
     /// `--schema`: the Parquet input's columns in a TOML file (instead of the column flags).
     pub schema: Option<std::path::PathBuf>,
     /// Host collectives backend (`None`: the best for the topology).
@@ -261,7 +262,7 @@ impl PredictConfig {
             ("--label-column", crate::settings::SettingValue::show(&self.label_column)),
             ("--dense-columns", self.dense_columns.join(",")),
             ("--sparse-columns", self.sparse_columns.join(",")),
-            ("--multi-hot-pooling", self.multi_hot_pooling.clone()),
+            ("--multi-hot-pooling", crate::settings::SettingValue::show(&self.multi_hot_pooling)),
             ("--schema", self.columns().map_or_else(|e| format!("({e})"), |c| c.describe().unwrap_or_default())),
             ("--require-newest", self.require_newest.to_string()),
             ("--backend", self.backend.unwrap_or_else(|| Backend::auto(topo)).to_string()),
@@ -272,9 +273,10 @@ impl PredictConfig {
     }
 }
 
-/// Makes `model`'s last fields the multi-hot fields of `set`'s data (pooled as
-/// `--multi-hot-pooling` says), refusing data with other fields than the model's.
-fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, set: &EvalSet) -> TrainResult<()> {
+/// Makes `model`'s last fields the multi-hot fields of `set`'s data (pooled as the model
+/// `src` records; a `--multi-hot-pooling` given must agree), refusing data with other
+/// fields than the model's.
+fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &ModelSource, set: &EvalSet) -> TrainResult<()> {
     let Some((ds, _)) = set.parts().next() else { return Ok(()) };
     let names = ds.list_names();
     let spec = model.spec();
@@ -289,7 +291,7 @@ fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, set: &Ev
         )));
     }
     if !names.is_empty() {
-        let modes = crate::model::pooling::parse_pooling(&cfg.multi_hot_pooling, names).map_err(TrainError::Config)?;
+        let modes = crate::model::pooling::recorded_pooling(src.pooling.as_deref(), cfg.multi_hot_pooling.as_deref(), names, &src.describe()).map_err(TrainError::Config)?;
         model.set_multi_hot(&modes)?;
     }
     Ok(())
@@ -364,7 +366,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         files.push(ScoredFile { path, rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
         set.push(Arc::new(ds), rows)?;
     }
-    multi_hot(&mut model, cfg, &set)?;
+    multi_hot(&mut model, cfg, &model_src, &set)?;
     // One set over every file, as train's evaluation scores its --eval-data files.
     let scores = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &set, cfg.batch)?.unwrap_or_default();
     let labels = if topo.rank == 0 { set.labels() } else { Vec::new() };

@@ -8,7 +8,9 @@
 //! checksum. A checkpoint's table is mapped read-only where it lies (no copy); a bundle's
 //! rows are imported into a private table under the shared-memory directory, whose name is
 //! unlinked as soon as it is filled (the mapping lives on; nothing is left behind). Keys a
-//! table lacks read as their initial rows, as in training.
+//! table lacks read as their initial rows, as in training. A model with multi-hot fields
+//! scores [`Rows`] with their bags, pooled as the model records
+//! ([`ModelSource::pooling`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +24,63 @@ use crate::data::Fields;
 use crate::device::{CpuDevice, Device};
 use crate::embedding::{EmbeddingTable, SegmentGuard};
 use crate::model::DenseModel;
+
+/// Rows to score: their columns (of the model's shape, [`Scorer::fields`]) and, for a model
+/// with multi-hot fields, each row's bags: bag `b` (field `b % bags` of row `b / bags`)
+/// holds the keys `keys[offsets[b]..offsets[b + 1]]`, salted by their field
+/// ([`Fields::list_key`]).
+#[derive(Clone, Debug)]
+pub struct Rows {
+    /// Their labels, dense features and single-hot keys.
+    pub columns: Columns,
+    /// Multi-hot fields per row (0: none).
+    pub bags: usize,
+    /// Where each bag's keys start, `columns.len() * bags + 1` entries from 0.
+    pub offsets: Vec<u32>,
+    /// The bags' keys, bag after bag.
+    pub keys: Vec<u64>,
+}
+
+impl Default for Rows {
+    fn default() -> Rows {
+        Rows::single_hot(Columns::default())
+    }
+}
+
+impl Rows {
+    /// Rows without multi-hot fields.
+    pub fn single_hot(columns: Columns) -> Rows {
+        Rows { columns, bags: 0, offsets: vec![0], keys: Vec::new() }
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.columns.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// Empties them, for rows of `fields`' shape with `bags` multi-hot fields.
+    pub fn clear(&mut self, fields: Fields, bags: usize) {
+        self.columns.clear();
+        self.columns.fields = fields;
+        self.keys.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        self.bags = bags;
+    }
+
+    /// Appends `other`'s rows (of the same shape and as many multi-hot fields).
+    pub fn extend(&mut self, other: &Rows) {
+        let base = self.offsets.last().copied().unwrap_or(0);
+        self.columns.append(&other.columns);
+        self.offsets.extend(other.offsets.iter().skip(1).map(|o| o + base));
+        self.keys.extend_from_slice(&other.keys);
+    }
+}
 
 /// A model ready to score (see the module docs).
 pub struct Scorer {
@@ -69,7 +128,11 @@ impl Scorer {
                 table
             }
         };
-        let model = scoring_model(CpuDevice::new(threads), &source)?;
+        let mut model = scoring_model(CpuDevice::new(threads), &source)?;
+        let lists: Vec<_> = source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
+        if !lists.is_empty() {
+            model.set_multi_hot(&lists.iter().map(|(_, m)| *m).collect::<Vec<_>>())?;
+        }
         if let Some(d) = source.dense.as_mut() {
             d.params = Vec::new();
         }
@@ -86,20 +149,36 @@ impl Scorer {
         Ok(())
     }
 
-    /// [`Scorer::score`] of rows of any shape (the model's: [`Scorer::fields`]).
-    pub fn score_columns(&mut self, cols: &Columns, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
-        let n = cols.len();
-        for start in (0..n).step_by(batch_rows.max(1)) {
-            self.batch.load_columns(cols, start..n.min(start + batch_rows.max(1)))?;
+    /// [`Scorer::score`] of rows of the model's shape ([`Scorer::fields`]) with their bags
+    /// (as many multi-hot fields as the model's, [`Scorer::multi_hot_fields`]), pooled as
+    /// the model records.
+    pub fn score_rows(&mut self, rows: &Rows, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+        let (bags, step) = (rows.bags, batch_rows.max(1));
+        if bags != self.model.multi_hot_fields() {
+            return Err(TrainError::Config(format!("the rows have {bags} multi-hot fields, the model {}", self.model.multi_hot_fields())));
+        }
+        let mut offsets = Vec::new();
+        for first in (0..rows.len()).step_by(step) {
+            let end = (first + step).min(rows.len());
+            let span = &rows.offsets[first * bags..=end * bags];
+            let base = span[0];
+            offsets.clear();
+            offsets.extend(span.iter().map(|o| o - base));
+            self.batch.load_columns_with_bags(&rows.columns, first..end, bags, &offsets, &rows.keys[base as usize..span[span.len() - 1] as usize])?;
             score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
         }
         Ok(())
     }
 
-    /// The rows the model takes: its dense features and categorical fields.
+    /// The rows the model takes: its dense features and single-hot categorical fields.
     pub fn fields(&self) -> Fields {
         let spec = self.model.spec();
         Fields { dense: spec.ndense, sparse: spec.fields - self.model.multi_hot_fields() }
+    }
+
+    /// The model's multi-hot fields with their pooling, in order (empty without them).
+    pub fn multi_hot_fields(&self) -> Vec<(String, crate::model::pooling::Pooling)> {
+        self.source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default()
     }
 
     /// Rows of its table.

@@ -219,6 +219,11 @@ pub struct ModelSource {
     /// `Parquet columns` setting, a bundle's `input.schema`).
     #[serde(default)]
     pub columns: Option<ColumnSpec>,
+    /// How its model pools the multi-hot fields, as recorded
+    /// ([`crate::model::pooling::describe_pooling`]: `l0=sum,l1=mean`; `sum` for a model
+    /// without them or recorded before the pooling was); `None` for a sparse-parameter file.
+    #[serde(default)]
+    pub pooling: Option<String>,
 }
 
 /// Why the model `spec` cannot read a table of rows of `dim` values (another row width,
@@ -296,7 +301,9 @@ impl ModelSource {
         let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
         let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
         let columns = ck.manifest.settings.iter().find(|(k, _)| k == "Parquet columns").and_then(|(_, v)| ColumnSpec::from_description(v));
-        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns })
+        // `read_manifest` gives an older checkpoint `sum`, which it pooled with.
+        let pooling = ck.manifest.settings.iter().find(|(k, _)| k == "--multi-hot-pooling").map(|(_, v)| v.clone());
+        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns, pooling })
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
@@ -312,13 +319,14 @@ impl ModelSource {
             return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: e }.into());
         }
         let columns = b.json.input.schema.clone();
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns })
+        let pooling = Some(b.json.input.pooling());
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling })
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
         let (ph, _) = crate::embedding::read_params_header(path)?;
         let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
-        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None })
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None, pooling: None })
     }
 
     /// `checkpoint of step 40 (ckpt/step-000000000040)`.
@@ -426,6 +434,6 @@ mod tests {
         assert!(hidden_of(Path::new("c"), &m("[256, 128]")).unwrap_err().to_string().contains("expected a list"));
         // An older manifest's spelling, as read_manifest gives it.
         let old = checkpoint::settings_as_typed(vec![("--hidden".into(), "[256, 128]".into()), ("--batch".into(), "1024".into()), ("--expire-after-steps".into(), "Some(5)".into()), ("--table-max-bytes".into(), "auto".into())]);
-        assert_eq!(old, [("--hidden", "256,128"), ("--batch", "1024"), ("--expire-after-steps", "5"), ("--table-max-bytes", crate::settings::NOT_SET), ("--loss-normalize", "weights")].map(|(k, v)| (k.to_string(), v.to_string())));
+        assert_eq!(old, [("--hidden", "256,128"), ("--batch", "1024"), ("--expire-after-steps", "5"), ("--table-max-bytes", crate::settings::NOT_SET), ("--loss-normalize", "weights"), ("--multi-hot-pooling", "sum")].map(|(k, v)| (k.to_string(), v.to_string())));
     }
 }

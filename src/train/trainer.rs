@@ -197,6 +197,17 @@ fn totals(data: &TrainData, cfg: &TrainConfig) -> (Option<u64>, u64) {
     (spe, cfg.epochs.saturating_mul(per_epoch).min(cfg.max_steps.unwrap_or(u64::MAX)))
 }
 
+/// The pooling of the data's multi-hot fields `lists` of `input` ([`TrainConfig::multi_hot`]:
+/// the flag, else the `--init-from` model's `warm`, else sum), recorded in `settings` with
+/// the fields' names: the pooling is part of the model.
+fn model_pooling(cfg: &TrainConfig, input: &std::path::Path, lists: &[String], warm: Option<&str>, settings: &mut [(&'static str, String)]) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
+    let pooling = cfg.multi_hot(input, lists, warm)?;
+    if let Some(entry) = settings.iter_mut().find(|(k, _)| *k == "--multi-hot-pooling") {
+        entry.1 = crate::model::pooling::describe_pooling(&pooling, lists, cfg.multi_hot_pooling.as_deref());
+    }
+    Ok(pooling)
+}
+
 impl<'a, D: Device> Trainer<'a, D> {
     /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
     /// its gradients reduced by `engine`, the host table; from the checkpoint when
@@ -205,12 +216,12 @@ impl<'a, D: Device> Trainer<'a, D> {
         cfg.validate()?;
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
-        let pooling = cfg.multi_hot(&input, data.first()?.0.list_names())?;
-        let spec = cfg.model_spec_of(&input, data.first()?.0.fields(), pooling.len())?;
+        let lists = data.first()?.0.list_names().to_vec();
+        let spec = cfg.model_spec_of(&input, data.first()?.0.fields(), lists.len())?;
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
-        let resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
+        let mut resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
         if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
@@ -220,6 +231,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)?),
             None => None,
         };
+        let pooling = model_pooling(cfg, &input, &lists, warm.as_ref().and_then(|(_, from)| from.pooling.as_deref()), &mut resume_settings)?;
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
                 let r = resume(topo, coll.as_mut(), dir, &resume_settings, &spec, &mut params, &mut opt)?;

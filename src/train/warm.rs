@@ -133,6 +133,10 @@ pub struct WarmFrom {
     /// Newer checkpoints of the directory skipped as damaged, each with why (empty: the
     /// newest was used; `--require-newest` refuses to skip).
     pub skipped: Vec<String>,
+    /// The multi-hot pooling its model recorded (`None`: a sparse-parameter file's rows,
+    /// no dense model).
+    #[serde(skip)]
+    pub pooling: Option<String>,
 }
 
 /// Said when the dense optimizer's state is not carried: the continued run cannot equal one
@@ -155,7 +159,8 @@ pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, spe
         Ok(m)
     });
     let m = ModelSource::share(topo, coll, mine)?;
-    let from = WarmFrom { model: m.describe(), path: m.path.clone(), step: m.step, skipped: m.skipped.clone() };
+    let pooling = m.kind.ne(&SourceKind::Params).then(|| m.pooling.clone()).flatten();
+    let from = WarmFrom { model: m.describe(), path: m.path.clone(), step: m.step, skipped: m.skipped.clone(), pooling };
     if let Some(d) = m.dense {
         *params = d.params;
     }

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringrec::data::criteo::Columns;
+use ringrec::train::scorer::Rows;
 use tokio::sync::oneshot;
 
 use super::live::Live;
@@ -30,8 +30,8 @@ pub struct Scored {
 
 /// A request waiting to be scored.
 pub struct Job {
-    /// Its rows (of the model's shape when it was parsed).
-    pub samples: Columns,
+    /// Its rows (with their bags for a model with multi-hot fields).
+    pub rows: Rows,
     /// Where the answer goes.
     pub reply: oneshot::Sender<Result<Scored, String>>,
 }
@@ -48,7 +48,7 @@ pub struct Limits {
 /// The scoring thread's loop; returns when every sender is gone.
 pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metrics>) {
     let mut carry: Option<Job> = None;
-    let mut all = Columns::default();
+    let mut all = Rows::default();
     let mut out: Vec<f32> = Vec::new();
     loop {
         let first = match carry.take() {
@@ -58,7 +58,7 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
                 Err(_) => return,
             },
         };
-        let mut rows = first.samples.len();
+        let mut rows = first.rows.len();
         let mut group = vec![first];
         let deadline = Instant::now() + limits.max_wait;
         while rows < limits.max_batch {
@@ -70,32 +70,31 @@ pub fn run(rx: Receiver<Job>, live: Arc<Live>, limits: Limits, metrics: Arc<Metr
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
                 },
             };
-            if rows + next.samples.len() > limits.max_batch {
+            if rows + next.rows.len() > limits.max_batch {
                 carry = Some(next);
                 break;
             }
-            rows += next.samples.len();
+            rows += next.rows.len();
             group.push(next);
         }
         let model = live.current();
         out.clear();
         let scored = {
             let mut scorer = model.scorer.lock().unwrap_or_else(|e| e.into_inner());
-            if group.len() == 1 || group.iter().any(|j| j.samples.fields != group[0].samples.fields) {
+            if group.len() == 1 || group.iter().any(|j| (j.rows.columns.fields, j.rows.bags) != (group[0].rows.columns.fields, group[0].rows.bags)) {
                 // One request, or requests parsed for models of other shapes (a swap between
                 // them): each scored alone, a shape the model does not take refused.
-                group.iter().try_for_each(|j| scorer.score_columns(&j.samples, limits.max_batch, &mut out))
+                group.iter().try_for_each(|j| scorer.score_rows(&j.rows, limits.max_batch, &mut out))
             } else {
-                all.clear();
-                all.fields = group[0].samples.fields;
-                group.iter().for_each(|j| all.append(&j.samples));
-                scorer.score_columns(&all, limits.max_batch, &mut out)
+                all.clear(group[0].rows.columns.fields, group[0].rows.bags);
+                group.iter().for_each(|j| all.extend(&j.rows));
+                scorer.score_rows(&all, limits.max_batch, &mut out)
             }
         };
         metrics.batch_rows.observe(rows as f64);
         let mut at = 0;
         for j in group {
-            let n = j.samples.len();
+            let n = j.rows.len();
             let answer = match &scored {
                 Ok(()) => Ok(Scored { probabilities: out[at..at + n].to_vec(), version: model.version, step: model.step }),
                 Err(e) => Err(format!("scoring failed: {e}")),

@@ -35,6 +35,8 @@ pub struct Loaded {
     pub table_rows: u64,
     /// The rows it takes (what a request is parsed into).
     pub fields: ringrec::data::Fields,
+    /// Its multi-hot fields by name, in order (a request's `lists`).
+    pub lists: Vec<String>,
 }
 
 /// How to load a model.
@@ -55,7 +57,8 @@ impl LoadOptions {
     pub fn load(&self, version: u64) -> anyhow::Result<Loaded> {
         let scorer = Scorer::open(&self.model, self.fallback, &self.shm_dir, self.threads)?;
         scorer.source.warn_skipped();
-        Ok(Loaded { describe: scorer.source.describe(), table_rows: scorer.table_rows(), fields: scorer.fields(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
+        let lists = scorer.multi_hot_fields().into_iter().map(|(name, _)| name).collect();
+        Ok(Loaded { lists, describe: scorer.source.describe(), table_rows: scorer.table_rows(), fields: scorer.fields(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
     }
 }
 

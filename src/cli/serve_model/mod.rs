@@ -177,11 +177,13 @@ async fn score(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::r
 
 async fn scored(app: &App, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<(Response, usize), ApiError> {
     let body = body.map_err(|e| ApiError(e.status(), format!("reading the body: {}", e.body_text())))?;
-    let samples = request::parse(&body, app.live.current().fields).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
-    let rows = samples.len();
+    let model = app.live.current();
+    let parsed = request::parse_rows(&body, model.fields, &model.lists).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
+    drop(model);
+    let rows = parsed.len();
     let (reply, answer) = tokio::sync::oneshot::channel();
     let gone = || ApiError(StatusCode::SERVICE_UNAVAILABLE, "the scoring thread has stopped".into());
-    match app.queue.try_send(batcher::Job { samples, reply }) {
+    match app.queue.try_send(batcher::Job { rows: parsed, reply }) {
         Ok(()) => {}
         Err(mpsc::TrySendError::Full(_)) => return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("the scoring queue is full ({} requests waiting, --max-queue): retry later", app.max_queue))),
         Err(mpsc::TrySendError::Disconnected(_)) => return Err(gone()),
@@ -209,6 +211,7 @@ async fn model(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
         "path": m.path,
         "model": m.describe,
         "table_rows": m.table_rows,
+        "multi_hot": m.lists,
         "loaded_at": m.loaded_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
     }))
 }

@@ -2,20 +2,26 @@
 //! samples the trainer reads, or a message naming the row and field that is wrong.
 //!
 //! ```text
-//! {"rows": [{"label": 1, "dense": [13 x integer or null], "sparse": [26 x hex string or null]}, ...],
+//! {"rows": [{"label": 1, "dense": [13 x integer or null], "sparse": [26 x hex string or null],
+//!            "lists": {"l0": [integer ids], ...}}, ...],
 //!  "tsv":  ["<Criteo line>", ...]}
 //! ```
 //! - `rows[i].dense[j]` is integer feature I(j+1) as the TSV has it (an integer, transformed
 //!   to `ln(1 + max(x, 0))` as training does); `null` is a missing value.
 //! - `rows[i].sparse[j]` is categorical feature C(j+1): 1 to 16 hex digits (either case);
 //!   `null` or `""` is a missing value.
+//! - `rows[i].lists` holds a model's multi-hot fields (its `model.json`'s `input.multi_hot`),
+//!   every one by name: a list of ids as the Parquet list column had them (integers within
+//!   a signed or unsigned 64-bit integer, or strings keyed as a Parquet list's strings: their
+//!   hex digits' number, else their FNV-1a 64; an empty string or a null left out), pooled as the model was trained (an empty list
+//!   or `null` pools to zeros); a model without multi-hot fields takes no `lists`.
 //! - `label` is optional and does not change the score (0 or 1 when given).
 //! - `tsv[i]` is a line as the trainer reads it: 40 tab-separated fields (label, I1..I13,
-//!   C1..C26), or 39 without the label.
+//!   C1..C26), or 39 without the label; not for a model with multi-hot fields.
 //!
 //!
 //! A model trained on other rows than Criteo's (a Parquet file's columns: n dense features
-//! and F categorical fields, [`Fields`]) takes `rows` of its shape: `dense` n values, an
+//! and F single-hot categorical fields, [`Fields`]; its lists in `lists`) takes `rows` of its shape: `dense` n values, an
 //! integer read as a Parquet integer column is (`ln(1 + max(x, 0))`), any other number as a
 //! float column is (as it is), `null` 0; `sparse` F values, a string as a Parquet string
 //! column's (1 to 16 hex digits the number they spell, another string its FNV-1a 64), an
@@ -25,7 +31,70 @@
 
 use ringrec::data::criteo::{self, Columns, NUM_FIELDS};
 use ringrec::data::Fields;
+use ringrec::train::scorer::Rows;
 use serde_json::Value;
+
+/// Parses a request body into rows of `fields`' shape, the model's, with the bags of its
+/// multi-hot fields `lists` (see the module docs); the error names the row and field.
+pub fn parse_rows(body: &[u8], fields: Fields, lists: &[String]) -> Result<Rows, String> {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if !lists.is_empty() && v.get("tsv").is_some() {
+        return Err(format!("tsv: a Criteo line has no multi-hot fields, and this model has {} ({}): send `rows` with `lists`", lists.len(), lists.join(", ")));
+    }
+    let columns = parse(body, fields)?;
+    let mut rows = Rows::default();
+    rows.clear(fields, lists.len());
+    let json_rows = v.get("rows").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if lists.is_empty() {
+        if let Some(i) = json_rows.iter().position(|r| r.get("lists").is_some()) {
+            return Err(format!("rows[{i}].lists: this model has no multi-hot fields"));
+        }
+    }
+    for (i, r) in json_rows.iter().enumerate().filter(|_| !lists.is_empty()) {
+        bags(i, r, (fields, lists), &mut rows.keys, &mut rows.offsets)?;
+    }
+    rows.columns = columns;
+    Ok(rows)
+}
+
+/// Row `i`'s bags, one per field of `lists` (of data of `fields`' shape), appended to
+/// `keys` and their ends to `ends`.
+fn bags(i: usize, r: &Value, (fields, lists): (Fields, &[String]), keys: &mut Vec<u64>, ends: &mut Vec<u32>) -> Result<(), String> {
+    let names = lists.join(", ");
+    let given = match r.get("lists") {
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(format!("rows[{i}].lists: must be an object of the multi-hot fields ({names}), each a list of integer ids")),
+        None => return Err(format!("rows[{i}].lists: missing; this model has multi-hot fields ({names}), each a list of integer ids")),
+    };
+    if let Some(k) = given.keys().find(|k| !lists.contains(k)) {
+        return Err(format!("rows[{i}].lists: unknown field `{}` (the model's multi-hot fields are {names})", k.escape_debug()));
+    }
+    for (g, name) in lists.iter().enumerate() {
+        let at = format!("rows[{i}].lists.{name}");
+        match given.get(name) {
+            None => return Err(format!("{at}: missing (every multi-hot field is given: an empty list pools to zeros)")),
+            Some(Value::Null) => {}
+            Some(Value::Array(ids)) => {
+                for (j, id) in ids.iter().enumerate() {
+                    let v = match id {
+                        Value::Number(n) => n.as_i64().map(|v| v as u64).or_else(|| n.as_u64()),
+                        // A string id as a Parquet list's: its hex digits' number, else its
+                        // FNV-1a 64; an empty one (or a null) is left out.
+                        Value::String(t) if t.is_empty() => continue,
+                        Value::String(t) => Some(hex(t).unwrap_or_else(|| ringrec::hash::fnv1a64(t.as_bytes()))),
+                        Value::Null => continue,
+                        _ => None,
+                    };
+                    let v = v.ok_or_else(|| format!("{at}[{j}]: {id} is not an id (an integer within 64 bits or a string)"))?;
+                    keys.push(fields.list_key(g, v));
+                }
+            }
+            Some(other) => return Err(format!("{at}: {other} is not a list of integer ids")),
+        }
+        ends.push(u32::try_from(keys.len()).map_err(|_| format!("{at}: more ids in the request than a batch holds"))?);
+    }
+    Ok(())
+}
 
 /// Parses a request body into rows of `fields`' shape, the model's (see the module docs);
 /// the error names the row and field.
@@ -69,8 +138,8 @@ fn line(l: &str) -> Result<criteo::Sample, String> {
 /// Appends JSON row `i` to `out`.
 fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
     let Value::Object(r) = r else { return Err(format!("rows[{i}]: must be an object with `dense` and `sparse`")) };
-    if let Some(k) = r.keys().find(|k| !["label", "dense", "sparse"].contains(&k.as_str())) {
-        return Err(format!("rows[{i}]: unknown field `{}` (a row has `label`, `dense`, `sparse`)", k.escape_debug()));
+    if let Some(k) = r.keys().find(|k| !["label", "dense", "sparse", "lists"].contains(&k.as_str())) {
+        return Err(format!("rows[{i}]: unknown field `{}` (a row has `label`, `dense`, `sparse`, and `lists` for a model with multi-hot fields)", k.escape_debug()));
     }
     let label = match r.get("label") {
         None | Some(Value::Null) => 0.0,
@@ -99,6 +168,7 @@ fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
         out.dense.push(v);
     }
     let sparse = array(i, r, "sparse", fields.sparse, sparse_what)?;
+    let one_id = if criteo { "a hex string or null" } else { "a string, a non-negative integer or null" };
     for (j, c) in sparse.iter().enumerate() {
         let k = match c {
             Value::Null => criteo::missing_key(j),
@@ -109,7 +179,8 @@ fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
                 Some(v) => criteo::category_key(j, v),
                 None => return Err(format!("rows[{i}].sparse[{j}] ({}): \"{}\" is not 1 to 16 hex digits", name('C', j), h.escape_debug())),
             },
-            other => return Err(format!("rows[{i}].sparse[{j}] ({}): {other} is not {}", name('C', j), if criteo { "a hex string or null" } else { "a string, a non-negative integer or null" })),
+            Value::Array(_) => return Err(format!("rows[{i}].sparse[{j}] ({}): a list where one id is expected (a single-hot field: {}; multi-hot fields go in `lists`)", name('C', j), one_id)),
+            other => return Err(format!("rows[{i}].sparse[{j}] ({}): {other} is not {}", name('C', j), one_id)),
         };
         out.keys.push(k);
     }
@@ -177,6 +248,9 @@ mod tests {
         r["label"] = Value::from(2);
         assert!(err(serde_json::json!({ "rows": [r] })).starts_with("rows[0].label"));
         assert!(parse(b"{", Fields::CRITEO).unwrap_err().starts_with("the body is not JSON"));
+        let mut r = json_of(LINE);
+        r["sparse"][3] = serde_json::json!(["ab"]);
+        assert!(err(serde_json::json!({ "rows": [r] })).contains("rows[0].sparse[3] (C4): a list where one id is expected"));
         assert_eq!(hex("+1"), None);
         assert_eq!(hex("00ab"), Some(0xab));
         assert_eq!(hex("11112222333344445"), None);
@@ -195,5 +269,43 @@ mod tests {
         assert!(err(serde_json::json!({ "rows": [{ "dense": [1], "sparse": ["a", "b", "c"] }] })).starts_with("rows[0].dense: 1 values, expected 2 numbers or null"));
         assert!(err(serde_json::json!({ "rows": [{ "dense": [1, 2], "sparse": ["a", "b", -1] }] })).starts_with("rows[0].sparse[2] (field 2): -1 is not a string, a non-negative integer or null"));
         assert!(err(serde_json::json!({ "tsv": [LINE] })).starts_with("tsv: the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"));
+    }
+
+    #[test]
+    fn a_multi_hot_models_rows_carry_every_list_field_by_name() {
+        let lists = ["l0".to_string(), "l1".to_string()];
+        let mut r = json_of(LINE);
+        r["lists"] = serde_json::json!({ "l0": [5, -1, 5], "l1": [] });
+        let mut r2 = json_of(LINE);
+        r2["lists"] = serde_json::json!({ "l1": [18446744073709551615u64], "l0": null });
+        let rows = parse_rows(serde_json::json!({ "rows": [r, r2] }).to_string().as_bytes(), Fields::CRITEO, &lists).unwrap();
+        assert_eq!((rows.len(), rows.bags), (2, 2));
+        assert_eq!(rows.offsets, [0, 3, 3, 3, 4]);
+        assert_eq!(rows.keys, [Fields::CRITEO.list_key(0, 5), Fields::CRITEO.list_key(0, u64::MAX), Fields::CRITEO.list_key(0, 5), Fields::CRITEO.list_key(1, u64::MAX)]);
+        let err = |v: Value| parse_rows(v.to_string().as_bytes(), Fields::CRITEO, &lists).unwrap_err();
+        let mut bad = json_of(LINE);
+        bad["lists"] = serde_json::json!({ "l0": [1] });
+        assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1: missing"));
+        bad["lists"] = serde_json::json!({ "l0": [1], "l1": [[2]] });
+        assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1[0]: [2] is not an id"));
+        let mut r3 = json_of(LINE);
+        r3["lists"] = serde_json::json!({ "l0": ["item-7", "", null, "Ab"], "l1": [] });
+        let rows = parse_rows(serde_json::json!({ "rows": [r3] }).to_string().as_bytes(), Fields::CRITEO, &lists).unwrap();
+        assert_eq!(rows.keys, [Fields::CRITEO.list_key(0, ringrec::hash::fnv1a64(b"item-7")), Fields::CRITEO.list_key(0, 0xab)]);
+        bad["lists"] = serde_json::json!({ "l0": 3, "l1": [] });
+        assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l0: 3 is not a list"));
+        bad["lists"] = serde_json::json!({ "l0": [], "l1": [], "l9": [] });
+        assert!(err(serde_json::json!({ "rows": [bad] })).contains("unknown field `l9`"));
+        assert!(err(serde_json::json!({ "rows": [json_of(LINE)] })).starts_with("rows[0].lists: missing; this model has multi-hot fields (l0, l1)"));
+        assert!(err(serde_json::json!({ "tsv": [LINE] })).starts_with("tsv: a Criteo line has no multi-hot fields"));
+        assert_eq!(parse_rows(serde_json::json!({ "tsv": [LINE] }).to_string().as_bytes(), Fields::CRITEO, &[]).unwrap().len(), 1);
+        let mut r = json_of(LINE);
+        r["lists"] = serde_json::json!({});
+        assert!(parse_rows(serde_json::json!({ "rows": [r] }).to_string().as_bytes(), Fields::CRITEO, &[]).unwrap_err().contains("no multi-hot fields"));
+        // A model of another shape: its lists salted after its own single-hot fields.
+        let wide = Fields { dense: 1, sparse: 30 };
+        let row = serde_json::json!({ "dense": [1], "sparse": vec![Value::Null; 30], "lists": { "l0": [5], "l1": [] } });
+        let rows = parse_rows(serde_json::json!({ "rows": [row] }).to_string().as_bytes(), wide, &lists).unwrap();
+        assert_eq!((rows.columns.fields, rows.keys.as_slice()), (wide, &[wide.list_key(0, 5)][..]));
     }
 }

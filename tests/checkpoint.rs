@@ -281,11 +281,15 @@ fn a_job_killed_at_twenty_random_moments_resumes_to_the_uninterrupted_result() {
         cmd.arg(env!("CARGO_BIN_EXE_ringrec")).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
         let mut child = cmd.spawn().expect("mpirun");
         let t = Instant::now();
-        // Start-up takes about half a second; a checkpoint every 5 steps is about every 0.2 s.
-        let at = Duration::from_millis(300 + pick(kill, 2000));
-        while t.elapsed() < at && child.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(5));
+        // A random moment of checkpointed training, whatever the machine's speed: once the
+        // run has written 1 to 8 checkpoints of its own (a fixed time would land in start-up
+        // on a slow machine and after the last step on a fast one), then 0-30 ms later,
+        // mid-step or mid-checkpoint.
+        let goal = latest_step(&ck).unwrap_or(0) + 5 * (1 + pick(kill, 8));
+        while t.elapsed() < Duration::from_secs(60) && child.try_wait().unwrap().is_none() && !matches!(latest_step(&ck), Some(s) if s >= goal) {
+            std::thread::sleep(Duration::from_millis(2));
         }
+        std::thread::sleep(Duration::from_millis(pick(kill ^ 0x5EED, 30)));
         // SAFETY: the job's own process group.
         unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
         let _ = child.wait();

@@ -241,21 +241,6 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
     }
 }
 
-/// Runs `$f::<T>` for the element type of `$dtype`.
-macro_rules! by_dtype {
-    ($self:ident, $f:ident, $dtype:expr, $($arg:expr),*) => {
-        match $dtype {
-            DType::F32 => $self.$f::<f32>($($arg),*),
-            DType::F64 => $self.$f::<f64>($($arg),*),
-            DType::F16 => $self.$f::<f16>($($arg),*),
-            DType::BF16 => $self.$f::<bf16>($($arg),*),
-            DType::I32 => $self.$f::<i32>($($arg),*),
-            DType::I64 => $self.$f::<i64>($($arg),*),
-            DType::U8 => $self.$f::<u8>($($arg),*),
-        }
-    };
-}
-
 impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> {
     fn describe(&self) -> String {
         format!("{} on {}", self.coll.name(), self.dev.describe())

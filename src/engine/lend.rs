@@ -77,42 +77,6 @@ impl<D: Device> Lender<D> {
     }
 }
 
-/// Runs `$e` with `$t` the element type of `$dtype`.
-macro_rules! as_type {
-    ($dtype:expr, $t:ident => $e:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $t = f32;
-                $e
-            }
-            DType::F64 => {
-                type $t = f64;
-                $e
-            }
-            DType::F16 => {
-                type $t = f16;
-                $e
-            }
-            DType::BF16 => {
-                type $t = bf16;
-                $e
-            }
-            DType::I32 => {
-                type $t = i32;
-                $e
-            }
-            DType::I64 => {
-                type $t = i64;
-                $e
-            }
-            DType::U8 => {
-                type $t = u8;
-                $e
-            }
-        }
-    };
-}
-
 impl<D: Device> LendDevice for Lender<D> {
     fn describe(&self) -> String {
         self.dev.describe()
@@ -128,10 +92,10 @@ impl<D: Device> LendDevice for Lender<D> {
     }
     unsafe fn lend(&self, address: usize, dtype: DType, shape: &[usize], ordinal: usize, owner: Box<dyn Any + Send>) -> DeviceResult<Tensor> {
         // SAFETY: the caller's contract, forwarded.
-        as_type!(dtype, T => unsafe { self.lend_as::<T>(address, shape, ordinal, owner) })
+        unsafe { by_dtype!(self, lend_as, dtype, address, shape, ordinal, owner) }
     }
     fn address(&self, t: &mut Tensor) -> Option<usize> {
-        as_type!(t.dtype(), T => self.address_as::<T>(t))
+        by_dtype!(self, address_as, t.dtype(), t)
     }
 }
 

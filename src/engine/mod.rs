@@ -26,6 +26,22 @@
 //! search), `RINGREC_AUTOTUNE_LOG` (CSV path), `RINGREC_ENGINE_BACKEND` (mpi, ring, shm,
 //! hier; default: the best for the topology).
 
+/// Runs `$self.$f::<T>(args)` for the element type `T` of `$dtype` (the device executor
+/// and the lender of framework tensors; `half`'s `f16`/`bf16` in scope where it is used).
+macro_rules! by_dtype {
+    ($self:ident, $f:ident, $dtype:expr, $($arg:expr),*) => {
+        match $dtype {
+            DType::F32 => $self.$f::<f32>($($arg),*),
+            DType::F64 => $self.$f::<f64>($($arg),*),
+            DType::F16 => $self.$f::<f16>($($arg),*),
+            DType::BF16 => $self.$f::<bf16>($($arg),*),
+            DType::I32 => $self.$f::<i32>($($arg),*),
+            DType::I64 => $self.$f::<i64>($($arg),*),
+            DType::U8 => $self.$f::<u8>($($arg),*),
+        }
+    };
+}
+
 pub mod autotune;
 pub mod cache;
 pub mod compression;

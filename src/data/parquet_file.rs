@@ -216,6 +216,11 @@ impl Schema {
         Fields { dense: count(true), sparse: count(false) }
     }
 
+    /// The single-hot categorical fields' names, in their order.
+    pub fn sparse_names(&self) -> Vec<String> {
+        self.fields.iter().filter(|f| matches!(f.role, Role::Sparse { .. })).map(|f| f.name.clone()).collect()
+    }
+
     /// The list (multi-hot) fields' names, in their order.
     pub fn list_names(&self) -> Vec<String> {
         self.fields.iter().filter(|f| matches!(f.role, Role::List { .. })).map(|f| f.name.clone()).collect()

@@ -292,17 +292,27 @@ pub fn write(dir: &Path, dense: &DenseState, table: &EmbeddingTable, settings: &
 /// [`write`] from a table's image: the live table's, or a snapshot taken at the step of
 /// `dense` (a background checkpoint, [`super::checkpointing`]).
 pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
+    write_images(dir, dense, table, &[], settings, keep)
+}
+
+/// [`write_image`] with the run's `--table` tables beside the default one: each `(file
+/// name, image)` of `extra` one more file of the checkpoint, listed in its manifest and
+/// checked like the default table when loaded.
+pub fn write_images(dir: &Path, dense: &DenseState, table: &TableImage<'_>, extra: &[(String, TableImage<'_>)], settings: &[(&str, String)], keep: usize) -> CheckpointResult<PathBuf> {
     if let Some(what) = dense.non_finite() {
         return Err(CheckpointError::NonFinite { step: dense.step, what });
     }
-    if let Some((slot, j)) = table_non_finite(table) {
-        return Err(CheckpointError::NonFinite { step: dense.step, what: format!("embedding row of slot {slot}, value {j}") });
+    for (name, t) in std::iter::once((TABLE, table)).chain(extra.iter().map(|(n, t)| (n.as_str(), t))) {
+        if let Some((slot, j)) = table_non_finite(t) {
+            let of = if name == TABLE { String::new() } else { format!(" of {name}") };
+            return Err(CheckpointError::NonFinite { step: dense.step, what: format!("embedding row{of} of slot {slot}, value {j}") });
+        }
     }
     std::fs::create_dir_all(dir).map_err(io(dir, "create the checkpoint directory"))?;
     // What a killed writer left (a temporary of a dead process) goes first.
     crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
     let bin = dense.encode().map_err(|e| CheckpointError::Mismatch { dir: dir.to_path_buf(), detail: format!("the dense state of step {} is not one model: {e}", dense.step) })?;
-    let needed = bin.len() as u64 + table.as_bytes().len() as u64 + 64 * 1024;
+    let needed = bin.len() as u64 + table.as_bytes().len() as u64 + extra.iter().map(|(_, t)| t.as_bytes().len() as u64).sum::<u64>() + 64 * 1024;
     if let Some(free) = crate::fileio::free_bytes(dir) {
         if free < needed {
             return Err(CheckpointError::NoSpace { dir: dir.to_path_buf(), needed, free });
@@ -314,6 +324,9 @@ pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, setti
     {
         let tmp = ck.path();
         table.save(&tmp.join(TABLE)).map_err(|e| CheckpointError::None(format!("writing the table of the checkpoint: {e}")))?;
+        for (name, t) in extra {
+            t.save(&tmp.join(name)).map_err(|e| CheckpointError::None(format!("writing {name} of the checkpoint: {e}")))?;
+        }
         write_atomic(&tmp.join(DENSE), 0o600, |w| w.write_all(&bin))?;
         let h = table.header();
         let manifest = Manifest {
@@ -329,10 +342,13 @@ pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, setti
             param_norm: l2(&dense.params),
             settings: settings.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
             table: TableFacts { generation: h.generation, live_rows: h.live_rows, dim: h.dim, capacity: h.capacity },
-            files: vec![
+            files: [
                 FileEntry { name: DENSE.into(), bytes: bin.len() as u64, crc32: Some(crate::hash::crc32(&bin)) },
                 FileEntry { name: TABLE.into(), bytes: table.as_bytes().len() as u64, crc32: None },
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().map(|(name, t)| FileEntry { name: name.clone(), bytes: t.as_bytes().len() as u64, crc32: None }))
+            .collect(),
         };
         let text = seal(&manifest)?;
         write_atomic(&tmp.join(MANIFEST), 0o600, |w| w.write_all(&text))?;
@@ -494,6 +510,19 @@ pub fn load(ck: &Path) -> CheckpointResult<Loaded> {
     }
     if let Some((slot, j)) = table_non_finite(&table) {
         return Err(damaged(&tp, format!("the row of slot {slot} has a non-finite value at {j}")));
+    }
+    // The `--table` tables (`table.NAME.rrt`): each one's own checks.
+    for f in m.files.iter().filter(|f| f.name != TABLE && f.name.starts_with("table.") && f.name.ends_with(".rrt")) {
+        let tp = ck.join(&f.name);
+        let named = |e: crate::embedding::TableError| {
+            let e = e.to_string();
+            damaged(&tp, e.strip_prefix(&format!("{}: ", tp.display())).unwrap_or(&e))
+        };
+        let t = EmbeddingTable::open_readonly(&tp).map_err(named)?;
+        let image = t.image().map_err(named)?;
+        if let Some((slot, j)) = table_non_finite(&image) {
+            return Err(damaged(&tp, format!("the row of slot {slot} has a non-finite value at {j}")));
+        }
     }
     Ok(Loaded { dir: ck.to_path_buf(), manifest: m, dense })
 }

@@ -189,21 +189,13 @@ impl<D: Device> Trainer<'_, D> {
                 let opt = self.model.optim_state().map_err(|e| e.to_string())?;
                 let kept = self.last_saved.is_some().then(|| params.clone());
                 let dense = DenseState { step: p.step, epoch: p.epoch, step_in_epoch: p.in_epoch, opt, spec: Some(self.model.spec().clone()), params };
-                let room = self.snapshot_room(self.embedding.table().table().as_bytes().len() as u64);
-                let table = self.embedding.table().table();
-                match room {
-                    Ok(()) => {
-                        let snapshot = table.snapshot().map_err(|e| e.to_string())?;
-                        let c = &self.topo.config;
-                        self.writing = Some(InFlight::start(dir, dense, snapshot, self.resume_settings.clone(), self.cfg.keep_checkpoints, c.fault_slow_checkpoint)?);
-                    }
-                    Err(why) => {
-                        if let Some(why) = why {
-                            crate::eprint_line(&format!("ringrec: step {}: {why}: this checkpoint is written synchronously", p.step));
-                        }
-                        checkpoint::write(dir, &dense, table, &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
+                match &self.tables {
+                    // The `--table` tables are written synchronously, with the default one.
+                    Some(t) => {
+                        self.write_tables(dir, &dense, t)?;
                         self.counters.checkpoints_written += 1;
                     }
+                    None => self.write_default(dir, dense)?,
                 }
                 if kept.is_some() {
                     self.last_saved = kept;
@@ -217,6 +209,41 @@ impl<D: Device> Trainer<'_, D> {
         // Rank 0 decided: every rank must know (the stop-signal check depends on it).
         let [w] = self.topo.control().broadcast("rank 0's checkpoint decision", [u8::from(written)]);
         Ok(w == 1)
+    }
+
+    /// Rank 0 writes the checkpoint of `dense` with the default table: in the background
+    /// from a snapshot when there is memory for one, else synchronously.
+    fn write_default(&mut self, dir: &Path, dense: DenseState) -> Result<(), String> {
+        let p = self.position;
+        let room = self.snapshot_room(self.embedding.table().table().as_bytes().len() as u64);
+        let table = self.embedding.table().table();
+        match room {
+            Ok(()) => {
+                let snapshot = table.snapshot().map_err(|e| e.to_string())?;
+                let c = &self.topo.config;
+                self.writing = Some(InFlight::start(dir, dense, snapshot, self.resume_settings.clone(), self.cfg.keep_checkpoints, c.fault_slow_checkpoint)?);
+            }
+            Err(why) => {
+                if let Some(why) = why {
+                    crate::eprint_line(&format!("ringrec: step {}: {why}: this checkpoint is written synchronously", p.step));
+                }
+                checkpoint::write(dir, &dense, table, &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
+                self.counters.checkpoints_written += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0 writes the checkpoint of `dense` with the default table and every `--table`
+    /// table (`table.NAME.rrt`), synchronously.
+    fn write_tables(&self, dir: &Path, dense: &DenseState, tables: &super::tables::Tables) -> Result<(), String> {
+        let image = self.embedding.table().table().image().map_err(|e| e.to_string())?;
+        let mut extra = Vec::new();
+        for (name, stage) in tables.named() {
+            extra.push((super::tables::table_file(name), stage.table().table().image().map_err(|e| format!("table {name}: {e}"))?));
+        }
+        checkpoint::write_images(dir, dense, &image, &extra, &self.resume_settings, self.cfg.keep_checkpoints).map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     /// Waits for the checkpoint being written, if any (rank 0), and has every rank learn

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use super::tables::TableSpec;
 use super::{data, prefetch::Pipeline, sync::SyncScope, weights, TrainError, TrainResult};
 use crate::comm::Backend;
 use crate::data::weights::WeightConfig;
@@ -207,6 +208,14 @@ settings! {
         /// Slots of the host-shared embedding table (80% can hold rows).
         #[setting(flag = "--table-capacity", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "SLOTS")]
         pub table_capacity: u64 = 1 << 21,
+        /// Categorical fields in a host table of their own: FIELDS=NAME[:dim=N][:capacity=SLOTS],
+        /// repeated for several tables (e.g. `--table C3,l0=items:dim=32:capacity=1048576`).
+        /// Fields are named as the data names them: a Parquet file's columns (single-hot or
+        /// list), C1..Cn for a TSV's; dim and capacity default to --dim and
+        /// --table-capacity, every other table flag is the run's. Fields not named stay in
+        /// the default table. Fields of different dims need --model mlp or dcn.
+        #[setting(flag = "--table", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "FIELDS=NAME[:dim=N][:capacity=SLOTS]")]
+        pub tables: Vec<TableSpec> = Vec::new(),
         /// Malformed input lines tolerated before stopping (they are counted and reported).
         #[setting(flag = "--max-bad-lines", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N", env = "RINGREC_MAX_BAD_LINES")]
         pub max_bad_lines: u64 = crate::data::criteo::DEFAULT_MAX_BAD_LINES,
@@ -485,7 +494,38 @@ impl TrainConfig {
         }
         self.validate_sync()?;
         self.validate_gpu_cache()?;
-        self.validate_table()
+        self.validate_table()?;
+        self.validate_tables()
+    }
+
+    /// `--table`'s checks that need no data (names, fields in two tables, each table's
+    /// own shape), and what per-field tables cannot run with yet (each refusal names both
+    /// flags and what to do).
+    pub fn validate_tables(&self) -> TrainResult<()> {
+        if self.tables.is_empty() {
+            return Ok(());
+        }
+        super::tables::check_specs(&self.tables)?;
+        let refuse = |other: &str, why: &str| Err(TrainError::Config(format!("--table with {other}: {why}")));
+        if self.gpu_cache_asked() {
+            return refuse("--gpu-cache-mib", "the GPU hot-row cache holds the default table's rows only: pass --gpu-cache-mib 0, or drop --table");
+        }
+        if self.sync_every > 1 {
+            return refuse("--sync-every", "local steps do not sync per-field tables yet: use --sync-every 1, or drop --table");
+        }
+        if self.init_from.is_some() {
+            return refuse("--init-from", "a warm start reads one table yet: start without --init-from, or drop --table");
+        }
+        for t in &self.tables {
+            self.for_table(t).validate_table().map_err(|e| TrainError::Config(format!("--table {}: {e}", t.word())))?;
+        }
+        Ok(())
+    }
+
+    /// The run's settings for the table of `--table` `t`: its dim and capacity, every
+    /// other setting the run's.
+    pub fn for_table(&self, t: &TableSpec) -> TrainConfig {
+        TrainConfig { dim: t.dim.unwrap_or(self.dim), table_capacity: t.capacity.unwrap_or(self.table_capacity), tables: Vec::new(), ..self.clone() }
     }
 
     /// Whether this run asks for the GPU hot-row cache (`--gpu-cache-mib` given and not 0).

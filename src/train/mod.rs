@@ -53,6 +53,7 @@ pub mod scorer;
 pub mod source;
 pub mod summary;
 pub mod sync;
+pub mod tables;
 pub mod traffic;
 pub mod trainer;
 pub mod warm;

@@ -28,6 +28,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::batch::Batch;
+use super::embedding::EmbeddingStage;
+use super::tables::Tables;
 use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
@@ -67,14 +69,35 @@ pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, 
     Ok(())
 }
 
+/// Where a batch's rows come from: the run's one table, or its `--table` tables beside the
+/// default one ([`Tables`]).
+pub enum Embeddings<'a> {
+    /// One table holds every field.
+    One(&'a EmbeddingTable),
+    /// The default table and the named ones.
+    Split(&'a EmbeddingStage, &'a mut Tables),
+}
+
+impl Embeddings<'_> {
+    /// Stages batch `b` for `model` from these tables ([`stage_from`], [`Tables::stage`]).
+    pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, b: &Batch) -> TrainResult<()> {
+        match self {
+            Embeddings::One(t) => stage_from(model, t, b),
+            Embeddings::Split(default, tables) => tables.stage(model, default, b),
+        }
+    }
+}
+
 /// Appends the scores (sigmoid of the logit) of positions `positions` of `set` to `out`,
 /// scoring them in batches of `batch_rows` from the first ([`EvalSet::batches`]; `batch` is
 /// scratch).
-pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, set: &EvalSet, positions: Range<usize>, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
+#[allow(clippy::too_many_arguments)]
+pub fn score_rows<D: Device>(model: &mut DenseModel<D>, emb: &mut Embeddings<'_>, batch: &mut Batch, set: &EvalSet, positions: Range<usize>, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
     let mut logits = Vec::new();
     for pieces in set.batches(positions, batch_rows) {
         batch.load_pieces(pieces.into_iter().map(|(ds, rows)| (ds, rows.map(|r| r as u32))))?;
-        score_batch(model, table.table(), batch, &mut logits, out)?;
+        emb.stage(model, batch)?;
+        score_staged(model, &mut logits, out)?;
     }
     Ok(())
 }
@@ -85,6 +108,12 @@ pub fn score_rows<D: Device>(model: &mut DenseModel<D>, table: &HostTable, batch
 /// score through it.
 pub fn score_batch<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch, logits: &mut Vec<f32>, out: &mut Vec<f32>) -> TrainResult<()> {
     stage_from(model, table, b)?;
+    score_staged(model, logits, out)
+}
+
+/// The scoring step after the staging: the forward pass of the staged batch and the
+/// sigmoid, appended to `out` (`logits` is scratch).
+fn score_staged<D: Device>(model: &mut DenseModel<D>, logits: &mut Vec<f32>, out: &mut Vec<f32>) -> TrainResult<()> {
     model.load()?;
     model.predict(logits)?;
     out.extend(logits.iter().map(|z| sigmoid(*z)));
@@ -103,10 +132,10 @@ pub fn scoring_model<D: Device>(dev: D, src: &ModelSource) -> TrainResult<DenseM
 /// Scores every row of `set` over every rank (collective; see the module docs): rank 0
 /// gets the scores in row order, the others `None`.
 #[allow(clippy::too_many_arguments)]
-pub fn gather_scores<D: Device>(topo: &Topology, coll: &mut dyn Collectives, model: &mut DenseModel<D>, table: &HostTable, batch: &mut Batch, set: &EvalSet, batch_rows: usize) -> TrainResult<Option<Vec<f32>>> {
+pub fn gather_scores<D: Device>(topo: &Topology, coll: &mut dyn Collectives, model: &mut DenseModel<D>, mut emb: Embeddings<'_>, batch: &mut Batch, set: &EvalSet, batch_rows: usize) -> TrainResult<Option<Vec<f32>>> {
     let mine = shard::rank_slice(0..set.len(), topo.rank, topo.size);
     let mut scores = Vec::with_capacity(mine.len());
-    score_rows(model, table, batch, set, mine, batch_rows, &mut scores)?;
+    score_rows(model, &mut emb, batch, set, mine, batch_rows, &mut scores)?;
     Ok(coll.gatherv(&scores, 0)?.map(|(v, _)| v))
 }
 
@@ -368,7 +397,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     }
     multi_hot(&mut model, cfg, &model_src, &set)?;
     // One set over every file, as train's evaluation scores its --eval-data files.
-    let scores = gather_scores(topo, coll.as_mut(), &mut model, &table, &mut batch, &set, cfg.batch)?.unwrap_or_default();
+    let scores = gather_scores(topo, coll.as_mut(), &mut model, Embeddings::One(table.table()), &mut batch, &set, cfg.batch)?.unwrap_or_default();
     let labels = if topo.rank == 0 { set.labels() } else { Vec::new() };
     let score_seconds = scoring.elapsed().as_secs_f64();
     let rows: u64 = files.iter().map(|f| f.scored as u64).sum();

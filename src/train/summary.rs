@@ -56,7 +56,7 @@ pub struct TrainSummary {
     /// MLP forward+backward GFLOP/s on rank 0 (CPU device; 0 on a GPU, whose step only
     /// queues work).
     pub mlp_gflops: f64,
-    /// Rows in the host table at the end.
+    /// Rows in the host table at the end (with `--table`, in all the run's tables).
     pub table_rows: u64,
     /// Sparse-exchange bytes rank 0 sent + received inside its host per step (mean).
     pub sparse_bytes_intra_host_per_step: f64,
@@ -306,7 +306,7 @@ impl<D: Device> Trainer<'_, D> {
             test_calibration: eval.and_then(|e| e.calibration),
             peak_rss_mib: peak,
             mlp_gflops: if mlp > 0.0 && on_cpu { self.model.net().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
-            table_rows: self.embedding.table().table().live_rows(),
+            table_rows: self.embedding.table().table().live_rows() + self.tables.as_ref().map_or(0, |t| t.named().map(|(_, s)| s.table().table().live_rows()).sum()),
             sparse_bytes_intra_host_per_step: self.counters.intra_bytes / steps,
             sparse_bytes_cross_host_per_step: self.counters.cross_bytes / steps,
             params_fnv: crate::hash::fnv_hex(bytemuck::cast_slice(&self.model.params()?)),

@@ -21,6 +21,7 @@ use super::predict;
 use super::prefetch::{Ahead, Prefetcher};
 use super::report::Mark;
 use super::sync::LocalSgd;
+use super::tables::{TableLayout, Tables};
 use super::weights::{self, BatchWeights};
 use super::metrics::Evaluation;
 use super::{NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
@@ -165,6 +166,8 @@ pub struct Trainer<'a, D: Device> {
     pub(super) snapshot_refused: bool,
     /// The GPU hot-row cache (`--gpu-cache-mib`; [`super::gpu_cache`]).
     pub(super) gpu_cache: Option<GpuCache<D>>,
+    /// `--table`: the named tables beside `embedding` ([`super::tables`]).
+    pub(super) tables: Option<Tables>,
 }
 
 /// The run's GPU hot-row cache on `model`'s device, if it has one (its size said once, by
@@ -217,7 +220,16 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
         let lists = data.first()?.0.list_names().to_vec();
-        let spec = cfg.model_spec_of(&input, data.first()?.0.fields(), lists.len())?;
+        let fields = data.first()?.0.fields();
+        let spec = cfg.model_spec_of(&input, fields, lists.len())?;
+        let layout = match cfg.tables.is_empty() {
+            true => None,
+            false => TableLayout::resolve(cfg, &super::tables::field_names(cfg, &input, fields, &lists)?, fields.sparse)?,
+        };
+        let spec = match &layout {
+            Some(l) => l.model_spec(spec)?,
+            None => spec,
+        };
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
@@ -256,9 +268,14 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
+        let tables = match layout {
+            Some(l) => Some(Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent))?),
+            None => None,
+        };
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
-        if !pooling.is_empty() {
+        // With `--table` the tables pool the multi-hot fields on the host.
+        if !pooling.is_empty() && tables.is_none() {
             model.set_multi_hot(&pooling)?;
         }
         let gpu_cache = open_gpu_cache(topo, cfg, &model, &embedding)?;
@@ -310,6 +327,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             writing: None,
             snapshot_refused: false,
             gpu_cache,
+            tables,
         })
     }
 
@@ -350,9 +368,10 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// Stages `batch` for the model: its unique keys' rows from the table, its inverse
     /// map, dense features and labels, and in a weighted run its samples' weights.
     fn stage(&mut self, weights: Option<&BatchWeights>) -> TrainResult<()> {
-        match self.gpu_cache.as_mut() {
-            Some(c) => c.stage(&mut self.model, self.embedding.table().table(), &self.batch)?,
-            None => predict::stage(&mut self.model, self.embedding.table(), &self.batch)?,
+        match (self.tables.as_mut(), self.gpu_cache.as_mut()) {
+            (Some(t), _) => t.stage(&mut self.model, &self.embedding, &self.batch)?,
+            (None, Some(c)) => c.stage(&mut self.model, self.embedding.table().table(), &self.batch)?,
+            (None, None) => predict::stage(&mut self.model, self.embedding.table(), &self.batch)?,
         }
         if let Some(w) = weights {
             self.model.stage_weights(w.mine.len())?.copy_from_slice(&w.mine);
@@ -476,9 +495,17 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.phases.enter("sparse");
         let step = self.position.step + 1;
         if cfg.sparse_normalize == SparseNormalize::Weighted {
-            self.embedding.set_sparse_weights(weights::rank_weights(batch_weights, self.batch.len(), global_batch));
+            let w = weights::rank_weights(batch_weights, self.batch.len(), global_batch);
+            self.embedding.set_sparse_weights(w);
+            if let Some(t) = self.tables.as_mut() {
+                t.set_sparse_weights(w);
+            }
         }
-        let st = match self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy) {
+        let done = match self.tables.as_mut() {
+            Some(t) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy),
+            None => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy),
+        };
+        let st = match done {
             Ok(st) => st,
             Err(e @ TrainError::NonFinite { .. }) => {
                 // Every rank stops here: finish the step's dense allreduces first, so the
@@ -673,7 +700,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// loss, AUC, NE and calibration on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
-        let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, self.embedding.table(), &mut self.batch, &set, self.cfg.batch)?;
+        let emb = match self.tables.as_mut() {
+            Some(t) => predict::Embeddings::Split(&self.embedding, t),
+            None => predict::Embeddings::One(self.embedding.table().table()),
+        };
+        let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, emb, &mut self.batch, &set, self.cfg.batch)?;
         set.release_pages();
         Ok(scores.map(|scores| Evaluation::of(&scores, &set.labels())))
     }

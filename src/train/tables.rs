@@ -1,0 +1,475 @@
+//! `--table`: categorical fields given host tables of their own (issue 33, point 4) —
+//! [`TableSpec`] (one flag: the fields, the table's name, its dim and capacity),
+//! [`TableLayout`] (every field of the data's rows mapped to its table, checked against the
+//! data's field names) and [`Tables`] (the named tables' [`EmbeddingStage`]s beside the
+//! run's default one, and a step's work over all of them).
+//!
+//! Syntax: `--table FIELDS=NAME[:dim=N][:capacity=SLOTS]`, repeated for several tables;
+//! FIELDS comma-separated. A field is named as the data names it: a Parquet file's column
+//! name (single-hot or list), `C1`..`Cn` for the single-hot fields of a TSV or cache. A
+//! table's dim and capacity default to `--dim` and `--table-capacity`; every other table
+//! setting is the run's. Fields not named stay in the default table.
+//!
+//! **Keys are the same keys.** A key is hashed with its field's number whichever table holds
+//! it, rows are initialised from the key, and the sparse update is per key: a field moved
+//! into a table of the same dim trains bit for bit as in the default table.
+//!
+//! **The step.** Each table has its own deduplicated keys (the batch's `uniq` split by the
+//! table of the fields that hold them), lookup, sparse exchange and leader update. The
+//! dense model's input is gathered on the host ([`Tables::stage`]): per sample, each
+//! field's row from its table (a multi-hot field pooled, in the order and arithmetic of
+//! [`crate::model::pooling`]'s kernels), at the field's columns; the model sees one row per
+//! (sample, field) when every field has the same width, or one row per sample (`mlp` and
+//! `dcn`, whose input is one vector) when widths differ. The model's per-row gradients are
+//! summed per key in the kernels' order (a key's single-hot slots in sample then field
+//! order, then its bags'), so the sums are the one-table run's bits.
+
+use std::path::Path;
+
+use super::batch::Batch;
+use super::embedding::{EmbeddingStage, TableName};
+use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
+use crate::data::Fields;
+use crate::device::Device;
+use crate::embedding::TableSource;
+use crate::model::pooling::Pooling;
+use crate::model::{DenseModel, ModelKind, ModelSpec};
+use crate::settings::{Arity, SettingValue, Word};
+use crate::sparse::SparseStats;
+use crate::topology::Topology;
+
+/// The syntax of `--table`, for messages.
+pub const SYNTAX: &str = "--table FIELDS=NAME[:dim=N][:capacity=SLOTS]";
+
+/// One `--table` flag (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSpec {
+    /// The fields it holds, as the data names them.
+    pub fields: Vec<String>,
+    /// Its name: its checkpoint file's tag (`table.NAME.rrt`).
+    pub name: String,
+    /// Values per row (`None`: `--dim`).
+    pub dim: Option<usize>,
+    /// Slots (`None`: `--table-capacity`).
+    pub capacity: Option<u64>,
+}
+
+/// Why `name` cannot name a table (a checkpoint's file tag), if it cannot.
+fn bad_name(name: &str) -> Option<String> {
+    let ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    (!ok).then(|| format!("table name `{name}`: use 1 to 64 letters, digits, `_` or `-` (it names the table's checkpoint file)"))
+}
+
+impl Word for TableSpec {
+    fn parse_word(s: &str) -> Result<TableSpec, String> {
+        let fail = |why: String| format!("`{s}`: {why} ({SYNTAX})");
+        let (fields, rest) = s.split_once('=').ok_or_else(|| fail("no `=NAME` after the fields".into()))?;
+        let fields: Vec<String> = fields.split(',').map(|f| f.trim().to_string()).collect();
+        if fields.iter().any(String::is_empty) {
+            return Err(fail("an empty field name".into()));
+        }
+        if let Some(f) = fields.iter().enumerate().find(|(i, f)| fields[..*i].contains(f)).map(|(_, f)| f) {
+            return Err(fail(format!("field `{f}` named twice")));
+        }
+        let mut parts = rest.split(':');
+        let name = parts.next().unwrap_or_default().trim().to_string();
+        if let Some(why) = bad_name(&name) {
+            return Err(fail(why));
+        }
+        let mut spec = TableSpec { fields, name, dim: None, capacity: None };
+        for p in parts {
+            let (k, v) = p.split_once('=').ok_or_else(|| fail(format!("`{p}` is not KEY=VALUE (dim=N or capacity=SLOTS)")))?;
+            let n: u64 = v.trim().parse().map_err(|_| fail(format!("{k}=`{v}` is not a whole number")))?;
+            match k.trim() {
+                "dim" if n == 0 => return Err(fail("dim=0: a table's rows need at least one value".into())),
+                "dim" => spec.dim = Some(n as usize),
+                "capacity" if n == 0 => return Err(fail("capacity=0: a table needs slots".into())),
+                "capacity" => spec.capacity = Some(n),
+                other => return Err(fail(format!("unknown key `{other}` (dim or capacity)"))),
+            }
+        }
+        Ok(spec)
+    }
+
+    fn word(&self) -> String {
+        let mut s = format!("{}={}", self.fields.join(","), self.name);
+        if let Some(d) = self.dim {
+            s += &format!(":dim={d}");
+        }
+        if let Some(c) = self.capacity {
+            s += &format!(":capacity={c}");
+        }
+        s
+    }
+}
+
+impl SettingValue for Vec<TableSpec> {
+    const ARITY: Arity = Arity::Repeated;
+    fn from_values(values: &[&str]) -> Result<Vec<TableSpec>, String> {
+        values.iter().map(|v| TableSpec::parse_word(v)).collect()
+    }
+    /// The flags' values separated by spaces (each holds commas).
+    fn show(&self) -> String {
+        self.iter().map(Word::word).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// The checks of `--table` that need no data: unique table names, no field in two tables.
+pub fn check_specs(specs: &[TableSpec]) -> TrainResult<()> {
+    for (i, t) in specs.iter().enumerate() {
+        if let Some(o) = specs[..i].iter().find(|o| o.name == t.name) {
+            return Err(TrainError::Config(format!("--table {} and --table {}: two tables named `{}`; give each table its own name", o.word(), t.word(), t.name)));
+        }
+        for f in &t.fields {
+            if let Some(o) = specs[..i].iter().find(|o| o.fields.contains(f)) {
+                return Err(TrainError::Config(format!("--table: field `{f}` is in table `{}` and in table `{}`; a field keys into one table", o.name, t.name)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The names of the data's fields `--table` can name: single-hot fields then list fields
+/// (a Parquet file's column names; `C1`..`Cn` for the single-hot fields of a TSV or cache).
+pub fn field_names(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<Vec<String>> {
+    let mut names = if crate::data::parquet_file::is_parquet(input) {
+        let spec = cfg.columns().map_err(|e| TrainError::Config(e.to_string()))?;
+        crate::data::parquet_file::schema_of(input, &spec).map_err(|e| TrainError::Config(e.to_string()))?.sparse_names()
+    } else {
+        (1..=fields.sparse).map(|i| format!("C{i}")).collect()
+    };
+    if names.len() != fields.sparse {
+        names = (1..=fields.sparse).map(|i| format!("C{i}")).collect();
+    }
+    names.extend(lists.iter().cloned());
+    Ok(names)
+}
+
+/// Every field of the data's rows mapped to its table (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableLayout {
+    /// Per field of a row (single-hot fields, then list fields): its table (0: the
+    /// default table; `i`: the `i`-th `--table`).
+    pub table_of: Vec<usize>,
+    /// Per table (0: the default): values per row.
+    pub widths: Vec<usize>,
+    /// Single-hot fields per row.
+    pub single: usize,
+}
+
+impl TableLayout {
+    /// The layout `cfg`'s `--table` flags give over fields named `names` (single-hot then
+    /// list fields, `single` of the first), `None` without the flag. An unknown field is
+    /// refused naming the flag and the data's fields.
+    pub fn resolve(cfg: &TrainConfig, names: &[String], single: usize) -> TrainResult<Option<TableLayout>> {
+        if cfg.tables.is_empty() {
+            return Ok(None);
+        }
+        check_specs(&cfg.tables)?;
+        let mut table_of = vec![0; names.len()];
+        for (i, t) in cfg.tables.iter().enumerate() {
+            for f in &t.fields {
+                let Some(at) = names.iter().position(|n| n == f) else {
+                    return Err(TrainError::Config(format!("--table {}: the data has no field `{f}`; its categorical fields are {}", t.word(), names.join(", "))));
+                };
+                table_of[at] = i + 1;
+            }
+        }
+        let mut widths = vec![cfg.row_width()];
+        widths.extend(cfg.tables.iter().map(|t| cfg.for_table(t).row_width()));
+        Ok(Some(TableLayout { table_of, widths, single }))
+    }
+
+    /// Values per row of field `f`.
+    pub fn width(&self, f: usize) -> usize {
+        self.widths[self.table_of[f]]
+    }
+
+    /// Whether table `t` holds a field.
+    pub fn used(&self, t: usize) -> bool {
+        self.table_of.contains(&t)
+    }
+
+    /// The model over these fields: `base` (the one-table model of the data) with the
+    /// fields' width when they share one; with fields of different widths, an `mlp` or
+    /// `dcn` over one vector of their rows (one field of their summed width). Other models
+    /// need one width: refused naming `--table`.
+    pub fn model_spec(&self, base: ModelSpec) -> TrainResult<ModelSpec> {
+        let first = usize::from(base.first_order());
+        let w = self.width(0);
+        if (0..self.table_of.len()).all(|f| self.width(f) == w) {
+            return Ok(ModelSpec { dim: w - first, ..base });
+        }
+        match base.kind {
+            ModelKind::Mlp | ModelKind::Dcn => {
+                let sum = (0..self.table_of.len()).map(|f| self.width(f)).sum();
+                Ok(ModelSpec { fields: 1, dim: sum, ..base })
+            }
+            kind => {
+                let dims: Vec<String> = (0..self.widths.len()).filter(|t| self.used(*t)).map(|t| format!("{}", self.widths[t] - first)).collect();
+                Err(TrainError::Config(format!("--table gives fields of different dims ({}), and --model {kind} needs one dim for every field: give every table the same dim, or train --model mlp or dcn", dims.join(", "))))
+            }
+        }
+    }
+}
+
+/// The checkpoint file of table `name`.
+pub fn table_file(name: &str) -> String {
+    format!("table.{name}.rrt")
+}
+
+/// A step's keys split by table (scratch, reused).
+#[derive(Default)]
+struct Split {
+    /// Per unique key of the batch: its table and its place in that table's keys.
+    table: Vec<u32>,
+    local: Vec<u32>,
+    /// Per table: its keys (sorted), their rows, their gradients.
+    keys: Vec<Vec<u64>>,
+    rows: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+}
+
+/// The named tables of a run beside its default one (see the module docs).
+pub struct Tables {
+    layout: TableLayout,
+    /// The `--table` tables, in flag order (table `i + 1` of the layout), and their names.
+    stages: Vec<EmbeddingStage>,
+    names: Vec<String>,
+    /// Per field, its first column in a sample's input.
+    cols: Vec<usize>,
+    /// Per list field, whether it is mean-pooled.
+    mean: Vec<bool>,
+    split: Split,
+}
+
+const NO_TABLE: u32 = u32::MAX;
+
+impl Tables {
+    /// Opens the `--table` tables of `layout` (collective over the world): new, or the
+    /// tables of the checkpoint directory `saved`. `pooling`: the list fields' modes.
+    pub fn open(topo: &Topology, cfg: &TrainConfig, layout: TableLayout, pooling: &[Pooling], saved: Option<&Path>) -> TrainResult<Tables> {
+        let mut stages = Vec::with_capacity(cfg.tables.len());
+        for t in &cfg.tables {
+            let tcfg = cfg.for_table(t);
+            let tc = tcfg.table_config();
+            let file = saved.map(|d| d.join(table_file(&t.name)));
+            let source = match &file {
+                Some(p) => TableSource::Saved(p, &tc),
+                None => TableSource::New(&tc),
+            };
+            stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name))?);
+        }
+        let mut cols = Vec::with_capacity(layout.table_of.len());
+        let mut at = 0;
+        for f in 0..layout.table_of.len() {
+            cols.push(at);
+            at += layout.width(f);
+        }
+        let mean = pooling.iter().map(|p| *p == Pooling::Mean).collect();
+        let names = cfg.tables.iter().map(|t| t.name.clone()).collect();
+        let split = Split { keys: vec![Vec::new(); layout.widths.len()], rows: vec![Vec::new(); layout.widths.len()], grads: vec![Vec::new(); layout.widths.len()], ..Split::default() };
+        Ok(Tables { layout, stages, names, cols, mean, split })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &TableLayout {
+        &self.layout
+    }
+
+    /// The named tables' stages with their names, in flag order.
+    pub fn named(&self) -> impl Iterator<Item = (&str, &EmbeddingStage)> {
+        self.names.iter().map(String::as_str).zip(&self.stages)
+    }
+
+    /// Values of one sample's embedding input.
+    fn sample_width(&self) -> usize {
+        (0..self.layout.table_of.len()).map(|f| self.layout.width(f)).sum()
+    }
+
+    /// Splits the batch's unique keys by table (see the module docs); a key held by fields
+    /// of two tables (a hash collision of two fields' ids) is an error naming it.
+    fn split(&mut self, b: &Batch) -> TrainResult<()> {
+        let (single, bags) = (self.layout.single, b.bags);
+        if b.fields.sparse != single || single + bags != self.layout.table_of.len() {
+            return Err(TrainError::Config(format!("--table: the batch has {}, the tables were laid out for {} fields", b.fields.with_lists(bags), self.layout.table_of.len())));
+        }
+        let s = &mut self.split;
+        s.table.clear();
+        s.table.resize(b.uniq.len(), NO_TABLE);
+        let mut assign = |u: u32, t: usize| -> TrainResult<()> {
+            let slot = &mut s.table[u as usize];
+            if *slot == NO_TABLE {
+                *slot = t as u32;
+            } else if *slot != t as u32 {
+                return Err(TrainError::Config(format!("--table: key {:#x} is a key of fields in two tables (a hash collision of two fields' ids); move those fields into one table", b.uniq[u as usize])));
+            }
+            Ok(())
+        };
+        for (p, u) in b.inverse.iter().enumerate() {
+            assign(*u, self.layout.table_of[p % single.max(1)])?;
+        }
+        for bag in 0..b.len() * bags {
+            let t = self.layout.table_of[single + bag % bags];
+            for u in &b.bag_index[b.bag_offsets[bag] as usize..b.bag_offsets[bag + 1] as usize] {
+                assign(*u, t)?;
+            }
+        }
+        s.keys.iter_mut().for_each(Vec::clear);
+        s.local.clear();
+        for (u, t) in s.table.iter().enumerate() {
+            let keys = &mut s.keys[*t as usize];
+            s.local.push(keys.len() as u32);
+            keys.push(b.uniq[u]);
+        }
+        Ok(())
+    }
+
+    /// Stages batch `b` for `model` (see the module docs): each table's rows of its keys
+    /// (`default` is table 0), gathered and pooled per sample into the model's rows.
+    pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, default: &EmbeddingStage, b: &Batch) -> TrainResult<()> {
+        self.split(b)?;
+        for t in 0..self.layout.widths.len() {
+            let (keys, rows) = (&self.split.keys[t], &mut self.split.rows[t]);
+            rows.resize(keys.len() * self.layout.widths[t], 0.0);
+            let stage = if t == 0 { default } else { &self.stages[t - 1] };
+            stage.lookup(keys, rows)?;
+        }
+        let spec = model.spec();
+        let (width, per_sample) = (spec.row_width(), self.sample_width());
+        if spec.ndense != b.fields.dense || spec.fields * width != per_sample || model.multi_hot_fields() != 0 {
+            return Err(TrainError::Config(format!("--table: the model takes {} fields of {width} values and {} dense features, the tables give {per_sample} values and the batch {}", spec.fields, spec.ndense, b.fields.with_lists(b.bags))));
+        }
+        let rows = b.len() * spec.fields;
+        let st = model.stage(b.len(), rows)?;
+        let (single, bags, layout, split) = (self.layout.single, b.bags, &self.layout, &self.split);
+        for (s, x) in st.emb.chunks_exact_mut(per_sample.max(1)).enumerate() {
+            for f in 0..single {
+                let u = b.inverse[s * single + f] as usize;
+                let (t, w) = (layout.table_of[f], layout.width(f));
+                let l = split.local[u] as usize;
+                x[self.cols[f]..self.cols[f] + w].copy_from_slice(&split.rows[t][l * w..(l + 1) * w]);
+            }
+            for g in 0..bags {
+                let bag = s * bags + g;
+                let (t, w) = (layout.table_of[single + g], layout.width(single + g));
+                let acc = &mut x[self.cols[single + g]..self.cols[single + g] + w];
+                acc.fill(0.0);
+                let ids = &b.bag_index[b.bag_offsets[bag] as usize..b.bag_offsets[bag + 1] as usize];
+                for u in ids {
+                    let l = split.local[*u as usize] as usize;
+                    acc.iter_mut().zip(&split.rows[t][l * w..(l + 1) * w]).for_each(|(a, r)| *a += r);
+                }
+                if self.mean.get(g).copied().unwrap_or(false) && !ids.is_empty() {
+                    let len = ids.len() as f32;
+                    acc.iter_mut().for_each(|v| *v /= len);
+                }
+            }
+        }
+        st.inverse.iter_mut().enumerate().for_each(|(i, v)| *v = i as u32);
+        st.dense.copy_from_slice(&b.dense);
+        st.labels.copy_from_slice(&b.labels);
+        Ok(())
+    }
+
+    /// Sums the model's per-row gradients `grads` of the batch `b` staged last per key of
+    /// each table, in the kernels' order (see the module docs).
+    fn key_grads(&mut self, b: &Batch, grads: &[f32]) {
+        let (single, bags, per_sample) = (self.layout.single, b.bags, self.sample_width());
+        let (layout, split) = (&self.layout, &mut self.split);
+        for t in 0..layout.widths.len() {
+            split.grads[t].clear();
+            split.grads[t].resize(split.keys[t].len() * layout.widths[t], 0.0);
+        }
+        for (p, u) in b.inverse.iter().enumerate() {
+            let (s, f) = (p / single, p % single);
+            let (t, w, l) = (layout.table_of[f], layout.width(f), split.local[*u as usize] as usize);
+            let g = &grads[s * per_sample + self.cols[f]..][..w];
+            split.grads[t][l * w..(l + 1) * w].iter_mut().zip(g).for_each(|(a, g)| *a += g);
+        }
+        for bag in 0..b.len() * bags {
+            let (s, g) = (bag / bags, bag % bags);
+            let (t, w) = (layout.table_of[single + g], layout.width(single + g));
+            let src = &grads[s * per_sample + self.cols[single + g]..][..w];
+            let ids = &b.bag_index[b.bag_offsets[bag] as usize..b.bag_offsets[bag + 1] as usize];
+            let mean = self.mean.get(g).copied().unwrap_or(false);
+            for u in ids {
+                let l = split.local[*u as usize] as usize;
+                let acc = &mut split.grads[t][l * w..(l + 1) * w];
+                if mean {
+                    let len = ids.len() as f32;
+                    acc.iter_mut().zip(src).for_each(|(a, g)| *a += g / len);
+                } else {
+                    acc.iter_mut().zip(src).for_each(|(a, g)| *a += g);
+                }
+            }
+        }
+    }
+
+    /// The sparse half of a step over every table holding a field (collective over the
+    /// world, tables in order, `default` first): the model's per-row gradients `grads` of
+    /// batch `b` summed per key, exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
+    /// Returns the exchanges' counters summed.
+    pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        self.key_grads(b, grads);
+        let mut stats = SparseStats::default();
+        for t in 0..self.layout.widths.len() {
+            if !self.layout.used(t) {
+                continue;
+            }
+            let stage = if t == 0 { &mut *default } else { &mut self.stages[t - 1] };
+            stats.add(&stage.exchange_and_apply(&self.split.keys[t], &self.split.grads[t], step, policy)?);
+        }
+        Ok(stats)
+    }
+
+    /// `--sparse-normalize weighted`: this rank's weight and all ranks' for every named
+    /// table's next exchange.
+    pub fn set_sparse_weights(&mut self, w: (f32, f32)) {
+        self.stages.iter_mut().for_each(|s| s.set_sparse_weights(w));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_reads_fields_name_dim_and_capacity_and_shows_as_typed() {
+        let t = TableSpec::parse_word("c3,l0=items:dim=32:capacity=1048576").unwrap();
+        assert_eq!(t, TableSpec { fields: vec!["c3".into(), "l0".into()], name: "items".into(), dim: Some(32), capacity: Some(1 << 20) });
+        assert_eq!(t.word(), "c3,l0=items:dim=32:capacity=1048576");
+        assert_eq!(TableSpec::parse_word("C1=a").unwrap().word(), "C1=a");
+        for (bad, says) in [("C1", "no `=NAME`"), ("C1=", "table name"), ("C1=a/b", "table name"), ("C1,=a", "empty field"), ("C1,C1=a", "named twice"), ("C1=a:dim=0", "dim=0"), ("C1=a:rows=3", "unknown key"), ("C1=a:dim=x", "not a whole number")] {
+            let e = TableSpec::parse_word(bad).unwrap_err();
+            assert!(e.contains(says) && e.contains("--table FIELDS=NAME"), "{bad}: {e}");
+        }
+        let two = Vec::<TableSpec>::from_values(&["C1=a", "C2,C3=b:dim=8"]).unwrap();
+        assert_eq!(two.show(), "C1=a C2,C3=b:dim=8");
+        assert!(check_specs(&two).is_ok());
+        let e = check_specs(&Vec::<TableSpec>::from_values(&["C1=a", "C2=a"]).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("two tables named `a`"), "{e}");
+        let e = check_specs(&Vec::<TableSpec>::from_values(&["C1=a", "C2,C1=b"]).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("field `C1` is in table `a` and in table `b`"), "{e}");
+    }
+
+    #[test]
+    fn the_layout_maps_fields_and_gives_the_model_its_widths() {
+        let mut cfg = TrainConfig::defaults();
+        cfg.tables = Vec::<TableSpec>::from_values(&["C2,l0=items:dim=8"]).unwrap();
+        let names: Vec<String> = ["C1", "C2", "C3", "l0"].iter().map(|s| s.to_string()).collect();
+        let layout = TableLayout::resolve(&cfg, &names, 3).unwrap().unwrap();
+        assert_eq!((layout.table_of.clone(), layout.widths.clone()), (vec![0, 1, 0, 1], vec![16, 8]));
+        let base = cfg.model_spec_for(Fields { dense: 2, sparse: 3 }, 1);
+        let spec = layout.model_spec(base.clone()).unwrap();
+        assert_eq!((spec.fields, spec.dim, spec.concat_width()), (1, 48, 50));
+        let dlrm = ModelSpec { kind: ModelKind::Dlrm, ..base.clone() };
+        assert!(layout.model_spec(dlrm).unwrap_err().to_string().contains("--model dlrm needs one dim"));
+        cfg.tables[0].dim = None;
+        let same = TableLayout::resolve(&cfg, &names, 3).unwrap().unwrap();
+        assert_eq!(same.model_spec(base.clone()).unwrap(), base);
+        cfg.tables[0].fields = vec!["C9".into()];
+        let e = TableLayout::resolve(&cfg, &names, 3).unwrap_err().to_string();
+        assert!(e.contains("no field `C9`") && e.contains("C1, C2, C3, l0"), "{e}");
+    }
+}

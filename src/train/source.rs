@@ -279,7 +279,7 @@ impl ModelSource {
         if let (false, Fallback::Refuse(allow)) = (skipped.is_empty(), fallback) {
             return Err(SourceError::NotNewest { dir: path.to_path_buf(), skipped: skipped.join("; "), step: ck.dense.step, allow });
         }
-        if let Some((_, t)) = ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty()) {
+        if let Some((_, t)) = ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty() && v != "none") {
             return Err(CheckpointError::Mismatch {
                 dir: ck.dir.clone(),
                 detail: format!("its model keeps fields in tables of their own (--table {t}), and predict, export, serve-model and --init-from read a model of one table yet: score it with the training run's evaluation (--eval-data), or train it without --table"),

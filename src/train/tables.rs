@@ -108,8 +108,11 @@ impl SettingValue for Vec<TableSpec> {
     fn from_values(values: &[&str]) -> Result<Vec<TableSpec>, String> {
         values.iter().map(|v| TableSpec::parse_word(v)).collect()
     }
-    /// The flags' values separated by spaces (each holds commas).
+    /// The flags' values separated by spaces (each holds commas); `none` without one.
     fn show(&self) -> String {
+        if self.is_empty() {
+            return "none".into();
+        }
         self.iter().map(Word::word).collect::<Vec<_>>().join(" ")
     }
 }
@@ -143,6 +146,18 @@ pub fn field_names(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[Str
     }
     names.extend(lists.iter().cloned());
     Ok(names)
+}
+
+/// The model `cfg` trains on rows of `fields` with list fields `lists` (the first input
+/// `input`'s) and, with `--table`, the tables' layout over those fields (the tables pool the
+/// multi-hot fields on the host: the model then has none of its own).
+pub fn model_and_layout(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<(ModelSpec, Option<TableLayout>)> {
+    let spec = cfg.model_spec_of(input, fields, lists.len())?;
+    if cfg.tables.is_empty() {
+        return Ok((spec, None));
+    }
+    let Some(layout) = TableLayout::resolve(cfg, &field_names(cfg, input, fields, lists)?, fields.sparse)? else { return Ok((spec, None)) };
+    Ok((layout.model_spec(spec)?, Some(layout)))
 }
 
 /// Every field of the data's rows mapped to its table (see the module docs).
@@ -446,6 +461,7 @@ mod tests {
         }
         let two = Vec::<TableSpec>::from_values(&["C1=a", "C2,C3=b:dim=8"]).unwrap();
         assert_eq!(two.show(), "C1=a C2,C3=b:dim=8");
+        assert_eq!(Vec::<TableSpec>::new().show(), "none");
         assert!(check_specs(&two).is_ok());
         let e = check_specs(&Vec::<TableSpec>::from_values(&["C1=a", "C2=a"]).unwrap()).unwrap_err().to_string();
         assert!(e.contains("two tables named `a`"), "{e}");

@@ -21,7 +21,7 @@ use super::predict;
 use super::prefetch::{Ahead, Prefetcher};
 use super::report::Mark;
 use super::sync::LocalSgd;
-use super::tables::{TableLayout, Tables};
+use super::tables::Tables;
 use super::weights::{self, BatchWeights};
 use super::metrics::Evaluation;
 use super::{NanPolicy, StopTarget, TrainConfig, TrainError, TrainResult};
@@ -220,16 +220,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut data = data::open(topo, cfg)?;
         let input = data.files().next().map(std::path::Path::to_path_buf).unwrap_or_default();
         let lists = data.first()?.0.list_names().to_vec();
-        let fields = data.first()?.0.fields();
-        let spec = cfg.model_spec_of(&input, fields, lists.len())?;
-        let layout = match cfg.tables.is_empty() {
-            true => None,
-            false => TableLayout::resolve(cfg, &super::tables::field_names(cfg, &input, fields, &lists)?, fields.sparse)?,
-        };
-        let spec = match &layout {
-            Some(l) => l.model_spec(spec)?,
-            None => spec,
-        };
+        let (spec, layout) = super::tables::model_and_layout(cfg, &input, data.first()?.0.fields(), &lists)?;
         let mut params = spec.init_params(cfg.seed);
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
@@ -239,10 +230,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
         }
         let run_table = cfg.table_config();
-        let warm = match &cfg.init_from {
-            Some(_) => Some(super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)?),
-            None => None,
-        };
+        let warm = cfg.init_from.as_ref().map(|_| super::warm::start(topo, coll.as_mut(), cfg, &spec, &run_table, &mut params, &mut opt)).transpose()?;
         let pooling = model_pooling(cfg, &input, &lists, warm.as_ref().and_then(|(_, from)| from.pooling.as_deref()), &mut resume_settings)?;
         let (position, saved) = match &cfg.checkpoint_dir {
             Some(dir) if cfg.resume => {
@@ -268,13 +256,9 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
-        let tables = match layout {
-            Some(l) => Some(Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent))?),
-            None => None,
-        };
+        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent))).transpose()?;
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
-        // With `--table` the tables pool the multi-hot fields on the host.
         if !pooling.is_empty() && tables.is_none() {
             model.set_multi_hot(&pooling)?;
         }

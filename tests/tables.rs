@@ -1,0 +1,212 @@
+//! Per-field tables (`--table`, issue 33 point 4) trained end to end on the generated
+//! multi-hot set (10 single-hot fields `c0`..`c9`, 6 lists `l0`..`l5`).
+//!
+//! The property first: keys are hashed with their field's number, rows are initialised from
+//! the key and the sparse update is per key, so fields moved into tables of the same dim
+//! train bit for bit as in the one table — the same `params_fnv` and the same row for every
+//! key — at 1 and 2 ranks, on `--device cpu` and `host`, with sum and mean pooling, and on 2
+//! simulated hosts. Then: a table of another dim trains (the loss falls) and its run resumed
+//! from a checkpoint ends with the uninterrupted run's bits; the refusals name the flag.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ringrec::data::multihot::synth_multi_hot_cut;
+use ringrec::embedding::EmbeddingTable;
+
+/// Every column of the multi-hot set read as categorical.
+const SPARSE: &str = "c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5";
+const ROWS: u64 = 3000;
+/// Two tables beside the default one: single-hot and list fields in each.
+const TWO_TABLES: [&str; 4] = ["--table", "c3,l0=items", "--table", "c1,c2,l5=more"];
+
+/// The multi-hot set, written once.
+fn data() -> &'static PathBuf {
+    static DATA: OnceLock<PathBuf> = OnceLock::new();
+    DATA.get_or_init(|| {
+        let p = common::shared_scratch("tables-data").join("mh.parquet");
+        synth_multi_hot_cut(&p, ROWS, 5, None).unwrap();
+        p
+    })
+}
+
+/// The flags of every run on the set, `dir` its directory.
+fn flags(dir: &Path) -> Vec<String> {
+    let d = dir.join("data");
+    ["train", "--data", data().to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", d.to_str().unwrap(), "--batch", "256", "--hidden", "16", "--threads", "1", "--record-losses", "--json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// `ringrec train` on the set at `np` ranks (environment `env`) with `extra` flags and
+/// checkpoints in `<dir>/ck`: its summary and the checkpoint directory.
+fn train(name: &str, np: usize, env: &[(&str, &str)], extra: &[&str]) -> (serde_json::Value, PathBuf) {
+    let dir = common::scratch(&format!("tables-{name}"));
+    let ck = dir.join("ck");
+    let mut args = flags(&dir);
+    args.extend(["--checkpoint-dir".to_string(), ck.to_str().unwrap().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = common::mpirun(np, env, &args);
+    job.assert_ok();
+    (job.summary(), ck)
+}
+
+/// `ringrec train` at one rank that must fail: its stderr.
+fn refused(name: &str, extra: &[&str]) -> String {
+    let dir = common::scratch(&format!("tables-refused-{name}"));
+    let mut args = flags(&dir);
+    args.extend(["--max-steps".to_string(), "1".to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = common::mpirun(1, &[], &args);
+    assert_ne!(job.code, Some(0), "{name}: {}", job.all());
+    job.stderr
+}
+
+fn fnv(s: &serde_json::Value) -> String {
+    s["params_fnv"].as_str().unwrap().to_string()
+}
+
+/// Every rank ends with the same parameters.
+fn ranks_agree(s: &serde_json::Value) {
+    let per_rank = s["params_fnv_per_rank"].as_array().unwrap();
+    assert!(per_rank.iter().all(|f| *f == s["params_fnv"]), "{per_rank:?} vs {}", s["params_fnv"]);
+}
+
+/// Every key's row in the newest checkpoint of `ck`, over all its tables (`table.rrt` and
+/// each `table.NAME.rrt`); a key in two tables fails.
+fn rows(ck: &Path) -> BTreeMap<u64, Vec<f32>> {
+    let latest = std::fs::read_to_string(ck.join("LATEST")).unwrap();
+    let step = ck.join(latest.trim());
+    let mut all = BTreeMap::new();
+    for e in std::fs::read_dir(&step).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if !(name.starts_with("table") && name.ends_with(".rrt")) {
+            continue;
+        }
+        let t = EmbeddingTable::open_readonly(&p).unwrap();
+        let keys: Vec<u64> = t.live_keys().into_iter().map(|(k, _)| k).collect();
+        let mut v = vec![0f32; keys.len() * t.dim()];
+        t.lookup(&keys, &mut v).unwrap();
+        for (k, row) in keys.iter().zip(v.chunks_exact(t.dim())) {
+            assert!(all.insert(*k, row.to_vec()).is_none(), "key {k:#x} in two tables ({name})");
+        }
+    }
+    all
+}
+
+/// The mean of the first and of the last quarter of a run's losses.
+fn loss_quarters(s: &serde_json::Value) -> (f64, f64) {
+    let l: Vec<f64> = s["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+    let k = (l.len() / 4).max(1);
+    (l[..k].iter().sum::<f64>() / k as f64, l[l.len() - k..].iter().sum::<f64>() / k as f64)
+}
+
+#[test]
+fn fields_moved_into_tables_of_the_same_dim_train_bit_for_bit_as_in_one_table() {
+    for (np, device, pooling) in [(1, "cpu", "sum"), (1, "cpu", "mean"), (2, "cpu", "sum"), (2, "host", "mean")] {
+        let base = ["--device", device, "--multi-hot-pooling", pooling];
+        let name = format!("same-{np}-{device}-{pooling}");
+        let (one, one_ck) = train(&format!("{name}-one"), np, &[], &base);
+        let split_flags: Vec<&str> = base.iter().chain(TWO_TABLES.iter()).copied().collect();
+        let (split, split_ck) = train(&format!("{name}-split"), np, &[], &split_flags);
+        ranks_agree(&split);
+        assert_eq!(fnv(&one), fnv(&split), "{name}: the dense parameters");
+        assert_eq!(one["table_rows"], split["table_rows"], "{name}: the rows, over every table");
+        assert_eq!(one["test_auc"], split["test_auc"], "{name}: the evaluation");
+        let (a, b) = (rows(&one_ck), rows(&split_ck));
+        assert_eq!(a.len(), b.len());
+        assert!(a == b, "{name}: every key's row is the same, in whichever table it is");
+    }
+}
+
+#[test]
+fn two_tables_and_the_default_train_on_two_hosts_as_one_table() {
+    let env = [("RINGREC_RANKS_PER_HOST", "1")];
+    let (one, _) = train("hosts-one", 2, &env, &["--device", "cpu"]);
+    let split_flags: Vec<&str> = ["--device", "cpu"].iter().chain(TWO_TABLES.iter()).copied().collect();
+    let (split, ck) = train("hosts-split", 2, &env, &split_flags);
+    ranks_agree(&split);
+    assert_eq!(fnv(&one), fnv(&split));
+    assert_eq!(one["table_rows"], split["table_rows"]);
+    assert!(split["sparse_bytes_cross_host_per_step"].as_f64().unwrap() > 0.0, "the tables' rows crossed hosts");
+    let step = ck.join(std::fs::read_to_string(ck.join("LATEST")).unwrap().trim());
+    for f in ["table.rrt", "table.items.rrt", "table.more.rrt"] {
+        assert!(step.join(f).is_file(), "{f} in {}", step.display());
+    }
+}
+
+#[test]
+fn a_table_of_another_dim_trains_and_its_run_resumes_bit_for_bit() {
+    let other = ["--device", "cpu", "--epochs", "4", "--table", "c3,l0=items:dim=8:capacity=65536"];
+    let (whole, _) = train("dim-whole", 1, &[], &other);
+    let (first, last) = loss_quarters(&whole);
+    assert!(last < first - 0.02, "the loss falls: first quarter {first}, last quarter {last}");
+    let (one, _) = train("dim-one", 1, &[], &["--device", "cpu", "--epochs", "4"]);
+    assert_ne!(fnv(&one), fnv(&whole), "another dim is another model");
+
+    // Stopped after 17 steps, resumed from its checkpoint: the uninterrupted run's bits.
+    let dir = common::scratch("tables-dim-resumed");
+    let ck = dir.join("ck");
+    let mut args = flags(&dir);
+    args.extend(["--checkpoint-dir", ck.to_str().unwrap()].iter().map(|s| s.to_string()));
+    args.extend(other.iter().map(|s| s.to_string()));
+    let run = |extra: &[&str]| {
+        let a: Vec<&str> = args.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+        common::mpirun(1, &[], &a)
+    };
+    run(&["--max-steps", "17"]).assert_ok();
+    let resumed = run(&["--resume"]);
+    resumed.assert_ok();
+    assert_eq!(fnv(&resumed.summary()), fnv(&whole));
+
+    // Another layout resuming it is refused naming both.
+    let job = run(&["--resume", "--table", "c3,l1=items:dim=8:capacity=65536"]);
+    assert_ne!(job.code, Some(0));
+    assert!(job.stderr.contains("--table: the checkpoint was written with c3,l0=items:dim=8:capacity=65536, this run has c3,l1=items:dim=8:capacity=65536"), "{}", job.all());
+    let job = run(&["--resume", "--table", "c3,l0=items:dim=8:capacity=65536", "--table", "c4=x"]);
+    assert!(job.code != Some(0) && job.stderr.contains("--table: the checkpoint was written with"), "{}", job.all());
+
+    // predict reads one table yet: refused, naming --table.
+    let p = common::run_with_timeout(
+        {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
+            c.args(["predict", "--model", ck.to_str().unwrap(), "--data", data().to_str().unwrap(), "--sparse-columns", SPARSE]);
+            c
+        },
+        std::time::Duration::from_secs(120),
+    );
+    assert!(p.code != Some(0) && p.stderr.contains("keeps fields in tables of their own (--table c3,l0=items:dim=8:capacity=65536)"), "{}", p.all());
+
+    // Fields of two dims in a dcn at 2 ranks.
+    let (dcn, _) = train("dim-dcn", 2, &[], &["--device", "host", "--model", "dcn", "--table", "c0,l2=a:dim=4", "--table", "l3=b:dim=24"]);
+    ranks_agree(&dcn);
+    assert!(dcn["test_auc"].as_f64().is_some());
+}
+
+#[test]
+fn bad_tables_are_refused_naming_the_flag() {
+    for (name, extra, says) in [
+        ("unknown", &["--table", "c3,zz=a"][..], "--table c3,zz=a: the data has no field `zz`; its categorical fields are c0, c1"),
+        ("twice", &["--table", "c3=a", "--table", "c4,c3=b"][..], "field `c3` is in table `a` and in table `b`"),
+        ("names", &["--table", "c3=a", "--table", "c4=a"][..], "two tables named `a`"),
+        ("dim0", &["--table", "c3=a:dim=0"][..], "dim=0"),
+        ("tag", &["--table", "c3=a/b"][..], "table name `a/b`"),
+        ("deepfm", &["--model", "deepfm", "--table", "c3=a:dim=8"][..], "--model deepfm needs one dim for every field"),
+        ("cache", &["--device", "host", "--gpu-cache-mib", "1", "--table", "c3=a"][..], "--table with --gpu-cache-mib"),
+        ("sync", &["--sync-every", "2", "--table", "c3=a"][..], "--table with --sync-every"),
+        ("warm", &["--init-from", "/nonexistent", "--table", "c3=a"][..], "--table with --init-from"),
+    ] {
+        let err = refused(name, extra);
+        assert!(err.contains(says), "{name}: {err}");
+    }
+    // Tables of one dim (not --dim) suit every model.
+    let (fm, _) = train("deepfm-same", 1, &[], &["--device", "cpu", "--model", "deepfm", "--max-steps", "3", "--dim", "8", "--table", "c3=a", "--table", "l1=b"]);
+    assert!(fm["params_fnv"].is_string());
+}

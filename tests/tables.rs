@@ -5,8 +5,9 @@
 //! the key and the sparse update is per key, so fields moved into tables of the same dim
 //! train bit for bit as in the one table — the same `params_fnv` and the same row for every
 //! key — at 1 and 2 ranks, on `--device cpu` and `host`, with sum and mean pooling, and on 2
-//! simulated hosts. Then: a table of another dim trains (the loss falls) and its run resumed
-//! from a checkpoint ends with the uninterrupted run's bits; the refusals name the flag.
+//! simulated hosts. Then: a table of another dim trains (the loss falls), its run resumed
+//! from a checkpoint ends with the uninterrupted run's bits, and `predict` scores its
+//! held-out rows as its evaluation did; the refusals name the flag.
 
 mod common;
 
@@ -143,8 +144,9 @@ fn two_tables_and_the_default_train_on_two_hosts_as_one_table() {
 }
 
 #[test]
-fn a_table_of_another_dim_trains_and_its_run_resumes_bit_for_bit() {
-    let other = ["--device", "cpu", "--epochs", "4", "--table", "c3,l0=items:dim=8:capacity=65536"];
+fn a_table_of_another_dim_trains_resumes_bit_for_bit_and_predict_scores_as_its_evaluation() {
+    let table = ["--table", "c3,l0=items:dim=8:capacity=65536"];
+    let other: Vec<&str> = ["--device", "cpu", "--epochs", "4"].iter().chain(table.iter()).copied().collect();
     let (whole, _) = train("dim-whole", 1, &[], &other);
     let (first, last) = loss_quarters(&whole);
     assert!(last < first - 0.02, "the loss falls: first quarter {first}, last quarter {last}");
@@ -155,34 +157,39 @@ fn a_table_of_another_dim_trains_and_its_run_resumes_bit_for_bit() {
     let dir = common::scratch("tables-dim-resumed");
     let ck = dir.join("ck");
     let mut args = flags(&dir);
-    args.extend(["--checkpoint-dir", ck.to_str().unwrap()].iter().map(|s| s.to_string()));
-    args.extend(other.iter().map(|s| s.to_string()));
+    args.extend(["--checkpoint-dir", ck.to_str().unwrap(), "--device", "cpu", "--epochs", "4"].iter().map(|s| s.to_string()));
     let run = |extra: &[&str]| {
         let a: Vec<&str> = args.iter().map(String::as_str).chain(extra.iter().copied()).collect();
         common::mpirun(1, &[], &a)
     };
-    run(&["--max-steps", "17"]).assert_ok();
-    let resumed = run(&["--resume"]);
+    run(&[&table[..], &["--max-steps", "17"]].concat()).assert_ok();
+    let resumed = run(&[&table[..], &["--resume"]].concat());
     resumed.assert_ok();
-    assert_eq!(fnv(&resumed.summary()), fnv(&whole));
+    let resumed = resumed.summary();
+    assert_eq!(fnv(&resumed), fnv(&whole));
 
     // Another layout resuming it is refused naming both.
     let job = run(&["--resume", "--table", "c3,l1=items:dim=8:capacity=65536"]);
     assert_ne!(job.code, Some(0));
     assert!(job.stderr.contains("--table: the checkpoint was written with c3,l0=items:dim=8:capacity=65536, this run has c3,l1=items:dim=8:capacity=65536"), "{}", job.all());
-    let job = run(&["--resume", "--table", "c3,l0=items:dim=8:capacity=65536", "--table", "c4=x"]);
-    assert!(job.code != Some(0) && job.stderr.contains("--table: the checkpoint was written with"), "{}", job.all());
+    let job = run(&["--resume"]);
+    assert!(job.code != Some(0) && job.stderr.contains("--table: the checkpoint was written with c3,l0=items:dim=8:capacity=65536, this run has none"), "{}", job.all());
 
-    // predict reads one table yet: refused, naming --table.
-    let p = common::run_with_timeout(
-        {
-            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
-            c.args(["predict", "--model", ck.to_str().unwrap(), "--data", data().to_str().unwrap(), "--sparse-columns", SPARSE]);
-            c
-        },
-        std::time::Duration::from_secs(120),
-    );
-    assert!(p.code != Some(0) && p.stderr.contains("keeps fields in tables of their own (--table c3,l0=items:dim=8:capacity=65536)"), "{}", p.all());
+    // predict reads the tables: its AUC on the held-out rows is the evaluation's.
+    let d = dir.join("data");
+    let predict = ["predict", "--model", ck.to_str().unwrap(), "--data", data().to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", d.to_str().unwrap()];
+    let job = common::mpirun(1, &[], &[&predict[..], &["--test-fraction", "0.1", "--batch", "256", "--device", "cpu", "--json"]].concat());
+    job.assert_ok();
+    let p = job.summary();
+    assert_eq!(p["auc"].as_f64(), resumed["test_auc"].as_f64(), "predict's AUC differs from train's evaluation");
+    assert_eq!(p["table_rows"], resumed["table_rows"]);
+    // export and a warm start read one table yet: refused, naming --table.
+    let job = common::mpirun(1, &[], &["export", "--model", ck.to_str().unwrap(), "--out", dir.join("bundle").to_str().unwrap()]);
+    assert!(job.code != Some(0) && job.stderr.contains("keeps fields in tables of their own (--table c3,l0=items:dim=8:capacity=65536)"), "{}", job.all());
+    let warm_dir = common::scratch("tables-dim-warm");
+    let warm: Vec<String> = flags(&warm_dir).into_iter().chain(["--init-from", ck.to_str().unwrap(), "--max-steps", "1"].iter().map(|s| s.to_string())).collect();
+    let job = common::mpirun(1, &[], &warm.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(job.code != Some(0) && job.stderr.contains("keeps fields in tables of their own"), "{}", job.all());
 
     // Fields of two dims in a dcn at 2 ranks.
     let (dcn, _) = train("dim-dcn", 2, &[], &["--device", "host", "--model", "dcn", "--table", "c0,l2=a:dim=4", "--table", "l3=b:dim=24"]);

@@ -28,8 +28,11 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::batch::Batch;
-use super::embedding::EmbeddingStage;
-use super::tables::Tables;
+use super::embedding::TableName;
+use super::source::TableFile;
+use super::tables::{table_file, Gather, TableLayout, TableSpec};
+use crate::model::pooling::Pooling;
+use crate::settings::SettingValue;
 use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
@@ -74,8 +77,8 @@ pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, 
 pub enum Embeddings<'a> {
     /// One table holds every field.
     One(&'a EmbeddingTable),
-    /// The default table and the named ones.
-    Split(&'a EmbeddingStage, &'a mut Tables),
+    /// Every table of a `--table` run (the default one first) and the gathering over them.
+    Split(Vec<&'a EmbeddingTable>, &'a mut Gather),
 }
 
 impl Embeddings<'_> {
@@ -83,7 +86,7 @@ impl Embeddings<'_> {
     pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, b: &Batch) -> TrainResult<()> {
         match self {
             Embeddings::One(t) => stage_from(model, t, b),
-            Embeddings::Split(default, tables) => tables.stage(model, default, b),
+            Embeddings::Split(tables, gather) => gather.stage(model, tables, b),
         }
     }
 }
@@ -305,12 +308,13 @@ impl PredictConfig {
 /// Makes `model`'s last fields the multi-hot fields of `set`'s data (pooled as the model
 /// `src` records; a `--multi-hot-pooling` given must agree), refusing data with other
 /// fields than the model's.
-fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &ModelSource, set: &EvalSet) -> TrainResult<()> {
-    let Some((ds, _)) = set.parts().next() else { return Ok(()) };
+fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &ModelSource, set: &EvalSet) -> TrainResult<Vec<Pooling>> {
+    let Some((ds, _)) = set.parts().next() else { return Ok(Vec::new()) };
     let names = ds.list_names();
     let spec = model.spec();
     let have = ds.fields();
-    if spec.fields != have.sparse + names.len() || spec.ndense != have.dense {
+    // A `--table` model's fields are checked against its tables when a batch is staged.
+    if src.tables.is_none() && (spec.fields != have.sparse + names.len() || spec.ndense != have.dense) {
         return Err(TrainError::Config(format!(
             "{}: its rows have {}, and the model takes {} dense and {} categorical fields: score the data the model was trained on",
             ds.path().display(),
@@ -321,9 +325,41 @@ fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &Mo
     }
     if !names.is_empty() {
         let modes = crate::model::pooling::recorded_pooling(src.pooling.as_deref(), cfg.multi_hot_pooling.as_deref(), names, &src.describe()).map_err(TrainError::Config)?;
-        model.set_multi_hot(&modes)?;
+        // A `--table` model's tables pool on the host ([`Gather`]).
+        if src.tables.is_none() {
+            model.set_multi_hot(&modes)?;
+        }
+        return Ok(modes);
     }
-    Ok(())
+    Ok(Vec::new())
+}
+
+/// A `--table` model's named tables (collective over the world; none for a model of one
+/// table): each `table.NAME.rrt` of its checkpoint filled into a host table of its own, in
+/// the order the checkpoint records them.
+fn open_tables(topo: &Topology, src: &ModelSource) -> TrainResult<Vec<(TableSpec, HostTable)>> {
+    let Some(t) = &src.tables else { return Ok(Vec::new()) };
+    let words: Vec<&str> = t.split(' ').collect();
+    let specs = Vec::<TableSpec>::from_values(&words).map_err(|e| TrainError::Config(format!("{}: --table {t}: {e}", src.describe())))?;
+    let mut out = Vec::with_capacity(specs.len());
+    for s in specs {
+        let file = TableFile::open_saved(&src.path.join(table_file(&s.name))).map_err(|e| TrainError::Config(e.to_string()))?;
+        let tc = file.scoring_config();
+        let table = HostTable::open_tagged(topo, file.source(&tc), &TableName::named(&s.name).tag("table"))?;
+        out.push((s, table));
+    }
+    Ok(out)
+}
+
+/// The gathering over a `--table` model's tables (`default`, then `named`) for the rows of
+/// `set`, whose first file is `input` (its fields' names), list fields pooled as `pooling`.
+fn gather_of(cfg: &PredictConfig, input: &std::path::Path, set: &EvalSet, default: &HostTable, named: &[(TableSpec, HostTable)], pooling: &[Pooling]) -> TrainResult<Gather> {
+    let Some((ds, _)) = set.parts().next() else { return Err(TrainError::Config("no rows to score".into())) };
+    let columns = cfg.columns().map_err(|e| TrainError::Config(e.to_string()))?;
+    let names = super::tables::field_names(&columns, input, ds.fields(), ds.list_names())?;
+    let specs: Vec<TableSpec> = named.iter().map(|(s, _)| s.clone()).collect();
+    let widths = std::iter::once(default).chain(named.iter().map(|(_, t)| t)).map(|t| t.table().dim()).collect();
+    Ok(Gather::new(TableLayout::of(&specs, &names, ds.fields().sparse, widths)?, pooling))
 }
 
 /// Scores `cfg.data` with `cfg.model` on every rank of `topo` (collective; see the module
@@ -366,7 +402,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let mut coll = comm::build(cfg.backend.unwrap_or_else(|| Backend::auto(topo)), topo)?;
     let mine = (topo.rank == 0).then(|| {
         let fallback = if cfg.require_newest { Fallback::Refuse("leave out --require-newest to score with it") } else { Fallback::Allow };
-        ModelSource::open(&cfg.model, fallback).map_err(|e| e.to_string()).and_then(|m| {
+        ModelSource::open_scoring(&cfg.model, fallback).map_err(|e| e.to_string()).and_then(|m| {
             m.warn_skipped();
             match m.kind {
                 SourceKind::Params => Err(format!("{}: a sparse-parameter file holds no dense weights; predict needs a checkpoint directory or an export bundle (ringrec export)", cfg.model.display())),
@@ -378,6 +414,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let t = &model_src.table;
     let tc = t.scoring_config();
     let table = HostTable::open_from(topo, t.source(&tc))?;
+    let named = open_tables(topo, &model_src)?;
     let mut model = scoring_model(dev, &model_src)?;
     {
         let _w = crate::watchdog::waiting("the ranks' barrier");
@@ -389,15 +426,21 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let paths = topo.agree(inputs::resolve("--data", &cfg.data).map_err(|e| e.to_string()))?;
     let mut set = EvalSet::new();
     let mut files = Vec::with_capacity(paths.len());
+    let first = paths.first().cloned().unwrap_or_default();
     for path in paths {
         let ds = open_data(topo, cfg, &path)?;
         let rows = if cfg.test_fraction > 0.0 { shard::split(ds.len(), cfg.test_fraction)?.1 } else { 0..ds.len() };
         files.push(ScoredFile { path, rows: ds.len(), scored: rows.len(), bad_lines: ds.header().bad_lines });
         set.push(Arc::new(ds), rows)?;
     }
-    multi_hot(&mut model, cfg, &model_src, &set)?;
+    let pooling = multi_hot(&mut model, cfg, &model_src, &set)?;
+    let mut gather = if named.is_empty() { None } else { Some(gather_of(cfg, &first, &set, &table, &named, &pooling)?) };
+    let emb = match gather.as_mut() {
+        Some(g) => Embeddings::Split(std::iter::once(&table).chain(named.iter().map(|(_, t)| t)).map(HostTable::table).collect(), g),
+        None => Embeddings::One(table.table()),
+    };
     // One set over every file, as train's evaluation scores its --eval-data files.
-    let scores = gather_scores(topo, coll.as_mut(), &mut model, Embeddings::One(table.table()), &mut batch, &set, cfg.batch)?.unwrap_or_default();
+    let scores = gather_scores(topo, coll.as_mut(), &mut model, emb, &mut batch, &set, cfg.batch)?.unwrap_or_default();
     let labels = if topo.rank == 0 { set.labels() } else { Vec::new() };
     let score_seconds = scoring.elapsed().as_secs_f64();
     let rows: u64 = files.iter().map(|f| f.scored as u64).sum();
@@ -412,7 +455,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
         model_spec: model.spec().describe(),
         skipped: model_src.skipped.clone(),
         step: model_src.step,
-        table_rows: table.table().live_rows(),
+        table_rows: table.table().live_rows() + named.iter().map(|(_, t)| t.table().live_rows()).sum::<u64>(),
         files,
         rows,
         positives: labels.iter().filter(|y| **y > 0.5).count() as u64,

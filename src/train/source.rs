@@ -147,6 +147,17 @@ pub struct TableFile {
 }
 
 impl TableFile {
+    /// The saved table `path` of header `h` (a checkpoint's).
+    fn saved(path: PathBuf, h: &Header) -> TableFile {
+        let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
+        TableFile { path, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) }
+    }
+
+    /// The saved table `path` (a checkpoint's `--table` table), its header read and checked.
+    pub fn open_saved(path: &Path) -> Result<TableFile, SourceError> {
+        Ok(TableFile::saved(path.to_path_buf(), &table_header(path)?))
+    }
+
     /// The configuration of a host table filled from this file: a saved table's own shape;
     /// for a sparse-parameter file, `run`'s shape with the file's dtype and initial rows
     /// where it records them.
@@ -224,6 +235,11 @@ pub struct ModelSource {
     /// without them or recorded before the pooling was); `None` for a sparse-parameter file.
     #[serde(default)]
     pub pooling: Option<String>,
+    /// A checkpoint's `--table` tables as its settings record them (`None`: one table);
+    /// each in `table.NAME.rrt` beside its default table. Only [`ModelSource::open_scoring`]
+    /// opens such a model.
+    #[serde(default)]
+    pub tables: Option<String>,
 }
 
 /// Why the model `spec` cannot read a table of rows of `dim` values (another row width,
@@ -255,6 +271,20 @@ impl ModelSource {
     /// Resolves and checks `path` (see the module docs), falling back from a damaged newest
     /// checkpoint as `fallback` says.
     pub fn open(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
+        let m = ModelSource::open_scoring(path, fallback)?;
+        match &m.tables {
+            Some(t) => Err(CheckpointError::Mismatch {
+                dir: m.path.clone(),
+                detail: format!("its model keeps fields in tables of their own (--table {t}), and export, serve-model and --init-from read a model of one table yet: score it with ringrec predict, or train it without --table"),
+            }
+            .into()),
+            None => Ok(m),
+        }
+    }
+
+    /// [`ModelSource::open`] that also opens a checkpoint of per-field tables
+    /// ([`ModelSource::tables`]): `ringrec predict`.
+    pub fn open_scoring(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
         let not = |detail: &str| SourceError::NotAModel { path: path.to_path_buf(), detail: detail.into() };
         let meta = std::fs::metadata(path).map_err(|e| SourceError::NotAModel { path: path.to_path_buf(), detail: format!("cannot be read ({e})") })?;
         if meta.is_file() {
@@ -279,13 +309,7 @@ impl ModelSource {
         if let (false, Fallback::Refuse(allow)) = (skipped.is_empty(), fallback) {
             return Err(SourceError::NotNewest { dir: path.to_path_buf(), skipped: skipped.join("; "), step: ck.dense.step, allow });
         }
-        if let Some((_, t)) = ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty() && v != "none") {
-            return Err(CheckpointError::Mismatch {
-                dir: ck.dir.clone(),
-                detail: format!("its model keeps fields in tables of their own (--table {t}), and predict, export, serve-model and --init-from read a model of one table yet: score it with the training run's evaluation (--eval-data), or train it without --table"),
-            }
-            .into());
-        }
+        let tables = ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty() && v != "none").map(|(_, v)| v.clone());
         let table = ck.table();
         let h = table_header(&table)?;
         let spec = match ck.dense.spec.clone() {
@@ -301,16 +325,16 @@ impl ModelSource {
                 spec
             }
         };
-        if let Some(e) = row_mismatch(&spec, h.dim) {
+        // With `--table` the fields' widths are the tables' (checked when the rows are staged).
+        if let Some(e) = row_mismatch(&spec, h.dim).filter(|_| tables.is_none()) {
             return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: e }.into());
         }
         let dense = DenseWeights { spec, params: ck.dense.params };
-        let saved = SavedShape { capacity: h.capacity, optimizer: h.optimizer, adagrad_eps: h.adagrad_eps, adagrad_init: h.adagrad_init };
-        let table = TableFile { path: table, dim: h.dim, rows: h.live_rows, dtype: Some(h.dtype), init: Some(InitRows { seed: h.seed, scale: h.init_scale }), saved: Some(saved) };
+        let table = TableFile::saved(table, &h);
         let columns = ck.manifest.settings.iter().find(|(k, _)| k == "Parquet columns").and_then(|(_, v)| ColumnSpec::from_description(v));
         // `read_manifest` gives an older checkpoint `sum`, which it pooled with.
         let pooling = ck.manifest.settings.iter().find(|(k, _)| k == "--multi-hot-pooling").map(|(_, v)| v.clone());
-        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns, pooling })
+        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns, pooling, tables })
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
@@ -327,13 +351,13 @@ impl ModelSource {
         }
         let columns = b.json.input.schema.clone();
         let pooling = Some(b.json.input.pooling());
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling })
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling, tables: None })
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
         let (ph, _) = crate::embedding::read_params_header(path)?;
         let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
-        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None, pooling: None })
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None, pooling: None, tables: None })
     }
 
     /// `checkpoint of step 40 (ckpt/step-000000000040)`.

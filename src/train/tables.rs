@@ -29,7 +29,8 @@ use std::path::Path;
 use super::batch::Batch;
 use super::embedding::{EmbeddingStage, TableName};
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
-use crate::data::Fields;
+use crate::data::{ColumnSpec, Fields};
+use crate::embedding::EmbeddingTable;
 use crate::device::Device;
 use crate::embedding::TableSource;
 use crate::model::pooling::Pooling;
@@ -134,10 +135,10 @@ pub fn check_specs(specs: &[TableSpec]) -> TrainResult<()> {
 
 /// The names of the data's fields `--table` can name: single-hot fields then list fields
 /// (a Parquet file's column names; `C1`..`Cn` for the single-hot fields of a TSV or cache).
-pub fn field_names(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<Vec<String>> {
+/// `columns`: the run's named Parquet columns.
+pub fn field_names(columns: &ColumnSpec, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<Vec<String>> {
     let mut names = if crate::data::parquet_file::is_parquet(input) {
-        let spec = cfg.columns().map_err(|e| TrainError::Config(e.to_string()))?;
-        crate::data::parquet_file::schema_of(input, &spec).map_err(|e| TrainError::Config(e.to_string()))?.sparse_names()
+        crate::data::parquet_file::schema_of(input, columns).map_err(|e| TrainError::Config(e.to_string()))?.sparse_names()
     } else {
         (1..=fields.sparse).map(|i| format!("C{i}")).collect()
     };
@@ -156,7 +157,8 @@ pub fn model_and_layout(cfg: &TrainConfig, input: &Path, fields: Fields, lists: 
     if cfg.tables.is_empty() {
         return Ok((spec, None));
     }
-    let Some(layout) = TableLayout::resolve(cfg, &field_names(cfg, input, fields, lists)?, fields.sparse)? else { return Ok((spec, None)) };
+    let columns = cfg.columns().map_err(|e| TrainError::Config(e.to_string()))?;
+    let Some(layout) = TableLayout::resolve(cfg, &field_names(&columns, input, fields, lists)?, fields.sparse)? else { return Ok((spec, None)) };
     Ok((layout.model_spec(spec)?, Some(layout)))
 }
 
@@ -180,9 +182,17 @@ impl TableLayout {
         if cfg.tables.is_empty() {
             return Ok(None);
         }
-        check_specs(&cfg.tables)?;
+        let mut widths = vec![cfg.row_width()];
+        widths.extend(cfg.tables.iter().map(|t| cfg.for_table(t).row_width()));
+        TableLayout::of(&cfg.tables, names, single, widths).map(Some)
+    }
+
+    /// The layout of tables `specs` over fields named `names` (`single` of them single-hot),
+    /// the tables' row widths `widths` (the default table's first).
+    pub fn of(specs: &[TableSpec], names: &[String], single: usize, widths: Vec<usize>) -> TrainResult<TableLayout> {
+        check_specs(specs)?;
         let mut table_of = vec![0; names.len()];
-        for (i, t) in cfg.tables.iter().enumerate() {
+        for (i, t) in specs.iter().enumerate() {
             for f in &t.fields {
                 let Some(at) = names.iter().position(|n| n == f) else {
                     return Err(TrainError::Config(format!("--table {}: the data has no field `{f}`; its categorical fields are {}", t.word(), names.join(", "))));
@@ -190,9 +200,7 @@ impl TableLayout {
                 table_of[at] = i + 1;
             }
         }
-        let mut widths = vec![cfg.row_width()];
-        widths.extend(cfg.tables.iter().map(|t| cfg.for_table(t).row_width()));
-        Ok(Some(TableLayout { table_of, widths, single }))
+        Ok(TableLayout { table_of, widths, single })
     }
 
     /// Values per row of field `f`.
@@ -245,17 +253,24 @@ struct Split {
     grads: Vec<Vec<f32>>,
 }
 
-/// The named tables of a run beside its default one (see the module docs).
-pub struct Tables {
+/// A step's work over the tables of a [`TableLayout`] (see the module docs): the batch's keys
+/// split by table, the model's input gathered and pooled from the tables' rows, the
+/// model's gradients summed per key. Scratch, reused from batch to batch.
+pub struct Gather {
     layout: TableLayout,
-    /// The `--table` tables, in flag order (table `i + 1` of the layout), and their names.
-    stages: Vec<EmbeddingStage>,
-    names: Vec<String>,
     /// Per field, its first column in a sample's input.
     cols: Vec<usize>,
     /// Per list field, whether it is mean-pooled.
     mean: Vec<bool>,
     split: Split,
+}
+
+/// The named tables of a run beside its default one (see the module docs).
+pub struct Tables {
+    gather: Gather,
+    /// The `--table` tables, in flag order (table `i + 1` of the layout), and their names.
+    stages: Vec<EmbeddingStage>,
+    names: Vec<String>,
 }
 
 const NO_TABLE: u32 = u32::MAX;
@@ -275,6 +290,56 @@ impl Tables {
             };
             stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name))?);
         }
+        let names = cfg.tables.iter().map(|t| t.name.clone()).collect();
+        Ok(Tables { gather: Gather::new(layout, pooling), stages, names })
+    }
+
+    /// The named tables' stages with their names, in flag order.
+    pub fn named(&self) -> impl Iterator<Item = (&str, &EmbeddingStage)> {
+        self.names.iter().map(String::as_str).zip(&self.stages)
+    }
+
+    /// Every table (`default` first) and the step's gathering over them: what scoring a
+    /// batch needs ([`super::predict::Embeddings::Split`]).
+    pub fn parts<'a>(&'a mut self, default: &'a EmbeddingStage) -> (Vec<&'a EmbeddingTable>, &'a mut Gather) {
+        let tables = std::iter::once(default).chain(&self.stages).map(|s| s.table().table()).collect();
+        (tables, &mut self.gather)
+    }
+
+    /// Stages batch `b` for `model` ([`Gather::stage`]) from `default` and the named tables.
+    pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, default: &EmbeddingStage, b: &Batch) -> TrainResult<()> {
+        let (tables, gather) = self.parts(default);
+        gather.stage(model, &tables, b)
+    }
+
+    /// The sparse half of a step over every table holding a field (collective over the
+    /// world, tables in order, `default` first): the model's per-row gradients `grads` of
+    /// batch `b` summed per key, exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
+    /// Returns the exchanges' counters summed.
+    pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        let g = &mut self.gather;
+        g.key_grads(b, grads);
+        let mut stats = SparseStats::default();
+        for t in 0..g.layout.widths.len() {
+            if !g.layout.used(t) {
+                continue;
+            }
+            let stage = if t == 0 { &mut *default } else { &mut self.stages[t - 1] };
+            stats.add(&stage.exchange_and_apply(&g.split.keys[t], &g.split.grads[t], step, policy)?);
+        }
+        Ok(stats)
+    }
+
+    /// `--sparse-normalize weighted`: this rank's weight and all ranks' for every named
+    /// table's next exchange.
+    pub fn set_sparse_weights(&mut self, w: (f32, f32)) {
+        self.stages.iter_mut().for_each(|s| s.set_sparse_weights(w));
+    }
+}
+
+impl Gather {
+    /// The gathering over `layout`, its list fields pooled as `pooling` says.
+    pub fn new(layout: TableLayout, pooling: &[Pooling]) -> Gather {
         let mut cols = Vec::with_capacity(layout.table_of.len());
         let mut at = 0;
         for f in 0..layout.table_of.len() {
@@ -282,19 +347,9 @@ impl Tables {
             at += layout.width(f);
         }
         let mean = pooling.iter().map(|p| *p == Pooling::Mean).collect();
-        let names = cfg.tables.iter().map(|t| t.name.clone()).collect();
-        let split = Split { keys: vec![Vec::new(); layout.widths.len()], rows: vec![Vec::new(); layout.widths.len()], grads: vec![Vec::new(); layout.widths.len()], ..Split::default() };
-        Ok(Tables { layout, stages, names, cols, mean, split })
-    }
-
-    /// The layout.
-    pub fn layout(&self) -> &TableLayout {
-        &self.layout
-    }
-
-    /// The named tables' stages with their names, in flag order.
-    pub fn named(&self) -> impl Iterator<Item = (&str, &EmbeddingStage)> {
-        self.names.iter().map(String::as_str).zip(&self.stages)
+        let n = layout.widths.len();
+        let split = Split { keys: vec![Vec::new(); n], rows: vec![Vec::new(); n], grads: vec![Vec::new(); n], ..Split::default() };
+        Gather { layout, cols, mean, split }
     }
 
     /// Values of one sample's embedding input.
@@ -341,14 +396,18 @@ impl Tables {
     }
 
     /// Stages batch `b` for `model` (see the module docs): each table's rows of its keys
-    /// (`default` is table 0), gathered and pooled per sample into the model's rows.
-    pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, default: &EmbeddingStage, b: &Batch) -> TrainResult<()> {
+    /// (`tables`: the layout's, the default table first), gathered and pooled per sample
+    /// into the model's rows.
+    pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, tables: &[&EmbeddingTable], b: &Batch) -> TrainResult<()> {
         self.split(b)?;
-        for t in 0..self.layout.widths.len() {
+        if tables.len() != self.layout.widths.len() || tables.iter().zip(&self.layout.widths).any(|(t, w)| t.dim() != *w) {
+            let dims: Vec<usize> = tables.iter().map(|t| t.dim()).collect();
+            return Err(TrainError::Config(format!("--table: tables of {dims:?} values per row, the layout has {:?}", self.layout.widths)));
+        }
+        for (t, table) in tables.iter().enumerate() {
             let (keys, rows) = (&self.split.keys[t], &mut self.split.rows[t]);
             rows.resize(keys.len() * self.layout.widths[t], 0.0);
-            let stage = if t == 0 { default } else { &self.stages[t - 1] };
-            stage.lookup(keys, rows)?;
+            table.lookup(keys, rows)?;
         }
         let spec = model.spec();
         let (width, per_sample) = (spec.row_width(), self.sample_width());
@@ -419,29 +478,6 @@ impl Tables {
                 }
             }
         }
-    }
-
-    /// The sparse half of a step over every table holding a field (collective over the
-    /// world, tables in order, `default` first): the model's per-row gradients `grads` of
-    /// batch `b` summed per key, exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
-    /// Returns the exchanges' counters summed.
-    pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
-        self.key_grads(b, grads);
-        let mut stats = SparseStats::default();
-        for t in 0..self.layout.widths.len() {
-            if !self.layout.used(t) {
-                continue;
-            }
-            let stage = if t == 0 { &mut *default } else { &mut self.stages[t - 1] };
-            stats.add(&stage.exchange_and_apply(&self.split.keys[t], &self.split.grads[t], step, policy)?);
-        }
-        Ok(stats)
-    }
-
-    /// `--sparse-normalize weighted`: this rank's weight and all ranks' for every named
-    /// table's next exchange.
-    pub fn set_sparse_weights(&mut self, w: (f32, f32)) {
-        self.stages.iter_mut().for_each(|s| s.set_sparse_weights(w));
     }
 }
 

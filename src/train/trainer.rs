@@ -685,7 +685,10 @@ impl<'a, D: Device> Trainer<'a, D> {
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
         let emb = match self.tables.as_mut() {
-            Some(t) => predict::Embeddings::Split(&self.embedding, t),
+            Some(t) => {
+                let (tables, gather) = t.parts(&self.embedding);
+                predict::Embeddings::Split(tables, gather)
+            }
             None => predict::Embeddings::One(self.embedding.table().table()),
         };
         let scores = predict::gather_scores(self.topo, self.coll.as_mut(), &mut self.model, emb, &mut self.batch, &set, self.cfg.batch)?;

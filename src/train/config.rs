@@ -209,9 +209,9 @@ settings! {
         #[setting(flag = "--table-capacity", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "SLOTS")]
         pub table_capacity: u64 = 1 << 21,
         /// Categorical fields in a host table of their own: FIELDS=NAME[:dim=N][:capacity=SLOTS],
-        /// repeated for several tables (e.g. `--table C3,l0=items:dim=32:capacity=1048576`).
+        /// repeated for several tables (e.g. `--table c3,l0=items:dim=32:capacity=1048576`).
         /// Fields are named as the data names them: a Parquet file's columns (single-hot or
-        /// list), C1..Cn for a TSV's; dim and capacity default to --dim and
+        /// list: c3, l0), C1..C26 for a TSV's; dim and capacity default to --dim and
         /// --table-capacity, every other table flag is the run's. Fields not named stay in
         /// the default table. Fields of different dims need --model mlp or dcn.
         #[setting(flag = "--table", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "FIELDS=NAME[:dim=N][:capacity=SLOTS]")]

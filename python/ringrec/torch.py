@@ -302,9 +302,9 @@ class HostEmbedding(torch.nn.Module):
         passes since the last step and their gradients (zero where backward left none) are
         exchanged, normalised and applied by the host leader; then the host barrier."""
         step_bytes, moved = self._exchange()
-        # The step's tensors went with `_exchange`'s frame: the heap they leave goes back to
-        # the system (large steps).
-        _ringrec.release_freed_heap(step_bytes)
+        # The step's tensors went with `_exchange`'s frame: the memory they leave goes back
+        # to the system (large steps).
+        self._table.release_after_step(step_bytes)
         return moved
 
     def _exchange(self):

@@ -440,7 +440,6 @@ fn _ringrec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<embedding::HostTable>()?;
     m.add_function(wrap_pyfunction!(embedding::saved_table_shape, m)?)?;
-    m.add_function(wrap_pyfunction!(embedding::release_freed_heap, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;

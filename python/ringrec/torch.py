@@ -301,6 +301,14 @@ class HostEmbedding(torch.nn.Module):
         """This rank's part of the sparse step (collective): the distinct keys of the forward
         passes since the last step and their gradients (zero where backward left none) are
         exchanged, normalised and applied by the host leader; then the host barrier."""
+        step_bytes, moved = self._exchange()
+        # The step's tensors went with `_exchange`'s frame: the memory they leave goes back
+        # to the system (large steps).
+        self._table.release_after_step(step_bytes)
+        return moved
+
+    def _exchange(self):
+        """The sparse step's exchange: (its gradient bytes, (bytes sent, bytes received))."""
         pending, self._pending = self._pending, []
         grads = [(k, r.grad if r.grad is not None else torch.zeros_like(r)) for k, r in pending]
         if not grads:
@@ -311,7 +319,7 @@ class HostEmbedding(torch.nn.Module):
             keys, places = self._dedupe(torch.cat([k for k, _ in grads]))
             g = torch.zeros(keys.numel(), self.embedding_dim).index_add_(0, places, torch.cat([x for _, x in grads]))
         keys, g = keys.contiguous(), g.detach().to(torch.float32).contiguous()
-        return self._table.exchange_and_apply(keys.data_ptr(), keys.numel(), g.data_ptr())
+        return g.numel() * 4, self._table.exchange_and_apply(keys.data_ptr(), keys.numel(), g.data_ptr())
 
     def extra_repr(self):
         return "name=%r, num_embeddings=%s, embedding_dim=%d, mode=%s" % (self.name, self.num_embeddings, self.embedding_dim,

@@ -105,15 +105,13 @@ unsafe fn lent<'a, T>(address: usize, n: usize) -> &'a mut [T] {
     unsafe { std::slice::from_raw_parts_mut(address as *mut T, n) }
 }
 
-/// A step's gradient bytes from which [`release_freed_heap`] runs after it.
+/// A step's gradient bytes from which [`HostTable::release_after_step`] gives memory back.
 const TRIM_FROM_BYTES: usize = 1 << 20;
 
-/// Gives the heap's free pages back to the system after a large sparse step (at least
-/// [`TRIM_FROM_BYTES`] of gradients). A step's temporaries (torch's rows and gradients, the
-/// exchange's) are freed again, but glibc keeps what it frees in its heap, resident: with
-/// 16384 keys a step on each of 4 ranks that was 36 MB on top of the 160 MB host table
-/// (docs/BENCHMARKS.md). Smaller steps skip it: what they free is little, and the next
-/// step reuses it. Elsewhere than glibc a no-op.
+/// Gives the heap's free pages back to the system. A step's temporaries (torch's rows and
+/// gradients, the exchange's) are freed again, but glibc keeps what it frees in its heap,
+/// resident: with 16384 keys a step on each of 4 ranks that was 36 MB on top of the 160 MB
+/// host table (docs/BENCHMARKS.md). Elsewhere than glibc a no-op.
 fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -274,12 +272,25 @@ impl HostTable {
             // holds for the call (`HostEmbedding._step`).
             let (keys, grads) = unsafe { (lent::<u64>(keys, n), lent::<f32>(grads, n * dim)) };
             s.steps += 1;
-            let st = s.stage.exchange_and_apply(keys, grads, s.steps, s.policy);
-            if n * dim * std::mem::size_of::<f32>() >= TRIM_FROM_BYTES {
-                release_freed_heap();
-            }
-            let st = st.map_err(train_err)?;
+            let st = s.stage.exchange_and_apply(keys, grads, s.steps, s.policy).map_err(train_err)?;
             Ok((st.host_bytes_sent + st.cross_bytes_sent, st.host_bytes_received + st.cross_bytes_received))
+        })
+    }
+
+    /// After a large sparse step (at least [`TRIM_FROM_BYTES`] of gradients, `step_bytes`),
+    /// once `HostEmbedding.sparse_step` has dropped the step's tensors: the forward's dedupe
+    /// buffers go (the next forward makes them again: about 70 bytes a key, beside a step's
+    /// rows and gradients of 8 bytes a value), then glibc's freed heap goes back to the
+    /// system, theirs and the tensors' with it. Smaller steps keep both: what they would
+    /// free is little, and the next step reuses it.
+    fn release_after_step(&self, py: Python<'_>, step_bytes: usize) -> PyResult<()> {
+        if step_bytes < TRIM_FROM_BYTES {
+            return Ok(());
+        }
+        self.run(py, |s| {
+            s.deduper = Deduper::new();
+            release_freed_heap();
+            Ok(())
         })
     }
 

@@ -1,23 +1,28 @@
 //! [`HostBoard`]: a shared-memory segment where the ranks of one host publish serialized
 //! lists for each other to read where they lie, with no copy into a receive buffer.
 //!
-//! Three segments: a [`HostBarrier`], a small control block (every rank's piece length and
-//! rows on a cache line of its own, then the leader's status) and the data: per local rank
-//! two areas ([`Area::Own`], [`Area::Range`]), rank after rank, each sized for the pieces
-//! that area held (local rank 0's range area holds the host's whole list, the others' an
-//! error piece at most); a rank writes only its own areas.
+//! Four segments: a [`HostBarrier`], a small control block (every rank's piece length and
+//! rows on a cache line of its own, then the leader's status) and the data, one segment per
+//! kind of area ([`Area::Own`], [`Area::Range`]) holding that area of every local rank,
+//! rank after rank, each sized for the pieces that area held (local rank 0's range area
+//! holds the host's whole list, the others' an error piece at most); a rank writes only its
+//! own areas. A kind's segment grows without touching the other's, so the ranks' own lists
+//! stay readable while the host's list is written ([`HostBoard::publish_list_from_own`]).
 //! [`HostBoard::publish`] is collective over the host:
 //!
 //! 1. every rank posts the length of its piece and passes the barrier (so every rank has
 //!    finished reading the pieces of the previous round of this area: reading borrows the
 //!    board and publishing needs it mutably);
-//! 2. if a piece does not fit its area, every rank maps a larger segment (all decide alike
-//!    from the same lengths; the old one goes away, and so do its other area's pieces);
+//! 2. if a piece does not fit its area, every rank maps a larger segment for that kind of
+//!    area (all decide alike from the same lengths; the old one goes away, and so do the
+//!    other ranks' pieces of that kind);
 //! 3. every rank writes its piece into its area, then a barrier: the pieces are readable.
 //!
-//! Each area grows to 5/4 of the largest piece it held and never shrinks, so after the first
-//! steps of a job a publish is two barriers and one copy of this rank's piece (or none,
-//! where the writer fills its area in place). The segment is allocated in full in the
+//! An area's first segment holds its first piece exactly (page-rounded); when a piece does
+//! not fit, the area grows to 5/4 of it, and it never shrinks, so a job whose steps have
+//! equal pieces keeps no room it does not use, and after the first steps of any job a
+//! publish is two barriers and one copy of this rank's piece (or none, where the writer
+//! fills its area in place). The segment is allocated in full in the
 //! shared-memory directory, so areas sized apart keep it near what the pieces need (a
 //! rank's list per rank and the host's list once), not every area at the largest piece.
 //!
@@ -74,7 +79,8 @@ pub struct HostBoard {
     seg_prefix: PathBuf,
     local_rank: usize,
     local_size: usize,
-    seg: Option<SharedSegment>,
+    /// Per kind of area, the segment holding every local rank's area of that kind.
+    seg: [Option<SharedSegment>; 2],
     /// Per area, the bytes of every local rank's (multiples of the page size; 0 without a
     /// segment).
     caps: [Vec<usize>; 2],
@@ -94,6 +100,12 @@ const PAGE: usize = 4096;
 /// that a slightly larger piece later does not make the board grow again, page-rounded.
 fn area_bytes(need: usize) -> usize {
     (need.saturating_add(need / 4).saturating_add(PAGE)).div_ceil(PAGE) * PAGE
+}
+
+/// Bytes of an area's first segment for a first piece of `need` bytes: the piece, page-
+/// rounded (a page at least, never empty).
+fn first_area_bytes(need: usize) -> usize {
+    need.max(1).div_ceil(PAGE).saturating_mul(PAGE)
 }
 
 /// The largest segment a host board of `local_size` ranks holds when no piece is over
@@ -120,7 +132,7 @@ impl HostBoard {
             seg_prefix: topo.segment_path("sparse-"),
             local_rank: topo.local_rank,
             local_size: topo.local_size,
-            seg: None,
+            seg: [None, None],
             caps: [vec![0; topo.local_size], vec![0; topo.local_size]],
             lens: [vec![0; topo.local_size], vec![0; topo.local_size]],
         })
@@ -161,28 +173,28 @@ impl HostBoard {
         Ok(())
     }
 
-    /// Where local rank `q`'s `area` starts: the areas lie rank after rank, own then range.
+    /// Where local rank `q`'s `area` starts in that kind's segment: rank after rank.
     fn offset(&self, q: usize, area: Area) -> usize {
-        let before: usize = (0..q).map(|p| self.caps[0][p] + self.caps[1][p]).sum();
-        before + if area == Area::Range { self.caps[0][q] } else { 0 }
+        self.caps[area as usize][..q].iter().sum()
     }
 
     /// Makes every local rank's `area` hold at least `needs[q]` bytes (collective: every
     /// rank calls it with the same `needs`): a larger segment when one does not fit.
     fn fit(&mut self, area: Area, needs: &[usize]) -> SparseResult<()> {
         let caps = &self.caps[area as usize];
-        if self.seg.is_some() && needs.iter().zip(caps).all(|(n, c)| n <= c) {
+        if self.seg[area as usize].is_some() && needs.iter().zip(caps).all(|(n, c)| n <= c) {
             return Ok(());
         }
-        let first = self.seg.is_none();
-        let mut grown = self.caps.clone();
-        for (c, n) in grown[area as usize].iter_mut().zip(needs) {
-            // The first segment gives every area of this kind a page at least: never empty.
-            if *n > *c || first {
-                *c = (*c).max(area_bytes(*n));
+        let first = self.seg[area as usize].is_none();
+        let mut grown = caps.clone();
+        for (c, n) in grown.iter_mut().zip(needs) {
+            if first {
+                *c = first_area_bytes(*n);
+            } else if *n > *c {
+                *c = area_bytes(*n);
             }
         }
-        self.grow(grown)
+        self.grow(area, grown)
     }
 
     /// Publishes this rank's piece of `len` bytes in `area`: `write` fills it (given exactly
@@ -195,7 +207,7 @@ impl HostBoard {
         self.fit(area, &lens)?;
         self.lens[area as usize] = lens;
         let off = self.offset(self.local_rank, area);
-        if let Some(seg) = &self.seg {
+        if let Some(seg) = &self.seg[area as usize] {
             // SAFETY: the area lies inside the segment (`fit` made this rank's area at least
             // `len` bytes); only this rank writes it, and no peer reads it between the
             // barrier above (every peer has finished reading the previous piece) and the
@@ -218,6 +230,15 @@ impl HostBoard {
     /// Area::Range)` reads the whole list (or local rank 0's error piece), and `piece(q,
     /// Area::Range)` local rank `q`'s error piece (empty if it had none).
     pub fn publish_list(&mut self, part: Part<'_>, dim: usize, write: impl FnOnce(list::Sections<'_>)) -> SparseResult<bool> {
+        self.publish_list_from_own(part, dim, |_, sections| write(sections))
+    }
+
+    /// [`HostBoard::publish_list`], where `write` also reads every local rank's piece in
+    /// [`Area::Own`] (as the last [`HostBoard::publish`] of that area left them, in
+    /// local-rank order): a rank merges its part of the host's list straight from the
+    /// ranks' own lists, with no copy of its own in between. The own pieces stay as they
+    /// are: only the range areas' segment may grow here.
+    pub fn publish_list_from_own(&mut self, part: Part<'_>, dim: usize, write: impl FnOnce(&[&[u8]], list::Sections<'_>)) -> SparseResult<bool> {
         let (rows, error) = match part {
             Part::Rows(n) => (n, &[][..]),
             Part::Error(piece) => (0, piece),
@@ -230,7 +251,7 @@ impl HostBoard {
         if errors.iter().any(|len| *len > 0) {
             self.fit(Area::Range, &errors)?;
             self.lens[Area::Range as usize] = errors;
-            if let Some(seg) = &self.seg {
+            if let Some(seg) = &self.seg[Area::Range as usize] {
                 let off = self.offset(self.local_rank, Area::Range);
                 // SAFETY: as in `publish`: this rank's own area, at least its error's length
                 // (`fit`), read by no peer until the barrier below.
@@ -249,7 +270,7 @@ impl HostBoard {
         self.lens[Area::Range as usize] = lens;
         let first: usize = parts[..self.local_rank].iter().sum();
         let [keys, counts, values] = list::row_spans(total, dim, true, first..first + rows);
-        if let Some(seg) = &self.seg {
+        if let Some(seg) = &self.seg[Area::Range as usize] {
             let list = seg.as_ptr().wrapping_add(self.offset(0, Area::Range));
             if self.local_rank == 0 {
                 // SAFETY: the header lies at the start of local rank 0's range area (at least
@@ -272,7 +293,8 @@ impl HostBoard {
                     )
                 };
                 let (k, c, v) = sections;
-                write((&mut *k, &mut *c, &mut *v));
+                let own: Vec<&[u8]> = (0..self.local_size).map(|q| self.piece(q, Area::Own)).collect();
+                write(&own, (&mut *k, &mut *c, &mut *v));
                 if cfg!(target_endian = "big") {
                     k.iter_mut().for_each(|x| *x = x.to_le());
                     c.iter_mut().for_each(|x| *x = x.to_le());
@@ -284,30 +306,30 @@ impl HostBoard {
         Ok(true)
     }
 
-    /// Maps a segment whose areas hold `caps` bytes (collective: every rank calls it with
-    /// the same `caps`).
-    fn grow(&mut self, caps: [Vec<usize>; 2]) -> SparseResult<()> {
-        self.seg = None;
-        self.caps = [vec![0; self.local_size], vec![0; self.local_size]];
-        self.lens = [vec![0; self.local_size], vec![0; self.local_size]];
+    /// Maps a segment for `area` whose areas hold `caps` bytes, one per local rank
+    /// (collective: every rank calls it with the same `caps`); the other kind's stays.
+    fn grow(&mut self, area: Area, caps: Vec<usize>) -> SparseResult<()> {
+        let a = area as usize;
+        self.seg[a] = None;
+        self.caps[a] = vec![0; self.local_size];
+        self.lens[a] = vec![0; self.local_size];
         let len = caps
             .iter()
-            .flatten()
             .try_fold(0usize, |a, c| a.checked_add(*c))
             .ok_or_else(|| SparseError::Invalid(format!("a host board of {} local ranks with areas of {caps:?} bytes overflows the address space", self.local_size)))?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let mut path = self.seg_prefix.clone().into_os_string();
         path.push(generation.to_string());
         let path = PathBuf::from(path);
-        self.seg = Some(SharedSegment::on_host(&self.local, &path, len)?);
-        self.caps = caps;
+        self.seg[a] = Some(SharedSegment::on_host(&self.local, &path, len)?);
+        self.caps[a] = caps;
         Ok(())
     }
 
     /// Local rank `q`'s piece in `area`, as published by the last [`HostBoard::publish`] of
     /// that area (empty if there is no segment or no such rank).
     pub fn piece(&self, q: usize, area: Area) -> &[u8] {
-        let (Some(seg), Some(len)) = (&self.seg, self.lens[area as usize].get(q)) else { return &[] };
+        let (Some(seg), Some(len)) = (&self.seg[area as usize], self.lens[area as usize].get(q)) else { return &[] };
         // SAFETY: inside the segment (`len` fits the area, `fit` checked it); written by
         // rank q before the barrier that ended the publish, and not written again until
         // every rank (this one included, which needs `&mut self`) enters the next publish.

@@ -13,7 +13,10 @@
 //!    writes it there), a shared segment the other local ranks read in place. The key space is cut into R equal ranges ([`list::KeyRange`],
 //!    R = the smallest number of ranks of a host); local rank l < R merges range l of all
 //!    the host's lists into its host list with a per-key count of contributing ranks, so
-//!    every rank of the host merges, not only the leader.
+//!    every rank of the host merges, not only the leader. With one host in the step (one
+//!    host, or `--sync-every`'s host-only steps, without row compression) there is no step
+//!    3: rank l merges range l of the lists straight into its part of the result list on
+//!    the board (step 4), normalising as it goes, with no host list of its own.
 //! 3. **Cross-host allgatherv** per key range: the ranks of range l (one per host, over
 //!    `topo.cross`) allgather their host lists, so each host's rows cross the network once
 //!    instead of once per rank, then merge them in host order into range l of the result,

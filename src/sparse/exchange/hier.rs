@@ -32,21 +32,42 @@ impl SparseExchanger {
         let (num_hosts, world, host_id) = if self.host_only { (1, self.local_size, 0) } else { (self.num_hosts, self.world, self.host_id) };
         let host_ranks = if self.host_only { std::slice::from_ref(ranks) } else { &self.host_ranks[..] };
         let b = &mut self.b;
+        // One host in the step (and its list not sent compressed): rank l merges key range l
+        // of the ranks' own lists on the board straight into its part of the host's result
+        // list there (stage 3), with no host list of its own in between (`b.wire`).
+        let direct = hier.board.is_some() && num_hosts == 1 && (self.num_hosts == 1 || hier.compressor.is_none());
+        let range = KeyRange::part(l, hier.ranges);
         // 1. Host stage: every local rank writes its list onto the board (the dedupe's second
         //    pass); rank l merges key range l of all of them (local-rank order), serialized
-        //    with counts, into `b.wire`.
+        //    with counts, into `b.wire` (unless `direct`).
         let mut host_ok = match &mut hier.board {
             Some(board) => publish_own(board, &mut self.deduper, own, grads, self.rank, dim, st),
             None => own,
         };
+        let mut merged = 0;
         if owns_range {
             let t = Instant::now();
-            host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, KeyRange::part(l, hier.ranges), dim, b, st));
+            host_ok = host_ok.and_then(|()| merge_local(hier.board.as_ref(), ranks, l, range, dim, !direct, b, st).map(|n| merged = n));
             st.merge_s += t.elapsed().as_secs_f64();
         } else if hier.board.is_some() && host_ok.is_ok() {
             // No key range here (hosts of unequal sizes): the range owners read every row of
             // this rank's list off the board (what they count as received).
             st.host_bytes_sent = st.keys_unique * (8 + 4 * dim) as u64;
+        }
+        // A host-only step normalises over this host's ranks (`--sync-every` refuses the
+        // weighted form, whose weights are the world's).
+        let finish = if num_hosts == 1 && self.host_only { Finish::normalise(self.normalize, world) } else { finish };
+        if let (true, Some(board)) = (direct, hier.board.as_mut()) {
+            // Stage 3 at once: the own lists as stage 1 read them (in place, or decoded into
+            // `b.pieces`).
+            let scratch = &b.pieces;
+            let merge = |own: &[&[u8]], sections: list::Sections<'_>| {
+                let lists: Vec<ListRef<'_>> =
+                    own.iter().zip(scratch).map(|(bytes, decoded)| list::view_checked(bytes, dim).unwrap_or_else(|| decoded.view()).within(range)).collect();
+                merge_to_sections(&lists, dim, finish, sections);
+            };
+            let rows = host_ok.map(|()| merged);
+            return merge_onto_board(board, rows, merge, ranks, l, dim, self.rank, world, &mut b.result, &mut b.result_on_board, st);
         }
         if let (true, true, Ok(()), Some(c)) = (owns_range, self.num_hosts > 1, &host_ok, hier.compressor.as_mut()) {
             // `--sparse-compression`: the host list goes across hosts compressed.
@@ -103,9 +124,6 @@ impl SparseExchanger {
         // 3. Each rank merges them in host order, normalising each row as it is finished: with
         //    one rank per host into `b.result`, else straight into its part of the host's
         //    result list on the board, where the leader reads it.
-        // A host-only step normalises over this host's ranks (`--sync-every` refuses the
-        // weighted form, whose weights are the world's).
-        let finish = if num_hosts == 1 && self.host_only { Finish::normalise(self.normalize, world) } else { finish };
         match &mut hier.board {
             None => {
                 let t = Instant::now();
@@ -113,7 +131,14 @@ impl SparseExchanger {
                 st.merge_s += t.elapsed().as_secs_f64();
                 merged
             }
-            Some(board) => merge_onto_board(board, views, ranks, l, dim, self.rank, world, finish, &mut b.result, &mut b.result_on_board, st),
+            Some(board) => {
+                let (rows, lists) = match views {
+                    Ok(v) => (Ok(merged_len(&v)), v),
+                    Err(e) => (Err(e), Vec::new()),
+                };
+                let merge = |_: &[&[u8]], sections: list::Sections<'_>| merge_to_sections(&lists, dim, finish, sections);
+                merge_onto_board(board, rows, merge, ranks, l, dim, self.rank, world, &mut b.result, &mut b.result_on_board, st)
+            }
         }
     }
 }
@@ -138,25 +163,37 @@ fn publish_own(board: &mut HostBoard, deduper: &mut Deduper, own: SparseResult<(
     published
 }
 
-/// Stage 3 on a board: this rank merges the host lists' views of its key range into its
-/// part of the host's result list; the leader then reads the whole list in place.
+/// Stage 3 on a board: this rank's `rows` of its key range (or the error that replaces
+/// them) go into its part of the host's result list, where `merge` writes them (given the
+/// ranks' own lists on the board, and the sections of exactly `rows` rows); the leader then
+/// reads the whole list in place.
 #[allow(clippy::too_many_arguments)]
-fn merge_onto_board(board: &mut HostBoard, views: SparseResult<Vec<ListRef<'_>>>, ranks: &[usize], l: usize, dim: usize, me: usize, world: usize, finish: Finish, result: &mut SparseList, on_board: &mut bool, st: &mut SparseStats) -> SparseResult<()> {
+fn merge_onto_board(
+    board: &mut HostBoard,
+    rows: SparseResult<usize>,
+    merge: impl FnOnce(&[&[u8]], list::Sections<'_>),
+    ranks: &[usize],
+    l: usize,
+    dim: usize,
+    me: usize,
+    world: usize,
+    result: &mut SparseList,
+    on_board: &mut bool,
+    st: &mut SparseStats,
+) -> SparseResult<()> {
     let t = Instant::now();
     let mut piece = Vec::new();
-    let part = match &views {
-        Ok(v) => Part::Rows(merged_len(v)),
+    let part = match &rows {
+        Ok(n) => Part::Rows(*n),
         Err(e) => {
             error_piece(me, dim, e, STATUS_LEN, &mut piece);
             Part::Error(&piece)
         }
     };
     let mut merge_s = t.elapsed().as_secs_f64();
-    let published = board.publish_list(part, dim, |sections| {
+    let published = board.publish_list_from_own(part, dim, |own, sections| {
         let t = Instant::now();
-        if let Ok(v) = &views {
-            merge_to_sections(v, dim, finish, sections);
-        }
+        merge(own, sections);
         merge_s += t.elapsed().as_secs_f64();
     });
     st.merge_s += merge_s;
@@ -168,7 +205,7 @@ fn merge_onto_board(board: &mut HostBoard, views: SparseResult<Vec<ListRef<'_>>>
     if l != 0 {
         st.host_bytes_sent += (own_rows * (12 + 4 * dim)) as u64;
     }
-    match (views, published) {
+    match (rows, published) {
         (Err(e), _) | (Ok(_), Err(e)) => Err(e),
         (Ok(_), Ok(_)) if l != 0 => Ok(()),
         (Ok(_), Ok(true)) => {
@@ -205,8 +242,10 @@ fn publish_error(board: &mut HostBoard, me: usize, dim: usize, e: SparseError, a
 
 /// Rank `l` of the host: merges key range `range` of the host's lists (`ranks`, in
 /// local-rank order, read in place from the board; without one, this rank's own in `b.own`)
-/// into `b.wire`, serialized with counts.
-fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyRange, dim: usize, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<()> {
+/// into `b.wire`, serialized with counts, or, without `wire`, only counts what the merge
+/// holds (stage 3 merges the lists onto the board). Returns the merge's rows.
+#[allow(clippy::too_many_arguments)]
+fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyRange, dim: usize, wire: bool, b: &mut Buffers, st: &mut SparseStats) -> SparseResult<usize> {
     at_least(&mut b.pieces, ranks.len());
     let mut views = Vec::with_capacity(ranks.len());
     let mut own_rows = 0;
@@ -226,13 +265,17 @@ fn merge_local(board: Option<&HostBoard>, ranks: &[usize], l: usize, range: KeyR
     st.host_bytes_sent = (own_rows as u64).saturating_sub(mine) * row_bytes;
     let n = merged_len(&views);
     st.keys_host = n as u64;
+    if !wire {
+        b.wire_len = 0;
+        return Ok(n);
+    }
     b.wire_len = list::encoded_len(n, dim, true);
     let words = b.wire_len.div_ceil(8);
     if b.wire.len() < words {
         b.wire.resize(words, 0);
     }
     let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut b.wire)[..b.wire_len];
-    merge_to_wire(&views, dim, Finish::Sum, n, out, &mut b.result)
+    merge_to_wire(&views, dim, Finish::Sum, n, out, &mut b.result).map(|()| n)
 }
 
 /// Key range `l` of every host's list in host order, read in place from `piece_of(h)`

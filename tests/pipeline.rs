@@ -25,7 +25,7 @@ fn train(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     e.extend_from_slice(env);
     let mut a = BASE.to_vec();
     a.extend_from_slice(args);
-    let job = common::mpirun(np, &e, &a);
+    let job = common::mpirun(np, &e, &common::small_table(&a));
     job.assert_ok();
     job
 }

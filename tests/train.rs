@@ -21,7 +21,7 @@ fn train(np: usize, extra_env: &[(&str, &str)], args: &[&str]) -> common::Job {
     env.extend_from_slice(extra_env);
     let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses"];
     a.extend_from_slice(args);
-    common::mpirun(np, &env, &a)
+    common::mpirun(np, &env, &common::small_table(&a))
 }
 
 fn summary(job: &common::Job) -> serde_json::Value {
@@ -201,7 +201,7 @@ fn layer_gradients_are_reduced_while_backward_continues() {
     let t = tl.display().to_string();
     let dd = data_dir();
     let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_TIMELINE", t.as_str()), ("RINGREC_CYCLE_TIME", "0.2")];
-    let job = common::mpirun(2, &env, &["train", "--synth-rows", "6000", "--batch", "2000", "--epochs", "10", "--max-steps", "20", "--no-progress"]);
+    let job = common::mpirun(2, &env, &common::small_table(&["train", "--synth-rows", "6000", "--batch", "2000", "--epochs", "10", "--max-steps", "20", "--no-progress"]));
     job.assert_ok();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tl).expect("timeline")).expect("timeline JSON");
     let ev = v.as_array().unwrap();

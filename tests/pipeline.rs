@@ -160,6 +160,8 @@ fn worker_stop() {
     cfg.synth_rows = 6000;
     cfg.batch = 240;
     cfg.hidden = vec![16];
+    // common::SMALL_TABLE, as the resumed `ringrec train` below has.
+    cfg.table_capacity = 1 << 16;
     cfg.eval = false;
     cfg.max_steps = Some(40);
     cfg.epochs = 2;

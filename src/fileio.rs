@@ -283,6 +283,38 @@ pub fn reserve(file: &File, path: &Path, len: u64) -> Result<(), IoError> {
     }
 }
 
+/// Bytes of the pages [`write_nonzero_at`] tells apart: the smallest unit a filesystem
+/// leaves unwritten (a hole, or a reserved block never written: both read back as zeros).
+pub const PAGE: usize = 4096;
+
+/// Writes `bytes` into `file` at `offset` (positional writes, the file's cursor untouched),
+/// skipping every [`PAGE`]-aligned page of `bytes` that is all zeros: the file must already
+/// read as zeros there — a region just reserved ([`reserve`]) or extended (`set_len`) and not
+/// yet written. A table that is mostly empty slots so costs the writes (and the fsync) of
+/// its used pages only, and reads back byte for byte the same. Consecutive pages that are
+/// not all zeros go out in one write.
+pub fn write_nonzero_at(file: &File, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    static ZEROS: [u8; PAGE] = [0; PAGE];
+    // A slice comparison of bytes is one memcmp: fast in a debug build too.
+    let zero = |page: &[u8]| page == &ZEROS[..page.len()];
+    let mut run: Option<usize> = None;
+    for (i, page) in bytes.chunks(PAGE).enumerate() {
+        match (zero(page), run) {
+            (false, None) => run = Some(i * PAGE),
+            (true, Some(start)) => {
+                file.write_all_at(&bytes[start..i * PAGE], offset + start as u64)?;
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    match run {
+        Some(start) => file.write_all_at(&bytes[start..], offset + start as u64),
+        None => Ok(()),
+    }
+}
+
 /// Permissions of every file ringrec creates: owner-only (what it writes holds data, models
 /// or their metrics); a directory published whole ([`AtomicDir`]) is 0700. Share one with
 /// `chmod`.
@@ -508,6 +540,39 @@ mod tests {
         assert!(is_locked(&p));
         drop(f);
         assert!(!is_locked(&p));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn zero_pages_are_skipped_and_the_file_reads_back_the_same() {
+        let p = std::env::temp_dir().join(format!("ringrec-nonzero-{}", std::process::id()));
+        // Zero pages at the start, between runs and at the end; a run across pages; a short
+        // last page; one byte that makes a page non-zero.
+        let mut bytes = vec![0u8; 64 * PAGE + 100];
+        bytes[3 * PAGE..5 * PAGE + 7].fill(0xAB);
+        bytes[40 * PAGE + PAGE - 1] = 1;
+        bytes[64 * PAGE + 99] = 2;
+        let offset = 2 * PAGE;
+        let written = |p: usize| (3..=5).contains(&p) || p == 40 || p == 64;
+        // Over a file of 0xFF: the pages written hold the bytes, the others were not touched.
+        std::fs::write(&p, vec![0xFF; offset + bytes.len()]).unwrap();
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        write_nonzero_at(&f, offset as u64, &bytes).unwrap();
+        let back = std::fs::read(&p).unwrap();
+        assert!(back[..offset].iter().all(|b| *b == 0xFF));
+        for (i, (got, want)) in back[offset..].chunks(PAGE).zip(bytes.chunks(PAGE)).enumerate() {
+            if written(i) {
+                assert_eq!(got, want, "page {i} is written");
+            } else {
+                assert!(got.iter().all(|b| *b == 0xFF), "page {i} is all zeros: skipped");
+            }
+        }
+        // Over a file just extended, it reads back as the bytes.
+        let f = OpenOptions::new().write(true).truncate(true).open(&p).unwrap();
+        f.set_len((offset + bytes.len()) as u64).unwrap();
+        write_nonzero_at(&f, offset as u64, &bytes).unwrap();
+        let back = std::fs::read(&p).unwrap();
+        assert!(back[..offset].iter().all(|b| *b == 0) && back[offset..] == bytes[..]);
         std::fs::remove_file(&p).unwrap();
     }
 

@@ -16,7 +16,7 @@ fn train(args: &[&str]) -> common::Job {
     let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_RANKS_PER_HOST", "2")];
     let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses", "--hidden", "32,16", "--max-steps", "40", "--epochs", "3"];
     a.extend_from_slice(args);
-    common::mpirun(4, &env, &a)
+    common::mpirun(4, &env, &common::small_table(&a))
 }
 
 fn summary(job: &common::Job) -> serde_json::Value {

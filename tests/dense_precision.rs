@@ -28,7 +28,7 @@ fn train(np: usize, precision: &str, dir: &Path) -> common::Job {
     // As default_runs_keep_their_params_fnv: 1 rank on both cores, 2 ranks on one each.
     let threads = if np == 1 { "2" } else { "1" };
     let args = ["train", "--json", "--no-progress", "--threads", threads, "--max-steps", STEPS, "--dense-precision", precision, "--checkpoint-dir", dir.to_str().expect("utf8")];
-    common::mpirun_exe(Path::new(env!("CARGO_BIN_EXE_ringrec")), np, &[], &args, Duration::from_secs(900))
+    common::mpirun_exe(Path::new(env!("CARGO_BIN_EXE_ringrec")), np, &[], &common::small_table(&args), Duration::from_secs(900))
 }
 
 fn summary(job: &common::Job) -> Value {

@@ -73,7 +73,7 @@ fn ringrec(np: usize, dir: &Path, args: &[&str]) -> common::Job {
         all.extend(["--data-dir", data_dir.to_str().unwrap(), "--device", "cpu", "--threads", "1"]);
     }
     all.push("--json");
-    common::mpirun(np, &[], &all)
+    common::mpirun(np, &[], &common::small_table(&all))
 }
 
 /// `ringrec train` on `file` of `d` (eval on its `eval-` twin) at `np` ranks: its summary.
@@ -128,10 +128,8 @@ fn thirty_single_hot_two_dense_and_two_multi_hot_columns_train_score_resume_and_
     let salts: Vec<u64> = model["input"]["multi_hot"].as_array().unwrap().iter().map(|f| f["field"].as_u64().unwrap()).collect();
     assert_eq!(salts, [30, 31]);
     ringrec(1, &dir, &["predict", "--model", bundle.to_str().unwrap(), "--data", eval.to_str().unwrap(), "--out", scores.to_str().unwrap()]).assert_ok();
-    let mut c = Command::new(common::test_python("numpy, pyarrow").unwrap());
-    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&eval);
-    c.arg("--compare").arg(&scores).args(["--tolerance", "1e-6"]);
-    common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+    let py = common::test_python("numpy, pyarrow").unwrap();
+    common::compare_with_predict(&py, "bundle_predict.py", &[bundle.to_str().unwrap(), eval.to_str().unwrap()], &scores, "1e-6");
 
     // Stopped at step 3 and resumed to 6: the parameters of 6 steps in one run.
     let full6 = train(1, d, "wide.parquet", &dir, &["--max-steps", "6", "--checkpoint-dir", full.to_str().unwrap()]);
@@ -186,8 +184,5 @@ fn three_single_hot_columns_train_and_their_bundle_scores_in_bundle_predict_as_i
     job.assert_ok();
     assert_eq!(job.summary()["auc"].as_f64(), s["test_auc"].as_f64(), "the bundle scores as the run's evaluation");
     let py = common::test_python("numpy, pyarrow").unwrap();
-    let mut c = Command::new(py);
-    c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&eval);
-    c.arg("--compare").arg(&scores).args(["--tolerance", "1e-6"]);
-    common::run_with_timeout(c, std::time::Duration::from_secs(120)).assert_ok();
+    common::compare_with_predict(&py, "bundle_predict.py", &[bundle.to_str().unwrap(), eval.to_str().unwrap()], &scores, "1e-6");
 }

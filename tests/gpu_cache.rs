@@ -32,7 +32,7 @@ fn train(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     let mut a = RUN.to_vec();
     a.push("16");
     a.extend_from_slice(args);
-    common::mpirun(np, &e, &a)
+    common::mpirun(np, &e, &common::small_table(&a))
 }
 
 fn summary(job: &common::Job) -> serde_json::Value {

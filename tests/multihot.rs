@@ -36,7 +36,7 @@ fn train(name: &str, np: usize, data: &Path, device: &str, extra: &[&str]) -> se
     let mut args = vec!["train", "--data", data.to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", data_dir.to_str().unwrap()];
     args.extend(["--device", device, "--batch", "256", "--epochs", "2", "--hidden", "32,16", "--threads", "1", "--record-losses", "--json"]);
     args.extend(extra);
-    let job = common::mpirun(np, &[], &args);
+    let job = common::mpirun(np, &[], &common::small_table(&args));
     job.assert_ok();
     job.summary()
 }
@@ -115,7 +115,7 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     let common_flags = ["--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--multi-hot-pooling", "mean", "--json"];
     let mut args = vec!["train", "--data", whole.to_str().unwrap(), "--eval-data", e, "--checkpoint-dir", c, "--max-steps", "8", "--hidden", "16"];
     args.extend(common_flags);
-    let job = common::mpirun(2, &[], &args);
+    let job = common::mpirun(2, &[], &common::small_table(&args));
     job.assert_ok();
     let t = job.summary();
     assert_eq!(t["test_rows"], 1000);
@@ -139,7 +139,7 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     let train = |extra: &[&str]| {
         let mut args = vec!["train", "--data", e, "--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--hidden", "16", "--json"];
         args.extend(extra);
-        common::mpirun(1, &[], &args)
+        common::mpirun(1, &[], &common::small_table(&args))
     };
     let warm = train(&["--max-steps", "2", "--init-from", c]);
     warm.assert_ok();
@@ -151,7 +151,7 @@ fn a_multi_hot_eval_set_is_scored_by_train_and_by_predict_alike() {
     assert!(job.stderr.contains("--multi-hot-pooling l3=mean") && job.stderr.contains(recorded) && job.stderr.contains("field l0: mean there, sum here"), "{}", job.all());
     let mut resume = vec!["train", "--data", whole.to_str().unwrap(), "--checkpoint-dir", c, "--resume", "--max-steps", "9", "--hidden", "16", "--eval-data", e];
     resume.extend(common_flags.iter().map(|a| if *a == "mean" { "sum" } else { a }));
-    let job = common::mpirun(1, &[], &resume);
+    let job = common::mpirun(1, &[], &common::small_table(&resume));
     assert_ne!(job.code, Some(0));
     assert!(job.stderr.contains(&format!("--multi-hot-pooling: the checkpoint was written with {recorded}, this run has l0=sum,l1=sum")), "{}", job.all());
 }
@@ -165,7 +165,7 @@ fn a_multi_hot_run_resumes_to_the_parameters_of_one_run_and_warm_starts() {
     let run = |extra: &[&str]| {
         let mut args = vec!["train", "--data", whole.to_str().unwrap(), "--sparse-columns", SPARSE, "--data-dir", d, "--device", "cpu", "--batch", "256", "--hidden", "16", "--json"];
         args.extend(extra);
-        let job = common::mpirun(1, &[], &args);
+        let job = common::mpirun(1, &[], &common::small_table(&args));
         job.assert_ok();
         job.summary()
     };

@@ -21,11 +21,17 @@ fn check_script() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/onnx_check.py")
 }
 
-/// `ringrec ARGS` under mpirun with `np` ranks, the data cache under `dir`; its last JSON
-/// line.
+/// scripts/onnx_check.py on the bundle `b` against `ringrec predict`'s scores of the
+/// held-out tenth of `data`: onnx's full checker, then ONNX Runtime within 1e-5.
+fn onnx_against_predict(py: &str, b: &str, data: &str, scores: &Path) -> common::Job {
+    common::compare_with_predict(py, "onnx_check.py", &["bundle", b, data, "--test-fraction", "0.1"], scores, "1e-5")
+}
+
+/// `ringrec ARGS` under mpirun with `np` ranks (a `train` on [`common::SMALL_TABLE`]), the
+/// data cache under `dir`; its last JSON line.
 fn ringrec_json(dir: &TempDir, np: usize, args: &[&str]) -> serde_json::Value {
     let data = dir.path("data");
-    let job = common::mpirun(np, &[("RINGREC_DATA_DIR", data.to_str().expect("utf8"))], args);
+    let job = common::mpirun(np, &[("RINGREC_DATA_DIR", data.to_str().expect("utf8"))], &common::small_table(args));
     job.assert_ok();
     let line = job.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON line:\n{}", job.all()));
     serde_json::from_str(line).expect("JSON")
@@ -42,9 +48,7 @@ fn figure(text: &str, key: &str) -> f64 {
 fn the_default_models_onnx_graph_scores_as_ringrec_predict() {
     let dir = TempDir::new("onnx");
     let data = dir.path("synth.tsv");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
-    c.args(["data", "synth", "--rows", "3000", "--out"]).arg(&data);
-    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+    common::synth(&data, 3000);
     let (d, ck, bundle) = (data.to_str().unwrap(), dir.path("ck"), dir.path("bundle"));
     let (ck_s, b_s) = (ck.to_str().unwrap(), bundle.to_str().unwrap());
     ringrec_json(&dir, 1, &["train", "--data", d, "--batch", "200", "--max-steps", "10", "--checkpoint-dir", ck_s, "--no-progress", "--json"]);
@@ -62,10 +66,7 @@ fn the_default_models_onnx_graph_scores_as_ringrec_predict() {
     assert_eq!(p["rows"], 300);
 
     if let Some(py) = common::test_python(MODULES) {
-        let mut c = Command::new(py);
-        c.arg(check_script()).args(["bundle", b_s, d, "--test-fraction", "0.1", "--tolerance", "1e-5", "--compare"]).arg(&scores);
-        let job = common::run_with_timeout(c, Duration::from_secs(180));
-        job.assert_ok();
+        let job = onnx_against_predict(&py, b_s, d, &scores);
         assert!(job.stderr.contains("checker (full) passed") && job.stderr.contains("scored 300 rows"), "{}", job.stderr);
         let worst = figure(&job.stderr, "max |score - ringrec's|");
         assert!(worst <= 1e-5, "ONNX Runtime vs ringrec predict: {worst:e}");
@@ -101,10 +102,7 @@ fn a_multi_hot_models_onnx_graph_takes_the_pooled_lists_and_scores_as_ringrec_pr
     ringrec_json(&dir, 1, &["export", "--model", ck_s, "--out", b_s, "--format", "onnx", "--json"]);
     let p = ringrec_json(&dir, 1, &["predict", "--model", b_s, "--data", d, "--sparse-columns", sparse, "--test-fraction", "0.1", "--out", scores.to_str().unwrap(), "--json"]);
     assert_eq!(p["rows"], 200);
-    let mut c = Command::new(py);
-    c.arg(check_script()).args(["bundle", b_s, d, "--test-fraction", "0.1", "--tolerance", "1e-5", "--compare"]).arg(&scores);
-    let job = common::run_with_timeout(c, Duration::from_secs(180));
-    job.assert_ok();
+    let job = onnx_against_predict(&py, b_s, d, &scores);
     assert!(job.stderr.contains("checker (full) passed") && job.stderr.contains("scored 200 rows"), "{}", job.stderr);
     let worst = figure(&job.stderr, "max |score - ringrec's|");
     assert!(worst <= 1e-5, "ONNX Runtime vs ringrec predict: {worst:e}");
@@ -180,9 +178,7 @@ fn every_models_graph_scores_as_a_numpy_reference_of_the_spec() {
 fn every_trained_models_onnx_graph_scores_as_ringrec_predict() {
     let dir = TempDir::new("onnx-trained");
     let data = dir.path("synth.tsv");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
-    c.args(["data", "synth", "--rows", "2000", "--out"]).arg(&data);
-    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+    common::synth(&data, 2000);
     let d = data.to_str().unwrap();
     let cases: [(&str, &[&str]); 5] = [
         ("dlrm", &["--model", "dlrm", "--bottom-mlp", "32"]),
@@ -203,10 +199,7 @@ fn every_trained_models_onnx_graph_scores_as_ringrec_predict() {
         let p = ringrec_json(&dir, 1, &["predict", "--model", b_s, "--data", d, "--test-fraction", "0.1", "--out", scores.to_str().unwrap(), "--json"]);
         assert_eq!(p["rows"], 200, "{name}");
         if let Some(py) = &py {
-            let mut c = Command::new(py);
-            c.arg(check_script()).args(["bundle", b_s, d, "--test-fraction", "0.1", "--tolerance", "1e-5", "--compare"]).arg(&scores);
-            let job = common::run_with_timeout(c, Duration::from_secs(180));
-            job.assert_ok();
+            let job = onnx_against_predict(py, b_s, d, &scores);
             let worst = figure(&job.stderr, "max |score - ringrec's|");
             assert!(worst <= 1e-5, "{name}: ONNX Runtime vs ringrec predict: {worst:e}");
             eprintln!("{name}: onnxruntime vs ringrec predict: max |difference| {worst:.3e} over 200 held-out rows");

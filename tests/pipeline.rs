@@ -25,7 +25,7 @@ fn train(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     e.extend_from_slice(env);
     let mut a = BASE.to_vec();
     a.extend_from_slice(args);
-    let job = common::mpirun(np, &e, &a);
+    let job = common::mpirun(np, &e, &common::small_table(&a));
     job.assert_ok();
     job
 }
@@ -160,6 +160,8 @@ fn worker_stop() {
     cfg.synth_rows = 6000;
     cfg.batch = 240;
     cfg.hidden = vec![16];
+    // common::SMALL_TABLE, as the resumed `ringrec train` below has.
+    cfg.table_capacity = 1 << 16;
     cfg.eval = false;
     cfg.max_steps = Some(40);
     cfg.epochs = 2;

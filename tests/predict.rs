@@ -11,19 +11,13 @@ use std::time::Duration;
 
 use common::TempDir;
 
-/// `ringrec data synth` of `rows` rows into `path`.
-fn synth(path: &Path, rows: u64) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
-    c.args(["data", "synth", "--rows", &rows.to_string(), "--out"]).arg(path);
-    common::run_with_timeout(c, Duration::from_secs(120)).assert_ok();
-}
-
-/// `ringrec ARGS` under mpirun with `np` ranks, the data cache under `dir`.
+/// `ringrec ARGS` under mpirun with `np` ranks, the data cache under `dir`; a `train` on
+/// [`common::SMALL_TABLE`].
 fn ringrec(dir: &TempDir, np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     let data = dir.path("data");
     let mut e = vec![("RINGREC_DATA_DIR", data.to_str().expect("utf8"))];
     e.extend_from_slice(env);
-    common::mpirun(np, &e, args)
+    common::mpirun(np, &e, &common::small_table(args))
 }
 
 /// The last JSON line of a job's stdout.
@@ -84,7 +78,7 @@ fn the_python_reader_scores_every_model_as_its_definition_says() {
     };
     let dir = TempDir::new("bundle-models");
     let data = dir.path("d.tsv");
-    synth(&data, 200);
+    common::synth(&data, 200);
     let mut bundles = Vec::new();
     for (i, spec) in every_model().into_iter().enumerate() {
         let random = |n: usize, salt: u64| (0..n as u64).map(|j| ((j.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>();
@@ -112,7 +106,7 @@ fn the_python_reader_scores_every_model_as_its_definition_says() {
 fn predict_gives_the_evaluation_scores_and_the_bundle_and_python_reader_agree() {
     let dir = TempDir::new("predict");
     let data = dir.path("synth.tsv");
-    synth(&data, 3000);
+    common::synth(&data, 3000);
     let (d, ck, bundle) = (data.to_str().unwrap(), dir.path("ck"), dir.path("bundle"));
     let ck_s = ck.to_str().unwrap();
     // Train 2 ranks, 10 steps, the last 10% held out and evaluated at the end.
@@ -163,11 +157,7 @@ fn predict_gives_the_evaluation_scores_and_the_bundle_and_python_reader_agree() 
     match python() {
         Err(why) => eprintln!("skipped: the Python reader: {why}"),
         Ok(py) => {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py");
-            let mut c = Command::new(py);
-            c.arg(script).arg(&bundle).arg(&data).arg("--compare").arg(&all).arg("--tolerance").arg("1e-6");
-            let job = common::run_with_timeout(c, Duration::from_secs(120));
-            job.assert_ok();
+            let job = common::compare_with_predict(&py, "bundle_predict.py", &[bundle.to_str().unwrap(), d], &all, "1e-6");
             let line = job.stderr.lines().find(|l| l.contains("max |score - ringrec's|")).unwrap_or_else(|| panic!("{}", job.all()));
             let worst: f64 = line.split(" = ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("max difference");
             assert!(worst <= 1e-6, "{line}");
@@ -195,7 +185,7 @@ fn warm_start_from_a_checkpoint_continues_bit_identically() {
     // step count and the table's Adagrad accumulators carried.
     let dir = TempDir::new("warm");
     let all = dir.path("all.tsv");
-    synth(&all, 2640);
+    common::synth(&all, 2640);
     let text = std::fs::read_to_string(&all).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let write = |name: &str, rows: &[&str]| {
@@ -260,7 +250,7 @@ fn warm_start_from_a_checkpoint_continues_bit_identically() {
 fn warm_start_refuses_another_shape_naming_the_flag_and_both_values() {
     let dir = TempDir::new("warm-refuse");
     let data = dir.path("d.tsv");
-    synth(&data, 800);
+    common::synth(&data, 800);
     let d = data.to_str().unwrap();
     let ck = dir.path("ck");
     json(&ringrec(&dir, 1, &[], &["train", "--data", d, "--batch", "200", "--max-steps", "2", "--checkpoint-dir", ck.to_str().unwrap(), "--hidden", "32", "--no-progress", "--json"]));
@@ -316,7 +306,7 @@ const MODEL_FLAGS: &[&[&str]] = &[
 fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
     let dir = TempDir::new("models");
     let data = dir.path("synth.tsv");
-    synth(&data, 1500);
+    common::synth(&data, 1500);
     let d = data.to_str().unwrap();
     let py = python();
     for (i, flags) in MODEL_FLAGS.iter().enumerate() {
@@ -341,10 +331,7 @@ fn every_model_predicts_its_evaluation_exports_resumes_and_warm_starts() {
         match &py {
             Err(why) => eprintln!("skipped: the Python reader: {why}"),
             Ok(py) => {
-                let mut c = Command::new(py);
-                c.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).args(["--test-fraction", "0.1", "--compare"]).arg(&out).args(["--tolerance", "1e-6"]);
-                let job = common::run_with_timeout(c, Duration::from_secs(120));
-                job.assert_ok();
+                let job = common::compare_with_predict(py, "bundle_predict.py", &[b_s, d, "--test-fraction", "0.1"], &out, "1e-6");
                 eprintln!("{kind}: {}", job.stderr.lines().last().unwrap_or_default());
             }
         }

@@ -29,7 +29,7 @@ fn train_hosts_of(np: usize, ranks_per_host: Option<&str>, args: &[&str]) -> com
     }
     let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses"];
     a.extend_from_slice(args);
-    common::mpirun(np, &env, &a)
+    common::mpirun(np, &env, &common::small_table(&a))
 }
 
 fn summary(job: &common::Job) -> Value {
@@ -172,7 +172,7 @@ fn non_finite_local_step_stops_every_rank_at_the_sync_or_is_skipped() {
     // its dense update and its host's table update are skipped (the counts are rank 0's).
     let dd = data_dir();
     let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_RANKS_PER_HOST", "2"), ("RINGREC_FAULT_NAN", "0:5")];
-    let base = ["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--sync-every", "4"];
+    let base = common::small_table(&["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--sync-every", "4"]);
     let stop = common::mpirun(4, &env, &base);
     assert_ne!(stop.code, Some(0), "{}", stop.all());
     assert!(stop.all().contains("step 8: a local update since the last sync (2 skipped over the ranks) is not finite"), "{}", stop.all());

@@ -377,6 +377,39 @@ fn a_full_shm_dir_is_a_clear_error_and_leaves_nothing() {
     drop(small);
 }
 
+/// What leaving the zero pages unwritten saves on a mostly empty table, for
+/// docs/BENCHMARKS.md: `ringrec train`'s default table (2^21 slots, dim 16, 144 MiB) holding
+/// `RINGREC_BENCH_ROWS` rows (600 by default, a test run's few hundred, spread over the
+/// slots), saved to the temp dir by `save` and by every byte written (the space reserved,
+/// the same fsync), alternately, the best of 5 each:
+/// `cargo test --locked --test table_integrity -- --ignored --nocapture sparse_save_cost`
+#[test]
+#[ignore]
+fn sparse_save_cost() {
+    let n: u64 = std::env::var("RINGREC_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
+    let disk = TempDir::new("sparse-save");
+    let live = PathBuf::from(format!("/dev/shm/ringrec-bench-sparse-{}", std::process::id()));
+    let mut t = EmbeddingTable::create(&live, &TableConfig::new(16, 1 << 21)).unwrap();
+    std::fs::remove_file(&live).unwrap(); // the mapping lives on
+    let keys: Vec<u64> = (0..n).map(ringrec::hash::splitmix64).collect();
+    t.put_rows(&keys, &vec![0.25; 16 * keys.len()]).unwrap();
+    let (saved, every) = (disk.path("saved"), disk.path("every-byte"));
+    let l = t.header().layout;
+    let (mut save, mut all) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        all = all.min(best_of(1, || {
+            let f = ringrec::fileio::AtomicFile::create(&every, 0o600).unwrap();
+            ringrec::fileio::reserve(f.file(), &every, l.file_len).unwrap();
+            std::io::Write::write_all(&mut f.file(), t.as_bytes()).unwrap();
+            f.commit().unwrap();
+        }));
+        save = save.min(best_of(1, || t.save(&saved).unwrap()));
+    }
+    let body = HEADER_LEN as usize..l.sums_offset as usize;
+    assert!(std::fs::read(&saved).unwrap()[body.clone()] == t.as_bytes()[body], "the saved body differs from the table's");
+    println!("table of {:.0} MiB, {n} rows: save {save:.3} s | every byte written {all:.3} s ({:.1}x)", l.file_len as f64 / 1048576.0, all / save);
+}
+
 /// Seconds of the fastest of `n` runs of `f`.
 fn best_of(n: usize, mut f: impl FnMut()) -> f64 {
     (0..n)

@@ -21,7 +21,7 @@ fn train(np: usize, extra_env: &[(&str, &str)], args: &[&str]) -> common::Job {
     env.extend_from_slice(extra_env);
     let mut a = vec!["train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--record-losses"];
     a.extend_from_slice(args);
-    common::mpirun(np, &env, &a)
+    common::mpirun(np, &env, &common::small_table(&a))
 }
 
 fn summary(job: &common::Job) -> serde_json::Value {
@@ -201,7 +201,7 @@ fn layer_gradients_are_reduced_while_backward_continues() {
     let t = tl.display().to_string();
     let dd = data_dir();
     let env = [("RINGREC_DATA_DIR", dd.to_str().expect("utf8")), ("RINGREC_TIMELINE", t.as_str()), ("RINGREC_CYCLE_TIME", "0.2")];
-    let job = common::mpirun(2, &env, &["train", "--synth-rows", "6000", "--batch", "2000", "--epochs", "10", "--max-steps", "20", "--no-progress"]);
+    let job = common::mpirun(2, &env, &common::small_table(&["train", "--synth-rows", "6000", "--batch", "2000", "--epochs", "10", "--max-steps", "20", "--no-progress"]));
     job.assert_ok();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tl).expect("timeline")).expect("timeline JSON");
     let ev = v.as_array().unwrap();
@@ -255,6 +255,13 @@ fn assert_losses_close(cpu: &serde_json::Value, dev: &serde_json::Value, rel: f6
 /// runs (the model-level comparison in tests/device.rs takes ten).
 const DELAY_SEEDS: [&str; 3] = ["1", "2", "3"];
 
+/// [`against_cpu`] of 4 ranks as 2 hosts on the host device, run once for the tests that
+/// compare with it.
+fn four_ranks_against_cpu() -> &'static (serde_json::Value, serde_json::Value) {
+    static RUNS: std::sync::OnceLock<(serde_json::Value, serde_json::Value)> = std::sync::OnceLock::new();
+    RUNS.get_or_init(|| against_cpu(4, &[("RINGREC_RANKS_PER_HOST", "2")], "host", &[]))
+}
+
 #[test]
 fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
     // --device host runs the GPU path's code (the dense model on the host-kernels device:
@@ -262,10 +269,10 @@ fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
     // GPU's work, device tensors reduced by the engine's device executor on a second queue)
     // with the CPU collectives in place of NCCL: 4 ranks as 2 hosts.
     let env = [("RINGREC_RANKS_PER_HOST", "2")];
-    let (cpu, dev) = against_cpu(4, &env, "host", &[]);
+    let (cpu, dev) = four_ranks_against_cpu();
     assert!(dev["device"].as_str().unwrap().starts_with("host"), "{dev}");
     assert_eq!(cpu["device"], "cpu");
-    assert_losses_close(&cpu, &dev, 1e-3, "host device, 4 ranks on 2 hosts");
+    assert_losses_close(cpu, dev, 1e-3, "host device, 4 ranks on 2 hosts");
     let (a, b) = (cpu["test_auc"].as_f64().unwrap(), dev["test_auc"].as_f64().unwrap());
     assert!((a - b).abs() < 1e-3, "held-out AUC {b} vs the CPU path's {a}");
     assert_eq!(cpu["table_rows"], dev["table_rows"]);
@@ -278,7 +285,7 @@ fn the_gpu_code_path_matches_the_cpu_path_for_50_steps() {
         job.assert_ok();
         let delayed = summary(&job);
         assert!(delayed["device"].as_str().unwrap().contains("random delays"), "{delayed}");
-        assert_losses_close(&cpu, &delayed, 1e-3, &format!("host device, delay seed {seed}"));
+        assert_losses_close(cpu, &delayed, 1e-3, &format!("host device, delay seed {seed}"));
         for key in ["params_fnv", "test_auc", "table_rows"] {
             assert_eq!(delayed[key], dev[key], "delay seed {seed}: the delays changed {key}");
         }
@@ -291,12 +298,12 @@ fn a_removed_stream_wait_breaks_the_gpu_code_path() {
     // waits between the model's queue and the engine's (as if cudarc's event tracking were
     // off), so the engine reduces gradients backward has not written yet.
     let env = [("RINGREC_RANKS_PER_HOST", "2")];
-    let (cpu, _) = against_cpu(4, &env, "host", &[]);
+    let (cpu, _) = four_ranks_against_cpu();
     let job = train(4, &[env[0], ("RINGREC_HOST_DELAY_SEED", "1"), ("RINGREC_HOST_FAULT", "no-stream-waits")], &[&SMALL[..], &["--device", "host"]].concat());
     job.assert_ok();
     let dev = summary(&job);
     assert!(dev["device"].as_str().unwrap().contains("fault no-stream-waits"), "{dev}");
-    let worst = losses(&cpu).iter().zip(losses(&dev)).map(|(a, b)| (a - b).abs() / a.abs().max(b.abs())).fold(0f64, f64::max);
+    let worst = losses(cpu).iter().zip(losses(&dev)).map(|(a, b)| (a - b).abs() / a.abs().max(b.abs())).fold(0f64, f64::max);
     assert!(worst > 1e-3, "the removed wait went unnoticed: worst relative loss difference {worst:e}");
 }
 

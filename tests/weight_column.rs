@@ -28,7 +28,7 @@ fn run(dir: &Path, args: &[&str]) -> common::Job {
     let data_dir = dir.join("data");
     let mut a = vec!["train", "--no-progress", "--json", "--record-losses", "--hidden", "32,16", "--batch", "240"];
     a.extend_from_slice(args);
-    common::mpirun(2, &[("RINGREC_DATA_DIR", data_dir.to_str().expect("utf8"))], &a)
+    common::mpirun(2, &[("RINGREC_DATA_DIR", data_dir.to_str().expect("utf8"))], &common::small_table(&a))
 }
 
 /// The lines of a synthetic TSV of `rows` rows (seed `seed`).

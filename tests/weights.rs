@@ -35,7 +35,7 @@ fn train_env(np: usize, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> comm
     e.extend_from_slice(env);
     let mut a = vec!["train", "--no-progress", "--json", "--record-losses", "--hidden", "32,16"];
     a.extend_from_slice(args);
-    common::mpirun(np, &e, &a)
+    common::mpirun(np, &e, &common::small_table(&a))
 }
 
 /// Two day files in `dir`: day 0 of `rows0` rows and 300 copies of its first rows, day 1 of

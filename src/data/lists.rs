@@ -15,7 +15,7 @@
 //!
 //! `data prepare` writes them into a version-4 cache's `spans` and `ids` sections
 //! ([`super::parquet_file::prepare`], row group by row group);
-//! [`crate::train::batch::Batch::load_samples_with_bags`] takes the same CSR.
+//! [`crate::train::batch::Batch::load_columns_with_bags`] takes the same CSR.
 
 use std::path::Path;
 

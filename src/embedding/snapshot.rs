@@ -4,7 +4,6 @@
 //! training changes the live table. [`TableImage::save`] is the one writer of a saved table
 //! (per-block CRC-32 sums, atomic, fsynced), [`EmbeddingTable::save`] included.
 
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -42,7 +41,10 @@ impl TableImage<'_> {
     /// the CRC-32 of every block of the body in the sums section and the checksums flag
     /// set: every later open verifies them. The sums are computed on the rayon pool while
     /// the body is written (the header, which records their own CRC, is written last), so
-    /// they add little to the time of the write.
+    /// they add little to the time of the write. Pages of the body that are all zeros (the
+    /// rows, state and usage of empty slots: most of a new table) are not written
+    /// ([`fileio::write_nonzero_at`]): the reserved file reads as zeros there, so the file
+    /// reads back byte for byte the same, and the write and fsync cost the used pages only.
     pub fn save(&self, path: &Path) -> TableResult<()> {
         let (h, b) = (&self.header, self.bytes);
         let l = h.layout;
@@ -50,16 +52,18 @@ impl TableImage<'_> {
         let f = AtomicFile::create(path, 0o600)?;
         fileio::reserve(f.file(), path, l.file_len)?;
         let io = |e| IoError::new(f.path(), "write", e);
-        let mut out = f.file();
+        let out = f.file();
+        // Where the filesystem cannot reserve, the length makes the pages not written zeros.
+        out.set_len(l.file_len).map_err(io)?;
         // The header page goes in last; until the rename nobody sees the file anyway. The
         // sums are a rayon task this thread may run itself (when it is the pool's only
         // worker, or a thread outside the pool), never one it blocks on.
-        let (written, sums) = rayon::join(|| out.write_all(&[0u8; HEADER_LEN as usize]).and_then(|_| out.write_all(body)), || hash::block_sums(body));
+        let (written, sums) = rayon::join(|| fileio::write_nonzero_at(out, l.index_offset, body), || hash::block_sums(body));
         written.map_err(io)?;
         let (tail, sealed) = sealed(h, sums);
         let mut head = vec![0u8; HEADER_LEN as usize];
         head[..HEADER_FIELDS].copy_from_slice(&sealed.encode());
-        out.write_all(&tail).and_then(|_| f.file().write_all_at(&head, 0)).map_err(io)?;
+        out.write_all_at(&tail, l.sums_offset).and_then(|_| out.write_all_at(&head, 0)).map_err(io)?;
         Ok(f.commit()?)
     }
 }

@@ -11,7 +11,7 @@
 //! ([`crate::model::pooling`] pools them).
 
 use crate::data::cache::Dataset;
-use crate::data::criteo::{Columns, Sample};
+use crate::data::criteo::Columns;
 use crate::data::Fields;
 use crate::data::{DataError, DataResult};
 use crate::sparse::Deduper;
@@ -82,41 +82,17 @@ impl Batch {
         self.index_keys()
     }
 
-    /// Takes `samples` (parsed lines or rows of a request, `ringrec serve-model`) as the
-    /// batch, numbered 0.. in `rows`, and deduplicates their keys.
-    pub fn load_samples(&mut self, samples: &[Sample]) -> DataResult<()> {
-        self.load_samples_with_bags(samples, 0, &[0], &[])
-    }
-
-    /// [`Batch::load_samples`] with `bags` multi-hot fields per sample: bag `b`'s keys
-    /// (field-salted like the single-hot ones) are `keys[offsets[b]..offsets[b + 1]]`.
-    /// All keys are deduplicated together. An error when the offsets do not cover
-    /// `samples.len() * bags` bags rising from 0 to `keys.len()`.
-    pub fn load_samples_with_bags(&mut self, samples: &[Sample], bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
-        check_bags(samples.len(), bags, offsets, keys)?;
-        self.clear();
-        self.fields = Fields::CRITEO;
-        for (i, s) in samples.iter().enumerate() {
-            self.rows.push(i as u32);
-            self.labels.push(s.label);
-            self.dense.extend_from_slice(&s.dense);
-            self.keys.extend_from_slice(&s.keys);
-        }
-        self.bags = bags;
-        self.bag_offsets.clear();
-        self.bag_offsets.extend_from_slice(offsets);
-        self.keys.extend_from_slice(keys);
-        self.index_keys()
-    }
-
     /// Takes rows `rows` of `cols` (rows of any shape: `ringrec serve-model`'s requests) as
     /// the batch, numbered 0.. in `rows`, and deduplicates their keys.
     pub fn load_columns(&mut self, cols: &Columns, rows: std::ops::Range<usize>) -> DataResult<()> {
         self.load_columns_with_bags(cols, rows, 0, &[0], &[])
     }
 
-    /// [`Batch::load_columns`] with `bags` multi-hot fields per row, as
-    /// [`Batch::load_samples_with_bags`] takes them (`offsets` and `keys` of the rows taken).
+    /// [`Batch::load_columns`] with `bags` multi-hot fields per row: bag `b`'s keys
+    /// (field-salted like the single-hot ones) are `keys[offsets[b]..offsets[b + 1]]`
+    /// (`offsets` and `keys` of the rows taken). All keys are deduplicated together. An
+    /// error when the offsets do not cover `rows.len() * bags` bags rising from 0 to
+    /// `keys.len()`.
     pub fn load_columns_with_bags(&mut self, cols: &Columns, rows: std::ops::Range<usize>, bags: usize, offsets: &[u32], keys: &[u64]) -> DataResult<()> {
         check_bags(rows.len(), bags, offsets, keys)?;
         self.clear();
@@ -172,33 +148,42 @@ fn check_bags(rows: usize, bags: usize, offsets: &[u32], keys: &[u64]) -> DataRe
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
+    use crate::data::criteo::{Sample, NUM_DENSE, NUM_SPARSE};
 
-    fn sample(first: u64) -> Sample {
-        let mut keys = [0u64; NUM_SPARSE];
-        for (f, k) in keys.iter_mut().enumerate() {
-            *k = first + f as u64;
+    /// Rows whose keys are `first + field` for each `first` (dense features 0).
+    fn rows(firsts: &[u64]) -> Columns {
+        let mut cols = Columns::default();
+        for first in firsts {
+            let mut keys = [0u64; NUM_SPARSE];
+            for (f, k) in keys.iter_mut().enumerate() {
+                *k = first + f as u64;
+            }
+            cols.push(&Sample { label: 1.0, dense: [0.0; NUM_DENSE], keys });
         }
-        Sample { label: 1.0, dense: [0.0; NUM_DENSE], keys }
+        cols
     }
 
     #[test]
     fn bag_keys_are_deduplicated_with_the_single_hot_keys() {
-        // Samples with keys 100..126 and 200..226; bags [5, 100], [], [5], [300, 5, 300].
-        let samples = [sample(100), sample(200)];
+        // Rows with keys 100..126 and 200..226; bags [5, 100], [], [5], [300, 5, 300].
+        let cols = rows(&[100, 200]);
         let (offsets, keys) = ([0u32, 2, 2, 3, 6], [5u64, 100, 5, 300, 5, 300]);
         let mut b = Batch::default();
-        b.load_samples_with_bags(&samples, 2, &offsets, &keys).unwrap();
-        assert_eq!(b.uniq.len(), 2 * NUM_SPARSE + 2, "5 and 300 are new; 100 is sample 0's first key");
+        b.load_columns_with_bags(&cols, 0..2, 2, &offsets, &keys).unwrap();
+        assert_eq!(b.uniq.len(), 2 * NUM_SPARSE + 2, "5 and 300 are new; 100 is row 0's first key");
         assert_eq!(b.inverse.len(), 2 * NUM_SPARSE);
         let named: Vec<u64> = b.bag_index.iter().map(|u| b.uniq[*u as usize]).collect();
         assert_eq!(named, keys);
         assert_eq!(b.bag_index[1], b.inverse[0], "a key in a bag and a single-hot field is one row");
         assert_eq!(b.bag_offsets, offsets);
         // A plain batch after it carries no bags.
-        b.load_samples(&samples).unwrap();
+        b.load_columns(&cols, 0..2).unwrap();
         assert_eq!((b.bags, b.bag_offsets.as_slice(), b.bag_index.len()), (0, &[0u32][..], 0));
-        assert!(b.load_samples_with_bags(&samples, 2, &[0, 2, 2], &keys).is_err());
-        assert!(b.load_samples_with_bags(&samples, 2, &[0, 2, 1, 3, 6], &keys).is_err());
+        assert!(b.load_columns_with_bags(&cols, 0..2, 2, &[0, 2, 2], &keys).is_err());
+        assert!(b.load_columns_with_bags(&cols, 0..2, 2, &[0, 2, 1, 3, 6], &keys).is_err());
+        // Rows taken from the middle: row 1 alone, its bags [5], [300, 5, 300].
+        b.load_columns_with_bags(&cols, 1..2, 2, &[0, 1, 4], &keys[2..]).unwrap();
+        assert_eq!((b.rows.as_slice(), b.uniq.len()), (&[0u32][..], NUM_SPARSE + 2));
+        assert_eq!(b.uniq[b.inverse[0] as usize], 200);
     }
 }

@@ -19,7 +19,7 @@ use super::batch::Batch;
 use super::predict::{score_batch, scoring_model};
 use super::source::{Fallback, ModelSource, SourceKind};
 use super::{TrainError, TrainResult};
-use crate::data::criteo::{Columns, Sample};
+use crate::data::criteo::Columns;
 use crate::data::Fields;
 use crate::device::{CpuDevice, Device};
 use crate::embedding::{EmbeddingTable, SegmentGuard};
@@ -139,19 +139,10 @@ impl Scorer {
         Ok(Scorer { source, table, model, batch: Batch::default(), logits: Vec::new() })
     }
 
-    /// Appends the scores of `samples` to `out`, in batches of `batch_rows` from the first
-    /// (the cut `ringrec predict --batch` makes of its rows).
-    pub fn score(&mut self, samples: &[Sample], batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
-        for part in samples.chunks(batch_rows.max(1)) {
-            self.batch.load_samples(part)?;
-            score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
-        }
-        Ok(())
-    }
-
-    /// [`Scorer::score`] of rows of the model's shape ([`Scorer::fields`]) with their bags
-    /// (as many multi-hot fields as the model's, [`Scorer::multi_hot_fields`]), pooled as
-    /// the model records.
+    /// Appends the scores of `rows` to `out`, in batches of `batch_rows` from the first (the
+    /// cut `ringrec predict --batch` makes of its rows): rows of the model's shape
+    /// ([`Scorer::fields`]) with their bags (as many multi-hot fields as the model's,
+    /// [`Scorer::multi_hot_fields`]), pooled as the model records.
     pub fn score_rows(&mut self, rows: &Rows, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
         let (bags, step) = (rows.bags, batch_rows.max(1));
         if bags != self.model.multi_hot_fields() {

@@ -67,6 +67,23 @@ pub fn mpirun_exe(exe: &Path, np: usize, env: &[(&str, &str)], args: &[&str], ti
     run_with_timeout(cmd, timeout)
 }
 
+/// A `ringrec train` table for tests that depend on no table size: 65,536 slots (a 5 MB
+/// table, grown by the run if it needs more) instead of the default 2^21 (168 MB to create
+/// in `/dev/shm` per host and to write at every checkpoint, for a few thousand keys). A
+/// run's results do not depend on it: a row's values never depend on its slot (the same
+/// `params_fnv` at any capacity).
+pub const SMALL_TABLE: [&str; 2] = ["--table-capacity", "65536"];
+
+/// The arguments of a `ringrec` command, with [`SMALL_TABLE`] added to a `train` that
+/// names no `--table-capacity` of its own.
+pub fn small_table<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut a = args.to_vec();
+    if a.first() == Some(&"train") && !a.contains(&"--table-capacity") {
+        a.extend_from_slice(&SMALL_TABLE);
+    }
+    a
+}
+
 /// Runs the `ringrec` binary under mpirun.
 pub fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Job {
     mpirun_exe(Path::new(env!("CARGO_BIN_EXE_ringrec")), np, env, args, Duration::from_secs(300))
@@ -155,6 +172,31 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Job {
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     Job { code: status.and_then(|s| s.code()), stdout, stderr, elapsed, timed_out }
+}
+
+/// `ringrec data synth --rows rows --out path` (Criteo-shaped lines of the planted model).
+pub fn synth(path: &Path, rows: u64) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    c.args(["data", "synth", "--rows", &rows.to_string(), "--out"]).arg(path);
+    run_with_timeout(c, Duration::from_secs(120)).assert_ok();
+}
+
+/// The scores of `ringrec predict --out FILE` (`score<TAB>label` lines), in row order.
+pub fn read_scores(path: &Path) -> Vec<f32> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{}: not score<TAB>label: {l:?}", path.display()))).collect()
+}
+
+/// An independent scorer against `ringrec predict`: `python SCRIPT ARGS --compare SCORES
+/// --tolerance TOL` (scripts/bundle_predict.py, scripts/onnx_check.py: they score the
+/// bundle themselves and fail past the tolerance), which must succeed; its job (the worst
+/// difference is on stderr).
+pub fn compare_with_predict(python: &str, script: &str, args: &[&str], scores: &Path, tolerance: &str) -> Job {
+    let mut c = Command::new(python);
+    c.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script)).args(args).arg("--compare").arg(scores).args(["--tolerance", tolerance]);
+    let job = run_with_timeout(c, Duration::from_secs(180));
+    job.assert_ok();
+    job
 }
 
 /// Files in /dev/shm whose name starts with `ringrec-<job_id>`.

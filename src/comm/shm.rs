@@ -159,6 +159,7 @@ impl ShmCollectives {
         let start = crate::hostsync::WaitStart::now();
         let mut last_check = Instant::now();
         let mut spins: u32 = 0;
+        let mut sleeping: Option<Instant> = None;
         loop {
             let mut ready = true;
             for q in 0..self.size {
@@ -175,12 +176,12 @@ impl ShmCollectives {
                 std::hint::spin_loop();
                 continue;
             }
-            // Then give the core away: a few yields, then short sleeps (a peer that is
-            // still computing should not have to share its core with this wait).
+            // Then give the core away: a few yields, then sleeps growing with the wait (a
+            // peer that is still computing should not have to share its core with this wait).
             if spins < 4256 {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(20));
+                std::thread::sleep(super::poll_sleep(sleeping.get_or_insert_with(Instant::now).elapsed()));
             }
             if spins % 64 != 0 {
                 continue;

@@ -382,10 +382,32 @@ pub fn decode(path: &Path, b: &[u8]) -> Result<DenseFile, FrameError> {
     Ok(f)
 }
 
-/// The first non-finite value of `v` (its index), if any (in parallel).
+/// The first non-finite value of `v` (its index), if any: [`first_all_ones`] of its
+/// exponent bits. On every step's path (the leader's merged sparse gradient) as well as
+/// every checkpoint's.
 pub fn first_non_finite(v: &[f32]) -> Option<usize> {
+    first_all_ones(bytemuck::cast_slice::<f32, u32>(v), 0x7f80_0000)
+}
+
+/// Words per chunk of [`first_all_ones`].
+const FINITE_CHUNK: usize = 1 << 16;
+
+/// Below this many words [`first_all_ones`] scans on the calling thread: waking the pool
+/// costs more than the scan (1 Mi words take about 0.1 ms).
+const FINITE_PAR_MIN: usize = 1 << 20;
+
+/// The index of the first word whose `mask` bits are all set (a value whose exponent is all
+/// ones: an infinity or a NaN, with the mask of its float format). Chunks are tested with a
+/// branch-free fold per word (vectorised), in parallel from [`FINITE_PAR_MIN`] words, and
+/// only the first chunk that holds one is searched word by word. (A per-word
+/// `par_iter().position_first` took about 10 ms per step on a 2-rank multi-hot run's merged
+/// list of 40,000 keys: its folder tests the search's state at every word.)
+pub fn first_all_ones<W: Copy + Into<u32> + Sync>(words: &[W], mask: u32) -> Option<usize> {
     use rayon::prelude::*;
-    v.par_iter().position_first(|x| !x.is_finite())
+    let hit = |c: &[W]| c.iter().fold(false, |acc, &w| acc | (w.into() & mask == mask));
+    let chunk = if words.len() < FINITE_PAR_MIN { words.chunks(FINITE_CHUNK).position(hit) } else { words.par_chunks(FINITE_CHUNK).position_first(hit) }?;
+    let c = &words[chunk * FINITE_CHUNK..words.len().min((chunk + 1) * FINITE_CHUNK)];
+    c.iter().position(|&w| w.into() & mask == mask).map(|i| chunk * FINITE_CHUNK + i)
 }
 
 /// The little-endian u32 at `at`, if `b` holds it.
@@ -535,6 +557,25 @@ mod tests {
 
     fn p() -> &'static Path {
         Path::new("d/dense.bin")
+    }
+
+    #[test]
+    fn the_first_non_finite_value_is_found_on_either_side_of_the_parallel_threshold() {
+        for n in [FINITE_CHUNK * 3 + 7, FINITE_PAR_MIN + FINITE_CHUNK * 3 + 7] {
+            let mut v = vec![-2.5f32; n];
+            assert_eq!(first_non_finite(&v), None);
+            v[n - 1] = f32::NAN;
+            assert_eq!(first_non_finite(&v), Some(n - 1), "the last word of a short last chunk");
+            v[n - FINITE_CHUNK - 2] = f32::NEG_INFINITY;
+            assert_eq!(first_non_finite(&v), Some(n - FINITE_CHUNK - 2));
+            v[FINITE_CHUNK + 1] = f32::INFINITY;
+            v[FINITE_CHUNK + 3] = f32::NAN;
+            assert_eq!(first_non_finite(&v), Some(FINITE_CHUNK + 1), "the first of a chunk's two");
+            v[0] = f32::NAN;
+            assert_eq!(first_non_finite(&v), Some(0));
+        }
+        assert_eq!(first_non_finite(&[]), None);
+        assert_eq!(first_non_finite(&[f32::MAX, f32::MIN, f32::MIN_POSITIVE / 2.0, -0.0]), None);
     }
 
     /// A Criteo `mlp` of dim 1 (26 + 13 inputs), one hidden layer of 2: widths [39, 2, 1].

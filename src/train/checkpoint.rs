@@ -47,6 +47,7 @@ use crate::frame::FrameError;
 use crate::model::{dense_bin, DenseOptimState, DenseOptimizer, ModelSpec};
 
 pub use crate::model::dense_bin::first_non_finite;
+use crate::model::dense_bin::first_all_ones;
 
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
@@ -224,18 +225,6 @@ pub fn table_non_finite(t: &TableImage<'_>) -> Option<(u64, usize)> {
         StorageDtype::Bf16 => first_all_ones(bytemuck::try_cast_slice::<u8, u16>(rows).ok()?, 0x7f80),
     }?;
     Some(((at / dim) as u64, at % dim))
-}
-
-/// The index of the first word whose `mask` bits are all set: chunks scanned in parallel
-/// with a branch-free test per word (a table is mostly rows of finite values, scanned whole
-/// by every checkpoint and every load).
-fn first_all_ones<W: Copy + Into<u32> + Sync>(words: &[W], mask: u32) -> Option<usize> {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    let hit = |c: &[W]| c.iter().fold(false, |acc, &w| acc | (w.into() & mask == mask));
-    let chunk = words.par_chunks(CHUNK).position_first(hit)?;
-    let c = &words[chunk * CHUNK..words.len().min((chunk + 1) * CHUNK)];
-    c.iter().position(|&w| w.into() & mask == mask).map(|i| chunk * CHUNK + i)
 }
 
 impl DenseState {

@@ -506,6 +506,8 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
         match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
             Some((_, saved)) if saved == value => {}
             Some((_, saved)) if *flag == "--multi-hot-pooling" && crate::model::pooling::same_pooling(saved, value) => {}
+            // Checkpoints before the dense columns were recorded in their slots' order.
+            Some((_, saved)) if *flag == "Parquet columns" && crate::data::ColumnSpec::same_description(saved, value) => {}
             Some((_, saved)) if *flag == "Parquet columns" => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}{}", crate::data::ColumnSpec::described_difference(saved, value))),
             Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
             // A setting added to ringrec after the checkpoint was written: its run had the

@@ -176,6 +176,18 @@ impl Scorer {
         Fields { dense: spec.ndense, sparse: spec.fields - self.model.multi_hot_fields() }
     }
 
+    /// Each dense feature's transform where the model's Parquet columns chose one (a schema
+    /// file's `[dense]`), by slot; `None` where the default applies (log for an integer,
+    /// none for a float: the value's own type). Its columns are recorded in their slots'
+    /// order; a model whose columns name no dense columns has no explicit transforms.
+    pub fn dense_transforms(&self) -> Vec<Option<crate::data::schema::Transform>> {
+        let n = self.fields().dense;
+        match &self.source.columns {
+            Some(c) if c.dense.len() == n => c.dense.iter().map(|name| c.transform(name)).collect(),
+            _ => vec![None; n],
+        }
+    }
+
     /// The model's multi-hot fields with their pooling, in order (empty without them).
     pub fn multi_hot_fields(&self) -> Vec<(String, crate::model::pooling::Pooling)> {
         self.source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default()

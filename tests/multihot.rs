@@ -298,3 +298,37 @@ pq.write_table(pa.table({'label': [1] * n, 'c0': ['ab'] * n, 'l0': pa.array([[r 
     let s = job.summary();
     assert_eq!((s["samples_merged"].as_u64(), s["train_rows"].as_u64()), (Some(396), Some(4)), "rows differing only in their lists are not merged: {s}");
 }
+
+/// A pyarrow-written file of one single-hot column and one list column whose rows hold 0 to
+/// 3 ids but for 100 rows of 1500 to 2000; `expected` gets the most keys a step of 128 rows
+/// lists: 128 single-hot keys and the ids of the 128 rows with the most.
+const LONG_LISTS: &str = r#"
+import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+out, expected = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(11)
+n = 1000
+lens = rng.integers(0, 4, n)
+lens[rng.choice(n, 100, replace=False)] = rng.integers(1500, 2001, 100)
+lists = [[int(v) for v in rng.integers(0, 50000, k)] for k in lens]
+t = pa.table({"label": (rng.random(n) < 0.3).astype(np.int64), "c0": [f"v{v}" for v in rng.integers(0, 40, n)], "l0": pa.array(lists, pa.list_(pa.int64()))})
+pq.write_table(t, out, row_group_size=300)
+open(expected, "w").write(str(128 * 1 + int(np.sort(lens)[::-1][:128].sum())))
+"#;
+
+#[test]
+fn long_lists_count_in_the_host_boards_room_at_two_ranks() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = common::scratch("multihot-long-lists");
+    let (data, expected, data_dir) = (dir.join("long.parquet"), dir.join("expected"), dir.join("d"));
+    assert!(std::process::Command::new(&py).args(["-c", LONG_LISTS]).arg(&data).arg(&expected).status().expect("python").success(), "the pyarrow script failed");
+    let want: u64 = std::fs::read_to_string(&expected).expect("expected").trim().parse().expect("a number");
+    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", data_dir.to_str().unwrap(), "--batch", "128", "--epochs", "1", "--hidden", "16", "--threads", "1", "--json"];
+    let job = common::mpirun(2, &[], &args);
+    job.assert_ok();
+    let s = job.summary();
+    ranks_agree(&s);
+    // The host's 128 rows of a step (2 ranks, one host): one single-hot key each and the
+    // ids of the 128 longest rows — not 26 keys a row (3,328), 60 times fewer.
+    assert_eq!(s["board_step_keys"].as_u64(), Some(want), "{s}");
+    assert!(want > 100 * 1500 && s["train_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
+}

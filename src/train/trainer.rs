@@ -263,9 +263,10 @@ impl<'a, D: Device> Trainer<'a, D> {
                 (Position::default(), None)
             }
         };
+        let step_keys = super::embedding::host_step_keys(topo, cfg, data.first()?.0);
         let embedding = match &warm {
-            Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
-            None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
+            Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)), step_keys)?,
+            None => EmbeddingStage::open(topo, cfg, saved.as_deref(), step_keys)?,
         };
         let local = match cfg.sync_every {
             0 | 1 => None,

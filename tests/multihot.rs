@@ -332,3 +332,57 @@ fn long_lists_count_in_the_host_boards_room_at_two_ranks() {
     assert_eq!(s["board_step_keys"].as_u64(), Some(want), "{s}");
     assert!(want > 100 * 1500 && s["train_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
 }
+
+/// Makes the checkpoint `step` of `dir` one of a ringrec from before the pooling was
+/// recorded: its manifest without `--multi-hot-pooling`, resealed.
+fn forge_unrecorded_pooling(step: &Path) {
+    let path = step.join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body = text.trim_end().rsplit_once('\n').unwrap().0;
+    let mut m: serde_json::Value = serde_json::from_str(body).unwrap();
+    let settings = m["settings"].as_array_mut().unwrap();
+    let before = settings.len();
+    settings.retain(|kv| kv[0] != "--multi-hot-pooling");
+    assert_eq!(settings.len() + 1, before, "the fresh checkpoint records the pooling");
+    let body = serde_json::to_vec_pretty(&m).unwrap();
+    let seal = serde_json::json!({ "crc32": ringrec::hash::crc32(&body) });
+    std::fs::write(&path, [body, b"\n".to_vec(), seal.to_string().into_bytes(), b"\n".to_vec()].concat()).unwrap();
+}
+
+#[test]
+fn an_old_multi_hot_checkpoint_scores_with_its_data_and_is_refused_without_it() {
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-old-checkpoint");
+    let (data_dir, ck, bundle) = (dir.join("data"), dir.join("ck"), dir.join("bundle"));
+    let (w, d, c, b) = (whole.to_str().unwrap(), data_dir.to_str().unwrap(), ck.to_str().unwrap(), bundle.to_str().unwrap());
+    let base = ["--data", w, "--sparse-columns", SPARSE, "--data-dir", d, "--batch", "256", "--hidden", "16", "--threads", "1"];
+    let job = common::mpirun(1, &[], &[&["train"][..], &base, &["--max-steps", "3", "--checkpoint-dir", c, "--no-progress"]].concat());
+    job.assert_ok();
+    let predict = |out: &str| {
+        let p = dir.join(out);
+        let job = common::mpirun(1, &[], &["predict", "--model", c, "--data", w, "--sparse-columns", SPARSE, "--data-dir", d, "--batch", "256", "--threads", "1", "--out", p.to_str().unwrap()]);
+        job.assert_ok();
+        std::fs::read_to_string(p).unwrap()
+    };
+    let fresh = predict("fresh.tsv");
+    let step = ck.join(std::fs::read_to_string(ck.join("LATEST")).unwrap().trim());
+    forge_unrecorded_pooling(&step);
+    // With its data: the lists read from it, summed as the old ringrec did.
+    assert_eq!(predict("old.tsv"), fresh, "predict scores the old checkpoint as the fresh one");
+    // Without: its dense.bin counts 16 categorical fields, but not which are lists.
+    for args in [&["export", "--model", c, "--out", b][..], &["serve-model", "--listen", "127.0.0.1:0", "--model", c]] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
+        cmd.args(args);
+        let job = common::run_with_timeout(cmd, std::time::Duration::from_secs(60));
+        assert!(job.code.is_some_and(|c| c != 0), "{args:?}: {}", job.all());
+        assert!(job.all().contains("written before ringrec recorded them: its 16 categorical fields may include list fields") && job.all().contains("--resume --max-steps 4"), "{args:?}: {}", job.all());
+    }
+    // Resumed for one more step with its data, the new checkpoint records the fields.
+    let job = common::mpirun(1, &[], &[&["train"][..], &base, &["--max-steps", "4", "--checkpoint-dir", c, "--resume", "--no-progress"]].concat());
+    job.assert_ok();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    cmd.args(["export", "--model", c, "--out", b]);
+    common::run_with_timeout(cmd, std::time::Duration::from_secs(60)).assert_ok();
+    let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+    assert_eq!((model["input"]["categorical_features"].as_u64(), model["input"]["multi_hot"].as_array().map(Vec::len)), (Some(10), Some(6)), "{}", model["input"]);
+}

@@ -132,6 +132,11 @@ pub struct Manifest {
     pub table: TableFacts,
     /// The files, with sizes and checksums.
     pub files: Vec<FileEntry>,
+    /// Whether a training checkpoint's settings lacked `--multi-hot-pooling` (written before
+    /// ringrec recorded the pooling and the multi-hot fields' names; [`settings_as_typed`]
+    /// gives it `sum`, which it pooled with). Not written.
+    #[serde(skip)]
+    pub pooling_unrecorded: bool,
 }
 
 /// The line after the manifest: the CRC-32 of the manifest's bytes exactly as written
@@ -333,6 +338,7 @@ pub fn write_image(dir: &Path, dense: &DenseState, table: &TableImage<'_>, setti
                 FileEntry { name: DENSE.into(), bytes: bin.len() as u64, crc32: Some(crate::hash::crc32(&bin)) },
                 FileEntry { name: TABLE.into(), bytes: table.as_bytes().len() as u64, crc32: None },
             ],
+            pooling_unrecorded: false,
         };
         let text = seal(&manifest)?;
         write_atomic(&tmp.join(MANIFEST), 0o600, |w| w.write_all(&text))?;
@@ -410,7 +416,9 @@ pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     if ck.file_name().and_then(|n| step_of(&n.to_string_lossy())) != Some(m.step) {
         return Err(damaged(&p, format!("it describes step {} but lies in {}", m.step, ck.display())));
     }
-    Ok(Manifest { settings: settings_as_typed(m.settings), ..m })
+    let has = |f: &str| m.settings.iter().any(|(k, _)| k == f);
+    let pooling_unrecorded = has("--batch") && !has("--multi-hot-pooling");
+    Ok(Manifest { settings: settings_as_typed(m.settings), pooling_unrecorded, ..m })
 }
 
 /// A manifest's settings in this version's spelling (values as typed,

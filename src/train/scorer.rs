@@ -110,6 +110,9 @@ impl Scorer {
         if source.kind == SourceKind::Params {
             return Err(TrainError::Config(format!("{}: a sparse-parameter file holds no dense weights; serving needs a checkpoint directory or an export bundle (ringrec export)", path.display())));
         }
+        if let Some(why) = source.unrecorded_fields("serving") {
+            return Err(TrainError::Config(why));
+        }
         let t = &source.table;
         let cfg = t.scoring_config();
         let table = match t.saved {

@@ -42,7 +42,8 @@ impl Codec {
     pub fn of_head(head: &[u8]) -> Option<Codec> {
         if head.starts_with(b"\x1f\x8b") {
             Some(Codec::Gzip)
-        } else if head.starts_with(b"\x28\xb5\x2f\xfd") {
+        } else if head.starts_with(b"\x28\xb5\x2f\xfd") || (head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == *b"\x2a\x4d\x18") {
+            // A zstd frame, or a skippable frame (`pzstd` starts with one).
             Some(Codec::Zstd)
         } else {
             None
@@ -551,6 +552,12 @@ mod tests {
         assert!(text1 == text && text4 == text, "the text of one stream, and of the frames");
         assert_eq!(one, four);
         assert_eq!((four.text_crc32, four.source_bytes, four.source_crc32), (crate::hash::crc32(&text), z.len() as u64, crate::hash::crc32(&z)));
+        // A file that starts with a skippable frame (as `pzstd` writes them) is zstd.
+        let pz = [&[0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 9, 9, 9, 9][..], &z].concat();
+        assert_eq!(Codec::of_head(&pz), Some(Codec::Zstd));
+        std::fs::write(&p, &pz).unwrap();
+        assert_eq!(zstd_frames(&File::open(&p).unwrap(), pz.len() as u64).map(|f| f.len()), Some(7));
+        assert!(decoded(&p, Codec::Zstd, 1).1 == text && decoded(&p, Codec::Zstd, 3).1 == text);
         // Headers that do not walk to the end: read as one stream.
         assert_eq!(zstd_frames(&File::open(&p).unwrap(), z.len() as u64 + 1), None);
         std::fs::write(&p, &z[..z.len() - 1]).unwrap();

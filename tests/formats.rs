@@ -89,8 +89,27 @@ fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
         let e = prepare_with(&p, &d.join("x.rrdata"), &opts(0)).unwrap_err().to_string();
         assert!(e.contains("1 malformed line(s) by line 30001, more than --max-bad-lines 0"), "{e}");
     }
+    // Nine zstd frames (as pzstd writes), cut anywhere, not at lines: decoded on 3 threads
+    // frame by frame, the same cache.
+    let cuts: Vec<usize> = (0..=9).map(|k| text.len() * k / 9).collect();
+    let parts: Vec<&[u8]> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+    let many = zstd_frames(&parts);
+    let p = d.join("many.zst");
+    std::fs::write(&p, &many).unwrap();
+    let s = prepare_with(&p, &d.join("many.rrdata"), &opts(10)).unwrap();
+    assert_eq!((s.rows, &s.report, s.source_crc32), (want.rows, &want.report, crc32(&many)));
+    assert_eq!(columns(&d.join("many.rrdata")), columns(&want.path), "nine frames: the same cache as the text's");
+    // A damaged frame of several: the error names the first byte of that frame.
+    let frames = ringrec::data::compressed::zstd_frames(&std::fs::File::open(&p).unwrap(), many.len() as u64).unwrap();
+    assert_eq!(frames.len(), 9);
+    let f = frames[4];
+    let mut bad = many.clone();
+    bad[(f.start + (f.end - f.start) / 2) as usize..][..64].fill(0x55);
+    std::fs::write(&p, &bad).unwrap();
+    let e = prepare_with(&p, &d.join("x.rrdata"), &opts(u64::MAX)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: its zstd stream is damaged at byte {} of the file (line ", p.display(), f.start)), "{e}");
     // Cut short and damaged: errors naming the file, the byte and the line.
-    for (name, bytes) in [("cut.gz", gzip(&[&text])), ("cut.zst", zstd_frames(&[&text]))] {
+    for (name, bytes) in [("cut.gz", gzip(&[&text])), ("cut.zst", zstd_frames(&[&text])), ("cut9.zst", many.clone())] {
         let codec = if name.ends_with("gz") { "gzip" } else { "zstd" };
         let p = d.join(name);
         std::fs::write(&p, &bytes[..bytes.len() * 2 / 3]).unwrap();

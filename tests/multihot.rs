@@ -298,3 +298,91 @@ pq.write_table(pa.table({'label': [1] * n, 'c0': ['ab'] * n, 'l0': pa.array([[r 
     let s = job.summary();
     assert_eq!((s["samples_merged"].as_u64(), s["train_rows"].as_u64()), (Some(396), Some(4)), "rows differing only in their lists are not merged: {s}");
 }
+
+/// A pyarrow-written file of one single-hot column and one list column whose rows hold 0 to
+/// 3 ids but for 100 rows of 1500 to 2000; `expected` gets the most keys a step of 128 rows
+/// lists: 128 single-hot keys and the ids of the 128 rows with the most.
+const LONG_LISTS: &str = r#"
+import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+out, expected = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(11)
+n = 1000
+lens = rng.integers(0, 4, n)
+lens[rng.choice(n, 100, replace=False)] = rng.integers(1500, 2001, 100)
+lists = [[int(v) for v in rng.integers(0, 50000, k)] for k in lens]
+t = pa.table({"label": (rng.random(n) < 0.3).astype(np.int64), "c0": [f"v{v}" for v in rng.integers(0, 40, n)], "l0": pa.array(lists, pa.list_(pa.int64()))})
+pq.write_table(t, out, row_group_size=300)
+open(expected, "w").write(str(128 * 1 + int(np.sort(lens)[::-1][:128].sum())))
+"#;
+
+#[test]
+fn long_lists_count_in_the_host_boards_room_at_two_ranks() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = common::scratch("multihot-long-lists");
+    let (data, expected, data_dir) = (dir.join("long.parquet"), dir.join("expected"), dir.join("d"));
+    assert!(std::process::Command::new(&py).args(["-c", LONG_LISTS]).arg(&data).arg(&expected).status().expect("python").success(), "the pyarrow script failed");
+    let want: u64 = std::fs::read_to_string(&expected).expect("expected").trim().parse().expect("a number");
+    let args = ["train", "--data", data.to_str().unwrap(), "--data-dir", data_dir.to_str().unwrap(), "--batch", "128", "--epochs", "1", "--hidden", "16", "--threads", "1", "--json"];
+    let job = common::mpirun(2, &[], &args);
+    job.assert_ok();
+    let s = job.summary();
+    ranks_agree(&s);
+    // The host's 128 rows of a step (2 ranks, one host): one single-hot key each and the
+    // ids of the 128 longest rows — not 26 keys a row (3,328), 60 times fewer.
+    assert_eq!(s["board_step_keys"].as_u64(), Some(want), "{s}");
+    assert!(want > 100 * 1500 && s["train_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
+}
+
+/// Makes the checkpoint `step` of `dir` one of a ringrec from before the pooling was
+/// recorded: its manifest without `--multi-hot-pooling`, resealed.
+fn forge_unrecorded_pooling(step: &Path) {
+    let path = step.join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body = text.trim_end().rsplit_once('\n').unwrap().0;
+    let mut m: serde_json::Value = serde_json::from_str(body).unwrap();
+    let settings = m["settings"].as_array_mut().unwrap();
+    let before = settings.len();
+    settings.retain(|kv| kv[0] != "--multi-hot-pooling");
+    assert_eq!(settings.len() + 1, before, "the fresh checkpoint records the pooling");
+    let body = serde_json::to_vec_pretty(&m).unwrap();
+    let seal = serde_json::json!({ "crc32": ringrec::hash::crc32(&body) });
+    std::fs::write(&path, [body, b"\n".to_vec(), seal.to_string().into_bytes(), b"\n".to_vec()].concat()).unwrap();
+}
+
+#[test]
+fn an_old_multi_hot_checkpoint_scores_with_its_data_and_is_refused_without_it() {
+    let (whole, _) = data();
+    let dir = common::scratch("multihot-old-checkpoint");
+    let (data_dir, ck, bundle) = (dir.join("data"), dir.join("ck"), dir.join("bundle"));
+    let (w, d, c, b) = (whole.to_str().unwrap(), data_dir.to_str().unwrap(), ck.to_str().unwrap(), bundle.to_str().unwrap());
+    let base = ["--data", w, "--sparse-columns", SPARSE, "--data-dir", d, "--batch", "256", "--hidden", "16", "--threads", "1"];
+    let job = common::mpirun(1, &[], &[&["train"][..], &base, &["--max-steps", "3", "--checkpoint-dir", c, "--no-progress"]].concat());
+    job.assert_ok();
+    let predict = |out: &str| {
+        let p = dir.join(out);
+        let job = common::mpirun(1, &[], &["predict", "--model", c, "--data", w, "--sparse-columns", SPARSE, "--data-dir", d, "--batch", "256", "--threads", "1", "--out", p.to_str().unwrap()]);
+        job.assert_ok();
+        std::fs::read_to_string(p).unwrap()
+    };
+    let fresh = predict("fresh.tsv");
+    let step = ck.join(std::fs::read_to_string(ck.join("LATEST")).unwrap().trim());
+    forge_unrecorded_pooling(&step);
+    // With its data: the lists read from it, summed as the old ringrec did.
+    assert_eq!(predict("old.tsv"), fresh, "predict scores the old checkpoint as the fresh one");
+    // Without: its dense.bin counts 16 categorical fields, but not which are lists.
+    for args in [&["export", "--model", c, "--out", b][..], &["serve-model", "--listen", "127.0.0.1:0", "--model", c]] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
+        cmd.args(args);
+        let job = common::run_with_timeout(cmd, std::time::Duration::from_secs(60));
+        assert!(job.code.is_some_and(|c| c != 0), "{args:?}: {}", job.all());
+        assert!(job.all().contains("written before ringrec recorded them: its 16 categorical fields may include list fields") && job.all().contains("--resume --max-steps 4"), "{args:?}: {}", job.all());
+    }
+    // Resumed for one more step with its data, the new checkpoint records the fields.
+    let job = common::mpirun(1, &[], &[&["train"][..], &base, &["--max-steps", "4", "--checkpoint-dir", c, "--resume", "--no-progress"]].concat());
+    job.assert_ok();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringrec"));
+    cmd.args(["export", "--model", c, "--out", b]);
+    common::run_with_timeout(cmd, std::time::Duration::from_secs(60)).assert_ok();
+    let model: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();
+    assert_eq!((model["input"]["categorical_features"].as_u64(), model["input"]["multi_hot"].as_array().map(Vec::len)), (Some(10), Some(6)), "{}", model["input"]);
+}

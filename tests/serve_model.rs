@@ -379,6 +379,43 @@ fn a_model_of_another_shape_scores_json_rows_of_its_shape_as_predict_does() {
     assert!(text.contains("the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"), "{text}");
 }
 
+/// A schema file giving the shaped file's dense columns mixed transforms: `price` (a float)
+/// `log`, `count` (an integer) `none`, `age` (an integer) the default; its `[dense]` table
+/// lists them in another order than the file's (price, count, age).
+const MIXED_SCHEMA: &str = "sparse = [\"item\", \"user\", \"shop\"]\n[dense]\nprice = \"log\"\ncount = \"none\"\nage = {}\n";
+
+#[test]
+fn a_schemas_mixed_transforms_score_json_rows_as_predict_and_the_bundle_reader_do() {
+    let Some(py) = common::test_python("numpy, pyarrow") else { return };
+    let dir = TempDir::new("serve-model-transforms");
+    let script = PYARROW_SHAPED.replace("\"count\": count,", "\"count\": count, \"age\": rng.integers(0, 90, n),").replace("int(count[i])]", "int(count[i]), int(t[\"age\"][i])]");
+    assert!(Command::new(&py).args(["-c", &script]).arg(dir.path("")).status().expect("python").success(), "the pyarrow script failed");
+    std::fs::write(dir.path("schema.toml"), MIXED_SCHEMA).expect("schema");
+    let (data, ck, bundle, out, schema) = (dir.path("shaped.parquet"), dir.path("ck"), dir.path("bundle"), dir.path("scores.tsv"), dir.path("schema.toml"));
+    let [d, c, b, o, sc] = [&data, &ck, &bundle, &out, &schema].map(|p| p.to_str().expect("utf8"));
+    run(&dir, &["train", "--data", d, "--schema", sc, "--batch", "200", "--max-steps", "5", "--checkpoint-dir", c, "--threads", "2", "--no-progress"]);
+    run(&dir, &["predict", "--model", c, "--data", d, "--schema", sc, "--batch", "64", "--threads", "2", "--out", o]);
+    let want: Vec<f32> = std::fs::read_to_string(&out).expect("scores").lines().map(|l| l.split('\t').next().and_then(|s| s.parse().ok()).expect("score")).collect();
+    // The checkpoint records the dense columns in their slots' order, with their transforms.
+    run(&dir, &["export", "--model", c, "--out", b]);
+    let model: Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).expect("model.json")).expect("JSON");
+    assert_eq!(model["input"]["schema"]["dense"], json!(["price", "count", "age"]), "{}", model["input"]);
+    assert_eq!(model["input"]["schema"]["transforms"], json!([["count", "none"], ["price", "log"]]), "{}", model["input"]);
+    // The rows as JSON: dense [price, count, age], the file's order (the model's slots).
+    let rows: Vec<Value> = serde_json::from_slice(&std::fs::read(dir.path("shaped.json")).expect("rows")).expect("JSON");
+    for m in [&ck, &bundle] {
+        let s = Server::start(m, &["--max-batch", "64"]);
+        let (got, _) = s.score(None, &json!({ "rows": rows[..320] }));
+        assert_eq!(bits(&got), bits(&want[..320]), "{}: serve-model applies each column's transform as predict does", m.display());
+    }
+    // scripts/bundle_predict.py reads the file with the same transforms.
+    let mut cmd = Command::new(&py);
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bundle_predict.py")).arg(&bundle).arg(&data).arg("--compare").arg(&out).args(["--tolerance", "1e-6"]);
+    common::run_with_timeout(cmd, Duration::from_secs(120)).assert_ok();
+    // A resume with the schema file (its own order) is the same run.
+    run(&dir, &["train", "--data", d, "--schema", sc, "--batch", "200", "--max-steps", "7", "--checkpoint-dir", c, "--threads", "2", "--no-progress", "--resume"]);
+}
+
 /// The generated multi-hot set's columns, all categorical (its ids are integers).
 const MULTI_HOT_SPARSE: &str = "c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5";
 

@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use ringrec::embedding::{EmbeddingTable, TableSource};
 use ringrec::sparse::Deduper;
-use ringrec::train::embedding::{EmbeddingStage, TableName};
+use ringrec::train::embedding::{default_step_keys, EmbeddingStage, TableName};
 use ringrec::train::{NanPolicy, TrainConfig, TrainError};
 
 use crate::{with_runtime, RingrecError};
@@ -192,7 +192,7 @@ impl HostTable {
                     Some(p) => TableSource::Saved(Path::new(p), &tc),
                     None => TableSource::New(&tc),
                 };
-                EmbeddingStage::open_named(topo, &cfg, source, &TableName::named(&name)).map(|stage| Stage { stage, deduper: Deduper::new(), policy, steps: 0 }).map_err(train_err)
+                EmbeddingStage::open_named(topo, &cfg, source, &TableName::named(&name), default_step_keys(topo, &cfg)).map(|stage| Stage { stage, deduper: Deduper::new(), policy, steps: 0 }).map_err(train_err)
             })
         })??;
         let inner: Shared = Arc::new(Mutex::new(Some(stage)));

@@ -942,6 +942,32 @@ impl Dataset {
         bytemuck::cast_slice(self.section(l.ids_offset, l.ids_len))
     }
 
+    /// The most list ids any `rows` rows hold together, over every list field: the sum of
+    /// the ids of the `rows` rows with the most (0 without lists). A batch of `rows` rows,
+    /// drawn in any order, reads no more of the lists.
+    pub fn most_ids(&self, rows: usize) -> u64 {
+        let fields = self.list_fields();
+        if fields == 0 || rows == 0 {
+            return 0;
+        }
+        // Rows by their ids' count: a few distinct counts, however many rows.
+        let mut by_count: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        for row in self.spans_all().chunks_exact(2 * fields) {
+            let n = row.chunks_exact(2).fold(0u64, |n, s| n.saturating_add(s[1].saturating_sub(s[0])));
+            *by_count.entry(n).or_default() += 1;
+        }
+        let (mut left, mut ids) = (rows as u64, 0u64);
+        for (&n, &count) in by_count.iter().rev() {
+            let take = count.min(left);
+            ids = ids.saturating_add(n.saturating_mul(take));
+            left -= take;
+            if left == 0 {
+                break;
+            }
+        }
+        ids
+    }
+
     /// The keys of list field `g` of row `i`. Panics when `i >= len()` or `g >=
     /// list_fields()`.
     pub fn bag(&self, i: usize, g: usize) -> &[u64] {
@@ -1385,6 +1411,10 @@ mod tests {
             ds.append_bags(&[3u32, 32_770], &mut ends, &mut keys).unwrap();
             assert_eq!((ends.len(), keys[..ends[1] as usize].to_vec()), (1 + 2 * LIST_FIELDS, ds.bag(3, 0).to_vec()));
             assert!(ds.append_bags(&[40_000u32], &mut ends, &mut keys).is_err());
+            // The most ids of any 256 rows: the 256 longest rows' (by a sort of every row's count).
+            let mut per_row: Vec<u64> = (0..ds.len()).map(|i| (0..LIST_FIELDS).map(|g| ds.bag(i, g).len() as u64).sum()).collect();
+            per_row.sort_unstable_by(|a, b| b.cmp(a));
+            assert_eq!((ds.most_ids(256), ds.most_ids(0), ds.most_ids(1 << 20)), (per_row[..256].iter().sum(), 0, per_row.iter().sum()));
             caches.push((ds.labels().to_vec(), ds.keys_all().to_vec(), ds.spans_all().to_vec()));
         }
         assert!(caches[0] == caches[1], "the same cache on 1 and 3 threads");

@@ -221,6 +221,11 @@ impl Schema {
         self.fields.iter().filter(|f| matches!(f.role, Role::Sparse { .. })).map(|f| f.name.clone()).collect()
     }
 
+    /// The dense columns' names in their slots' order (the file's column order).
+    pub fn dense_names(&self) -> Vec<String> {
+        self.fields.iter().filter(|f| matches!(f.role, Role::Dense { .. })).map(|f| f.name.clone()).collect()
+    }
+
     /// The list (multi-hot) fields' names, in their order.
     pub fn list_names(&self) -> Vec<String> {
         self.fields.iter().filter(|f| matches!(f.role, Role::List { .. })).map(|f| f.name.clone()).collect()

@@ -22,6 +22,8 @@
 //! A gzip- or zstd-compressed TSV ([`super::compressed`]) is decoded twice as one stream:
 //! once to count its lines, then on this thread into chunks cut at line ends, which the
 //! other threads parse and commit as above; its content digest is the compressed file's.
+//! A zstd file of several frames is decoded frame by frame on every thread, the stream the
+//! same text.
 //!
 //! A source that changes while it is read (another line count, another CRC-32 in the two
 //! reads, another stat after them) is [`DataError::SourceChanged`].
@@ -260,7 +262,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
             (lines, crc, crc)
         }
         Some(codec) => {
-            let t = count_text(tsv, codec)?;
+            let t = count_text(tsv, codec, threads)?;
             if t.source_bytes != len {
                 return Err(source_changed(tsv, format!("{} bytes decoded, {len} in its stat", t.source_bytes)));
             }
@@ -544,7 +546,7 @@ impl<'a> Chunks<'a> {
     /// [`PrepareOptions::chunk_bytes`] each) sent to the threads in order, until its end or
     /// a failure; returns the compressed bytes read and their CRC-32.
     fn feed(&self, codec: Codec, tx: SyncSender<(usize, Vec<u8>)>) -> DataResult<(u64, u32)> {
-        let mut dec = Decoder::open(self.tsv, codec)?;
+        let mut dec = Decoder::open(self.tsv, codec, self.opts.threads.max(1))?;
         let size = self.opts.chunk_bytes.max(1) as usize;
         let (mut carry, mut c) = (Vec::new(), 0usize);
         while !self.failed() {

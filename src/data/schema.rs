@@ -282,6 +282,29 @@ impl ColumnSpec {
         Some(spec)
     }
 
+    /// The spec with its dense columns in the order `slots` gives them (a Parquet file's
+    /// dense slots, [`super::parquet_file::Schema::dense_names`]), so that dense feature `j`
+    /// is `dense[j]` with its transform; itself when `slots` are not its dense columns.
+    pub fn in_slot_order(&self, slots: &[String]) -> ColumnSpec {
+        let (mut a, mut b) = (self.dense.clone(), slots.to_vec());
+        a.sort();
+        b.sort();
+        match a == b {
+            true => ColumnSpec { dense: slots.to_vec(), ..self.clone() },
+            false => self.clone(),
+        }
+    }
+
+    /// Whether two descriptions ([`ColumnSpec::describe`]) name the same columns in the same
+    /// roles, whatever the order of their dense columns (a checkpoint records them in the
+    /// file's order since the slots are read by it, [`ColumnSpec::in_slot_order`]).
+    pub fn same_description(a: &str, b: &str) -> bool {
+        match (ColumnSpec::from_description(a), ColumnSpec::from_description(b)) {
+            (Some(a), Some(b)) => a.first_difference(&b).is_none() && a.in_slot_order(&b.dense) == b,
+            _ => a == b,
+        }
+    }
+
     /// Where the columns two descriptions ([`ColumnSpec::describe`]: a checkpoint's, a
     /// run's) name differ, in words (` (column `x`: sparse there, dense here)`); empty when
     /// either is not a description or they name the same.
@@ -339,6 +362,21 @@ mod tests {
 
     fn parse(text: &str) -> DataResult<ColumnSpec> {
         ColumnSpec::parse(Path::new("s.toml"), text)
+    }
+
+    #[test]
+    fn the_dense_columns_in_their_slots_order_describe_the_same_columns() {
+        let t = parse("sparse = [\"item\"]\n[dense]\nprice = \"log\"\ncount = \"none\"\nage = {}\n").unwrap();
+        assert_eq!(t.dense, ["age", "count", "price"], "a TOML table's keys in name order");
+        let slots = ["price".to_string(), "count".into(), "age".into()];
+        let s = t.in_slot_order(&slots);
+        assert_eq!((s.dense.as_slice(), &s.transforms), (&slots[..], &t.transforms));
+        assert_eq!(t.in_slot_order(&slots[..2]), t, "not its dense columns: as it is");
+        let (a, b) = (t.describe().unwrap(), s.describe().unwrap());
+        assert!(a != b && ColumnSpec::same_description(&a, &b) && ColumnSpec::same_description(&b, &a));
+        let other = ColumnSpec { transforms: vec![("price".into(), Transform::None)], ..s.clone() }.describe().unwrap();
+        assert!(!ColumnSpec::same_description(&a, &other), "another transform is another model");
+        assert!(!ColumnSpec::same_description(&a, "--label-column label --dense-columns price,count --sparse-columns item"));
     }
 
     #[test]

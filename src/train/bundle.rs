@@ -100,6 +100,10 @@ pub enum BundleError {
     /// The output exists.
     #[error("{0}: exists; remove it or choose another --out (a bundle is never overwritten)")]
     Exists(PathBuf),
+    /// The checkpoint does not record what the bundle must say (its multi-hot fields:
+    /// [`super::source::ModelSource::unrecorded_fields`]); the message says how to go on.
+    #[error("{0}")]
+    Unrecorded(String),
     /// `--format onnx` in a build without feature `onnx`.
     #[error("this ringrec was built without the ONNX export (feature onnx, part of the default feature cli); export --format bundle, or build with --features onnx")]
     NoOnnx,
@@ -532,6 +536,9 @@ pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> Bun
         (SourceKind::Bundle, _) => return refuse("an export bundle already (copy the directory to copy it)"),
         _ => return refuse("holds no dense weights: export a checkpoint directory (train --checkpoint-dir)"),
     };
+    if let Some(why) = m.unrecorded_fields("export") {
+        return Err(BundleError::Unrecorded(why));
+    }
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
     write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), m.pooling.as_deref(), dense, &table, format)
 }

@@ -133,6 +133,11 @@ pub struct Manifest {
     pub table: TableFacts,
     /// The files, with sizes and checksums.
     pub files: Vec<FileEntry>,
+    /// Whether a training checkpoint's settings lacked `--multi-hot-pooling` (written before
+    /// ringrec recorded the pooling and the multi-hot fields' names; [`settings_as_typed`]
+    /// gives it `sum`, which it pooled with). Not written.
+    #[serde(skip)]
+    pub pooling_unrecorded: bool,
 }
 
 /// The line after the manifest: the CRC-32 of the manifest's bytes exactly as written
@@ -338,6 +343,7 @@ pub fn write_images(dir: &Path, dense: &DenseState, table: &TableImage<'_>, extr
             .into_iter()
             .chain(extra.iter().map(|(name, t)| FileEntry { name: name.clone(), bytes: t.as_bytes().len() as u64, crc32: None }))
             .collect(),
+            pooling_unrecorded: false,
         };
         let text = seal(&manifest)?;
         write_atomic(&tmp.join(MANIFEST), 0o600, |w| w.write_all(&text))?;
@@ -415,7 +421,9 @@ pub fn read_manifest(ck: &Path) -> CheckpointResult<Manifest> {
     if ck.file_name().and_then(|n| step_of(&n.to_string_lossy())) != Some(m.step) {
         return Err(damaged(&p, format!("it describes step {} but lies in {}", m.step, ck.display())));
     }
-    Ok(Manifest { settings: settings_as_typed(m.settings), ..m })
+    let has = |f: &str| m.settings.iter().any(|(k, _)| k == f);
+    let pooling_unrecorded = has("--batch") && !has("--multi-hot-pooling");
+    Ok(Manifest { settings: settings_as_typed(m.settings), pooling_unrecorded, ..m })
 }
 
 /// A manifest's settings in this version's spelling (values as typed,
@@ -524,6 +532,8 @@ pub fn check_settings(ck: &Loaded, settings: &[(&str, String)]) -> CheckpointRes
         match ck.manifest.settings.iter().find(|(k, _)| k == flag) {
             Some((_, saved)) if saved == value => {}
             Some((_, saved)) if *flag == "--multi-hot-pooling" && crate::model::pooling::same_pooling(saved, value) => {}
+            // Checkpoints before the dense columns were recorded in their slots' order.
+            Some((_, saved)) if *flag == "Parquet columns" && crate::data::ColumnSpec::same_description(saved, value) => {}
             Some((_, saved)) if *flag == "Parquet columns" => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}{}", crate::data::ColumnSpec::described_difference(saved, value))),
             Some((_, saved)) => diffs.push(format!("{flag}: the checkpoint was written with {saved}, this run has {value}")),
             // A setting added to ringrec after the checkpoint was written: its run had the

@@ -17,6 +17,7 @@ use std::path::Path;
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::embedding::{HostTable, RowCounts, TablePolicy, TableSource};
 use crate::engine::Compression;
+use crate::data::Dataset;
 use crate::sparse::compress::RowForm;
 use crate::sparse::delta::RowsAtSync;
 use crate::sparse::error::NON_FINITE;
@@ -103,6 +104,8 @@ pub struct EmbeddingStage {
     report: bool,
     /// `--sync-every` k > 1: the sparse half of lazy synchronisation.
     sync: Option<SparseSync>,
+    /// The most keys a host's step lists, as its boards were reserved room for.
+    step_keys: u64,
 }
 
 /// The sparse half of `--sync-every` (see [`super::sync`] and [`crate::sparse::delta`]):
@@ -140,16 +143,16 @@ pub const AUTO_MAX_SHARE: f64 = 0.5;
 /// directory (simulated hosts share one directory) plus its own table — the growth's peak
 /// (the old table and the new one at once: 1.5 times the new file) beside the segments the
 /// run creates later (the sparse exchange's host boards, each at its largest:
-/// [`board_bound`]) — and at most [`AUTO_MAX_SHARE`] of that. At that size the table evicts
-/// instead of growing. The same on every rank.
-pub fn auto_max_bytes(topo: &Topology, cfg: &TrainConfig, table_bytes: u64) -> u64 {
+/// [`board_bound`] of `step_keys`) — and at most [`AUTO_MAX_SHARE`] of that. At that size
+/// the table evicts instead of growing. The same on every rank.
+pub fn auto_max_bytes(topo: &Topology, cfg: &TrainConfig, table_bytes: u64, step_keys: u64) -> u64 {
     let hosts_here = (topo.machine_local_size / topo.local_size.max(1)).max(1) as u64;
     // Measured once the table and the exchangers' segments exist: the host's share of the
     // free space, plus its own table (a growth's old file is counted in the peak).
     let free = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir) } else { None };
     let mine = free.map_or(u64::MAX, |f| (f / hosts_here).saturating_add(table_bytes));
     let least = topo.control().all_min("every rank's agreement on the table's largest size", mine);
-    growth_limit(least, board_bound(topo, cfg))
+    growth_limit(least, board_bound(topo, cfg, step_keys))
 }
 
 /// The largest table file one host may grow to in `free` bytes of its shared-memory
@@ -161,16 +164,37 @@ pub fn growth_limit(free: u64, boards: u64) -> u64 {
     peak_room.min((free as f64 * AUTO_MAX_SHARE) as u64)
 }
 
+/// Rows of the global batch one host's ranks read in a step (the host's share).
+fn host_rows(topo: &Topology, cfg: &TrainConfig) -> usize {
+    cfg.batch.div_ceil(topo.size.max(1)) * topo.local_size
+}
+
+/// The most keys one host's step lists on its board (before dedupe) for data like `ds`:
+/// every single-hot field of each of the host's rows ([`crate::data::Fields`]: a TSV's 26,
+/// a Parquet file's its own count) and the list ids of the rows with the most
+/// ([`Dataset::most_ids`]: rows drawn in any order hold no more). Of the first file: a later
+/// file of longer lists makes the boards grow past it (a board grows as its pieces need; a
+/// shared-memory directory without room for that is an error naming the bytes).
+pub fn host_step_keys(topo: &Topology, cfg: &TrainConfig, ds: &Dataset) -> u64 {
+    let rows = host_rows(topo, cfg);
+    (rows as u64).saturating_mul(ds.fields().sparse as u64).saturating_add(ds.most_ids(rows))
+}
+
+/// [`host_step_keys`] without data to look at (a Python `HostEmbedding`): one key of each
+/// of Criteo's 26 categorical fields for each of the host's rows of a `--batch`-sized step.
+pub fn default_step_keys(topo: &Topology, cfg: &TrainConfig) -> u64 {
+    (host_rows(topo, cfg) as u64).saturating_mul(crate::data::criteo::NUM_SPARSE as u64)
+}
+
 /// The most bytes the host boards of a run take in the shared-memory directory on one host
 /// ([`crate::sparse::board::board_bytes`]): the gradient exchange's board, whose largest
-/// piece is the host's list of a step (at most 26 keys per row of the host's share of the
-/// global batch), and with `--sync-every k > 1` the delta exchange's, whose list holds at
-/// most the rows of `k` steps.
-pub fn board_bound(topo: &Topology, cfg: &TrainConfig) -> u64 {
+/// piece is the host's list of a step (at most `step_keys` keys, [`host_step_keys`]), and
+/// with `--sync-every k > 1` the delta exchange's, whose list holds at most the rows of `k`
+/// steps.
+pub fn board_bound(topo: &Topology, cfg: &TrainConfig, step_keys: u64) -> u64 {
     use crate::sparse::board::board_bytes;
     use crate::sparse::list::encoded_len;
-    let host_rows = cfg.batch.div_ceil(topo.size.max(1)) * topo.local_size;
-    let step_keys = host_rows.saturating_mul(crate::data::criteo::NUM_SPARSE);
+    let step_keys = usize::try_from(step_keys).unwrap_or(usize::MAX);
     let width = cfg.row_width();
     let (empty, row) = (encoded_len(0, width, true), encoded_len(1, width, true) - encoded_len(0, width, true));
     let list = |keys: usize| empty.saturating_add(keys.saturating_mul(row));
@@ -183,26 +207,27 @@ pub fn board_bound(topo: &Topology, cfg: &TrainConfig) -> u64 {
 
 impl EmbeddingStage {
     /// Opens this host's table (collective over the world): a new one shaped by `cfg`, or
-    /// the byte-exact copy of a checkpoint's table `saved`; then manages it as `cfg` says.
-    pub fn open(topo: &Topology, cfg: &TrainConfig, saved: Option<&Path>) -> TrainResult<EmbeddingStage> {
+    /// the byte-exact copy of a checkpoint's table `saved`; then manages it as `cfg` says,
+    /// its host boards sized for steps of `step_keys` keys at most ([`host_step_keys`]).
+    pub fn open(topo: &Topology, cfg: &TrainConfig, saved: Option<&Path>, step_keys: u64) -> TrainResult<EmbeddingStage> {
         let tc = cfg.table_config();
         match saved {
-            Some(p) => EmbeddingStage::open_from(topo, cfg, TableSource::Saved(p, &tc)),
-            None => EmbeddingStage::open_from(topo, cfg, TableSource::New(&tc)),
+            Some(p) => EmbeddingStage::open_from(topo, cfg, TableSource::Saved(p, &tc), step_keys),
+            None => EmbeddingStage::open_from(topo, cfg, TableSource::New(&tc), step_keys),
         }
     }
 
     /// Opens this host's table from `source` (collective over the world) and manages it as
     /// `cfg` says: what [`EmbeddingStage::open`] does, and a warm start's table
     /// (`--init-from`).
-    pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>) -> TrainResult<EmbeddingStage> {
-        EmbeddingStage::open_named(topo, cfg, source, &TableName::default())
+    pub fn open_from(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>, step_keys: u64) -> TrainResult<EmbeddingStage> {
+        EmbeddingStage::open_named(topo, cfg, source, &TableName::default(), step_keys)
     }
 
     /// [`EmbeddingStage::open_from`] for the table `name` (collective over the world): one
     /// of several a process holds at once. Every rank must open the same name with the same
     /// row width here, else every rank gets [`TrainError::Config`] saying what each opened.
-    pub fn open_named(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>, name: &TableName) -> TrainResult<EmbeddingStage> {
+    pub fn open_named(topo: &Topology, cfg: &TrainConfig, source: TableSource<'_>, name: &TableName, step_keys: u64) -> TrainResult<EmbeddingStage> {
         check_same_table(topo, name, cfg.row_width())?;
         let mut table = HostTable::open_tagged(topo, source, &name.tag("table"))?;
         let h = *table.table().header();
@@ -228,7 +253,7 @@ impl EmbeddingStage {
         // the table's growths have.
         let max_bytes = match cfg.table_max_bytes {
             Some(b) => b,
-            None => auto_max_bytes(topo, cfg, h.layout.file_len),
+            None => auto_max_bytes(topo, cfg, h.layout.file_len, step_keys),
         };
         table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max_bytes), evict: cfg.evict, expire_after: cfg.expire_after_steps });
         Ok(EmbeddingStage {
@@ -242,6 +267,7 @@ impl EmbeddingStage {
             growth_max_seconds: 0.0,
             report: topo.rank == 0,
             sync,
+            step_keys,
         })
     }
 
@@ -422,6 +448,12 @@ impl EmbeddingStage {
     /// The largest size the table may grow to (bytes).
     pub fn max_bytes(&self) -> u64 {
         self.max_bytes
+    }
+
+    /// The most keys a host's step lists, as the default `--table-max-bytes` left its
+    /// boards room for ([`host_step_keys`]).
+    pub fn step_keys(&self) -> u64 {
+        self.step_keys
     }
 
     /// Seconds this run's growths took on this host's leader (0 on other ranks): the sum

@@ -110,6 +110,9 @@ impl Scorer {
         if source.kind == SourceKind::Params {
             return Err(TrainError::Config(format!("{}: a sparse-parameter file holds no dense weights; serving needs a checkpoint directory or an export bundle (ringrec export)", path.display())));
         }
+        if let Some(why) = source.unrecorded_fields("serving") {
+            return Err(TrainError::Config(why));
+        }
         let t = &source.table;
         let cfg = t.scoring_config();
         let table = match t.saved {
@@ -165,6 +168,18 @@ impl Scorer {
     pub fn fields(&self) -> Fields {
         let spec = self.model.spec();
         Fields { dense: spec.ndense, sparse: spec.fields - self.model.multi_hot_fields() }
+    }
+
+    /// Each dense feature's transform where the model's Parquet columns chose one (a schema
+    /// file's `[dense]`), by slot; `None` where the default applies (log for an integer,
+    /// none for a float: the value's own type). Its columns are recorded in their slots'
+    /// order; a model whose columns name no dense columns has no explicit transforms.
+    pub fn dense_transforms(&self) -> Vec<Option<crate::data::schema::Transform>> {
+        let n = self.fields().dense;
+        match &self.source.columns {
+            Some(c) if c.dense.len() == n => c.dense.iter().map(|name| c.transform(name)).collect(),
+            _ => vec![None; n],
+        }
     }
 
     /// The model's multi-hot fields with their pooling, in order (empty without them).

@@ -240,6 +240,15 @@ pub struct ModelSource {
     /// opens such a model.
     #[serde(default)]
     pub tables: Option<String>,
+
+    /// A checkpoint written before ringrec recorded the pooling with the multi-hot fields'
+    /// names, of a model not of Criteo's shape: which of its categorical fields were lists
+    /// (pooled, by sum) it does not tell — its dense.bin gives their number only, the fields'
+    /// split is the data's. Scoring with the data (`predict`, a resume, `--init-from`) reads
+    /// the lists from it; scoring without (`serve-model`, `export`) is refused
+    /// ([`ModelSource::unrecorded_fields`]).
+    #[serde(default)]
+    pub fields_unrecorded: bool,
 }
 
 /// Why the model `spec` cannot read a table of rows of `dim` values (another row width,
@@ -268,6 +277,20 @@ fn table_header(path: &Path) -> Result<Header, SourceError> {
 }
 
 impl ModelSource {
+    /// Why it cannot be scored without its data ([`ModelSource::fields_unrecorded`]), with
+    /// how to go on; `None` when its fields are known. `what`: the command, for the message.
+    pub fn unrecorded_fields(&self, what: &str) -> Option<String> {
+        let spec = &self.dense.as_ref()?.spec;
+        self.fields_unrecorded.then(|| {
+            format!(
+                "{}: {what} needs the model's multi-hot fields, and this checkpoint was written before ringrec recorded them: its {} categorical fields may include list fields (summed), which only its data tells. Resume it with its data for one more step (ringrec train --resume --max-steps {} and the run's flags): the new checkpoint records them; or score it with ringrec predict --data, which reads the lists from the data",
+                self.path.display(),
+                spec.fields,
+                self.step.unwrap_or(0) + 1
+            )
+        })
+    }
+
     /// Resolves and checks `path` (see the module docs), falling back from a damaged newest
     /// checkpoint as `fallback` says.
     pub fn open(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
@@ -334,7 +357,8 @@ impl ModelSource {
         let columns = ck.manifest.settings.iter().find(|(k, _)| k == "Parquet columns").and_then(|(_, v)| ColumnSpec::from_description(v));
         // `read_manifest` gives an older checkpoint `sum`, which it pooled with.
         let pooling = ck.manifest.settings.iter().find(|(k, _)| k == "--multi-hot-pooling").map(|(_, v)| v.clone());
-        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns, pooling, tables })
+        let fields_unrecorded = ck.manifest.pooling_unrecorded && !(dense.spec.fields == NUM_SPARSE && dense.spec.ndense == NUM_DENSE);
+        Ok(ModelSource { kind: SourceKind::Checkpoint, given: path.to_path_buf(), path: ck.dir, step: Some(ck.dense.step), dense: Some(dense), opt: Some(ck.dense.opt), table, skipped, columns, pooling, fields_unrecorded, tables })
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
@@ -351,13 +375,13 @@ impl ModelSource {
         }
         let columns = b.json.input.schema.clone();
         let pooling = Some(b.json.input.pooling());
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling, tables: None })
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling, fields_unrecorded: false, tables: None })
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
         let (ph, _) = crate::embedding::read_params_header(path)?;
         let table = TableFile { path: path.to_path_buf(), dim: ph.dim, rows: ph.count, dtype: None, init: None, saved: None };
-        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None, pooling: None, tables: None })
+        Ok(ModelSource { kind: SourceKind::Params, given: path.to_path_buf(), path: path.to_path_buf(), step: None, dense: None, opt: None, table, skipped: Vec::new(), columns: None, pooling: None, fields_unrecorded: false, tables: None })
     }
 
     /// `checkpoint of step 40 (ckpt/step-000000000040)`.
@@ -459,6 +483,7 @@ mod tests {
             settings: vec![("--hidden".into(), v.into())],
             table: checkpoint::TableFacts { generation: 0, live_rows: 0, dim: 1, capacity: 16 },
             files: Vec::new(),
+            pooling_unrecorded: false,
         };
         assert_eq!(hidden_of(Path::new("c"), &m("256,128")).unwrap(), vec![256, 128]);
         assert_eq!(hidden_of(Path::new("c"), &m("")).unwrap(), Vec::<usize>::new());

@@ -97,6 +97,10 @@ pub struct TrainSummary {
     /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
     /// directory allowed).
     pub table_max_bytes: u64,
+    /// The most keys a host's step lists (a host board's largest list, before dedupe), as
+    /// the shared-memory directory's room for the boards was counted: the host's rows times
+    /// the single-hot fields, plus the list ids of the rows with the most.
+    pub board_step_keys: u64,
     /// Times the table grew in this run.
     pub table_growths: u64,
     /// Seconds rank 0's host leader spent building grown tables in this run (sum).
@@ -440,6 +444,7 @@ impl<D: Device> Trainer<'_, D> {
             table_capacity: h.capacity,
             table_bytes: h.layout.file_len,
             table_max_bytes: e.max_bytes(),
+            board_step_keys: e.step_keys(),
             table_growths: c.growths,
             table_growth_seconds: growth_seconds,
             table_growth_max_seconds: growth_max_seconds,

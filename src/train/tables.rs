@@ -277,8 +277,10 @@ const NO_TABLE: u32 = u32::MAX;
 
 impl Tables {
     /// Opens the `--table` tables of `layout` (collective over the world): new, or the
-    /// tables of the checkpoint directory `saved`. `pooling`: the list fields' modes.
-    pub fn open(topo: &Topology, cfg: &TrainConfig, layout: TableLayout, pooling: &[Pooling], saved: Option<&Path>) -> TrainResult<Tables> {
+    /// tables of the checkpoint directory `saved`. `pooling`: the list fields' modes;
+    /// `step_keys`: the most keys of a host's step ([`super::embedding::host_step_keys`], of
+    /// all tables together: a bound for each).
+    pub fn open(topo: &Topology, cfg: &TrainConfig, layout: TableLayout, pooling: &[Pooling], saved: Option<&Path>, step_keys: u64) -> TrainResult<Tables> {
         let mut stages = Vec::with_capacity(cfg.tables.len());
         for t in &cfg.tables {
             let tcfg = cfg.for_table(t);
@@ -288,7 +290,7 @@ impl Tables {
                 Some(p) => TableSource::Saved(p, &tc),
                 None => TableSource::New(&tc),
             };
-            stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name))?);
+            stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name), step_keys)?);
         }
         let names = cfg.tables.iter().map(|t| t.name.clone()).collect();
         Ok(Tables { gather: Gather::new(layout, pooling), stages, names })

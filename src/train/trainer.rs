@@ -211,6 +211,23 @@ fn model_pooling(cfg: &TrainConfig, input: &std::path::Path, lists: &[String], w
     Ok(pooling)
 }
 
+/// Records the Parquet columns of `settings` (`Parquet columns`) with the dense columns in
+/// the order of their slots in `input` (the file's column order, not the schema's), so that a
+/// model's recorded dense feature `j` is its column `j` with that column's transform
+/// (`serve-model` reads a row's dense values by it).
+fn record_dense_slots(cfg: &TrainConfig, input: &std::path::Path, settings: &mut [(&'static str, String)]) -> TrainResult<()> {
+    let Some(entry) = settings.iter_mut().find(|(k, _)| *k == "Parquet columns") else { return Ok(()) };
+    let Ok(spec) = cfg.columns() else { return Ok(()) };
+    if spec.dense.is_empty() || !crate::data::parquet_file::is_parquet(input) {
+        return Ok(());
+    }
+    let slots = crate::data::parquet_file::schema_of(input, &spec)?.dense_names();
+    if let Some(d) = spec.in_slot_order(&slots).describe() {
+        entry.1 = d;
+    }
+    Ok(())
+}
+
 impl<'a, D: Device> Trainer<'a, D> {
     /// Sets up the run on every rank (collective): the data, the dense model on `dev` with
     /// its gradients reduced by `engine`, the host table; from the checkpoint when
@@ -225,6 +242,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut opt = DenseOptimState::new(cfg.dense_optimizer, cfg.lr, params.len());
         let mut coll = comm::build(cfg.backend(topo), topo)?;
         let mut resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
+        record_dense_slots(cfg, &input, &mut resume_settings)?;
         if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
@@ -245,9 +263,10 @@ impl<'a, D: Device> Trainer<'a, D> {
                 (Position::default(), None)
             }
         };
+        let step_keys = super::embedding::host_step_keys(topo, cfg, data.first()?.0);
         let embedding = match &warm {
-            Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)))?,
-            None => EmbeddingStage::open(topo, cfg, saved.as_deref())?,
+            Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)), step_keys)?,
+            None => EmbeddingStage::open(topo, cfg, saved.as_deref(), step_keys)?,
         };
         let local = match cfg.sync_every {
             0 | 1 => None,
@@ -256,7 +275,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
-        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent))).transpose()?;
+        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), step_keys)).transpose()?;
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
         if !pooling.is_empty() && tables.is_none() {

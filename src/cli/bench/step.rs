@@ -575,7 +575,7 @@ pub fn run(topo: &Topology, args: &StepBenchArgs) -> anyhow::Result<StepReport> 
     let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     let data = data::open(topo, &cfg)?;
     let (ds, n) = data.first()?;
-    let mut stage = EmbeddingStage::open(topo, &cfg, None)?;
+    let mut stage = EmbeddingStage::open(topo, &cfg, None, ringrec::train::embedding::host_step_keys(topo, &cfg, ds))?;
     if args.write_back && topo.size > 1 {
         anyhow::bail!("bench step --write-back measures one rank only (the other ranks' keys would still need the exchange): run it without mpirun, or leave out --write-back");
     }

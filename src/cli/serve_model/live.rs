@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
+use ringrec::data::Transform;
 use ringrec::train::scorer::Scorer;
 use ringrec::train::source::Fallback;
 
@@ -37,6 +38,8 @@ pub struct Loaded {
     pub fields: ringrec::data::Fields,
     /// Its multi-hot fields by name, in order (a request's `lists`).
     pub lists: Vec<String>,
+    /// Its dense features' transforms where its schema chose them, by slot.
+    pub dense_transforms: Vec<Option<Transform>>,
 }
 
 /// How to load a model.
@@ -58,7 +61,7 @@ impl LoadOptions {
         let scorer = Scorer::open(&self.model, self.fallback, &self.shm_dir, self.threads)?;
         scorer.source.warn_skipped();
         let lists = scorer.multi_hot_fields().into_iter().map(|(name, _)| name).collect();
-        Ok(Loaded { lists, describe: scorer.source.describe(), table_rows: scorer.table_rows(), fields: scorer.fields(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
+        Ok(Loaded { lists, dense_transforms: scorer.dense_transforms(), describe: scorer.source.describe(), table_rows: scorer.table_rows(), fields: scorer.fields(), step: scorer.source.step, path: scorer.source.path.clone(), version, loaded_at: SystemTime::now(), scorer: Mutex::new(scorer) })
     }
 }
 

@@ -178,7 +178,7 @@ async fn score(State(app): State<Arc<App>>, body: Result<Bytes, axum::extract::r
 async fn scored(app: &App, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<(Response, usize), ApiError> {
     let body = body.map_err(|e| ApiError(e.status(), format!("reading the body: {}", e.body_text())))?;
     let model = app.live.current();
-    let parsed = request::parse_rows(&body, model.fields, &model.lists).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
+    let parsed = request::parse_rows(&body, model.fields, &model.dense_transforms, &model.lists).map_err(|m| ApiError(StatusCode::BAD_REQUEST, m))?;
     drop(model);
     let rows = parsed.len();
     let (reply, answer) = tokio::sync::oneshot::channel();

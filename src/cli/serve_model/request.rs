@@ -23,25 +23,27 @@
 //! A model trained on other rows than Criteo's (a Parquet file's columns: n dense features
 //! and F single-hot categorical fields, [`Fields`]; its lists in `lists`) takes `rows` of its shape: `dense` n values, an
 //! integer read as a Parquet integer column is (`ln(1 + max(x, 0))`), any other number as a
-//! float column is (as it is), `null` 0; `sparse` F values, a string as a Parquet string
+//! float column is (as it is), unless the model's schema gave the column a transform (`[dense]`
+//! of `--schema`: `log` or `none`, which then applies to either), `null` 0; `sparse` F values, a string as a Parquet string
 //! column's (1 to 16 hex digits the number they spell, another string its FNV-1a 64), an
 //! integer its value, `null` or `""` missing. It takes no `tsv` lines.
 //!
 //! Scores come back in that order: every `rows` entry, then every `tsv` line.
 
 use ringrec::data::criteo::{self, Columns, NUM_FIELDS};
-use ringrec::data::Fields;
+use ringrec::data::{Fields, Transform};
 use ringrec::train::scorer::Rows;
 use serde_json::Value;
 
-/// Parses a request body into rows of `fields`' shape, the model's, with the bags of its
-/// multi-hot fields `lists` (see the module docs); the error names the row and field.
-pub fn parse_rows(body: &[u8], fields: Fields, lists: &[String]) -> Result<Rows, String> {
+/// Parses a request body into rows of `fields`' shape, the model's, its dense features
+/// transformed by `transforms` where given (by slot), with the bags of its multi-hot fields
+/// `lists` (see the module docs); the error names the row and field.
+pub fn parse_rows(body: &[u8], fields: Fields, transforms: &[Option<Transform>], lists: &[String]) -> Result<Rows, String> {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     if !lists.is_empty() && v.get("tsv").is_some() {
         return Err(format!("tsv: a Criteo line has no multi-hot fields, and this model has {} ({}): send `rows` with `lists`", lists.len(), lists.join(", ")));
     }
-    let columns = parse(body, fields)?;
+    let columns = parse(body, fields, transforms)?;
     let mut rows = Rows::default();
     rows.clear(fields, lists.len());
     let json_rows = v.get("rows").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
@@ -96,9 +98,10 @@ fn bags(i: usize, r: &Value, (fields, lists): (Fields, &[String]), keys: &mut Ve
     Ok(())
 }
 
-/// Parses a request body into rows of `fields`' shape, the model's (see the module docs);
-/// the error names the row and field.
-pub fn parse(body: &[u8], fields: Fields) -> Result<Columns, String> {
+/// Parses a request body into rows of `fields`' shape, the model's, its dense features
+/// transformed by `transforms` where given (by slot; see the module docs); the error names
+/// the row and field.
+pub fn parse(body: &[u8], fields: Fields, transforms: &[Option<Transform>]) -> Result<Columns, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}; send {{\"rows\": [{{\"dense\": [13 values], \"sparse\": [26 values]}}]}} or {{\"tsv\": [\"line\"]}}"))?;
     let Value::Object(top) = v else { return Err("the body must be a JSON object with `rows` and/or `tsv`".into()) };
     if let Some(k) = top.keys().find(|k| *k != "rows" && *k != "tsv") {
@@ -108,7 +111,7 @@ pub fn parse(body: &[u8], fields: Fields) -> Result<Columns, String> {
     if let Some(rows) = top.get("rows") {
         let Value::Array(rows) = rows else { return Err("rows: must be an array of rows".into()) };
         for (i, r) in rows.iter().enumerate() {
-            row(i, r, &mut out)?;
+            row(i, r, transforms, &mut out)?;
         }
     }
     if let Some(lines) = top.get("tsv") {
@@ -135,8 +138,8 @@ fn line(l: &str) -> Result<criteo::Sample, String> {
     parsed.map_err(|e| format!("{} (a line has {NUM_FIELDS} tab-separated fields, label I1..I13 C1..C26, or {} without the label; it has {fields})", e.detail, NUM_FIELDS - 1))
 }
 
-/// Appends JSON row `i` to `out`.
-fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
+/// Appends JSON row `i` to `out`, its dense features transformed by `transforms` where given.
+fn row(i: usize, r: &Value, transforms: &[Option<Transform>], out: &mut Columns) -> Result<(), String> {
     let Value::Object(r) = r else { return Err(format!("rows[{i}]: must be an object with `dense` and `sparse`")) };
     if let Some(k) = r.keys().find(|k| !["label", "dense", "sparse", "lists"].contains(&k.as_str())) {
         return Err(format!("rows[{i}]: unknown field `{}` (a row has `label`, `dense`, `sparse`, and `lists` for a model with multi-hot fields)", k.escape_debug()));
@@ -158,9 +161,12 @@ fn row(i: usize, r: &Value, out: &mut Columns) -> Result<(), String> {
     for (j, x) in dense.iter().enumerate() {
         let v = match x {
             Value::Null => 0.0,
-            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                (Some(v), _) => criteo::dense_value(v),
-                (None, Some(x)) if !criteo => x as f32,
+            // As the Parquet reader takes an integer and a float column's value.
+            Value::Number(n) => match (n.as_i64(), n.as_f64(), transforms.get(j).copied().flatten()) {
+                (Some(v), _, Some(Transform::None)) => v as f32,
+                (Some(v), _, _) => criteo::dense_value(v),
+                (None, Some(x), Some(Transform::Log)) if !criteo => x.max(0.0).ln_1p() as f32,
+                (None, Some(x), _) if !criteo => x as f32,
                 _ => return Err(format!("rows[{i}].dense[{j}] ({}): {n} is not an integer within a signed 64-bit integer", name('I', j))),
             },
             other => return Err(format!("rows[{i}].dense[{j}] ({}): {other} is not a number or null", name('I', j))),
@@ -219,7 +225,7 @@ mod tests {
     fn json_rows_and_tsv_lines_give_the_trainers_samples() {
         let want = criteo::parse_line(LINE.as_bytes()).unwrap();
         let body = serde_json::json!({ "rows": [json_of(LINE)], "tsv": [LINE, LINE.split_once('\t').unwrap().1] });
-        let got = parse(body.to_string().as_bytes(), Fields::CRITEO).unwrap();
+        let got = parse(body.to_string().as_bytes(), Fields::CRITEO, &[]).unwrap();
         assert_eq!(got.len(), 3);
         let mut one = Columns::default();
         one.push(&want);
@@ -232,7 +238,7 @@ mod tests {
     #[test]
     fn bad_requests_name_the_row_and_field() {
         let mut r = json_of(LINE);
-        let err = |v: Value| parse(v.to_string().as_bytes(), Fields::CRITEO).unwrap_err();
+        let err = |v: Value| parse(v.to_string().as_bytes(), Fields::CRITEO, &[]).unwrap_err();
         r["dense"][2] = Value::from(1.5);
         assert!(err(serde_json::json!({ "rows": [json_of(LINE), r.clone()] })).starts_with("rows[1].dense[2] (I3): 1.5 is not an integer"));
         let mut r = json_of(LINE);
@@ -247,7 +253,7 @@ mod tests {
         let mut r = json_of(LINE);
         r["label"] = Value::from(2);
         assert!(err(serde_json::json!({ "rows": [r] })).starts_with("rows[0].label"));
-        assert!(parse(b"{", Fields::CRITEO).unwrap_err().starts_with("the body is not JSON"));
+        assert!(parse(b"{", Fields::CRITEO, &[]).unwrap_err().starts_with("the body is not JSON"));
         let mut r = json_of(LINE);
         r["sparse"][3] = serde_json::json!(["ab"]);
         assert!(err(serde_json::json!({ "rows": [r] })).contains("rows[0].sparse[3] (C4): a list where one id is expected"));
@@ -260,15 +266,28 @@ mod tests {
     fn rows_of_another_shape_are_read_as_a_parquet_files_and_take_no_tsv() {
         let fields = Fields { dense: 2, sparse: 3 };
         let body = serde_json::json!({ "rows": [{ "dense": [5, 0.25], "sparse": ["v3", "00ab", 7] }, { "dense": [null, -1], "sparse": [null, "", "v3"] }] });
-        let got = parse(body.to_string().as_bytes(), fields).unwrap();
+        let got = parse(body.to_string().as_bytes(), fields, &[]).unwrap();
         assert_eq!(got.fields, fields);
         assert_eq!(got.dense, [criteo::dense_value(5), 0.25, 0.0, 0.0]);
         let text = ringrec::data::parquet_file::text_key;
         assert_eq!(got.keys, [text(0, b"v3"), criteo::category_key(1, 0xab), criteo::category_key(2, 7), criteo::missing_key(0), criteo::missing_key(1), text(2, b"v3")]);
-        let err = |v: Value| parse(v.to_string().as_bytes(), fields).unwrap_err();
+        let err = |v: Value| parse(v.to_string().as_bytes(), fields, &[]).unwrap_err();
         assert!(err(serde_json::json!({ "rows": [{ "dense": [1], "sparse": ["a", "b", "c"] }] })).starts_with("rows[0].dense: 1 values, expected 2 numbers or null"));
         assert!(err(serde_json::json!({ "rows": [{ "dense": [1, 2], "sparse": ["a", "b", -1] }] })).starts_with("rows[0].sparse[2] (field 2): -1 is not a string, a non-negative integer or null"));
         assert!(err(serde_json::json!({ "tsv": [LINE] })).starts_with("tsv: the model takes rows of 2 dense and 3 single-hot categorical fields, not Criteo lines"));
+    }
+
+    #[test]
+    fn a_schemas_transforms_apply_to_their_slots_whatever_the_values_type() {
+        let fields = Fields { dense: 4, sparse: 1 };
+        let t = [Some(Transform::None), Some(Transform::Log), None, None];
+        let body = serde_json::json!({ "rows": [{ "dense": [5, 2.5, 7, 0.5], "sparse": ["a"] }, { "dense": [-3, -1.5, null, 3], "sparse": [null] }] });
+        let got = parse(body.to_string().as_bytes(), fields, &t).unwrap();
+        let want = [5.0, 2.5f64.ln_1p() as f32, criteo::dense_value(7), 0.5, -3.0, 0.0, 0.0, criteo::dense_value(3)];
+        assert_eq!(got.dense.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // An integer column's `log` is the integer's table value, as the Parquet reader's.
+        let got = parse(serde_json::json!({ "rows": [{ "dense": [1, 9, 0, 0], "sparse": [null] }] }).to_string().as_bytes(), fields, &t).unwrap();
+        assert_eq!(got.dense[1].to_bits(), criteo::dense_value(9).to_bits());
     }
 
     #[test]
@@ -278,11 +297,11 @@ mod tests {
         r["lists"] = serde_json::json!({ "l0": [5, -1, 5], "l1": [] });
         let mut r2 = json_of(LINE);
         r2["lists"] = serde_json::json!({ "l1": [18446744073709551615u64], "l0": null });
-        let rows = parse_rows(serde_json::json!({ "rows": [r, r2] }).to_string().as_bytes(), Fields::CRITEO, &lists).unwrap();
+        let rows = parse_rows(serde_json::json!({ "rows": [r, r2] }).to_string().as_bytes(), Fields::CRITEO, &[], &lists).unwrap();
         assert_eq!((rows.len(), rows.bags), (2, 2));
         assert_eq!(rows.offsets, [0, 3, 3, 3, 4]);
         assert_eq!(rows.keys, [Fields::CRITEO.list_key(0, 5), Fields::CRITEO.list_key(0, u64::MAX), Fields::CRITEO.list_key(0, 5), Fields::CRITEO.list_key(1, u64::MAX)]);
-        let err = |v: Value| parse_rows(v.to_string().as_bytes(), Fields::CRITEO, &lists).unwrap_err();
+        let err = |v: Value| parse_rows(v.to_string().as_bytes(), Fields::CRITEO, &[], &lists).unwrap_err();
         let mut bad = json_of(LINE);
         bad["lists"] = serde_json::json!({ "l0": [1] });
         assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1: missing"));
@@ -290,7 +309,7 @@ mod tests {
         assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l1[0]: [2] is not an id"));
         let mut r3 = json_of(LINE);
         r3["lists"] = serde_json::json!({ "l0": ["item-7", "", null, "Ab"], "l1": [] });
-        let rows = parse_rows(serde_json::json!({ "rows": [r3] }).to_string().as_bytes(), Fields::CRITEO, &lists).unwrap();
+        let rows = parse_rows(serde_json::json!({ "rows": [r3] }).to_string().as_bytes(), Fields::CRITEO, &[], &lists).unwrap();
         assert_eq!(rows.keys, [Fields::CRITEO.list_key(0, ringrec::hash::fnv1a64(b"item-7")), Fields::CRITEO.list_key(0, 0xab)]);
         bad["lists"] = serde_json::json!({ "l0": 3, "l1": [] });
         assert!(err(serde_json::json!({ "rows": [bad.clone()] })).starts_with("rows[0].lists.l0: 3 is not a list"));
@@ -298,14 +317,14 @@ mod tests {
         assert!(err(serde_json::json!({ "rows": [bad] })).contains("unknown field `l9`"));
         assert!(err(serde_json::json!({ "rows": [json_of(LINE)] })).starts_with("rows[0].lists: missing; this model has multi-hot fields (l0, l1)"));
         assert!(err(serde_json::json!({ "tsv": [LINE] })).starts_with("tsv: a Criteo line has no multi-hot fields"));
-        assert_eq!(parse_rows(serde_json::json!({ "tsv": [LINE] }).to_string().as_bytes(), Fields::CRITEO, &[]).unwrap().len(), 1);
+        assert_eq!(parse_rows(serde_json::json!({ "tsv": [LINE] }).to_string().as_bytes(), Fields::CRITEO, &[], &[]).unwrap().len(), 1);
         let mut r = json_of(LINE);
         r["lists"] = serde_json::json!({});
-        assert!(parse_rows(serde_json::json!({ "rows": [r] }).to_string().as_bytes(), Fields::CRITEO, &[]).unwrap_err().contains("no multi-hot fields"));
+        assert!(parse_rows(serde_json::json!({ "rows": [r] }).to_string().as_bytes(), Fields::CRITEO, &[], &[]).unwrap_err().contains("no multi-hot fields"));
         // A model of another shape: its lists salted after its own single-hot fields.
         let wide = Fields { dense: 1, sparse: 30 };
         let row = serde_json::json!({ "dense": [1], "sparse": vec![Value::Null; 30], "lists": { "l0": [5], "l1": [] } });
-        let rows = parse_rows(serde_json::json!({ "rows": [row] }).to_string().as_bytes(), wide, &lists).unwrap();
+        let rows = parse_rows(serde_json::json!({ "rows": [row] }).to_string().as_bytes(), wide, &[], &lists).unwrap();
         assert_eq!((rows.columns.fields, rows.keys.as_slice()), (wide, &[wide.list_key(0, 5)][..]));
     }
 }

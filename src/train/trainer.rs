@@ -285,17 +285,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
-        // Rank 0 writes the metrics (appended to when resuming: one curve across runs).
-        let metrics = match (&cfg.metrics_out, topo.rank) {
-            (Some(p), 0) => Some(
-                crate::fileio::create_private(p, cfg.resume)
-                    .map(std::io::BufWriter::new)
-                    .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
-            ),
-            _ => None,
-        }
-        .transpose();
-        let metrics = topo.agree(metrics)?;
+        let metrics = open_metrics(topo, cfg)?;
         topo.control().barrier("the ranks' barrier");
         Ok(Trainer {
             topo,
@@ -714,4 +704,19 @@ impl<'a, D: Device> Trainer<'a, D> {
         set.release_pages();
         Ok(scores.map(|scores| Evaluation::of(&scores, &set.labels())))
     }
+}
+
+/// Rank 0's `--metrics-out` file (appended to when resuming: one curve across runs);
+/// collective: a file rank 0 cannot write fails every rank.
+fn open_metrics(topo: &Topology, cfg: &TrainConfig) -> TrainResult<Option<std::io::BufWriter<std::fs::File>>> {
+    let metrics = match (&cfg.metrics_out, topo.rank) {
+        (Some(p), 0) => Some(
+            crate::fileio::create_private(p, cfg.resume)
+                .map(std::io::BufWriter::new)
+                .map_err(|e| format!("--metrics-out {}: cannot write it: {e}", p.display())),
+        ),
+        _ => None,
+    }
+    .transpose();
+    Ok(topo.agree(metrics)?)
 }

@@ -82,44 +82,9 @@ impl SparseExchanger {
         let views = if !owns_range {
             host_ok.map(|()| Vec::new())
         } else {
-            let gathered = match &host_ok {
-                _ if num_hosts == 1 => host_ok,
-                Ok(()) => {
-                    let t = Instant::now();
-                    let sent = match hier.compressor {
-                        Some(_) => &b.packed[..],
-                        None => &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len],
-                    };
-                    let g = allgather_aligned(&hier.cross.comm, sent, &mut b.recv, &mut b.spans);
-                    st.cross_s = t.elapsed().as_secs_f64();
-                    st.cross_bytes_sent = (sent.len() * (self.num_hosts - 1)) as u64;
-                    st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>() as u64;
-                    g
-                }
-                Err(e) => {
-                    error_piece(self.rank, dim, e, STATUS_LEN, &mut b.send);
-                    let t = Instant::now();
-                    let g = allgather_aligned(&hier.cross.comm, &b.send, &mut b.recv, &mut b.spans);
-                    st.cross_s = t.elapsed().as_secs_f64();
-                    host_ok.and(g)
-                }
-            };
-            let wire = match hier.compressor {
-                // Every host merges the decoded lists, its own included.
-                Some(_) if self.num_hosts > 1 => &b.packed[..],
-                _ => &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len],
-            };
-            let received: &[u8] = bytemuck::cast_slice(&b.recv);
-            let (spans, cross_of_host) = (&b.spans, &hier.cross_of_host);
-            let piece_of = |h: usize| match spans.get(cross_of_host[h]) {
-                _ if h == host_id => Ok(wire),
-                Some(span) => Ok(&received[span.clone()]),
-                None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
-            };
-            let t = Instant::now();
-            let views = gathered.and_then(|()| host_views(host_ranks, l, dim, piece_of, &mut b.pieces));
-            st.merge_s += t.elapsed().as_secs_f64();
-            views
+            let at = CrossAt { l, dim, me: self.rank, world_hosts: self.num_hosts, step_hosts: num_hosts, host_id, host_ranks };
+            let bufs = CrossBufs { packed: &b.packed, wire: &bytemuck::cast_slice::<u64, u8>(&b.wire)[..b.wire_len], send: &mut b.send, recv: &mut b.recv, spans: &mut b.spans, pieces: &mut b.pieces };
+            cross_stage(hier, bufs, host_ok, at, st)
         };
         // 3. Each rank merges them in host order, normalising each row as it is finished: with
         //    one rank per host into `b.result`, else straight into its part of the host's
@@ -143,6 +108,77 @@ impl SparseExchanger {
     }
 }
 
+
+/// Where [`cross_stage`] runs: this rank's key range `l`, the rows' width, its world rank,
+/// the world's hosts and the step's (one in a host-only step), its host in the step and the
+/// step's hosts' ranks.
+struct CrossAt<'r> {
+    l: usize,
+    dim: usize,
+    me: usize,
+    world_hosts: usize,
+    step_hosts: usize,
+    host_id: usize,
+    host_ranks: &'r [Vec<usize>],
+}
+
+/// The buffers [`cross_stage`] uses, of [`Buffers`]: the host list sent (`packed` when
+/// compressed, else `wire`), the error piece sent instead, what is received and where each
+/// piece is in it, the decoded pieces.
+struct CrossBufs<'b> {
+    packed: &'b [u8],
+    wire: &'b [u8],
+    send: &'b mut Vec<u8>,
+    recv: &'b mut Vec<u64>,
+    spans: &'b mut Vec<std::ops::Range<usize>>,
+    pieces: &'b mut Vec<SparseList>,
+}
+
+/// Stage 2 of [`SparseExchanger::hierarchical`] on the rank of key range `at.l`: the ranks
+/// of that range (one per host) allgather their host lists (`b.wire`, or `b.packed` when
+/// compressed); the result is range `at.l` of every host's list, in host order.
+fn cross_stage<'b>(hier: &Hier, b: CrossBufs<'b>, host_ok: SparseResult<()>, at: CrossAt<'_>, st: &mut SparseStats) -> SparseResult<Vec<ListRef<'b>>> {
+    let CrossAt { l, dim, me, world_hosts, step_hosts, host_id, host_ranks } = at;
+    let gathered = match &host_ok {
+        _ if step_hosts == 1 => host_ok,
+        Ok(()) => {
+            let t = Instant::now();
+            let sent = match hier.compressor {
+                Some(_) => b.packed,
+                None => b.wire,
+            };
+            let g = allgather_aligned(&hier.cross.comm, sent, b.recv, b.spans);
+            st.cross_s = t.elapsed().as_secs_f64();
+            st.cross_bytes_sent = (sent.len() * (world_hosts - 1)) as u64;
+            st.cross_bytes_received = b.spans.iter().map(|s| s.len()).sum::<usize>() as u64;
+            g
+        }
+        Err(e) => {
+            error_piece(me, dim, e, STATUS_LEN, b.send);
+            let t = Instant::now();
+            let g = allgather_aligned(&hier.cross.comm, b.send, b.recv, b.spans);
+            st.cross_s = t.elapsed().as_secs_f64();
+            host_ok.and(g)
+        }
+    };
+    let wire = match hier.compressor {
+        // Every host merges the decoded lists, its own included.
+        Some(_) if world_hosts > 1 => b.packed,
+        _ => b.wire,
+    };
+    let (recv, spans): (&'b Vec<u64>, &'b Vec<std::ops::Range<usize>>) = (b.recv, b.spans);
+    let received: &[u8] = bytemuck::cast_slice(recv);
+    let cross_of_host = &hier.cross_of_host;
+    let piece_of = |h: usize| match spans.get(cross_of_host[h]) {
+        _ if h == host_id => Ok(wire),
+        Some(span) => Ok(&received[span.clone()]),
+        None => Err(SparseError::Invalid(format!("the cross-host allgather returned {} pieces for {} hosts", spans.len(), cross_of_host.len()))),
+    };
+    let t = Instant::now();
+    let views = gathered.and_then(|()| host_views(host_ranks, l, dim, piece_of, b.pieces));
+    st.merge_s += t.elapsed().as_secs_f64();
+    views
+}
 
 /// Stage 1 on a board: this rank's deduplicated list (the dedupe's second pass) written
 /// straight into its area, or its error piece.

@@ -397,17 +397,21 @@ fn sparse_save_cost() {
     let l = t.header().layout;
     let (mut save, mut all) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..5 {
-        all = all.min(best_of(1, || {
-            let f = ringrec::fileio::AtomicFile::create(&every, 0o600).unwrap();
-            ringrec::fileio::reserve(f.file(), &every, l.file_len).unwrap();
-            std::io::Write::write_all(&mut f.file(), t.as_bytes()).unwrap();
-            f.commit().unwrap();
-        }));
+        all = all.min(best_of(1, || write_reserved(&every, l.file_len, t.as_bytes())));
         save = save.min(best_of(1, || t.save(&saved).unwrap()));
     }
     let body = HEADER_LEN as usize..l.sums_offset as usize;
     assert!(std::fs::read(&saved).unwrap()[body.clone()] == t.as_bytes()[body], "the saved body differs from the table's");
     println!("table of {:.0} MiB, {n} rows: save {save:.3} s | every byte written {all:.3} s ({:.1}x)", l.file_len as f64 / 1048576.0, all / save);
+}
+
+/// `save` without its checksums or its skipped pages: the file's space reserved first, then
+/// every byte of `bytes` written, committed atomically.
+fn write_reserved(path: &std::path::Path, len: u64, bytes: &[u8]) {
+    let f = ringrec::fileio::AtomicFile::create(path, 0o600).unwrap();
+    ringrec::fileio::reserve(f.file(), path, len).unwrap();
+    std::io::Write::write_all(&mut f.file(), bytes).unwrap();
+    f.commit().unwrap();
 }
 
 /// Seconds of the fastest of `n` runs of `f`.
@@ -454,12 +458,7 @@ fn checksum_cost() {
             let (mut v1, mut plain, mut save) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
             for _ in 0..5 {
                 v1 = v1.min(best_of(1, || ringrec::fileio::write_atomic(&without, 0o600, |w| std::io::Write::write_all(w, t.as_bytes())).unwrap()));
-                plain = plain.min(best_of(1, || {
-                    let f = ringrec::fileio::AtomicFile::create(&without, 0o600).unwrap();
-                    ringrec::fileio::reserve(f.file(), &without, l.file_len).unwrap();
-                    std::io::Write::write_all(&mut f.file(), t.as_bytes()).unwrap();
-                    f.commit().unwrap();
-                }));
+                plain = plain.min(best_of(1, || write_reserved(&without, l.file_len, t.as_bytes())));
                 save = save.min(best_of(1, || t.save(&with).unwrap()));
             }
             let open_plain = best_of(3, || drop(EmbeddingTable::open_readonly(&without).unwrap()));

@@ -226,7 +226,7 @@ pub const VARIABLES: &[Variable] = &[
     v("RINGREC_CUDA_LIB_DIR", false, "unset", Reader::CudaLibs, "directories (colon-separated) searched first for libcuda, libnvrtc, libcublas, libnccl (docs/gpus.md)"),
     v("RINGREC_HOST_DELAY_SEED", false, "unset", Reader::HostKernels, "`--device host` (tests): every queued device operation first sleeps a random 0..max µs drawn from the seed, so an ordering bug changes the results"),
     v("RINGREC_HOST_DELAY_MAX_US", false, "200", Reader::HostKernels, "`--device host` (tests): the longest of those delays"),
-    v("RINGREC_HOST_FAULT", false, "unset", Reader::HostKernels, "`--device host` (tests): `no-stream-waits` or `no-staging-wait` removes that wait on purpose (proves the delayed runs catch it)"),
+    v("RINGREC_HOST_FAULT", false, "unset", Reader::HostKernels, "`--device host` (tests): `no-stream-waits`, `no-staging-wait` or `no-write-back-wait` (the GPU cache's write-back before the host table is read) removes that wait on purpose (proves the delayed runs catch it)"),
 ];
 
 /// The documentation's table of [`VARIABLES`] (markdown: docs/configuration.md holds it

@@ -154,8 +154,8 @@ fn print(s: &TrainSummary, json: bool) -> anyhow::Result<()> {
     let g = &s.gpu_cache;
     if g.slots > 0 {
         println!(
-            "GPU hot-row cache: {} slots ({:.1} MiB) per rank, hit rate {:.3}, {:.0} bytes uploaded and {:.0} downloaded per sample, {} rows refreshed",
-            g.slots, g.mib, g.hit_rate, g.bytes_uploaded_per_sample, g.bytes_downloaded_per_sample, g.rows_refreshed
+            "GPU hot-row cache: {} slots ({:.1} MiB) per rank, {}, hit rate {:.3}, {:.0} bytes uploaded and {:.0} downloaded per sample, {} rows refreshed",
+            g.slots, g.mib, g.mode, g.hit_rate, g.bytes_uploaded_per_sample, g.bytes_downloaded_per_sample, g.rows_refreshed
         );
     }
     if s.table_growths + s.table_evictions + s.table_expirations + s.table_refused > 0 {

@@ -144,13 +144,13 @@ pub const DEFAULT_MAX_DELAY_US: u64 = 200;
 impl HostOptions {
     /// The options from `RINGREC_HOST_DELAY_SEED` (a u64: delays on),
     /// `RINGREC_HOST_DELAY_MAX_US` (the longest delay, default 200) and `RINGREC_HOST_FAULT`
-    /// (`no-stream-waits` or `no-staging-wait`), for rank `rank` (its delays differ from
+    /// (`no-stream-waits`, `no-staging-wait` or `no-write-back-wait`), for rank `rank` (its delays differ from
     /// the other ranks'). A bad value is an error naming the variable.
     pub fn from_env(rank: usize) -> Result<HostOptions, String> {
         use crate::config::parse;
         let seed = parse("RINGREC_HOST_DELAY_SEED", "a u64 seed, e.g. 7", |s| s.parse::<u64>().ok())?;
         let max_us = parse("RINGREC_HOST_DELAY_MAX_US", "microseconds, e.g. 200", |s| s.parse::<u64>().ok().filter(|m| *m <= 1_000_000))?.unwrap_or(DEFAULT_MAX_DELAY_US);
-        let fault = parse("RINGREC_HOST_FAULT", "no-stream-waits or no-staging-wait", |s| s.parse::<HostFault>().ok())?;
+        let fault = parse("RINGREC_HOST_FAULT", "no-stream-waits, no-staging-wait or no-write-back-wait", |s| s.parse::<HostFault>().ok())?;
         let mut rank_seed = rank as u64;
         let delay = seed.map(|seed| HostDelay { seed: seed ^ splitmix64_next(&mut rank_seed), max_us });
         Ok(HostOptions { delay, fault })

@@ -53,8 +53,12 @@ pub enum HostFault {
     /// buffer (the wait that lets `DenseModel::stage` reuse a staging slot): those uploads
     /// read what the host writes next, as they would on a GPU.
     NoStagingWait,
+    /// The trainer's readers of the host table (checkpoints, evaluation, a refresh's
+    /// lookups) do not wait for the GPU hot-row cache's write-back (`--gpu-cache-mode
+    /// write-back`): it is skipped, so they read rows the device changed since.
+    NoWriteBackWait,
 }
-crate::config::named_enum!(HostFault { NoStreamWaits => "no-stream-waits", NoStagingWait => "no-staging-wait" });
+crate::config::named_enum!(HostFault { NoStreamWaits => "no-stream-waits", NoStagingWait => "no-staging-wait", NoWriteBackWait => "no-write-back-wait" });
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -1,9 +1,10 @@
 //! The host side of the GPU hot-row cache (issue 30): which keys' rows a rank keeps in
 //! its device's memory, and in which slot ([`CacheDirectory`]).
 //!
-//! The host table stays the source of truth (write-through): the leader updates every row
+//! In write-through the host table stays the source of truth: the leader updates every row
 //! as without a cache, and each rank applies the same merged gradients to the rows it
-//! caches with the same arithmetic, so a cached row always equals the host's. The
+//! caches with the same arithmetic, so a cached row always equals the host's; in write-back
+//! (`train::gpu_cache`) the cached rows are the truth and are written back. The
 //! directory only decides:
 //!
 //! - **Staging** ([`CacheDirectory::plan`]): for each unique key of a batch, a *source*
@@ -26,7 +27,8 @@
 //!   same. Only keys the caller says are live in the table enter (`--admit-after`). Keys
 //!   that stay keep their slot; keys entering take the lowest slots free, to be read (row
 //!   and optimizer state) from the host table and uploaded by the caller (only the rows
-//!   that changed slot travel); keys leaving need no write-back.
+//!   that changed slot travel); keys leaving are listed with their slots, for a write-back
+//!   cache to write their rows back.
 //!
 //! [`CacheCounters`] holds what the cache did: hit rate, bytes moved each way, rows
 //! refreshed. The byte counters are counted where the transfers happen (the caller's
@@ -68,6 +70,27 @@ pub struct StagingPlan {
     pub hits: usize,
 }
 
+impl StagingPlan {
+    /// A write-back cache's step on this plan's batch: its misses' rows of `grads` (every
+    /// unique key's row of `dim` values, in key order) into `sent`, and per unique key its
+    /// row among those or [`crate::embedding::update::HELD`] (cached: the device steps it)
+    /// into `held` (see [`crate::embedding::EmbeddingTable::apply_updates_held`]). Returns
+    /// the misses, the keys of `sent`.
+    pub fn split_held(&self, grads: &[f32], dim: usize, sent: &mut Vec<f32>, held: &mut Vec<u32>) -> &[u64] {
+        sent.clear();
+        held.clear();
+        for (u, s) in self.source.iter().enumerate() {
+            if s & MISS == 0 {
+                held.push(super::update::HELD);
+                continue;
+            }
+            held.push(s & !MISS);
+            sent.extend_from_slice(&grads[u * dim..(u + 1) * dim]);
+        }
+        &self.misses
+    }
+}
+
 /// What [`CacheDirectory::refresh`] changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Refresh {
@@ -76,6 +99,9 @@ pub struct Refresh {
     pub entering: Vec<(u64, u32)>,
     /// Keys that left (their slots are reused or empty now).
     pub left: usize,
+    /// Those keys with the slots they had, by slot: a write-back cache writes their rows
+    /// back (before the entering rows are put into the slots).
+    pub leaving: Vec<(u64, u32)>,
 }
 
 /// What a rank's cache did over a run (sums; ratios by the methods).
@@ -531,17 +557,18 @@ impl CacheDirectory {
         items.extend(self.map.iter().filter(|(k, v)| v & CANDIDATE != 0 && live(*k)).map(|(k, v)| (k, (v & !CANDIDATE) as f64, NEW)));
         self.doorkeeper.next_interval();
         let by_score = |a: &(u64, f64, u32), b: &(u64, f64, u32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let mut left = 0;
+        let mut leaving = Vec::new();
         if items.len() > self.capacity {
             items.select_nth_unstable_by(self.capacity, by_score);
-            for (_, _, s) in items.drain(self.capacity..) {
+            for (k, _, s) in items.drain(self.capacity..) {
                 if s != NEW {
                     self.slots[s as usize] = None;
                     self.cached -= 1;
-                    left += 1;
+                    leaving.push((k, s));
                 }
             }
         }
+        leaving.sort_unstable_by_key(|(_, s)| *s);
         // Keys that stay keep their slot (with their new score); the others take the
         // lowest free slots, by key.
         let mut entering: Vec<(u64, f64)> = Vec::new();
@@ -574,7 +601,7 @@ impl CacheDirectory {
         }
         self.counters.rows_refreshed += out.len() as u64;
         self.counters.refreshes += 1;
-        Refresh { entering: out, left }
+        Refresh { entering: out, left: leaving.len(), leaving }
     }
 
     /// Empties the cache (its counts are kept: a cached key seen since the last refresh

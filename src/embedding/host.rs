@@ -310,6 +310,17 @@ impl HostTable {
     /// (the host's other ranks move to the new table in the next [`HostTable::sync`]),
     /// evict or expire rows ([`super::manage`]).
     pub fn apply_updates(&mut self, keys: &[u64], grads: &[f32], lr: f32) -> TableResult<UpdateStats> {
+        self.apply_updates_with(keys, grads, lr, None)
+    }
+
+    /// [`HostTable::apply_updates`] with some rows held elsewhere (a GPU hot-row cache in
+    /// write-back): `held` gives per key its gradient row in `grads` or
+    /// [`super::update::HELD`] ([`EmbeddingTable::apply_updates_held`]).
+    pub fn apply_updates_held(&mut self, keys: &[u64], grads: &[f32], lr: f32, held: &[u32]) -> TableResult<UpdateStats> {
+        self.apply_updates_with(keys, grads, lr, Some(held))
+    }
+
+    fn apply_updates_with(&mut self, keys: &[u64], grads: &[f32], lr: f32, held: Option<&[u32]>) -> TableResult<UpdateStats> {
         if !self.leader {
             return Err(TableError::ReadOnly);
         }
@@ -319,8 +330,12 @@ impl HostTable {
         let grown = self.grown_path(self.remaps + 1);
         let (table, policy, ahead) = (&mut self.table, self.policy, &mut self.ahead);
         let mut apply = || match policy {
-            None => table.apply_updates(keys, grads, lr).map(|stats| manage::Managed { stats, ..Default::default() }),
-            Some(policy) => manage::apply_managed(table, keys, grads, lr, &policy, &grown, ahead),
+            None => match held {
+                None => table.apply_updates(keys, grads, lr),
+                Some(h) => table.apply_updates_held(keys, grads, lr, h),
+            }
+            .map(|stats| manage::Managed { stats, ..Default::default() }),
+            Some(policy) => manage::apply_managed(table, keys, grads, lr, &policy, &grown, ahead, held),
         };
         let r = match &self.pool {
             Some(p) if keys.len() >= POOL_MIN_UPDATES => p.install(apply),

@@ -151,8 +151,10 @@ impl Drop for Ahead {
 /// [`EmbeddingTable::apply_updates`]) under `policy`: growing it first (into the file
 /// `next`, made ahead by `ahead` when it could be) or evicting rows when the batch would
 /// pass the high-water mark, and expiring rows after it (see the module docs). On growth
-/// `table` is the new table afterwards; the next growth needs another `next`.
-pub fn apply_managed(table: &mut EmbeddingTable, keys: &[u64], grads: &[f32], lr: f32, policy: &TablePolicy, next: &Path, ahead: &mut Ahead) -> TableResult<Managed> {
+/// `table` is the new table afterwards; the next growth needs another `next`. With `held`,
+/// the rows held elsewhere are not stepped ([`EmbeddingTable::apply_updates_held`]).
+#[allow(clippy::too_many_arguments)]
+pub fn apply_managed(table: &mut EmbeddingTable, keys: &[u64], grads: &[f32], lr: f32, policy: &TablePolicy, next: &Path, ahead: &mut Ahead, held: Option<&[u32]>) -> TableResult<Managed> {
     let mut out = Managed::default();
     let mut plan = table.plan_updates(keys, true)?;
     let mut room = None;
@@ -193,7 +195,7 @@ pub fn apply_managed(table: &mut EmbeddingTable, keys: &[u64], grads: &[f32], lr
             room = Some(high.saturating_sub(table.live_rows()));
         }
     }
-    out.stats = table.apply_planned(keys, grads, lr, plan, room)?;
+    out.stats = table.apply_planned(keys, grads, lr, plan, room, held)?;
     if let (Some(period), Some(s)) = (policy.expiry_period(), policy.expire_after) {
         if table.generation() % period == 0 {
             out.expired = table.expire(s)?;

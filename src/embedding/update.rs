@@ -4,6 +4,11 @@
 //! key is admitted ([`super::admit`]). Each updated row's usage (last update, update count)
 //! is recorded when the table keeps it. Deterministic: every host applying the same list
 //! gets a byte-identical file.
+//!
+//! A GPU hot-row cache in write-back ([`EmbeddingTable::apply_updates_held`]) holds some
+//! rows elsewhere: those keys go through the batch as every other (placement, admission,
+//! eviction's sparing, usage), only their rows are not stepped here; the holder writes
+//! them back ([`EmbeddingTable::write_back`]) before anything reads them.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -34,6 +39,8 @@ fn prefetch<T>(p: *const T) {
 const ABSENT: usize = 1 << (usize::BITS - 1);
 /// Marks a key whose gradient is dropped (not admitted, or no room) in `write_rows_t`.
 const SKIP: usize = usize::MAX;
+/// Marks a key of [`EmbeddingTable::apply_updates_held`] whose row is held elsewhere.
+pub const HELD: u32 = u32::MAX;
 
 /// What an update batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -246,34 +253,97 @@ impl EmbeddingTable {
         self.write_rows(keys, values, RowOp::Assign)
     }
 
+    /// [`EmbeddingTable::apply_updates`] for strictly increasing `keys` of which some rows are
+    /// held elsewhere (a GPU hot-row cache in write-back, which steps them itself): `rows`
+    /// gives per key the index of its gradient row in `grads`, or [`HELD`]. A held key
+    /// goes through the batch as any other — it must be in the table, it is spared by
+    /// eviction and its usage is recorded — but its row and optimizer state are left as
+    /// they are. The table's file is then the one [`EmbeddingTable::apply_updates`] of
+    /// every row gives, but for the held rows' values, which the holder writes back
+    /// ([`EmbeddingTable::write_back`]).
+    pub fn apply_updates_held(&mut self, keys: &[u64], grads: &[f32], lr: f32, rows: &[u32]) -> TableResult<UpdateStats> {
+        if !lr.is_finite() {
+            return Err(TableError::Config(format!("learning rate {lr} is not finite")));
+        }
+        if !self.is_writable() {
+            return Err(TableError::ReadOnly);
+        }
+        let plan = self.plan_updates(keys, true)?;
+        self.write_planned(keys, Vals { vals: grads, rows: Some(rows) }, RowOp::Step(lr), plan, None)
+    }
+
+    /// Sets the rows of `keys` (and with `accs`, their Adagrad accumulators) to what a
+    /// holder of them computed (a GPU hot-row cache in write-back, [`EmbeddingTable::apply_updates_held`]),
+    /// leaving everything else — usage, generation, counts — as it is, so the file is the
+    /// one the table would hold had it stepped those rows itself. Keys not in the table
+    /// (removed since) are passed over; returns the rows written.
+    pub fn write_back(&mut self, keys: &[u64], rows: &[f32], accs: Option<&[f32]>) -> TableResult<usize> {
+        self.check_len("written-back rows", keys.len(), rows.len())?;
+        if let Some(a) = accs.filter(|a| a.len() != keys.len()) {
+            return Err(TableError::Shape { what: "written-back accumulators", keys: keys.len(), dim: 1, expected: keys.len(), got: a.len() });
+        }
+        let slots: Vec<Option<usize>> = keys.iter().map(|k| self.slot_of(*k)).collect();
+        let h = self.header;
+        let written = match h.dtype {
+            StorageDtype::F32 => self.write_back_t::<f32>(&slots, rows, accs)?,
+            StorageDtype::F16 => self.write_back_t::<f16>(&slots, rows, accs)?,
+            StorageDtype::Bf16 => self.write_back_t::<bf16>(&slots, rows, accs)?,
+        };
+        self.write_header(h)?;
+        Ok(written)
+    }
+
+    fn write_back_t<T: Elem>(&mut self, slots: &[Option<usize>], rows: &[f32], accs: Option<&[f32]>) -> TableResult<usize> {
+        let d = self.dim();
+        let adagrad = self.header.optimizer == OptimizerKind::Adagrad;
+        let path = self.path.clone();
+        let p = self.parts_mut::<T>()?;
+        let mut written = 0;
+        for (n, s) in slots.iter().enumerate() {
+            let Some(s) = *s else { continue };
+            let row = p.rows.get_mut(s * d..(s + 1) * d).ok_or_else(|| TableError::from(FORMAT.layout(&path, "row outside its section")))?;
+            T::store(&rows[n * d..(n + 1) * d], row);
+            if let (true, Some(a)) = (adagrad, accs) {
+                *p.state.get_mut(s).ok_or_else(|| TableError::from(FORMAT.layout(&path, "state outside its section")))? = a[n];
+            }
+            written += 1;
+        }
+        Ok(written)
+    }
+
     fn write_rows(&mut self, keys: &[u64], vals: &[f32], op: RowOp) -> TableResult<UpdateStats> {
         if !self.is_writable() {
             return Err(TableError::ReadOnly);
         }
         self.check_len(if matches!(op, RowOp::Assign) { "row values" } else { "gradients" }, keys.len(), vals.len())?;
         let plan = self.plan_updates(keys, matches!(op, RowOp::Step(_)))?;
-        self.write_planned(keys, vals, op, plan, None)
+        self.write_planned(keys, Vals { vals, rows: None }, op, plan, None)
     }
 
     /// [`EmbeddingTable::apply_updates`] by a plan made on this table as it is now, inserting
     /// at most `room` keys (the others' gradients are dropped, counted as refused), or,
     /// without `room`, failing with [`TableError::Full`] when the plan's insertions would
     /// pass the load limit.
-    pub(super) fn apply_planned(&mut self, keys: &[u64], grads: &[f32], lr: f32, plan: UpdatePlan, room: Option<u64>) -> TableResult<UpdateStats> {
+    /// With `held` (per key: its gradient row in `grads`, or [`HELD`]), the held rows are
+    /// not stepped ([`EmbeddingTable::apply_updates_held`]).
+    pub(super) fn apply_planned(&mut self, keys: &[u64], grads: &[f32], lr: f32, plan: UpdatePlan, room: Option<u64>, held: Option<&[u32]>) -> TableResult<UpdateStats> {
         if !lr.is_finite() {
             return Err(TableError::Config(format!("learning rate {lr} is not finite")));
         }
-        self.check_len("gradients", keys.len(), grads.len())?;
-        self.write_planned(keys, grads, RowOp::Step(lr), plan, room)
+        if held.is_none() {
+            self.check_len("gradients", keys.len(), grads.len())?;
+        }
+        self.write_planned(keys, Vals { vals: grads, rows: held }, RowOp::Step(lr), plan, room)
     }
 
-    fn write_planned(&mut self, keys: &[u64], vals: &[f32], op: RowOp, plan: UpdatePlan, room: Option<u64>) -> TableResult<UpdateStats> {
+    fn write_planned(&mut self, keys: &[u64], vals: Vals<'_>, op: RowOp, plan: UpdatePlan, room: Option<u64>) -> TableResult<UpdateStats> {
         if !self.is_writable() {
             return Err(TableError::ReadOnly);
         }
         if plan.stamp != self.stamp() || plan.slots.len() != keys.len() {
             return Err(TableError::Config("an update plan was applied to a table that changed since it was made".into()));
         }
+        vals.check(self.dim(), keys, &plan.slots)?;
         let h = self.header;
         let max_rows = h.max_rows();
         let new = if h.live_rows + plan.absent > max_rows { self.planned_inserts(keys, &plan)? } else { plan.absent };
@@ -316,11 +386,11 @@ impl EmbeddingTable {
     /// occurrence's row with [`step_row`] and records its usage: in list order, or in
     /// parallel for strictly increasing keys (what the sparse exchange hands the leader:
     /// distinct keys, disjoint rows, the same result).
-    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: &[f32], op: RowOp, mut slots: Vec<usize>, room: u64) -> TableResult<UpdateStats> {
+    fn write_rows_t<T: Elem>(&mut self, keys: &[u64], vals: Vals<'_>, op: RowOp, mut slots: Vec<usize>, room: u64) -> TableResult<UpdateStats> {
         let mut h = self.header;
         let path = self.path.clone();
         let mut p = self.parts_mut::<T>()?;
-        let batch = Batch { keys, vals, op, distinct: keys.windows(2).all(|w| w[0] < w[1]) };
+        let batch = Batch { keys, vals: vals.vals, rows: vals.rows, op, distinct: keys.windows(2).all(|w| w[0] < w[1]) };
         let (inserted, mut stats) = place_keys(&mut p, &mut h, &path, &batch, &mut slots, room)?;
         stats.updated = keys.len() as u64 - stats.refused;
         step_rows(&mut p, &h, &path, &batch, &slots, &inserted)?;
@@ -336,11 +406,47 @@ impl EmbeddingTable {
     }
 }
 
+/// The values of an update batch: one row per key, or (`rows`: per key its row in `vals`,
+/// or [`HELD`]) one per key not held elsewhere.
+#[derive(Clone, Copy)]
+struct Vals<'a> {
+    vals: &'a [f32],
+    rows: Option<&'a [u32]>,
+}
+
+impl Vals<'_> {
+    /// Whether these values fit a batch of `keys` planned into `slots`: a row per key, or
+    /// every row index inside `vals` and every held key in the table, keys strictly
+    /// increasing.
+    fn check(&self, dim: usize, keys: &[u64], slots: &[usize]) -> TableResult<()> {
+        let Some(rows) = self.rows else { return Ok(()) };
+        let have = self.vals.len() / dim.max(1);
+        let bad = |why: &str| Err(TableError::Config(format!("an update with held rows {why}")));
+        if rows.len() != keys.len() || self.vals.len() % dim.max(1) != 0 {
+            return bad("gives a row index per key and whole rows");
+        }
+        if !keys.windows(2).all(|w| w[0] < w[1]) {
+            return bad("takes strictly increasing keys");
+        }
+        for (r, s) in rows.iter().zip(slots) {
+            match *r {
+                HELD if s & ABSENT != 0 => return bad("holds a row the table does not have"),
+                HELD => {}
+                r if r as usize >= have => return bad("names a gradient row past its rows"),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One batch of row writes: its keys, their values (gradients or rows, `dim` per key) and
 /// what to do with them.
 struct Batch<'a> {
     keys: &'a [u64],
     vals: &'a [f32],
+    /// Per key its row in `vals`, or [`HELD`] (not stepped); `None`: row `n` for key `n`.
+    rows: Option<&'a [u32]>,
     op: RowOp,
     /// Strictly increasing keys (what the sparse exchange hands the leader): each key comes
     /// once, so rows are disjoint and pass 2 may run in parallel.
@@ -399,7 +505,7 @@ fn place_keys<T>(p: &mut Parts<'_, T>, h: &mut Header, path: &Path, batch: &Batc
 /// [`init::init_row`]) stepped with [`step_row`] and its usage recorded, in list order, or
 /// in parallel for `distinct` keys (disjoint rows, the same result).
 fn step_rows<T: Elem>(p: &mut Parts<'_, T>, h: &Header, path: &Path, batch: &Batch<'_>, slots: &[usize], inserted: &[bool]) -> TableResult<()> {
-    let Batch { keys, vals, op, distinct } = *batch;
+    let Batch { keys, vals, rows, op, distinct } = *batch;
     let d = h.dim as usize;
     let adagrad = matches!(op, RowOp::Step(_)) && h.optimizer == OptimizerKind::Adagrad;
     let usage = !p.usage.is_empty();
@@ -427,18 +533,21 @@ fn step_rows<T: Elem>(p: &mut Parts<'_, T>, h: &Header, path: &Path, batch: &Bat
         if slot == SKIP {
             return;
         }
-        // SAFETY: bounds checked above; the row and state of `slot` are touched by this
-        // call only (sequentially, or in parallel for distinct keys, hence distinct slots).
-        let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
-        if inserted[n] {
-            init::init_row::<T>(keys[n], seed, scale, w);
-        } else {
-            T::load(row, w);
+        let r = rows.map_or(n, |r| r[n] as usize);
+        if r != HELD as usize {
+            // SAFETY: bounds checked above; the row and state of `slot` are touched by this
+            // call only (sequentially, or in parallel for distinct keys, hence distinct slots).
+            let row = unsafe { std::slice::from_raw_parts_mut(shared.0.add(slot * d), d) };
+            if inserted[n] {
+                init::init_row::<T>(keys[n], seed, scale, w);
+            } else {
+                T::load(row, w);
+            }
+            // SAFETY: as for the row; slot < state.len() checked above.
+            let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
+            step_row(w, &vals[r * d..(r + 1) * d], op, acc, eps);
+            T::store(w, row);
         }
-        // SAFETY: as for the row; slot < state.len() checked above.
-        let acc = adagrad.then(|| unsafe { &mut *shared.1.add(slot) });
-        step_row(w, &vals[n * d..(n + 1) * d], op, acc, eps);
-        T::store(w, row);
         if usage {
             // SAFETY: as for the row; 2 * slot + 1 < usage.len() checked above.
             let u = unsafe { std::slice::from_raw_parts_mut(shared.2.add(2 * slot), 2) };

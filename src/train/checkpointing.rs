@@ -168,8 +168,10 @@ impl<D: Device> Trainer<'_, D> {
     /// first measures how far the dense parameters moved since the last checkpoint and
     /// skips it (saying so) when that is less. Returns whether a checkpoint was taken.
     pub(super) fn save_checkpoint(&mut self, dir: &Path, gated: bool) -> TrainResult<bool> {
-        // A checkpoint holds a synchronised state (`--sync-every`).
+        // A checkpoint holds a synchronised state (`--sync-every`) and the rows a write-back
+        // GPU cache changed.
         self.sync()?;
+        self.write_back_cache()?;
         let mine = if self.topo.rank == 0 {
             (|| -> Result<bool, String> {
                 let p = self.position;

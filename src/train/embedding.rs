@@ -276,6 +276,11 @@ impl EmbeddingStage {
         &self.table
     }
 
+    /// The host table, to write (a write-back cache on its leader).
+    pub fn table_mut(&mut self) -> &mut HostTable {
+        &mut self.table
+    }
+
     /// The exchanger (its cumulative statistics).
     pub fn exchanger(&self) -> &SparseExchanger {
         &self.exchanger
@@ -308,6 +313,19 @@ impl EmbeddingStage {
     /// the rows at the last sync before it updates them, and a non-finite update is skipped
     /// on this host under either policy (under `Stop` every rank stops at the next sync).
     pub fn exchange_and_apply(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        self.exchange_and_apply_with(keys, grads, step, policy, None)
+    }
+
+    /// [`EmbeddingStage::exchange_and_apply`] of a GPU hot-row cache in write-back (one
+    /// rank): `keys` and `grads` are the batch's misses, exchanged as ever; the leader's
+    /// update takes every unique key of the batch (`all`), stepping the misses' rows with
+    /// the merged list and leaving the rows `held` marks as [`crate::embedding::update::HELD`]
+    /// (cached) as they are ([`crate::embedding::EmbeddingTable::apply_updates_held`]).
+    pub fn exchange_and_apply_held(&mut self, keys: &[u64], grads: &[f32], (all, held): (&[u64], &[u32]), step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        self.exchange_and_apply_with(keys, grads, step, policy, Some((all, held)))
+    }
+
+    fn exchange_and_apply_with(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy, held: Option<(&[u64], &[u32])>) -> TrainResult<SparseStats> {
         let skips = &mut self.nan_skips;
         let mut sync = self.sync.as_mut();
         let lr = self.lr;
@@ -331,7 +349,17 @@ impl EmbeddingStage {
             if let Some(s) = sync.as_mut() {
                 s.rows.record(table.table(), g.keys)?;
             }
-            table.apply_updates(g.keys, g.grads, lr)?;
+            match held {
+                None => table.apply_updates(g.keys, g.grads, lr)?,
+                Some((all, rows)) => {
+                    // The merged list is the misses', in the batch's key order.
+                    let misses = all.iter().zip(rows).filter(|(_, r)| **r != crate::embedding::update::HELD).map(|(k, _)| k);
+                    if g.keys.len() != keys.len() || !misses.eq(g.keys.iter()) {
+                        return Err(SparseError::Invalid("the merged list of a write-back cache's step is not its misses".into()));
+                    }
+                    table.apply_updates_held(all, g.grads, lr, rows)?
+                }
+            };
             Ok(())
         };
         let done = self.exchanger.exchange_and_update(&mut self.table, keys, grads, &mut update);

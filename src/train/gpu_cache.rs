@@ -23,13 +23,43 @@
 //! Every copy to the device is queued in stream order before the work that reads it, and a
 //! staging buffer is refilled only through [`Device::host`], which waits for the copies
 //! still reading it (a run with `RINGREC_HOST_FAULT=no-staging-wait` removes that wait).
+//!
+//! **Write-back** (`--gpu-cache-mode write-back`, [`GpuCacheMode`]; one rank): the cached
+//! rows and their accumulators are the truth for the keys they hold. The step exchanges
+//! only the misses' key gradients; the leader's update takes the batch's every key
+//! ([`crate::embedding::EmbeddingTable::apply_updates_held`]: placement, eviction's sparing
+//! and usage as in write-through) but steps only the misses' rows, and the device steps the
+//! cached rows from the key gradients it holds ([`GpuCache::apply_own`]). Where a key
+//! gradient is not finite the step goes the write-through way, so `--nan-policy` decides
+//! on the same list. Rows are written back (gathered on the device by slot with
+//! [`Op::GatherRows`], downloaded, and put into the host table with their accumulators,
+//! [`crate::embedding::EmbeddingTable::write_back`], which leaves usage and generation as
+//! they are) when they leave at a refresh, before the cache empties after a removal, and
+//! all of them before anything else reads the table ([`GpuCache::write_back_all`]: the
+//! trainer's checkpoints, evaluations and end), so the table's file is write-through's
+//! byte for byte whenever it is read. The download's wait is [`Device::host`]'s on the
+//! download staging (`RINGREC_HOST_FAULT=no-write-back-wait` skips it, to prove the tests
+//! catch a missing one).
 
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
 use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
-use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection};
+use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection, MISS};
 use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
 use crate::model::DenseModel;
+
+/// `--gpu-cache-mode`: who updates the cached rows (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuCacheMode {
+    /// The host table's leader updates every row; the cache updates its copies.
+    #[default]
+    WriteThrough,
+    /// The device alone updates the cached rows; they are written back before the host
+    /// table is read.
+    WriteBack,
+}
+
+crate::config::named_enum!(GpuCacheMode { WriteThrough => "write-through", WriteBack => "write-back" });
 
 /// An upload: host staging (of `cap` elements) and the device buffer it goes to.
 struct Upload<D: Device, T: Scalar> {
@@ -60,6 +90,70 @@ impl<D: Device, T: Scalar> Upload<D, T> {
             self.dev = dev.alloc(n)?;
         }
         dev.upload(&mut self.host, n, &mut self.dev)
+    }
+}
+
+/// A download: the device buffer gathered into and the host staging it comes down to.
+struct Download<D: Device, T: Scalar> {
+    dev: D::Buf<T>,
+    host: D::Staging<T>,
+    cap: usize,
+}
+
+impl<D: Device, T: Scalar> Download<D, T> {
+    fn new(dev: &D) -> DeviceResult<Download<D, T>> {
+        Ok(Download { dev: dev.alloc(1)?, host: dev.staging(0, Direction::FromDevice)?, cap: 0 })
+    }
+
+    /// The device buffer of at least `n` elements to gather into.
+    fn target(&mut self, dev: &D, n: usize) -> DeviceResult<&mut D::Buf<T>> {
+        if dev.len(&self.dev) < n {
+            self.dev = dev.alloc(n)?;
+        }
+        Ok(&mut self.dev)
+    }
+
+    /// Queues the copy of the first `n` elements down and returns them once there (the
+    /// wait is [`Device::host`]'s).
+    fn fetch(&mut self, dev: &D, n: usize) -> DeviceResult<&[T]> {
+        if self.cap < n {
+            self.host = dev.staging(n, Direction::FromDevice)?;
+            self.cap = n;
+        }
+        dev.download(&mut self.dev, n, &mut self.host)?;
+        Ok(&dev.host(&mut self.host)?[..n])
+    }
+}
+
+/// Whether `RINGREC_HOST_FAULT=no-write-back-wait` is set on the host-kernels device `dev`:
+/// the host table's readers then do not wait for the cache's write-back (it is skipped),
+/// so a test comparing the table must fail.
+fn write_back_skipped<D: Device>(dev: &D) -> bool {
+    dev.kind() == "host-kernels" && crate::config::var("RINGREC_HOST_FAULT").is_some_and(|v| v == crate::device::HostFault::NoWriteBackWait.name())
+}
+
+/// The host table as [`GpuCache::after_step`] uses it: read (write-through), or read and
+/// written (write-back, on the rank that is its leader).
+pub enum TableAt<'a> {
+    /// Read only.
+    Read(&'a EmbeddingTable),
+    /// Read and written.
+    Write(&'a mut EmbeddingTable),
+}
+
+impl TableAt<'_> {
+    fn get(&self) -> &EmbeddingTable {
+        match self {
+            TableAt::Read(t) => t,
+            TableAt::Write(t) => t,
+        }
+    }
+
+    fn get_mut(&mut self) -> TrainResult<&mut EmbeddingTable> {
+        match self {
+            TableAt::Read(_) => Err(TrainError::Config("internal: a write-back to a host table this rank only reads".into())),
+            TableAt::Write(t) => Ok(t),
+        }
     }
 }
 
@@ -98,6 +192,19 @@ pub struct GpuCache<D: Device> {
     selection: UpdateSelection,
     /// The table's removals when last seen.
     removed: u64,
+    /// Write-back ([`GpuCacheMode::WriteBack`]): the cached rows are the truth.
+    write_back: bool,
+    /// Write-back: whether a cached row changed since it was last written back.
+    dirty: bool,
+    /// `RINGREC_HOST_FAULT=no-write-back-wait` (tests): write-backs are skipped.
+    skip_write_back: bool,
+    /// Write-back's downloads: the rows and accumulators gathered by slot.
+    down_rows: Download<D, f32>,
+    down_accs: Download<D, f32>,
+    /// Write-back's step (scratch, [`GpuCache::split_own`]): the misses' key gradients and
+    /// per unique key its row among them or `HELD`.
+    sent: Vec<f32>,
+    held: Vec<u32>,
 }
 
 /// Rows removed from a table so far (eviction and expiry).
@@ -123,7 +230,7 @@ pub fn cache_slots(cfg: &TrainConfig, table: &EmbeddingTable) -> usize {
 impl<D: Device> GpuCache<D> {
     /// A cache of `slots` slots on `dev` for rows of `table`, updated with the sparse
     /// learning rate `lr`, its keys chosen every `refresh_every` steps.
-    pub fn new(dev: &D, table: &EmbeddingTable, slots: usize, lr: f32, refresh_every: u64) -> TrainResult<GpuCache<D>> {
+    pub fn new(dev: &D, table: &EmbeddingTable, slots: usize, lr: f32, refresh_every: u64, mode: GpuCacheMode) -> TrainResult<GpuCache<D>> {
         let h = table.header();
         let dim = table.dim();
         let adagrad = h.optimizer == OptimizerKind::Adagrad;
@@ -144,7 +251,101 @@ impl<D: Device> GpuCache<D> {
             accs: Upload::new(dev).map_err(err)?,
             selection: UpdateSelection::default(),
             removed: removed(table.counts()),
+            write_back: mode == GpuCacheMode::WriteBack,
+            dirty: false,
+            skip_write_back: write_back_skipped(dev),
+            down_rows: Download::new(dev).map_err(err)?,
+            down_accs: Download::new(dev).map_err(err)?,
+            sent: Vec::new(),
+            held: Vec::new(),
         })
+    }
+
+    /// Whether it runs in write-back ([`GpuCacheMode::WriteBack`]).
+    pub fn is_write_back(&self) -> bool {
+        self.write_back
+    }
+
+    /// Write-back, for the step of the batch last staged: the misses, the keys the
+    /// exchange and the host's update take, with their key gradients gathered from this
+    /// rank's own `grads` (its unique keys' rows, in key order); and per unique key its
+    /// row among those, or [`crate::embedding::update::HELD`] (cached: the device steps it,
+    /// [`GpuCache::apply_own`]).
+    pub fn split_own(&mut self, grads: &[f32]) -> (&[u64], &[f32], &[u32]) {
+        let misses = self.plan.split_held(grads, self.dim, &mut self.sent, &mut self.held);
+        (misses, &self.sent, &self.held)
+    }
+
+    /// Write-back: steps the cached rows of the batch last staged with this rank's own key
+    /// gradients, where the device holds them (`own`): from the batch's sources on the
+    /// device when it holds those (nothing travels), else with the slots and indices
+    /// uploaded.
+    pub fn apply_own(&mut self, dev: &D, own: OwnGrads<'_, D>) -> TrainResult<()> {
+        let (dim, n) = (self.dim, own.keys.len());
+        if self.plan.hits == 0 {
+            return Ok(());
+        }
+        self.dirty = true;
+        if let Some(sources) = own.sources {
+            dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots: sources, grads: own.dev, index: None, n, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+            return Ok(());
+        }
+        let hits = self.plan.hits;
+        let (slots, index) = (self.slots.fill(dev, hits)?, &mut Vec::with_capacity(hits));
+        let mut k = 0;
+        for (u, s) in self.plan.source.iter().enumerate() {
+            if s & MISS == 0 {
+                slots[k] = *s;
+                index.push(u as u32);
+                k += 1;
+            }
+        }
+        self.index.fill(dev, hits)?.copy_from_slice(index);
+        self.slots.send(dev, hits)?;
+        self.index.send(dev, hits)?;
+        self.dir.counters_mut().uploaded(8 * hits);
+        let (slots, index) = (&self.slots.dev, &self.index.dev);
+        dev.exec(Op::CacheUpdate { rows: &mut self.rows, acc: &mut self.acc, slots, grads: own.dev, index: Some(index), n: hits, dim, lr: self.lr, eps: self.eps, adagrad: self.adagrad })?;
+        Ok(())
+    }
+
+    /// Write-back: writes the cached rows and accumulators of `entries` (key, slot) into
+    /// `table` (see the module docs): gathered on the device, downloaded, put.
+    fn write_back_entries(&mut self, dev: &D, table: &mut EmbeddingTable, entries: &[(u64, u32)]) -> TrainResult<()> {
+        let (n, dim) = (entries.len(), self.dim);
+        if n == 0 || self.skip_write_back {
+            return Ok(());
+        }
+        for (s, (_, slot)) in self.slots.fill(dev, n)?.iter_mut().zip(entries) {
+            *s = *slot;
+        }
+        self.slots.send(dev, n)?;
+        self.dir.counters_mut().uploaded(4 * n);
+        let index = &self.slots.dev;
+        let out = self.down_rows.target(dev, n * dim)?;
+        dev.exec(Op::GatherRows { table: &self.rows, index, out, rows: n, per_row: 1, dim, stride: dim })?;
+        if self.adagrad {
+            let out = self.down_accs.target(dev, n)?;
+            dev.exec(Op::GatherRows { table: &self.acc, index, out, rows: n, per_row: 1, dim: 1, stride: 1 })?;
+        }
+        let keys: Vec<u64> = entries.iter().map(|(k, _)| *k).collect();
+        let accs = if self.adagrad { Some(self.down_accs.fetch(dev, n)?.to_vec()) } else { None };
+        let rows = self.down_rows.fetch(dev, n * dim)?;
+        self.dir.counters_mut().downloaded(4 * (n * dim + accs.as_ref().map_or(0, |a| a.len())));
+        table.write_back(&keys, rows, accs.as_deref())?;
+        Ok(())
+    }
+
+    /// Write-back: writes every cached row changed since the last write-back into the host
+    /// table (this rank its leader), before anything reads it. Nothing in write-through.
+    pub fn write_back_all(&mut self, dev: &D, table: &mut EmbeddingTable) -> TrainResult<()> {
+        if !self.write_back || !self.dirty {
+            return Ok(());
+        }
+        let entries = self.dir.entries();
+        self.write_back_entries(dev, table, &entries)?;
+        self.dirty = false;
+        Ok(())
     }
 
     /// Its number of slots.
@@ -196,6 +397,7 @@ impl<D: Device> GpuCache<D> {
         if n == 0 {
             return Ok(());
         }
+        self.dirty = true;
         if let (true, Some(o)) = (same, own) {
             // The batch's own key list: its sources on the device are the slots, entry i
             // its key gradient row i, the misses skipped. Nothing travels.
@@ -231,13 +433,20 @@ impl<D: Device> GpuCache<D> {
     /// cache if the step removed rows from `table`; every `--gpu-cache-refresh` steps (and
     /// while it is empty), chooses its keys anew and puts the entering keys' rows and accumulators, read from
     /// `table`, into their slots.
-    pub fn after_step(&mut self, dev: &D, table: &EmbeddingTable, step: u64) -> TrainResult<()> {
+    ///
+    /// In write-back the rows leaving are written into `host` first: before the cache
+    /// empties after a removal (every cached key still in the table), at a refresh the
+    /// keys that leave.
+    pub fn after_step(&mut self, dev: &D, mut host: TableAt<'_>, step: u64) -> TrainResult<()> {
         if self.capacity() == 0 {
             return Ok(());
         }
-        let now = removed(table.counts());
+        let now = removed(host.get().counts());
         if now != self.removed {
             self.removed = now;
+            if self.write_back && self.dirty {
+                self.write_back_all(dev, host.get_mut()?)?;
+            }
             self.dir.clear();
         }
         // Due every `--gpu-cache-refresh` steps, and after any step that leaves it empty
@@ -245,7 +454,12 @@ impl<D: Device> GpuCache<D> {
         if step % self.refresh_every != 0 && !self.dir.is_empty() {
             return Ok(());
         }
+        let table = host.get();
         let r = self.dir.refresh(|k| table.contains(k));
+        if self.write_back && !r.leaving.is_empty() {
+            self.write_back_entries(dev, host.get_mut()?, &r.leaving)?;
+        }
+        let table = host.get();
         let (n, dim) = (r.entering.len(), self.dim);
         if n == 0 {
             return Ok(());
@@ -339,12 +553,12 @@ mod tests {
     /// returns the bytes the cache uploaded.
     fn run_with<D: Device>(dev: &D, optimizer: OptimizerKind, name: &str, rounds: usize, own: Own) -> ((Vec<u64>, usize), u64) {
         let mut t = table(name, optimizer, 200);
-        let mut cache = GpuCache::new(dev, &t, 64, LR, 1).unwrap();
+        let mut cache = GpuCache::new(dev, &t, 64, LR, 1, GpuCacheMode::WriteThrough).unwrap();
         let seen: Vec<u64> = (0..120).collect();
         // Every key seen at least twice (a candidate), the first 40 three times.
         let inverse: Vec<u32> = (0..120u32).chain(0..120).chain(0..40).collect();
         cache.dir.observe(&seen, &inverse);
-        cache.after_step(dev, &t, 1).unwrap();
+        cache.after_step(dev, TableAt::Read(&t), 1).unwrap();
         assert_eq!(cache.dir.len(), 64);
         let mut rng = Stream(7);
         let mut on_device = Vec::new();

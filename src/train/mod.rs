@@ -70,6 +70,7 @@ use crate::topology::Topology;
 pub use config::{NanPolicy, TrainConfig};
 pub use error::{TrainError, TrainResult};
 pub use summary::{RankTraffic, StopTarget, TrainSummary};
+pub use gpu_cache::GpuCacheMode;
 pub use sync::SyncScope;
 
 pub use metrics::Evaluation;

@@ -214,6 +214,8 @@ pub struct GpuCacheSummary {
     pub mib: f64,
     /// Steps between two choices of its keys (`--gpu-cache-refresh`).
     pub refresh_steps: u64,
+    /// Who updates its rows (`--gpu-cache-mode`): `write-through` or `write-back`.
+    pub mode: String,
     /// Unique keys of the batches found in the cache / unique keys.
     pub hit_rate: f64,
     /// Bytes copied to the device per sample: the batch, the missed rows, the cache's
@@ -258,8 +260,10 @@ impl<D: Device> Trainer<'_, D> {
     /// (unless disabled) and the summary (the same on every rank but the evaluation,
     /// which rank 0 holds).
     pub fn summary(mut self) -> TrainResult<TrainSummary> {
-        // The run ends synchronised (`--sync-every`).
+        // The run ends synchronised (`--sync-every`), with the rows a write-back GPU cache
+        // changed in the host table.
         self.sync()?;
+        self.write_back_cache()?;
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
         }
@@ -412,6 +416,7 @@ impl<D: Device> Trainer<'_, D> {
             slots: cache.map_or(0, |c| c.capacity() as u64),
             mib: cache.map_or(0.0, |c| c.bytes() as f64 / (1u64 << 20) as f64),
             refresh_steps: self.cfg.gpu_cache_refresh,
+            mode: self.cfg.gpu_cache_mode.name().to_string(),
             hit_rate: all[2] as f64 / all[1].max(1) as f64,
             bytes_uploaded_per_sample: all[3] as f64 / samples,
             bytes_downloaded_per_sample: all[4] as f64 / samples,

@@ -15,7 +15,7 @@ use super::checkpointing::resume;
 use super::data::{self, TrainData};
 use super::embedding::EmbeddingStage;
 use super::fault::Faults;
-use super::gpu_cache::GpuCache;
+use super::gpu_cache::{GpuCache, GpuCacheMode, TableAt};
 use super::phases::{DeviceWait, PhaseTimer};
 use super::predict;
 use super::prefetch::{Ahead, Prefetcher};
@@ -178,10 +178,16 @@ fn open_gpu_cache<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseMo
     if slots == 0 {
         return Ok(None);
     }
-    let cache = GpuCache::new(model.device(), table, slots, cfg.sparse_lr, cfg.gpu_cache_refresh)?;
+    if cfg.gpu_cache_mode == GpuCacheMode::WriteBack && topo.size > 1 {
+        return Err(TrainError::Config(format!(
+            "--gpu-cache-mode write-back at {} ranks: each rank caches the keys of its own batches, and the host table's other readers (the host's other ranks, the other hosts' leaders) would read rows only one GPU holds; run write-back on one rank, or pass --gpu-cache-mode write-through (the default)",
+            topo.size
+        )));
+    }
+    let cache = GpuCache::new(model.device(), table, slots, cfg.sparse_lr, cfg.gpu_cache_refresh, cfg.gpu_cache_mode)?;
     if topo.rank == 0 {
         let mib = cache.bytes() as f64 / (1u64 << 20) as f64;
-        crate::eprint_line(&format!("ringrec: GPU hot-row cache: {slots} slots ({mib:.1} MiB) per rank, keys chosen every {} steps (--gpu-cache-mib, --gpu-cache-refresh)", cfg.gpu_cache_refresh));
+        crate::eprint_line(&format!("ringrec: GPU hot-row cache: {slots} slots ({mib:.1} MiB) per rank, keys chosen every {} steps, {} (--gpu-cache-mib, --gpu-cache-refresh, --gpu-cache-mode)", cfg.gpu_cache_refresh, cfg.gpu_cache_mode));
     }
     Ok(Some(cache))
 }
@@ -494,9 +500,19 @@ impl<'a, D: Device> Trainer<'a, D> {
                 t.set_sparse_weights(w);
             }
         }
-        let done = match self.tables.as_mut() {
-            Some(t) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy),
-            None => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy),
+        // A write-back cache's step (one rank): only the misses are exchanged and stepped
+        // on the host, the device steps the cached rows from its own key gradients —
+        // where those are the merged rows bit for bit: every one finite (else the step
+        // goes the write-through way, so --nan-policy decides on the whole list) and not
+        // rescaled by weights.
+        let held = self.gpu_cache.as_ref().is_some_and(|c| c.is_write_back()) && cfg.sparse_normalize != SparseNormalize::Weighted && key_grads.iter().all(|x| x.is_finite());
+        let done = match (self.tables.as_mut(), self.gpu_cache.as_mut()) {
+            (Some(t), _) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy),
+            (None, Some(c)) if held => {
+                let (misses, sent, rows) = c.split_own(key_grads);
+                self.embedding.exchange_and_apply_held(misses, sent, (&self.batch.uniq, rows), step, cfg.nan_policy)
+            }
+            (None, _) => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy),
         };
         let st = match done {
             Ok(st) => st,
@@ -510,7 +526,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             Err(e) => return Err(e),
         };
-        self.update_gpu_cache(step)?;
+        self.update_gpu_cache(step, held)?;
         self.phases.enter("allreduce");
         for (part, h) in pending {
             self.model.give_back(part, h.wait()?)?;
@@ -536,16 +552,32 @@ impl<'a, D: Device> Trainer<'a, D> {
     }
 
     /// After global step `step`'s exchange and host barrier: the GPU hot-row cache applies
-    /// the list the leader applied, then empties or refreshes itself when due.
-    fn update_gpu_cache(&mut self, step: u64) -> TrainResult<()> {
+    /// the list the leader applied (`held`: a write-back step, its own key gradients to
+    /// its cached rows), then empties or refreshes itself when due.
+    fn update_gpu_cache(&mut self, step: u64, held: bool) -> TrainResult<()> {
         let Some(cache) = self.gpu_cache.as_mut() else { return Ok(()) };
         let (dev, host, on_dev, sources) = self.model.last_key_grads()?;
-        if let Some(g) = self.embedding.applied()? {
+        let own = super::gpu_cache::OwnGrads { keys: &self.batch.uniq, host, dev: on_dev, sources };
+        if held {
+            cache.apply_own(dev, own)?;
+        } else if let Some(g) = self.embedding.applied()? {
             // A world of one rank: the merged rows are (bit for bit, checked) its own.
-            let own = (self.topo.size == 1).then_some(super::gpu_cache::OwnGrads { keys: &self.batch.uniq, host, dev: on_dev, sources });
-            cache.apply(dev, g.keys, g.grads, own)?;
+            cache.apply(dev, g.keys, g.grads, (self.topo.size == 1).then_some(own))?;
         }
-        cache.after_step(dev, self.embedding.table().table(), step)
+        let table = match cache.is_write_back() {
+            true => TableAt::Write(self.embedding.table_mut().table_mut()?),
+            false => TableAt::Read(self.embedding.table().table()),
+        };
+        cache.after_step(dev, table, step)
+    }
+
+    /// A write-back GPU hot-row cache writes its changed rows into the host table, before
+    /// anything reads it (checkpoints, evaluations, the summary); nothing otherwise.
+    pub(super) fn write_back_cache(&mut self) -> TrainResult<()> {
+        match self.gpu_cache.as_mut() {
+            Some(c) if c.is_write_back() => c.write_back_all(self.model.device(), self.embedding.table_mut().table_mut()?),
+            _ => Ok(()),
+        }
     }
 
     /// The counters of a step taken (its sparse exchange `st`, the `global_batch`, what its
@@ -692,6 +724,7 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// `ringrec predict`, [`predict::gather_scores`]), and computes the exact global log
     /// loss, AUC, NE and calibration on rank 0 (`None` elsewhere).
     pub fn evaluate(&mut self) -> TrainResult<Option<Evaluation>> {
+        self.write_back_cache()?;
         let set: EvalSet = self.data.held_out(self.topo)?.clone();
         let emb = match self.tables.as_mut() {
             Some(t) => {

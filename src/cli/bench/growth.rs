@@ -195,7 +195,7 @@ pub fn run(a: GrowthBenchArgs) -> anyhow::Result<()> {
         grads.extend(keys.iter().flat_map(|k| (0..d).map(move |j| ((k >> (j % 48)) & 0xff) as f32 / 256.0 - 0.5)));
         let next = dir.join(format!("{tag}-{}", rows_out.len() + 1));
         let t = Instant::now();
-        let m = apply_managed(&mut table, &keys, &grads, 0.01, &policy, &next, &mut ahead)?;
+        let m = apply_managed(&mut table, &keys, &grads, 0.01, &policy, &next, &mut ahead, None)?;
         let dt = t.elapsed().as_secs_f64();
         total += dt;
         match m.growth {

@@ -25,9 +25,11 @@
 //! - `refresh` (every `--gpu-cache-refresh` steps, timed apart and added per step): the
 //!   keys chosen anew, the entering rows and accumulators read from the host table.
 //!
-//! `--write-back` measures the alternative beside it (one rank): the device updates its cached
-//! rows itself, so only the misses' gradients come down and go through the exchange and the
-//! host's update, and the rows leaving at a refresh come down to be written back.
+//! `--write-back` measures the trainer's `--gpu-cache-mode write-back` beside it (one rank):
+//! the device updates its cached rows itself, so only the misses' gradients go through the
+//! exchange, the leader's update takes every key but steps only the misses' rows (the
+//! cached ones held: their usage recorded), and the rows leaving at a refresh are written
+//! back into the table.
 //!
 //! First every row's keys of the data set are put into the table (zero gradients), as after
 //! an epoch, so no combination pays for inserting them. Each combination warms up
@@ -37,8 +39,8 @@
 //! per sample are those the trainer's staging moves: up, the rows staged (every unique key's,
 //! or only the misses' plus a 4-byte source per unique key), the inverse map, dense
 //! features, labels and the per-key CSR lists, the update list and the refreshed rows with
-//! their optimizer state; down, the key gradients (write-back: the misses', and the rows
-//! leaving).
+//! their optimizer state; down, the key gradients (every unique key's; write-back also the
+//! rows leaving).
 //!
 //! time = mean of the slowest rank's step; samples/s per host = per-rank batch x ranks of
 //! the host / time. The roofline: every rank of the host copies a buffer at the
@@ -94,10 +96,12 @@ pub struct StepBenchArgs {
     /// Steps between two refreshes of the cache's keys.
     #[arg(long, default_value_t = DEFAULT_REFRESH_STEPS)]
     pub gpu_cache_refresh: u64,
-    /// Also measure each cache in write-back (one rank only): the device updates its cached
-    /// rows itself, only the misses' gradients come down and are exchanged and applied on
-    /// the host, rows leaving at a refresh come down (their write into the table not timed).
-    /// The trainer is write-through; this measures the alternative issue 30 asks about.
+    /// Also measure each cache in write-back (one rank only), the trainer's
+    /// `--gpu-cache-mode write-back` host path: only the misses' key gradients go through
+    /// the exchange, the leader's update takes every key with the cached ones held (usage
+    /// recorded, rows not stepped: `EmbeddingTable::apply_updates_held`), and the rows
+    /// leaving at a refresh are written back into the table (`EmbeddingTable::write_back`;
+    /// the table's own rows stand in for the device's).
     #[arg(long)]
     pub write_back: bool,
     /// Warm-up steps with a cache (at least `--warmup`): the cache holds keys of the batches
@@ -117,9 +121,10 @@ pub struct StepRow {
     pub batch_per_rank: usize,
     /// The GPU cache's size, MiB (0: no cache).
     pub gpu_cache_mib: u64,
-    /// Write-back (`--write-back`): cached rows updated on the device only, the host's
-    /// exchange and update over the misses, leaving rows written back at a refresh.
-    /// Otherwise write-through, the trainer's design.
+    /// Write-back (`--write-back`, the trainer's `--gpu-cache-mode write-back`): cached rows
+    /// updated on the device only, the host's exchange over the misses, its update over every
+    /// key with the cached rows held, leaving rows written back at a refresh. Otherwise
+    /// write-through (the trainer's default).
     pub write_back: bool,
     /// Its slots (rows with their optimizer state).
     pub cache_slots: usize,
@@ -335,6 +340,9 @@ struct Buffers {
     update: Vec<f32>,
     entering: Vec<u64>,
     accs: Vec<f32>,
+    /// Write-back: the misses' key gradients and each unique key's row among them.
+    sent: Vec<f32>,
+    held: Vec<u32>,
 }
 
 /// Bytes the staging of a batch of `samples` samples of `fields`' shape and `keys` unique
@@ -373,11 +381,23 @@ impl Refreshes {
     }
 }
 
-/// The cache's refresh after a step: keys chosen anew, the entering rows and accumulators
-/// read from the host table into staging. Returns the rows read and the rows that left.
-fn refresh(stage: &EmbeddingStage, dir: &mut CacheDirectory, dim: usize, buf: &mut Buffers) -> anyhow::Result<(u64, u64)> {
+/// The cache's refresh after a step: keys chosen anew, (write-back, `back`) the rows
+/// leaving written back into the host table, the entering rows and accumulators read from
+/// it into staging. Returns the rows read and the rows that left.
+fn refresh(stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, back: bool, buf: &mut Buffers) -> anyhow::Result<(u64, u64)> {
     let table = stage.table().table();
     let r = dir.refresh(|k| table.contains(k));
+    if back {
+        // The device's rows and accumulators of the keys leaving: the table's stand in.
+        buf.entering.clear();
+        buf.entering.extend(r.leaving.iter().map(|(k, _)| *k));
+        buf.emb.resize(buf.entering.len() * dim, 0.0);
+        stage.lookup(&buf.entering, &mut buf.emb)?;
+        buf.accs.clear();
+        buf.accs.extend(buf.entering.iter().map(|k| table.accumulator(*k).unwrap_or(0.0)));
+        stage.table_mut().table_mut()?.write_back(&buf.entering, &buf.emb, Some(&buf.accs))?;
+    }
+    let table = stage.table().table();
     buf.entering.clear();
     buf.entering.extend(r.entering.iter().map(|(k, _)| *k));
     buf.emb.resize(buf.entering.len() * dim, 0.0);
@@ -432,18 +452,27 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         buf.labels.clone_from(&buf.batch.labels);
         dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(buf.batch.fields, samples, u) + if cached { 4 * u } else { 0 });
         let t3 = Instant::now();
-        // Write-back: the device updates its cached rows itself; only the misses' key
-        // gradients come down and go through the exchange and the host's update.
-        let sent = if back { &buf.plan.misses } else { &buf.batch.uniq };
-        buf.grads.resize(sent.len() * dim, 0.0);
+        // Every unique key's gradient comes down (write-back too: the trainer checks them
+        // all finite before it leaves the cached ones on the device).
+        buf.grads.resize(u * dim, 0.0);
         if cached {
             buf.grads.iter_mut().enumerate().for_each(|(j, g)| *g = 1e-4 * (j % 7) as f32);
         } else {
             buf.grads.iter_mut().zip(&buf.emb).for_each(|(g, e)| *g = 1e-4 * e);
         }
-        dir.counters_mut().downloaded(4 * sent.len() * dim);
+        dir.counters_mut().downloaded(4 * u * dim);
         let t4 = Instant::now();
-        let st = stage.exchange_and_apply(sent, &buf.grads, step as u64, ringrec::train::NanPolicy::Stop)?;
+        let nan = ringrec::train::NanPolicy::Stop;
+        let st = if back {
+            // Write-back, the trainer's path: the misses through the exchange, every key
+            // through the leader's update with the cached rows held.
+            let finite = buf.grads.iter().all(|x| x.is_finite());
+            anyhow::ensure!(finite, "bench step: a stand-in gradient is not finite");
+            let misses = buf.plan.split_held(&buf.grads, dim, &mut buf.sent, &mut buf.held);
+            stage.exchange_and_apply_held(misses, &buf.sent, (&buf.batch.uniq, &buf.held), step as u64, nan)?
+        } else {
+            stage.exchange_and_apply(&buf.batch.uniq, &buf.grads, step as u64, nan)?
+        };
         let t5 = Instant::now();
         if cached && !back {
             let bytes = update_list(topo, stage, &mut dir, dim, buf)?;
@@ -451,7 +480,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         }
         let t6 = Instant::now();
         if cached && (i + 1) % every == 0 {
-            let (rows, left) = refresh(stage, &mut dir, dim, buf)?;
+            let (rows, left) = refresh(stage, &mut dir, dim, back, buf)?;
             // Write-back: the rows leaving come down to be written into the table.
             t.refreshes.0.push((rows + if back { left } else { 0 }, t6.elapsed().as_secs_f64()));
         }

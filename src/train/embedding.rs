@@ -15,6 +15,7 @@
 use std::path::Path;
 
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
+use crate::embedding::update::HELD;
 use crate::embedding::{HostTable, RowCounts, TablePolicy, TableSource};
 use crate::engine::Compression;
 use crate::data::Dataset;
@@ -85,6 +86,23 @@ fn check_same_table(topo: &Topology, name: &TableName, width: usize) -> TrainRes
         what(0),
         differ.join(", ")
     )))
+}
+
+/// What a write-back GPU hot-row cache holds of a step's table update
+/// ([`EmbeddingStage::exchange_and_apply_held`]): those rows are not stepped by the leader.
+pub enum Held<'a> {
+    /// One rank: the exchange takes the batch's misses; the update takes every unique key
+    /// of the batch (`all`), `rows` giving per key its row among the merged misses' or
+    /// [`HELD`] (cached).
+    Misses {
+        /// The batch's unique keys.
+        all: &'a [u64],
+        /// Per key: its row in the merged list, or [`HELD`].
+        rows: &'a [u32],
+    },
+    /// One rank per host: the exchange takes every key; the update holds the merged
+    /// keys this says are cached.
+    Cached(&'a dyn Fn(u64) -> bool),
 }
 
 /// The host table and the sparse exchanger of a run.
@@ -316,16 +334,14 @@ impl EmbeddingStage {
         self.exchange_and_apply_with(keys, grads, step, policy, None)
     }
 
-    /// [`EmbeddingStage::exchange_and_apply`] of a GPU hot-row cache in write-back (one
-    /// rank): `keys` and `grads` are the batch's misses, exchanged as ever; the leader's
-    /// update takes every unique key of the batch (`all`), stepping the misses' rows with
-    /// the merged list and leaving the rows `held` marks as [`crate::embedding::update::HELD`]
-    /// (cached) as they are ([`crate::embedding::EmbeddingTable::apply_updates_held`]).
-    pub fn exchange_and_apply_held(&mut self, keys: &[u64], grads: &[f32], (all, held): (&[u64], &[u32]), step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
-        self.exchange_and_apply_with(keys, grads, step, policy, Some((all, held)))
+    /// [`EmbeddingStage::exchange_and_apply`] of a GPU hot-row cache in write-back, whose
+    /// cached rows the leader's update leaves as they are
+    /// ([`crate::embedding::EmbeddingTable::apply_updates_held`]), as `held` says.
+    pub fn exchange_and_apply_held(&mut self, keys: &[u64], grads: &[f32], held: Held<'_>, step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+        self.exchange_and_apply_with(keys, grads, step, policy, Some(held))
     }
 
-    fn exchange_and_apply_with(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy, held: Option<(&[u64], &[u32])>) -> TrainResult<SparseStats> {
+    fn exchange_and_apply_with(&mut self, keys: &[u64], grads: &[f32], step: u64, policy: NanPolicy, held: Option<Held<'_>>) -> TrainResult<SparseStats> {
         let skips = &mut self.nan_skips;
         let mut sync = self.sync.as_mut();
         let lr = self.lr;
@@ -349,15 +365,19 @@ impl EmbeddingStage {
             if let Some(s) = sync.as_mut() {
                 s.rows.record(table.table(), g.keys)?;
             }
-            match held {
+            match &held {
                 None => table.apply_updates(g.keys, g.grads, lr)?,
-                Some((all, rows)) => {
+                Some(Held::Misses { all, rows }) => {
                     // The merged list is the misses', in the batch's key order.
-                    let misses = all.iter().zip(rows).filter(|(_, r)| **r != crate::embedding::update::HELD).map(|(k, _)| k);
+                    let misses = all.iter().zip(*rows).filter(|(_, r)| **r != HELD).map(|(k, _)| k);
                     if g.keys.len() != keys.len() || !misses.eq(g.keys.iter()) {
                         return Err(SparseError::Invalid("the merged list of a write-back cache's step is not its misses".into()));
                     }
                     table.apply_updates_held(all, g.grads, lr, rows)?
+                }
+                Some(Held::Cached(cached)) => {
+                    let rows: Vec<u32> = g.keys.iter().enumerate().map(|(i, k)| if cached(*k) { HELD } else { i as u32 }).collect();
+                    table.apply_updates_held(g.keys, g.grads, lr, &rows)?
                 }
             };
             Ok(())

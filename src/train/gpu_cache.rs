@@ -266,6 +266,11 @@ impl<D: Device> GpuCache<D> {
         self.write_back
     }
 
+    /// Whether it holds `key`'s row.
+    pub fn holds(&self, key: u64) -> bool {
+        self.dir.slot(key).is_some()
+    }
+
     /// Write-back, for the step of the batch last staged: the misses, the keys the
     /// exchange and the host's update take, with their key gradients gathered from this
     /// rank's own `grads` (its unique keys' rows, in key order); and per unique key its

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::batch::Batch;
 use super::checkpointing::resume;
 use super::data::{self, TrainData};
-use super::embedding::EmbeddingStage;
+use super::embedding::{EmbeddingStage, Held};
 use super::fault::Faults;
 use super::gpu_cache::{GpuCache, GpuCacheMode, TableAt};
 use super::phases::{DeviceWait, PhaseTimer};
@@ -178,10 +178,10 @@ fn open_gpu_cache<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseMo
     if slots == 0 {
         return Ok(None);
     }
-    if cfg.gpu_cache_mode == GpuCacheMode::WriteBack && topo.size > 1 {
+    if cfg.gpu_cache_mode == GpuCacheMode::WriteBack && topo.local_size > 1 {
         return Err(TrainError::Config(format!(
-            "--gpu-cache-mode write-back at {} ranks: each rank caches the keys of its own batches, and the host table's other readers (the host's other ranks, the other hosts' leaders) would read rows only one GPU holds; run write-back on one rank, or pass --gpu-cache-mode write-through (the default)",
-            topo.size
+            "--gpu-cache-mode write-back with {} ranks on a host: each rank caches the keys of its own batches, and the host's other ranks would read rows of the shared host table that only one GPU holds; run one rank per host (write-back is exact there), or pass --gpu-cache-mode write-through (the default)",
+            topo.local_size
         )));
     }
     let cache = GpuCache::new(model.device(), table, slots, cfg.sparse_lr, cfg.gpu_cache_refresh, cfg.gpu_cache_mode)?;
@@ -505,13 +505,17 @@ impl<'a, D: Device> Trainer<'a, D> {
         // where those are the merged rows bit for bit: every one finite (else the step
         // goes the write-through way, so --nan-policy decides on the whole list) and not
         // rescaled by weights.
-        let held = self.gpu_cache.as_ref().is_some_and(|c| c.is_write_back()) && cfg.sparse_normalize != SparseNormalize::Weighted && key_grads.iter().all(|x| x.is_finite());
+        // With more ranks (one per host) every key is exchanged and the leader holds the
+        // merged keys its rank caches, which apply the merged list as in write-through.
+        let write_back = self.gpu_cache.as_ref().is_some_and(|c| c.is_write_back());
+        let held = write_back && topo.size == 1 && cfg.sparse_normalize != SparseNormalize::Weighted && key_grads.iter().all(|x| x.is_finite());
         let done = match (self.tables.as_mut(), self.gpu_cache.as_mut()) {
             (Some(t), _) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy),
             (None, Some(c)) if held => {
                 let (misses, sent, rows) = c.split_own(key_grads);
-                self.embedding.exchange_and_apply_held(misses, sent, (&self.batch.uniq, rows), step, cfg.nan_policy)
+                self.embedding.exchange_and_apply_held(misses, sent, Held::Misses { all: &self.batch.uniq, rows }, step, cfg.nan_policy)
             }
+            (None, Some(c)) if write_back && topo.size > 1 => self.embedding.exchange_and_apply_held(&self.batch.uniq, key_grads, Held::Cached(&|k| c.holds(k)), step, cfg.nan_policy),
             (None, _) => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy),
         };
         let st = match done {

@@ -59,7 +59,7 @@ use ringrec::embedding::cache::{slot_bytes, slots_for_bytes, CacheCounters, Cach
 use ringrec::data::shard;
 use ringrec::topology::Topology;
 use ringrec::train::batch::Batch;
-use ringrec::train::embedding::EmbeddingStage;
+use ringrec::train::embedding::{EmbeddingStage, Held};
 use ringrec::train::{data, TrainConfig};
 
 /// Flags of `ringrec bench step`.
@@ -469,7 +469,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
             let finite = buf.grads.iter().all(|x| x.is_finite());
             anyhow::ensure!(finite, "bench step: a stand-in gradient is not finite");
             let misses = buf.plan.split_held(&buf.grads, dim, &mut buf.sent, &mut buf.held);
-            stage.exchange_and_apply_held(misses, &buf.sent, (&buf.batch.uniq, &buf.held), step as u64, nan)?
+            stage.exchange_and_apply_held(misses, &buf.sent, Held::Misses { all: &buf.batch.uniq, rows: &buf.held }, step as u64, nan)?
         } else {
             stage.exchange_and_apply(&buf.batch.uniq, &buf.grads, step as u64, nan)?
         };

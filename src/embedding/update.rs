@@ -563,3 +563,62 @@ fn step_rows<T: Elem>(p: &mut Parts<'_, T>, h: &Header, path: &Path, batch: &Bat
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedding::TableConfig;
+
+    /// A fresh table with usage, in a file whose name is gone once mapped.
+    fn table(name: &str, optimizer: OptimizerKind) -> EmbeddingTable {
+        let dir = std::env::temp_dir().join(format!("ringrec-update-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = TableConfig { optimizer, track_usage: true, ..TableConfig::new(4, 256) };
+        let t = EmbeddingTable::create(&dir.join("t.rrt"), &cfg).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        t
+    }
+
+    #[test]
+    fn held_rows_written_back_give_the_file_of_every_row_stepped() {
+        for opt in [OptimizerKind::Adagrad, OptimizerKind::Sgd] {
+            let (mut all, mut held, mut holder) = (table(&format!("all-{opt}"), opt), table(&format!("held-{opt}"), opt), table(&format!("holder-{opt}"), opt));
+            let keys: Vec<u64> = (1..40).collect();
+            let mut rng = crate::hash::Stream(3);
+            for step in 0..5 {
+                let g: Vec<f32> = (0..keys.len() * 4).map(|_| rng.unit() as f32 - 0.5).collect();
+                all.apply_updates(&keys, &g, 0.1).unwrap();
+                // The holder steps every row too: its rows are what a cache computed.
+                holder.apply_updates(&keys, &g, 0.1).unwrap();
+                // Keys 10..20 held (after the first step, which inserts them).
+                let is_held = |k: u64| step > 0 && (10..20).contains(&k);
+                let mut sent = Vec::new();
+                let rows: Vec<u32> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| match is_held(*k) {
+                        true => HELD,
+                        false => {
+                            sent.extend_from_slice(&g[i * 4..(i + 1) * 4]);
+                            (sent.len() / 4 - 1) as u32
+                        }
+                    })
+                    .collect();
+                held.apply_updates_held(&keys, &sent, 0.1, &rows).unwrap();
+            }
+            assert!(held.as_bytes() != all.as_bytes(), "{opt}: the held rows were stepped");
+            let back: Vec<u64> = (10..20).chain([999]).collect();
+            let mut values = vec![0f32; back.len() * 4];
+            holder.lookup(&back, &mut values).unwrap();
+            let accs: Vec<f32> = back.iter().map(|k| holder.accumulator(*k).unwrap_or(0.0)).collect();
+            // Key 999 is not in the table: passed over.
+            assert_eq!(held.write_back(&back, &values, Some(&accs)).unwrap(), 10);
+            assert!(held.as_bytes() == all.as_bytes(), "{opt}: written back, the file differs from every row stepped");
+            // A held key the table does not have is refused, changing nothing.
+            let e = held.apply_updates_held(&[5, 1000], &[0.0; 4], 0.1, &[0, HELD]).unwrap_err();
+            assert!(e.to_string().contains("held"), "{e}");
+            assert!(held.as_bytes() == all.as_bytes());
+        }
+    }
+}

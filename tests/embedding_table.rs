@@ -617,7 +617,7 @@ fn policy(max_capacity: u64, evict: Evict, expire_after: Option<u64>) -> TablePo
 /// into a file of `dir` named by the table's growths.
 fn managed_step(dir: &TempDir, t: &mut EmbeddingTable, keys: &[u64], batch: u64, p: &TablePolicy, ahead: &mut Ahead) -> Managed {
     let next = dir.path(&format!("grown-{}", t.counts().growths + 1));
-    apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, &next, ahead).unwrap()
+    apply_managed(t, keys, &grads(keys, t.dim(), batch), 0.5, p, &next, ahead, None).unwrap()
 }
 
 /// A key, the bits of its row, its accumulator's bits and its usage.

@@ -196,11 +196,11 @@ settings! {
         #[setting(flag = "--gpu-cache-refresh", scope = Scope::Free("each rank's own cache; results do not depend on it"), service = ServiceRole::Args, value_name = "STEPS")]
         pub gpu_cache_refresh: u64 = crate::embedding::cache::DEFAULT_REFRESH_STEPS,
         /// Who updates the hot-row cache's rows: write-through (the host table's leader
-        /// updates every row, the cache a copy of its rows), or write-back (one rank: the
-        /// cached rows and their optimizer state are updated on the device only, the host
-        /// skips them, and they are written back into the host table before anything
-        /// reads it: rows leaving the cache, checkpoints, evaluation, the run's end). The
-        /// same results either way.
+        /// updates every row, the cache a copy of its rows), or write-back (one rank per
+        /// host: the cached rows and their optimizer state are updated on the device only,
+        /// the host skips them, and they are written back into the host table before
+        /// anything reads it: rows leaving the cache, checkpoints, evaluation, the run's
+        /// end). The same results either way.
         #[setting(flag = "--gpu-cache-mode", scope = Scope::Free("each rank's own cache; results do not depend on it"), service = ServiceRole::Args, value_name = "MODE")]
         pub gpu_cache_mode: GpuCacheMode = GpuCacheMode::WriteThrough,
         /// Sparse exchange: hier (per-host pre-aggregation) or flat (every rank allgathers).

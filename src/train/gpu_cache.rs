@@ -24,22 +24,24 @@
 //! staging buffer is refilled only through [`Device::host`], which waits for the copies
 //! still reading it (a run with `RINGREC_HOST_FAULT=no-staging-wait` removes that wait).
 //!
-//! **Write-back** (`--gpu-cache-mode write-back`, [`GpuCacheMode`]; one rank): the cached
-//! rows and their accumulators are the truth for the keys they hold. The step exchanges
-//! only the misses' key gradients; the leader's update takes the batch's every key
-//! ([`crate::embedding::EmbeddingTable::apply_updates_held`]: placement, eviction's sparing
-//! and usage as in write-through) but steps only the misses' rows, and the device steps the
-//! cached rows from the key gradients it holds ([`GpuCache::apply_own`]). Where a key
-//! gradient is not finite the step goes the write-through way, so `--nan-policy` decides
-//! on the same list. Rows are written back (gathered on the device by slot with
+//! **Write-back** (`--gpu-cache-mode write-back`, [`GpuCacheMode`]; one rank per host): the
+//! cached rows and their accumulators are the truth for the keys they hold. The leader's
+//! update holds them ([`crate::embedding::EmbeddingTable::apply_updates_held`]: placement,
+//! eviction's sparing and usage as in write-through, the row not stepped). In a world of one
+//! rank the step exchanges only the misses' key gradients, the update takes the batch's
+//! every key, and the device steps the cached rows from the key gradients it holds
+//! ([`GpuCache::apply_own`]); where a key gradient is not finite (or under `--sparse-normalize
+//! weighted`) the step goes the write-through way, so `--nan-policy` decides on the same
+//! list. With more hosts every key is exchanged, the leader holds the merged keys its rank
+//! caches, and the cache applies the merged list as in write-through. Rows are written back (gathered on the device by slot with
 //! [`Op::GatherRows`], downloaded, and put into the host table with their accumulators,
 //! [`crate::embedding::EmbeddingTable::write_back`], which leaves usage and generation as
 //! they are) when they leave at a refresh, before the cache empties after a removal, and
 //! all of them before anything else reads the table ([`GpuCache::write_back_all`]: the
 //! trainer's checkpoints, evaluations and end), so the table's file is write-through's
-//! byte for byte whenever it is read. The download's wait is [`Device::host`]'s on the
-//! download staging (`RINGREC_HOST_FAULT=no-write-back-wait` skips it, to prove the tests
-//! catch a missing one).
+//! byte for byte whenever it is read. The download is waited for by [`Device::host`] on
+//! its staging; `RINGREC_HOST_FAULT=no-write-back-wait` (`--device host`) skips the
+//! write-backs, so the table's readers no longer wait for them: the tests must catch it.
 
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};

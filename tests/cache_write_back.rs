@@ -8,6 +8,7 @@
 //! 3 steps, checkpoints and evaluations mid-run, admission, growth, eviction, expiry, a
 //! skipped NaN step, a resume, and random queue delays. A skipped write-back
 //! (`RINGREC_HOST_FAULT=no-write-back-wait`) is caught; several ranks on a host are refused.
+//! `gpu_*` runs the one-rank comparison on `--device cuda` (skipped without a GPU).
 
 mod common;
 
@@ -19,8 +20,8 @@ fn data_dir() -> PathBuf {
 
 /// 12 steps of 240 samples at dim 16 (a few thousand distinct keys per step), a checkpoint
 /// every 4 steps (each one kept) and an evaluation every 5: the host table is read mid-run.
-const RUN: [&str; 18] = [
-    "train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--hidden", "16", "--device", "host", "--checkpoint-every", "4", "--keep-checkpoints", "5", "--eval-every", "5", "--test-fraction",
+const RUN: [&str; 16] = [
+    "train", "--synth-rows", "6000", "--batch", "240", "--no-progress", "--json", "--hidden", "16", "--checkpoint-every", "4", "--keep-checkpoints", "5", "--eval-every", "5", "--test-fraction",
 ];
 
 /// A cache of about 300 slots (0.02 MiB at dim 16), its keys chosen every 3 steps: keys
@@ -39,6 +40,9 @@ fn train(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     e.extend_from_slice(env);
     let mut a = RUN.to_vec();
     a.push("0.1");
+    if !args.contains(&"--device") {
+        a.extend_from_slice(&["--device", "host"]);
+    }
     a.extend_from_slice(args);
     common::mpirun(np, &e, &common::small_table(&a))
 }
@@ -168,4 +172,15 @@ fn write_back_is_refused_with_several_ranks_on_a_host() {
     assert!(all.contains("--gpu-cache-mode write-back") && all.contains("write-through"), "the refusal does not name the flag and what to do:\n{all}");
     let job = train(1, &[], &["--max-steps", "2", "--gpu-cache-mib", "1", "--gpu-cache-mode", "lazy"]);
     assert!(job.code != Some(0) && job.all().contains("--gpu-cache-mode"), "a bad mode was accepted:\n{}", job.all());
+}
+
+#[test]
+fn gpu_write_back_changes_no_bit_on_a_gpu() {
+    if common::gpus().is_none() {
+        println!("skipped: no GPU (the same comparison runs on --device host above)");
+        return;
+    }
+    for opt in ["adagrad", "sgd"] {
+        compare(&format!("gpu-{opt}"), 1, &[], &["--max-steps", "12", "--device", "cuda", "--sparse-optimizer", opt], &[]);
+    }
 }

@@ -89,6 +89,7 @@ fn a_table_models_bundle_scores_as_predict_in_the_reader_onnx_runtime_and_the_se
         let format = if onnx { "onnx" } else { "bundle" };
         let e = ringrec(&dir, &["export", "--model", s(&ck), "--out", s(&bundle), "--format", format, "--json"]);
         e.assert_ok();
+        assert_eq!(e.summary()["tables"], json!(["table.items.bin", "table.more.bin"]), "{name}");
 
         // model.json: version 4, every table with its file, each field's table and width.
         let m: Value = serde_json::from_slice(&std::fs::read(bundle.join("model.json")).unwrap()).unwrap();

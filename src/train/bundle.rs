@@ -19,6 +19,9 @@
 //!                     framed, keys ascending, values as f32; see [`crate::embedding::params`]);
 //!                     rows of `row_width` values (deepfm, wide-deep: the embedding, then the
 //!                     key's first-order weight)
+//! BUNDLE/table.NAME.bin  a `--table` model's named table NAME, as table.bin; model.json's
+//!                     `tables` records the layout: every categorical field's table and
+//!                     width, in the order of the model's input (version 4)
 //! BUNDLE/model.onnx   with `--format onnx` only: the dense model as an ONNX graph (inputs
 //!                     the transformed dense features and the fields' table rows, output
 //!                     the click probability; `crate::model::onnx`, feature `onnx`),
@@ -26,7 +29,8 @@
 //! ```
 //! A bundle is written at the oldest version that holds its model: an mlp's is version 2,
 //! which earlier ringrec builds and scorers read (they ignore the `model` section); another
-//! model's is version 3, which they refuse by its version rather than misread.
+//! model's is version 3, a `--table` model's version 4, which they refuse by its version
+//! rather than misread.
 //! Both binary files are framed: a 32-byte header (magic, version, header length, payload
 //! length, the header's CRC-32), the payload, and the CRC-32 of every byte before it;
 //! `model.json` spells out both layouts for a reader without ringrec. Bundles of version 1
@@ -443,7 +447,7 @@ pub struct ExportSummary {
     pub skipped: Vec<String>,
     /// The model (`dlrm (bottom 13-64-16, ...)`).
     pub model: String,
-    /// Table rows written.
+    /// Table rows written (over every table).
     pub rows: u64,
     /// Dense parameters written.
     pub params: usize,
@@ -451,6 +455,9 @@ pub struct ExportSummary {
     pub bytes: u64,
     /// model.onnx was written (`--format onnx`).
     pub onnx: bool,
+    /// A `--table` model's named tables' files (`table.NAME.bin`), in flag order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
 }
 
 /// A file of the bundle checked in one streamed read: its length, the CRC-32 of every
@@ -648,7 +655,8 @@ pub fn write_with(out: &Path, from: Provenance<'_>, recorded: Recorded<'_>, dens
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let onnx_bytes = json.onnx.as_ref().map_or(0, |o| o.bytes);
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + onnx_bytes + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), model: spec.describe(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some() }
+        let tables = json.tables.iter().flat_map(|t| t.named.iter().map(|n| n.table.file.clone())).collect();
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), model: spec.describe(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some(), tables }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
@@ -856,6 +864,45 @@ mod tests {
         let fm = DenseWeights { spec: ModelSpec { kind: ModelKind::DeepFm, ..base.clone() }, params: vec![0.0; ModelSpec { kind: ModelKind::DeepFm, ..base }.num_params()] };
         let e = write(&d.join("bad"), Provenance { source: Path::new("ck"), step: 5, skipped: &[] }, &fm, &t, Format::Bundle).unwrap_err().to_string();
         assert!(e.contains("reads table rows of 3 values, its table's rows have 2"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_table_models_bundle_holds_every_table_and_its_layout() {
+        use crate::embedding::TableConfig;
+        use crate::model::ModelSpec;
+        use crate::train::source::{Fallback, ModelSource, NamedTables, TableFile};
+        let d = scratch("tables");
+        // C1 in the default table (dim 2), C2 and C3 in table `a` (dim 3): an mlp over one
+        // field of 8 values.
+        let mut t0 = EmbeddingTable::create(&d.join("t0"), &TableConfig::new(2, 64)).unwrap();
+        t0.put_rows(&[1], &[0.5, 0.25]).unwrap();
+        let mut ta = EmbeddingTable::create(&d.join("ta"), &TableConfig::new(3, 64)).unwrap();
+        ta.put_rows(&[2, 3], &[0.125; 6]).unwrap();
+        let file = TableFile { path: d.join("ta"), dim: 3, rows: 2, dtype: None, init: None, saved: None };
+        let named = NamedTables { flags: "C2,C3=a:dim=3".into(), fields: Some((vec!["C1".into(), "C2".into(), "C3".into()], 3)), files: vec![file] };
+        let weights = |dim: usize| {
+            let spec = ModelSpec::mlp(1, dim, 13, vec![4]);
+            DenseWeights { params: vec![0.01; spec.num_params()], spec }
+        };
+        let from = Provenance { source: Path::new("ck"), step: 7, skipped: &[] };
+        let recorded = Recorded { tables: Some((&named, std::slice::from_ref(&ta))), ..Recorded::default() };
+        let out = d.join("b");
+        assert_eq!(write_with(&out, from, recorded, &weights(8), &t0, Format::Bundle).unwrap().rows, 3);
+        let b = Bundle::open(&out).unwrap();
+        assert_eq!((b.json.version, b.json.table.rows), (VERSION, 1));
+        let t = b.json.tables.as_ref().unwrap();
+        let fields: Vec<(&str, &str, usize)> = t.fields.iter().map(|f| (f.name.as_str(), f.table.as_str(), f.width)).collect();
+        assert_eq!(fields, [("C1", TABLE_BIN, 2), ("C2", "table.a.bin", 3), ("C3", "table.a.bin", 3)]);
+        assert_eq!((t.named[0].name.as_str(), t.named[0].table.rows, t.named[0].table.dim), ("a", 2, 3));
+        let m = ModelSource::open(&out, Fallback::Allow).unwrap();
+        let n = m.tables.unwrap();
+        assert_eq!((n.files[0].rows, n.fields.unwrap().1), (2, 3));
+        // A model that reads other widths is refused; so is a bundle missing a table file.
+        let e = write_with(&d.join("wide"), from, recorded, &weights(9), &t0, Format::Bundle).unwrap_err().to_string();
+        assert!(e.contains("reads 1 field(s) of 9 values, its tables give 3 fields of [2, 3, 3] values"), "{e}");
+        std::fs::remove_file(out.join("table.a.bin")).unwrap();
+        assert!(Bundle::open(&out).unwrap_err().to_string().contains("table.a.bin"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

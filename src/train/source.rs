@@ -14,6 +14,10 @@
 //!   rows only (`--init-dense` may add dense weights: a bundle's or a checkpoint's `dense.bin`,
 //!   [`crate::model::dense_bin`]).
 //!
+//! A `--table` model (fields in tables of their own) has its named tables beside the
+//! default one ([`NamedTables`]: a checkpoint's `table.NAME.rrt`, a bundle's
+//! `table.NAME.bin`) and the names of the fields they are laid out over.
+//!
 //! Rank 0 resolves and checks the source (every checksum); [`ModelSource::share`] gives
 //! every rank the same description and dense values, and each host leader then fills its
 //! host table from [`TableFile`] ([`TableFile::config`]).

@@ -544,6 +544,23 @@ mod tests {
     }
 
     #[test]
+    fn named_tables_lay_out_their_fields_and_compare_with_a_runs_flags() {
+        let file = |dim| TableFile { path: "t".into(), dim, rows: 0, dtype: None, init: None, saved: None };
+        let n = NamedTables { flags: "C2=a:dim=3:capacity=64".into(), fields: Some((vec!["C1".into(), "C2".into()], 2)), files: vec![file(3)] };
+        let l = n.layout(2, "export").unwrap();
+        assert_eq!((l.table_of.clone(), l.widths.clone()), (vec![0, 1], vec![2, 3]));
+        assert_eq!(layout_mismatch(&ModelSpec::mlp(1, 5, 13, vec![4]), &l), None);
+        assert!(layout_mismatch(&ModelSpec::mlp(2, 2, 13, vec![4]), &l).is_some_and(|e| e.contains("its tables give 2 fields of [2, 3] values")));
+        let run = Vec::<TableSpec>::from_values(&["C2=a:dim=3"]).unwrap();
+        assert_eq!(n.difference(&run, |t| t.dim.unwrap_or(2)), None, "a capacity may differ");
+        let other = Vec::<TableSpec>::from_values(&["C1=a:dim=3"]).unwrap();
+        assert_eq!(n.difference(&other, |t| t.dim.unwrap_or(2)), Some(("C2=a:dim=3:capacity=64".into(), "C1=a:dim=3".into())));
+        assert_eq!(n.difference(&[], |_| 2), Some(("C2=a:dim=3:capacity=64".into(), "none".into())));
+        let unrecorded = NamedTables { fields: None, ..n };
+        assert!(unrecorded.layout(2, "serving").unwrap_err().contains("serving needs the names"));
+    }
+
+    #[test]
     fn hidden_widths_come_from_the_manifest() {
         let m = |v: &str| Manifest {
             format: String::new(),

@@ -17,6 +17,12 @@
 //! shape, with at least `--table-capacity` slots and enough to hold them below the
 //! high-water mark). The table then grows, admits and evicts as this run's flags say.
 //!
+//! A `--table` model (fields in tables of their own) starts a run with the same `--table`
+//! flags: the same tables over the same fields, each of the same row width (a capacity may
+//! differ), each table filled from its own file as the default one is
+//! ([`super::tables::Tables::open`]); another layout, a one-table model for a `--table` run
+//! or the reverse is refused naming both.
+//!
 //! What carries over: the model always; the optimizer state only from a checkpoint (Adam's
 //! moments and step count, with this run's `--lr`; the table's Adagrad accumulators), when
 //! the dense optimizer is the same. Otherwise the optimizers start anew. Rank 0 says which,
@@ -82,8 +88,8 @@ fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, m
         }
     }
     // Every table of a `--table` model has the run's dtype and sparse optimizer.
-    for t in std::iter::once(t).chain(m.tables.iter().flat_map(|n| &n.files)) {
-        let which = if std::ptr::eq(t, &m.table) { "its table".to_string() } else { format!("its table {}", t.path.display()) };
+    for (i, t) in std::iter::once(t).chain(m.tables.iter().flat_map(|n| &n.files)).enumerate() {
+        let which = if i == 0 { "its table".to_string() } else { format!("its table {}", t.path.display()) };
         if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
             return Err(format!("{flag}: {which} stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
         }

@@ -108,12 +108,20 @@ fn a_table_models_bundle_scores_as_predict_in_the_reader_onnx_runtime_and_the_se
         // predict on the bundle: the checkpoint's bits.
         let got = predict(&dir, &bundle, &dir.join("bundle.tsv"));
         assert_eq!(bits(&got), bits(&want), "{name}: the bundle scores as its checkpoint");
+        // At 2 ranks (each host table filled once, mapped by the other rank): the same scores
+        // within a few units in the last place (other batches).
+        let two = dir.join("bundle-2.tsv");
+        common::mpirun(2, &[("RINGREC_DATA_DIR", s(&dir.join("cache")))], &["predict", "--model", s(&bundle), "--data", s(data()), "--sparse-columns", SPARSE, "--batch", "64", "--threads", "1", "--out", s(&two)]).assert_ok();
+        let worst = common::read_scores(&two).iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-6, "{name}: 2 ranks score within 1e-6 of one: {worst:e}");
         let Some(py) = &py else { continue };
         // The independent reader (numpy, pyarrow): within 1e-6.
-        common::compare_with_predict(py, "bundle_predict.py", &[s(&bundle), s(data())], &dir.join("ck.tsv"), "1e-6");
+        let job = common::compare_with_predict(py, "bundle_predict.py", &[s(&bundle), s(data())], &dir.join("ck.tsv"), "1e-6");
+        eprintln!("{name}: {}", job.stderr.trim());
         if let (true, Some(opy)) = (onnx, &onnx_py) {
             let job = common::compare_with_predict(opy, "onnx_check.py", &["bundle", s(&bundle), s(data())], &dir.join("ck.tsv"), "1e-5");
             assert!(job.stderr.contains("checker (full) passed"), "{}", job.stderr);
+            eprintln!("{name}: {}", job.stderr.trim());
         }
         // The server, from the checkpoint and from the bundle: predict's bits for JSON rows
         // (320: 5 batches of 64, as predict cut them).

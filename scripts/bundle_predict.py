@@ -17,7 +17,10 @@ each dense column's transform included) unless the column flags here name others
 with multi-hot fields (model.json's `input.multi_hot`) reads each of them from its list
 column: every id's row (keyed with its field's salt, as `input.key` says), the rows summed
 or averaged as the field's `pooling` says (a null or empty list: zeros, a null id left out),
-after the single-hot fields' rows.
+after the single-hot fields' rows. A model whose fields keep tables of their own (`train
+--table`, model.json's `tables`, bundle version 4) looks each field's keys up in its table
+(`tables.fields`: the default table.bin or a named table.NAME.bin, each with its own dim,
+dtype and initial rows) and lays the rows out as `tables.input` says.
 
 It checks every file's size and CRC-32 against model.json (and each file's own trailer, and
 the frame's header CRC of bundle version 2),
@@ -522,8 +525,8 @@ def load_bundle(bundle):
     checked against model.json, dense.bin's model against model.json's."""
     with open(f"{bundle}/model.json") as f:
         model = json.load(f)
-    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2, 3):
-        fail(f"{bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 to 3")
+    if model.get("format") != "ringrec-bundle" or model.get("version") not in (1, 2, 3, 4):
+        fail(f"{bundle}/model.json: format {model.get('format')} version {model.get('version')}, this reader knows ringrec-bundle 1 to 4")
     tab, dense_spec = model["table"], model["dense"]
     spec, flat = load_dense(read_checked(bundle, dense_spec["file"], model))
     if spec != spec_of_json(model):
@@ -537,18 +540,52 @@ def load_bundle(bundle):
         theirs = [(g["name"], g["offset"], g["rows"], g["cols"]) for g in model["model"]["groups"]]
         if mine != theirs or model["model"]["row_width"] != row_width(spec):
             fail(f"model.json's groups {theirs} are not this reader's {mine}")
-    tkeys, trows = load_table(read_checked(bundle, tab["file"], model))
-    if tab["dim"] != row_width(spec) or trows.shape[1] != row_width(spec):
-        fail(f"table.bin: rows of {trows.shape[1]} values, the {spec['kind']} reads {row_width(spec)}")
-    return model, spec, flat, tkeys, trows
+    tables = {}
+    for t in [tab] + [n for n in model.get("tables", {}).get("named", [])]:
+        keys, rows = load_table(read_checked(bundle, t["file"], model))
+        if rows.shape[1] != t["dim"]:
+            fail(f"{t['file']}: rows of {rows.shape[1]} values, model.json says {t['dim']}")
+        tables[t["file"]] = (keys, rows, t)
+    if "tables" in model:
+        widths = [f["width"] for f in model["tables"]["fields"]]
+        for f in model["tables"]["fields"]:
+            if f["table"] not in tables or tables[f["table"]][2]["dim"] != f["width"]:
+                fail(f"model.json: field {f['name']} reads {f['width']} values of {f['table']}, which is not one of its tables of that dim")
+        same = all(w == row_width(spec) for w in widths) and spec["fields"] == len(widths)
+        if not same and not (spec["fields"] == 1 and spec["kind"] in ("mlp", "dcn") and spec["dim"] == sum(widths)):
+            fail(f"model.json: the fields' widths {widths} are not what the {spec['kind']} reads ({spec['fields']} fields of {row_width(spec)})")
+    elif tab["dim"] != row_width(spec):
+        fail(f"table.bin: rows of {tab['dim']} values, the {spec['kind']} reads {row_width(spec)}")
+    return model, spec, flat, tables
 
 
-def inputs(model, tkeys, trows, data, test_fraction, columns=("label", (), ())):
+def table_lookup(keys_rows_spec):
+    """A function giving the rows of uint64 keys from a table (keys, rows, model.json's
+    description), a key it lacks its initial row; and one counting the keys it holds."""
+    tkeys, trows, tab = keys_rows_spec
+    dim = tab["dim"]
+
+    def hits(keys):
+        at = np.minimum(np.searchsorted(tkeys, keys), max(len(tkeys) - 1, 0))
+        return at, ((tkeys[at] == keys) if len(tkeys) else np.zeros(len(keys), dtype=bool))
+
+    def lookup(keys):
+        at, hit = hits(keys)
+        out = np.empty((len(keys), dim), dtype=np.float32)
+        out[hit] = trows[at[hit]]
+        out[~hit] = init_rows(keys[~hit], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
+        return out
+
+    return lookup, lambda keys: int(hits(keys)[1].sum())
+
+
+def inputs(model, tables, data, test_fraction, columns=("label", (), ())):
     """(labels, table rows N x F x row_width, dense N x n, skipped lines, keys found,
     distinct keys) of the rows of `data` (its last `test_fraction` with one); `columns`: a
-    Parquet file's label, dense and categorical columns."""
+    Parquet file's label, dense and categorical columns. A model of several tables: each
+    field's rows from its table, N x F x width when every width is the same, else
+    N x 1 x (their sum)."""
     spec, tab = model["input"], model["table"]
-    dim = tab["dim"]
     with open(data, "rb") as f:
         parquet = f.read(4) == b"PAR1"
     labels, dense, values, skipped, lists = parse_parquet(data, spec, *columns) if parquet else (*parse_tsv(data, spec), [])
@@ -560,30 +597,36 @@ def inputs(model, tkeys, trows, data, test_fraction, columns=("label", (), ())):
     labels, dense, values = labels[cut:], dense[cut:], values[cut:]
     lists = [rows[cut:] for rows in lists]
 
+    nc = spec["categorical_features"]
     with np.errstate(over="ignore"):
         salt_base = int(spec["field_salt_base"], 16)
-        salts = splitmix64(u64([salt_base + f for f in range(spec["categorical_features"])]))
+        salts = splitmix64(u64([salt_base + f for f in range(nc)]))
         keys = splitmix64(salts[None, :] ^ values)
         keys[keys == np.uint64(M64)] = np.uint64(M64 - 1)
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        at = np.minimum(np.searchsorted(tkeys, uniq), max(len(tkeys) - 1, 0))
-        found = (tkeys[at] == uniq) if len(tkeys) else np.zeros(len(uniq), dtype=bool)
-        rows = np.empty((len(uniq), dim), dtype=np.float32)
-        rows[found] = trows[at[found]]
-        rows[~found] = init_rows(uniq[~found], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
-    per_sample = rows[inverse.reshape(-1)].reshape(len(labels), spec["categorical_features"], dim)
-
-    def lookup(keys):
-        at = np.minimum(np.searchsorted(tkeys, keys), max(len(tkeys) - 1, 0))
-        hit = (tkeys[at] == keys) if len(tkeys) else np.zeros(len(keys), dtype=bool)
-        out = np.empty((len(keys), dim), dtype=np.float32)
-        out[hit] = trows[at[hit]]
-        out[~hit] = init_rows(keys[~hit], dim, tab["init_seed"], tab["init_scale"], tab["dtype"])
-        return out
-
-    if fields:
-        per_sample = np.concatenate([per_sample, pooled_rows(lists, fields, spec, dim, lookup)], axis=1)
-    return labels, per_sample, dense, skipped, int(found.sum()), len(uniq)
+    # Per field: the file of its table (one table: table.bin for every field).
+    layout = model.get("tables", {}).get("fields") or [{"table": tab["file"]} for _ in range(nc + len(fields))]
+    lookups = {file: table_lookup(t) for file, t in tables.items()}
+    parts, found, distinct = [], 0, 0
+    for f in range(nc):
+        lookup, count = lookups[layout[f]["table"]]
+        uniq, inverse = np.unique(keys[:, f], return_inverse=True)
+        parts.append(lookup(uniq)[inverse.reshape(-1)][:, None, :])
+    for g in range(len(fields)):
+        lookup, _ = lookups[layout[nc + g]["table"]]
+        width = tables[layout[nc + g]["table"]][2]["dim"]
+        parts.append(pooled_rows([lists[g]], [fields[g]], spec, width, lookup))
+    for file in tables:
+        # The keys of the fields of each table, counted once.
+        own = [keys[:, f] for f in range(nc) if layout[f]["table"] == file]
+        uniq = np.unique(np.concatenate(own)) if own else u64([])
+        found += lookups[file][1](uniq)
+        distinct += len(uniq)
+    widths = {p.shape[2] for p in parts}
+    if len(widths) <= 1:
+        per_sample = np.concatenate(parts, axis=1) if parts else np.zeros((len(labels), 0, tab["dim"]), dtype=np.float32)
+    else:
+        per_sample = np.concatenate([p.reshape(len(labels), -1) for p in parts], axis=1)[:, None, :]
+    return labels, per_sample, dense, skipped, found, distinct
 
 
 def schema_columns(model):
@@ -629,11 +672,11 @@ def main():
     names = lambda s: tuple(x for x in s.split(",") if x)
     columns = (a.label_column, names(a.dense_columns), names(a.sparse_columns), {})
 
-    model, spec, flat, tkeys, trows = load_bundle(a.bundle)
+    model, spec, flat, tables = load_bundle(a.bundle)
     if not (a.dense_columns or a.sparse_columns or a.label_column != "label"):
         # The columns the model was trained with, each dense column's transform included.
         columns = schema_columns(model)
-    labels, rows, dense, skipped, found, distinct = inputs(model, tkeys, trows, a.data, a.test_fraction, columns)
+    labels, rows, dense, skipped, found, distinct = inputs(model, tables, a.data, a.test_fraction, columns)
     scores = 1.0 / (1.0 + np.exp(-logits(spec, flat, rows, dense)))
 
     print(f"bundle_predict: {len(scores)} rows scored with the {spec['kind']} model ({skipped} malformed line(s) skipped); {found} of {distinct} distinct keys in the table, the others from their initial rows", file=sys.stderr)

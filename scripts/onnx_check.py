@@ -68,8 +68,8 @@ def check_bundle(a):
     if spec is None:
         bp.fail(f"{a.bundle}: no model.onnx (export with --format onnx)")
     data = checked_graph(os.path.join(a.bundle, spec["file"]), spec)
-    model, _, _, tkeys, trows = bp.load_bundle(a.bundle)
-    labels, emb, dense, skipped, found, distinct = bp.inputs(model, tkeys, trows, a.data, a.test_fraction, bp.schema_columns(model))
+    model, _, _, tables = bp.load_bundle(a.bundle)
+    labels, emb, dense, skipped, found, distinct = bp.inputs(model, tables, a.data, a.test_fraction, bp.schema_columns(model))
     scores = score(session(data), dense, emb)
     print(f"onnx_check: onnx {onnx.__version__} checker (full) passed; onnxruntime {ort.__version__} scored {len(scores)} rows ({skipped} malformed line(s) skipped; {found} of {distinct} distinct keys in the table)", file=sys.stderr)
     bp.compare(a.compare, scores, labels, a.tolerance, "onnx_check")

@@ -94,8 +94,8 @@ def main():
     bp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bp)
     for bundle in bundles:
-        model, mspec, flat, tkeys, trows = bp.load_bundle(bundle)
-        labels, rows, dense, _, _, _ = bp.inputs(model, tkeys, trows, data, 0.0)
+        model, mspec, flat, tables = bp.load_bundle(bundle)
+        labels, rows, dense, _, _, _ = bp.inputs(model, tables, data, 0.0)
         want = reference(model, flat, rows, dense)
         got = bp.logits(mspec, flat, rows, dense)
         worst = float(np.max(np.abs(want - got) / np.maximum(1.0, np.abs(want))))

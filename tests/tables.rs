@@ -183,13 +183,7 @@ fn a_table_of_another_dim_trains_resumes_bit_for_bit_and_predict_scores_as_its_e
     let p = job.summary();
     assert_eq!(p["auc"].as_f64(), resumed["test_auc"].as_f64(), "predict's AUC differs from train's evaluation");
     assert_eq!(p["table_rows"], resumed["table_rows"]);
-    // export and a warm start read one table yet: refused, naming --table.
-    let job = common::mpirun(1, &[], &["export", "--model", ck.to_str().unwrap(), "--out", dir.join("bundle").to_str().unwrap()]);
-    assert!(job.code != Some(0) && job.stderr.contains("keeps fields in tables of their own (--table c3,l0=items:dim=8:capacity=65536)"), "{}", job.all());
-    let warm_dir = common::scratch("tables-dim-warm");
-    let warm: Vec<String> = flags(&warm_dir).into_iter().chain(["--init-from", ck.to_str().unwrap(), "--max-steps", "1"].iter().map(|s| s.to_string())).collect();
-    let job = common::mpirun(1, &[], &warm.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(job.code != Some(0) && job.stderr.contains("keeps fields in tables of their own"), "{}", job.all());
+    // export, serve-model and --init-from: tests/tables_export.rs.
 
     // Fields of two dims in a dcn at 2 ranks.
     let (dcn, _) = train("dim-dcn", 2, &[], &["--device", "host", "--model", "dcn", "--table", "c0,l2=a:dim=4", "--table", "l3=b:dim=24"]);
@@ -208,7 +202,6 @@ fn bad_tables_are_refused_naming_the_flag() {
         ("deepfm", &["--model", "deepfm", "--table", "c3=a:dim=8"][..], "--model deepfm needs one dim for every field"),
         ("cache", &["--device", "host", "--gpu-cache-mib", "1", "--table", "c3=a"][..], "--table with --gpu-cache-mib"),
         ("sync", &["--sync-every", "2", "--table", "c3=a"][..], "--table with --sync-every"),
-        ("warm", &["--init-from", "/nonexistent", "--table", "c3=a"][..], "--table with --init-from"),
     ] {
         let err = refused(name, extra);
         assert!(err.contains(says), "{name}: {err}");

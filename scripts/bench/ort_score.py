@@ -50,8 +50,8 @@ def main():
     model = bp.open_bundle(a.bundle)
     if model.get("onnx") is None:
         bp.fail(f"{a.bundle}: no model.onnx (ringrec export --format onnx)")
-    model, _, _, tkeys, trows = bp.load_bundle(a.bundle)
-    _, emb, dense, _, _, _ = bp.inputs(model, tkeys, trows, a.data, a.test_fraction)
+    model, _, _, tables = bp.load_bundle(a.bundle)
+    _, emb, dense, _, _, _ = bp.inputs(model, tables, a.data, a.test_fraction)
     dense, emb = np.ascontiguousarray(dense, dtype=np.float32), np.ascontiguousarray(emb, dtype=np.float32)
     n = len(dense)
     opts = ort.SessionOptions()

@@ -10,7 +10,7 @@ use ringrec::train::source::{Fallback, ModelSource};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExportArgs {
     /// The model: a checkpoint directory (its newest checkpoint, which must pass every
-    /// check) or one checkpoint (DIR/step-N).
+    /// check) or one checkpoint (DIR/step-N); a `--table` model's every table is bundled.
     #[arg(long)]
     pub model: PathBuf,
     /// When the directory's newest checkpoint is damaged, export the newest one that passes
@@ -41,7 +41,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&s)?);
     } else {
         println!(
-            "ringrec export: {} -> {}: the {}, step {}{}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin{})",
+            "ringrec export: {} -> {}: the {}, step {}{}, {} table rows, {} dense parameters, {:.1} MiB (model.json, dense.bin, table.bin{}{})",
             s.source.display(),
             s.bundle.display(),
             s.model,
@@ -50,6 +50,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
             s.rows,
             s.params,
             s.bytes as f64 / (1024.0 * 1024.0),
+            s.tables.iter().map(|t| format!(", {t}")).collect::<String>(),
             if s.onnx { ", model.onnx" } else { "" }
         );
     }

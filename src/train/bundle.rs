@@ -19,6 +19,9 @@
 //!                     framed, keys ascending, values as f32; see [`crate::embedding::params`]);
 //!                     rows of `row_width` values (deepfm, wide-deep: the embedding, then the
 //!                     key's first-order weight)
+//! BUNDLE/table.NAME.bin  a `--table` model's named table NAME, as table.bin; model.json's
+//!                     `tables` records the layout: every categorical field's table and
+//!                     width, in the order of the model's input (version 4)
 //! BUNDLE/model.onnx   with `--format onnx` only: the dense model as an ONNX graph (inputs
 //!                     the transformed dense features and the fields' table rows, output
 //!                     the click probability; `crate::model::onnx`, feature `onnx`),
@@ -26,7 +29,8 @@
 //! ```
 //! A bundle is written at the oldest version that holds its model: an mlp's is version 2,
 //! which earlier ringrec builds and scorers read (they ignore the `model` section); another
-//! model's is version 3, which they refuse by its version rather than misread.
+//! model's is version 3, a `--table` model's version 4, which they refuse by its version
+//! rather than misread.
 //! Both binary files are framed: a 32-byte header (magic, version, header length, payload
 //! length, the header's CRC-32), the payload, and the CRC-32 of every byte before it;
 //! `model.json` spells out both layouts for a reader without ringrec. Bundles of version 1
@@ -59,6 +63,8 @@ use crate::embedding::{EmbeddingTable, StorageDtype, TableError};
 use crate::fileio::{write_atomic, AtomicDir, IoError};
 use crate::frame::FrameError;
 use super::describe::ModelDescription;
+use super::source::NamedTables;
+use super::tables::TableLayout;
 use crate::model::dense_bin::{mlp_widths, MLP_VERSION};
 use crate::model::DenseWeights;
 
@@ -72,9 +78,12 @@ pub const TABLE_BIN: &str = "table.bin";
 pub const MODEL_ONNX: &str = "model.onnx";
 /// `model.json`'s format name.
 pub const FORMAT: &str = "ringrec-bundle";
-/// `model.json`'s newest version (this build writes it for every model but an mlp, whose
-/// bundle stays version [`MLP_VERSION`], and reads it and every older one).
-pub const VERSION: u32 = 3;
+/// `model.json`'s newest version (this build writes it for a `--table` model, whose
+/// `tables` older readers would not see, and reads it and every older one).
+pub const VERSION: u32 = 4;
+/// The version of a bundle of one table and a model other than an mlp (whose bundle stays
+/// version [`MLP_VERSION`]).
+pub const MODELS_VERSION: u32 = 3;
 
 /// Errors of writing or reading a bundle (or a `dense.bin`); each names the file and what
 /// to do.
@@ -217,9 +226,15 @@ impl InputSpec {
     /// name): a TSV's rules ([`InputSpec::criteo`]) with the model's counts of dense
     /// features and single-hot categorical fields, its multi-hot fields after them.
     pub fn of(spec: &crate::model::ModelSpec, columns: Option<&ColumnSpec>, pooling: Option<&str>) -> InputSpec {
+        InputSpec::of_fields(spec, None, columns, pooling)
+    }
+
+    /// [`InputSpec::of`] with `single` single-hot categorical fields where the model's
+    /// fields do not give them (a `--table` model's: [`TablesSpec`]).
+    pub fn of_fields(spec: &crate::model::ModelSpec, single: Option<usize>, columns: Option<&ColumnSpec>, pooling: Option<&str>) -> InputSpec {
         let criteo = InputSpec::criteo();
         let lists = pooling.and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
-        let fields = crate::data::Fields { dense: spec.ndense, sparse: spec.fields.saturating_sub(lists.len()) };
+        let fields = crate::data::Fields { dense: spec.ndense, sparse: single.unwrap_or(spec.fields.saturating_sub(lists.len())) };
         let order = match (fields == crate::data::Fields::CRITEO, lists.len()) {
             (true, 0) => criteo.order.clone(),
             (_, 0) => format!("x = [row(key of field 0), ..., row(key of field {}), dense feature 0, ..., dense feature {}]: {} x dim + {} binary32 values", fields.sparse as i64 - 1, fields.dense as i64 - 1, fields.sparse, fields.dense),
@@ -290,6 +305,55 @@ pub struct TableSpec {
     pub unseen_keys: String,
 }
 
+/// A named table of a `--table` model (`model.json`'s `tables.named`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamedTableSpec {
+    /// Its name (`--table FIELDS=NAME`).
+    pub name: String,
+    /// Its file (`table.NAME.bin`) and what it holds, as `table` describes the default
+    /// table's.
+    #[serde(flatten)]
+    pub table: TableSpec,
+}
+
+/// A categorical field of a `--table` model (`model.json`'s `tables.fields`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldLayout {
+    /// Its name as the data names it (a Parquet column; `C1`..`Cn` for a TSV's fields).
+    pub name: String,
+    /// A list field (one of `input.multi_hot`, which gives its pooling).
+    pub multi_hot: bool,
+    /// The file of the table its keys are looked up in (`table.bin`: the default table).
+    pub table: String,
+    /// Values of its row (a list field: its pooled row) in the model's input.
+    pub width: usize,
+}
+
+/// `model.json`'s `tables` (bundle version 4): a model whose fields keep tables of their
+/// own (`train --table`), the layout that says where each field's row comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TablesSpec {
+    /// The `--table` flags of its run.
+    pub flags: String,
+    /// Every categorical field in the order of the model's input: the single-hot fields,
+    /// then the list fields.
+    pub fields: Vec<FieldLayout>,
+    /// The named tables, in flag order (the default table is `table`).
+    pub named: Vec<NamedTableSpec>,
+    /// How the model's input is formed from the fields' rows.
+    pub input: String,
+}
+
+impl TablesSpec {
+    /// The file of table `t` of a layout (0: the default table's, `table.bin`).
+    pub fn file_of(&self, t: usize) -> &str {
+        match t {
+            0 => TABLE_BIN,
+            t => self.named.get(t - 1).map_or("", |n| n.table.file.as_str()),
+        }
+    }
+}
+
 /// The dense part of `model.json` (`dense`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DenseSpec {
@@ -358,8 +422,11 @@ pub struct ModelJson {
     pub model: Option<ModelDescription>,
     /// The dense parameters' file.
     pub dense: DenseSpec,
-    /// The table.
+    /// The table (a `--table` model's default table).
     pub table: TableSpec,
+    /// A `--table` model's layout and named tables (version 4); absent for one table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<TablesSpec>,
     /// The files with their sizes and CRC-32s.
     pub files: Vec<FileEntry>,
     /// `model.onnx` (`--format onnx`); absent from a bundle without it.
@@ -380,7 +447,7 @@ pub struct ExportSummary {
     pub skipped: Vec<String>,
     /// The model (`dlrm (bottom 13-64-16, ...)`).
     pub model: String,
-    /// Table rows written.
+    /// Table rows written (over every table).
     pub rows: u64,
     /// Dense parameters written.
     pub params: usize,
@@ -388,6 +455,9 @@ pub struct ExportSummary {
     pub bytes: u64,
     /// model.onnx was written (`--format onnx`).
     pub onnx: bool,
+    /// A `--table` model's named tables' files (`table.NAME.bin`), in flag order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
 }
 
 /// A file of the bundle checked in one streamed read: its length, the CRC-32 of every
@@ -414,7 +484,7 @@ pub struct Provenance<'a> {
 
 /// Writes `model.onnx` of `dense` (embeddings of `dim`) into `dir`; gives its model.json entry.
 #[cfg(feature = "onnx")]
-fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights) -> BundleResult<OnnxSpec> {
+fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights, split: bool) -> BundleResult<OnnxSpec> {
     use crate::model::onnx;
     let (net, s) = onnx::Net::of_spec(&dense.spec);
     let bytes = onnx::encode(&net, s, &dense.params).map_err(|e| damaged(source, format!("the ONNX graph: {e}")))?;
@@ -429,7 +499,10 @@ fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights) -> BundleResult<O
         model: net.name().into(),
         inputs: vec![
             format!("{} f32 [batch, {}]: the dense features as input.dense_transform makes them (ln(1 + max(x, 0)), missing 0), I1..I13", onnx::INPUT_DENSE, s.dense),
-            format!("{} f32 [batch, {}, {row}]: per field C1..C26 in order, the row of its key in table.bin (a key absent from it: its initial row, table.unseen_keys)", onnx::INPUT_EMB, s.fields),
+            match split {
+                false => format!("{} f32 [batch, {}, {row}]: per field C1..C26 in order, the row of its key in table.bin (a key absent from it: its initial row, table.unseen_keys)", onnx::INPUT_EMB, s.fields),
+                true => format!("{} f32 [batch, {}, {row}]: the fields' rows as tables.input lays them out (tables.fields in order, each the row of its key in its table, a multi-hot field's pooled; a key absent from its table: its initial row, by that table's unseen_keys)", onnx::INPUT_EMB, s.fields),
+            },
         ],
         output: format!("{} f32 [batch, 1]: the click probability (the score ringrec predict gives)", onnx::OUTPUT),
     })
@@ -437,7 +510,7 @@ fn write_onnx(dir: &Path, source: &Path, dense: &DenseWeights) -> BundleResult<O
 
 /// Without feature `onnx`: refused.
 #[cfg(not(feature = "onnx"))]
-fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResult<OnnxSpec> {
+fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights, _split: bool) -> BundleResult<OnnxSpec> {
     Err(BundleError::NoOnnx)
 }
 
@@ -445,20 +518,70 @@ fn write_onnx(_dir: &Path, _source: &Path, _dense: &DenseWeights) -> BundleResul
 /// file), from `from` — into `out` (which must not exist); with [`Format::Onnx`] also
 /// `model.onnx`.
 pub fn write(out: &Path, from: Provenance<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
-    write_with(out, from, None, None, dense, table, format)
+    write_with(out, from, Recorded::default(), dense, table, format)
 }
 
-/// [`write`], `model.json` recording the Parquet `columns` the model was trained with and
-/// the `pooling` of its multi-hot fields, as recorded ([`super::source::ModelSource::pooling`]).
-pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>, pooling: Option<&str>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
+/// What `model.json` records of a model beside its weights and its table.
+#[derive(Clone, Copy, Default)]
+pub struct Recorded<'a> {
+    /// The Parquet columns it was trained with.
+    pub columns: Option<&'a ColumnSpec>,
+    /// The pooling of its multi-hot fields, as recorded ([`super::source::ModelSource::pooling`]).
+    pub pooling: Option<&'a str>,
+    /// A `--table` model's named tables, each opened (in flag order).
+    pub tables: Option<(&'a NamedTables, &'a [EmbeddingTable])>,
+}
+
+/// The file of named table `name` in a bundle.
+pub fn named_table_file(name: &str) -> String {
+    format!("table.{name}.bin")
+}
+
+/// `model.json`'s description of the table file `file`: rows of the table of header `h`.
+fn table_spec(file: &str, h: &crate::embedding::Header, rows: u64) -> TableSpec {
+    TableSpec {
+        file: file.into(),
+        format: format!("RRSPARAM version 3: magic \"RRSPARAM\", version 3; {FRAME_LAYOUT}; the payload: u32 dim, u32 zero, u64 count, count records of (u64 key, dim f32)"),
+        dim: h.dim,
+        rows,
+        dtype: h.dtype.name().into(),
+        key_order: "ascending".into(),
+        init_seed: h.seed,
+        init_scale: h.init_scale,
+        unseen_keys: format!("a key absent from {file} reads as its initial row: base = splitmix64(init_seed ^ splitmix64(key)); for j = 0..dim: u = splitmix64(base + (j + 1) * 0x9e3779b97f4a7c15) >> 40 (mod 2^64); value_j = init_scale * (u * 2^-23 - 1) in binary32 arithmetic (u exact, one rounding, in the product); then rounded to dtype (f16 or bf16: to nearest, ties to even)"),
+    }
+}
+
+/// The layout of a `--table` model's tables `named` (the default one's rows of
+/// `default_dim` values) for its weights `dense`, checked: the model reads the fields'
+/// rows as the tables give them.
+fn split_layout(source: &Path, named: &NamedTables, opened: &[EmbeddingTable], default_dim: u32, dense: &DenseWeights) -> BundleResult<TableLayout> {
+    if opened.len() != named.files.len() || opened.iter().zip(&named.files).any(|(t, f)| t.header().dim != f.dim) {
+        return Err(damaged(source, format!("its tables ({}) are not the ones --table {} names", opened.len(), named.flags)));
+    }
+    let layout = named.layout(default_dim, "export").map_err(BundleError::Unrecorded)?;
+    if let Some(e) = super::source::layout_mismatch(&dense.spec, &layout) {
+        return Err(damaged(source, e));
+    }
+    Ok(layout)
+}
+
+/// [`write`], `model.json` recording what `recorded` holds.
+pub fn write_with(out: &Path, from: Provenance<'_>, recorded: Recorded<'_>, dense: &DenseWeights, table: &EmbeddingTable, format: Format) -> BundleResult<ExportSummary> {
     let Provenance { source, step, skipped } = from;
     if out.exists() {
         return Err(BundleError::Exists(out.to_path_buf()));
     }
     let h = *table.header();
-    if let Some(e) = super::source::row_mismatch(&dense.spec, h.dim) {
-        return Err(damaged(source, e));
-    }
+    let split = match recorded.tables {
+        Some((named, opened)) => Some((named, opened, split_layout(source, named, opened, h.dim, dense)?)),
+        None => {
+            if let Some(e) = super::source::row_mismatch(&dense.spec, h.dim) {
+                return Err(damaged(source, e));
+            }
+            None
+        }
+    };
     let spec = &dense.spec;
     let widths = mlp_widths(spec);
     let name = out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "bundle".into());
@@ -467,26 +590,49 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
     let dir = AtomicDir::create(&parent.join(name))?;
     let tmp = dir.path();
     let summary = {
-        let rows = table.export_params(&tmp.join(TABLE_BIN))?;
+        let default_rows = table.export_params(&tmp.join(TABLE_BIN))?;
+        let mut rows = default_rows;
         let bin = dense.encode(step).map_err(|e| damaged(source, format!("the dense model is not one model: {e}")))?;
         write_atomic(&tmp.join(DENSE_BIN), 0o600, |w| w.write_all(&bin))?;
         let onnx = match format {
             Format::Bundle => None,
-            Format::Onnx => Some(write_onnx(tmp, source, dense)?),
+            Format::Onnx => Some(write_onnx(tmp, source, dense, split.is_some())?),
+        };
+        let tables = match &split {
+            Some((named, opened, layout)) => {
+                let mut tables = Vec::with_capacity(opened.len());
+                for (t, tab) in named.specs().map_err(|e| damaged(source, e))?.iter().zip(opened.iter()) {
+                    let file = named_table_file(&t.name);
+                    let n = tab.export_params(&tmp.join(&file))?;
+                    rows += n;
+                    tables.push(NamedTableSpec { name: t.name.clone(), table: table_spec(&file, tab.header(), n) });
+                }
+                Some(tables_spec(named, layout, tables, spec.ndense))
+            }
+            None => None,
         };
         let mut files = Vec::new();
-        for f in [DENSE_BIN, TABLE_BIN] {
+        let named_files = tables.iter().flat_map(|t| t.named.iter().map(|n| n.table.file.as_str()));
+        for f in [DENSE_BIN, TABLE_BIN].into_iter().chain(named_files) {
             let (bytes, crc32) = file_sum(&tmp.join(f))?;
             files.push(FileEntry { name: f.into(), bytes, crc32 });
         }
+        let mut input = InputSpec::of_fields(spec, split.as_ref().map(|(_, _, l)| l.single), recorded.columns, recorded.pooling);
+        if let Some(t) = &tables {
+            input.order = t.input.clone();
+        }
         let json = ModelJson {
             format: FORMAT.into(),
-            version: if widths.is_some() { MLP_VERSION } else { VERSION },
+            version: match (&tables, &widths) {
+                (Some(_), _) => VERSION,
+                (None, Some(_)) => MLP_VERSION,
+                (None, None) => MODELS_VERSION,
+            },
             source: source.display().to_string(),
             step,
             skipped: skipped.to_vec(),
             dim: h.dim,
-            input: InputSpec::of(spec, columns, pooling),
+            input,
             model: Some(ModelDescription::of(spec)),
             dense: DenseSpec {
                 file: DENSE_BIN.into(),
@@ -500,17 +646,8 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
                     None => format!("magic \"RRMLP\\0\\0\\0\", version 3; {FRAME_LAYOUT}; the payload: u64 step; u32 model kind (0 mlp, 1 dlrm, 2 dcn, 3 deepfm, 4 wide-deep), u32 fields, u32 dim, u32 dense features, u32 H, u32 B, u32 interaction_self (0/1), u32 cross layers, u32 cross rank, u32 cross structure (0 stacked, 1 parallel); H u32 hidden widths; B u32 bottom widths; u32 moments K (0 here); u64 parameter count P; then the P parameters as f32 in the order of model.groups (each group's tensors one after the other, row-major)"),
                 },
             },
-            table: TableSpec {
-                file: TABLE_BIN.into(),
-                format: format!("RRSPARAM version 3: magic \"RRSPARAM\", version 3; {FRAME_LAYOUT}; the payload: u32 dim, u32 zero, u64 count, count records of (u64 key, dim f32)"),
-                dim: h.dim,
-                rows,
-                dtype: h.dtype.name().into(),
-                key_order: "ascending".into(),
-                init_seed: h.seed,
-                init_scale: h.init_scale,
-                unseen_keys: "a key absent from table.bin reads as its initial row: base = splitmix64(init_seed ^ splitmix64(key)); for j = 0..dim: u = splitmix64(base + (j + 1) * 0x9e3779b97f4a7c15) >> 40 (mod 2^64); value_j = init_scale * (u * 2^-23 - 1) in binary32 arithmetic (u exact, one rounding, in the product); then rounded to dtype (f16 or bf16: to nearest, ties to even)".into(),
-            },
+            table: table_spec(TABLE_BIN, &h, default_rows),
+            tables,
             files,
             onnx,
         };
@@ -518,10 +655,25 @@ pub fn write_with(out: &Path, from: Provenance<'_>, columns: Option<&ColumnSpec>
         write_atomic(&tmp.join(MODEL_JSON), 0o600, |w| w.write_all(&text).and_then(|_| w.write_all(b"\n")))?;
         let onnx_bytes = json.onnx.as_ref().map_or(0, |o| o.bytes);
         let bytes = json.files.iter().map(|f| f.bytes).sum::<u64>() + onnx_bytes + text.len() as u64 + 1;
-        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), model: spec.describe(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some() }
+        let tables = json.tables.iter().flat_map(|t| t.named.iter().map(|n| n.table.file.clone())).collect();
+        ExportSummary { bundle: out.to_path_buf(), source: source.to_path_buf(), step, skipped: skipped.to_vec(), model: spec.describe(), rows, params: dense.params.len(), bytes, onnx: json.onnx.is_some(), tables }
     };
     dir.publish(false).map_err(|e| if e.source.kind() == std::io::ErrorKind::AlreadyExists { BundleError::Exists(out.to_path_buf()) } else { e.into() })?;
     Ok(summary)
+}
+
+/// `model.json`'s `tables` of the tables `named` laid out as `layout` (the named tables'
+/// descriptions `tables`), before `ndense` dense features.
+fn tables_spec(named: &NamedTables, layout: &TableLayout, tables: Vec<NamedTableSpec>, ndense: usize) -> TablesSpec {
+    let names = named.fields.as_ref().map(|(n, _)| n.as_slice()).unwrap_or_default();
+    let mut spec = TablesSpec { flags: named.flags.clone(), fields: Vec::new(), named: tables, input: String::new() };
+    spec.fields = (0..layout.table_of.len()).map(|f| FieldLayout { name: names.get(f).cloned().unwrap_or_default(), multi_hot: f >= layout.single, table: spec.file_of(layout.table_of[f]).to_string(), width: layout.width(f) }).collect();
+    let sum: usize = spec.fields.iter().map(|f| f.width).sum();
+    let input = format!(
+        "x = [for each field of tables.fields in order: the row of its key in its table (a single-hot field f keyed as input.key says; a multi-hot field: its ids' rows pooled as input.multi_hot says), width values; then dense feature 0, ..., dense feature {}]: {sum} + {ndense} binary32 values; with every width equal the model reads them as model.fields fields of that width, else as one field of their {sum} values",
+        ndense as i64 - 1
+    );
+    TablesSpec { input, ..spec }
 }
 
 /// Exports the checkpoint `m` ([`super::source::ModelSource`], resolved from `ringrec
@@ -540,7 +692,12 @@ pub fn export(m: &super::source::ModelSource, out: &Path, format: Format) -> Bun
         return Err(BundleError::Unrecorded(why));
     }
     let table = EmbeddingTable::open_readonly(&m.table.path)?;
-    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, m.columns.as_ref(), m.pooling.as_deref(), dense, &table, format)
+    let named = match &m.tables {
+        Some(t) => t.files.iter().map(|f| EmbeddingTable::open_readonly(&f.path)).collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    let recorded = Recorded { columns: m.columns.as_ref(), pooling: m.pooling.as_deref(), tables: m.tables.as_ref().map(|t| (t, named.as_slice())) };
+    write_with(out, Provenance { source: &m.path, step: m.step.unwrap_or(0), skipped: &m.skipped }, recorded, dense, &table, format)
 }
 
 /// A bundle that passed every check.
@@ -562,7 +719,12 @@ impl Bundle {
 
     /// The table's storage dtype.
     pub fn dtype(&self) -> BundleResult<StorageDtype> {
-        StorageDtype::parse(&self.json.table.dtype).ok_or_else(|| damaged(&self.dir.join(MODEL_JSON), format!("table dtype {:?} is not f32, f16 or bf16", self.json.table.dtype)))
+        self.dtype_of(&self.json.table)
+    }
+
+    /// The storage dtype of its table `t` (the default table, or a named one).
+    pub fn dtype_of(&self, t: &TableSpec) -> BundleResult<StorageDtype> {
+        StorageDtype::parse(&t.dtype).ok_or_else(|| damaged(&self.dir.join(MODEL_JSON), format!("{}: dtype {:?} is not f32, f16 or bf16", t.file, t.dtype)))
     }
 
     /// Opens the bundle in `dir` and checks all of it: `model.json`'s format and version,
@@ -575,7 +737,8 @@ impl Bundle {
         if json.format != FORMAT || !(1..=VERSION).contains(&json.version) {
             return Err(damaged(&mp, format!("format {} version {}, this build reads {FORMAT} versions 1 to {VERSION}", json.format, json.version)));
         }
-        for name in [&json.dense.file, &json.table.file] {
+        let named = json.tables.iter().flat_map(|t| t.named.iter().map(|n| &n.table));
+        for name in [&json.dense.file, &json.table.file].into_iter().chain(named.clone().map(|t| &t.file)) {
             let f = json.files.iter().find(|f| &f.name == name).ok_or_else(|| damaged(&mp, format!("lists no checksum for {name}")))?;
             let p = dir.join(name);
             let (bytes, crc) = file_sum(&p)?;
@@ -608,13 +771,20 @@ impl Bundle {
                 return Err(damaged(&p, format!("{} bytes of CRC-32 {crc:#010x}, model.json says {} bytes of {:#010x}", bytes.len(), o.bytes, o.crc32)));
             }
         }
-        let tp = dir.join(&json.table.file);
-        let (ph, _) = crate::embedding::read_params_header(&tp)?;
-        if ph.dim != json.table.dim || ph.count != json.table.rows || json.dim != ph.dim {
-            return Err(damaged(&tp, format!("{} rows of dim {}, model.json says {} rows of dim {}", ph.count, ph.dim, json.table.rows, json.table.dim)));
+        if json.dim != json.table.dim {
+            return Err(damaged(&mp, format!("dim {} and a table of dim {}", json.dim, json.table.dim)));
+        }
+        for t in std::iter::once(&json.table).chain(named) {
+            let tp = dir.join(&t.file);
+            let (ph, _) = crate::embedding::read_params_header(&tp)?;
+            if ph.dim != t.dim || ph.count != t.rows {
+                return Err(damaged(&tp, format!("{} rows of dim {}, model.json says {} rows of dim {}", ph.count, ph.dim, t.rows, t.dim)));
+            }
         }
         let b = Bundle { dir: dir.to_path_buf(), json, dense };
-        b.dtype()?;
+        for t in std::iter::once(&b.json.table).chain(b.json.tables.iter().flat_map(|t| t.named.iter().map(|n| &n.table))) {
+            b.dtype_of(t)?;
+        }
         Ok(b)
     }
 }
@@ -698,6 +868,45 @@ mod tests {
     }
 
     #[test]
+    fn a_table_models_bundle_holds_every_table_and_its_layout() {
+        use crate::embedding::TableConfig;
+        use crate::model::ModelSpec;
+        use crate::train::source::{Fallback, ModelSource, NamedTables, TableFile};
+        let d = scratch("tables");
+        // C1 in the default table (dim 2), C2 and C3 in table `a` (dim 3): an mlp over one
+        // field of 8 values.
+        let mut t0 = EmbeddingTable::create(&d.join("t0"), &TableConfig::new(2, 64)).unwrap();
+        t0.put_rows(&[1], &[0.5, 0.25]).unwrap();
+        let mut ta = EmbeddingTable::create(&d.join("ta"), &TableConfig::new(3, 64)).unwrap();
+        ta.put_rows(&[2, 3], &[0.125; 6]).unwrap();
+        let file = TableFile { path: d.join("ta"), dim: 3, rows: 2, dtype: None, init: None, saved: None };
+        let named = NamedTables { flags: "C2,C3=a:dim=3".into(), fields: Some((vec!["C1".into(), "C2".into(), "C3".into()], 3)), files: vec![file] };
+        let weights = |dim: usize| {
+            let spec = ModelSpec::mlp(1, dim, 13, vec![4]);
+            DenseWeights { params: vec![0.01; spec.num_params()], spec }
+        };
+        let from = Provenance { source: Path::new("ck"), step: 7, skipped: &[] };
+        let recorded = Recorded { tables: Some((&named, std::slice::from_ref(&ta))), ..Recorded::default() };
+        let out = d.join("b");
+        assert_eq!(write_with(&out, from, recorded, &weights(8), &t0, Format::Bundle).unwrap().rows, 3);
+        let b = Bundle::open(&out).unwrap();
+        assert_eq!((b.json.version, b.json.table.rows), (VERSION, 1));
+        let t = b.json.tables.as_ref().unwrap();
+        let fields: Vec<(&str, &str, usize)> = t.fields.iter().map(|f| (f.name.as_str(), f.table.as_str(), f.width)).collect();
+        assert_eq!(fields, [("C1", TABLE_BIN, 2), ("C2", "table.a.bin", 3), ("C3", "table.a.bin", 3)]);
+        assert_eq!((t.named[0].name.as_str(), t.named[0].table.rows, t.named[0].table.dim), ("a", 2, 3));
+        let m = ModelSource::open(&out, Fallback::Allow).unwrap();
+        let n = m.tables.unwrap();
+        assert_eq!((n.files[0].rows, n.fields.unwrap().1), (2, 3));
+        // A model that reads other widths is refused; so is a bundle missing a table file.
+        let e = write_with(&d.join("wide"), from, recorded, &weights(9), &t0, Format::Bundle).unwrap_err().to_string();
+        assert!(e.contains("reads 1 field(s) of 9 values, its tables give 3 fields of [2, 3, 3] values"), "{e}");
+        std::fs::remove_file(out.join("table.a.bin")).unwrap();
+        assert!(Bundle::open(&out).unwrap_err().to_string().contains("table.a.bin"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn a_bundle_of_an_older_ringrec_still_opens() {
         let d = scratch("v1");
         let w = weights();
@@ -731,6 +940,7 @@ mod tests {
             model: None,
             dense: DenseSpec { file: DENSE_BIN.into(), widths: vec![39, 1], hidden: vec![], hidden_activation: "relu".into(), output: String::new(), params: 40, layout: String::new() },
             table: TableSpec { file: TABLE_BIN.into(), format: String::new(), dim: 1, rows: 2, dtype: "f32".into(), key_order: "ascending".into(), init_seed: 1, init_scale: 0.05, unseen_keys: String::new() },
+            tables: None,
             files: vec![entry(DENSE_BIN, &dense), entry(TABLE_BIN, &table)],
             onnx: None,
         };
@@ -742,9 +952,9 @@ mod tests {
         let s = crate::train::source::ModelSource::open(&d, crate::train::source::Fallback::Allow).unwrap();
         assert_eq!((s.step, s.table.rows), (Some(3), 2));
         // A model.json of a newer ringrec is refused naming its version.
-        let newer = ModelJson { version: 4, ..json };
+        let newer = ModelJson { version: VERSION + 1, ..json };
         std::fs::write(d.join(MODEL_JSON), serde_json::to_vec(&newer).unwrap()).unwrap();
-        assert!(Bundle::open(&d).unwrap_err().to_string().contains("version 4, this build reads ringrec-bundle versions 1 to 3"));
+        assert!(Bundle::open(&d).unwrap_err().to_string().contains("version 5, this build reads ringrec-bundle versions 1 to 4"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -521,9 +521,6 @@ impl TrainConfig {
         if self.sync_every > 1 {
             return refuse("--sync-every", "local steps do not sync per-field tables yet: use --sync-every 1, or drop --table");
         }
-        if self.init_from.is_some() {
-            return refuse("--init-from", "a warm start reads one table yet: start without --init-from, or drop --table");
-        }
         for t in &self.tables {
             self.for_table(t).validate_table().map_err(|e| TrainError::Config(format!("--table {}: {e}", t.word())))?;
         }

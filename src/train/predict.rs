@@ -29,10 +29,8 @@ use serde::Serialize;
 
 use super::batch::Batch;
 use super::embedding::TableName;
-use super::source::TableFile;
-use super::tables::{table_file, Gather, TableLayout, TableSpec};
+use super::tables::{Gather, TableLayout, TableSpec};
 use crate::model::pooling::Pooling;
-use crate::settings::SettingValue;
 use super::source::{Fallback, ModelSource, SourceKind};
 use super::{metrics, TrainError, TrainResult};
 use crate::comm::{self, Backend, Collectives, CollectivesExt};
@@ -99,18 +97,17 @@ pub fn score_rows<D: Device>(model: &mut DenseModel<D>, emb: &mut Embeddings<'_>
     let mut logits = Vec::new();
     for pieces in set.batches(positions, batch_rows) {
         batch.load_pieces(pieces.into_iter().map(|(ds, rows)| (ds, rows.map(|r| r as u32))))?;
-        emb.stage(model, batch)?;
-        score_staged(model, &mut logits, out)?;
+        score_batch(model, emb, batch, &mut logits, out)?;
     }
     Ok(())
 }
 
 /// The one scoring step: appends the scores (sigmoid of the logit) of the rows of `b` to
-/// `out` — the table lookup into the model's staging slot, the forward pass, the sigmoid
-/// (`logits` is scratch). [`score_rows`] and `ringrec serve-model` ([`super::scorer`])
-/// score through it.
-pub fn score_batch<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch, logits: &mut Vec<f32>, out: &mut Vec<f32>) -> TrainResult<()> {
-    stage_from(model, table, b)?;
+/// `out` — the table lookup into the model's staging slot (from every table of a `--table`
+/// model), the forward pass, the sigmoid (`logits` is scratch). [`score_rows`] and
+/// `ringrec serve-model` ([`super::scorer`]) score through it.
+pub fn score_batch<D: Device>(model: &mut DenseModel<D>, emb: &mut Embeddings<'_>, b: &Batch, logits: &mut Vec<f32>, out: &mut Vec<f32>) -> TrainResult<()> {
+    emb.stage(model, b)?;
     score_staged(model, logits, out)
 }
 
@@ -335,15 +332,14 @@ fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &Mo
 }
 
 /// A `--table` model's named tables (collective over the world; none for a model of one
-/// table): each `table.NAME.rrt` of its checkpoint filled into a host table of its own, in
-/// the order the checkpoint records them.
+/// table): each table file of the model (a checkpoint's `table.NAME.rrt`, copied; a
+/// bundle's `table.NAME.bin`, imported) filled into a host table of its own, in the order
+/// the model records them.
 fn open_tables(topo: &Topology, src: &ModelSource) -> TrainResult<Vec<(TableSpec, HostTable)>> {
     let Some(t) = &src.tables else { return Ok(Vec::new()) };
-    let words: Vec<&str> = t.split(' ').collect();
-    let specs = Vec::<TableSpec>::from_values(&words).map_err(|e| TrainError::Config(format!("{}: --table {t}: {e}", src.describe())))?;
+    let specs = t.specs().map_err(|e| TrainError::Config(format!("{}: {e}", src.describe())))?;
     let mut out = Vec::with_capacity(specs.len());
-    for s in specs {
-        let file = TableFile::open_saved(&src.path.join(table_file(&s.name))).map_err(|e| TrainError::Config(e.to_string()))?;
+    for (s, file) in specs.into_iter().zip(&t.files) {
         let tc = file.scoring_config();
         let table = HostTable::open_tagged(topo, file.source(&tc), &TableName::named(&s.name).tag("table"))?;
         out.push((s, table));
@@ -402,7 +398,7 @@ fn predict_on<D: Device>(topo: &Topology, cfg: &PredictConfig, dev: D) -> TrainR
     let mut coll = comm::build(cfg.backend.unwrap_or_else(|| Backend::auto(topo)), topo)?;
     let mine = (topo.rank == 0).then(|| {
         let fallback = if cfg.require_newest { Fallback::Refuse("leave out --require-newest to score with it") } else { Fallback::Allow };
-        ModelSource::open_scoring(&cfg.model, fallback).map_err(|e| e.to_string()).and_then(|m| {
+        ModelSource::open(&cfg.model, fallback).map_err(|e| e.to_string()).and_then(|m| {
             m.warn_skipped();
             match m.kind {
                 SourceKind::Params => Err(format!("{}: a sparse-parameter file holds no dense weights; predict needs a checkpoint directory or an export bundle (ringrec export)", cfg.model.display())),

@@ -10,14 +10,17 @@
 //! unlinked as soon as it is filled (the mapping lives on; nothing is left behind). Keys a
 //! table lacks read as their initial rows, as in training. A model with multi-hot fields
 //! scores [`Rows`] with their bags, pooled as the model records
-//! ([`ModelSource::pooling`]).
+//! ([`ModelSource::pooling`]). A `--table` model's named tables are opened as its default
+//! one, and each row's fields are gathered from their tables and pooled as `ringrec
+//! predict` does ([`Gather`]), over the fields the model records.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::batch::Batch;
-use super::predict::{score_batch, scoring_model};
-use super::source::{Fallback, ModelSource, SourceKind};
+use super::predict::{score_batch, scoring_model, Embeddings};
+use super::source::{Fallback, ModelSource, SourceKind, TableFile};
+use super::tables::Gather;
 use super::{TrainError, TrainResult};
 use crate::data::criteo::Columns;
 use crate::data::Fields;
@@ -87,6 +90,9 @@ pub struct Scorer {
     /// What was loaded (its dense weights are in the model).
     pub source: ModelSource,
     table: EmbeddingTable,
+    /// A `--table` model's named tables (in flag order) and the gathering over them all.
+    named: Vec<EmbeddingTable>,
+    gather: Option<Gather>,
     model: DenseModel<CpuDevice>,
     batch: Batch,
     logits: Vec<f32>,
@@ -101,6 +107,28 @@ impl std::fmt::Debug for Scorer {
 /// Numbers the private tables of one process.
 static NEXT_TABLE: AtomicU64 = AtomicU64::new(0);
 
+/// The table a scorer reads `t` through: a saved table mapped read-only where it lies;
+/// rows imported into a private table under `shm_dir`, whose name is removed once filled.
+fn scoring_table(t: &TableFile, shm_dir: &Path) -> TrainResult<EmbeddingTable> {
+    let cfg = t.scoring_config();
+    Ok(match t.saved {
+        Some(_) => {
+            let table = EmbeddingTable::open_readonly(&t.path)?;
+            table.check_matches(&cfg)?;
+            table
+        }
+        None => {
+            let n = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
+            let seg = shm_dir.join(format!("ringrec-serve-{}-{n}-table", std::process::id()));
+            let mut guard = SegmentGuard::new(&seg);
+            let mut table = EmbeddingTable::create(&seg, &cfg)?;
+            table.load_params(&t.path)?;
+            guard.remove_now().map_err(|e| TrainError::Config(format!("removing the name of the scoring table {}: {e}", seg.display())))?;
+            table
+        }
+    })
+}
+
 impl Scorer {
     /// Loads `path` (see the module docs) to score on `threads` threads; a bundle's table is
     /// imported under `shm_dir`. Newer checkpoints skipped as damaged are listed in
@@ -113,33 +141,24 @@ impl Scorer {
         if let Some(why) = source.unrecorded_fields("serving") {
             return Err(TrainError::Config(why));
         }
-        let t = &source.table;
-        let cfg = t.scoring_config();
-        let table = match t.saved {
-            Some(_) => {
-                let table = EmbeddingTable::open_readonly(&t.path)?;
-                table.check_matches(&cfg)?;
-                table
-            }
-            None => {
-                let n = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
-                let seg = shm_dir.join(format!("ringrec-serve-{}-{n}-table", std::process::id()));
-                let mut guard = SegmentGuard::new(&seg);
-                let mut table = EmbeddingTable::create(&seg, &cfg)?;
-                table.load_params(&t.path)?;
-                guard.remove_now().map_err(|e| TrainError::Config(format!("removing the name of the scoring table {}: {e}", seg.display())))?;
-                table
-            }
-        };
+        let table = scoring_table(&source.table, shm_dir)?;
+        let named = source.tables.iter().flat_map(|t| &t.files).map(|f| scoring_table(f, shm_dir)).collect::<TrainResult<Vec<_>>>()?;
         let mut model = scoring_model(CpuDevice::new(threads), &source)?;
         let lists: Vec<_> = source.pooling.as_deref().and_then(|p| crate::model::pooling::recorded_fields(p).ok()).unwrap_or_default();
-        if !lists.is_empty() {
-            model.set_multi_hot(&lists.iter().map(|(_, m)| *m).collect::<Vec<_>>())?;
-        }
+        let modes: Vec<_> = lists.iter().map(|(_, m)| *m).collect();
+        let gather = match &source.tables {
+            // The tables pool the multi-hot fields on the host.
+            Some(t) => Some(Gather::new(t.layout(table.header().dim, "serving").map_err(TrainError::Config)?, &modes)),
+            None if !lists.is_empty() => {
+                model.set_multi_hot(&modes)?;
+                None
+            }
+            None => None,
+        };
         if let Some(d) = source.dense.as_mut() {
             d.params = Vec::new();
         }
-        Ok(Scorer { source, table, model, batch: Batch::default(), logits: Vec::new() })
+        Ok(Scorer { source, table, named, gather, model, batch: Batch::default(), logits: Vec::new() })
     }
 
     /// Appends the scores of `rows` to `out`, in batches of `batch_rows` from the first (the
@@ -148,8 +167,8 @@ impl Scorer {
     /// [`Scorer::multi_hot_fields`]), pooled as the model records.
     pub fn score_rows(&mut self, rows: &Rows, batch_rows: usize, out: &mut Vec<f32>) -> TrainResult<()> {
         let (bags, step) = (rows.bags, batch_rows.max(1));
-        if bags != self.model.multi_hot_fields() {
-            return Err(TrainError::Config(format!("the rows have {bags} multi-hot fields, the model {}", self.model.multi_hot_fields())));
+        if bags != self.bags() {
+            return Err(TrainError::Config(format!("the rows have {bags} multi-hot fields, the model {}", self.bags())));
         }
         let mut offsets = Vec::new();
         for first in (0..rows.len()).step_by(step) {
@@ -159,7 +178,11 @@ impl Scorer {
             offsets.clear();
             offsets.extend(span.iter().map(|o| o - base));
             self.batch.load_columns_with_bags(&rows.columns, first..end, bags, &offsets, &rows.keys[base as usize..span[span.len() - 1] as usize])?;
-            score_batch(&mut self.model, &self.table, &self.batch, &mut self.logits, out)?;
+            let mut emb = match self.gather.as_mut() {
+                Some(g) => Embeddings::Split(std::iter::once(&self.table).chain(&self.named).collect(), g),
+                None => Embeddings::One(&self.table),
+            };
+            score_batch(&mut self.model, &mut emb, &self.batch, &mut self.logits, out)?;
         }
         Ok(())
     }
@@ -167,7 +190,16 @@ impl Scorer {
     /// The rows the model takes: its dense features and single-hot categorical fields.
     pub fn fields(&self) -> Fields {
         let spec = self.model.spec();
-        Fields { dense: spec.ndense, sparse: spec.fields - self.model.multi_hot_fields() }
+        let fields = self.source.tables.as_ref().and_then(|t| t.fields.as_ref()).map_or(spec.fields, |(names, _)| names.len());
+        Fields { dense: spec.ndense, sparse: fields - self.bags() }
+    }
+
+    /// Multi-hot fields per row.
+    fn bags(&self) -> usize {
+        match self.gather {
+            Some(_) => self.multi_hot_fields().len(),
+            None => self.model.multi_hot_fields(),
+        }
     }
 
     /// Each dense feature's transform where the model's Parquet columns chose one (a schema
@@ -189,7 +221,7 @@ impl Scorer {
 
     /// Rows of its table.
     pub fn table_rows(&self) -> u64 {
-        self.table.live_rows()
+        self.table.live_rows() + self.named.iter().map(EmbeddingTable::live_rows).sum::<u64>()
     }
 
     /// The device it scores on, in words.

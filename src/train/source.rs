@@ -14,6 +14,10 @@
 //!   rows only (`--init-dense` may add dense weights: a bundle's or a checkpoint's `dense.bin`,
 //!   [`crate::model::dense_bin`]).
 //!
+//! A `--table` model (fields in tables of their own) has its named tables beside the
+//! default one ([`NamedTables`]: a checkpoint's `table.NAME.rrt`, a bundle's
+//! `table.NAME.bin`) and the names of the fields they are laid out over.
+//!
 //! Rank 0 resolves and checks the source (every checksum); [`ModelSource::share`] gives
 //! every rank the same description and dense values, and each host leader then fills its
 //! host table from [`TableFile`] ([`TableFile::config`]).
@@ -24,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bundle::{Bundle, BundleError};
 use super::checkpoint::{self, CheckpointError, Manifest};
+use super::tables::{table_file, TableLayout, TableSpec};
 use super::TrainResult;
 use crate::comm::{Collectives, CollectivesExt};
 use crate::data::criteo::{NUM_DENSE, NUM_SPARSE};
@@ -31,6 +36,7 @@ use crate::data::ColumnSpec;
 use crate::embedding::format::capacity_for_rows;
 use crate::embedding::{Header, OptimizerKind, StorageDtype, TableConfig, TableError, TableSource};
 use crate::model::{DenseOptimState, DenseWeights, ModelSpec};
+use crate::settings::{SettingValue, Word};
 use crate::topology::Topology;
 
 /// What kind of model a path holds.
@@ -193,6 +199,50 @@ impl TableFile {
     }
 }
 
+/// A `--table` model's named tables beside its default one, and the fields they are laid
+/// out over ([`super::tables`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamedTables {
+    /// The `--table` flags as its run gave them ([`TableSpec::word`]s, space-separated).
+    pub flags: String,
+    /// The data's categorical fields by name, single-hot then lists, and how many are
+    /// single-hot (`None`: a checkpoint that does not record them, which only
+    /// `ringrec predict` scores: its data names them).
+    pub fields: Option<(Vec<String>, usize)>,
+    /// Each named table's file, in flag order.
+    pub files: Vec<TableFile>,
+}
+
+impl NamedTables {
+    /// The `--table` flags.
+    pub fn specs(&self) -> Result<Vec<TableSpec>, String> {
+        let words: Vec<&str> = self.flags.split(' ').filter(|w| !w.is_empty()).collect();
+        Vec::<TableSpec>::from_values(&words).map_err(|e| format!("--table {}: {e}", self.flags))
+    }
+
+    /// The layout of the tables over the recorded fields, the default table's rows of
+    /// `default_dim` values; `what`: the command, for the refusal of a model that does not
+    /// record its fields.
+    pub fn layout(&self, default_dim: u32, what: &str) -> Result<TableLayout, String> {
+        let Some((names, single)) = &self.fields else {
+            return Err(format!("{what} needs the names of the model's categorical fields, and this checkpoint of a --table run does not record them (it was written before ringrec did): resume it with its data for one more step (the new checkpoint records them), or score it with ringrec predict --data"));
+        };
+        let widths = std::iter::once(default_dim).chain(self.files.iter().map(|f| f.dim)).map(|d| d as usize).collect();
+        TableLayout::of(&self.specs()?, names, *single, widths).map_err(|e| e.to_string())
+    }
+
+    /// Whether this run's `--table` flags `run` lay out the same tables over the same fields,
+    /// each of the row width `width_of` gives (capacities aside: a table grows); `None`
+    /// when they do, else both as flags.
+    pub fn difference(&self, run: &[TableSpec], width_of: impl Fn(&TableSpec) -> usize) -> Option<(String, String)> {
+        let shape = |specs: &[TableSpec], widths: Vec<usize>| specs.iter().zip(widths).map(|(t, w)| (t.fields.clone(), t.name.clone(), w)).collect::<Vec<_>>();
+        let mine = self.specs().unwrap_or_default();
+        let same = mine.len() == self.files.len() && shape(&mine, self.files.iter().map(|f| f.dim as usize).collect()) == shape(run, run.iter().map(&width_of).collect());
+        let ours = if run.is_empty() { "none".to_string() } else { run.iter().map(Word::word).collect::<Vec<_>>().join(" ") };
+        (!same).then(|| (self.flags.clone(), ours))
+    }
+}
+
 /// Whether a checkpoint directory whose newest checkpoint is damaged may give the previous
 /// one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,11 +285,10 @@ pub struct ModelSource {
     /// without them or recorded before the pooling was); `None` for a sparse-parameter file.
     #[serde(default)]
     pub pooling: Option<String>,
-    /// A checkpoint's `--table` tables as its settings record them (`None`: one table);
-    /// each in `table.NAME.rrt` beside its default table. Only [`ModelSource::open_scoring`]
-    /// opens such a model.
+    /// A `--table` model's named tables (`None`: one table): a checkpoint's each in
+    /// `table.NAME.rrt` beside its default table, a bundle's in `table.NAME.bin`.
     #[serde(default)]
-    pub tables: Option<String>,
+    pub tables: Option<NamedTables>,
 
     /// A checkpoint written before ringrec recorded the pooling with the multi-hot fields'
     /// names, of a model not of Criteo's shape: which of its categorical fields were lists
@@ -255,6 +304,17 @@ pub struct ModelSource {
 /// [`ModelSpec::row_width`]); `None` when it can.
 pub fn row_mismatch(spec: &ModelSpec, dim: u32) -> Option<String> {
     (spec.row_width() != dim as usize).then(|| format!("the {} reads table rows of {} values, its table's rows have {dim}", spec.describe(), spec.row_width()))
+}
+
+/// Why the model `spec` cannot read the rows of the fields of `layout` (each field's row
+/// of its table's width: [`TableLayout::model_spec`]); `None` when it can.
+pub fn layout_mismatch(spec: &ModelSpec, layout: &TableLayout) -> Option<String> {
+    let widths: Vec<usize> = (0..layout.table_of.len()).map(|f| layout.width(f)).collect();
+    let reads = match widths.iter().all(|w| *w == spec.row_width()) {
+        true => spec.fields == widths.len(),
+        false => spec.fields == 1 && !spec.first_order() && spec.row_width() == widths.iter().sum::<usize>(),
+    };
+    (!reads).then(|| format!("the {} reads {} field(s) of {} values, its tables give {} fields of {widths:?} values", spec.describe(), spec.fields, spec.row_width(), widths.len()))
 }
 
 /// The hidden widths a checkpoint's manifest records (`--hidden`, as typed: `256,128`;
@@ -294,20 +354,6 @@ impl ModelSource {
     /// Resolves and checks `path` (see the module docs), falling back from a damaged newest
     /// checkpoint as `fallback` says.
     pub fn open(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
-        let m = ModelSource::open_scoring(path, fallback)?;
-        match &m.tables {
-            Some(t) => Err(CheckpointError::Mismatch {
-                dir: m.path.clone(),
-                detail: format!("its model keeps fields in tables of their own (--table {t}), and export, serve-model and --init-from read a model of one table yet: score it with ringrec predict, or train it without --table"),
-            }
-            .into()),
-            None => Ok(m),
-        }
-    }
-
-    /// [`ModelSource::open`] that also opens a checkpoint of per-field tables
-    /// ([`ModelSource::tables`]): `ringrec predict`.
-    pub fn open_scoring(path: &Path, fallback: Fallback) -> Result<ModelSource, SourceError> {
         let not = |detail: &str| SourceError::NotAModel { path: path.to_path_buf(), detail: detail.into() };
         let meta = std::fs::metadata(path).map_err(|e| SourceError::NotAModel { path: path.to_path_buf(), detail: format!("cannot be read ({e})") })?;
         if meta.is_file() {
@@ -332,7 +378,10 @@ impl ModelSource {
         if let (false, Fallback::Refuse(allow)) = (skipped.is_empty(), fallback) {
             return Err(SourceError::NotNewest { dir: path.to_path_buf(), skipped: skipped.join("; "), step: ck.dense.step, allow });
         }
-        let tables = ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty() && v != "none").map(|(_, v)| v.clone());
+        let tables = match ck.manifest.settings.iter().find(|(k, v)| k == "--table" && !v.is_empty() && v != "none") {
+            Some((_, flags)) => Some(ModelSource::checkpoint_tables(&ck.dir, flags, &ck.manifest)?),
+            None => None,
+        };
         let table = ck.table();
         let h = table_header(&table)?;
         let spec = match ck.dense.spec.clone() {
@@ -348,8 +397,13 @@ impl ModelSource {
                 spec
             }
         };
-        // With `--table` the fields' widths are the tables' (checked when the rows are staged).
-        if let Some(e) = row_mismatch(&spec, h.dim).filter(|_| tables.is_none()) {
+        // With `--table` the fields' widths are the tables' (checked when the rows are staged,
+        // where the checkpoint does not record its fields).
+        let mismatch = match &tables {
+            Some(t) => t.layout(h.dim, "").ok().and_then(|l| layout_mismatch(&spec, &l)),
+            None => row_mismatch(&spec, h.dim),
+        };
+        if let Some(e) = mismatch {
             return Err(CheckpointError::Damaged { path: ck.dir.join(checkpoint::DENSE), detail: e }.into());
         }
         let dense = DenseWeights { spec, params: ck.dense.params };
@@ -362,20 +416,42 @@ impl ModelSource {
     }
 
     fn bundle(path: &Path, b: Bundle) -> Result<ModelSource, SourceError> {
-        let table = TableFile {
-            path: b.table(),
-            dim: b.json.table.dim,
-            rows: b.json.table.rows,
-            dtype: Some(b.dtype()?),
-            init: Some(InitRows { seed: b.json.table.init_seed, scale: b.json.table.init_scale }),
-            saved: None,
+        let file = |t: &super::bundle::TableSpec| -> Result<TableFile, SourceError> {
+            let init = Some(InitRows { seed: t.init_seed, scale: t.init_scale });
+            Ok(TableFile { path: b.dir.join(&t.file), dim: t.dim, rows: t.rows, dtype: Some(b.dtype_of(t)?), init, saved: None })
         };
-        if let Some(e) = row_mismatch(&b.dense.spec, table.dim) {
+        let table = file(&b.json.table)?;
+        let tables = match &b.json.tables {
+            Some(t) => {
+                let names = t.fields.iter().map(|f| f.name.clone()).collect();
+                let files = t.named.iter().map(|n| file(&n.table)).collect::<Result<_, _>>()?;
+                Some(NamedTables { flags: t.flags.clone(), fields: Some((names, t.fields.iter().filter(|f| !f.multi_hot).count())), files })
+            }
+            None => None,
+        };
+        let mismatch = match (&tables, &b.json.tables) {
+            (Some(t), Some(j)) => match t.layout(table.dim, "reading it") {
+                Ok(l) => j.fields.iter().enumerate().find(|(f, fl)| l.width(*f) != fl.width || fl.table != j.file_of(l.table_of[*f])).map(|(_, fl)| format!("model.json's field `{}` reads {} values of {}, the tables --table {} lays out give it other rows", fl.name, fl.width, fl.table, t.flags)).or_else(|| layout_mismatch(&b.dense.spec, &l)),
+                Err(e) => Some(e),
+            },
+            _ => row_mismatch(&b.dense.spec, table.dim),
+        };
+        if let Some(e) = mismatch {
             return Err(BundleError::Damaged { path: b.dir.join(super::bundle::DENSE_BIN), detail: e }.into());
         }
         let columns = b.json.input.schema.clone();
         let pooling = Some(b.json.input.pooling());
-        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling, fields_unrecorded: false, tables: None })
+        Ok(ModelSource { kind: SourceKind::Bundle, given: path.to_path_buf(), path: b.dir.clone(), step: Some(b.json.step), dense: Some(b.dense), opt: None, table, skipped: Vec::new(), columns, pooling, fields_unrecorded: false, tables })
+    }
+
+    /// The named tables of the checkpoint `dir` of a `--table` run (`flags`), each
+    /// `table.NAME.rrt` beside its default table, its header read and checked.
+    fn checkpoint_tables(dir: &Path, flags: &str, m: &Manifest) -> Result<NamedTables, SourceError> {
+        let fields = m.settings.iter().find(|(k, _)| k == super::tables::FIELDS_SETTING).and_then(|(_, v)| super::tables::recorded_field_names(v));
+        let mut t = NamedTables { flags: flags.to_string(), fields, files: Vec::new() };
+        let specs = t.specs().map_err(|detail| CheckpointError::Damaged { path: dir.join(checkpoint::MANIFEST), detail })?;
+        t.files = specs.iter().map(|s| TableFile::open_saved(&dir.join(table_file(&s.name)))).collect::<Result<_, _>>()?;
+        Ok(t)
     }
 
     fn params(path: &Path) -> Result<ModelSource, SourceError> {
@@ -465,6 +541,23 @@ mod tests {
         let json = serde_json::to_string(&saved).unwrap();
         assert!(json.contains("\"bf16\"") && json.contains("\"adagrad\""), "{json}");
         assert_eq!(serde_json::from_str::<TableFile>(&json).unwrap(), saved);
+    }
+
+    #[test]
+    fn named_tables_lay_out_their_fields_and_compare_with_a_runs_flags() {
+        let file = |dim| TableFile { path: "t".into(), dim, rows: 0, dtype: None, init: None, saved: None };
+        let n = NamedTables { flags: "C2=a:dim=3:capacity=64".into(), fields: Some((vec!["C1".into(), "C2".into()], 2)), files: vec![file(3)] };
+        let l = n.layout(2, "export").unwrap();
+        assert_eq!((l.table_of.clone(), l.widths.clone()), (vec![0, 1], vec![2, 3]));
+        assert_eq!(layout_mismatch(&ModelSpec::mlp(1, 5, 13, vec![4]), &l), None);
+        assert!(layout_mismatch(&ModelSpec::mlp(2, 2, 13, vec![4]), &l).is_some_and(|e| e.contains("its tables give 2 fields of [2, 3] values")));
+        let run = Vec::<TableSpec>::from_values(&["C2=a:dim=3"]).unwrap();
+        assert_eq!(n.difference(&run, |t| t.dim.unwrap_or(2)), None, "a capacity may differ");
+        let other = Vec::<TableSpec>::from_values(&["C1=a:dim=3"]).unwrap();
+        assert_eq!(n.difference(&other, |t| t.dim.unwrap_or(2)), Some(("C2=a:dim=3:capacity=64".into(), "C1=a:dim=3".into())));
+        assert_eq!(n.difference(&[], |_| 2), Some(("C2=a:dim=3:capacity=64".into(), "none".into())));
+        let unrecorded = NamedTables { fields: None, ..n };
+        assert!(unrecorded.layout(2, "serving").unwrap_err().contains("serving needs the names"));
     }
 
     #[test]

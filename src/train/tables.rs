@@ -28,6 +28,7 @@ use std::path::Path;
 
 use super::batch::Batch;
 use super::embedding::{EmbeddingStage, TableName};
+use super::source::TableFile;
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::data::{ColumnSpec, Fields};
 use crate::embedding::EmbeddingTable;
@@ -147,6 +148,34 @@ pub fn field_names(columns: &ColumnSpec, input: &Path, fields: Fields, lists: &[
     }
     names.extend(lists.iter().cloned());
     Ok(names)
+}
+
+/// The setting under which a `--table` run's checkpoint records its data's categorical
+/// fields by name ([`fields_setting`]): what `export`, `serve-model` and `--init-from` lay
+/// the tables out over without the data.
+pub const FIELDS_SETTING: &str = "--table fields";
+
+/// The [`FIELDS_SETTING`] of a `--table` run on `input` (`None` without `--table`): the
+/// single-hot fields' names, ` | `, the list fields' names, each comma-separated.
+pub fn fields_setting(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<Option<(&'static str, String)>> {
+    if cfg.tables.is_empty() {
+        return Ok(None);
+    }
+    let columns = cfg.columns().map_err(|e| TrainError::Config(e.to_string()))?;
+    let names = field_names(&columns, input, fields, lists)?;
+    let (single, bags) = names.split_at(fields.sparse.min(names.len()));
+    Ok(Some((FIELDS_SETTING, format!("{} | {}", single.join(","), bags.join(",")))))
+}
+
+/// The fields a [`FIELDS_SETTING`] records: every name (single-hot, then lists) and how
+/// many are single-hot; `None` when it is not one.
+pub fn recorded_field_names(value: &str) -> Option<(Vec<String>, usize)> {
+    let (single, bags) = value.split_once('|')?;
+    let split = |s: &str| s.trim().split(',').filter(|f| !f.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    let mut names = split(single);
+    let n = names.len();
+    names.extend(split(bags));
+    Some((names, n))
 }
 
 /// The model `cfg` trains on rows of `fields` with list fields `lists` (the first input
@@ -276,19 +305,22 @@ pub struct Tables {
 const NO_TABLE: u32 = u32::MAX;
 
 impl Tables {
-    /// Opens the `--table` tables of `layout` (collective over the world): new, or the
-    /// tables of the checkpoint directory `saved`. `pooling`: the list fields' modes;
-    /// `step_keys`: the most keys of a host's step ([`super::embedding::host_step_keys`], of
-    /// all tables together: a bound for each).
-    pub fn open(topo: &Topology, cfg: &TrainConfig, layout: TableLayout, pooling: &[Pooling], saved: Option<&Path>, step_keys: u64) -> TrainResult<Tables> {
+    /// Opens the `--table` tables of `layout` (collective over the world): new, the tables
+    /// of the checkpoint directory `saved`, or (`--init-from`) filled from the model's table
+    /// files `warm`, in flag order ([`TableFile::config`]). `pooling`: the list fields'
+    /// modes; `step_keys`: the most keys of a host's step
+    /// ([`super::embedding::host_step_keys`], of all tables together: a bound for each).
+    pub fn open(topo: &Topology, cfg: &TrainConfig, layout: TableLayout, pooling: &[Pooling], saved: Option<&Path>, warm: &[TableFile], step_keys: u64) -> TrainResult<Tables> {
         let mut stages = Vec::with_capacity(cfg.tables.len());
-        for t in &cfg.tables {
+        for (i, t) in cfg.tables.iter().enumerate() {
             let tcfg = cfg.for_table(t);
-            let tc = tcfg.table_config();
+            let from = warm.get(i);
+            let tc = from.map_or_else(|| tcfg.table_config(), |f| f.config(&tcfg.table_config()));
             let file = saved.map(|d| d.join(table_file(&t.name)));
-            let source = match &file {
-                Some(p) => TableSource::Saved(p, &tc),
-                None => TableSource::New(&tc),
+            let source = match (&file, from) {
+                (Some(p), _) => TableSource::Saved(p, &tc),
+                (None, Some(f)) => f.source(&tc),
+                (None, None) => TableSource::New(&tc),
             };
             stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name), step_keys)?);
         }
@@ -505,6 +537,14 @@ mod tests {
         assert!(e.contains("two tables named `a`"), "{e}");
         let e = check_specs(&Vec::<TableSpec>::from_values(&["C1=a", "C2,C1=b"]).unwrap()).unwrap_err().to_string();
         assert!(e.contains("field `C1` is in table `a` and in table `b`"), "{e}");
+    }
+
+    #[test]
+    fn the_recorded_fields_read_back() {
+        assert_eq!(recorded_field_names("c0,c1 | l0"), Some((vec!["c0".to_string(), "c1".into(), "l0".into()], 2)));
+        assert_eq!(recorded_field_names("C1,C2 | "), Some((vec!["C1".to_string(), "C2".into()], 2)));
+        assert_eq!(recorded_field_names("C1,C2 |"), Some((vec!["C1".to_string(), "C2".into()], 2)), "a manifest's trimmed value");
+        assert_eq!(recorded_field_names("c0,c1"), None);
     }
 
     #[test]

@@ -249,6 +249,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut coll = comm::build(cfg.backend(topo), topo)?;
         let mut resume_settings = cfg.resume_settings(&data.identity(), data.first()?.0.len());
         record_dense_slots(cfg, &input, &mut resume_settings)?;
+        resume_settings.extend(super::tables::fields_setting(cfg, &input, data.first()?.0.fields(), &lists)?);
         if let (0, Some(dir)) = (topo.rank, &cfg.checkpoint_dir) {
             // What a killed run left there (temporaries of dead processes) goes first.
             crate::stale::report(dir, &crate::stale::sweep_temporaries(dir));
@@ -281,7 +282,8 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
-        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), step_keys)).transpose()?;
+        let warm_tables = warm.as_ref().map_or(&[][..], |(_, from)| &from.tables[..]);
+        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), warm_tables, step_keys)).transpose()?;
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
         if !pooling.is_empty() && tables.is_none() {

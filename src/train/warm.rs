@@ -17,6 +17,12 @@
 //! shape, with at least `--table-capacity` slots and enough to hold them below the
 //! high-water mark). The table then grows, admits and evicts as this run's flags say.
 //!
+//! A `--table` model (fields in tables of their own) starts a run with the same `--table`
+//! flags: the same tables over the same fields, each of the same row width (a capacity may
+//! differ), each table filled from its own file as the default one is
+//! ([`super::tables::Tables::open`]); another layout, a one-table model for a `--table` run
+//! or the reverse is refused naming both.
+//!
 //! What carries over: the model always; the optimizer state only from a checkpoint (Adam's
 //! moments and step count, with this run's `--lr`; the table's Adagrad accumulators), when
 //! the dense optimizer is the same. Otherwise the optimizers start anew. Rank 0 says which,
@@ -47,11 +53,22 @@ fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, m
         }
         m.dense = Some(DenseWeights::read(d).map_err(|e| format!("--init-dense: {e}"))?);
     }
+    match (&m.tables, cfg.tables.is_empty()) {
+        (Some(named), _) => {
+            if let Some((theirs, ours)) = named.difference(&cfg.tables, |t| cfg.for_table(t).row_width()) {
+                return Err(format!("{flag}: --table: its model was trained with {theirs}, this run has {ours}; start with the same tables over the same fields, each of the same dim (a capacity may differ)"));
+            }
+        }
+        (None, false) => return Err(format!("{flag}: --table: its model keeps every field in one table, this run has {}; start from it without --table", cfg.tables.iter().map(crate::settings::Word::word).collect::<Vec<_>>().join(" "))),
+        (None, true) => {}
+    }
+    // A `--table` run's model reads every table's rows; its default table's are `--dim`'s.
+    let width = if cfg.tables.is_empty() { mine.row_width() } else { cfg.row_width() };
     let t = &m.table;
-    if t.dim as usize != mine.row_width() {
+    if t.dim as usize != width {
         let theirs = m.model().map(|d| format!(" (its model: the {d})")).unwrap_or_default();
         if mine.first_order() || m.dense.as_ref().is_some_and(|d| d.spec.first_order()) {
-            return Err(format!("{flag}: its table's rows have {} values{theirs}, this run's {} reads {} (--dim {}{})", t.dim, mine.kind, mine.row_width(), cfg.dim, if mine.first_order() { " and the key's first-order weight" } else { "" }));
+            return Err(format!("{flag}: its table's rows have {} values{theirs}, this run's {} reads {width} (--dim {}{})", t.dim, mine.kind, cfg.dim, if mine.first_order() { " and the key's first-order weight" } else { "" }));
         }
         return Err(format!("{flag}: its table has dim {}, this run has --dim {}; pass --dim {} or start from a model of dim {}", t.dim, cfg.dim, t.dim, cfg.dim));
     }
@@ -70,13 +87,17 @@ fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, m
             return Err(format!("{flag}: it was trained on other Parquet columns: column `{column}` is {there} there and {here} here; name the columns as its run did (--schema or the column flags)"));
         }
     }
-    if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
-        return Err(format!("{flag}: its table stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
-    }
-    // The table's capacity need not be --table-capacity's: a saved table is copied as it
-    // is (it may have grown), imported rows get a table that holds them, and either grows.
-    if let Some(s) = t.saved.filter(|s| s.optimizer != run.optimizer) {
-        return Err(format!("{flag}: its table holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
+    // Every table of a `--table` model has the run's dtype and sparse optimizer.
+    for (i, t) in std::iter::once(t).chain(m.tables.iter().flat_map(|n| &n.files)).enumerate() {
+        let which = if i == 0 { "its table".to_string() } else { format!("its table {}", t.path.display()) };
+        if let Some(d) = t.dtype.filter(|d| *d != run.dtype) {
+            return Err(format!("{flag}: {which} stores {d}, this run uses --table-dtype {}; pass --table-dtype {d}", run.dtype));
+        }
+        // The table's capacity need not be --table-capacity's: a saved table is copied as it
+        // is (it may have grown), imported rows get a table that holds them, and either grows.
+        if let Some(s) = t.saved.filter(|s| s.optimizer != run.optimizer) {
+            return Err(format!("{flag}: {which} holds the state of --sparse-optimizer {}, this run has --sparse-optimizer {}; pass --sparse-optimizer {}", s.optimizer, run.optimizer, s.optimizer));
+        }
     }
     let dense = match (&m.dense, &cfg.init_dense) {
         (None, _) => format!("dense parameters initialised from --seed {}", cfg.seed),
@@ -101,11 +122,11 @@ fn check(cfg: &TrainConfig, mine: &crate::model::ModelSpec, run: &TableConfig, m
         None if cfg.dense_optimizer == crate::model::DenseOptimizer::Sgd => format!("sgd keeps no optimizer state{sparse_state}{sparse_lost}"),
         None => format!("no optimizer state in it: {} starts anew{sparse_state}{NOT_EQUAL}", cfg.dense_optimizer),
     };
-    let line = format!(
-        "ringrec: warm start from the {}: {dense}, its table ({} rows); {opt}; this run's steps count from 0 and its data from the beginning",
-        m.describe(),
-        t.rows
-    );
+    let tables = match &m.tables {
+        Some(n) => format!("its {} tables ({} rows)", n.files.len() + 1, t.rows + n.files.iter().map(|f| f.rows).sum::<u64>()),
+        None => format!("its table ({} rows)", t.rows),
+    };
+    let line = format!("ringrec: warm start from the {}: {dense}, {tables}; {opt}; this run's steps count from 0 and its data from the beginning", m.describe());
     Ok((m, line))
 }
 
@@ -137,6 +158,9 @@ pub struct WarmFrom {
     /// no dense model).
     #[serde(skip)]
     pub pooling: Option<String>,
+    /// A `--table` model's named tables' files, in flag order (empty: one table).
+    #[serde(skip)]
+    pub tables: Vec<TableFile>,
 }
 
 /// Said when the dense optimizer's state is not carried: the continued run cannot equal one
@@ -160,7 +184,8 @@ pub fn start(topo: &Topology, coll: &mut dyn Collectives, cfg: &TrainConfig, spe
     });
     let m = ModelSource::share(topo, coll, mine)?;
     let pooling = m.kind.ne(&SourceKind::Params).then(|| m.pooling.clone()).flatten();
-    let from = WarmFrom { model: m.describe(), path: m.path.clone(), step: m.step, skipped: m.skipped.clone(), pooling };
+    let tables = m.tables.as_ref().map(|t| t.files.clone()).unwrap_or_default();
+    let from = WarmFrom { model: m.describe(), path: m.path.clone(), step: m.step, skipped: m.skipped.clone(), pooling, tables };
     if let Some(d) = m.dense {
         *params = d.params;
     }

@@ -85,7 +85,7 @@ impl CpuDevice {
                         let len = ((c.mean >> g) & 1 == 1).then(|| (bag_offsets[b + 1] - bag_offsets[b]) as f32);
                         (&src[at..at + w], len)
                     };
-                    spread_to_key(acc, &slots_of(bag_slots, key_offsets, u), block);
+                    spread_to_key(acc, slots_of(bag_slots, key_offsets, u), block);
                 };
                 self.for_rows(rows, floats, key_grad);
             }

@@ -29,7 +29,7 @@
 //! own width; the batch's rows are staged per key at offsets ([`DenseModel::stage_tables`])
 //! and gathered, pooled and summed back per key by [`super::fields`]' ops instead.
 
-use super::fields::{FieldWidths, FieldsOnDevice};
+use super::fields::{FieldWidths, FieldsOnDevice, KeyLists};
 use super::input::{build_csr, InputLayout};
 use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
@@ -640,7 +640,8 @@ impl<D: Device> DenseModel<D> {
         let (dev, b) = (&self.dev, &mut self.batch);
         if let Some(f) = &self.fields {
             let a = &b.arrays;
-            f.key_grads(dev, &b.dx, &a.key_at, (&a.offsets, &a.slots), (&a.bag_offsets, &a.key_offsets, &a.bag_slots), &mut b.key_grads, keys, floats, batch, stride)?;
+            let lists = KeyLists { offsets: &a.offsets, slots: &a.slots, bag_offsets: &a.bag_offsets, key_offsets: &a.key_offsets, bag_slots: &a.bag_slots };
+            f.key_grads(dev, &b.dx, &a.key_at, lists, &mut b.key_grads, keys, floats, batch, stride)?;
             dev.download(&mut b.key_grads, floats, &mut self.key_grads_host)?;
             self.count_moved(0, 4 * floats);
             return Ok(&dev.host(&mut self.key_grads_host)?[..floats]);

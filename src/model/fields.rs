@@ -91,14 +91,24 @@ impl<D: Device> FieldsOnDevice<D> {
     }
 
     /// The key gradients `out` (`floats` values at `key_at`, `keys` keys) from the input
-    /// gradient `src`, the keys' single-hot slots (`offsets`, `slots`) and bags
-    /// (`bag_offsets`, `key_offsets`, `bag_slots`): [`Op::GatherFieldsGrad`].
+    /// gradient `src` and the keys' lists `lists`: [`Op::GatherFieldsGrad`].
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn key_grads(&self, dev: &D, src: &D::Buf<f32>, key_at: &D::Buf<u32>, single: (&D::Buf<u32>, &D::Buf<u32>), bags: (&D::Buf<u32>, &D::Buf<u32>, &D::Buf<u32>), out: &mut D::Buf<f32>, keys: usize, floats: usize, rows: usize, stride: usize) -> DeviceResult<()> {
-        let ((offsets, slots), (bag_offsets, key_offsets, bag_slots)) = (single, bags);
+    pub(super) fn key_grads(&self, dev: &D, src: &D::Buf<f32>, key_at: &D::Buf<u32>, lists: KeyLists<'_, D>, out: &mut D::Buf<f32>, keys: usize, floats: usize, rows: usize, stride: usize) -> DeviceResult<()> {
+        let KeyLists { offsets, slots, bag_offsets, key_offsets, bag_slots } = lists;
         let cols = self.cols();
         dev.exec(Op::GatherFieldsGrad { src, key_at, offsets, slots, bag_offsets, key_offsets, bag_slots, cols, out, keys, widest: self.widest, floats, rows, stride })
     }
+}
+
+/// A loaded batch's lists on the device: each key's single-hot slots (`offsets`, `slots`:
+/// [`crate::model::input::build_csr`]), where each bag's ids start (`bag_offsets`) and each
+/// key's bags (`key_offsets`, `bag_slots`: [`crate::model::pooling::build_bag_csr`]).
+pub(super) struct KeyLists<'a, D: Device> {
+    pub(super) offsets: &'a D::Buf<u32>,
+    pub(super) slots: &'a D::Buf<u32>,
+    pub(super) bag_offsets: &'a D::Buf<u32>,
+    pub(super) key_offsets: &'a D::Buf<u32>,
+    pub(super) bag_slots: &'a D::Buf<u32>,
 }
 
 impl FieldWidths {

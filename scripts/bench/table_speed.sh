@@ -6,7 +6,8 @@
 # line: the load average before it, samples/s, params_fnv (the same model both ways: the
 # gathering's values and sums are the same) and rank 0's phase seconds. The ratio is
 # this build's samples/s over the base's, per (device, ranks), the median over RUNS rounds.
-# The set is scripts/bench/multihot.sh's (run it once first); STEPS steps per run.
+# The set is scripts/bench/multihot.sh's (run it once first); STEPS steps per run, no
+# held-out rows (the figure is the training steps'; samples_per_sec counts them alone).
 #   BASE_BIN=/path/to/old/ringrec RUNS=3 scripts/bench/table_speed.sh [OUT]
 #   (OUT: docs/bench/table-speed.txt)
 set -euo pipefail
@@ -22,7 +23,7 @@ mpi=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
 sparse=c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5
 flags=(--sparse-columns "$sparse" --data-dir "$dir/ringrec" --model mlp --dim 16 --hidden 256,128
-  --dense-optimizer adam --lr 0.001 --sparse-optimizer sgd --sparse-lr 0.05 --batch 1024 --test-fraction 0.1
+  --dense-optimizer adam --lr 0.001 --sparse-optimizer sgd --sparse-lr 0.05 --batch 1024 --test-fraction 0
   --epochs 1 --max-steps "${STEPS:-150}" --table-capacity 2097152 --no-progress --json --threads 1
   --table c3,l0=items --table c1,c2,l5=more:dim=8)
 field() { python3 -c "import json,sys; d=json.loads([l for l in sys.stdin if l.startswith('{')][-1]); print(' '.join(f'{k}={json.dumps(d[k], separators=(\",\", \":\"))}' for k in sys.argv[1:]))" "$@"; }

@@ -685,32 +685,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
             segments * dim,
             &mut [In(src, 0), InU32(offsets), InU32(key_offsets), InU32(slots), Out(out, 0), int(segments)?, int(bags)?, int(dim)?, int(stride)?, int(col)?, KernelArg::I32(mean as i32)],
         ),
-        Op::GatherFields { emb, key_at, inverse, index, offsets, cols: c, out, rows, stride } => dev.launch(
-            Kernel::GatherFields,
-            rows * c.cols,
-            &mut [In(emb, 0), InU32(key_at), InU32(inverse), InU32(index), InU32(offsets), InU32(c.field_col), InU32(c.col_field), Out(out, 0), int(rows)?, int(c.cols)?, int(c.fields)?, int(c.single)?, int(stride)?, KernelArg::I32(c.mean as i32)],
-        ),
-        Op::GatherFieldsGrad { src, key_at, offsets, slots, bag_offsets, key_offsets, bag_slots, cols: c, out, keys, widest, stride, .. } => dev.launch(
-            Kernel::GatherFieldsGrad,
-            keys * widest,
-            &mut [
-                In(src, 0),
-                InU32(key_at),
-                InU32(offsets),
-                InU32(slots),
-                InU32(bag_offsets),
-                InU32(key_offsets),
-                InU32(bag_slots),
-                InU32(c.field_col),
-                Out(out, 0),
-                int(keys)?,
-                int(widest)?,
-                int(c.fields)?,
-                int(c.single)?,
-                int(stride)?,
-                KernelArg::I32(c.mean as i32),
-            ],
-        ),
+        op @ (Op::GatherFields { .. } | Op::GatherFieldsGrad { .. }) => launch_fields(dev, op),
         Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => dev.launch(Kernel::CopyBlock, rows * cols, &mut [In(src, 0), int(src_stride)?, int(src_col)?, Out(out, 0), int(stride)?, int(col)?, int(rows)?, int(cols)?]),
         Op::Mul { a, b, out, n, accumulate } => dev.launch(Kernel::Mul, n, &mut [In(a, 0), In(b, 0), Out(out, 0), long(n), KernelArg::I32(accumulate as i32)]),
         Op::AddInto { x, out, n } => dev.launch(Kernel::AddInto, n, &mut [In(x, 0), Out(out, 0), long(n)]),
@@ -760,6 +735,40 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
             dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])
         }
+    }
+}
+
+/// [`launch`] of the kernels of fields of several widths (kernels/pooling.cu).
+fn launch_fields<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
+    use KernelArg::{In, InU32, Out};
+    match op {
+        Op::GatherFields { emb, key_at, inverse, index, offsets, cols: c, out, rows, stride } => dev.launch(
+            Kernel::GatherFields,
+            rows * c.cols,
+            &mut [In(emb, 0), InU32(key_at), InU32(inverse), InU32(index), InU32(offsets), InU32(c.field_col), InU32(c.col_field), Out(out, 0), int(rows)?, int(c.cols)?, int(c.fields)?, int(c.single)?, int(stride)?, KernelArg::I32(c.mean as i32)],
+        ),
+        Op::GatherFieldsGrad { src, key_at, offsets, slots, bag_offsets, key_offsets, bag_slots, cols: c, out, keys, widest, stride, .. } => dev.launch(
+            Kernel::GatherFieldsGrad,
+            keys * widest,
+            &mut [
+                In(src, 0),
+                InU32(key_at),
+                InU32(offsets),
+                InU32(slots),
+                InU32(bag_offsets),
+                InU32(key_offsets),
+                InU32(bag_slots),
+                InU32(c.field_col),
+                Out(out, 0),
+                int(keys)?,
+                int(widest)?,
+                int(c.fields)?,
+                int(c.single)?,
+                int(stride)?,
+                KernelArg::I32(c.mean as i32),
+            ],
+        ),
+        _ => Err(DeviceError::refused(op.name(), "not a kernel of fields of several widths")),
     }
 }
 

@@ -154,8 +154,8 @@ pub fn field_names(columns: &ColumnSpec, input: &Path, fields: Fields, lists: &[
 }
 
 /// The model `cfg` trains on rows of `fields` with list fields `lists` (the first input
-/// `input`'s) and, with `--table`, the tables' layout over those fields (the tables pool the
-/// multi-hot fields on the host: the model then has none of its own).
+/// `input`'s) and, with `--table`, the tables' layout over those fields (the model's fields
+/// and their pooling are then set by the tables' gathering, [`Gather::stage`]).
 pub fn model_and_layout(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<(ModelSpec, Option<TableLayout>)> {
     let spec = cfg.model_spec_of(input, fields, lists.len())?;
     if cfg.tables.is_empty() {

@@ -8,7 +8,7 @@
 # this build's samples/s over the base's, per (device, ranks), the median over RUNS rounds.
 # The set is scripts/bench/multihot.sh's (run it once first); STEPS steps per run, no
 # held-out rows (the figure is the training steps'; samples_per_sec counts them alone).
-#   BASE_BIN=/path/to/old/ringrec RUNS=3 scripts/bench/table_speed.sh [OUT]
+#   BASE_BIN=/path/to/old/ringrec RUNS=3 [DEVICES="cpu host"] scripts/bench/table_speed.sh [OUT]
 #   (OUT: docs/bench/table-speed.txt)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,11 +28,18 @@ flags=(--sparse-columns "$sparse" --data-dir "$dir/ringrec" --model mlp --dim 16
   --table c3,l0=items --table c1,c2,l5=more:dim=8)
 field() { python3 -c "import json,sys; d=json.loads([l for l in sys.stdin if l.startswith('{')][-1]); print(' '.join(f'{k}={json.dumps(d[k], separators=(\",\", \":\"))}' for k in sys.argv[1:]))" "$@"; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
-run() { local b=$1 np=$2 dev=$3; "${mpi[@]}" -np "$np" "$b" train --data "$whole" "${flags[@]}" --device "$dev" | field samples_per_sec params_fnv phase_seconds; }
+# One run: its summary's fields and cpu_s, the CPU seconds of every rank (user + system, from
+# mpirun's waited children): on a machine shared with other jobs, samples per CPU second is
+# the steadier figure.
+run() {
+  local b=$1 np=$2 dev=$3 t; t=$(mktemp)
+  /usr/bin/time -f "%U %S" -o "$t" "${mpi[@]}" -np "$np" "$b" train --data "$whole" "${flags[@]}" --device "$dev" | field samples_per_sec params_fnv phase_seconds | tr '\n' ' '
+  awk '{printf "cpu_s=%.2f\n", $1 + $2}' "$t"; rm -f "$t"
+}
 {
   echo "# $(date -u +%FT%TZ) $(nproc) cores (shared with other jobs: see each line's load); ringrec $(git rev-parse --short HEAD), base $base; $whole, global batch 1024, ${STEPS:-150} steps; ${flags[*]: -4}"
   for r in $(seq "${RUNS:-3}"); do
-    for dev in cpu host; do
+    for dev in ${DEVICES:-cpu host}; do
       for np in 1 2; do
         echo "run $r, $dev np $np, load $(load): base: $(run "$base" "$np" "$dev")"
         echo "run $r, $dev np $np, load $(load): this: $(run "$bin" "$np" "$dev")"
@@ -40,18 +47,21 @@ run() { local b=$1 np=$2 dev=$3; "${mpi[@]}" -np "$np" "$b" train --data "$whole
     done
   done
 } 2>&1 | tee "$out"
-# The ratios (median over the rounds of this / base, per device and ranks).
+# The ratios (median over the rounds of this / base, per device and ranks): samples/s, and
+# samples per CPU second (the same samples both ways: the inverse ratio of cpu_s).
 python3 - "$out" <<'EOF' | tee -a "$out"
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.match(r"run (\d+), (\w+) np (\d), load [^:]*: (base|this): samples_per_sec=([0-9.e+]+) params_fnv=(\S+)", line)
+    m = re.match(r"run (\d+), (\w+) np (\d), load [^:]*: (base|this): samples_per_sec=([0-9.e+]+) params_fnv=(\S+) .*cpu_s=([0-9.]+)", line)
     if m:
-        r, dev, np, who, sps, fnv = m.groups()
-        runs.setdefault((dev, np), {}).setdefault(r, {})[who] = (float(sps), fnv)
+        r, dev, np, who, sps, fnv, cpu = m.groups()
+        runs.setdefault((dev, np), {}).setdefault(r, {})[who] = (float(sps), fnv, float(cpu))
+med = lambda xs: f"{statistics.median(xs):.2f}x (each: {', '.join(f'{x:.2f}' for x in xs)})"
 for (dev, np), rounds in sorted(runs.items()):
-    ratios = [v["this"][0] / v["base"][0] for v in rounds.values() if "this" in v and "base" in v]
-    same = all(v["this"][1] == v["base"][1] for v in rounds.values() if "this" in v and "base" in v)
-    if ratios:
-        print(f"--device {dev}, {np} rank(s): samples/s this / base, median of {len(ratios)}: {statistics.median(ratios):.2f}x (each: {', '.join(f'{x:.2f}' for x in ratios)}); params_fnv {'the same' if same else 'DIFFERENT'}")
+    pairs = [v for v in rounds.values() if "this" in v and "base" in v]
+    if pairs:
+        same = all(v["this"][1] == v["base"][1] for v in pairs)
+        print(f"--device {dev}, {np} rank(s), this / base over {len(pairs)} rounds: samples/s {med([v['this'][0] / v['base'][0] for v in pairs])}; "
+              f"samples per CPU second {med([v['base'][2] / v['this'][2] for v in pairs])}; params_fnv {'the same' if same else 'DIFFERENT'}")
 EOF

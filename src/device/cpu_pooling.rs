@@ -74,11 +74,11 @@ impl CpuDevice {
                 let key_grad = |u: usize, acc: &mut [f32]| {
                     let w = acc.len();
                     acc.fill(0.0);
-                    for p in &slots[offsets[u] as usize..offsets[u + 1] as usize] {
-                        let (r, f) = (*p as usize / c.single, *p as usize % c.single);
-                        let at = r * stride + c.field_col[f] as usize;
-                        add_into(acc, &src[at..at + w]);
-                    }
+                    let slot = |p: usize| {
+                        let at = (p / c.single) * stride + c.field_col[p % c.single] as usize;
+                        (&src[at..at + w], None)
+                    };
+                    spread_to_key(acc, slots_of(slots, offsets, u), slot);
                     let block = |b: usize| {
                         let g = b % c.bags;
                         let at = (b / c.bags) * stride + c.field_col[c.single + g] as usize;
@@ -154,9 +154,9 @@ fn sum_rows_fixed<'t, const D: usize>(row: impl Fn(usize) -> &'t [f32], ids: &[u
     out.copy_from_slice(&acc);
 }
 
-/// Adds to a key's gradient row `acc` the gradient blocks of its bags `bags_of_key`, in
-/// list order: `block(b)` is bag b's block and, for a mean field, its length (each value
-/// divided by it before it is added).
+/// Adds to a key's gradient row `acc` the gradient blocks of its bags `bags_of_key` (or of
+/// its single-hot slots), in list order: `block(b)` is bag b's block and, for a mean field,
+/// its length (each value divided by it before it is added).
 fn spread_to_key<'s>(acc: &mut [f32], bags_of_key: &[u32], block: impl Fn(usize) -> (&'s [f32], Option<f32>)) {
     match acc.len() {
         8 => spread_fixed::<8, _>(acc, bags_of_key, block),

@@ -40,3 +40,70 @@ extern "C" __global__ void pool_bags_grad(const float* __restrict__ src, const u
         out[i] = acc;
     }
 }
+
+// Fields of several tables (`--table`; src/model/fields.rs, Op::GatherFields and
+// Op::GatherFieldsGrad): each field has its own width. Unique key u's row is
+// emb[key_at[u] .. key_at[u + 1]] (the keys grouped by table, each row its table's width).
+// Field f's columns in a sample's input are field_col[f] .. field_col[f + 1], and col_field[c]
+// names the field of column c < cols. Fields below `single` are single-hot: sample r's field
+// f is key inverse[r * single + f]. The others are multi-hot: field single + g of sample r is
+// bag r * bags + g (bags = fields - single), as pool_bags, its mean bit g of `mean`.
+
+// out[r * stride + c] for c < cols: the single-hot field's row value, or the bag's pooled
+// one (its rows summed in list order, divided by the bag's length for a mean field; an empty
+// bag gives zero): pool_bags's arithmetic.
+extern "C" __global__ void gather_fields(const float* __restrict__ emb, const u32* __restrict__ key_at,
+                                         const u32* __restrict__ inverse, const u32* __restrict__ bag_index,
+                                         const u32* __restrict__ bag_offsets, const u32* __restrict__ field_col,
+                                         const u32* __restrict__ col_field, float* __restrict__ out,
+                                         int rows, int cols, int fields, int single, int stride, int mean) {
+    int bags = fields - single;
+    for (long long t = RR_TID; t < (long long)rows * cols; t += RR_STRIDE) {
+        long long r = t / cols, c = t % cols;
+        u32 f = col_field[c], d = (u32)c - field_col[f];
+        float v;
+        if ((int)f < single) {
+            v = emb[(long long)key_at[inverse[r * single + f]] + d];
+        } else {
+            long long b = r * bags + (f - single);
+            u32 lo = bag_offsets[b], hi = bag_offsets[b + 1];
+            v = 0.0f;
+            for (u32 j = lo; j < hi; j++) v += emb[(long long)key_at[bag_index[j]] + d];
+            if ((((u32)mean) >> (f - single)) & 1u && hi > lo) v /= (float)(hi - lo);
+        }
+        out[r * stride + c] = v;
+    }
+}
+
+// The backward, one key's value d per thread (d < widest; a key's row is key_at[u + 1] -
+// key_at[u] values): out[key_at[u] + d] = the gradient src[r * stride + field_col[f] + d]
+// summed over the key's single-hot slots p = r * single + f in slots[offsets[u] ..
+// offsets[u+1]] in list order, then over its bags b in bag_slots[key_bag_offsets[u] ..] in
+// list order (each divided by its bag's length for a mean field): segment_sum then
+// pool_bags_grad, the same additions.
+extern "C" __global__ void gather_fields_grad(const float* __restrict__ src, const u32* __restrict__ key_at,
+                                              const u32* __restrict__ offsets, const u32* __restrict__ slots,
+                                              const u32* __restrict__ bag_offsets, const u32* __restrict__ key_bag_offsets,
+                                              const u32* __restrict__ bag_slots, const u32* __restrict__ field_col,
+                                              float* __restrict__ out, int keys, int widest, int fields, int single,
+                                              int stride, int mean) {
+    int bags = fields - single;
+    for (long long i = RR_TID; i < (long long)keys * widest; i += RR_STRIDE) {
+        long long u = i / widest;
+        u32 d = (u32)(i % widest), at = key_at[u];
+        if (d >= key_at[u + 1] - at) continue;
+        float acc = 0.0f;
+        for (u32 j = offsets[u]; j < offsets[u + 1]; j++) {
+            long long p = slots[j];
+            acc += src[(p / single) * stride + field_col[p % single] + d];
+        }
+        for (u32 j = key_bag_offsets[u]; j < key_bag_offsets[u + 1]; j++) {
+            long long b = bag_slots[j];
+            long long g = b % bags;
+            float v = src[(b / bags) * stride + field_col[single + g] + d];
+            if ((((u32)mean) >> g) & 1u) v /= (float)(bag_offsets[b + 1] - bag_offsets[b]);
+            acc += v;
+        }
+        out[(long long)at + d] = acc;
+    }
+}

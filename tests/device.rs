@@ -778,6 +778,136 @@ fn pooling_gradient_matches_finite_differences() {
     }
 }
 
+/// Fields of several widths (`--table`): `GatherFields` and `GatherFieldsGrad` against a
+/// plain loop, bit for bit (the same order). Three tables of rows of 3, 5 and 2 values, keys
+/// grouped by table; single-hot fields of widths 3, 5, 3 and multi-hot fields of widths 2
+/// and 5 (bags of 0 to 6 ids, some empty), summed and averaged; other columns around them
+/// are left as they were.
+fn fields_match_a_plain_loop<D: Device>(dev: &D) {
+    use ringrec::model::fields::FieldWidths;
+    let (table_width, table_keys) = ([3usize, 5, 2], [7usize, 6, 4]);
+    let field_table = [0usize, 1, 0, 2, 1];
+    let fw = FieldWidths { widths: field_table.iter().map(|t| table_width[*t]).collect(), single: 3 };
+    let (fields, single, bags, rows) = (5, 3, 2, 19);
+    let (cols, stride) = (fw.cols(), fw.cols() + 2);
+    // Keys grouped by table: table t's l-th key is key first[t] + l, its row at key_at.
+    let first: Vec<usize> = (0..3).map(|t| table_keys[..t].iter().sum()).collect();
+    let keys: usize = table_keys.iter().sum();
+    let mut key_at = vec![0u32];
+    for t in 0..3 {
+        for _ in 0..table_keys[t] {
+            key_at.push(key_at.last().unwrap() + table_width[t] as u32);
+        }
+    }
+    let floats = *key_at.last().unwrap() as usize;
+    let emb = random(floats, 31);
+    let mut s = 32u64;
+    let mut key_of = |t: usize| (first[t] + (splitmix64_next(&mut s) % table_keys[t] as u64) as usize) as u32;
+    let inverse: Vec<u32> = (0..rows * single).map(|p| key_of(field_table[p % single])).collect();
+    let (mut index, mut offsets) = (Vec::new(), vec![0u32]);
+    for b in 0..rows * bags {
+        for _ in 0..(b * 7919 + 3) % 7 {
+            index.push(key_of(field_table[single + b % bags]));
+        }
+        offsets.push(index.len() as u32);
+    }
+    assert!(offsets.windows(2).any(|w| w[0] == w[1]), "an empty bag");
+    let (field_col, col_field) = (fw.field_col(), fw.col_field());
+    let row = |u: u32| &emb[key_at[u as usize] as usize..key_at[u as usize + 1] as usize];
+    let put = |d: &D, v: &[u32]| d.buffer_from(v).unwrap();
+    let (emb_d, key_at_d, inverse_d, index_d, offsets_d) = (dev.buffer_from(&emb).unwrap(), put(dev, &key_at), put(dev, &inverse), put(dev, &index), put(dev, &offsets));
+    let (field_col_d, col_field_d) = (put(dev, &field_col), put(dev, &col_field));
+    for mean in [0b01u32, 0b10] {
+        let cols_of = || ringrec::device::FieldCols { field_col: &field_col_d, col_field: &col_field_d, cols, fields, single, mean };
+        let mut want = random(rows * stride, 33);
+        let mut out = dev.buffer_from(&want).unwrap();
+        for r in 0..rows {
+            for f in 0..fields {
+                let (lo, w) = (field_col[f] as usize, fw.widths[f]);
+                for d in 0..w {
+                    want[r * stride + lo + d] = if f < single {
+                        row(inverse[r * single + f])[d]
+                    } else {
+                        let (g, b) = (f - single, r * bags + f - single);
+                        let ids = &index[offsets[b] as usize..offsets[b + 1] as usize];
+                        let mut acc = 0f32;
+                        for u in ids {
+                            acc += row(*u)[d];
+                        }
+                        if (mean >> g) & 1 == 1 && !ids.is_empty() {
+                            acc /= ids.len() as f32;
+                        }
+                        acc
+                    };
+                }
+            }
+        }
+        dev.exec(Op::GatherFields { emb: &emb_d, key_at: &key_at_d, inverse: &inverse_d, index: &index_d, offsets: &offsets_d, cols: cols_of(), out: &mut out, rows, stride }).unwrap();
+        assert_eq!(dev.to_vec(&out, rows * stride).unwrap(), want, "gather_fields, mean mask {mean:#b}");
+
+        // Backward: per key, from zero, its single-hot slots in slot order, then its bags in
+        // bag order (over the bag's length for a mean field).
+        let dx = random(rows * stride, 34 + mean as u64);
+        let mut want = vec![0f32; floats];
+        for u in 0..keys {
+            let (at, w) = (key_at[u] as usize, (key_at[u + 1] - key_at[u]) as usize);
+            for d in 0..w {
+                let mut acc = 0f32;
+                for p in (0..rows * single).filter(|p| inverse[*p] as usize == u) {
+                    acc += dx[(p / single) * stride + field_col[p % single] as usize + d];
+                }
+                for b in 0..rows * bags {
+                    let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+                    for _ in index[lo..hi].iter().filter(|v| **v as usize == u) {
+                        let mut g = dx[(b / bags) * stride + field_col[single + b % bags] as usize + d];
+                        if (mean >> (b % bags)) & 1 == 1 {
+                            g /= (hi - lo) as f32;
+                        }
+                        acc += g;
+                    }
+                }
+                want[at + d] = acc;
+            }
+        }
+        let (mut key_offsets, mut slots, mut next) = (vec![0u32; keys + 1], vec![0u32; rows * single], Vec::new());
+        build_csr(&inverse, keys, &mut key_offsets, &mut slots, &mut next).unwrap();
+        let (mut bag_key_offsets, mut bag_slots) = (vec![0u32; keys + 1], vec![0u32; index.len()]);
+        build_bag_csr(&index, &offsets, keys, &mut bag_key_offsets, &mut bag_slots, &mut next).unwrap();
+        let mut grads = dev.buffer_from(&random(floats, 35)).unwrap();
+        let (ko, sl, bko, bsl) = (put(dev, &key_offsets), put(dev, &slots), put(dev, &bag_key_offsets), put(dev, &bag_slots));
+        let op = Op::GatherFieldsGrad { src: &dev.buffer_from(&dx).unwrap(), key_at: &key_at_d, offsets: &ko, slots: &sl, bag_offsets: &offsets_d, key_offsets: &bko, bag_slots: &bsl, cols: cols_of(), out: &mut grads, keys, widest: 5, floats, rows, stride };
+        dev.exec(op).unwrap();
+        assert_eq!(dev.to_vec(&grads, floats).unwrap(), want, "gather_fields_grad, mean mask {mean:#b}");
+    }
+    // Columns wider than the row are refused.
+    let cols_of = || ringrec::device::FieldCols { field_col: &field_col_d, col_field: &col_field_d, cols, fields, single, mean: 0 };
+    let mut out = dev.alloc(rows * stride).unwrap();
+    let e = dev.exec(Op::GatherFields { emb: &emb_d, key_at: &key_at_d, inverse: &inverse_d, index: &index_d, offsets: &offsets_d, cols: cols_of(), out: &mut out, rows, stride: cols - 1 }).unwrap_err().to_string();
+    assert!(e.contains("do not fit"), "{e}");
+}
+
+#[test]
+fn cpu_fields_match_a_plain_loop() {
+    for threads in [1, 3] {
+        fields_match_a_plain_loop(&CpuDevice::new(threads));
+    }
+}
+
+#[test]
+fn host_kernels_fields_match_a_plain_loop_under_random_delays() {
+    fields_match_a_plain_loop(&HostKernels::new().unwrap());
+    for seed in DELAY_SEEDS {
+        fields_match_a_plain_loop(&delayed(seed, None));
+    }
+}
+
+#[test]
+fn gpu_fields_match_a_plain_loop() {
+    if let Some(d) = gpu() {
+        fields_match_a_plain_loop(&d);
+    }
+}
+
 /// Stages `b` in `m` with its last `bags` fields as bags of one id each (the ids `inverse`
 /// names for them), and loads it.
 fn stage_as_bags<D: Device>(m: &mut DenseModel<D>, b: &Batch, bags: usize) {

@@ -175,6 +175,16 @@ impl CpuDevice {
         let per = units.div_ceil(self.threads * 4).max(1) * unit;
         v.par_chunks_mut(per).enumerate().for_each(|(i, c)| f(i * per / unit.max(1), c));
     }
+
+    /// Runs `f` on each of `rows` (disjoint pieces of one buffer, `n` values in all) with its
+    /// index, on the pool when there is enough work.
+    pub(super) fn for_rows<T: Send>(&self, rows: Vec<&mut [T]>, n: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+        if n < PAR_MIN || self.threads == 1 || rows.len() < 2 {
+            rows.into_iter().enumerate().for_each(|(i, r)| f(i, r));
+        } else {
+            rows.into_par_iter().enumerate().for_each(|(i, r)| f(i, r));
+        }
+    }
 }
 
 /// `v` (rows x cols) cut into `parts` consecutive row blocks.

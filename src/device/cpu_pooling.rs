@@ -1,14 +1,18 @@
-//! The CPU implementations of multi-hot pooling ([`Op::PoolBags`], [`Op::PoolBagsGrad`]),
-//! one output row (or key) at a time, in the order kernels/pooling.cu sums them, so the
-//! CPU, `--device host` and CUDA agree bit for bit; the rows (keys) are split over the
-//! device's threads. For the common row widths (8, 16, 32, 64) a bag's (a key's) sum is
-//! held in registers while its rows are added — the same additions in the same order.
+//! The CPU implementations of multi-hot pooling ([`Op::PoolBags`], [`Op::PoolBagsGrad`])
+//! and of the input of fields of several widths ([`Op::GatherFields`],
+//! [`Op::GatherFieldsGrad`]: `--table`), one output row (or key) at a time, in the order
+//! kernels/pooling.cu sums them, so the CPU, `--device host` and CUDA agree bit for bit;
+//! the rows (keys) are split over the device's threads. For the common row widths (8, 16,
+//! 32, 64) a bag's (a key's) sum is held in registers while its rows are added — the same
+//! additions in the same order.
 //!
 //! [`Op::PoolBags`]: super::ops::Op::PoolBags
 //! [`Op::PoolBagsGrad`]: super::ops::Op::PoolBagsGrad
+//! [`Op::GatherFields`]: super::ops::Op::GatherFields
+//! [`Op::GatherFieldsGrad`]: super::ops::Op::GatherFieldsGrad
 
 use super::cpu::{add_into, CpuDevice};
-use super::ops::Op;
+use super::ops::{FieldCols, Op};
 use super::DeviceResult;
 
 impl CpuDevice {
@@ -20,12 +24,7 @@ impl CpuDevice {
                     for f in 0..bags {
                         let b = (r0 + j) * bags + f;
                         let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
-                        let acc = &mut row[col + f * dim..col + (f + 1) * dim];
-                        sum_rows(table, &index[lo..hi], acc);
-                        if (mean >> f) & 1 == 1 && hi > lo {
-                            let len = (hi - lo) as f32;
-                            acc.iter_mut().for_each(|v| *v /= len);
-                        }
+                        pool_bag(|u| &table[u * dim..(u + 1) * dim], &index[lo..hi], (mean >> f) & 1 == 1, &mut row[col + f * dim..col + (f + 1) * dim]);
                     }
                 }
             }),
@@ -42,25 +41,102 @@ impl CpuDevice {
                     spread_to_key(acc, bags_of_key, block);
                 }
             }),
+            Op::GatherFields { emb, key_at, inverse, index, offsets, cols, out, rows, stride } => {
+                let (c, row_of) = (FieldsOnCpu::of(&cols), |u: u32| &emb[key_at[u as usize] as usize..key_at[u as usize + 1] as usize]);
+                self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
+                    for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
+                        let r = r0 + j;
+                        for f in 0..c.fields {
+                            let (lo, hi) = (c.field_col[f] as usize, c.field_col[f + 1] as usize);
+                            let out = &mut row[lo..hi];
+                            match f.checked_sub(c.single) {
+                                None => out.copy_from_slice(&row_of(inverse[r * c.single + f])[..hi - lo]),
+                                Some(g) => {
+                                    let b = r * c.bags + g;
+                                    let ids = &index[offsets[b] as usize..offsets[b + 1] as usize];
+                                    pool_bag(|u| &row_of(u as u32)[..hi - lo], ids, (c.mean >> g) & 1 == 1, out);
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            Op::GatherFieldsGrad { src, key_at, offsets, slots, bag_offsets, key_offsets, bag_slots, cols, out, keys, floats, stride, .. } => {
+                let c = FieldsOnCpu::of(&cols);
+                // Each key's gradient row, cut from `out` at `key_at` (rows of their tables' widths).
+                let mut rest = &mut out[..floats];
+                let mut rows: Vec<&mut [f32]> = Vec::with_capacity(keys);
+                for u in 0..keys {
+                    let (row, tail) = rest.split_at_mut((key_at[u + 1] - key_at[u]) as usize);
+                    rows.push(row);
+                    rest = tail;
+                }
+                let key_grad = |u: usize, acc: &mut [f32]| {
+                    let w = acc.len();
+                    acc.fill(0.0);
+                    let slot = |p: usize| {
+                        let at = (p / c.single) * stride + c.field_col[p % c.single] as usize;
+                        (&src[at..at + w], None)
+                    };
+                    spread_to_key(acc, slots_of(slots, offsets, u), slot);
+                    let block = |b: usize| {
+                        let g = b % c.bags;
+                        let at = (b / c.bags) * stride + c.field_col[c.single + g] as usize;
+                        let len = ((c.mean >> g) & 1 == 1).then(|| (bag_offsets[b + 1] - bag_offsets[b]) as f32);
+                        (&src[at..at + w], len)
+                    };
+                    spread_to_key(acc, slots_of(bag_slots, key_offsets, u), block);
+                };
+                self.for_rows(rows, floats, key_grad);
+            }
             op => return self.exec_model(op),
         }
         Ok(())
     }
 }
 
-/// `acc` = the sum of `table`'s rows `ids` (rows of `acc.len()` values), in list order,
+/// Key `u`'s entries of a CSR list (`slots[offsets[u]..offsets[u + 1]]`).
+fn slots_of<'s>(slots: &'s [u32], offsets: &[u32], u: usize) -> &'s [u32] {
+    &slots[offsets[u] as usize..offsets[u + 1] as usize]
+}
+
+/// A [`FieldCols`]'s arrays as the CPU reads them, and its bags.
+struct FieldsOnCpu<'a> {
+    field_col: &'a [u32],
+    fields: usize,
+    single: usize,
+    bags: usize,
+    mean: u32,
+}
+
+impl<'a> FieldsOnCpu<'a> {
+    fn of(c: &FieldCols<'a, CpuDevice>) -> FieldsOnCpu<'a> {
+        FieldsOnCpu { field_col: c.field_col, fields: c.fields, single: c.single, bags: c.fields - c.single, mean: c.mean }
+    }
+}
+
+/// `acc` = the bag `ids` pooled: the sum of their rows (`row(u)`, `acc.len()` values) in
+/// list order from zero, divided by its length when `mean` and it is not empty.
+fn pool_bag<'t>(row: impl Fn(usize) -> &'t [f32], ids: &[u32], mean: bool, acc: &mut [f32]) {
+    sum_rows(row, ids, acc);
+    if mean && !ids.is_empty() {
+        let len = ids.len() as f32;
+        acc.iter_mut().for_each(|v| *v /= len);
+    }
+}
+
+/// `acc` = the sum of the rows `row(u)` of `ids` (`acc.len()` values each), in list order,
 /// from zero.
-fn sum_rows(table: &[f32], ids: &[u32], acc: &mut [f32]) {
+fn sum_rows<'t>(row: impl Fn(usize) -> &'t [f32], ids: &[u32], acc: &mut [f32]) {
     match acc.len() {
-        8 => sum_rows_fixed::<8>(table, ids, acc),
-        16 => sum_rows_fixed::<16>(table, ids, acc),
-        32 => sum_rows_fixed::<32>(table, ids, acc),
-        64 => sum_rows_fixed::<64>(table, ids, acc),
-        dim => {
+        8 => sum_rows_fixed::<8>(row, ids, acc),
+        16 => sum_rows_fixed::<16>(row, ids, acc),
+        32 => sum_rows_fixed::<32>(row, ids, acc),
+        64 => sum_rows_fixed::<64>(row, ids, acc),
+        _ => {
             acc.fill(0.0);
             for u in ids {
-                let u = *u as usize;
-                add_into(acc, &table[u * dim..(u + 1) * dim]);
+                add_into(acc, row(*u as usize));
             }
         }
     }
@@ -68,20 +144,19 @@ fn sum_rows(table: &[f32], ids: &[u32], acc: &mut [f32]) {
 
 /// [`sum_rows`] for rows of `D` values, summed in registers.
 #[inline(always)]
-fn sum_rows_fixed<const D: usize>(table: &[f32], ids: &[u32], out: &mut [f32]) {
+fn sum_rows_fixed<'t, const D: usize>(row: impl Fn(usize) -> &'t [f32], ids: &[u32], out: &mut [f32]) {
     let mut acc = [0f32; D];
     for u in ids {
-        let at = *u as usize * D;
-        for (a, x) in acc.iter_mut().zip(&table[at..at + D]) {
+        for (a, x) in acc.iter_mut().zip(&row(*u as usize)[..D]) {
             *a += x;
         }
     }
     out.copy_from_slice(&acc);
 }
 
-/// Adds to a key's gradient row `acc` the gradient blocks of its bags `bags_of_key`, in
-/// list order: `block(b)` is bag b's block and, for a mean field, its length (each value
-/// divided by it before it is added).
+/// Adds to a key's gradient row `acc` the gradient blocks of its bags `bags_of_key` (or of
+/// its single-hot slots), in list order: `block(b)` is bag b's block and, for a mean field,
+/// its length (each value divided by it before it is added).
 fn spread_to_key<'s>(acc: &mut [f32], bags_of_key: &[u32], block: impl Fn(usize) -> (&'s [f32], Option<f32>)) {
     match acc.len() {
         8 => spread_fixed::<8, _>(acc, bags_of_key, block),
@@ -129,9 +204,9 @@ mod tests {
                 add_into(&mut general, &table[u as usize * dim..(u as usize + 1) * dim]);
             }
             let mut got = vec![f32::NAN; dim];
-            sum_rows(&table, &ids, &mut got);
+            sum_rows(|u| &table[u * dim..(u + 1) * dim], &ids, &mut got);
             assert_eq!(got, general, "dim {dim}");
-            sum_rows(&table, &[], &mut got);
+            sum_rows(|u| &table[u * dim..(u + 1) * dim], &[], &mut got);
             assert!(got.iter().all(|v| *v == 0.0), "an empty bag pools to zeros");
             // The spread: bag b's block is row b of the table, mean for odd bags.
             let block = |b: usize| (&table[b * dim..(b + 1) * dim], (b % 2 == 1).then_some(3.0f32));

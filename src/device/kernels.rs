@@ -104,11 +104,15 @@ pub enum Kernel {
     PoolBags,
     /// Its backward, added into the key gradients.
     PoolBagsGrad,
+    /// The input of fields of several widths (several tables), gathered and pooled.
+    GatherFields,
+    /// Its backward: the key gradients.
+    GatherFieldsGrad,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 34] = [
+    pub const ALL: [Kernel; 36] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -143,6 +147,8 @@ impl Kernel {
         Kernel::CachePut,
         Kernel::PoolBags,
         Kernel::PoolBagsGrad,
+        Kernel::GatherFields,
+        Kernel::GatherFieldsGrad,
     ];
 
     /// The function's name in its source.
@@ -182,6 +188,8 @@ impl Kernel {
             Kernel::CachePut => "cache_put",
             Kernel::PoolBags => "pool_bags",
             Kernel::PoolBagsGrad => "pool_bags_grad",
+            Kernel::GatherFields => "gather_fields",
+            Kernel::GatherFieldsGrad => "gather_fields_grad",
         }
     }
 
@@ -202,7 +210,7 @@ impl Kernel {
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
             Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
-            Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
+            Kernel::PoolBags | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
             _ => "dense",
         }
     }

@@ -39,7 +39,7 @@ use half::{bf16, f16};
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
 pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
-pub use ops::{Activation, Epilogue, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
+pub use ops::{Activation, Epilogue, FieldCols, Gemm, GemmPrecision, HalfMut, HalfRef, Op};
 pub use lent::LentBuf;
 pub use libs::CudaLib;
 pub use select::{probe, probe_device, probe_nccl, probe_nvrtc, DeviceInfo, Placement};

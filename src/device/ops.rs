@@ -183,6 +183,37 @@ pub enum Op<'a, D: Device> {
     /// order), each divided by its bag's length for a mean field, are added in list order
     /// to `out[u * dim ..]`.
     PoolBagsGrad { src: &'a D::Buf<f32>, offsets: &'a D::Buf<u32>, key_offsets: &'a D::Buf<u32>, slots: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, segments: usize, rows: usize, bags: usize, dim: usize, stride: usize, col: usize, mean: u32 },
+    /// The input of fields of several widths (`--table`, kernels/pooling.cu): for each row
+    /// `r < rows` and column `c < cols.cols`, `out[r * stride + c]` is the value of column `c`'s
+    /// field ([`FieldCols`]): a single-hot field's row of unique key
+    /// `inverse[r * cols.single + f]`, or a multi-hot field's bag pooled as [`Op::PoolBags`]
+    /// pools it (bag `r * bags + g`, `index`/`offsets` its ids); unique key `u`'s row is
+    /// `emb[key_at[u]..key_at[u + 1]]`. With one width it is [`Op::GatherRows`] then
+    /// [`Op::PoolBags`], the same values.
+    GatherFields { emb: &'a D::Buf<f32>, key_at: &'a D::Buf<u32>, inverse: &'a D::Buf<u32>, index: &'a D::Buf<u32>, offsets: &'a D::Buf<u32>, cols: FieldCols<'a, D>, out: &'a mut D::Buf<f32>, rows: usize, stride: usize },
+    /// The backward of [`Op::GatherFields`]: key `u`'s gradient row `out[key_at[u]..key_at[u + 1]]`
+    /// (`floats` = `key_at[keys]` values in all, no row wider than `widest`) is the sum, from
+    /// zero, of the gradient blocks of `src` (`rows` rows of `stride` values) at its
+    /// single-hot slots `slots[offsets[u]..offsets[u + 1]]` (slot `p`: field `p % single` of
+    /// row `p / single`) in list order, then of its bags' blocks as [`Op::PoolBagsGrad`] adds
+    /// them (`key_offsets`, `bag_slots`; `bag_offsets` the bags' ids): [`Op::SegmentSum`] then
+    /// [`Op::PoolBagsGrad`], the same additions.
+    GatherFieldsGrad {
+        src: &'a D::Buf<f32>,
+        key_at: &'a D::Buf<u32>,
+        offsets: &'a D::Buf<u32>,
+        slots: &'a D::Buf<u32>,
+        bag_offsets: &'a D::Buf<u32>,
+        key_offsets: &'a D::Buf<u32>,
+        bag_slots: &'a D::Buf<u32>,
+        cols: FieldCols<'a, D>,
+        out: &'a mut D::Buf<f32>,
+        keys: usize,
+        widest: usize,
+        floats: usize,
+        rows: usize,
+        stride: usize,
+    },
     /// A block of columns copied between row-major matrices of `rows` rows:
     /// `out[r * stride + col + c] = src[r * src_stride + src_col + c]` for `c < cols`.
     CopyBlock { src: &'a D::Buf<f32>, src_stride: usize, src_col: usize, out: &'a mut D::Buf<f32>, stride: usize, col: usize, rows: usize, cols: usize },
@@ -303,6 +334,8 @@ impl<D: Device> Op<'_, D> {
             Op::SegmentSum { .. } => "segment_sum",
             Op::PoolBags { .. } => "pool_bags",
             Op::PoolBagsGrad { .. } => "pool_bags_grad",
+            Op::GatherFields { .. } => "gather_fields",
+            Op::GatherFieldsGrad { .. } => "gather_fields_grad",
             Op::CopyBlock { .. } => "copy_block",
             Op::Mul { .. } => "mul",
             Op::AddInto { .. } => "add_into",
@@ -386,7 +419,7 @@ impl<D: Device> Op<'_, D> {
             Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
             Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
             Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } => self.check_model(dev),
-            Op::PoolBags { .. } | Op::PoolBagsGrad { .. } => self.check_pooling(dev),
+            Op::PoolBags { .. } | Op::PoolBagsGrad { .. } | Op::GatherFields { .. } | Op::GatherFieldsGrad { .. } => self.check_pooling(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)
@@ -425,6 +458,38 @@ impl<D: Device> Op<'_, D> {
 /// The most multi-hot fields one pooling launch takes (the bits of its `mean` mask).
 pub const MAX_BAGS: usize = 32;
 
+/// The columns of an input of fields of several widths ([`Op::GatherFields`]): fields
+/// `0..single` single-hot, the others multi-hot (bit `g` of `mean`: field `single + g`
+/// mean-pooled). Built and checked by its owner (`model::fields`); a kernel reads its
+/// arrays as data.
+pub struct FieldCols<'a, D: Device> {
+    /// Per field its first column, then the columns in all (`fields + 1` values, rising).
+    pub field_col: &'a D::Buf<u32>,
+    /// Per column its field (`cols` values).
+    pub col_field: &'a D::Buf<u32>,
+    /// Columns of a row's fields.
+    pub cols: usize,
+    /// Fields.
+    pub fields: usize,
+    /// Single-hot fields (the first ones).
+    pub single: usize,
+    /// The multi-hot fields' mean mask.
+    pub mean: u32,
+}
+
+impl<D: Device> FieldCols<'_, D> {
+    /// Refuses columns that do not fit a row of `stride`, more multi-hot fields than a mask
+    /// holds, or arrays shorter than the fields and columns.
+    fn check(&self, dev: &D, name: &str, stride: usize) -> DeviceResult<()> {
+        if self.single > self.fields {
+            return Err(DeviceError::refused(name, format!("{} single-hot fields of {}", self.single, self.fields)));
+        }
+        check_bags(name, self.fields - self.single, 0, stride, self.cols)?;
+        fits(&format!("{name}: field_col"), dev.len(self.field_col), self.fields + 1)?;
+        fits(&format!("{name}: col_field"), dev.len(self.col_field), self.cols)
+    }
+}
+
 /// Refuses a pooling whose fields do not fit its mask or an output row.
 fn check_bags(name: &str, bags: usize, dim: usize, stride: usize, col: usize) -> DeviceResult<()> {
     if bags > MAX_BAGS {
@@ -452,6 +517,22 @@ impl<D: Device> Op<'_, D> {
                 f("offsets", dev.len(*offsets), rows * bags + 1)?;
                 f("key_offsets", dev.len(*key_offsets), segments + 1)?;
                 f("out", dev.len(&**out), segments * dim)
+            }
+            Op::GatherFields { key_at, inverse, offsets, cols, out, rows, stride, .. } => {
+                cols.check(dev, "gather_fields", *stride)?;
+                f("inverse", dev.len(*inverse), rows * cols.single)?;
+                f("offsets", dev.len(*offsets), rows * (cols.fields - cols.single) + 1)?;
+                f("key_at", dev.len(*key_at), 1)?;
+                f("out", dev.len(&**out), rows * stride)
+            }
+            Op::GatherFieldsGrad { src, key_at, offsets, bag_offsets, key_offsets, cols, out, keys, floats, rows, stride, .. } => {
+                cols.check(dev, "gather_fields_grad", *stride)?;
+                f("src", dev.len(*src), rows * stride)?;
+                f("key_at", dev.len(*key_at), keys + 1)?;
+                f("offsets", dev.len(*offsets), keys + 1)?;
+                f("key_offsets", dev.len(*key_offsets), keys + 1)?;
+                f("bag_offsets", dev.len(*bag_offsets), rows * (cols.fields - cols.single) + 1)?;
+                f("out", dev.len(&**out), *floats)
             }
             _ => Ok(()),
         }
@@ -604,6 +685,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
             segments * dim,
             &mut [In(src, 0), InU32(offsets), InU32(key_offsets), InU32(slots), Out(out, 0), int(segments)?, int(bags)?, int(dim)?, int(stride)?, int(col)?, KernelArg::I32(mean as i32)],
         ),
+        op @ (Op::GatherFields { .. } | Op::GatherFieldsGrad { .. }) => launch_fields(dev, op),
         Op::CopyBlock { src, src_stride, src_col, out, stride, col, rows, cols } => dev.launch(Kernel::CopyBlock, rows * cols, &mut [In(src, 0), int(src_stride)?, int(src_col)?, Out(out, 0), int(stride)?, int(col)?, int(rows)?, int(cols)?]),
         Op::Mul { a, b, out, n, accumulate } => dev.launch(Kernel::Mul, n, &mut [In(a, 0), In(b, 0), Out(out, 0), long(n), KernelArg::I32(accumulate as i32)]),
         Op::AddInto { x, out, n } => dev.launch(Kernel::AddInto, n, &mut [In(x, 0), Out(out, 0), long(n)]),
@@ -653,6 +735,40 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
             dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])
         }
+    }
+}
+
+/// [`launch`] of the kernels of fields of several widths (kernels/pooling.cu).
+fn launch_fields<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
+    use KernelArg::{In, InU32, Out};
+    match op {
+        Op::GatherFields { emb, key_at, inverse, index, offsets, cols: c, out, rows, stride } => dev.launch(
+            Kernel::GatherFields,
+            rows * c.cols,
+            &mut [In(emb, 0), InU32(key_at), InU32(inverse), InU32(index), InU32(offsets), InU32(c.field_col), InU32(c.col_field), Out(out, 0), int(rows)?, int(c.cols)?, int(c.fields)?, int(c.single)?, int(stride)?, KernelArg::I32(c.mean as i32)],
+        ),
+        Op::GatherFieldsGrad { src, key_at, offsets, slots, bag_offsets, key_offsets, bag_slots, cols: c, out, keys, widest, stride, .. } => dev.launch(
+            Kernel::GatherFieldsGrad,
+            keys * widest,
+            &mut [
+                In(src, 0),
+                InU32(key_at),
+                InU32(offsets),
+                InU32(slots),
+                InU32(bag_offsets),
+                InU32(key_offsets),
+                InU32(bag_slots),
+                InU32(c.field_col),
+                Out(out, 0),
+                int(keys)?,
+                int(widest)?,
+                int(c.fields)?,
+                int(c.single)?,
+                int(stride)?,
+                KernelArg::I32(c.mean as i32),
+            ],
+        ),
+        _ => Err(DeviceError::refused(op.name(), "not a kernel of fields of several widths")),
     }
 }
 

@@ -24,7 +24,12 @@
 //! pooled into the last fields' columns ([`Op::PoolBags`]); the key gradients add the bags'
 //! spread gradient after the single-hot slots' ([`Op::PoolBagsGrad`]). So every model that
 //! only counts fields takes the pooled vectors unchanged. Without bags nothing of this runs.
+//!
+//! **Fields of several tables** ([`DenseModel::set_fields`], `--table`): each field has its
+//! own width; the batch's rows are staged per key at offsets ([`DenseModel::stage_tables`])
+//! and gathered, pooled and summed back per key by [`super::fields`]' ops instead.
 
+use super::fields::{FieldWidths, FieldsOnDevice, KeyLists};
 use super::input::{build_csr, InputLayout};
 use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
@@ -71,6 +76,8 @@ struct Arrays<F, U> {
     bag_index: U,
     key_offsets: U,
     bag_slots: U,
+    /// Fields of several widths (empty without): where each key's row starts in `emb`.
+    key_at: U,
 }
 
 /// One staging slot: a batch in (page-locked) host memory.
@@ -89,14 +96,16 @@ struct Stage<D: Device> {
     misses: Option<usize>,
     /// Ids in the staged batch's bags ([`DenseModel::stage_bags`]; `None`: not staged).
     bag_ids: Option<usize>,
+    /// Values of the rows staged by [`DenseModel::stage_tables`] (`None`: not so staged).
+    floats: Option<usize>,
 }
 
 impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)? };
-        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None })
+        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)?, key_at: u(to)? };
+        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None, floats: None })
     }
 }
 
@@ -135,25 +144,26 @@ impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
+        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()?, key_at: u()? };
         Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
-    /// keys need. Lengths are checked one by one: the CPU device moves batches in by
-    /// swapping buffers with the staging slots, so they need not share a capacity.
-    fn fit(&mut self, dev: &D, layout: &InputLayout, batch: usize, keys: usize) -> DeviceResult<()> {
+    /// keys need, their rows `floats` values and `single` single-hot fields a sample.
+    /// Lengths are checked one by one: the CPU device moves batches in by swapping buffers
+    /// with the staging slots, so they need not share a capacity.
+    fn fit(&mut self, dev: &D, layout: &InputLayout, batch: usize, keys: usize, floats: usize, single: usize) -> DeviceResult<()> {
         let (width, a) = (layout.width(), &mut self.arrays);
-        grow(dev, &mut a.emb, keys * layout.dim)?;
-        grow(dev, &mut a.inverse, batch * layout.fields)?;
+        grow(dev, &mut a.emb, floats)?;
+        grow(dev, &mut a.inverse, batch * single)?;
         grow(dev, &mut a.dense, batch * layout.ndense)?;
         grow(dev, &mut a.labels, batch)?;
         grow(dev, &mut a.offsets, keys + 1)?;
-        grow(dev, &mut a.slots, batch * layout.fields)?;
+        grow(dev, &mut a.slots, batch * single)?;
         grow(dev, &mut self.x, batch * width)?;
         grow(dev, &mut self.dx, batch * width)?;
         grow(dev, &mut self.loss, batch)?;
-        grow(dev, &mut self.key_grads, keys * layout.dim)
+        grow(dev, &mut self.key_grads, floats)
     }
 }
 
@@ -199,6 +209,10 @@ pub struct DenseModel<D: Device> {
     /// Multi-hot fields (the layout's last ones) and their `mean` mask.
     bags: usize,
     mean: u32,
+    /// Fields of several widths ([`DenseModel::set_fields`]; `None`: one width).
+    fields: Option<FieldsOnDevice<D>>,
+    /// Values of the loaded batch's key rows (and key gradients).
+    floats: usize,
 }
 
 /// Buffers of [`DenseModel::non_finite_gradient`].
@@ -229,6 +243,8 @@ impl<D: Device> DenseModel<D> {
             csr_next: Vec::new(),
             bags: 0,
             mean: 0,
+            fields: None,
+            floats: 0,
             layout,
             spec,
             net,
@@ -249,14 +265,36 @@ impl<D: Device> DenseModel<D> {
         Ok(())
     }
 
+    /// Makes the model's input fields of several widths (`--table`, [`super::fields`]):
+    /// `widths` (their columns the layout's embedding columns), the last `modes.len()`
+    /// multi-hot, pooled as their modes say. Every batch after it is staged with
+    /// [`DenseModel::stage_tables`] (and [`DenseModel::stage_bags`] with multi-hot fields).
+    pub fn set_fields(&mut self, widths: &[usize], modes: &[Pooling]) -> DeviceResult<()> {
+        let single = widths.len().checked_sub(modes.len()).ok_or_else(|| DeviceError::refused("fields of several widths", format!("{} multi-hot fields of {} fields", modes.len(), widths.len())))?;
+        let mean = mean_mask(modes).map_err(|e| DeviceError::refused("multi-hot fields", e))?;
+        let cols = self.layout.fields * self.layout.dim;
+        self.fields = Some(FieldsOnDevice::new(&self.dev, FieldWidths { widths: widths.to_vec(), single }, cols, mean)?);
+        (self.bags, self.mean) = (modes.len(), mean);
+        Ok(())
+    }
+
+    /// The fields' widths [`DenseModel::set_fields`] gave (`None`: one width).
+    pub fn field_widths(&self) -> Option<&FieldWidths> {
+        self.fields.as_ref().map(FieldsOnDevice::widths)
+    }
+
     /// Multi-hot fields per sample ([`DenseModel::set_multi_hot`]; 0 without).
     pub fn multi_hot_fields(&self) -> usize {
         self.bags
     }
 
-    /// Single-hot fields per sample: the layout's fields less the multi-hot ones.
+    /// Single-hot fields per sample: the layout's fields less the multi-hot ones (with
+    /// [`DenseModel::set_fields`], its single-hot fields).
     pub fn single_fields(&self) -> usize {
-        self.layout.fields - self.bags
+        match &self.fields {
+            Some(f) => f.single(),
+            None => self.layout.fields - self.bags,
+        }
     }
 
     /// Host views of the staged batch's bags, for the caller to fill after
@@ -305,7 +343,30 @@ impl<D: Device> DenseModel<D> {
     /// anything back relies on it (tests/device.rs: the run-ahead comparison, which fails
     /// with `RINGREC_HOST_FAULT=no-staging-wait`).
     pub fn stage(&mut self, batch: usize, keys: usize) -> DeviceResult<StageMut<'_>> {
-        self.stage_rows(batch, keys, keys)
+        self.stage_rows(batch, keys, keys * self.layout.dim)
+    }
+
+    /// [`DenseModel::stage`] for a model of fields of several widths
+    /// ([`DenseModel::set_fields`]): `emb` holds `floats` values, unique key `u`'s row at
+    /// `key_at[u]..key_at[u + 1]` (the second slice, `keys + 1` values, for the caller to
+    /// fill), each row its fields' width; `inverse` names the single-hot fields' keys.
+    pub fn stage_tables(&mut self, batch: usize, keys: usize, floats: usize) -> DeviceResult<(StageMut<'_>, &mut [u32])> {
+        if self.fields.is_none() {
+            return Err(DeviceError::refused("staging tables' rows", "the model's fields have one width (call set_fields() first)"));
+        }
+        self.stage_rows(batch, keys, floats)?;
+        let (single, ndense) = (self.single_fields(), self.layout.ndense);
+        let (dev, st) = (&self.dev, &mut self.stages[self.fill]);
+        st.floats = Some(floats);
+        let a = &mut st.arrays;
+        grow_staging(dev, &mut a.key_at, keys + 1, Direction::ToDevice)?;
+        let stage = StageMut {
+            emb: &mut dev.host(&mut a.emb)?[..floats],
+            inverse: &mut dev.host(&mut a.inverse)?[..batch * single],
+            dense: &mut dev.host(&mut a.dense)?[..batch * ndense],
+            labels: &mut dev.host(&mut a.labels)?[..batch],
+        };
+        Ok((stage, &mut dev.host(&mut a.key_at)?[..keys + 1]))
     }
 
     /// [`DenseModel::stage`] for a batch whose rows come from a hot-row cache (issue 30):
@@ -320,7 +381,7 @@ impl<D: Device> DenseModel<D> {
         if let Some(source) = st.source.as_mut() {
             grow_staging(&self.dev, source, keys, Direction::ToDevice)?;
         }
-        self.stage_rows(batch, keys, misses)?;
+        self.stage_rows(batch, keys, misses * self.layout.dim)?;
         let InputLayout { dim, ndense, .. } = self.layout;
         let fields = self.single_fields();
         let st = &mut self.stages[self.fill];
@@ -337,9 +398,9 @@ impl<D: Device> DenseModel<D> {
         Ok((stage, &mut dev.host(source)?[..keys]))
     }
 
-    /// The staging slot for `batch` samples, `keys` unique keys and `rows` staged rows.
-    fn stage_rows(&mut self, batch: usize, keys: usize, rows: usize) -> DeviceResult<StageMut<'_>> {
-        let InputLayout { dim, ndense, .. } = self.layout;
+    /// The staging slot for `batch` samples, `keys` unique keys and `floats` staged row values.
+    fn stage_rows(&mut self, batch: usize, keys: usize, floats: usize) -> DeviceResult<StageMut<'_>> {
+        let ndense = self.layout.ndense;
         let fields = self.single_fields();
         let dev = &self.dev;
         let st = &mut self.stages[self.fill];
@@ -347,12 +408,13 @@ impl<D: Device> DenseModel<D> {
         st.bag_ids = None;
         st.weighted = false;
         st.misses = None;
+        st.floats = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         grow_staging(dev, &mut a.offsets, keys + 1, to)?;
         grow_staging(dev, &mut a.slots, batch * fields, to)?;
         Ok(StageMut {
-            emb: grow_staging(dev, &mut a.emb, rows * dim, to)?,
+            emb: grow_staging(dev, &mut a.emb, floats, to)?,
             inverse: grow_staging(dev, &mut a.inverse, batch * fields, from)?,
             dense: grow_staging(dev, &mut a.dense, batch * ndense, to)?,
             labels: grow_staging(dev, &mut a.labels, batch, to)?,
@@ -406,10 +468,10 @@ impl<D: Device> DenseModel<D> {
         if misses.is_some() != cache.is_some() {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
-        if cache.is_some() && self.bags > 0 {
+        if cache.is_some() && (self.bags > 0 || self.fields.is_some()) {
             // The pooling reads every bag id's row from the staged rows, which hold only the
             // cache's misses here.
-            return Err(DeviceError::refused("loading a batch", "a model with multi-hot fields cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
+            return Err(DeviceError::refused("loading a batch", "a model with multi-hot fields or fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
         }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
@@ -418,37 +480,30 @@ impl<D: Device> DenseModel<D> {
             (_, None) => return Err(DeviceError::refused("a dense step", "a model with multi-hot fields needs the batch's bags (call stage_bags() after stage())")),
         };
         let InputLayout { dim, ndense, .. } = self.layout;
-        let (fields, bags, mean) = (self.single_fields(), self.bags, self.mean);
+        let floats = match (&self.fields, self.stages[slot].floats.take()) {
+            (None, _) => keys * dim,
+            (Some(_), Some(floats)) => floats,
+            (Some(_), None) => return Err(DeviceError::refused("a dense step", "a model of fields of several widths needs its rows staged at their offsets (call stage_tables())")),
+        };
+        let fields = self.single_fields();
         let dev = &self.dev;
-        self.batch.fit(dev, &self.layout, batch, keys)?;
-        grow_staging(dev, &mut self.key_grads_host, keys * dim, Direction::FromDevice)?;
-        let st = &mut self.stages[slot].arrays;
+        self.batch.fit(dev, &self.layout, batch, keys, floats, fields)?;
+        grow_staging(dev, &mut self.key_grads_host, floats, Direction::FromDevice)?;
         {
+            let st = &mut self.stages[slot].arrays;
             let inverse = &dev.host(&mut st.inverse)?[..batch * fields];
             let offsets = &mut dev.host(&mut st.offsets)?[..keys + 1];
             let slots = &mut dev.host(&mut st.slots)?[..batch * fields];
             build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
         }
-        if bags > 0 {
-            grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
-            let bag_offsets = &dev.host(&mut st.bag_offsets)?[..batch * bags + 1];
-            let bag_index = &dev.host(&mut st.bag_index)?[..ids];
-            let key_offsets = &mut dev.host(&mut st.key_offsets)?[..keys + 1];
-            let bag_slots = &mut dev.host(&mut st.bag_slots)?[..ids];
-            build_bag_csr(bag_index, bag_offsets, keys, key_offsets, bag_slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch's bags", e))?;
-            let b = &mut self.batch.arrays;
-            grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
-            grow(dev, &mut b.bag_index, ids)?;
-            grow(dev, &mut b.key_offsets, keys + 1)?;
-            grow(dev, &mut b.bag_slots, ids)?;
-            dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
-            dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
-            dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
-            dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
+        if self.bags > 0 || self.fields.is_some() {
+            self.load_bags(slot, batch, keys, ids, floats)?;
         }
+        let dev = &self.dev;
+        let st = &mut self.stages[slot].arrays;
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
-        let rows = misses.unwrap_or(keys);
-        dev.upload(&mut st.emb, rows * dim, &mut b.emb)?;
+        let rows = misses.map_or(floats, |m| m * dim);
+        dev.upload(&mut st.emb, rows, &mut b.emb)?;
         dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
         dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
@@ -467,11 +522,15 @@ impl<D: Device> DenseModel<D> {
             _ => self.batch.weights = None,
         }
         let weights = if stage.weighted { batch } else { 0 };
-        let mut moved = 4 * (rows * dim + 2 * batch * fields + batch * ndense + batch + keys + 1 + weights);
+        let mut moved = 4 * (rows + 2 * batch * fields + batch * ndense + batch + keys + 1 + weights);
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
-        match (cache, stage.source.as_mut()) {
-            (Some(cache), Some(src)) => {
+        match (cache, stage.source.as_mut(), &self.fields) {
+            (_, _, Some(f)) => {
+                f.gather(dev, &b.emb, &b.key_at, &b.inverse, (&b.bag_offsets, &b.bag_index), x, batch, stride)?;
+                self.batch.sourced = false;
+            }
+            (Some(cache), Some(src), None) => {
                 if self.batch.source.is_none() {
                     self.batch.source = Some(dev.alloc(0)?);
                 }
@@ -487,14 +546,51 @@ impl<D: Device> DenseModel<D> {
                 self.batch.sourced = false;
             }
         }
-        if bags > 0 {
-            dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags, dim, stride, col: fields * dim, mean })?;
+        if self.bags > 0 && self.fields.is_none() {
+            dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags: self.bags, dim, stride, col: fields * dim, mean: self.mean })?;
         }
         dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: self.layout.fields * dim })?;
         self.fill = 1 - slot;
         self.loaded = Some((batch, keys));
+        self.floats = floats;
         self.count_moved(moved, 0);
         Ok((batch, keys))
+    }
+
+    /// Moves the staged bags of slot `slot` (`ids` ids; `batch` samples, `keys` keys) to the
+    /// device with each key's bags ([`build_bag_csr`]); for fields of several widths also
+    /// the keys' row offsets (`floats` values), checked against the fields' widths
+    /// ([`FieldWidths::check_staged`]), and empty bags when none are multi-hot.
+    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize, floats: usize) -> DeviceResult<()> {
+        let (dev, bags, st) = (&self.dev, self.bags, &mut self.stages[slot].arrays);
+        if bags == 0 {
+            grow_staging(dev, &mut st.bag_offsets, 1, Direction::ToDevice)?.fill(0);
+        }
+        grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
+        grow_staging(dev, &mut st.bag_slots, ids, Direction::ToDevice)?;
+        grow_staging(dev, &mut st.bag_index, ids, Direction::ToDevice)?;
+        let bag_offsets = &dev.host(&mut st.bag_offsets)?[..batch * bags + 1];
+        let bag_index = &dev.host(&mut st.bag_index)?[..ids];
+        let key_offsets = &mut dev.host(&mut st.key_offsets)?[..keys + 1];
+        let bag_slots = &mut dev.host(&mut st.bag_slots)?[..ids];
+        build_bag_csr(bag_index, bag_offsets, keys, key_offsets, bag_slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch's bags", e))?;
+        let b = &mut self.batch.arrays;
+        if let Some(f) = &self.fields {
+            let key_at = &dev.host(&mut st.key_at)?[..keys + 1];
+            let inverse = &dev.host(&mut st.inverse)?[..batch * f.single()];
+            f.widths().check_staged(key_at, floats, inverse, bag_offsets, bag_index).map_err(|e| DeviceError::refused("staging tables' rows", e))?;
+            grow(dev, &mut b.key_at, keys + 1)?;
+            dev.upload(&mut st.key_at, keys + 1, &mut b.key_at)?;
+        }
+        // One element at least: a kernel argument is a pointer into a buffer.
+        grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
+        grow(dev, &mut b.bag_index, ids.max(1))?;
+        grow(dev, &mut b.key_offsets, keys + 1)?;
+        grow(dev, &mut b.bag_slots, ids.max(1))?;
+        dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
+        dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
+        dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
+        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)
     }
 
     fn loaded(&self) -> DeviceResult<(usize, usize)> {
@@ -536,11 +632,20 @@ impl<D: Device> DenseModel<D> {
     }
 
     /// The last step's gradient rows of its unique keys (keys x dim, in the staged key
-    /// order): the input gradient summed per key on the device, moved to the host.
+    /// order; with [`DenseModel::set_fields`], each key's row at its staged offsets): the
+    /// input gradient summed per key on the device, moved to the host.
     pub fn key_grads(&mut self) -> DeviceResult<&[f32]> {
         let (batch, keys) = self.loaded()?;
-        let (fields, dim, stride, bags) = (self.single_fields(), self.layout.dim, self.layout.width(), self.bags);
+        let (fields, dim, stride, bags, floats) = (self.single_fields(), self.layout.dim, self.layout.width(), self.bags, self.floats);
         let (dev, b) = (&self.dev, &mut self.batch);
+        if let Some(f) = &self.fields {
+            let a = &b.arrays;
+            let lists = KeyLists { offsets: &a.offsets, slots: &a.slots, bag_offsets: &a.bag_offsets, key_offsets: &a.key_offsets, bag_slots: &a.bag_slots };
+            f.key_grads(dev, &b.dx, &a.key_at, lists, &mut b.key_grads, keys, floats, batch, stride)?;
+            dev.download(&mut b.key_grads, floats, &mut self.key_grads_host)?;
+            self.count_moved(0, 4 * floats);
+            return Ok(&dev.host(&mut self.key_grads_host)?[..floats]);
+        }
         dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
         if bags > 0 {
             let a = &b.arrays;
@@ -552,13 +657,13 @@ impl<D: Device> DenseModel<D> {
     }
 
     /// The last step's key gradients as [`DenseModel::key_grads`] left them: the host copy
-    /// and the device buffer (both keys x dim, in the staged key order), valid until the
+    /// and the device buffer (both as [`DenseModel::key_grads`] lays them out), valid until the
     /// next batch is loaded, and for a batch loaded with cache sources
     /// ([`DenseModel::load_cached`]) the device's copy of those (one per key).
     /// Returns the device with them.
     pub fn last_key_grads(&mut self) -> DeviceResult<LastKeyGrads<'_, D>> {
-        let (_, keys) = self.loaded()?;
-        let n = keys * self.layout.dim;
+        self.loaded()?;
+        let n = self.floats;
         let sources = self.batch.source.as_ref().filter(|_| self.batch.sourced);
         Ok((&self.dev, &self.dev.host(&mut self.key_grads_host)?[..n], &self.batch.key_grads, sources))
     }

@@ -5,6 +5,7 @@
 
 pub mod cross;
 pub mod dense;
+pub mod fields;
 pub mod dense_bin;
 pub mod fm;
 pub mod input;

@@ -322,7 +322,7 @@ fn multi_hot<D: Device>(model: &mut DenseModel<D>, cfg: &PredictConfig, src: &Mo
     }
     if !names.is_empty() {
         let modes = crate::model::pooling::recorded_pooling(src.pooling.as_deref(), cfg.multi_hot_pooling.as_deref(), names, &src.describe()).map_err(TrainError::Config)?;
-        // A `--table` model's tables pool on the host ([`Gather`]).
+        // A `--table` model's fields are set by its tables' gathering ([`Gather::stage`]).
         if src.tables.is_none() {
             model.set_multi_hot(&modes)?;
         }

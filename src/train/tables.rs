@@ -16,13 +16,16 @@
 //!
 //! **The step.** Each table has its own deduplicated keys (the batch's `uniq` split by the
 //! table of the fields that hold them), lookup, sparse exchange and leader update. The
-//! dense model's input is gathered on the host ([`Tables::stage`]): per sample, each
-//! field's row from its table (a multi-hot field pooled, in the order and arithmetic of
-//! [`crate::model::pooling`]'s kernels), at the field's columns; the model sees one row per
-//! (sample, field) when every field has the same width, or one row per sample (`mlp` and
-//! `dcn`, whose input is one vector) when widths differ. The model's per-row gradients are
-//! summed per key in the kernels' order (a key's single-hot slots in sample then field
-//! order, then its bags'), so the sums are the one-table run's bits.
+//! batch's keys are staged grouped by table (the default table's first), each table's rows
+//! looked up straight into the model's staging at their offsets ([`Tables::stage`]), and the
+//! model's input is gathered and pooled on the device ([`crate::model::fields`]: per sample,
+//! each field's row from its table, a multi-hot field pooled as the one-table path's
+//! kernels pool it, at the field's columns); the model sees one row per (sample, field) when
+//! every field has the same width, or one row per sample (`mlp` and `dcn`, whose input is
+//! one vector) when widths differ. The device sums the input gradient per key in the
+//! one-table kernels' order (a key's single-hot slots in sample then field order, then its
+//! bags'), so the sums are the one-table run's bits, and each table's key gradients are one
+//! piece of the result.
 
 use std::path::Path;
 
@@ -35,6 +38,7 @@ use crate::embedding::EmbeddingTable;
 use crate::device::Device;
 use crate::embedding::TableSource;
 use crate::model::pooling::Pooling;
+use crate::model::fields::FieldWidths;
 use crate::model::{DenseModel, ModelKind, ModelSpec};
 use crate::settings::{Arity, SettingValue, Word};
 use crate::sparse::SparseStats;
@@ -179,8 +183,8 @@ pub fn recorded_field_names(value: &str) -> Option<(Vec<String>, usize)> {
 }
 
 /// The model `cfg` trains on rows of `fields` with list fields `lists` (the first input
-/// `input`'s) and, with `--table`, the tables' layout over those fields (the tables pool the
-/// multi-hot fields on the host: the model then has none of its own).
+/// `input`'s) and, with `--table`, the tables' layout over those fields (the model's fields
+/// and their pooling are then set by the tables' gathering, [`Gather::stage`]).
 pub fn model_and_layout(cfg: &TrainConfig, input: &Path, fields: Fields, lists: &[String]) -> TrainResult<(ModelSpec, Option<TableLayout>)> {
     let spec = cfg.model_spec_of(input, fields, lists.len())?;
     if cfg.tables.is_empty() {
@@ -259,7 +263,14 @@ impl TableLayout {
             }
             kind => {
                 let dims: Vec<String> = (0..self.widths.len()).filter(|t| self.used(*t)).map(|t| format!("{}", self.widths[t] - first)).collect();
-                Err(TrainError::Config(format!("--table gives fields of different dims ({}), and --model {kind} needs one dim for every field: give every table the same dim, or train --model mlp or dcn", dims.join(", "))))
+                let why = match kind {
+                    ModelKind::Dlrm => "its dot interaction takes the dot product of every two fields' vectors",
+                    ModelKind::DeepFm => "its factorisation machine takes the dot product of every two fields' vectors",
+                    // The deep part could take one vector of any widths; the wide part is what
+                    // holds it to one: the model records one dim.
+                    _ => "its wide part reads each field's first-order weight after its d values, and the model records one d for every field (its checkpoint, bundle and ONNX graph)",
+                };
+                Err(TrainError::Config(format!("--table gives fields of different dims ({}), and --model {kind} needs one dim for every field ({why}): give every table the same dim, or train --model mlp or dcn", dims.join(", "))))
             }
         }
     }
@@ -273,24 +284,25 @@ pub fn table_file(name: &str) -> String {
 /// A step's keys split by table (scratch, reused).
 #[derive(Default)]
 struct Split {
-    /// Per unique key of the batch: its table and its place in that table's keys.
+    /// Per unique key of the batch: its table, and its place among the staged keys (grouped
+    /// by table).
     table: Vec<u32>,
-    local: Vec<u32>,
-    /// Per table: its keys (sorted), their rows, their gradients.
+    staged: Vec<u32>,
+    /// Per table: its keys (sorted), and where its rows (and key gradients) start among the
+    /// staged values; then the values in all.
     keys: Vec<Vec<u64>>,
-    rows: Vec<Vec<f32>>,
-    grads: Vec<Vec<f32>>,
+    at: Vec<usize>,
 }
 
 /// A step's work over the tables of a [`TableLayout`] (see the module docs): the batch's keys
-/// split by table, the model's input gathered and pooled from the tables' rows, the
-/// model's gradients summed per key. Scratch, reused from batch to batch.
+/// split by table and staged for the model's device gathering, with each field's width.
+/// Scratch, reused from batch to batch.
 pub struct Gather {
     layout: TableLayout,
-    /// Per field, its first column in a sample's input.
-    cols: Vec<usize>,
-    /// Per list field, whether it is mean-pooled.
-    mean: Vec<bool>,
+    /// The model's fields: each field's width, the single-hot ones first.
+    widths: FieldWidths,
+    /// The list fields' pooling.
+    pooling: Vec<Pooling>,
     split: Split,
 }
 
@@ -347,19 +359,22 @@ impl Tables {
     }
 
     /// The sparse half of a step over every table holding a field (collective over the
-    /// world, tables in order, `default` first): the model's per-row gradients `grads` of
-    /// batch `b` summed per key, exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
+    /// world, tables in order, `default` first): the model's key gradients `grads` of batch
+    /// `b` (as [`Tables::stage`] staged its keys: grouped by table), each table's piece
+    /// exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
     /// Returns the exchanges' counters summed.
     pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
-        let g = &mut self.gather;
-        g.key_grads(b, grads);
+        let g = &self.gather;
+        if g.split.table.len() != b.uniq.len() || g.split.at.last() != Some(&grads.len()) {
+            return Err(TrainError::Config(format!("--table: {} key gradient values for a batch staged with {}", grads.len(), g.split.at.last().copied().unwrap_or(0))));
+        }
         let mut stats = SparseStats::default();
         for t in 0..g.layout.widths.len() {
             if !g.layout.used(t) {
                 continue;
             }
             let stage = if t == 0 { &mut *default } else { &mut self.stages[t - 1] };
-            stats.add(&stage.exchange_and_apply(&g.split.keys[t], &g.split.grads[t], step, policy)?);
+            stats.add(&stage.exchange_and_apply(&g.split.keys[t], &grads[g.split.at[t]..g.split.at[t + 1]], step, policy)?);
         }
         Ok(stats)
     }
@@ -374,25 +389,18 @@ impl Tables {
 impl Gather {
     /// The gathering over `layout`, its list fields pooled as `pooling` says.
     pub fn new(layout: TableLayout, pooling: &[Pooling]) -> Gather {
-        let mut cols = Vec::with_capacity(layout.table_of.len());
-        let mut at = 0;
-        for f in 0..layout.table_of.len() {
-            cols.push(at);
-            at += layout.width(f);
-        }
-        let mean = pooling.iter().map(|p| *p == Pooling::Mean).collect();
+        let widths = FieldWidths { widths: (0..layout.table_of.len()).map(|f| layout.width(f)).collect(), single: layout.single };
+        // A list field without a mode is summed.
+        let mut pooling = pooling.to_vec();
+        pooling.resize(layout.table_of.len() - layout.single, Pooling::Sum);
         let n = layout.widths.len();
-        let split = Split { keys: vec![Vec::new(); n], rows: vec![Vec::new(); n], grads: vec![Vec::new(); n], ..Split::default() };
-        Gather { layout, cols, mean, split }
+        let split = Split { keys: vec![Vec::new(); n], at: vec![0; n + 1], ..Split::default() };
+        Gather { layout, widths, pooling, split }
     }
 
-    /// Values of one sample's embedding input.
-    fn sample_width(&self) -> usize {
-        (0..self.layout.table_of.len()).map(|f| self.layout.width(f)).sum()
-    }
-
-    /// Splits the batch's unique keys by table (see the module docs); a key held by fields
-    /// of two tables (a hash collision of two fields' ids) is an error naming it.
+    /// Splits the batch's unique keys by table and places them grouped by table (see the
+    /// module docs); a key held by fields of two tables (a hash collision of two fields'
+    /// ids) is an error naming it.
     fn split(&mut self, b: &Batch) -> TrainResult<()> {
         let (single, bags) = (self.layout.single, b.bags);
         if b.fields.sparse != single || single + bags != self.layout.table_of.len() {
@@ -420,98 +428,70 @@ impl Gather {
             }
         }
         s.keys.iter_mut().for_each(Vec::clear);
-        s.local.clear();
         for (u, t) in s.table.iter().enumerate() {
-            let keys = &mut s.keys[*t as usize];
-            s.local.push(keys.len() as u32);
-            keys.push(b.uniq[u]);
+            s.keys[*t as usize].push(b.uniq[u]);
+        }
+        // Table t's keys are staged after those of the tables before it.
+        let mut first = Vec::with_capacity(s.keys.len());
+        let (mut keys, mut values) = (0u32, 0);
+        for (t, k) in s.keys.iter().enumerate() {
+            first.push(keys);
+            s.at[t] = values;
+            keys += k.len() as u32;
+            values += k.len() * self.layout.widths[t];
+        }
+        s.at[s.keys.len()] = values;
+        s.staged.clear();
+        for t in &s.table {
+            let at = &mut first[*t as usize];
+            s.staged.push(*at);
+            *at += 1;
         }
         Ok(())
     }
 
     /// Stages batch `b` for `model` (see the module docs): each table's rows of its keys
-    /// (`tables`: the layout's, the default table first), gathered and pooled per sample
-    /// into the model's rows.
+    /// (`tables`: the layout's, the default table first) looked up into the model's staging,
+    /// grouped by table, for the device to gather and pool per sample.
     pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, tables: &[&EmbeddingTable], b: &Batch) -> TrainResult<()> {
         self.split(b)?;
         if tables.len() != self.layout.widths.len() || tables.iter().zip(&self.layout.widths).any(|(t, w)| t.dim() != *w) {
             let dims: Vec<usize> = tables.iter().map(|t| t.dim()).collect();
             return Err(TrainError::Config(format!("--table: tables of {dims:?} values per row, the layout has {:?}", self.layout.widths)));
         }
-        for (t, table) in tables.iter().enumerate() {
-            let (keys, rows) = (&self.split.keys[t], &mut self.split.rows[t]);
-            rows.resize(keys.len() * self.layout.widths[t], 0.0);
-            table.lookup(keys, rows)?;
-        }
         let spec = model.spec();
-        let (width, per_sample) = (spec.row_width(), self.sample_width());
-        if spec.ndense != b.fields.dense || spec.fields * width != per_sample || model.multi_hot_fields() != 0 {
+        let (width, per_sample) = (spec.row_width(), self.widths.cols());
+        if spec.ndense != b.fields.dense || spec.fields * width != per_sample {
             return Err(TrainError::Config(format!("--table: the model takes {} fields of {width} values and {} dense features, the tables give {per_sample} values and the batch {}", spec.fields, spec.ndense, b.fields.with_lists(b.bags))));
         }
-        let rows = b.len() * spec.fields;
-        let st = model.stage(b.len(), rows)?;
-        let (single, bags, layout, split) = (self.layout.single, b.bags, &self.layout, &self.split);
-        for (s, x) in st.emb.chunks_exact_mut(per_sample.max(1)).enumerate() {
-            for f in 0..single {
-                let u = b.inverse[s * single + f] as usize;
-                let (t, w) = (layout.table_of[f], layout.width(f));
-                let l = split.local[u] as usize;
-                x[self.cols[f]..self.cols[f] + w].copy_from_slice(&split.rows[t][l * w..(l + 1) * w]);
-            }
-            for g in 0..bags {
-                let bag = s * bags + g;
-                let (t, w) = (layout.table_of[single + g], layout.width(single + g));
-                let acc = &mut x[self.cols[single + g]..self.cols[single + g] + w];
-                acc.fill(0.0);
-                let ids = &b.bag_index[b.bag_offsets[bag] as usize..b.bag_offsets[bag + 1] as usize];
-                for u in ids {
-                    let l = split.local[*u as usize] as usize;
-                    acc.iter_mut().zip(&split.rows[t][l * w..(l + 1) * w]).for_each(|(a, r)| *a += r);
-                }
-                if self.mean.get(g).copied().unwrap_or(false) && !ids.is_empty() {
-                    let len = ids.len() as f32;
-                    acc.iter_mut().for_each(|v| *v /= len);
-                }
+        if model.field_widths() != Some(&self.widths) {
+            model.set_fields(&self.widths.widths, &self.pooling)?;
+        }
+        let (split, widths) = (&self.split, &self.layout.widths);
+        let floats = split.at[widths.len()];
+        if u32::try_from(floats).is_err() {
+            return Err(TrainError::Config(format!("--table: a batch of {floats} row values does not fit the staging's offsets; use a smaller --batch")));
+        }
+        let (st, key_at) = model.stage_tables(b.len(), b.uniq.len(), floats)?;
+        let mut k = 0;
+        for (t, table) in tables.iter().enumerate() {
+            let (keys, at) = (&split.keys[t], split.at[t]);
+            table.lookup(keys, &mut st.emb[at..split.at[t + 1]])?;
+            for l in 0..keys.len() {
+                key_at[k] = (at + l * widths[t]) as u32;
+                k += 1;
             }
         }
-        st.inverse.iter_mut().enumerate().for_each(|(i, v)| *v = i as u32);
+        key_at[k] = floats as u32;
+        st.inverse.iter_mut().zip(&b.inverse).for_each(|(s, u)| *s = split.staged[*u as usize]);
         st.dense.copy_from_slice(&b.dense);
         st.labels.copy_from_slice(&b.labels);
+        if b.bags > 0 {
+            let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
+            offsets.copy_from_slice(&b.bag_offsets);
+            index.iter_mut().zip(&b.bag_index).for_each(|(s, u)| *s = self.split.staged[*u as usize]);
+        }
         Ok(())
-    }
-
-    /// Sums the model's per-row gradients `grads` of the batch `b` staged last per key of
-    /// each table, in the kernels' order (see the module docs).
-    fn key_grads(&mut self, b: &Batch, grads: &[f32]) {
-        let (single, bags, per_sample) = (self.layout.single, b.bags, self.sample_width());
-        let (layout, split) = (&self.layout, &mut self.split);
-        for t in 0..layout.widths.len() {
-            split.grads[t].clear();
-            split.grads[t].resize(split.keys[t].len() * layout.widths[t], 0.0);
-        }
-        for (p, u) in b.inverse.iter().enumerate() {
-            let (s, f) = (p / single, p % single);
-            let (t, w, l) = (layout.table_of[f], layout.width(f), split.local[*u as usize] as usize);
-            let g = &grads[s * per_sample + self.cols[f]..][..w];
-            split.grads[t][l * w..(l + 1) * w].iter_mut().zip(g).for_each(|(a, g)| *a += g);
-        }
-        for bag in 0..b.len() * bags {
-            let (s, g) = (bag / bags, bag % bags);
-            let (t, w) = (layout.table_of[single + g], layout.width(single + g));
-            let src = &grads[s * per_sample + self.cols[single + g]..][..w];
-            let ids = &b.bag_index[b.bag_offsets[bag] as usize..b.bag_offsets[bag + 1] as usize];
-            let mean = self.mean.get(g).copied().unwrap_or(false);
-            for u in ids {
-                let l = split.local[*u as usize] as usize;
-                let acc = &mut split.grads[t][l * w..(l + 1) * w];
-                if mean {
-                    let len = ids.len() as f32;
-                    acc.iter_mut().zip(src).for_each(|(a, g)| *a += g / len);
-                } else {
-                    acc.iter_mut().zip(src).for_each(|(a, g)| *a += g);
-                }
-            }
-        }
     }
 }
 
@@ -559,6 +539,9 @@ mod tests {
         assert_eq!((spec.fields, spec.dim, spec.concat_width()), (1, 48, 50));
         let dlrm = ModelSpec { kind: ModelKind::Dlrm, ..base.clone() };
         assert!(layout.model_spec(dlrm).unwrap_err().to_string().contains("--model dlrm needs one dim"));
+        let wide = ModelSpec { kind: ModelKind::WideDeep, ..base.clone() };
+        let e = layout.model_spec(wide).unwrap_err().to_string();
+        assert!(e.contains("--model wide-deep needs one dim for every field (its wide part reads each field's first-order weight"), "{e}");
         cfg.tables[0].dim = None;
         let same = TableLayout::resolve(&cfg, &names, 3).unwrap().unwrap();
         assert_eq!(same.model_spec(base.clone()).unwrap(), base);

@@ -510,9 +510,6 @@ impl TrainConfig {
         if self.gpu_cache_asked() {
             return refuse("--gpu-cache-mib", "the GPU hot-row cache holds the default table's rows only: pass --gpu-cache-mib 0, or drop --table");
         }
-        if self.sync_every > 1 {
-            return refuse("--sync-every", "local steps do not sync per-field tables yet: use --sync-every 1, or drop --table");
-        }
         if self.init_from.is_some() {
             return refuse("--init-from", "a warm start reads one table yet: start without --init-from, or drop --table");
         }

@@ -58,6 +58,9 @@ pub struct TableSpec {
 /// Why `name` cannot name a table (a checkpoint's file tag), if it cannot.
 fn bad_name(name: &str) -> Option<String> {
     let ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if name == super::table_summary::DEFAULT_TABLE {
+        return Some(format!("table name `{name}`: the run's default table is called so in the summary; give the table another name"));
+    }
     (!ok).then(|| format!("table name `{name}`: use 1 to 64 letters, digits, `_` or `-` (it names the table's checkpoint file)"))
 }
 
@@ -301,6 +304,11 @@ impl Tables {
         self.names.iter().map(String::as_str).zip(&self.stages)
     }
 
+    /// The named tables' stages, in flag order.
+    pub fn stages_mut(&mut self) -> impl Iterator<Item = &mut EmbeddingStage> {
+        self.stages.iter_mut()
+    }
+
     /// Every table (`default` first) and the step's gathering over them: what scoring a
     /// batch needs ([`super::predict::Embeddings::Split`]).
     pub fn parts<'a>(&'a mut self, default: &'a EmbeddingStage) -> (Vec<&'a EmbeddingTable>, &'a mut Gather) {
@@ -317,10 +325,15 @@ impl Tables {
     /// The sparse half of a step over every table holding a field (collective over the
     /// world, tables in order, `default` first): the model's per-row gradients `grads` of
     /// batch `b` summed per key, exchanged and applied ([`EmbeddingStage::exchange_and_apply`]).
-    /// Returns the exchanges' counters summed.
-    pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
+    /// `host_factor`: a `--sync-every` local step's factor to the host's loss scale
+    /// ([`super::sync::LocalSgd::host_grad_factor`]), applied to each key's sum. Returns the
+    /// exchanges' counters summed.
+    pub fn exchange_and_apply(&mut self, default: &mut EmbeddingStage, b: &Batch, grads: &[f32], host_factor: Option<f32>, step: u64, policy: NanPolicy) -> TrainResult<SparseStats> {
         let g = &mut self.gather;
         g.key_grads(b, grads);
+        if let Some(f) = host_factor {
+            g.split.grads.iter_mut().flatten().for_each(|x| *x *= f);
+        }
         let mut stats = SparseStats::default();
         for t in 0..g.layout.widths.len() {
             if !g.layout.used(t) {
@@ -493,7 +506,7 @@ mod tests {
         assert_eq!(t, TableSpec { fields: vec!["c3".into(), "l0".into()], name: "items".into(), dim: Some(32), capacity: Some(1 << 20) });
         assert_eq!(t.word(), "c3,l0=items:dim=32:capacity=1048576");
         assert_eq!(TableSpec::parse_word("C1=a").unwrap().word(), "C1=a");
-        for (bad, says) in [("C1", "no `=NAME`"), ("C1=", "table name"), ("C1=a/b", "table name"), ("C1,=a", "empty field"), ("C1,C1=a", "named twice"), ("C1=a:dim=0", "dim=0"), ("C1=a:rows=3", "unknown key"), ("C1=a:dim=x", "not a whole number")] {
+        for (bad, says) in [("C1", "no `=NAME`"), ("C1=", "table name"), ("C1=a/b", "table name"), ("C1,=a", "empty field"), ("C1,C1=a", "named twice"), ("C1=a:dim=0", "dim=0"), ("C1=a:rows=3", "unknown key"), ("C1=a:dim=x", "not a whole number"), ("C1=default", "the run's default table")] {
             let e = TableSpec::parse_word(bad).unwrap_err();
             assert!(e.contains(says) && e.contains("--table FIELDS=NAME"), "{bad}: {e}");
         }

@@ -495,7 +495,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
         }
         let done = match self.tables.as_mut() {
-            Some(t) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy),
+            Some(t) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, None, step, cfg.nan_policy),
             None => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy),
         };
         let st = match done {
@@ -582,10 +582,20 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.num_groups() + 1);
         self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
         self.phases.enter("scatter");
-        let key_grads = local.host_key_grads(self.model.key_grads()?, global);
-        self.phases.enter("sparse");
         let step = self.position.step + 1;
-        let st = self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy)?;
+        let st = match self.tables.as_mut() {
+            Some(t) => {
+                // The per-key sums of every table take the factor to the host's loss scale.
+                let (factor, key_grads) = (local.host_grad_factor(global), self.model.key_grads()?);
+                self.phases.enter("sparse");
+                t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, factor, step, cfg.nan_policy)?
+            }
+            None => {
+                let key_grads = local.host_key_grads(self.model.key_grads()?, global);
+                self.phases.enter("sparse");
+                self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy)?
+            }
+        };
         self.phases.enter("allreduce");
         for (part, mut t) in parts {
             local.reduce_over_host(&mut t)?;
@@ -610,16 +620,22 @@ impl<'a, D: Device> Trainer<'a, D> {
     }
 
     /// A sync of `--sync-every` when local steps were taken since the last one (collective;
-    /// nothing otherwise): the tables' deltas, then the dense delta ([`super::sync`]).
+    /// nothing otherwise): the tables' deltas (the default table's, then each `--table`'s in
+    /// flag order), then the dense delta ([`super::sync`]).
     pub(super) fn sync(&mut self) -> TrainResult<()> {
         if !self.local.as_ref().is_some_and(|l| l.pending()) {
             return Ok(());
         }
         self.phases.enter("sync");
-        let (st, sparse_skips) = self.embedding.sync_tables()?;
-        if let Some(st) = st {
-            self.count_sparse(&st);
+        let stages = std::iter::once(&mut self.embedding).chain(self.tables.iter_mut().flat_map(Tables::stages_mut));
+        let mut sparse_skips = 0;
+        let mut synced = Vec::new();
+        for stage in stages {
+            let (st, skips) = stage.sync_tables()?;
+            sparse_skips += skips;
+            synced.extend(st);
         }
+        synced.iter().for_each(|st| self.count_sparse(st));
         let step = self.position.step;
         if let Some(local) = self.local.as_mut() {
             let compression = self.cfg.dense_compression_at(step.saturating_sub(1), self.engine.compression());

@@ -254,6 +254,36 @@ fn the_counts_cover_every_table() {
 }
 
 #[test]
+fn the_boards_are_sized_from_every_data_file_whose_cache_is_there() {
+    // The first file's lists cut to one id, the second's whole and prepared ahead: the
+    // boards' bound is the second file's (its cache's spans read at the start), not the
+    // first's.
+    let dir = common::scratch("tables-step-keys");
+    let (short, long) = (dir.join("short.parquet"), dir.join("long.parquet"));
+    synth_multi_hot_cut(&short, ROWS, 5, Some(1)).unwrap();
+    synth_multi_hot_cut(&long, ROWS, 6, None).unwrap();
+    let columns = ringrec::data::ColumnSpec { sparse: SPARSE.split(',').map(str::to_string).collect(), ..Default::default() };
+    let opts = ringrec::data::prepare::PrepareOptions { columns, ..ringrec::data::prepare::PrepareOptions::new(0) };
+    let cache = dir.join("long.rrdata");
+    ringrec::data::prepare::prepare_with(&long, &cache, &opts).unwrap();
+    let run = |data: &[&Path]| {
+        let d = dir.join("data");
+        let mut args = vec!["train", "--sparse-columns", SPARSE, "--data-dir", d.to_str().unwrap(), "--batch", "256", "--hidden", "16", "--threads", "1", "--json", "--no-eval", "--max-steps", "2"];
+        for p in data {
+            args.extend(["--data", p.to_str().unwrap()]);
+        }
+        let job = common::mpirun(1, &[], &common::small_table(&args));
+        job.assert_ok();
+        job.summary()["board_step_keys"].as_u64().unwrap()
+    };
+    let most = |p: &Path| ringrec::data::Dataset::open(p).unwrap().most_ids(256);
+    let short_only = run(&[&short]);
+    let both = run(&[&short, &cache]);
+    assert_eq!(both, 256 * 10 + most(&cache), "the second file's lists");
+    assert!(most(&cache) > 256 * 6 && both > short_only, "{both} vs {short_only}");
+}
+
+#[test]
 fn a_table_of_another_dim_trains_resumes_bit_for_bit_and_predict_scores_as_its_evaluation() {
     let table = ["--table", "c3,l0=items:dim=8:capacity=65536"];
     let other: Vec<&str> = ["--device", "cpu", "--epochs", "4"].iter().chain(table.iter()).copied().collect();

@@ -281,16 +281,15 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
     file.set_len(layout0.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
 
-    let mut parsing_threads = threads;
-    let (chunks, decoded) = match codec {
+    let (chunks, decoded, parsing_threads) = match codec {
         None => {
             let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
             let chunk = opts.chunk_bytes.max(1);
             let chunks = Chunks::new(tsv, Feed::File { src, len, chunk, count: len.div_ceil(chunk) as usize }, capacity, opts, &tmp, layout0);
             let count = len.div_ceil(chunk) as usize;
-            parsing_threads = threads.min(count.max(1));
-            on_threads(parsing_threads, |_| chunks.work());
-            (chunks, None)
+            let parsers = threads.min(count.max(1));
+            on_threads(parsers, |_| chunks.work());
+            (chunks, None, parsers)
         }
         Some(codec) => {
             let (tx, rx) = sync_channel(2 * threads);
@@ -300,14 +299,13 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
             // frames are decoded on threads of their own (this thread then mostly waits,
             // and parsing, not decoding, is the bulk of the work).
             let parsers = if dec.is_parallel() { threads } else { threads.saturating_sub(1).max(1) };
-            parsing_threads = parsers;
             let decoded = std::thread::scope(|s| {
                 for _ in 0..parsers {
                     s.spawn(|| chunks.work());
                 }
                 chunks.feed(dec, tx)
             })?;
-            (chunks, Some(decoded))
+            (chunks, Some(decoded), parsers)
         }
     };
     let st = chunks.state.into_inner().unwrap_or_else(|p| p.into_inner());

@@ -172,12 +172,24 @@ fn host_rows(topo: &Topology, cfg: &TrainConfig) -> usize {
 /// The most keys one host's step lists on its board (before dedupe) for data like `ds`:
 /// every single-hot field of each of the host's rows ([`crate::data::Fields`]: a TSV's 26,
 /// a Parquet file's its own count) and the list ids of the rows with the most
-/// ([`Dataset::most_ids`]: rows drawn in any order hold no more). Of the first file: a later
-/// file of longer lists makes the boards grow past it (a board grows as its pieces need; a
-/// shared-memory directory without room for that is an error naming the bytes).
+/// ([`Dataset::most_ids`]: rows drawn in any order hold no more).
 pub fn host_step_keys(topo: &Topology, cfg: &TrainConfig, ds: &Dataset) -> u64 {
     let rows = host_rows(topo, cfg);
     (rows as u64).saturating_mul(ds.fields().sparse as u64).saturating_add(ds.most_ids(rows))
+}
+
+/// [`host_step_keys`] over every `--data` file of `data` whose cache is there
+/// ([`super::data::TrainData::most_ids`]: the first file's, and the prepared caches of the
+/// others, read cheaply), the largest over the ranks (collective: a cache the background
+/// preparation finishes meanwhile must not give ranks different bounds). A later file
+/// whose cache was not there yet and that holds longer lists makes the boards grow past
+/// it (a board grows as its pieces need; a shared-memory directory without room for that is
+/// an error naming the bytes).
+pub fn data_step_keys(topo: &Topology, cfg: &TrainConfig, data: &super::data::TrainData) -> TrainResult<u64> {
+    let (first, _) = data.first()?;
+    let rows = host_rows(topo, cfg);
+    let mine = (rows as u64).saturating_mul(first.fields().sparse as u64).saturating_add(data.most_ids(rows));
+    Ok(topo.control().all_max("every rank's most keys of a host's step", mine))
 }
 
 /// [`host_step_keys`] without data to look at (a Python `HostEmbedding`): one key of each

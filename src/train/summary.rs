@@ -96,11 +96,12 @@ pub struct TrainSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<super::warm::WarmFrom>,
     /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
-    /// directory allowed).
+    /// directory allowed; with `--table`, the tables' sizes summed).
     pub table_max_bytes: u64,
     /// The most keys a host's step lists (a host board's largest list, before dedupe), as
     /// the shared-memory directory's room for the boards was counted: the host's rows times
-    /// the single-hot fields, plus the list ids of the rows with the most.
+    /// the single-hot fields, plus the list ids of the rows with the most (in any `--data`
+    /// file whose cache was there at the start).
     pub board_step_keys: u64,
     /// Times the table grew in this run.
     pub table_growths: u64,

@@ -263,7 +263,7 @@ impl<'a, D: Device> Trainer<'a, D> {
                 (Position::default(), None)
             }
         };
-        let step_keys = super::embedding::host_step_keys(topo, cfg, data.first()?.0);
+        let step_keys = super::embedding::data_step_keys(topo, cfg, &data)?;
         let embedding = match &warm {
             Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)), step_keys)?,
             None => EmbeddingStage::open(topo, cfg, saved.as_deref(), step_keys)?,

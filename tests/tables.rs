@@ -284,6 +284,39 @@ fn the_boards_are_sized_from_every_data_file_whose_cache_is_there() {
 }
 
 #[test]
+fn the_tables_share_the_largest_size_and_a_sum_that_cannot_fit_is_refused() {
+    // The free space shared by file size: `items` of twice the slots gets twice the room.
+    let two = ["--table", "c3,l0=items:capacity=131072", "--table", "c1,c2,l5=more"];
+    let base = ["--device", "cpu", "--max-steps", "2", "--no-eval"];
+    let args: Vec<&str> = base.iter().chain(two.iter()).copied().collect();
+    let (auto, _) = train("share-auto", 1, &[], &args);
+    let t = &auto["tables"];
+    let ratio = |n: &str| t[n]["max_bytes"].as_f64().unwrap() / t[n]["bytes"].as_f64().unwrap();
+    assert!(ratio("default") > 1.0, "{t}");
+    for n in ["items", "more"] {
+        assert!((ratio(n) / ratio("default") - 1.0).abs() < 1e-6, "{n}: {t}");
+    }
+    assert_eq!(auto["table_max_bytes"].as_u64(), Some(over_tables(&auto, "max_bytes")));
+    // --table-max-bytes shared by the tables without their own max_bytes=.
+    let mib = 1u64 << 20;
+    let args: Vec<&str> = base.iter().copied().chain(["--table-max-bytes", "64M", "--table", "c3,l0=items:max_bytes=16M", "--table", "c1,c2,l5=more"]).collect();
+    let (given, _) = train("share-given", 1, &[], &args);
+    let t = &given["tables"];
+    assert_eq!(t["items"]["max_bytes"].as_u64(), Some(16 * mib), "{t}");
+    let shared = t["default"]["max_bytes"].as_u64().unwrap() + t["more"]["max_bytes"].as_u64().unwrap();
+    assert!(shared <= 64 * mib && shared + 2 >= 64 * mib, "{t}");
+    assert_eq!(t["default"]["max_bytes"], t["more"]["max_bytes"], "files of the same size, the same share");
+    // Sizes whose growth cannot fit in the shared-memory directory, and a --table-max-bytes
+    // below the sharing tables' files: refused, naming them.
+    let err = refused("share-too-big", &["--table", "c3=items:max_bytes=1000000G"]);
+    assert!(err.contains("--table: the tables' largest sizes given (table `items` max_bytes=1073741824000000) sum to 1073741824000000 bytes") && err.contains("lower them, or make room there"), "{err}");
+    let file = auto["tables"]["default"]["bytes"].as_u64().unwrap();
+    let small = (file + 4096).to_string();
+    let err = refused("share-small", &["--table-max-bytes", &small, "--table", "c3=items"]);
+    assert!(err.contains(&format!("--table-max-bytes {small} with --table is shared by the tables without a max_bytes= of their own, and their initial files take {} bytes", 2 * file)), "{err}");
+}
+
+#[test]
 fn a_table_of_another_dim_trains_resumes_bit_for_bit_and_predict_scores_as_its_evaluation() {
     let table = ["--table", "c3,l0=items:dim=8:capacity=65536"];
     let other: Vec<&str> = ["--device", "cpu", "--epochs", "4"].iter().chain(table.iter()).copied().collect();

@@ -264,7 +264,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
         };
         let step_keys = super::embedding::data_step_keys(topo, cfg, &data)?;
-        let embedding = match &warm {
+        let mut embedding = match &warm {
             Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)), step_keys)?,
             None => EmbeddingStage::open(topo, cfg, saved.as_deref(), step_keys)?,
         };
@@ -275,7 +275,10 @@ impl<'a, D: Device> Trainer<'a, D> {
             }
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
-        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), step_keys)).transpose()?;
+        let mut tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), step_keys)).transpose()?;
+        if let Some(t) = tables.as_mut() {
+            super::embedding::share_max_bytes(topo, cfg, &mut embedding, t.stages_mut())?;
+        }
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
         if !pooling.is_empty() && tables.is_none() {

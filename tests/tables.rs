@@ -251,6 +251,15 @@ fn the_counts_cover_every_table() {
     let rows: u64 = last["tables"].as_object().unwrap().values().map(|t| t["rows"].as_u64().unwrap()).sum();
     assert_eq!(Some(rows), last["table_rows"].as_u64(), "{last}");
     assert!(last["tables"]["items"].get("sparse_bytes_sent_cross_host").is_none(), "a report's breakdown has no traffic: {last}");
+
+    // Step 3's gradients NaN under skip-step: every table skips its update, each counted.
+    let nan = [("RINGREC_FAULT_NAN", "0:2")];
+    let skip: Vec<&str> = ["--device", "cpu", "--max-steps", "5", "--no-eval", "--nan-policy", "skip-step"].iter().chain(TWO_TABLES.iter()).copied().collect();
+    let (s, _) = train("counts-nan", 1, &nan, &skip);
+    assert_eq!((&s["nan_skips"]["dense"], &s["nan_skips"]["sparse"]), (&1.into(), &3.into()), "{s}");
+    for n in ["default", "items", "more"] {
+        assert_eq!(s["tables"][n]["nan_skips"], 1, "{n}: {s}");
+    }
 }
 
 #[test]

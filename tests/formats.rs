@@ -99,6 +99,11 @@ fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
     let s = prepare_with(&p, &d.join("many.rrdata"), &opts(10)).unwrap();
     assert_eq!((s.rows, &s.report, s.source_crc32), (want.rows, &want.report, crc32(&many)));
     assert_eq!(columns(&d.join("many.rrdata")), columns(&want.path), "nine frames: the same cache as the text's");
+    // Parsed on every thread (the frames' own threads decode them); one stream: on all but
+    // the decoding one.
+    assert_eq!((s.threads, s.parsing_threads), (3, 3));
+    let one = prepare_with(&d.join("one.gz"), &d.join("one.rrdata"), &opts(10)).unwrap();
+    assert_eq!((one.threads, one.parsing_threads), (3, 2));
     // A damaged frame of several: the error names the first byte of that frame.
     let frames = ringrec::data::compressed::zstd_frames(&std::fs::File::open(&p).unwrap(), many.len() as u64).unwrap();
     assert_eq!(frames.len(), 9);

@@ -144,6 +144,188 @@ fn two_tables_and_the_default_train_on_two_hosts_as_one_table() {
 }
 
 #[test]
+fn local_steps_sync_every_table_as_the_one_table_run_and_resume_at_a_sync() {
+    // `--sync-every 3`: each table's local deltas synced like the default table's; fields
+    // moved into tables of the same dim give the one-table run's bits, at 1 and 2 ranks of
+    // one host and on 2 simulated hosts (scope rank and host).
+    for (np, per_host, scope) in [(1, None, "rank"), (2, None, "rank"), (2, Some("1"), "rank"), (4, Some("2"), "host")] {
+        let env: Vec<(&str, &str)> = per_host.map(|n| ("RINGREC_RANKS_PER_HOST", n)).into_iter().collect();
+        let base = ["--device", "cpu", "--sync-every", "3", "--sync-scope", scope, "--eval-every", "5"];
+        let name = format!("sync-{np}-{}-{scope}", per_host.unwrap_or("all"));
+        let (one, one_ck) = train(&format!("{name}-one"), np, &env, &base);
+        let split_flags: Vec<&str> = base.iter().chain(TWO_TABLES.iter()).copied().collect();
+        let (split, split_ck) = train(&format!("{name}-split"), np, &env, &split_flags);
+        ranks_agree(&split);
+        assert_eq!(fnv(&one), fnv(&split), "{name}: the dense parameters");
+        assert_eq!((&one["syncs"], &one["losses"]), (&split["syncs"], &split["losses"]), "{name}");
+        assert!(split["syncs"].as_u64().unwrap() < split["steps"].as_u64().unwrap(), "{name}: local steps were taken: {split}");
+        let crcs = split["table_rows_crc_per_host"].as_array().unwrap();
+        assert!(crcs.iter().all(|c| *c == crcs[0] && c != ""), "{name}: every host holds the same rows of every table: {crcs:?}");
+        assert_eq!(one["sync_delta_rows"], split["sync_delta_rows"], "{name}: the deltas, over every table");
+        // The bytes differ by the lists' headers: three delta exchanges instead of one.
+        let (a, b) = (one["sync_delta_cross_bytes_sent"].as_u64().unwrap(), split["sync_delta_cross_bytes_sent"].as_u64().unwrap());
+        assert!(b >= a && b - a <= 2048 * split["syncs"].as_u64().unwrap(), "{name}: delta bytes {a} and {b}");
+        let (a, b) = (rows(&one_ck), rows(&split_ck));
+        assert!(!a.is_empty() && a == b, "{name}: every key's row is the same, in whichever table it is");
+    }
+    // A checkpoint every 4 steps (a sync mid-interval), stopped after 8 and resumed: the
+    // tables' rows and the dense parameters are the one-table run's, stopped and resumed.
+    let env = [("RINGREC_RANKS_PER_HOST", "1")];
+    let resumed = |name: &str, tables: &[&str]| {
+        let base: Vec<&str> = ["--device", "cpu", "--sync-every", "3", "--checkpoint-every", "4"].iter().chain(tables).copied().collect();
+        let (first, ck) = train(name, 2, &env, &[&base[..], &["--max-steps", "8", "--no-eval"]].concat());
+        assert_eq!((first["global_step"].as_u64(), first["syncs"].as_u64()), (Some(8), Some(4)), "syncs at steps 3, 4 (the checkpoint), 7 and 8: {first}");
+        let dir = ck.parent().unwrap().to_path_buf();
+        let mut args = flags(&dir);
+        args.extend(["--checkpoint-dir", ck.to_str().unwrap(), "--resume"].iter().map(|s| s.to_string()));
+        args.extend(base.iter().map(|s| s.to_string()));
+        let job = common::mpirun(2, &env, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        job.assert_ok();
+        let s = job.summary();
+        assert_eq!(s["steps"].as_u64(), Some(s["global_step"].as_u64().unwrap() - 8), "{s}");
+        (s, rows(&ck))
+    };
+    let (one, one_rows) = resumed("sync-resume-one", &[]);
+    let (split, split_rows) = resumed("sync-resume-split", &TWO_TABLES);
+    ranks_agree(&split);
+    assert_eq!(fnv(&one), fnv(&split));
+    assert!(one_rows == split_rows, "the resumed runs' rows");
+}
+
+/// The sum over the summary's per-table breakdown of `key`.
+fn over_tables(s: &serde_json::Value, key: &str) -> u64 {
+    s["tables"].as_object().unwrap_or_else(|| panic!("no tables in {s}")).values().map(|t| t[key].as_u64().unwrap_or_else(|| panic!("{key} in {t}"))).sum()
+}
+
+#[test]
+fn the_counts_cover_every_table() {
+    // 2 ranks on 2 simulated hosts: every field moved into one named table moves the same
+    // keys as the one-table run, so every byte and row count is the one-table run's, and the
+    // default table (holding no field) has none.
+    let env = [("RINGREC_RANKS_PER_HOST", "1")];
+    let base = ["--device", "cpu", "--eval-every", "4", "--max-steps", "8"];
+    let (one, _) = train("counts-one", 2, &env, &base);
+    assert!(one.get("tables").is_none(), "a one-table run has no breakdown: {one}");
+    let every_field = format!("{SPARSE}=all");
+    let all: Vec<&str> = base.iter().copied().chain(["--table", &every_field]).collect();
+    let (moved, _) = train("counts-all", 2, &env, &all);
+    assert_eq!(fnv(&one), fnv(&moved));
+    assert_eq!(one["sparse_traffic_per_rank"], moved["sparse_traffic_per_rank"], "the bytes over every table");
+    assert!(one["sparse_bytes_cross_host_per_step"].as_f64().unwrap() > 0.0);
+    assert_eq!(one["sparse_bytes_cross_host_per_step"], moved["sparse_bytes_cross_host_per_step"]);
+    for k in ["table_rows", "table_inserted", "table_capacity", "table_bytes", "table_growths"] {
+        let part = k.strip_prefix("table_").unwrap();
+        assert_eq!(one[k], moved["tables"]["all"][part], "{k}");
+        assert_eq!(moved[k].as_u64().unwrap(), over_tables(&moved, part), "{k}: the sum over the tables");
+    }
+    assert!(one["table_growths"].as_u64().unwrap() > 0, "the table grew: {one}");
+    assert_eq!((&one["table_rows"], &one["table_inserted"], &one["table_growths"]), (&moved["table_rows"], &moved["table_inserted"], &moved["table_growths"]));
+    assert_eq!(moved["tables"]["default"]["rows"], 0);
+    assert_eq!(moved["tables"]["default"]["sparse_bytes_sent_cross_host"], 0);
+    let cross: u64 = moved["sparse_traffic_per_rank"].as_array().unwrap().iter().map(|t| t["cross_host_sent"].as_u64().unwrap()).sum();
+    assert_eq!(moved["tables"]["all"]["sparse_bytes_sent_cross_host"].as_u64(), Some(cross));
+
+    // Two tables beside the default: the counts are the sums of the three tables', each
+    // table moved bytes, and the rows are the one-table run's.
+    let split: Vec<&str> = base.iter().chain(TWO_TABLES.iter()).copied().collect();
+    let dir = common::scratch("tables-counts-split-metrics");
+    let metrics = dir.join("metrics.jsonl");
+    let split: Vec<&str> = split.into_iter().chain(["--metrics-out", metrics.to_str().unwrap()]).collect();
+    let (two, _) = train("counts-split", 2, &env, &split);
+    assert_eq!(two["tables"].as_object().unwrap().len(), 3, "{two}");
+    for k in ["table_rows", "table_inserted", "table_capacity", "table_bytes"] {
+        assert_eq!(two[k].as_u64().unwrap(), over_tables(&two, k.strip_prefix("table_").unwrap()), "{k}");
+    }
+    assert_eq!((&one["table_rows"], &one["table_inserted"]), (&two["table_rows"], &two["table_inserted"]));
+    let cross: u64 = two["sparse_traffic_per_rank"].as_array().unwrap().iter().map(|t| t["cross_host_sent"].as_u64().unwrap()).sum();
+    assert_eq!(over_tables(&two, "sparse_bytes_sent_cross_host"), cross);
+    for (name, t) in two["tables"].as_object().unwrap() {
+        assert!(t["rows"].as_u64().unwrap() > 0 && t["sparse_bytes_sent_cross_host"].as_u64().unwrap() > 0, "{name}: {t}");
+    }
+    // --metrics-out: the same sums and breakdown at every report (steps 4 and 8).
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    let last = &lines[1];
+    assert_eq!(last["table_rows"], two["table_rows"]);
+    assert_eq!(last["table_bytes"], two["table_bytes"]);
+    let rows: u64 = last["tables"].as_object().unwrap().values().map(|t| t["rows"].as_u64().unwrap()).sum();
+    assert_eq!(Some(rows), last["table_rows"].as_u64(), "{last}");
+    assert!(last["tables"]["items"].get("sparse_bytes_sent_cross_host").is_none(), "a report's breakdown has no traffic: {last}");
+
+    // Step 3's gradients NaN under skip-step: every table skips its update, each counted.
+    let nan = [("RINGREC_FAULT_NAN", "0:2")];
+    let skip: Vec<&str> = ["--device", "cpu", "--max-steps", "5", "--no-eval", "--nan-policy", "skip-step"].iter().chain(TWO_TABLES.iter()).copied().collect();
+    let (s, _) = train("counts-nan", 1, &nan, &skip);
+    assert_eq!((&s["nan_skips"]["dense"], &s["nan_skips"]["sparse"]), (&1.into(), &3.into()), "{s}");
+    for n in ["default", "items", "more"] {
+        assert_eq!(s["tables"][n]["nan_skips"], 1, "{n}: {s}");
+    }
+}
+
+#[test]
+fn the_boards_are_sized_from_every_data_file_whose_cache_is_there() {
+    // The first file's lists cut to one id, the second's whole and prepared ahead: the
+    // boards' bound is the second file's (its cache's spans read at the start), not the
+    // first's.
+    let dir = common::scratch("tables-step-keys");
+    let (short, long) = (dir.join("short.parquet"), dir.join("long.parquet"));
+    synth_multi_hot_cut(&short, ROWS, 5, Some(1)).unwrap();
+    synth_multi_hot_cut(&long, ROWS, 6, None).unwrap();
+    let columns = ringrec::data::ColumnSpec { sparse: SPARSE.split(',').map(str::to_string).collect(), ..Default::default() };
+    let opts = ringrec::data::prepare::PrepareOptions { columns, ..ringrec::data::prepare::PrepareOptions::new(0) };
+    let cache = dir.join("long.rrdata");
+    ringrec::data::prepare::prepare_with(&long, &cache, &opts).unwrap();
+    let run = |data: &[&Path]| {
+        let d = dir.join("data");
+        let mut args = vec!["train", "--sparse-columns", SPARSE, "--data-dir", d.to_str().unwrap(), "--batch", "256", "--hidden", "16", "--threads", "1", "--json", "--no-eval", "--max-steps", "2"];
+        for p in data {
+            args.extend(["--data", p.to_str().unwrap()]);
+        }
+        let job = common::mpirun(1, &[], &common::small_table(&args));
+        job.assert_ok();
+        job.summary()["board_step_keys"].as_u64().unwrap()
+    };
+    let most = |p: &Path| ringrec::data::Dataset::open(p).unwrap().most_ids(256);
+    let short_only = run(&[&short]);
+    let both = run(&[&short, &cache]);
+    assert_eq!(both, 256 * 10 + most(&cache), "the second file's lists");
+    assert!(most(&cache) > 256 * 6 && both > short_only, "{both} vs {short_only}");
+}
+
+#[test]
+fn the_tables_share_the_largest_size_and_a_sum_that_cannot_fit_is_refused() {
+    // The free space shared by file size: `items` of twice the slots gets twice the room.
+    let two = ["--table", "c3,l0=items:capacity=131072", "--table", "c1,c2,l5=more"];
+    let base = ["--device", "cpu", "--max-steps", "2", "--no-eval"];
+    let args: Vec<&str> = base.iter().chain(two.iter()).copied().collect();
+    let (auto, _) = train("share-auto", 1, &[], &args);
+    let t = &auto["tables"];
+    let ratio = |n: &str| t[n]["max_bytes"].as_f64().unwrap() / t[n]["bytes"].as_f64().unwrap();
+    assert!(ratio("default") > 1.0, "{t}");
+    for n in ["items", "more"] {
+        assert!((ratio(n) / ratio("default") - 1.0).abs() < 1e-6, "{n}: {t}");
+    }
+    assert_eq!(auto["table_max_bytes"].as_u64(), Some(over_tables(&auto, "max_bytes")));
+    // --table-max-bytes shared by the tables without their own max_bytes=.
+    let mib = 1u64 << 20;
+    let args: Vec<&str> = base.iter().copied().chain(["--table-max-bytes", "64M", "--table", "c3,l0=items:max_bytes=16M", "--table", "c1,c2,l5=more"]).collect();
+    let (given, _) = train("share-given", 1, &[], &args);
+    let t = &given["tables"];
+    assert_eq!(t["items"]["max_bytes"].as_u64(), Some(16 * mib), "{t}");
+    let shared = t["default"]["max_bytes"].as_u64().unwrap() + t["more"]["max_bytes"].as_u64().unwrap();
+    assert!(shared <= 64 * mib && shared + 2 >= 64 * mib, "{t}");
+    assert_eq!(t["default"]["max_bytes"], t["more"]["max_bytes"], "files of the same size, the same share");
+    // Sizes whose growth cannot fit in the shared-memory directory, and a --table-max-bytes
+    // below the sharing tables' files: refused, naming them.
+    let err = refused("share-too-big", &["--table", "c3=items:max_bytes=1000000G"]);
+    assert!(err.contains("--table: the tables' largest sizes given (table `items` max_bytes=1073741824000000) sum to 1073741824000000 bytes") && err.contains("lower them, or make room there"), "{err}");
+    let file = auto["tables"]["default"]["bytes"].as_u64().unwrap();
+    let small = (file + 4096).to_string();
+    let err = refused("share-small", &["--table-max-bytes", &small, "--table", "c3=items"]);
+    assert!(err.contains(&format!("--table-max-bytes {small} with --table is shared by the tables without a max_bytes= of their own, and their initial files take {} bytes", 2 * file)), "{err}");
+}
+
+#[test]
 fn a_table_of_another_dim_trains_resumes_bit_for_bit_and_predict_scores_as_its_evaluation() {
     let table = ["--table", "c3,l0=items:dim=8:capacity=65536"];
     let other: Vec<&str> = ["--device", "cpu", "--epochs", "4"].iter().chain(table.iter()).copied().collect();
@@ -201,7 +383,6 @@ fn bad_tables_are_refused_naming_the_flag() {
         ("tag", &["--table", "c3=a/b"][..], "table name `a/b`"),
         ("deepfm", &["--model", "deepfm", "--table", "c3=a:dim=8"][..], "--model deepfm needs one dim for every field"),
         ("cache", &["--device", "host", "--gpu-cache-mib", "1", "--table", "c3=a"][..], "--table with --gpu-cache-mib"),
-        ("sync", &["--sync-every", "2", "--table", "c3=a"][..], "--table with --sync-every"),
     ] {
         let err = refused(name, extra);
         assert!(err.contains(says), "{name}: {err}");

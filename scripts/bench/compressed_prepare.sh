@@ -7,7 +7,8 @@
 # warm (each file read once before). Every cache must be the plain TSV's, byte for byte.
 #   scripts/bench/compressed_prepare.sh         ROWS=1000000 REPS=3 (release build; RINGREC_BIN
 #                                               names another binary)
-# Needs zstd, pzstd and gzip on PATH. Writes the raw output to docs/bench/compressed_prepare.txt.
+# Needs zstd, pzstd and gzip on PATH. Writes the raw output to docs/bench/compressed_prepare.txt
+# (OUT names another file).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rows=${ROWS:-1000000}
@@ -20,7 +21,7 @@ tsv="$work/day.tsv"
 [ -f "$tsv.zst" ] || zstd -q -3 -T1 -c "$tsv" > "$tsv.zst"
 [ -f "$tsv.p.zst" ] || pzstd -q -3 -p "$(nproc)" -c "$tsv" > "$tsv.p.zst"
 [ -f "$tsv.gz" ] || gzip -1 -c "$tsv" > "$tsv.gz"
-out=docs/bench/compressed_prepare.txt
+out=${OUT:-docs/bench/compressed_prepare.txt}
 {
   echo "# scripts/bench/compressed_prepare.sh ROWS=$rows REPS=$reps, $(nproc) cores, $(date -u +%FT%TZ), git $(git rev-parse --short HEAD)"
   echo "# the machine was shared with other jobs when this ran"

@@ -144,7 +144,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let s = prepare_with(&input, &output, &opts)?;
             let secs = t.elapsed().as_secs_f64().max(1e-9);
             println!(
-                "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s, {:.1} MB/s of TSV, {} threads); source crc32 {:08x}; {}",
+                "wrote {}: {} rows, {} bytes in {:.2}s ({:.0} rows/s, {:.1} MB/s of TSV, {} threads, {} parsing); source crc32 {:08x}; {}",
                 s.path.display(),
                 s.rows,
                 s.bytes,
@@ -152,6 +152,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
                 s.report.lines as f64 / secs,
                 s.source_bytes as f64 / secs / 1e6,
                 s.threads,
+                s.parsing_threads,
                 s.source_crc32,
                 s.report
             );

@@ -968,6 +968,26 @@ impl Dataset {
         ids
     }
 
+    /// [`Dataset::most_ids`] of the cache that serves `input` without opening it for
+    /// training: `input` itself when `is_cache`, else its cache under `cache_dir` prepared as
+    /// `opts` says, when one is there and the source's stat is still the one it records.
+    /// Cheap: the header and layout are checked and the spans and names sections alone are read
+    /// (their pages released after), not every block's sum — a sizing hint; the file is verified when
+    /// training opens it. `None` when no such cache is there yet: a TSV's or Parquet file's
+    /// lists are known only once it is parsed (neither format records a row's list lengths
+    /// anywhere cheaper), and that is the background preparation's work.
+    pub fn prepared_most_ids(input: &Path, is_cache: bool, cache_dir: &Path, opts: &PrepareOptions, rows: usize) -> Option<u64> {
+        let path = if is_cache { input.to_path_buf() } else { cache_path_with(input, cache_dir, opts).ok()? };
+        let mut ds = Dataset::map(&path).ok()?;
+        if !is_cache && reuse(&ds.header, &SourceStat::of(input).ok()?, opts) == Reuse::No {
+            return None;
+        }
+        ds.list_names = ds.check_lists().ok()?;
+        let most = ds.most_ids(rows);
+        ds.release_pages();
+        Some(most)
+    }
+
     /// The keys of list field `g` of row `i`. Panics when `i >= len()` or `g >=
     /// list_fields()`.
     pub fn bag(&self, i: usize, g: usize) -> &[u64] {
@@ -1418,6 +1438,14 @@ mod tests {
             caches.push((ds.labels().to_vec(), ds.keys_all().to_vec(), ds.spans_all().to_vec()));
         }
         assert!(caches[0] == caches[1], "the same cache on 1 and 3 threads");
+        // Read cheaply: a cache itself; a source's prepared cache while its stat holds; none
+        // before it is prepared.
+        let most = Dataset::open(&dir.join("m1.rrdata")).unwrap().most_ids(256);
+        let cache_dir = dir.join("cache");
+        assert_eq!(Dataset::prepared_most_ids(&dir.join("m1.rrdata"), true, &cache_dir, &opts, 256), Some(most));
+        assert_eq!(Dataset::prepared_most_ids(&src, false, &cache_dir, &opts, 256), None);
+        Dataset::from_tsv_cached_with(&src, &cache_dir, &opts).unwrap();
+        assert_eq!(Dataset::prepared_most_ids(&src, false, &cache_dir, &opts, 256), Some(most));
 
         let good = std::fs::read(dir.join("m1.rrdata")).unwrap();
         let ds = Dataset::open(&dir.join("m1.rrdata")).unwrap();

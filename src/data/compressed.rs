@@ -90,6 +90,8 @@ pub struct Decoder {
     tally: Arc<Mutex<Tally>>,
     /// Newlines of the text given so far (for messages).
     lines: u64,
+    /// Whether its frames are decoded on threads of their own ([`FrameReader`]).
+    parallel: bool,
 }
 
 impl Decoder {
@@ -106,7 +108,7 @@ impl Decoder {
             };
             if let Some(frames) = frames.filter(|f| f.iter().filter(|f| !f.skippable).count() > 1) {
                 let read = Box::new(FrameReader::start(file, codec, frames, threads, tally.clone()));
-                return Ok(Decoder { path: path.to_path_buf(), codec, read, tally, lines: 0 });
+                return Ok(Decoder { path: path.to_path_buf(), codec, read, tally, lines: 0, parallel: true });
             }
         }
         let raw = Tallied { file, tally: tally.clone() };
@@ -114,7 +116,14 @@ impl Decoder {
             Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(raw)),
             Codec::Zstd => Box::new(zstd::stream::read::Decoder::new(raw).map_err(|e| DataError::io(path, "start decoding", e))?),
         };
-        Ok(Decoder { path: path.to_path_buf(), codec, read, tally, lines: 0 })
+        Ok(Decoder { path: path.to_path_buf(), codec, read, tally, lines: 0, parallel: false })
+    }
+
+    /// Whether its frames are decoded on threads of their own, so that the thread reading
+    /// it mostly waits (a zstd file of several frames, a BGZF file): a prepare then parses
+    /// on every thread beside it.
+    pub fn is_parallel(&self) -> bool {
+        self.parallel
     }
 
     /// Fills `buf` with text, short only at the end of the stream; returns the bytes given.

@@ -519,7 +519,7 @@ pub fn prepare(src: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<Prep
     tmp.commit()?;
     let column_nulls: Vec<(String, u64)> = schema.fields.iter().zip(nulls).map(|(f, n)| (f.name.clone(), n.into_inner())).collect();
     let nulls = column_nulls.iter().map(|(_, n)| n).sum();
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, report, nulls, column_nulls })
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: source.size, source_crc32, threads, parsing_threads: threads, report, nulls, column_nulls })
 }
 
 /// Where a file's list columns go in a version-4 cache: each row group's ids at their own

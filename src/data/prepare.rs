@@ -22,8 +22,9 @@
 //! A gzip- or zstd-compressed TSV ([`super::compressed`]) is decoded twice as one stream:
 //! once to count its lines, then on this thread into chunks cut at line ends, which the
 //! other threads parse and commit as above; its content digest is the compressed file's.
-//! A zstd file of several frames is decoded frame by frame on every thread, the stream the
-//! same text.
+//! A zstd file of several frames (a BGZF file) is decoded frame by frame on every thread,
+//! the stream the same text, and then parsed on every thread too: the decoding threads are
+//! cheap beside the parsing, and the feeding thread mostly waits.
 //!
 //! A source that changes while it is read (another line count, another CRC-32 in the two
 //! reads, another stat after them) is [`DataError::SourceChanged`].
@@ -125,6 +126,9 @@ pub struct PrepareSummary {
     pub source_crc32: u32,
     /// Threads that read it.
     pub threads: usize,
+    /// Of those, the threads that parsed its text: all of them, but one for a compressed
+    /// TSV decoded as one stream (that one decodes).
+    pub parsing_threads: usize,
     /// Lines read, malformed lines by kind and the first of them.
     pub report: BadLineReport,
     /// Null values read as an empty field's (a Parquet file's; 0 for a TSV).
@@ -277,26 +281,31 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
     file.set_len(layout0.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
 
-    let (chunks, decoded) = match codec {
+    let (chunks, decoded, parsing_threads) = match codec {
         None => {
             let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
             let chunk = opts.chunk_bytes.max(1);
             let chunks = Chunks::new(tsv, Feed::File { src, len, chunk, count: len.div_ceil(chunk) as usize }, capacity, opts, &tmp, layout0);
             let count = len.div_ceil(chunk) as usize;
-            on_threads(threads.min(count.max(1)), |_| chunks.work());
-            (chunks, None)
+            let parsers = threads.min(count.max(1));
+            on_threads(parsers, |_| chunks.work());
+            (chunks, None, parsers)
         }
         Some(codec) => {
             let (tx, rx) = sync_channel(2 * threads);
             let chunks = Chunks::new(tsv, Feed::Stream(Mutex::new(rx)), capacity, opts, &tmp, layout0);
+            let dec = Decoder::open(tsv, codec, threads)?;
+            // Parsing on the other cores while this thread decodes; on every core when the
+            // frames are decoded on threads of their own (this thread then mostly waits,
+            // and parsing, not decoding, is the bulk of the work).
+            let parsers = if dec.is_parallel() { threads } else { threads.saturating_sub(1).max(1) };
             let decoded = std::thread::scope(|s| {
-                // Parsing on the other cores while this thread decodes.
-                for _ in 0..threads.saturating_sub(1).max(1) {
+                for _ in 0..parsers {
                     s.spawn(|| chunks.work());
                 }
-                chunks.feed(codec, tx)
+                chunks.feed(dec, tx)
             })?;
-            (chunks, Some(decoded))
+            (chunks, Some(decoded), parsers)
         }
     };
     let st = chunks.state.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -327,7 +336,7 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     };
     file.write_all_at(&header.encode(), 0).map_err(|e| DataError::io(tmp.path(), "write", e))?;
     tmp.commit()?;
-    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, report, nulls: 0, column_nulls: Vec::new() })
+    Ok(PrepareSummary { path: out.to_path_buf(), rows, bytes: layout.file_len, source_bytes: len, source_crc32, threads, parsing_threads, report, nulls: 0, column_nulls: Vec::new() })
 }
 
 /// Compressed formats ringrec does not decode, by their magic bytes, with the command that
@@ -545,8 +554,7 @@ impl<'a> Chunks<'a> {
     /// Decodes the compressed source into chunks of whole lines (about
     /// [`PrepareOptions::chunk_bytes`] each) sent to the threads in order, until its end or
     /// a failure; returns the compressed bytes read and their CRC-32.
-    fn feed(&self, codec: Codec, tx: SyncSender<(usize, Vec<u8>)>) -> DataResult<(u64, u32)> {
-        let mut dec = Decoder::open(self.tsv, codec, self.opts.threads.max(1))?;
+    fn feed(&self, mut dec: Decoder, tx: SyncSender<(usize, Vec<u8>)>) -> DataResult<(u64, u32)> {
         let size = self.opts.chunk_bytes.max(1) as usize;
         let (mut carry, mut c) = (Vec::new(), 0usize);
         while !self.failed() {

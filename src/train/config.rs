@@ -216,13 +216,15 @@ settings! {
         /// Slots of the host-shared embedding table (80% can hold rows).
         #[setting(flag = "--table-capacity", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "SLOTS")]
         pub table_capacity: u64 = 1 << 21,
-        /// Categorical fields in a host table of their own: FIELDS=NAME[:dim=N][:capacity=SLOTS],
+        /// Categorical fields in a host table of their own: FIELDS=NAME[:dim=N][:capacity=SLOTS][:max_bytes=BYTES],
         /// repeated for several tables (e.g. `--table c3,l0=items:dim=32:capacity=1048576`).
         /// Fields are named as the data names them: a Parquet file's columns (single-hot or
         /// list: c3, l0), C1..C26 for a TSV's; dim and capacity default to --dim and
         /// --table-capacity, every other table flag is the run's. Fields not named stay in
-        /// the default table. Fields of different dims need --model mlp or dcn.
-        #[setting(flag = "--table", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "FIELDS=NAME[:dim=N][:capacity=SLOTS]")]
+        /// the default table. Fields of different dims need --model mlp or dcn. A table's
+        /// largest file is its max_bytes, else its share (by initial size) of
+        /// --table-max-bytes, or of the shared-memory directory's room, with the default table.
+        #[setting(flag = "--table", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "FIELDS=NAME[:dim=N][:capacity=SLOTS][:max_bytes=BYTES]")]
         pub tables: Vec<TableSpec> = Vec::new(),
         /// Malformed input lines tolerated before stopping (they are counted and reported).
         #[setting(flag = "--max-bad-lines", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "N", env = "RINGREC_MAX_BAD_LINES")]
@@ -354,7 +356,8 @@ settings! {
         /// 70% load up to this size, then evicts (--evict). Default: what a growth's peak
         /// (old and new table at once) leaves room for beside the sparse exchange's host
         /// boards in the shared-memory directory's free space at the start, at most half of
-        /// it (shared among a machine's hosts).
+        /// it (shared among a machine's hosts). With --table: the largest size of all the
+        /// tables without a max_bytes= of their own together, each its share by initial size.
         #[setting(flag = "--table-max-bytes", scope = Scope::Resumed, service = ServiceRole::Args, value_name = "BYTES", parse = parse_bytes)]
         pub table_max_bytes: Option<u64> = None,
         /// A key gets its own row in the K-th step that holds it; until then it reads its
@@ -518,19 +521,38 @@ impl TrainConfig {
         if self.gpu_cache_asked() {
             return refuse("--gpu-cache-mib", "the GPU hot-row cache holds the default table's rows only: pass --gpu-cache-mib 0, or drop --table");
         }
-        if self.sync_every > 1 {
-            return refuse("--sync-every", "local steps do not sync per-field tables yet: use --sync-every 1, or drop --table");
-        }
         for t in &self.tables {
             self.for_table(t).validate_table().map_err(|e| TrainError::Config(format!("--table {}: {e}", t.word())))?;
+        }
+        self.validate_shared_max_bytes()
+    }
+
+    /// With `--table`, `--table-max-bytes` is shared by the default table and every table
+    /// without a `max_bytes=` of its own ([`super::embedding::share_max_bytes`]): it must
+    /// hold their initial files together.
+    fn validate_shared_max_bytes(&self) -> TrainResult<()> {
+        let Some(max) = self.table_max_bytes else { return Ok(()) };
+        let file = |c: &TrainConfig| c.table_config().header().map(|h| h.layout.file_len).map_err(|e| TrainError::Config(e.to_string()));
+        let mut sharers = vec![("the default table".to_string(), file(self)?)];
+        for t in self.tables.iter().filter(|t| t.max_bytes.is_none()) {
+            sharers.push((format!("table `{}`", t.name), file(&self.for_table(t))?));
+        }
+        let sum: u64 = sharers.iter().map(|(_, b)| b).sum();
+        if sum > max {
+            let each: Vec<String> = sharers.iter().map(|(n, b)| format!("{n} {b}")).collect();
+            return Err(TrainError::Config(format!(
+                "--table-max-bytes {max} with --table is shared by the tables without a max_bytes= of their own, and their initial files take {sum} bytes ({}): raise it, lower their capacities, or give tables their own :max_bytes=",
+                each.join(", ")
+            )));
         }
         Ok(())
     }
 
-    /// The run's settings for the table of `--table` `t`: its dim and capacity, every
-    /// other setting the run's.
+    /// The run's settings for the table of `--table` `t`: its dim, capacity and largest
+    /// size (`max_bytes=`; without it, none yet: its share is given once every table is
+    /// open, [`super::embedding::share_max_bytes`]), every other setting the run's.
     pub fn for_table(&self, t: &TableSpec) -> TrainConfig {
-        TrainConfig { dim: t.dim.unwrap_or(self.dim), table_capacity: t.capacity.unwrap_or(self.table_capacity), tables: Vec::new(), ..self.clone() }
+        TrainConfig { dim: t.dim.unwrap_or(self.dim), table_capacity: t.capacity.unwrap_or(self.table_capacity), table_max_bytes: t.max_bytes, tables: Vec::new(), ..self.clone() }
     }
 
     /// Whether this run asks for the GPU hot-row cache (`--gpu-cache-mib` given and not 0).

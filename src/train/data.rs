@@ -380,6 +380,19 @@ impl TrainData {
         self.files.iter().map(|f| f.path.as_path())
     }
 
+    /// The most list ids `rows` rows of one training file hold ([`Dataset::most_ids`]), over
+    /// every `--data` file whose cache is there: the open ones', and the others' read
+    /// cheaply ([`Dataset::prepared_most_ids`]); a file whose cache is not prepared yet is
+    /// not counted (its lists are known only once it is parsed). On this rank: the ranks
+    /// take the largest ([`super::embedding::host_step_keys`]).
+    pub fn most_ids(&self, rows: usize) -> u64 {
+        let of = |f: &TrainFile| match &f.ds {
+            Some(ds) => Some(ds.most_ids(rows)),
+            None => Dataset::prepared_most_ids(&f.path, is_cache(&f.path), &self.cache_dir, &self.prepare, rows),
+        };
+        self.files.iter().filter_map(of).max().unwrap_or(0)
+    }
+
     /// The first training file's cache and training rows (`bench step` reads it alone).
     pub fn first(&self) -> TrainResult<(&Dataset, usize)> {
         let f = &self.files[0];

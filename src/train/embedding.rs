@@ -173,6 +173,57 @@ pub fn auto_max_bytes(topo: &Topology, cfg: &TrainConfig, table_bytes: u64, step
     growth_limit(least, board_bound(topo, cfg, step_keys))
 }
 
+/// `--table-max-bytes` over the tables of a run with `--table` (collective over the world),
+/// once every table (`default`, then `named` in `cfg.tables`' order) and its exchangers'
+/// segments exist. A table with `max_bytes=` of its own keeps it; the others (the default
+/// table among them) share a total by their files' sizes (capacity times row bytes): the
+/// total is `--table-max-bytes`, else what [`growth_limit`] leaves of the shared-memory
+/// directory's free space (with every table's file and every table's host boards, as
+/// [`auto_max_bytes`] counts one table's) less the tables' own `max_bytes=`. A table never
+/// gets less than its file (it then evicts at its size). The sizes given (`max_bytes=` and
+/// `--table-max-bytes`) are refused, on every rank alike, when their growth's peak cannot fit
+/// beside the boards in that free space.
+pub fn share_max_bytes<'s>(topo: &Topology, cfg: &TrainConfig, default: &'s mut EmbeddingStage, named: impl Iterator<Item = &'s mut EmbeddingStage>) -> TrainResult<()> {
+    let bound = board_bound(topo, cfg, default.step_keys);
+    // Each table: its stage, its own `max_bytes=`, its boards' bound, its name.
+    let mut stages = vec![(default, None, bound, "the default table".to_string())];
+    for (t, s) in cfg.tables.iter().zip(named) {
+        let bound = board_bound(topo, &cfg.for_table(t), s.step_keys);
+        stages.push((s, t.max_bytes, bound, format!("table `{}`", t.name)));
+    }
+    let file = |s: &EmbeddingStage| s.table.table().header().layout.file_len;
+    let files: u64 = stages.iter().map(|(s, ..)| file(s)).sum();
+    let boards: u64 = stages.iter().map(|(_, _, b, _)| *b).fold(0, u64::saturating_add);
+    let hosts_here = (topo.machine_local_size / topo.local_size.max(1)).max(1) as u64;
+    let free = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir) } else { None };
+    let mine = free.map_or(u64::MAX, |f| (f / hosts_here).saturating_add(files));
+    let least = topo.control().all_min("every rank's agreement on the tables' largest sizes", mine);
+    let own: u64 = stages.iter().filter_map(|(_, m, _, _)| *m).sum();
+    let given = own.saturating_add(cfg.table_max_bytes.unwrap_or(0));
+    let fits = least.saturating_sub(boards) / 3 * 2;
+    if given > fits {
+        let each: Vec<String> = stages.iter().filter_map(|(_, m, _, n)| m.map(|m| format!("{n} max_bytes={m}"))).chain(cfg.table_max_bytes.map(|b| format!("--table-max-bytes {b}"))).collect();
+        return Err(TrainError::Config(format!(
+            "--table: the tables' largest sizes given ({}) sum to {given} bytes, and a growth's peak (the old file and the new) beside the sparse exchange's host boards ({boards} bytes) fits {fits} bytes in {} ({least} bytes free with the tables' files): lower them, or make room there",
+            each.join(", "),
+            topo.config.shm_dir.display()
+        )));
+    }
+    let total = cfg.table_max_bytes.unwrap_or_else(|| growth_limit(least, boards).saturating_sub(own));
+    let tables: Vec<(u64, Option<u64>)> = stages.iter().map(|(s, m, _, _)| (file(s), *m)).collect();
+    for ((s, ..), share) in stages.into_iter().zip(shares(total, &tables)) {
+        s.set_max_bytes(share);
+    }
+    Ok(())
+}
+
+/// Each table's largest size, of tables `(file bytes, own max_bytes=)`: its own, else its
+/// share of `total` by its file's bytes among the tables without one ([`share_max_bytes`]).
+pub fn shares(total: u64, tables: &[(u64, Option<u64>)]) -> Vec<u64> {
+    let sharers: u128 = tables.iter().filter(|(_, m)| m.is_none()).map(|(f, _)| *f as u128).sum();
+    tables.iter().map(|(f, m)| m.unwrap_or((total as u128 * *f as u128 / sharers.max(1)) as u64)).collect()
+}
+
 /// The largest table file one host may grow to in `free` bytes of its shared-memory
 /// directory that must also hold `boards` bytes of host boards: the growth's peak (the old
 /// file and the new one, 1.5 times the new) fits beside them, and it is at most
@@ -190,12 +241,24 @@ fn host_rows(topo: &Topology, cfg: &TrainConfig) -> usize {
 /// The most keys one host's step lists on its board (before dedupe) for data like `ds`:
 /// every single-hot field of each of the host's rows ([`crate::data::Fields`]: a TSV's 26,
 /// a Parquet file's its own count) and the list ids of the rows with the most
-/// ([`Dataset::most_ids`]: rows drawn in any order hold no more). Of the first file: a later
-/// file of longer lists makes the boards grow past it (a board grows as its pieces need; a
-/// shared-memory directory without room for that is an error naming the bytes).
+/// ([`Dataset::most_ids`]: rows drawn in any order hold no more).
 pub fn host_step_keys(topo: &Topology, cfg: &TrainConfig, ds: &Dataset) -> u64 {
     let rows = host_rows(topo, cfg);
     (rows as u64).saturating_mul(ds.fields().sparse as u64).saturating_add(ds.most_ids(rows))
+}
+
+/// [`host_step_keys`] over every `--data` file of `data` whose cache is there
+/// ([`super::data::TrainData::most_ids`]: the first file's, and the prepared caches of the
+/// others, read cheaply), the largest over the ranks (collective: a cache the background
+/// preparation finishes meanwhile must not give ranks different bounds). A later file
+/// whose cache was not there yet and that holds longer lists makes the boards grow past
+/// it (a board grows as its pieces need; a shared-memory directory without room for that is
+/// an error naming the bytes).
+pub fn data_step_keys(topo: &Topology, cfg: &TrainConfig, data: &super::data::TrainData) -> TrainResult<u64> {
+    let (first, _) = data.first()?;
+    let rows = host_rows(topo, cfg);
+    let mine = (rows as u64).saturating_mul(first.fields().sparse as u64).saturating_add(data.most_ids(rows));
+    Ok(topo.control().all_max("every rank's most keys of a host's step", mine))
 }
 
 /// [`host_step_keys`] without data to look at (a Python `HostEmbedding`): one key of each
@@ -287,6 +350,15 @@ impl EmbeddingStage {
             sync,
             step_keys,
         })
+    }
+
+    /// Sets the largest size the table may grow to ([`share_max_bytes`]): at least its file.
+    fn set_max_bytes(&mut self, max: u64) {
+        let h = *self.table.table().header();
+        if let Some(p) = self.table.policy().copied() {
+            self.table.set_policy(TablePolicy { max_capacity: TablePolicy::max_capacity_for(&h, max), ..p });
+        }
+        self.max_bytes = max.max(h.layout.file_len);
     }
 
     /// The host table.
@@ -515,6 +587,16 @@ impl EmbeddingStage {
 mod tests {
     use super::*;
     use crate::embedding::{Extras, Layout, OptimizerKind, StorageDtype};
+
+    #[test]
+    fn tables_share_the_largest_size_by_their_files() {
+        // 64 MiB over three tables of 1, 2 and 1 MiB files: 16, 32 and 16 MiB.
+        let mib = 1u64 << 20;
+        assert_eq!(shares(64 * mib, &[(mib, None), (2 * mib, None), (mib, None)]), vec![16 * mib, 32 * mib, 16 * mib]);
+        // A table of its own max_bytes= keeps it and takes no share.
+        assert_eq!(shares(64 * mib, &[(mib, None), (2 * mib, Some(5 * mib)), (3 * mib, None)]), vec![16 * mib, 5 * mib, 48 * mib]);
+        assert_eq!(shares(0, &[(mib, Some(mib))]), vec![mib]);
+    }
 
     #[test]
     fn the_default_limit_leaves_room_for_a_growth_beside_the_boards() {

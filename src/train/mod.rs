@@ -53,6 +53,7 @@ pub mod scorer;
 pub mod source;
 pub mod summary;
 pub mod sync;
+pub mod table_summary;
 pub mod tables;
 pub mod traffic;
 pub mod trainer;
@@ -72,6 +73,7 @@ pub use error::{TrainError, TrainResult};
 pub use summary::{RankTraffic, StopTarget, TrainSummary};
 pub use gpu_cache::GpuCacheMode;
 pub use sync::SyncScope;
+pub use table_summary::TableSummary;
 
 pub use metrics::Evaluation;
 pub use trainer::{Progress, Trainer};

@@ -65,12 +65,15 @@ impl<D: Device> Trainer<'_, D> {
         let phases = self.phase_seconds()?;
         // Rank 0's GPU hot-row cache and device copies since the run started.
         let g = self.gpu_cache_counters();
+        // The tables' counts since the run started (admissions are rows inserted), summed
+        // over the tables, and with `--table` each table's.
+        let parts = self.table_parts();
+        let all = super::TableSummary::sum(parts.iter().map(|(_, p)| p));
+        let tables = super::table_summary::breakdown(parts);
         let Some(w) = self.metrics.as_mut() else { return Ok(()) };
         let seconds = (now.train_seconds - m.train_seconds).max(1e-9);
         let rate = (now.samples - m.samples) as f64 / seconds;
         let reduced = (now.dense_allreduces - m.dense_allreduces) as f64;
-        // The table's counts since the run started (admissions are rows inserted).
-        let (h, c) = (*self.embedding.table().table().header(), self.embedding.counts());
         let line = serde_json::json!({
             "step": now.step,
             "epoch": self.position.epoch,
@@ -83,15 +86,17 @@ impl<D: Device> Trainer<'_, D> {
             "eval_ne": eval.and_then(|e| e.ne),
             "eval_calibration": eval.and_then(|e| e.calibration),
             "eval_rows": self.data.held_out_rows(),
-            "table_rows": self.embedding.table().table().live_rows(),
-            "table_capacity": h.capacity,
-            "table_bytes": h.layout.file_len,
-            "table_growths": c.growths,
-            "table_admissions": c.inserted,
-            "table_evictions": c.evicted,
-            "table_expirations": c.expired,
-            "table_refused": c.refused,
-            "admission_sketch_bytes": h.layout.sketch_len,
+            "table_rows": all.rows,
+            "table_capacity": all.capacity,
+            "table_bytes": all.bytes,
+            "table_growths": all.growths,
+            "table_growth_seconds": all.growth_seconds,
+            "table_admissions": all.inserted,
+            "table_evictions": all.evictions,
+            "table_expirations": all.expirations,
+            "table_refused": all.refused,
+            "table_nan_skips": all.nan_skips,
+            "admission_sketch_bytes": all.admission_sketch_bytes,
             "dense_bytes_reduced": reduced * 4.0 * (self.model.num_params() + 1) as f64,
             "sparse_bytes_intra_host": now.intra_bytes - m.intra_bytes,
             "sparse_bytes_cross_host": now.cross_bytes - m.cross_bytes,
@@ -105,6 +110,10 @@ impl<D: Device> Trainer<'_, D> {
             "device_bytes_uploaded_per_sample": g.uploaded_per_sample(),
             "device_bytes_downloaded_per_sample": g.downloaded_per_sample(),
         });
+        let mut line = line;
+        if !tables.is_empty() {
+            line["tables"] = serde_json::json!(tables);
+        }
         use std::io::Write;
         let written = writeln!(w, "{line}").and_then(|_| w.flush());
         written.map_err(|e| TrainError::Config(format!("--metrics-out: cannot write it: {e}")))

@@ -56,7 +56,8 @@ pub struct TrainSummary {
     /// MLP forward+backward GFLOP/s on rank 0 (CPU device; 0 on a GPU, whose step only
     /// queues work).
     pub mlp_gflops: f64,
-    /// Rows in the host table at the end (with `--table`, in all the run's tables).
+    /// Rows in the host table at the end (with `--table`, in all the run's tables: every
+    /// `table_*` count is summed over them, and `tables` breaks them down).
     pub table_rows: u64,
     /// Sparse-exchange bytes rank 0 sent + received inside its host per step (mean).
     pub sparse_bytes_intra_host_per_step: f64,
@@ -79,7 +80,7 @@ pub struct TrainSummary {
     /// `--checkpoint-min-change` (rank 0).
     pub checkpoints_skipped: u64,
     /// Updates skipped under `--nan-policy skip-step` (dense and sparse halves counted
-    /// apart: `dense`, `sparse`).
+    /// apart: `dense`, `sparse`, the latter over every table).
     pub nan_skips: std::collections::BTreeMap<String, u64>,
     /// Every step's global mean loss (with `record_losses`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -95,11 +96,12 @@ pub struct TrainSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<super::warm::WarmFrom>,
     /// Largest size the table may grow to (`--table-max-bytes`, or what the shared-memory
-    /// directory allowed).
+    /// directory allowed; with `--table`, the tables' sizes summed).
     pub table_max_bytes: u64,
     /// The most keys a host's step lists (a host board's largest list, before dedupe), as
     /// the shared-memory directory's room for the boards was counted: the host's rows times
-    /// the single-hot fields, plus the list ids of the rows with the most.
+    /// the single-hot fields, plus the list ids of the rows with the most (in any `--data`
+    /// file whose cache was there at the start).
     pub board_step_keys: u64,
     /// Times the table grew in this run.
     pub table_growths: u64,
@@ -118,6 +120,10 @@ pub struct TrainSummary {
     pub table_refused: u64,
     /// Bytes of the admission sketch (0 without `--admit-after`).
     pub admission_sketch_bytes: u64,
+    /// `--table`: each table's part, the default table as `default` (empty, and absent
+    /// from the JSON, in a one-table run).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tables: std::collections::BTreeMap<String, super::TableSummary>,
     /// Why the run ended before its last step: a `--stop-at-loss` / `--stop-at-auc` target
     /// reached at an `--eval-every` report (every rank stops after that step).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -314,13 +320,11 @@ impl<D: Device> Trainer<'_, D> {
             test_calibration: eval.and_then(|e| e.calibration),
             peak_rss_mib: peak,
             mlp_gflops: if mlp > 0.0 && on_cpu { self.model.net().flops_per_sample() * self.counters.samples as f64 / mlp / 1e9 } else { 0.0 },
-            table_rows: self.embedding.table().table().live_rows() + self.tables.as_ref().map_or(0, |t| t.named().map(|(_, s)| s.table().table().live_rows()).sum()),
             sparse_bytes_intra_host_per_step: self.counters.intra_bytes / steps,
             sparse_bytes_cross_host_per_step: self.counters.cross_bytes / steps,
             params_fnv: crate::hash::fnv_hex(bytemuck::cast_slice(&self.model.params()?)),
             checkpoints_written: self.counters.checkpoints_written,
             checkpoints_skipped: self.counters.checkpoints_skipped,
-            nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), self.embedding.nan_skips())].into_iter().collect(),
             phase_seconds: self.phase_seconds()?,
             prefetched_batches: self.counters.prefetched,
             losses: std::mem::take(&mut self.losses.all),
@@ -332,18 +336,21 @@ impl<D: Device> Trainer<'_, D> {
         })
     }
 
-    /// The `--sync-every` part of the summary, with the table's part (collective): the
-    /// syncs, the sparse deltas summed over the hosts and ranks, each host's table rows'
+    /// The `--sync-every` part of the summary, with the tables' part (collective): the
+    /// syncs, the sparse deltas summed over the tables, hosts and ranks, each host's rows'
     /// CRC-32.
     fn sync_summary(&self) -> TrainResult<TrainSummary> {
         let control = self.topo.control();
-        let d = self.embedding.delta_counts();
-        let all = control.all_sum_each("the run's summary", [d.touched_rows, d.delta_rows, d.cross_bytes_sent, d.cross_bytes_received]);
+        let d = self.stages().iter().fold([0u64; 4], |a, (_, s)| {
+            let d = s.delta_counts();
+            [a[0] + d.touched_rows, a[1] + d.delta_rows, a[2] + d.cross_bytes_sent, a[3] + d.cross_bytes_received]
+        });
+        let all = control.all_sum_each("the run's summary", d);
         let fnvs = control.all_gather("the run's summary", [crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?))]);
         // The hosts' rows (k > 1 or --sparse-compression only: it reads the whole table,
         // which a synchronous run's invariant makes pointless).
         let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None || self.gpu_cache.is_some();
-        let crc = if self.topo.is_leader() && check { self.embedding.rows_crc()? as u64 } else { u64::MAX };
+        let crc = if self.topo.is_leader() && check { self.rows_crc()? as u64 } else { u64::MAX };
         let crcs = control.all_gather("the run's summary", [crc]);
         let mut per_host = vec![String::new(); self.topo.num_hosts];
         for (r, [c]) in crcs.iter().enumerate().filter(|(_, [c])| *c != u64::MAX) {
@@ -368,7 +375,7 @@ impl<D: Device> Trainer<'_, D> {
             weight_column: self.cfg.weight_config().weight_column,
             column_nulls: self.data.column_nulls().to_vec(),
             gpu_cache: self.gpu_cache_summary(),
-            ..self.table_summary()
+            ..self.table_summary(self.table_parts_summed())
         })
     }
 
@@ -399,7 +406,6 @@ impl<D: Device> Trainer<'_, D> {
             dense_traffic_model: backend,
             dense_collectives: s.collectives,
             sparse_compression: self.cfg.sparse_compression.name().to_string(),
-            sparse_compression_residual_rows: self.embedding.exchanger().compression_residual_rows() as u64,
             cross_host_bytes_per_sample: cross as f64 / self.counters.global_samples.max(1) as f64,
             ..rest
         }
@@ -437,27 +443,29 @@ impl<D: Device> Trainer<'_, D> {
         c
     }
 
-    /// The table's part of the summary: its shape at the end, and what happened to its
-    /// rows in this run.
-    fn table_summary(&self) -> TrainSummary {
-        let e = &self.embedding;
-        let h = e.table().table().header();
-        let c = e.counts();
-        let (growth_seconds, growth_max_seconds) = e.growth_seconds();
+    /// The tables' part of the summary, from each table's `parts`: their shape at the end
+    /// and what happened to their rows in this run, summed over the tables, and the
+    /// per-table breakdown.
+    fn table_summary(&self, parts: Vec<(String, super::TableSummary)>) -> TrainSummary {
+        let all = super::TableSummary::sum(parts.iter().map(|(_, p)| p));
         TrainSummary {
-            table_dtype: h.dtype.to_string(),
-            table_capacity: h.capacity,
-            table_bytes: h.layout.file_len,
-            table_max_bytes: e.max_bytes(),
-            board_step_keys: e.step_keys(),
-            table_growths: c.growths,
-            table_growth_seconds: growth_seconds,
-            table_growth_max_seconds: growth_max_seconds,
-            table_inserted: c.inserted,
-            table_evictions: c.evicted,
-            table_expirations: c.expired,
-            table_refused: c.refused,
-            admission_sketch_bytes: h.layout.sketch_len,
+            table_dtype: self.embedding.table().table().header().dtype.to_string(),
+            table_rows: all.rows,
+            table_capacity: all.capacity,
+            table_bytes: all.bytes,
+            table_max_bytes: all.max_bytes,
+            board_step_keys: self.embedding.step_keys(),
+            table_growths: all.growths,
+            table_growth_seconds: all.growth_seconds,
+            table_growth_max_seconds: all.growth_max_seconds,
+            table_inserted: all.inserted,
+            table_evictions: all.evictions,
+            table_expirations: all.expirations,
+            table_refused: all.refused,
+            admission_sketch_bytes: all.admission_sketch_bytes,
+            nan_skips: [("dense".to_string(), self.counters.nan_skips_dense), ("sparse".to_string(), all.nan_skips)].into_iter().collect(),
+            sparse_compression_residual_rows: all.compression_residual_rows,
+            tables: super::table_summary::breakdown(parts),
             ..TrainSummary::default()
         }
     }

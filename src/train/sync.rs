@@ -163,14 +163,22 @@ impl LocalSgd {
     /// update needs): scope host's as they are; scope rank's, taken at 1 / slice, times
     /// slice / host samples.
     pub fn host_key_grads<'g>(&'g mut self, grads: &'g [f32], global: std::ops::Range<usize>) -> &'g [f32] {
-        if self.scope == SyncScope::Host {
-            return grads;
-        }
-        let slice = shard::rank_slice(global.clone(), self.rank, self.world).len();
-        let factor = slice as f32 / self.host_samples(global).max(1) as f32;
+        let Some(factor) = self.host_grad_factor(global) else { return grads };
         self.key_grads.clear();
         self.key_grads.extend(grads.iter().map(|g| g * factor));
         &self.key_grads
+    }
+
+    /// What a local step's key gradients are multiplied by to reach the host's loss scale
+    /// ([`LocalSgd::host_key_grads`]): scope rank's slice / host samples; `None` with scope
+    /// host (they are at it already). `--table`'s per-table sums take the same factor, so a
+    /// key's gradient is the one-table run's bits.
+    pub fn host_grad_factor(&self, global: std::ops::Range<usize>) -> Option<f32> {
+        if self.scope == SyncScope::Host {
+            return None;
+        }
+        let slice = shard::rank_slice(global.clone(), self.rank, self.world).len();
+        Some(slice as f32 / self.host_samples(global).max(1) as f32)
     }
 
     /// Scope host: sums a local step's dense tensor (a layer's gradient or the loss sum)

@@ -45,7 +45,7 @@ use crate::sparse::SparseStats;
 use crate::topology::Topology;
 
 /// The syntax of `--table`, for messages.
-pub const SYNTAX: &str = "--table FIELDS=NAME[:dim=N][:capacity=SLOTS]";
+pub const SYNTAX: &str = "--table FIELDS=NAME[:dim=N][:capacity=SLOTS][:max_bytes=BYTES]";
 
 /// One `--table` flag (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,11 +58,17 @@ pub struct TableSpec {
     pub dim: Option<usize>,
     /// Slots (`None`: `--table-capacity`).
     pub capacity: Option<u64>,
+    /// Its largest file (`None`: its share of `--table-max-bytes` or of the free space,
+    /// [`super::embedding::share_max_bytes`]).
+    pub max_bytes: Option<u64>,
 }
 
 /// Why `name` cannot name a table (a checkpoint's file tag), if it cannot.
 fn bad_name(name: &str) -> Option<String> {
     let ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if name == super::table_summary::DEFAULT_TABLE {
+        return Some(format!("table name `{name}`: the run's default table is called so in the summary; give the table another name"));
+    }
     (!ok).then(|| format!("table name `{name}`: use 1 to 64 letters, digits, `_` or `-` (it names the table's checkpoint file)"))
 }
 
@@ -82,16 +88,20 @@ impl Word for TableSpec {
         if let Some(why) = bad_name(&name) {
             return Err(fail(why));
         }
-        let mut spec = TableSpec { fields, name, dim: None, capacity: None };
+        let mut spec = TableSpec { fields, name, dim: None, capacity: None, max_bytes: None };
         for p in parts {
-            let (k, v) = p.split_once('=').ok_or_else(|| fail(format!("`{p}` is not KEY=VALUE (dim=N or capacity=SLOTS)")))?;
+            let (k, v) = p.split_once('=').ok_or_else(|| fail(format!("`{p}` is not KEY=VALUE (dim=N, capacity=SLOTS or max_bytes=BYTES)")))?;
+            if k.trim() == "max_bytes" {
+                spec.max_bytes = Some(super::config::size(v.trim()).map_err(|e| fail(format!("max_bytes={e}")))?);
+                continue;
+            }
             let n: u64 = v.trim().parse().map_err(|_| fail(format!("{k}=`{v}` is not a whole number")))?;
             match k.trim() {
                 "dim" if n == 0 => return Err(fail("dim=0: a table's rows need at least one value".into())),
                 "dim" => spec.dim = Some(n as usize),
                 "capacity" if n == 0 => return Err(fail("capacity=0: a table needs slots".into())),
                 "capacity" => spec.capacity = Some(n),
-                other => return Err(fail(format!("unknown key `{other}` (dim or capacity)"))),
+                other => return Err(fail(format!("unknown key `{other}` (dim, capacity or max_bytes)"))),
             }
         }
         Ok(spec)
@@ -104,6 +114,9 @@ impl Word for TableSpec {
         }
         if let Some(c) = self.capacity {
             s += &format!(":capacity={c}");
+        }
+        if let Some(b) = self.max_bytes {
+            s += &format!(":max_bytes={b}");
         }
         s
     }
@@ -345,6 +358,11 @@ impl Tables {
         self.names.iter().map(String::as_str).zip(&self.stages)
     }
 
+    /// The named tables' stages, in flag order.
+    pub fn stages_mut(&mut self) -> impl Iterator<Item = &mut EmbeddingStage> {
+        self.stages.iter_mut()
+    }
+
     /// Every table (`default` first) and the step's gathering over them: what scoring a
     /// batch needs ([`super::predict::Embeddings::Split`]).
     pub fn parts<'a>(&'a mut self, default: &'a EmbeddingStage) -> (Vec<&'a EmbeddingTable>, &'a mut Gather) {
@@ -502,10 +520,13 @@ mod tests {
     #[test]
     fn the_flag_reads_fields_name_dim_and_capacity_and_shows_as_typed() {
         let t = TableSpec::parse_word("c3,l0=items:dim=32:capacity=1048576").unwrap();
-        assert_eq!(t, TableSpec { fields: vec!["c3".into(), "l0".into()], name: "items".into(), dim: Some(32), capacity: Some(1 << 20) });
+        assert_eq!(t, TableSpec { fields: vec!["c3".into(), "l0".into()], name: "items".into(), dim: Some(32), capacity: Some(1 << 20), max_bytes: None });
         assert_eq!(t.word(), "c3,l0=items:dim=32:capacity=1048576");
+        let t = TableSpec::parse_word("c3=items:max_bytes=64M").unwrap();
+        assert_eq!((t.max_bytes, t.word().as_str()), (Some(64 << 20), "c3=items:max_bytes=67108864"));
+        assert!(TableSpec::parse_word("c3=items:max_bytes=lots").unwrap_err().contains("max_bytes=`lots` is not a size"));
         assert_eq!(TableSpec::parse_word("C1=a").unwrap().word(), "C1=a");
-        for (bad, says) in [("C1", "no `=NAME`"), ("C1=", "table name"), ("C1=a/b", "table name"), ("C1,=a", "empty field"), ("C1,C1=a", "named twice"), ("C1=a:dim=0", "dim=0"), ("C1=a:rows=3", "unknown key"), ("C1=a:dim=x", "not a whole number")] {
+        for (bad, says) in [("C1", "no `=NAME`"), ("C1=", "table name"), ("C1=a/b", "table name"), ("C1,=a", "empty field"), ("C1,C1=a", "named twice"), ("C1=a:dim=0", "dim=0"), ("C1=a:rows=3", "unknown key"), ("C1=a:dim=x", "not a whole number"), ("C1=default", "the run's default table")] {
             let e = TableSpec::parse_word(bad).unwrap_err();
             assert!(e.contains(says) && e.contains("--table FIELDS=NAME"), "{bad}: {e}");
         }

@@ -24,9 +24,10 @@ impl<D: Device> Trainer<'_, D> {
         (model, all.then_some(counted))
     }
 
-    /// Every rank's sparse-exchange bytes by direction (collective: gathered on every rank).
+    /// Every rank's sparse-exchange bytes by direction, over every table (collective: gathered on every rank).
     pub(super) fn traffic_per_rank(&self) -> Vec<RankTraffic> {
-        let t = self.embedding.traffic_totals();
+        let mut t = crate::sparse::SparseStats::default();
+        self.stages().iter().for_each(|(_, s)| t.add(&s.traffic_totals()));
         self.gather_traffic([t.host_bytes_sent, t.host_bytes_received, t.cross_bytes_sent, t.cross_bytes_received])
     }
 

@@ -270,8 +270,8 @@ impl<'a, D: Device> Trainer<'a, D> {
                 (Position::default(), None)
             }
         };
-        let step_keys = super::embedding::host_step_keys(topo, cfg, data.first()?.0);
-        let embedding = match &warm {
+        let step_keys = super::embedding::data_step_keys(topo, cfg, &data)?;
+        let mut embedding = match &warm {
             Some((t, _)) => EmbeddingStage::open_from(topo, cfg, t.source(&t.config(&run_table)), step_keys)?,
             None => EmbeddingStage::open(topo, cfg, saved.as_deref(), step_keys)?,
         };
@@ -283,7 +283,10 @@ impl<'a, D: Device> Trainer<'a, D> {
             k => Some(LocalSgd::new(topo, k, cfg.sync_scope, params.clone())?),
         };
         let warm_tables = warm.as_ref().map_or(&[][..], |(_, from)| &from.tables[..]);
-        let tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), warm_tables, step_keys)).transpose()?;
+        let mut tables = layout.map(|l| Tables::open(topo, cfg, l, &pooling, saved.as_deref().and_then(std::path::Path::parent), warm_tables, step_keys)).transpose()?;
+        if let Some(t) = tables.as_mut() {
+            super::embedding::share_max_bytes(topo, cfg, &mut embedding, t.stages_mut())?;
+        }
         let prefetch = if cfg.pipeline.enabled(dev.kind()) { Some(Prefetcher::start()?) } else { None };
         let mut model = DenseModel::new(dev, spec, &params, &opt)?;
         if !pooling.is_empty() && tables.is_none() {
@@ -620,10 +623,15 @@ impl<'a, D: Device> Trainer<'a, D> {
         let mut parts: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.num_groups() + 1);
         self.model.step(scale, &mut |part, t| parts.push((part, t)))?;
         self.phases.enter("scatter");
+        let step = self.position.step + 1;
+        // The per-key sums (of every table, grouped by table) take the factor to the host's
+        // loss scale.
         let key_grads = local.host_key_grads(self.model.key_grads()?, global);
         self.phases.enter("sparse");
-        let step = self.position.step + 1;
-        let st = self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy)?;
+        let st = match self.tables.as_mut() {
+            Some(t) => t.exchange_and_apply(&mut self.embedding, &self.batch, key_grads, step, cfg.nan_policy)?,
+            None => self.embedding.exchange_and_apply(&self.batch.uniq, key_grads, step, cfg.nan_policy)?,
+        };
         self.phases.enter("allreduce");
         for (part, mut t) in parts {
             local.reduce_over_host(&mut t)?;
@@ -648,16 +656,22 @@ impl<'a, D: Device> Trainer<'a, D> {
     }
 
     /// A sync of `--sync-every` when local steps were taken since the last one (collective;
-    /// nothing otherwise): the tables' deltas, then the dense delta ([`super::sync`]).
+    /// nothing otherwise): the tables' deltas (the default table's, then each `--table`'s in
+    /// flag order), then the dense delta ([`super::sync`]).
     pub(super) fn sync(&mut self) -> TrainResult<()> {
         if !self.local.as_ref().is_some_and(|l| l.pending()) {
             return Ok(());
         }
         self.phases.enter("sync");
-        let (st, sparse_skips) = self.embedding.sync_tables()?;
-        if let Some(st) = st {
-            self.count_sparse(&st);
+        let stages = std::iter::once(&mut self.embedding).chain(self.tables.iter_mut().flat_map(Tables::stages_mut));
+        let mut sparse_skips = 0;
+        let mut synced = Vec::new();
+        for stage in stages {
+            let (st, skips) = stage.sync_tables()?;
+            sparse_skips += skips;
+            synced.extend(st);
         }
+        synced.iter().for_each(|st| self.count_sparse(st));
         let step = self.position.step;
         if let Some(local) = self.local.as_mut() {
             let compression = self.cfg.dense_compression_at(step.saturating_sub(1), self.engine.compression());

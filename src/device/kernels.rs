@@ -31,6 +31,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("models", include_str!("../../kernels/models.cu")),
     ("cache", include_str!("../../kernels/cache.cu")),
     ("pooling", include_str!("../../kernels/pooling.cu")),
+    ("csr", include_str!("../../kernels/csr.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -104,11 +105,19 @@ pub enum Kernel {
     PoolBags,
     /// Its backward, added into the key gradients.
     PoolBagsGrad,
+    /// The per-key lists' sort: each chunk's digit counts.
+    CsrCount,
+    /// The sort: where each (digit, chunk) pair's entries go.
+    CsrStarts,
+    /// The sort: each chunk's entries to their places.
+    CsrScatter,
+    /// The per-key lists' offsets from the sorted slots.
+    CsrOffsets,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 34] = [
+    pub const ALL: [Kernel; 38] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -143,6 +152,10 @@ impl Kernel {
         Kernel::CachePut,
         Kernel::PoolBags,
         Kernel::PoolBagsGrad,
+        Kernel::CsrCount,
+        Kernel::CsrStarts,
+        Kernel::CsrScatter,
+        Kernel::CsrOffsets,
     ];
 
     /// The function's name in its source.
@@ -182,6 +195,10 @@ impl Kernel {
             Kernel::CachePut => "cache_put",
             Kernel::PoolBags => "pool_bags",
             Kernel::PoolBagsGrad => "pool_bags_grad",
+            Kernel::CsrCount => "csr_count",
+            Kernel::CsrStarts => "csr_starts",
+            Kernel::CsrScatter => "csr_scatter",
+            Kernel::CsrOffsets => "csr_offsets",
         }
     }
 
@@ -203,6 +220,7 @@ impl Kernel {
             | Kernel::FmSecondOrderGrad => "models",
             Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
             Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
+            Kernel::CsrCount | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",
         }
     }

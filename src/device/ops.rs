@@ -5,6 +5,7 @@
 
 use half::{bf16, f16};
 
+use super::csr::CsrScratch;
 use super::kernels::Kernel;
 use super::{fits, Device, DeviceError, DeviceResult};
 
@@ -166,6 +167,12 @@ pub enum Op<'a, D: Device> {
     GatherRows { table: &'a D::Buf<f32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
     /// Columns appended to rows: `out[r * stride + col + c] = src[r * cols + c]`.
     CopyColumns { src: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, cols: usize, stride: usize, col: usize },
+    /// The per-key lists of an inverse map (`crate::device::csr`): for the `n` slots of
+    /// `inverse` (each naming one of `keys` unique keys, `< keys`: the caller checks),
+    /// `slots[offsets[u]..offsets[u + 1]]` are the slots `p` with `inverse[p] == u` in
+    /// increasing order ([`crate::device::csr::build_csr`], slot for slot). `scratch` fitted
+    /// for `n` ([`CsrScratch::fit`]).
+    BuildCsr { inverse: &'a D::Buf<u32>, n: usize, keys: usize, offsets: &'a mut D::Buf<u32>, slots: &'a mut D::Buf<u32>, scratch: &'a mut CsrScratch<D> },
     /// The backward of [`Op::GatherRows`] as a segmented sum: for segment `u`, the
     /// `dim`-value blocks of `src` (`rows` rows of `stride` values) named by
     /// `slots[offsets[u]..offsets[u+1]]` (slot `p` is block `p % per_row` of row
@@ -300,6 +307,7 @@ impl<D: Device> Op<'_, D> {
             Op::Sum { .. } => "sum",
             Op::GatherRows { .. } => "gather_rows",
             Op::CopyColumns { .. } => "copy_columns",
+            Op::BuildCsr { .. } => "build_csr",
             Op::SegmentSum { .. } => "segment_sum",
             Op::PoolBags { .. } => "pool_bags",
             Op::PoolBagsGrad { .. } => "pool_bags_grad",
@@ -372,6 +380,16 @@ impl<D: Device> Op<'_, D> {
                 }
                 f("src", dev.len(*src), rows * cols)?;
                 f("out", dev.len(&**out), rows * stride)
+            }
+            Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } => {
+                u32::try_from(*n).map_err(|_| DeviceError::refused("build_csr", format!("{n} slots do not fit a u32 position")))?;
+                f("inverse", dev.len(*inverse), *n)?;
+                f("offsets", dev.len(&**offsets), keys + 1)?;
+                f("slots", dev.len(&**slots), *n)?;
+                if !scratch.fits(dev, *n) {
+                    return Err(DeviceError::refused("build_csr", format!("the scratch does not hold what {n} slots need (CsrScratch::fit)")));
+                }
+                Ok(())
             }
             Op::SegmentSum { src, offsets, slots, out, segments, rows, per_row, dim, stride } => {
                 if per_row * dim > *stride {
@@ -593,6 +611,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::Sum { x, n, out, at } => dev.launch(Kernel::Sum, 1, &mut [In(x, 0), Out(out, at), int(n)?]),
         Op::GatherRows { table, index, out, rows, per_row, dim, stride } => dev.launch(Kernel::GatherRows, rows * per_row * dim, &mut [In(table, 0), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?]),
         Op::CopyColumns { src, out, rows, cols, stride, col } => dev.launch(Kernel::CopyColumns, rows * cols, &mut [In(src, 0), Out(out, 0), int(rows)?, int(cols)?, int(stride)?, int(col)?]),
+        op @ Op::BuildCsr { .. } => super::csr::launch(dev, op),
         Op::SegmentSum { src, offsets, slots, out, segments, per_row, dim, stride, .. } => {
             dev.launch(Kernel::SegmentSum, segments * dim, &mut [In(src, 0), InU32(offsets), InU32(slots), Out(out, 0), int(segments)?, int(per_row)?, int(dim)?, int(stride)?])
         }

@@ -25,12 +25,12 @@
 //! spread gradient after the single-hot slots' ([`Op::PoolBagsGrad`]). So every model that
 //! only counts fields takes the pooled vectors unchanged. Without bags nothing of this runs.
 
-use super::input::{build_csr, InputLayout};
+use super::input::InputLayout;
 use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
 use super::pooling::{build_bag_csr, mean_mask, Pooling};
 use super::spec::ModelSpec;
-use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
+use crate::device::{CsrScratch, Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
 
 /// Rows per GEMM tile when scoring ([`DenseModel::predict`]): small enough that a one-row
@@ -63,8 +63,6 @@ struct Arrays<F, U> {
     inverse: U,
     dense: F,
     labels: F,
-    offsets: U,
-    slots: U,
     /// Multi-hot bags (empty without): where each bag's ids start, the ids (rows among the
     /// unique keys), each key's bags ([`build_bag_csr`]).
     bag_offsets: U,
@@ -95,7 +93,7 @@ impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)? };
+        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)? };
         Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None })
     }
 }
@@ -116,9 +114,14 @@ pub struct StageMut<'a> {
 /// buffer, and the batch's cache sources on the device if it was loaded with them.
 pub type LastKeyGrads<'a, D> = (&'a D, &'a [f32], &'a <D as Device>::Buf<f32>, Option<&'a <D as Device>::Buf<u32>>);
 
-/// The batch on the device: its arrays, the input, and what a step computes.
+/// The batch on the device: its arrays, the per-key lists built from its inverse map,
+/// the input, and what a step computes.
 struct Batch<D: Device> {
     arrays: Arrays<D::Buf<f32>, D::Buf<u32>>,
+    /// Each unique key's slots ([`Op::BuildCsr`]): where its list starts, the lists.
+    offsets: D::Buf<u32>,
+    slots: D::Buf<u32>,
+    csr: CsrScratch<D>,
     x: D::Buf<f32>,
     dx: D::Buf<f32>,
     loss: D::Buf<f32>,
@@ -135,8 +138,8 @@ impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
-        Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
+        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
+        Ok(Batch { arrays, offsets: u()?, slots: u()?, csr: CsrScratch::new(dev)?, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -148,8 +151,9 @@ impl<D: Device> Batch<D> {
         grow(dev, &mut a.inverse, batch * layout.fields)?;
         grow(dev, &mut a.dense, batch * layout.ndense)?;
         grow(dev, &mut a.labels, batch)?;
-        grow(dev, &mut a.offsets, keys + 1)?;
-        grow(dev, &mut a.slots, batch * layout.fields)?;
+        grow(dev, &mut self.offsets, keys + 1)?;
+        grow(dev, &mut self.slots, batch * layout.fields)?;
+        self.csr.fit(dev, batch * layout.fields)?;
         grow(dev, &mut self.x, batch * width)?;
         grow(dev, &mut self.dx, batch * width)?;
         grow(dev, &mut self.loss, batch)?;
@@ -194,7 +198,7 @@ pub struct DenseModel<D: Device> {
     key_grads_host: D::Staging<f32>,
     /// Bytes copied to and from the device so far ([`DenseModel::bytes_moved`]).
     moved: std::cell::Cell<(u64, u64)>,
-    /// Scratch of the CSR build.
+    /// Scratch of the bags' CSR build.
     csr_next: Vec<u32>,
     /// Multi-hot fields (the layout's last ones) and their `mean` mask.
     bags: usize,
@@ -349,8 +353,6 @@ impl<D: Device> DenseModel<D> {
         st.misses = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        grow_staging(dev, &mut a.offsets, keys + 1, to)?;
-        grow_staging(dev, &mut a.slots, batch * fields, to)?;
         Ok(StageMut {
             emb: grow_staging(dev, &mut a.emb, rows * dim, to)?,
             inverse: grow_staging(dev, &mut a.inverse, batch * fields, from)?,
@@ -377,8 +379,8 @@ impl<D: Device> DenseModel<D> {
         grow_staging(dev, w, batch, Direction::ToDevice)
     }
 
-    /// Moves the staged batch to the device (checking its inverse map and building the
-    /// per-key CSR lists on the host), gathers the input and flips to the other staging
+    /// Moves the staged batch to the device (checking its inverse map; the device builds
+    /// the per-key lists from it, [`Op::BuildCsr`]), gathers the input and flips to the other staging
     /// slot. Returns (samples, keys).
     pub fn load(&mut self) -> DeviceResult<(usize, usize)> {
         self.load_from(None)
@@ -423,11 +425,10 @@ impl<D: Device> DenseModel<D> {
         self.batch.fit(dev, &self.layout, batch, keys)?;
         grow_staging(dev, &mut self.key_grads_host, keys * dim, Direction::FromDevice)?;
         let st = &mut self.stages[slot].arrays;
-        {
-            let inverse = &dev.host(&mut st.inverse)?[..batch * fields];
-            let offsets = &mut dev.host(&mut st.offsets)?[..keys + 1];
-            let slots = &mut dev.host(&mut st.slots)?[..batch * fields];
-            build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
+        // The device builds the per-key lists from the inverse map (Op::BuildCsr), trusting
+        // its rows: checked here, where it is staged.
+        if let Some(bad) = dev.host(&mut st.inverse)?[..batch * fields].iter().find(|u| **u as usize >= keys) {
+            return Err(DeviceError::refused("staging a batch", format!("inverse names row {bad} of {keys} unique keys")));
         }
         if bags > 0 {
             grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
@@ -452,8 +453,8 @@ impl<D: Device> DenseModel<D> {
         dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
         dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
-        dev.upload(&mut st.offsets, keys + 1, &mut b.offsets)?;
-        dev.upload(&mut st.slots, batch * fields, &mut b.slots)?;
+        let (offsets, slots, csr) = (&mut self.batch.offsets, &mut self.batch.slots, &mut self.batch.csr);
+        dev.exec(Op::BuildCsr { inverse: &b.inverse, n: batch * fields, keys, offsets, slots, scratch: csr })?;
         let stage = &mut self.stages[slot];
         match (stage.weighted, &mut stage.weights) {
             (true, Some(w)) => {
@@ -467,7 +468,7 @@ impl<D: Device> DenseModel<D> {
             _ => self.batch.weights = None,
         }
         let weights = if stage.weighted { batch } else { 0 };
-        let mut moved = 4 * (rows * dim + 2 * batch * fields + batch * ndense + batch + keys + 1 + weights);
+        let mut moved = 4 * (rows * dim + batch * fields + batch * ndense + batch + weights);
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         match (cache, stage.source.as_mut()) {
@@ -541,7 +542,7 @@ impl<D: Device> DenseModel<D> {
         let (batch, keys) = self.loaded()?;
         let (fields, dim, stride, bags) = (self.single_fields(), self.layout.dim, self.layout.width(), self.bags);
         let (dev, b) = (&self.dev, &mut self.batch);
-        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
+        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.offsets, slots: &b.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
         if bags > 0 {
             let a = &b.arrays;
             dev.exec(Op::PoolBagsGrad { src: &b.dx, offsets: &a.bag_offsets, key_offsets: &a.key_offsets, slots: &a.bag_slots, out: &mut b.key_grads, segments: keys, rows: batch, bags, dim, stride, col: fields * dim, mean: self.mean })?;

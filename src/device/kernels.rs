@@ -101,6 +101,8 @@ pub enum Kernel {
     CacheUpdate,
     /// Rows (and accumulators) put into cache slots.
     CachePut,
+    /// New keys' initial rows.
+    InitRows,
     /// Multi-hot pooling (sum or mean per field).
     PoolBags,
     /// Its backward, added into the key gradients.
@@ -117,7 +119,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 38] = [
+    pub const ALL: [Kernel; 39] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -150,6 +152,7 @@ impl Kernel {
         Kernel::GatherSourced,
         Kernel::CacheUpdate,
         Kernel::CachePut,
+        Kernel::InitRows,
         Kernel::PoolBags,
         Kernel::PoolBagsGrad,
         Kernel::CsrCount,
@@ -193,6 +196,7 @@ impl Kernel {
             Kernel::GatherSourced => "gather_sourced",
             Kernel::CacheUpdate => "cache_update",
             Kernel::CachePut => "cache_put",
+            Kernel::InitRows => "init_rows",
             Kernel::PoolBags => "pool_bags",
             Kernel::PoolBagsGrad => "pool_bags_grad",
             Kernel::CsrCount => "csr_count",
@@ -218,7 +222,7 @@ impl Kernel {
             | Kernel::StripFirstOrderGrad
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
-            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
+            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
             Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
             Kernel::CsrCount | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",

@@ -262,6 +262,10 @@ pub enum Op<'a, D: Device> {
     /// Rows put into cache slots: `values[e * dim ..]` into row `slots[e]` of `rows` for
     /// `e < n`, and with `has_acc`, `accs[e]` into `acc[slots[e]]`.
     CachePut { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, values: &'a D::Buf<f32>, accs: &'a D::Buf<f32>, n: usize, dim: usize, has_acc: bool },
+    /// New keys' rows made on the device: for `e < n`, the f32 initial row
+    /// ([`crate::hash::init_row_f32`] with `seed` and `scale`, bit for bit) of key
+    /// `keys[2e] | keys[2e + 1] << 32` into row `at + e` of `out` (rows of `dim`).
+    InitRows { keys: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, at: usize, n: usize, dim: usize, seed: u64, scale: f32 },
 }
 
 pub use crate::onebit::scales as onebit_scales;
@@ -330,6 +334,7 @@ impl<D: Device> Op<'_, D> {
             Op::GatherSourced { .. } => "gather_sourced",
             Op::CacheUpdate { .. } => "cache_update",
             Op::CachePut { .. } => "cache_put",
+            Op::InitRows { .. } => "init_rows",
         }
     }
 
@@ -403,7 +408,7 @@ impl<D: Device> Op<'_, D> {
             // The models' and the cache's kernels.
             Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
             Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
-            Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } => self.check_model(dev),
+            Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } | Op::InitRows { .. } => self.check_model(dev),
             Op::PoolBags { .. } | Op::PoolBagsGrad { .. } => self.check_pooling(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
@@ -552,6 +557,10 @@ impl<D: Device> Op<'_, D> {
                 f("values", dev.len(*values), n * dim)?;
                 f("accs", dev.len(*accs), if *has_acc { *n } else { 0 })
             }
+            Op::InitRows { keys, out, at, n, dim, .. } => {
+                f("keys", dev.len(*keys), 2 * n)?;
+                f("out", dev.len(&**out), (at + n) * dim)
+            }
             _ => Ok(()),
         }
     }
@@ -672,6 +681,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
             dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])
         }
+        Op::InitRows { keys, out, at, n, dim, seed, scale } => dev.launch(Kernel::InitRows, n * dim, &mut [InU32(keys), Out(out, at * dim), int(n)?, int(dim)?, KernelArg::I64(seed as i64), F32(scale)]),
     }
 }
 

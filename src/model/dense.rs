@@ -85,6 +85,11 @@ struct Stage<D: Device> {
     source: Option<D::Staging<u32>>,
     /// The misses staged in `emb` when the staged batch has sources.
     misses: Option<usize>,
+    /// Keys absent from the host table, whose rows the device makes
+    /// ([`DenseModel::stage_new_rows`]; allocated on first use): each key as two `u32`s.
+    new_keys: Option<D::Staging<u32>>,
+    /// The staged batch's new rows: (keys, seed, init scale); `None`: no new rows.
+    new_rows: Option<(usize, u64, f32)>,
     /// Ids in the staged batch's bags ([`DenseModel::stage_bags`]; `None`: not staged).
     bag_ids: Option<usize>,
 }
@@ -94,7 +99,7 @@ impl<D: Device> Stage<D> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)? };
-        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None })
+        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, new_keys: None, new_rows: None, bag_ids: None })
     }
 }
 
@@ -132,6 +137,8 @@ struct Batch<D: Device> {
     source: Option<D::Buf<u32>>,
     /// Whether the loaded batch's sources are in `source`.
     sourced: bool,
+    /// The new keys of a batch staged with them (allocated on first use).
+    new_keys: Option<D::Buf<u32>>,
 }
 
 impl<D: Device> Batch<D> {
@@ -139,7 +146,7 @@ impl<D: Device> Batch<D> {
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
         let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()? };
-        Ok(Batch { arrays, offsets: u()?, slots: u()?, csr: CsrScratch::new(dev)?, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
+        Ok(Batch { arrays, offsets: u()?, slots: u()?, csr: CsrScratch::new(dev)?, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false, new_keys: None })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -341,6 +348,25 @@ impl<D: Device> DenseModel<D> {
         Ok((stage, &mut dev.host(source)?[..keys]))
     }
 
+    /// After [`DenseModel::stage_sourced`]: the last `new` of its misses are keys absent
+    /// from the host table, made on the device ([`Op::InitRows`], the table's `seed` and
+    /// `init_scale`) instead of uploaded. Returns the host view to fill with those keys,
+    /// each as its low and high `u32`; the misses' rows then fill only the first
+    /// `misses - new` rows of `emb`.
+    pub fn stage_new_rows(&mut self, new: usize, seed: u64, init_scale: f32) -> DeviceResult<&mut [u32]> {
+        let st = &mut self.stages[self.fill];
+        match st.misses {
+            Some(m) if new <= m => {}
+            _ => return Err(DeviceError::refused("staging new rows", format!("{new} new rows, but the staged batch has fewer misses or no sources (call stage_sourced() first)"))),
+        }
+        st.new_rows = Some((new, seed, init_scale));
+        if st.new_keys.is_none() {
+            st.new_keys = Some(self.dev.staging(0, Direction::ToDevice)?);
+        }
+        let keys = st.new_keys.as_mut().ok_or_else(|| DeviceError::refused("staging new rows", "no staging buffer"))?;
+        grow_staging(&self.dev, keys, 2 * new, Direction::ToDevice)
+    }
+
     /// The staging slot for `batch` samples, `keys` unique keys and `rows` staged rows.
     fn stage_rows(&mut self, batch: usize, keys: usize, rows: usize) -> DeviceResult<StageMut<'_>> {
         let InputLayout { dim, ndense, .. } = self.layout;
@@ -351,6 +377,7 @@ impl<D: Device> DenseModel<D> {
         st.bag_ids = None;
         st.weighted = false;
         st.misses = None;
+        st.new_rows = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         Ok(StageMut {
@@ -448,8 +475,21 @@ impl<D: Device> DenseModel<D> {
             dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
         }
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
-        let rows = misses.unwrap_or(keys);
+        let stage = &mut self.stages[slot];
+        let new_rows = stage.new_rows.take();
+        let new = new_rows.map_or(0, |n| n.0);
+        let rows = misses.unwrap_or(keys) - new;
+        let st = &mut stage.arrays;
         dev.upload(&mut st.emb, rows * dim, &mut b.emb)?;
+        if let (Some((n, seed, scale)), Some(staged)) = (new_rows, stage.new_keys.as_mut()) {
+            if self.batch.new_keys.is_none() {
+                self.batch.new_keys = Some(dev.alloc(0)?);
+            }
+            let buf = self.batch.new_keys.as_mut().ok_or_else(|| DeviceError::refused("loading new rows", "no buffer"))?;
+            grow(dev, buf, 2 * n)?;
+            dev.upload(staged, 2 * n, buf)?;
+            dev.exec(Op::InitRows { keys: buf, out: &mut b.emb, at: rows, n, dim, seed, scale })?;
+        }
         dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
         dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
@@ -468,7 +508,7 @@ impl<D: Device> DenseModel<D> {
             _ => self.batch.weights = None,
         }
         let weights = if stage.weighted { batch } else { 0 };
-        let mut moved = 4 * (rows * dim + batch * fields + batch * ndense + batch + weights);
+        let mut moved = 4 * (rows * dim + batch * fields + batch * ndense + batch + weights) + 8 * new;
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         match (cache, stage.source.as_mut()) {

@@ -26,9 +26,9 @@
 
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
-use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
+use crate::device::{Device, DeviceResult, Direction, Op, Scalar, CACHE_MISS};
 use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection};
-use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
+use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts, StorageDtype};
 use crate::model::DenseModel;
 
 /// An upload: host staging (of `cap` elements) and the device buffer it goes to.
@@ -98,6 +98,10 @@ pub struct GpuCache<D: Device> {
     selection: UpdateSelection,
     /// The table's removals when last seen.
     removed: u64,
+    /// Staging scratch: the misses absent from the table (positions among the misses), and
+    /// each miss's staged row.
+    absent: Vec<u32>,
+    packed: Vec<u32>,
 }
 
 /// Rows removed from a table so far (eviction and expiry).
@@ -144,6 +148,8 @@ impl<D: Device> GpuCache<D> {
             accs: Upload::new(dev).map_err(err)?,
             selection: UpdateSelection::default(),
             removed: removed(table.counts()),
+            absent: Vec::new(),
+            packed: Vec::new(),
         })
     }
 
@@ -164,14 +170,47 @@ impl<D: Device> GpuCache<D> {
 
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
     /// source, the inverse map, dense features and labels; records its keys' occurrences.
+    /// In an f32 table, a miss absent from the table (it reads as its initial row) travels
+    /// as its key and the device makes its row ([`DenseModel::stage_new_rows`]): the
+    /// present misses' rows are staged first, the new ones after them, and the staged
+    /// sources say so (the plan's own stay in miss order).
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
         self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
-        let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), self.plan.misses.len())?;
-        table.lookup(&self.plan.misses, st.emb)?;
-        source.copy_from_slice(&self.plan.source);
+        let misses = &self.plan.misses;
+        let h = table.header();
+        let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), misses.len())?;
         st.inverse.copy_from_slice(&b.inverse);
         st.dense.copy_from_slice(&b.dense);
         st.labels.copy_from_slice(&b.labels);
+        source.copy_from_slice(&self.plan.source);
+        if h.dtype != StorageDtype::F32 {
+            // The device makes f32 rows only; a half table's rows are rounded on the host.
+            table.lookup(misses, st.emb)?;
+            return Ok(());
+        }
+        let present = table.lookup_present(misses, st.emb, &mut self.absent)?;
+        if self.absent.is_empty() {
+            return Ok(());
+        }
+        // Miss i's row: the next present row, or after all of them for an absent key.
+        self.packed.clear();
+        let (mut p, mut a) = (0u32, self.absent.iter().peekable());
+        for i in 0..misses.len() as u32 {
+            if a.next_if_eq(&&i).is_some() {
+                self.packed.push(present as u32 + (self.packed.len() as u32 - p));
+            } else {
+                self.packed.push(p);
+                p += 1;
+            }
+        }
+        for s in source.iter_mut().filter(|s| **s & CACHE_MISS != 0) {
+            *s = CACHE_MISS | self.packed[(*s & !CACHE_MISS) as usize];
+        }
+        let keys = model.stage_new_rows(self.absent.len(), h.seed, h.init_scale)?;
+        for (k, i) in keys.chunks_exact_mut(2).zip(&self.absent) {
+            let key = misses[*i as usize];
+            k.copy_from_slice(&[key as u32, (key >> 32) as u32]);
+        }
         Ok(())
     }
 

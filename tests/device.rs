@@ -804,6 +804,44 @@ fn gpu_device_csr_matches_the_host() {
     }
 }
 
+/// New keys' rows made on the device ([`Op::InitRows`]) against the host's initial rows, bit
+/// for bit: keys with high bits set, at a row offset, other rows left alone.
+fn device_init_rows_match_the_host<D: Device>(dev: &D) {
+    let (dim, at, seed, scale) = (13, 3, 0x1234_5678_9abc_def0u64, 0.25f32);
+    let mut s = 5u64;
+    let keys: Vec<u64> = (0..37).map(|i| if i == 0 { u64::MAX } else { splitmix64_next(&mut s) >> (i % 40) }).collect();
+    let halves: Vec<u32> = keys.iter().flat_map(|k| [*k as u32, (*k >> 32) as u32]).collect();
+    let before = random((at + keys.len() + 2) * dim, 9);
+    let mut want = before.clone();
+    for (e, k) in keys.iter().enumerate() {
+        ringrec::hash::init_row_f32(*k, seed, scale, &mut want[(at + e) * dim..(at + e + 1) * dim]);
+    }
+    let mut out = dev.buffer_from(&before).unwrap();
+    dev.exec(Op::InitRows { keys: &dev.buffer_from(&halves).unwrap(), out: &mut out, at, n: keys.len(), dim, seed, scale }).unwrap();
+    let got = dev.to_vec(&out, before.len()).unwrap();
+    assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "init_rows: {got:?} vs {want:?}");
+    let e = dev.exec(Op::InitRows { keys: &dev.buffer_from(&halves).unwrap(), out: &mut out, at: at + 3, n: keys.len(), dim, seed, scale }).unwrap_err().to_string();
+    assert!(e.contains("out"), "{e}");
+}
+
+#[test]
+fn cpu_device_init_rows_match_the_host() {
+    device_init_rows_match_the_host(&CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_device_init_rows_match_the_host() {
+    device_init_rows_match_the_host(&HostKernels::new().unwrap());
+    device_init_rows_match_the_host(&delayed(2, None));
+}
+
+#[test]
+fn gpu_device_init_rows_match_the_host() {
+    if let Some(d) = gpu() {
+        device_init_rows_match_the_host(&d);
+    }
+}
+
 #[test]
 fn pooling_gradient_matches_finite_differences() {
     // loss = sum of w * pooled over the bags; its gradient in a table entry by central

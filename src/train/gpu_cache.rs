@@ -9,7 +9,9 @@
 //!
 //! - **Staging** ([`GpuCache::stage`]): each unique key of the batch is mapped to a cache
 //!   slot or a miss; only the misses are looked up from the host table and uploaded, with
-//!   one `u32` source per unique key; [`Op::GatherSourced`] builds the input.
+//!   one `u32` source per unique key (a miss the table does not hold, in an f32 table: its
+//!   key only, the device makes its initial row, [`Op::InitRows`]);
+//!   [`Op::GatherSourced`] builds the input.
 //! - **Update** ([`GpuCache::apply`]): after the exchange, the merged list the leader
 //!   applied (every local rank reads it: [`crate::sparse::SparseExchanger::host_result`];
 //!   nothing when the leader skipped it as not finite) is filtered to the cached keys, and

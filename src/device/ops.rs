@@ -386,16 +386,7 @@ impl<D: Device> Op<'_, D> {
                 f("src", dev.len(*src), rows * cols)?;
                 f("out", dev.len(&**out), rows * stride)
             }
-            Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } => {
-                u32::try_from(*n).map_err(|_| DeviceError::refused("build_csr", format!("{n} slots do not fit a u32 position")))?;
-                f("inverse", dev.len(*inverse), *n)?;
-                f("offsets", dev.len(&**offsets), keys + 1)?;
-                f("slots", dev.len(&**slots), *n)?;
-                if !scratch.fits(dev, *n) {
-                    return Err(DeviceError::refused("build_csr", format!("the scratch does not hold what {n} slots need (CsrScratch::fit)")));
-                }
-                Ok(())
-            }
+            Op::BuildCsr { .. } => self.check_csr(dev),
             Op::SegmentSum { src, offsets, slots, out, segments, rows, per_row, dim, stride } => {
                 if per_row * dim > *stride {
                     return Err(DeviceError::refused("segment_sum", format!("{per_row} blocks of {dim} do not fit a row of {stride}")));
@@ -460,6 +451,22 @@ fn check_bags(name: &str, bags: usize, dim: usize, stride: usize, col: usize) ->
 }
 
 impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the per-key lists' build (kernels/csr.cu).
+    fn check_csr(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("build_csr: {what}"), have, need);
+        let Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } = self else {
+            return Ok(());
+        };
+        u32::try_from(*n).map_err(|_| DeviceError::refused("build_csr", format!("{n} slots do not fit a u32 position")))?;
+        f("inverse", dev.len(*inverse), *n)?;
+        f("offsets", dev.len(&**offsets), keys + 1)?;
+        f("slots", dev.len(&**slots), *n)?;
+        if !scratch.fits(dev, *n) {
+            return Err(DeviceError::refused("build_csr", format!("the scratch does not hold what {n} slots need (CsrScratch::fit)")));
+        }
+        Ok(())
+    }
+
     /// [`Op::check`] of the pooling kernels (kernels/pooling.cu).
     fn check_pooling(&self, dev: &D) -> DeviceResult<()> {
         let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);

@@ -446,6 +446,9 @@ impl<D: Device> DenseModel<D> {
             (_, Some(ids)) => ids,
             (_, None) => return Err(DeviceError::refused("a dense step", "a model with multi-hot fields needs the batch's bags (call stage_bags() after stage())")),
         };
+        if self.bags > 0 {
+            self.load_bags(slot, batch, keys, ids)?;
+        }
         let InputLayout { dim, ndense, .. } = self.layout;
         let (fields, bags, mean) = (self.single_fields(), self.bags, self.mean);
         let dev = &self.dev;
@@ -456,23 +459,6 @@ impl<D: Device> DenseModel<D> {
         // its rows: checked here, where it is staged.
         if let Some(bad) = dev.host(&mut st.inverse)?[..batch * fields].iter().find(|u| **u as usize >= keys) {
             return Err(DeviceError::refused("staging a batch", format!("inverse names row {bad} of {keys} unique keys")));
-        }
-        if bags > 0 {
-            grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
-            let bag_offsets = &dev.host(&mut st.bag_offsets)?[..batch * bags + 1];
-            let bag_index = &dev.host(&mut st.bag_index)?[..ids];
-            let key_offsets = &mut dev.host(&mut st.key_offsets)?[..keys + 1];
-            let bag_slots = &mut dev.host(&mut st.bag_slots)?[..ids];
-            build_bag_csr(bag_index, bag_offsets, keys, key_offsets, bag_slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch's bags", e))?;
-            let b = &mut self.batch.arrays;
-            grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
-            grow(dev, &mut b.bag_index, ids)?;
-            grow(dev, &mut b.key_offsets, keys + 1)?;
-            grow(dev, &mut b.bag_slots, ids)?;
-            dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
-            dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
-            dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
-            dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
         }
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
         let stage = &mut self.stages[slot];
@@ -536,6 +522,28 @@ impl<D: Device> DenseModel<D> {
         self.loaded = Some((batch, keys));
         self.count_moved(moved, 0);
         Ok((batch, keys))
+    }
+
+    /// [`DenseModel::load_from`]'s multi-hot part: the staged batch's bags (`batch` samples,
+    /// `keys` unique keys, `ids` ids) and each key's bags (built here) to the device.
+    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize) -> DeviceResult<()> {
+        let (dev, bags) = (&self.dev, self.bags);
+        let st = &mut self.stages[slot].arrays;
+        grow_staging(dev, &mut st.key_offsets, keys + 1, Direction::ToDevice)?;
+        let bag_offsets = &dev.host(&mut st.bag_offsets)?[..batch * bags + 1];
+        let bag_index = &dev.host(&mut st.bag_index)?[..ids];
+        let key_offsets = &mut dev.host(&mut st.key_offsets)?[..keys + 1];
+        let bag_slots = &mut dev.host(&mut st.bag_slots)?[..ids];
+        build_bag_csr(bag_index, bag_offsets, keys, key_offsets, bag_slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch's bags", e))?;
+        let b = &mut self.batch.arrays;
+        grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
+        grow(dev, &mut b.bag_index, ids)?;
+        grow(dev, &mut b.key_offsets, keys + 1)?;
+        grow(dev, &mut b.bag_slots, ids)?;
+        dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
+        dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
+        dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
+        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)
     }
 
     fn loaded(&self) -> DeviceResult<(usize, usize)> {

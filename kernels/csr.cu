@@ -5,8 +5,8 @@
 //
 // A stable LSD radix sort of the slots 0..n by their key inverse[p], CSR_BITS bits a pass
 // (one pass per CSR_BITS bits of the largest key), in chunks of `chunk` consecutive
-// entries: per pass, csr_count (each chunk's digit counts), csr_starts (where each
-// (digit, chunk) pair's entries go: digit-major, chunk order inside a digit) and
+// entries: per pass, csr_count (each chunk's digit counts), the counts' prefix sums (where
+// each (digit, chunk) pair's entries go: digit-major, chunk order inside a digit) and
 // csr_scatter (each chunk's entries to their places in entry order). Stable passes keep
 // equal keys in slot order, so the result is sorted by (key, slot). Then csr_offsets.
 // One thread owns each output and walks its inputs in a fixed order: no atomics, and the
@@ -32,15 +32,42 @@ extern "C" __global__ void csr_count(const u32* __restrict__ inverse, const u32*
     }
 }
 
-// starts[d * chunks + c] = the sum of counts before (d, c) in digit-major order: thread d
-// sums the digits below its own, then walks its own digit's chunks.
-extern "C" __global__ void csr_starts(const u32* __restrict__ counts, u32* __restrict__ starts, int chunks) {
-    for (long long d = RR_TID; d < CSR_DIGITS; d += RR_STRIDE) {
+// The exclusive prefix sums of the counts in digit-major order (counts[d * chunks + c] is
+// entry d * chunks + c of a list of len = 16 * chunks), in blocks of CSR_SCAN entries so no
+// thread walks more than CSR_SCAN entries or len / CSR_SCAN block sums in a row:
+// csr_block_sums, csr_block_starts (one thread), csr_starts.
+#define CSR_SCAN 64
+
+// sums[b] = the counts of block b summed.
+extern "C" __global__ void csr_block_sums(const u32* __restrict__ counts, u32* __restrict__ sums, int len) {
+    for (long long b = RR_TID; b * CSR_SCAN < len; b += RR_STRIDE) {
+        u32 s = 0;
+        long long end = (b + 1) * CSR_SCAN < len ? (b + 1) * CSR_SCAN : len;
+        for (long long i = b * CSR_SCAN; i < end; i++) s += counts[i];
+        sums[b] = s;
+    }
+}
+
+// block_starts[b] = the sums of the blocks before b (one thread).
+extern "C" __global__ void csr_block_starts(const u32* __restrict__ sums, u32* __restrict__ block_starts, int blocks) {
+    for (long long t = RR_TID; t < 1; t += RR_STRIDE) {
         u32 at = 0;
-        for (long long e = 0; e < d * chunks; e++) at += counts[e];
-        for (long long c = 0; c < chunks; c++) {
-            starts[d * chunks + c] = at;
-            at += counts[d * chunks + c];
+        for (long long b = 0; b < blocks; b++) {
+            block_starts[b] = at;
+            at += sums[b];
+        }
+    }
+}
+
+// starts[i] = the counts before entry i: its block's start, then the block's entries before it.
+extern "C" __global__ void csr_starts(const u32* __restrict__ counts, const u32* __restrict__ block_starts,
+                                      u32* __restrict__ starts, int len) {
+    for (long long b = RR_TID; b * CSR_SCAN < len; b += RR_STRIDE) {
+        u32 at = block_starts[b];
+        long long end = (b + 1) * CSR_SCAN < len ? (b + 1) * CSR_SCAN : len;
+        for (long long i = b * CSR_SCAN; i < end; i++) {
+            starts[i] = at;
+            at += counts[i];
         }
     }
 }

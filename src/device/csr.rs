@@ -16,6 +16,8 @@ pub const CSR_CHUNK: usize = 256;
 const CSR_BITS: usize = 4;
 /// Digits per pass (kernels/csr.cu's `CSR_DIGITS`).
 const CSR_DIGITS: usize = 1 << CSR_BITS;
+/// Counts per block of the counts' prefix sums (kernels/csr.cu's `CSR_SCAN`).
+const CSR_SCAN: usize = 64;
 
 /// Each of `keys` keys' slots in CSR form: `slots[offsets[u]..offsets[u + 1]]` are the
 /// slots `p` (in increasing order: sample order, then field order — the one summation
@@ -43,23 +45,26 @@ pub fn build_csr(inverse: &[u32], keys: usize, offsets: &mut [u32], slots: &mut 
 }
 
 /// The device's working buffers of [`Op::BuildCsr`] for up to `n` slots: the other half
-/// of the sort's ping-pong, and per pass the (digit, chunk) counts and starts.
+/// of the sort's ping-pong, and per pass the (digit, chunk) counts and starts and the sums
+/// and starts of their blocks.
 pub struct CsrScratch<D: Device> {
     order: D::Buf<u32>,
     counts: D::Buf<u32>,
     starts: D::Buf<u32>,
+    sums: D::Buf<u32>,
+    block_starts: D::Buf<u32>,
 }
 
 impl<D: Device> CsrScratch<D> {
     /// Empty buffers.
     pub fn new(dev: &D) -> DeviceResult<CsrScratch<D>> {
-        Ok(CsrScratch { order: dev.alloc(0)?, counts: dev.alloc(0)?, starts: dev.alloc(0)? })
+        Ok(CsrScratch { order: dev.alloc(0)?, counts: dev.alloc(0)?, starts: dev.alloc(0)?, sums: dev.alloc(0)?, block_starts: dev.alloc(0)? })
     }
 
     /// Grows the buffers that hold less than `n` slots need.
     pub fn fit(&mut self, dev: &D, n: usize) -> DeviceResult<()> {
-        let per_pass = CSR_DIGITS * chunks(n);
-        for (b, need) in [(&mut self.order, n), (&mut self.counts, per_pass), (&mut self.starts, per_pass)] {
+        let (per_pass, blocks) = (CSR_DIGITS * chunks(n), blocks(n));
+        for (b, need) in [(&mut self.order, n), (&mut self.counts, per_pass), (&mut self.starts, per_pass), (&mut self.sums, blocks), (&mut self.block_starts, blocks)] {
             if dev.len(b) < need {
                 *b = dev.alloc(need)?;
             }
@@ -69,8 +74,9 @@ impl<D: Device> CsrScratch<D> {
 
     /// Whether it holds what `n` slots need.
     pub(super) fn fits(&self, dev: &D, n: usize) -> bool {
-        let per_pass = CSR_DIGITS * chunks(n);
-        dev.len(&self.order) >= n && dev.len(&self.counts) >= per_pass && dev.len(&self.starts) >= per_pass
+        let (per_pass, blocks) = (CSR_DIGITS * chunks(n), blocks(n));
+        let fit = |b: &D::Buf<u32>, need: usize| dev.len(b) >= need;
+        fit(&self.order, n) && fit(&self.counts, per_pass) && fit(&self.starts, per_pass) && fit(&self.sums, blocks) && fit(&self.block_starts, blocks)
     }
 
     /// The CPU device's scratch: the sort's other half serves as [`build_csr`]'s `next`.
@@ -82,6 +88,11 @@ impl<D: Device> CsrScratch<D> {
 /// Chunks of [`CSR_CHUNK`] entries that `n` slots make.
 fn chunks(n: usize) -> usize {
     n.div_ceil(CSR_CHUNK)
+}
+
+/// Blocks of the counts' prefix sums for `n` slots.
+fn blocks(n: usize) -> usize {
+    (CSR_DIGITS * chunks(n)).div_ceil(CSR_SCAN)
 }
 
 /// Radix passes that sort keys below `keys`: one per [`CSR_BITS`] bits of the largest, at
@@ -104,15 +115,18 @@ pub(super) fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<(
     let Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } = op else {
         return Err(DeviceError::refused("build_csr", "not a CSR build"));
     };
-    let (chunks, passes) = (chunks(n), passes(keys));
-    let CsrScratch { order, counts, starts } = scratch;
+    let (chunks, passes, blocks) = (chunks(n), passes(keys), blocks(n));
+    let len = CSR_DIGITS * chunks;
+    let CsrScratch { order, counts, starts, sums, block_starts } = scratch;
     for pass in 0..passes {
         // The last pass writes `slots`; each pass reads what the one before wrote.
         let to_slots = (passes - 1 - pass) % 2 == 0;
         let (from, to): (&D::Buf<u32>, &mut D::Buf<u32>) = if to_slots { (&*order, &mut *slots) } else { (&*slots, &mut *order) };
         let (from, ordered) = if pass == 0 { (inverse, 0) } else { (from, 1) };
         dev.launch(Kernel::CsrCount, chunks, &mut [InU32(inverse), InU32(from), I32(ordered), OutU32(counts, 0), int(n)?, int(chunks)?, int(CSR_CHUNK)?, int(pass * CSR_BITS)?])?;
-        dev.launch(Kernel::CsrStarts, CSR_DIGITS, &mut [InU32(counts), OutU32(starts, 0), int(chunks)?])?;
+        dev.launch(Kernel::CsrBlockSums, blocks, &mut [InU32(counts), OutU32(sums, 0), int(len)?])?;
+        dev.launch(Kernel::CsrBlockStarts, 1, &mut [InU32(sums), OutU32(block_starts, 0), int(blocks)?])?;
+        dev.launch(Kernel::CsrStarts, blocks, &mut [InU32(counts), InU32(block_starts), OutU32(starts, 0), int(len)?])?;
         dev.launch(Kernel::CsrScatter, chunks, &mut [InU32(inverse), InU32(from), I32(ordered), InU32(starts), OutU32(to, 0), int(n)?, int(chunks)?, int(CSR_CHUNK)?, int(pass * CSR_BITS)?])?;
     }
     dev.launch(Kernel::CsrOffsets, n + 1, &mut [InU32(inverse), InU32(slots), OutU32(offsets, 0), int(n)?, int(keys)?])
@@ -126,5 +140,6 @@ mod tests {
     fn passes_cover_the_largest_key() {
         assert_eq!([0, 1, 2, 16, 17, 256, 257, 85_185, 1 << 20].map(passes), [1, 1, 1, 1, 2, 2, 3, 5, 5]);
         assert_eq!([0, 1, 256, 257].map(chunks), [0, 1, 1, 2]);
+        assert_eq!([0, 1, 4 * 256, 4 * 256 + 1].map(blocks), [0, 1, 1, 2]);
     }
 }

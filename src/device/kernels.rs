@@ -109,6 +109,10 @@ pub enum Kernel {
     PoolBagsGrad,
     /// The per-key lists' sort: each chunk's digit counts.
     CsrCount,
+    /// The sort's prefix sums: each block's count.
+    CsrBlockSums,
+    /// The sort's prefix sums: where each block starts.
+    CsrBlockStarts,
     /// The sort: where each (digit, chunk) pair's entries go.
     CsrStarts,
     /// The sort: each chunk's entries to their places.
@@ -119,7 +123,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 39] = [
+    pub const ALL: [Kernel; 41] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -156,6 +160,8 @@ impl Kernel {
         Kernel::PoolBags,
         Kernel::PoolBagsGrad,
         Kernel::CsrCount,
+        Kernel::CsrBlockSums,
+        Kernel::CsrBlockStarts,
         Kernel::CsrStarts,
         Kernel::CsrScatter,
         Kernel::CsrOffsets,
@@ -200,6 +206,8 @@ impl Kernel {
             Kernel::PoolBags => "pool_bags",
             Kernel::PoolBagsGrad => "pool_bags_grad",
             Kernel::CsrCount => "csr_count",
+            Kernel::CsrBlockSums => "csr_block_sums",
+            Kernel::CsrBlockStarts => "csr_block_starts",
             Kernel::CsrStarts => "csr_starts",
             Kernel::CsrScatter => "csr_scatter",
             Kernel::CsrOffsets => "csr_offsets",
@@ -224,7 +232,7 @@ impl Kernel {
             | Kernel::FmSecondOrderGrad => "models",
             Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
             Kernel::PoolBags | Kernel::PoolBagsGrad => "pooling",
-            Kernel::CsrCount | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
+            Kernel::CsrCount | Kernel::CsrBlockSums | Kernel::CsrBlockStarts | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",
         }
     }

@@ -56,3 +56,26 @@ extern "C" __global__ void cache_put(float* __restrict__ rows, float* __restrict
         if (has_acc && d == 0) acc[slots[e]] = accs[e];
     }
 }
+
+// New keys' rows made on the device: a key absent from the host table reads as its initial
+// row (src/hash.rs, init_row_f32), so only the key travels. For e < n, key
+// keys[2e] | keys[2e+1] << 32 gets row at + e of out: element j is
+// scale * (u / 2^23 - 1), u the top 24 bits of splitmix64(base + (j + 1) * golden),
+// base = splitmix64(seed ^ splitmix64(key)). u / 2^23 - 1 is exact; the product is rounded
+// once, on its own (no contraction), as on the host.
+static __device__ __forceinline__ unsigned long long rr_splitmix64(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void init_rows(const u32* __restrict__ keys, float* __restrict__ out, int n, int dim, long long seed, float scale) {
+    for (long long t = RR_TID; t < (long long)n * dim; t += RR_STRIDE) {
+        long long e = t / dim, j = t % dim;
+        unsigned long long key = (unsigned long long)keys[2 * e] | ((unsigned long long)keys[2 * e + 1] << 32);
+        unsigned long long base = rr_splitmix64((unsigned long long)seed ^ rr_splitmix64(key));
+        unsigned long long u = rr_splitmix64(base + (unsigned long long)(j + 1) * 0x9E3779B97F4A7C15ull) >> 40;
+        out[t] = __fmul_rn(scale, __fsub_rn(__fmul_rn((float)u, 1.0f / 8388608.0f), 1.0f));
+    }
+}

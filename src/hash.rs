@@ -14,6 +14,18 @@ pub fn splitmix64(z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The f32 initial row of a table key (`embedding::init`: before rounding to the storage
+/// dtype) into `out`: element j is `scale * (u / 2^23 - 1)`, u the top 24 bits of
+/// `splitmix64(base + (j + 1) * GOLDEN)`, `base = splitmix64(seed ^ splitmix64(key))`.
+/// kernels/cache.cu's `init_rows` computes the same bits (u / 2^23 - 1 is exact).
+pub fn init_row_f32(key: u64, seed: u64, scale: f32, out: &mut [f32]) {
+    let base = splitmix64(seed ^ splitmix64(key));
+    for (j, o) in out.iter_mut().enumerate() {
+        let u = splitmix64(base.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN))) >> 40;
+        *o = scale * (u as f32 * (1.0 / (1u64 << 23) as f32) - 1.0);
+    }
+}
+
 /// The splitmix64 generator: the next value of the stream whose state is `state`.
 #[inline]
 pub fn splitmix64_next(state: &mut u64) -> u64 {

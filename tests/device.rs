@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
-use ringrec::device::{Activation, CpuDevice, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
+use ringrec::device::{Activation, CpuDevice, CsrScratch, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::pooling::{build_bag_csr, Pooling};
@@ -741,6 +741,104 @@ fn host_kernels_pooling_matches_a_plain_loop() {
 fn gpu_pooling_matches_a_plain_loop() {
     if let Some(d) = gpu() {
         pooling_matches_a_plain_loop(&d);
+    }
+}
+
+/// The per-key lists built on the device ([`Op::BuildCsr`]) against the host's
+/// [`build_csr`], slot for slot: key counts that take one to five radix passes, slot counts
+/// around the sort's chunk, keys no slot names, a key in every slot, no slots at all.
+fn device_csr_matches_the_host<D: Device>(dev: &D) {
+    let mut scratch = CsrScratch::new(dev).unwrap();
+    let (mut offsets, mut slots) = (dev.alloc(1).unwrap(), dev.alloc(1).unwrap());
+    let mut s = 41u64;
+    for (n, keys) in [(0usize, 0usize), (0, 3), (1, 1), (255, 1), (256, 16), (257, 17), (700, 300), (1000, 5000), (3000, 70_000), (2049, 1 << 20)] {
+        // Half the slots name a few hot keys, the rest any key (many keys named by none).
+        let inverse: Vec<u32> = (0..n)
+            .map(|_| {
+                let r = splitmix64_next(&mut s);
+                let k = if r % 2 == 0 { r % 5 } else { r % keys.max(1) as u64 };
+                k.min(keys.saturating_sub(1) as u64) as u32
+            })
+            .collect();
+        let (mut want_offsets, mut want_slots, mut next) = (vec![0u32; keys + 1], vec![0u32; n], Vec::new());
+        build_csr(&inverse, keys, &mut want_offsets, &mut want_slots, &mut next).unwrap();
+        let inverse_d = dev.buffer_from(&inverse).unwrap();
+        if dev.len(&offsets) < keys + 1 {
+            offsets = dev.alloc(keys + 1).unwrap();
+        }
+        if dev.len(&slots) < n {
+            slots = dev.alloc(n).unwrap();
+        }
+        scratch.fit(dev, n).unwrap();
+        dev.exec(Op::BuildCsr { inverse: &inverse_d, n, keys, offsets: &mut offsets, slots: &mut slots, scratch: &mut scratch }).unwrap();
+        assert_eq!(dev.to_vec(&offsets, keys + 1).unwrap(), want_offsets, "offsets of {n} slots over {keys} keys");
+        assert_eq!(dev.to_vec(&slots, n).unwrap(), want_slots, "slots of {n} slots over {keys} keys");
+    }
+    // Buffers too small for the slots are refused before anything runs.
+    let mut small = CsrScratch::new(dev).unwrap();
+    let inverse_d = dev.buffer_from(&[0u32; 300]).unwrap();
+    let e = dev.exec(Op::BuildCsr { inverse: &inverse_d, n: 300, keys: 1, offsets: &mut offsets, slots: &mut slots, scratch: &mut small }).unwrap_err().to_string();
+    assert!(e.contains("scratch"), "{e}");
+    let e = dev.exec(Op::BuildCsr { inverse: &inverse_d, n: 301, keys: 1, offsets: &mut offsets, slots: &mut slots, scratch: &mut scratch }).unwrap_err().to_string();
+    assert!(e.contains("inverse"), "{e}");
+}
+
+#[test]
+fn cpu_device_csr_matches_the_host() {
+    device_csr_matches_the_host(&CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_device_csr_matches_the_host() {
+    device_csr_matches_the_host(&HostKernels::new().unwrap());
+    // Queued and run later at random speeds: the passes' reads and writes stay ordered.
+    for seed in &DELAY_SEEDS[..3] {
+        device_csr_matches_the_host(&delayed(*seed, None));
+    }
+}
+
+#[test]
+fn gpu_device_csr_matches_the_host() {
+    if let Some(d) = gpu() {
+        device_csr_matches_the_host(&d);
+    }
+}
+
+/// New keys' rows made on the device ([`Op::InitRows`]) against the host's initial rows, bit
+/// for bit: keys with high bits set, at a row offset, other rows left alone.
+fn device_init_rows_match_the_host<D: Device>(dev: &D) {
+    let (dim, at, seed, scale) = (13, 3, 0x1234_5678_9abc_def0u64, 0.25f32);
+    let mut s = 5u64;
+    let keys: Vec<u64> = (0..37).map(|i| if i == 0 { u64::MAX } else { splitmix64_next(&mut s) >> (i % 40) }).collect();
+    let halves: Vec<u32> = keys.iter().flat_map(|k| [*k as u32, (*k >> 32) as u32]).collect();
+    let before = random((at + keys.len() + 2) * dim, 9);
+    let mut want = before.clone();
+    for (e, k) in keys.iter().enumerate() {
+        ringrec::hash::init_row_f32(*k, seed, scale, &mut want[(at + e) * dim..(at + e + 1) * dim]);
+    }
+    let mut out = dev.buffer_from(&before).unwrap();
+    dev.exec(Op::InitRows { keys: &dev.buffer_from(&halves).unwrap(), out: &mut out, at, n: keys.len(), dim, seed, scale }).unwrap();
+    let got = dev.to_vec(&out, before.len()).unwrap();
+    assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "init_rows: {got:?} vs {want:?}");
+    let e = dev.exec(Op::InitRows { keys: &dev.buffer_from(&halves).unwrap(), out: &mut out, at: at + 3, n: keys.len(), dim, seed, scale }).unwrap_err().to_string();
+    assert!(e.contains("out"), "{e}");
+}
+
+#[test]
+fn cpu_device_init_rows_match_the_host() {
+    device_init_rows_match_the_host(&CpuDevice::new(2));
+}
+
+#[test]
+fn host_kernels_device_init_rows_match_the_host() {
+    device_init_rows_match_the_host(&HostKernels::new().unwrap());
+    device_init_rows_match_the_host(&delayed(2, None));
+}
+
+#[test]
+fn gpu_device_init_rows_match_the_host() {
+    if let Some(d) = gpu() {
+        device_init_rows_match_the_host(&d);
     }
 }
 

@@ -117,6 +117,29 @@ fn unseen_keys_read_their_initial_row_before_and_after_insertion() {
 }
 
 #[test]
+fn lookup_present_packs_the_present_rows_and_names_the_absent_keys() {
+    // Below and above the parallel gather's threshold (its chunks close up their rows), with
+    // absent keys in every chunk, none, or all.
+    let dir = TempDir::new("emb");
+    for (i, dtype) in [StorageDtype::F32, StorageDtype::Bf16].into_iter().enumerate() {
+        let mut t = EmbeddingTable::create(&dir.path(&format!("p{i}")), &cfg(4, 1 << 16, dtype, OptimizerKind::Sgd)).unwrap();
+        let stored: Vec<u64> = (0..20_000u64).filter(|k| k % 3 != 0).collect();
+        t.apply_updates(&stored, &grads(&stored, 4, 2), 0.5).unwrap();
+        for keys in [(0..50u64).collect::<Vec<_>>(), (0..30_000).collect(), (0..30_000).filter(|k| k % 3 != 0).collect(), (0..20_000).map(|k| 3 * k).collect()] {
+            let mut all = vec![0f32; keys.len() * 4];
+            t.lookup(&keys, &mut all).unwrap();
+            let (mut packed, mut absent) = (vec![0f32; keys.len() * 4], vec![7u32]);
+            let present = t.lookup_present(&keys, &mut packed, &mut absent).unwrap();
+            let want_absent: Vec<u32> = (0..keys.len() as u32).filter(|n| !t.contains(keys[*n as usize])).collect();
+            assert_eq!(absent, want_absent, "{dtype}, {} keys", keys.len());
+            assert_eq!(present, keys.len() - absent.len());
+            let want: Vec<f32> = (0..keys.len()).filter(|n| t.contains(keys[*n])).flat_map(|n| all[n * 4..n * 4 + 4].to_vec()).collect();
+            assert!(packed[..present * 4] == want[..], "{dtype}, {} keys: the present rows", keys.len());
+        }
+    }
+}
+
+#[test]
 fn half_storage_rounds_values_and_halves_the_rows() {
     let dir = TempDir::new("emb");
     let mut t16 = EmbeddingTable::create(&dir.path("f16"), &cfg(4, 16, StorageDtype::F16, OptimizerKind::Sgd)).unwrap();

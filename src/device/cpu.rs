@@ -426,6 +426,7 @@ impl Device for CpuDevice {
             }
             Op::OneBitEncode { x, residual, n, l1, lambda, block, enc, at, .. } => onebit_encode(&x[..n], &mut residual[..n], l1, lambda, block, &mut enc[at..at + super::ops::onebit_words(n, block)]),
             Op::OneBitDecodeSum { gathered, stride, at, ranks, x, n, block, average } => onebit_decode_sum(&gathered[..ranks * stride], stride, at, ranks, &mut x[..n], block, average),
+            Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } => super::csr::build_csr(&inverse[..n], keys, offsets, &mut slots[..n], scratch.next()).map_err(|e| DeviceError::refused("build_csr", e))?,
             op => return self.exec_cache(op),
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! The GPU hot-row cache's kernels (kernels/cache.cu) on the CPU device: the input gathered
 //! from the cache or the misses, the cached rows' update with the table's own arithmetic
-//! (`embedding::update`: the same order and roundings, no contraction), rows put into slots.
+//! (`embedding::update`: the same order and roundings, no contraction), rows put into slots,
+//! new keys' initial rows.
 
 use super::cpu::CpuDevice;
 use super::ops::Op;
@@ -52,6 +53,11 @@ impl CpuDevice {
                     if has_acc {
                         acc[s] = accs[e];
                     }
+                }
+            }
+            Op::InitRows { keys, out, at, n, dim, seed, scale } => {
+                for (e, row) in out[at * dim..(at + n) * dim].chunks_exact_mut(dim).enumerate() {
+                    crate::hash::init_row_f32(keys[2 * e] as u64 | (keys[2 * e + 1] as u64) << 32, seed, scale, row);
                 }
             }
             op => return self.exec_pooling(op),

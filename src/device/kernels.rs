@@ -31,6 +31,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("models", include_str!("../../kernels/models.cu")),
     ("cache", include_str!("../../kernels/cache.cu")),
     ("pooling", include_str!("../../kernels/pooling.cu")),
+    ("csr", include_str!("../../kernels/csr.cu")),
 ];
 
 /// Every kernel of kernels/*.cu.
@@ -100,6 +101,8 @@ pub enum Kernel {
     CacheUpdate,
     /// Rows (and accumulators) put into cache slots.
     CachePut,
+    /// New keys' initial rows.
+    InitRows,
     /// Multi-hot pooling (sum or mean per field).
     PoolBags,
     /// Its backward, added into the key gradients.
@@ -108,11 +111,23 @@ pub enum Kernel {
     GatherFields,
     /// Its backward: the key gradients.
     GatherFieldsGrad,
+    /// The per-key lists' sort: each chunk's digit counts.
+    CsrCount,
+    /// The sort's prefix sums: each block's count.
+    CsrBlockSums,
+    /// The sort's prefix sums: where each block starts.
+    CsrBlockStarts,
+    /// The sort: where each (digit, chunk) pair's entries go.
+    CsrStarts,
+    /// The sort: each chunk's entries to their places.
+    CsrScatter,
+    /// The per-key lists' offsets from the sorted slots.
+    CsrOffsets,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 36] = [
+    pub const ALL: [Kernel; 43] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -145,10 +160,17 @@ impl Kernel {
         Kernel::GatherSourced,
         Kernel::CacheUpdate,
         Kernel::CachePut,
+        Kernel::InitRows,
         Kernel::PoolBags,
         Kernel::PoolBagsGrad,
         Kernel::GatherFields,
         Kernel::GatherFieldsGrad,
+        Kernel::CsrCount,
+        Kernel::CsrBlockSums,
+        Kernel::CsrBlockStarts,
+        Kernel::CsrStarts,
+        Kernel::CsrScatter,
+        Kernel::CsrOffsets,
     ];
 
     /// The function's name in its source.
@@ -186,10 +208,17 @@ impl Kernel {
             Kernel::GatherSourced => "gather_sourced",
             Kernel::CacheUpdate => "cache_update",
             Kernel::CachePut => "cache_put",
+            Kernel::InitRows => "init_rows",
             Kernel::PoolBags => "pool_bags",
             Kernel::PoolBagsGrad => "pool_bags_grad",
             Kernel::GatherFields => "gather_fields",
             Kernel::GatherFieldsGrad => "gather_fields_grad",
+            Kernel::CsrCount => "csr_count",
+            Kernel::CsrBlockSums => "csr_block_sums",
+            Kernel::CsrBlockStarts => "csr_block_starts",
+            Kernel::CsrStarts => "csr_starts",
+            Kernel::CsrScatter => "csr_scatter",
+            Kernel::CsrOffsets => "csr_offsets",
         }
     }
 
@@ -209,8 +238,9 @@ impl Kernel {
             | Kernel::StripFirstOrderGrad
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
-            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut => "cache",
+            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
             Kernel::PoolBags | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
+            Kernel::CsrCount | Kernel::CsrBlockSums | Kernel::CsrBlockStarts | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",
         }
     }

@@ -21,6 +21,7 @@
 pub mod bgemm;
 pub mod cpu;
 mod cpu_cache;
+pub mod csr;
 mod cpu_models;
 mod cpu_pooling;
 pub mod cuda;
@@ -37,6 +38,7 @@ pub mod sgemm;
 use half::{bf16, f16};
 
 pub use cpu::CpuDevice;
+pub use csr::CsrScratch;
 pub use cuda::CudaDevice;
 pub use host_kernels::{HostBuf, HostDelay, HostFault, HostKernels, HostOptions, HostStaging};
 pub use ops::{Activation, Epilogue, FieldCols, Gemm, GemmPrecision, HalfMut, HalfRef, Op};

@@ -5,6 +5,7 @@
 
 use half::{bf16, f16};
 
+use super::csr::CsrScratch;
 use super::kernels::Kernel;
 use super::{fits, Device, DeviceError, DeviceResult};
 
@@ -166,6 +167,12 @@ pub enum Op<'a, D: Device> {
     GatherRows { table: &'a D::Buf<f32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
     /// Columns appended to rows: `out[r * stride + col + c] = src[r * cols + c]`.
     CopyColumns { src: &'a D::Buf<f32>, out: &'a mut D::Buf<f32>, rows: usize, cols: usize, stride: usize, col: usize },
+    /// The per-key lists of an inverse map (`crate::device::csr`): for the `n` slots of
+    /// `inverse` (each naming one of `keys` unique keys, `< keys`: the caller checks),
+    /// `slots[offsets[u]..offsets[u + 1]]` are the slots `p` with `inverse[p] == u` in
+    /// increasing order ([`crate::device::csr::build_csr`], slot for slot). `scratch` fitted
+    /// for `n` ([`CsrScratch::fit`]).
+    BuildCsr { inverse: &'a D::Buf<u32>, n: usize, keys: usize, offsets: &'a mut D::Buf<u32>, slots: &'a mut D::Buf<u32>, scratch: &'a mut CsrScratch<D> },
     /// The backward of [`Op::GatherRows`] as a segmented sum: for segment `u`, the
     /// `dim`-value blocks of `src` (`rows` rows of `stride` values) named by
     /// `slots[offsets[u]..offsets[u+1]]` (slot `p` is block `p % per_row` of row
@@ -286,6 +293,10 @@ pub enum Op<'a, D: Device> {
     /// Rows put into cache slots: `values[e * dim ..]` into row `slots[e]` of `rows` for
     /// `e < n`, and with `has_acc`, `accs[e]` into `acc[slots[e]]`.
     CachePut { rows: &'a mut D::Buf<f32>, acc: &'a mut D::Buf<f32>, slots: &'a D::Buf<u32>, values: &'a D::Buf<f32>, accs: &'a D::Buf<f32>, n: usize, dim: usize, has_acc: bool },
+    /// New keys' rows made on the device: for `e < n`, the f32 initial row
+    /// ([`crate::hash::init_row_f32`] with `seed` and `scale`, bit for bit) of key
+    /// `keys[2e] | keys[2e + 1] << 32` into row `at + e` of `out` (rows of `dim`).
+    InitRows { keys: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, at: usize, n: usize, dim: usize, seed: u64, scale: f32 },
 }
 
 pub use crate::onebit::scales as onebit_scales;
@@ -331,6 +342,7 @@ impl<D: Device> Op<'_, D> {
             Op::Sum { .. } => "sum",
             Op::GatherRows { .. } => "gather_rows",
             Op::CopyColumns { .. } => "copy_columns",
+            Op::BuildCsr { .. } => "build_csr",
             Op::SegmentSum { .. } => "segment_sum",
             Op::PoolBags { .. } => "pool_bags",
             Op::PoolBagsGrad { .. } => "pool_bags_grad",
@@ -355,6 +367,7 @@ impl<D: Device> Op<'_, D> {
             Op::GatherSourced { .. } => "gather_sourced",
             Op::CacheUpdate { .. } => "cache_update",
             Op::CachePut { .. } => "cache_put",
+            Op::InitRows { .. } => "init_rows",
         }
     }
 
@@ -406,6 +419,7 @@ impl<D: Device> Op<'_, D> {
                 f("src", dev.len(*src), rows * cols)?;
                 f("out", dev.len(&**out), rows * stride)
             }
+            Op::BuildCsr { .. } => self.check_csr(dev),
             Op::SegmentSum { src, offsets, slots, out, segments, rows, per_row, dim, stride } => {
                 if per_row * dim > *stride {
                     return Err(DeviceError::refused("segment_sum", format!("{per_row} blocks of {dim} do not fit a row of {stride}")));
@@ -418,7 +432,7 @@ impl<D: Device> Op<'_, D> {
             // The models' and the cache's kernels.
             Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
             Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
-            Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } => self.check_model(dev),
+            Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } | Op::InitRows { .. } => self.check_model(dev),
             Op::PoolBags { .. } | Op::PoolBagsGrad { .. } | Op::GatherFields { .. } | Op::GatherFieldsGrad { .. } => self.check_pooling(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
@@ -502,6 +516,22 @@ fn check_bags(name: &str, bags: usize, dim: usize, stride: usize, col: usize) ->
 }
 
 impl<D: Device> Op<'_, D> {
+    /// [`Op::check`] of the per-key lists' build (kernels/csr.cu).
+    fn check_csr(&self, dev: &D) -> DeviceResult<()> {
+        let f = |what: &str, have: usize, need: usize| fits(&format!("build_csr: {what}"), have, need);
+        let Op::BuildCsr { inverse, n, keys, offsets, slots, scratch } = self else {
+            return Ok(());
+        };
+        u32::try_from(*n).map_err(|_| DeviceError::refused("build_csr", format!("{n} slots do not fit a u32 position")))?;
+        f("inverse", dev.len(*inverse), *n)?;
+        f("offsets", dev.len(&**offsets), keys + 1)?;
+        f("slots", dev.len(&**slots), *n)?;
+        if !scratch.fits(dev, *n) {
+            return Err(DeviceError::refused("build_csr", format!("the scratch does not hold what {n} slots need (CsrScratch::fit)")));
+        }
+        Ok(())
+    }
+
     /// [`Op::check`] of the pooling kernels (kernels/pooling.cu).
     fn check_pooling(&self, dev: &D) -> DeviceResult<()> {
         let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
@@ -615,6 +645,10 @@ impl<D: Device> Op<'_, D> {
                 f("values", dev.len(*values), n * dim)?;
                 f("accs", dev.len(*accs), if *has_acc { *n } else { 0 })
             }
+            Op::InitRows { keys, out, at, n, dim, .. } => {
+                f("keys", dev.len(*keys), 2 * n)?;
+                f("out", dev.len(&**out), (at + n) * dim)
+            }
             _ => Ok(()),
         }
     }
@@ -674,6 +708,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::Sum { x, n, out, at } => dev.launch(Kernel::Sum, 1, &mut [In(x, 0), Out(out, at), int(n)?]),
         Op::GatherRows { table, index, out, rows, per_row, dim, stride } => dev.launch(Kernel::GatherRows, rows * per_row * dim, &mut [In(table, 0), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?]),
         Op::CopyColumns { src, out, rows, cols, stride, col } => dev.launch(Kernel::CopyColumns, rows * cols, &mut [In(src, 0), Out(out, 0), int(rows)?, int(cols)?, int(stride)?, int(col)?]),
+        op @ Op::BuildCsr { .. } => super::csr::launch(dev, op),
         Op::SegmentSum { src, offsets, slots, out, segments, per_row, dim, stride, .. } => {
             dev.launch(Kernel::SegmentSum, segments * dim, &mut [In(src, 0), InU32(offsets), InU32(slots), Out(out, 0), int(segments)?, int(per_row)?, int(dim)?, int(stride)?])
         }
@@ -735,6 +770,7 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
         Op::CachePut { rows, acc, slots, values, accs, n, dim, has_acc } => {
             dev.launch(Kernel::CachePut, n * dim, &mut [Out(rows, 0), Out(acc, 0), InU32(slots), In(values, 0), In(accs, 0), int(n)?, int(dim)?, KernelArg::I32(has_acc as i32)])
         }
+        Op::InitRows { keys, out, at, n, dim, seed, scale } => dev.launch(Kernel::InitRows, n * dim, &mut [InU32(keys), Out(out, at * dim), int(n)?, int(dim)?, KernelArg::I64(seed as i64), F32(scale)]),
     }
 }
 

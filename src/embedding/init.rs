@@ -17,7 +17,7 @@
 use half::{bf16, f16};
 use half::slice::HalfFloatSliceExt;
 
-use crate::hash::{splitmix64, GOLDEN};
+use crate::hash::GOLDEN;
 
 /// Home slot of `key` in a table of `2^(64 - shift)` slots: multiply-shift hashing (the
 /// high bits of `(key ^ key >> 32) * golden`), one multiply per lookup.
@@ -26,14 +26,9 @@ pub fn home_slot(key: u64, shift: u32) -> usize {
     ((key ^ (key >> 32)).wrapping_mul(GOLDEN) >> shift) as usize
 }
 
-/// Writes the f32 initial row of `key` (before rounding to the storage dtype) into `out`.
-pub fn init_row_f32(key: u64, seed: u64, scale: f32, out: &mut [f32]) {
-    let base = splitmix64(seed ^ splitmix64(key));
-    for (j, o) in out.iter_mut().enumerate() {
-        let u = splitmix64(base.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN))) >> 40;
-        *o = scale * (u as f32 * (1.0 / (1u64 << 23) as f32) - 1.0);
-    }
-}
+/// Writes the f32 initial row of `key` (before rounding to the storage dtype) into `out`
+/// (in the base layer, so the devices compute the same rows: `Op::InitRows`).
+pub use crate::hash::init_row_f32;
 
 /// A storage element type: converts between its stored form and f32.
 pub trait Elem: bytemuck::Pod + Send + Sync + 'static {

@@ -270,17 +270,42 @@ impl<T> View<'_, T> {
 }
 
 impl<T: Elem> View<'_, T> {
-    fn gather(&self, keys: &[u64], out: &mut [f32]) {
+    /// Calls `on(n, row)` for each of `keys` in order with its stored row, or `None` when
+    /// it is absent (prefetched ahead).
+    #[inline(always)]
+    fn each_row(&self, keys: &[u64], mut on: impl FnMut(usize, Option<&[T]>)) {
         let d = self.dim;
-        for (n, (k, o)) in keys.iter().zip(out.chunks_exact_mut(d)).enumerate() {
+        for (n, k) in keys.iter().enumerate() {
             if let Some(next) = keys.get(n + PREFETCH_AHEAD) {
                 self.prefetch(*next);
             }
-            match self.find(*k).and_then(|s| self.rows.get(s * d..s * d + d)) {
-                Some(row) => T::load(row, o),
-                None => init::init_row::<T>(*k, self.seed, self.scale, o),
-            }
+            on(n, self.find(*k).and_then(|s| self.rows.get(s * d..s * d + d)));
         }
+    }
+
+    fn gather(&self, keys: &[u64], out: &mut [f32]) {
+        let d = self.dim;
+        self.each_row(keys, |n, row| {
+            let o = &mut out[n * d..(n + 1) * d];
+            match row {
+                Some(row) => T::load(row, o),
+                None => init::init_row::<T>(keys[n], self.seed, self.scale, o),
+            }
+        });
+    }
+
+    /// The present keys' rows packed from the start of `out`, the absent keys' positions
+    /// pushed to `absent`; returns the present keys' count.
+    fn gather_present(&self, keys: &[u64], out: &mut [f32], absent: &mut Vec<u32>) -> usize {
+        let (d, mut w) = (self.dim, 0);
+        self.each_row(keys, |n, row| match row {
+            Some(row) => {
+                T::load(row, &mut out[w * d..(w + 1) * d]);
+                w += 1;
+            }
+            None => absent.push(n as u32),
+        });
+        w
     }
 }
 
@@ -747,6 +772,47 @@ impl EmbeddingTable {
             v.gather(keys, out);
         }
         Ok(())
+    }
+
+    /// [`EmbeddingTable::lookup`] without the keys absent from the table (which read as
+    /// their initial rows, [`EmbeddingTable::init_row`]: a device can make those from the
+    /// key, `Op::InitRows`): the present keys' rows, in order, into the first `present *
+    /// dim` values of `out`, and the absent keys' positions in `keys`, in order, into
+    /// `absent` (cleared first). Returns `present`.
+    pub fn lookup_present(&self, keys: &[u64], out: &mut [f32], absent: &mut Vec<u32>) -> TableResult<usize> {
+        self.check_len("lookup output", keys.len(), out.len())?;
+        Self::check_keys(keys)?;
+        absent.clear();
+        match self.header.dtype {
+            StorageDtype::F32 => self.lookup_present_t::<f32>(keys, out, absent),
+            StorageDtype::F16 => self.lookup_present_t::<f16>(keys, out, absent),
+            StorageDtype::Bf16 => self.lookup_present_t::<bf16>(keys, out, absent),
+        }
+    }
+
+    fn lookup_present_t<T: Elem>(&self, keys: &[u64], out: &mut [f32], absent: &mut Vec<u32>) -> TableResult<usize> {
+        let v = self.view::<T>()?;
+        if keys.len() < PAR_MIN_KEYS {
+            return Ok(v.gather_present(keys, out, absent));
+        }
+        // Each chunk packs its own rows on the pool; then the chunks' rows close up.
+        let d = v.dim;
+        let parts: Vec<(usize, Vec<u32>)> = out
+            .par_chunks_mut(PAR_CHUNK_KEYS * d)
+            .zip(keys.par_chunks(PAR_CHUNK_KEYS))
+            .map(|(o, k)| {
+                let mut a = Vec::new();
+                (v.gather_present(k, o, &mut a), a)
+            })
+            .collect();
+        let mut w = 0;
+        for (c, (present, a)) in parts.into_iter().enumerate() {
+            let at = c * PAR_CHUNK_KEYS;
+            out.copy_within(at * d..(at + present) * d, w * d);
+            absent.extend(a.into_iter().map(|n| n + at as u32));
+            w += present;
+        }
+        Ok(w)
     }
 
     /// Slot of `key` in the index, if present.

@@ -30,12 +30,12 @@
 //! and gathered, pooled and summed back per key by [`super::fields`]' ops instead.
 
 use super::fields::{FieldWidths, FieldsOnDevice, KeyLists};
-use super::input::{build_csr, InputLayout};
+use super::input::InputLayout;
 use super::net::Net;
 use super::optim::{DenseOptimState, Optimizer};
 use super::pooling::{build_bag_csr, mean_mask, Pooling};
 use super::spec::ModelSpec;
-use crate::device::{Device, DeviceError, DeviceResult, Direction, Op, Scalar};
+use crate::device::{CsrScratch, Device, DeviceError, DeviceResult, Direction, Op, Scalar};
 use crate::tensor::Tensor;
 
 /// Rows per GEMM tile when scoring ([`DenseModel::predict`]): small enough that a one-row
@@ -68,8 +68,6 @@ struct Arrays<F, U> {
     inverse: U,
     dense: F,
     labels: F,
-    offsets: U,
-    slots: U,
     /// Multi-hot bags (empty without): where each bag's ids start, the ids (rows among the
     /// unique keys), each key's bags ([`build_bag_csr`]).
     bag_offsets: U,
@@ -94,6 +92,11 @@ struct Stage<D: Device> {
     source: Option<D::Staging<u32>>,
     /// The misses staged in `emb` when the staged batch has sources.
     misses: Option<usize>,
+    /// Keys absent from the host table, whose rows the device makes
+    /// ([`DenseModel::stage_new_rows`]; allocated on first use): each key as two `u32`s.
+    new_keys: Option<D::Staging<u32>>,
+    /// The staged batch's new rows: (keys, seed, init scale); `None`: no new rows.
+    new_rows: Option<(usize, u64, f32)>,
     /// Ids in the staged batch's bags ([`DenseModel::stage_bags`]; `None`: not staged).
     bag_ids: Option<usize>,
     /// Values of the rows staged by [`DenseModel::stage_tables`] (`None`: not so staged).
@@ -104,8 +107,8 @@ impl<D: Device> Stage<D> {
     fn new(dev: &D) -> DeviceResult<Stage<D>> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, offsets: u(to)?, slots: u(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)?, key_at: u(to)? };
-        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, bag_ids: None, floats: None })
+        let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)?, key_at: u(to)? };
+        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, new_keys: None, new_rows: None, bag_ids: None, floats: None })
     }
 }
 
@@ -125,9 +128,14 @@ pub struct StageMut<'a> {
 /// buffer, and the batch's cache sources on the device if it was loaded with them.
 pub type LastKeyGrads<'a, D> = (&'a D, &'a [f32], &'a <D as Device>::Buf<f32>, Option<&'a <D as Device>::Buf<u32>>);
 
-/// The batch on the device: its arrays, the input, and what a step computes.
+/// The batch on the device: its arrays, the per-key lists built from its inverse map,
+/// the input, and what a step computes.
 struct Batch<D: Device> {
     arrays: Arrays<D::Buf<f32>, D::Buf<u32>>,
+    /// Each unique key's slots ([`Op::BuildCsr`]): where its list starts, the lists.
+    offsets: D::Buf<u32>,
+    slots: D::Buf<u32>,
+    csr: CsrScratch<D>,
     x: D::Buf<f32>,
     dx: D::Buf<f32>,
     loss: D::Buf<f32>,
@@ -138,14 +146,16 @@ struct Batch<D: Device> {
     source: Option<D::Buf<u32>>,
     /// Whether the loaded batch's sources are in `source`.
     sourced: bool,
+    /// The new keys of a batch staged with them (allocated on first use).
+    new_keys: Option<D::Buf<u32>>,
 }
 
 impl<D: Device> Batch<D> {
     /// Empty buffers.
     fn new(dev: &D) -> DeviceResult<Batch<D>> {
         let (f, u) = (|| dev.alloc(0), || dev.alloc(0));
-        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, offsets: u()?, slots: u()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()?, key_at: u()? };
-        Ok(Batch { arrays, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false })
+        let arrays = Arrays { emb: f()?, inverse: u()?, dense: f()?, labels: f()?, bag_offsets: u()?, bag_index: u()?, key_offsets: u()?, bag_slots: u()?, key_at: u()? };
+        Ok(Batch { arrays, offsets: u()?, slots: u()?, csr: CsrScratch::new(dev)?, x: f()?, dx: f()?, loss: f()?, key_grads: f()?, weights: None, source: None, sourced: false, new_keys: None })
     }
 
     /// Grows every buffer that holds fewer elements than `batch` samples with `keys` unique
@@ -158,8 +168,9 @@ impl<D: Device> Batch<D> {
         grow(dev, &mut a.inverse, batch * single)?;
         grow(dev, &mut a.dense, batch * layout.ndense)?;
         grow(dev, &mut a.labels, batch)?;
-        grow(dev, &mut a.offsets, keys + 1)?;
-        grow(dev, &mut a.slots, batch * single)?;
+        grow(dev, &mut self.offsets, keys + 1)?;
+        grow(dev, &mut self.slots, batch * single)?;
+        self.csr.fit(dev, batch * single)?;
         grow(dev, &mut self.x, batch * width)?;
         grow(dev, &mut self.dx, batch * width)?;
         grow(dev, &mut self.loss, batch)?;
@@ -398,6 +409,25 @@ impl<D: Device> DenseModel<D> {
         Ok((stage, &mut dev.host(source)?[..keys]))
     }
 
+    /// After [`DenseModel::stage_sourced`]: the last `new` of its misses are keys absent
+    /// from the host table, made on the device ([`Op::InitRows`], the table's `seed` and
+    /// `init_scale`) instead of uploaded. Returns the host view to fill with those keys,
+    /// each as its low and high `u32`; the misses' rows then fill only the first
+    /// `misses - new` rows of `emb`.
+    pub fn stage_new_rows(&mut self, new: usize, seed: u64, init_scale: f32) -> DeviceResult<&mut [u32]> {
+        let st = &mut self.stages[self.fill];
+        match st.misses {
+            Some(m) if new <= m => {}
+            _ => return Err(DeviceError::refused("staging new rows", format!("{new} new rows, but the staged batch has fewer misses or no sources (call stage_sourced() first)"))),
+        }
+        st.new_rows = Some((new, seed, init_scale));
+        if st.new_keys.is_none() {
+            st.new_keys = Some(self.dev.staging(0, Direction::ToDevice)?);
+        }
+        let keys = st.new_keys.as_mut().ok_or_else(|| DeviceError::refused("staging new rows", "no staging buffer"))?;
+        grow_staging(&self.dev, keys, 2 * new, Direction::ToDevice)
+    }
+
     /// The staging slot for `batch` samples, `keys` unique keys and `floats` staged row values.
     fn stage_rows(&mut self, batch: usize, keys: usize, floats: usize) -> DeviceResult<StageMut<'_>> {
         let ndense = self.layout.ndense;
@@ -409,10 +439,9 @@ impl<D: Device> DenseModel<D> {
         st.weighted = false;
         st.misses = None;
         st.floats = None;
+        st.new_rows = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
-        grow_staging(dev, &mut a.offsets, keys + 1, to)?;
-        grow_staging(dev, &mut a.slots, batch * fields, to)?;
         Ok(StageMut {
             emb: grow_staging(dev, &mut a.emb, floats, to)?,
             inverse: grow_staging(dev, &mut a.inverse, batch * fields, from)?,
@@ -489,26 +518,37 @@ impl<D: Device> DenseModel<D> {
         let dev = &self.dev;
         self.batch.fit(dev, &self.layout, batch, keys, floats, fields)?;
         grow_staging(dev, &mut self.key_grads_host, floats, Direction::FromDevice)?;
-        {
-            let st = &mut self.stages[slot].arrays;
-            let inverse = &dev.host(&mut st.inverse)?[..batch * fields];
-            let offsets = &mut dev.host(&mut st.offsets)?[..keys + 1];
-            let slots = &mut dev.host(&mut st.slots)?[..batch * fields];
-            build_csr(inverse, keys, offsets, slots, &mut self.csr_next).map_err(|e| DeviceError::refused("staging a batch", e))?;
+        // The device builds the per-key lists from the inverse map (Op::BuildCsr), trusting
+        // its rows: checked here, where it is staged.
+        if let Some(bad) = dev.host(&mut self.stages[slot].arrays.inverse)?[..batch * fields].iter().find(|u| **u as usize >= keys) {
+            return Err(DeviceError::refused("staging a batch", format!("inverse names row {bad} of {keys} unique keys")));
         }
         if self.bags > 0 || self.fields.is_some() {
             self.load_bags(slot, batch, keys, ids, floats)?;
         }
         let dev = &self.dev;
-        let st = &mut self.stages[slot].arrays;
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
-        let rows = misses.map_or(floats, |m| m * dim);
+        let stage = &mut self.stages[slot];
+        let new_rows = stage.new_rows.take();
+        let new = new_rows.map_or(0, |n| n.0);
+        // Values of the staged rows uploaded (a cache's misses: those not made on the device).
+        let rows = misses.map_or(floats, |m| (m - new) * dim);
+        let st = &mut stage.arrays;
         dev.upload(&mut st.emb, rows, &mut b.emb)?;
+        if let (Some((n, seed, scale)), Some(staged)) = (new_rows, stage.new_keys.as_mut()) {
+            if self.batch.new_keys.is_none() {
+                self.batch.new_keys = Some(dev.alloc(0)?);
+            }
+            let buf = self.batch.new_keys.as_mut().ok_or_else(|| DeviceError::refused("loading new rows", "no buffer"))?;
+            grow(dev, buf, 2 * n)?;
+            dev.upload(staged, 2 * n, buf)?;
+            dev.exec(Op::InitRows { keys: buf, out: &mut b.emb, at: rows / dim, n, dim, seed, scale })?;
+        }
         dev.upload(&mut st.inverse, batch * fields, &mut b.inverse)?;
         dev.upload(&mut st.dense, batch * ndense, &mut b.dense)?;
         dev.upload(&mut st.labels, batch, &mut b.labels)?;
-        dev.upload(&mut st.offsets, keys + 1, &mut b.offsets)?;
-        dev.upload(&mut st.slots, batch * fields, &mut b.slots)?;
+        let (offsets, slots, csr) = (&mut self.batch.offsets, &mut self.batch.slots, &mut self.batch.csr);
+        dev.exec(Op::BuildCsr { inverse: &b.inverse, n: batch * fields, keys, offsets, slots, scratch: csr })?;
         let stage = &mut self.stages[slot];
         match (stage.weighted, &mut stage.weights) {
             (true, Some(w)) => {
@@ -522,7 +562,7 @@ impl<D: Device> DenseModel<D> {
             _ => self.batch.weights = None,
         }
         let weights = if stage.weighted { batch } else { 0 };
-        let mut moved = 4 * (rows + 2 * batch * fields + batch * ndense + batch + keys + 1 + weights);
+        let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights) + 8 * new;
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         match (cache, stage.source.as_mut(), &self.fields) {
@@ -640,13 +680,13 @@ impl<D: Device> DenseModel<D> {
         let (dev, b) = (&self.dev, &mut self.batch);
         if let Some(f) = &self.fields {
             let a = &b.arrays;
-            let lists = KeyLists { offsets: &a.offsets, slots: &a.slots, bag_offsets: &a.bag_offsets, key_offsets: &a.key_offsets, bag_slots: &a.bag_slots };
+            let lists = KeyLists { offsets: &b.offsets, slots: &b.slots, bag_offsets: &a.bag_offsets, key_offsets: &a.key_offsets, bag_slots: &a.bag_slots };
             f.key_grads(dev, &b.dx, &a.key_at, lists, &mut b.key_grads, keys, floats, batch, stride)?;
             dev.download(&mut b.key_grads, floats, &mut self.key_grads_host)?;
             self.count_moved(0, 4 * floats);
             return Ok(&dev.host(&mut self.key_grads_host)?[..floats]);
         }
-        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.arrays.offsets, slots: &b.arrays.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
+        dev.exec(Op::SegmentSum { src: &b.dx, offsets: &b.offsets, slots: &b.slots, out: &mut b.key_grads, segments: keys, rows: batch, per_row: fields, dim, stride })?;
         if bags > 0 {
             let a = &b.arrays;
             dev.exec(Op::PoolBagsGrad { src: &b.dx, offsets: &a.bag_offsets, key_offsets: &a.key_offsets, slots: &a.bag_slots, out: &mut b.key_grads, segments: keys, rows: batch, bags, dim, stride, col: fields * dim, mean: self.mean })?;

@@ -23,27 +23,6 @@ impl InputLayout {
     }
 }
 
-/// Each of `keys` keys' slots in CSR form: `slots[offsets[u]..offsets[u + 1]]` are the
-/// slots `p` (in increasing order: sample order, then field order — the one summation
-/// order of a key's gradient inside a rank) with `inverse[p] == u`. `next` is scratch.
-/// An error names a slot whose key is out of range.
-pub fn build_csr(inverse: &[u32], keys: usize, offsets: &mut [u32], slots: &mut [u32], next: &mut Vec<u32>) -> Result<(), String> {
-    if let Some(bad) = inverse.iter().find(|u| **u as usize >= keys) {
-        return Err(format!("inverse names row {bad} of {keys} unique keys"));
-    }
-    offsets[..keys + 1].fill(0);
-    for u in inverse {
-        offsets[*u as usize + 1] += 1;
-    }
-    for u in 0..keys {
-        offsets[u + 1] += offsets[u];
-    }
-    next.clear();
-    next.extend_from_slice(&offsets[..keys]);
-    for (p, u) in inverse.iter().enumerate() {
-        let at = &mut next[*u as usize];
-        slots[*at as usize] = p as u32;
-        *at += 1;
-    }
-    Ok(())
-}
+/// The per-key lists of an inverse map on the host; a kernel device builds the same from
+/// the inverse map it holds ([`crate::device::Op::BuildCsr`]).
+pub use crate::device::csr::build_csr;

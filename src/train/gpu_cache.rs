@@ -9,7 +9,9 @@
 //!
 //! - **Staging** ([`GpuCache::stage`]): each unique key of the batch is mapped to a cache
 //!   slot or a miss; only the misses are looked up from the host table and uploaded, with
-//!   one `u32` source per unique key; [`Op::GatherSourced`] builds the input.
+//!   one `u32` source per unique key (a miss the table does not hold, in an f32 table: its
+//!   key only, the device makes its initial row, [`Op::InitRows`]);
+//!   [`Op::GatherSourced`] builds the input.
 //! - **Update** ([`GpuCache::apply`]): after the exchange, the merged list the leader
 //!   applied (every local rank reads it: [`crate::sparse::SparseExchanger::host_result`];
 //!   nothing when the leader skipped it as not finite) is filtered to the cached keys, and
@@ -45,9 +47,9 @@
 
 use super::batch::Batch;
 use super::{TrainConfig, TrainError, TrainResult};
-use crate::device::{Device, DeviceResult, Direction, Op, Scalar};
-use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection, MISS};
-use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts};
+use crate::device::{Device, DeviceResult, Direction, Op, Scalar, CACHE_MISS};
+use crate::embedding::cache::{slots_for_bytes, CacheCounters, CacheDirectory, StagingPlan, UpdateSelection};
+use crate::embedding::{EmbeddingTable, OptimizerKind, RowCounts, StorageDtype};
 use crate::model::DenseModel;
 
 /// `--gpu-cache-mode`: who updates the cached rows (see the module docs).
@@ -207,6 +209,10 @@ pub struct GpuCache<D: Device> {
     /// per unique key its row among them or `HELD`.
     sent: Vec<f32>,
     held: Vec<u32>,
+    /// Staging scratch: the misses absent from the table (positions among the misses), and
+    /// each miss's staged row.
+    absent: Vec<u32>,
+    packed: Vec<u32>,
 }
 
 /// Rows removed from a table so far (eviction and expiry).
@@ -260,6 +266,8 @@ impl<D: Device> GpuCache<D> {
             down_accs: Download::new(dev).map_err(err)?,
             sent: Vec::new(),
             held: Vec::new(),
+            absent: Vec::new(),
+            packed: Vec::new(),
         })
     }
 
@@ -301,7 +309,7 @@ impl<D: Device> GpuCache<D> {
         let (slots, index) = (self.slots.fill(dev, hits)?, &mut Vec::with_capacity(hits));
         let mut k = 0;
         for (u, s) in self.plan.source.iter().enumerate() {
-            if s & MISS == 0 {
+            if s & CACHE_MISS == 0 {
                 slots[k] = *s;
                 index.push(u as u32);
                 k += 1;
@@ -372,14 +380,47 @@ impl<D: Device> GpuCache<D> {
 
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
     /// source, the inverse map, dense features and labels; records its keys' occurrences.
+    /// In an f32 table, a miss absent from the table (it reads as its initial row) travels
+    /// as its key and the device makes its row ([`DenseModel::stage_new_rows`]): the
+    /// present misses' rows are staged first, the new ones after them, and the staged
+    /// sources say so (the plan's own stay in miss order).
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
         self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
-        let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), self.plan.misses.len())?;
-        table.lookup(&self.plan.misses, st.emb)?;
-        source.copy_from_slice(&self.plan.source);
+        let misses = &self.plan.misses;
+        let h = table.header();
+        let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), misses.len())?;
         st.inverse.copy_from_slice(&b.inverse);
         st.dense.copy_from_slice(&b.dense);
         st.labels.copy_from_slice(&b.labels);
+        source.copy_from_slice(&self.plan.source);
+        if h.dtype != StorageDtype::F32 {
+            // The device makes f32 rows only; a half table's rows are rounded on the host.
+            table.lookup(misses, st.emb)?;
+            return Ok(());
+        }
+        let present = table.lookup_present(misses, st.emb, &mut self.absent)?;
+        if self.absent.is_empty() {
+            return Ok(());
+        }
+        // Miss i's row: the next present row, or after all of them for an absent key.
+        self.packed.clear();
+        let (mut p, mut a) = (0u32, self.absent.iter().peekable());
+        for i in 0..misses.len() as u32 {
+            if a.next_if_eq(&&i).is_some() {
+                self.packed.push(present as u32 + (self.packed.len() as u32 - p));
+            } else {
+                self.packed.push(p);
+                p += 1;
+            }
+        }
+        for s in source.iter_mut().filter(|s| **s & CACHE_MISS != 0) {
+            *s = CACHE_MISS | self.packed[(*s & !CACHE_MISS) as usize];
+        }
+        let keys = model.stage_new_rows(self.absent.len(), h.seed, h.init_scale)?;
+        for (k, i) in keys.chunks_exact_mut(2).zip(&self.absent) {
+            let key = misses[*i as usize];
+            k.copy_from_slice(&[key as u32, (key >> 32) as u32]);
+        }
         Ok(())
     }
 

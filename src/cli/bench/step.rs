@@ -38,9 +38,9 @@
 //! size. The bytes each way
 //! per sample are those the trainer's staging moves: up, the rows staged (every unique key's,
 //! or only the misses' plus a 4-byte source per unique key), the inverse map, dense
-//! features, labels and the per-key CSR lists, the update list and the refreshed rows with
-//! their optimizer state; down, the key gradients (every unique key's; write-back also the
-//! rows leaving).
+//! features and labels (the device builds the per-key lists), the update list and the
+//! refreshed rows with their optimizer state; down, the key gradients (every unique key's;
+//! write-back also the rows leaving).
 //!
 //! time = mean of the slowest rank's step; samples/s per host = per-rank batch x ranks of
 //! the host / time. The roofline: every rank of the host copies a buffer at the
@@ -345,11 +345,11 @@ struct Buffers {
     held: Vec<u32>,
 }
 
-/// Bytes the staging of a batch of `samples` samples of `fields`' shape and `keys` unique
-/// keys moves that do not depend on the cache: the inverse map, dense features, labels and
-/// the per-key CSR lists (offsets and slots), as `DenseModel::load` uploads them.
-fn batch_bytes(fields: Fields, samples: usize, keys: usize) -> usize {
-    4 * (samples * fields.sparse + samples * fields.dense + samples + (keys + 1) + samples * fields.sparse)
+/// Bytes the staging of a batch of `samples` samples of `fields`' shape moves that do not
+/// depend on the cache: the inverse map, dense features and labels, as `DenseModel::load`
+/// uploads them (the device builds the per-key lists from the inverse map).
+fn batch_bytes(fields: Fields, samples: usize) -> usize {
+    4 * (samples * fields.sparse + samples * fields.dense + samples)
 }
 
 /// Every row's keys put into the table once (zero gradients: values unchanged), in batches
@@ -450,7 +450,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         buf.inverse.clone_from(&buf.batch.inverse);
         buf.dense.clone_from(&buf.batch.dense);
         buf.labels.clone_from(&buf.batch.labels);
-        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(buf.batch.fields, samples, u) + if cached { 4 * u } else { 0 });
+        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(buf.batch.fields, samples) + if cached { 4 * u } else { 0 });
         let t3 = Instant::now();
         // Every unique key's gradient comes down (write-back too: the trainer checks them
         // all finite before it leaves the cached ones on the device).

@@ -181,11 +181,11 @@ fn bench_step_with_the_gpu_cache_counts_what_the_staging_moves() {
     // The same rows: the same unique keys per step.
     let u = f(off, "unique_per_rank");
     assert!(u > 0.0 && u == f(through, "unique_per_rank") && u == f(back, "unique_per_rank"), "{rows:?}");
-    // Without a cache: every unique key's row up, with the inverse map, dense features, labels
-    // and the CSR lists (26 + 13 + 1 + 26 values per sample, keys + 1 offsets); its key
-    // gradient down.
+    // Without a cache: every unique key's row up, with the inverse map, dense features and
+    // labels (26 + 13 + 1 values per sample; the device builds the per-key lists from the
+    // inverse map); its key gradient down.
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
-    assert!(close(f(off, "uploaded_per_sample"), 4.0 * (dim * u + u + 1.0) / batch + 4.0 * 66.0), "{off}");
+    assert!(close(f(off, "uploaded_per_sample"), 4.0 * dim * u / batch + 4.0 * 40.0), "{off}");
     assert!(close(f(off, "downloaded_per_sample"), 4.0 * dim * u / batch), "{off}");
     assert_eq!((f(off, "hit_rate"), f(off, "update_uploaded_per_sample"), f(off, "of_cache_off")), (0.0, 0.0, 1.0));
     // Write-through: hits, the same key gradients down, refreshed rows up; in a world of one
@@ -193,8 +193,10 @@ fn bench_step_with_the_gpu_cache_counts_what_the_staging_moves() {
     assert!(f(through, "hit_rate") > 0.05, "{through}");
     assert!(close(f(through, "downloaded_per_sample"), f(off, "downloaded_per_sample")), "{through}");
     assert!(f(through, "update_uploaded_per_sample") == 0.0 && f(through, "rows_refreshed_per_step") > 0.0, "{through}");
-    // Write-back: no update list, only the misses' gradients down.
+    // Write-back (the trainer's path): no update list; every unique key's gradient down as
+    // in write-through (the trainer checks them all finite on the host), and the rows leaving
+    // at a refresh besides.
     assert_eq!(f(back, "update_uploaded_per_sample"), 0.0);
-    assert!(f(back, "downloaded_per_sample") < f(through, "downloaded_per_sample"), "{back}");
+    assert!(f(back, "downloaded_per_sample") >= f(through, "downloaded_per_sample"), "{back}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -526,6 +526,7 @@ impl<D: Device> DenseModel<D> {
         if self.bags > 0 || self.fields.is_some() {
             self.load_bags(slot, batch, keys, ids, floats)?;
         }
+        let weights = self.load_weights(slot, batch)?;
         let dev = &self.dev;
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
         let stage = &mut self.stages[slot];
@@ -550,18 +551,6 @@ impl<D: Device> DenseModel<D> {
         let (offsets, slots, csr) = (&mut self.batch.offsets, &mut self.batch.slots, &mut self.batch.csr);
         dev.exec(Op::BuildCsr { inverse: &b.inverse, n: batch * fields, keys, offsets, slots, scratch: csr })?;
         let stage = &mut self.stages[slot];
-        match (stage.weighted, &mut stage.weights) {
-            (true, Some(w)) => {
-                if self.batch.weights.is_none() {
-                    self.batch.weights = Some(dev.alloc(0)?);
-                }
-                let buf = self.batch.weights.as_mut().ok_or_else(|| DeviceError::refused("loading weights", "no buffer"))?;
-                grow(dev, buf, batch)?;
-                dev.upload(w, batch, buf)?;
-            }
-            _ => self.batch.weights = None,
-        }
-        let weights = if stage.weighted { batch } else { 0 };
         let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights) + 8 * new;
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
@@ -595,6 +584,24 @@ impl<D: Device> DenseModel<D> {
         self.floats = floats;
         self.count_moved(moved, 0);
         Ok((batch, keys))
+    }
+
+    /// Moves the per-sample weights staged in slot `slot` (`batch` samples) to the device,
+    /// or drops the last batch's when it has none. Returns the values counted as moved.
+    fn load_weights(&mut self, slot: usize, batch: usize) -> DeviceResult<usize> {
+        let (dev, stage) = (&self.dev, &mut self.stages[slot]);
+        match (stage.weighted, &mut stage.weights) {
+            (true, Some(w)) => {
+                if self.batch.weights.is_none() {
+                    self.batch.weights = Some(dev.alloc(0)?);
+                }
+                let buf = self.batch.weights.as_mut().ok_or_else(|| DeviceError::refused("loading weights", "no buffer"))?;
+                grow(dev, buf, batch)?;
+                dev.upload(w, batch, buf)?;
+            }
+            _ => self.batch.weights = None,
+        }
+        Ok(if stage.weighted { batch } else { 0 })
     }
 
     /// Moves the staged bags of slot `slot` (`ids` ids; `batch` samples, `keys` keys) to the

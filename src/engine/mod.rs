@@ -368,20 +368,12 @@ impl Engine {
 
     /// Allreduces several tensors that are executed together, in the same cycle.
     pub fn grouped_allreduce_async(&self, tensors: Vec<(String, Tensor)>, op: ReduceOp) -> Vec<Handle> {
-        self.grouped_allreduce_async_with(tensors, op, self.compression)
-    }
-
-    /// [`Engine::grouped_allreduce_async`] with the given compression. A group is fused
-    /// the same way whenever its members are submitted (one cycle, in member order), so
-    /// its result does not depend on when the cycle ticks — which, in a ring of three or
-    /// more ranks, decides the order of each element's additions.
-    pub fn grouped_allreduce_async_with(&self, tensors: Vec<(String, Tensor)>, op: ReduceOp, compression: Compression) -> Vec<Handle> {
         let id = format!("{}+{}", tensors.first().map_or("", |t| t.0.as_str()), tensors.len());
         let size = tensors.len() as u32;
         tensors
             .into_iter()
             .map(|(name, t)| {
-                let mut req = self.request(&name, OpKind::Allreduce, &t, op, 0, compression);
+                let mut req = self.request(&name, OpKind::Allreduce, &t, op, 0, self.compression);
                 req.group = Some(GroupTag { id: id.clone(), size });
                 self.submit(req, t)
             })

@@ -490,15 +490,10 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// runs, then the optimizer. Returns the sparse exchange's counters.
     fn world_step(&mut self, scale: f32, batch_weights: Option<&BatchWeights>, global_batch: usize) -> TrainResult<SparseStats> {
         let (topo, cfg) = (self.topo, self.cfg);
-        let mut grads: Vec<(Part, Tensor)> = Vec::with_capacity(self.model.num_groups() + 1);
+        let mut pending: Vec<(Part, Handle)> = Vec::with_capacity(self.model.num_groups() + 1);
         let engine = &self.engine;
         let compression = cfg.dense_compression_at(self.position.step, engine.compression());
-        self.model.step(scale, &mut |part, t| grads.push((part, t)))?;
-        // One group: the step's gradients fused the same way every run, whenever the
-        // engine's cycle ticks (separate submissions could be split over two cycles, and a
-        // ring of 3+ ranks adds each element in another order then).
-        let (parts, tensors): (Vec<Part>, Vec<(String, Tensor)>) = grads.into_iter().map(|(p, t)| (p, (p.name(), t))).unzip();
-        let pending: Vec<(Part, Handle)> = parts.into_iter().zip(engine.grouped_allreduce_async_with(tensors, ReduceOp::Sum, compression)).collect();
+        self.model.step(scale, &mut |part, t| pending.push((part, engine.allreduce_async_with(&part.name(), t, ReduceOp::Sum, compression))))?;
         self.phases.enter("scatter");
         let key_grads = self.model.key_grads()?;
         self.phases.enter("sparse");

@@ -20,19 +20,11 @@ ZIPF=target/bench-data/zipf-x300-s1.05-6000k.tsv
 mkdir -p docs/bench
 txt=docs/bench/step-csr.txt; jsonl=docs/bench/step-csr.jsonl
 [[ $PARTS == *bench* ]] && { : > "$txt"; : > "$jsonl"; }
-bench() { # label binary
-  local label=$1 R=$2
-  echo "## $label: $R bench step --data $ZIPF --batch 8192 --gpu-cache-mib 0,1024 --write-back --table-capacity 16777216 --steps $STEPS" | tee -a "$txt"
-  echo "## $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores" | tee -a "$txt"
-  env RINGREC_JOB_ID="stepcsr-$$-$RANDOM" "$R" bench step --data "$ZIPF" --data-dir target/bench/step-cache-data --batch 8192 \
-    --gpu-cache-mib 0,1024 --write-back --table-capacity 16777216 --steps "$STEPS" --json \
-    | python3 -c 'import json,sys; d=json.load(sys.stdin); d["label"]=sys.argv[1]; print(json.dumps(d))' "$label" | tee -a "$jsonl" \
-    | python3 -c 'import json,sys; sys.path.insert(0, "scripts/device"); import i30_report; i30_report.bench_table(json.load(sys.stdin))' | tee -a "$txt"
-}
+. scripts/bench/step_bench.sh
 for rep in $(seq 1 "$REPEATS"); do
   [[ $PARTS == *bench* ]] || break
-  bench "before-$rep" "$BEFORE"
-  bench "after-$rep" "$AFTER"
+  step_bench "before-$rep" "$BEFORE" stepcsr
+  step_bench "after-$rep" "$AFTER" stepcsr
 done
 train() { # label binary cache-mib
   local label=$1 R=$2 mib=$3

@@ -17,11 +17,7 @@ ZIPF=target/bench-data/zipf-x300-s1.05-6000k.tsv
 [ -s "$ZIPF" ] || "$R" data synth --rows 6000000 --vocab-scale 300 --zipf 1.05 --seed 1 --out "$ZIPF" >&2
 txt=docs/bench/step-write-back.txt; jsonl=docs/bench/step-write-back.jsonl
 : > "$txt"; : > "$jsonl"
+. scripts/bench/step_bench.sh
 for rep in $(seq 1 "$REPEATS"); do
-  echo "## run $rep: $R bench step --data $ZIPF --batch 8192 --gpu-cache-mib 0,1024 --write-back --table-capacity 16777216 --steps $STEPS" | tee -a "$txt"
-  echo "## $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores, $(git rev-parse --short HEAD)" | tee -a "$txt"
-  env RINGREC_JOB_ID="stepwb-$$-$RANDOM" "$R" bench step --data "$ZIPF" --data-dir target/bench/step-cache-data --batch 8192 \
-    --gpu-cache-mib 0,1024 --write-back --table-capacity 16777216 --steps "$STEPS" --json \
-    | python3 -c 'import json,sys; d=json.load(sys.stdin); d["label"]=sys.argv[1]; print(json.dumps(d))' "run $rep" | tee -a "$jsonl" \
-    | python3 -c 'import json,sys; sys.path.insert(0, "scripts/device"); import i30_report; i30_report.bench_table(json.load(sys.stdin))' | tee -a "$txt"
+  step_bench "run $rep" "$R" stepwb
 done

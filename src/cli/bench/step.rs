@@ -389,22 +389,24 @@ fn refresh(stage: &mut EmbeddingStage, dir: &mut CacheDirectory, dim: usize, bac
     let r = dir.refresh(|k| table.contains(k));
     if back {
         // The device's rows and accumulators of the keys leaving: the table's stand in.
-        buf.entering.clear();
-        buf.entering.extend(r.leaving.iter().map(|(k, _)| *k));
-        buf.emb.resize(buf.entering.len() * dim, 0.0);
-        stage.lookup(&buf.entering, &mut buf.emb)?;
-        buf.accs.clear();
-        buf.accs.extend(buf.entering.iter().map(|k| table.accumulator(*k).unwrap_or(0.0)));
+        read_rows(stage, r.leaving.iter().map(|(k, _)| *k), dim, buf)?;
         stage.table_mut().table_mut()?.write_back(&buf.entering, &buf.emb, Some(&buf.accs))?;
     }
-    let table = stage.table().table();
+    read_rows(stage, r.entering.iter().map(|(k, _)| *k), dim, buf)?;
+    Ok((buf.entering.len() as u64, r.left as u64))
+}
+
+/// The rows and accumulators of `keys` read from the host table into `buf` (`entering`,
+/// `emb`, `accs`).
+fn read_rows(stage: &EmbeddingStage, keys: impl Iterator<Item = u64>, dim: usize, buf: &mut Buffers) -> anyhow::Result<()> {
     buf.entering.clear();
-    buf.entering.extend(r.entering.iter().map(|(k, _)| *k));
+    buf.entering.extend(keys);
     buf.emb.resize(buf.entering.len() * dim, 0.0);
     stage.lookup(&buf.entering, &mut buf.emb)?;
+    let table = stage.table().table();
     buf.accs.clear();
     buf.accs.extend(buf.entering.iter().map(|k| table.accumulator(*k).unwrap_or(0.0)));
-    Ok((buf.entering.len() as u64, r.left as u64))
+    Ok(())
 }
 
 /// Warm-up steps with a cache at `global` samples per step: `--cache-warmup`, but no more

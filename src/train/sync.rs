@@ -171,9 +171,10 @@ impl LocalSgd {
 
     /// What a local step's key gradients are multiplied by to reach the host's loss scale
     /// ([`LocalSgd::host_key_grads`]): scope rank's slice / host samples; `None` with scope
-    /// host (they are at it already). `--table`'s per-table sums take the same factor, so a
-    /// key's gradient is the one-table run's bits.
-    pub fn host_grad_factor(&self, global: std::ops::Range<usize>) -> Option<f32> {
+    /// host (they are at it already). `--table`'s per-key sums, grouped by table, go
+    /// through [`LocalSgd::host_key_grads`] as one list, so a key's gradient is the
+    /// one-table run's bits.
+    fn host_grad_factor(&self, global: std::ops::Range<usize>) -> Option<f32> {
         if self.scope == SyncScope::Host {
             return None;
         }

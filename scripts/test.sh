@@ -29,6 +29,18 @@ target=${CARGO_TARGET_DIR:-target}
 case $target in /*) ;; *) target="$PWD/$target" ;; esac
 t0=$(date +%s)
 step() { echo "== $* ($(( $(date +%s) - t0 )) s)"; }
+# A clean checkout gains nothing from incremental compilation's caches (GBs on disk).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# Free space where the build and the tests write, printed at each stage: a full disk shows
+# in the log as itself, not as a test's I/O error.
+mkdir -p "$target"
+disk() {
+  local d
+  for d in "$target" "${TMPDIR:-/tmp}"; do
+    echo "   disk: $(df -Pk "$d" | awk 'NR==2 {printf "%.1f GB free", $4/1048576}') in $d"
+  done
+}
+disk
 step "cargo build --features cuda (type-checks the GPU path without CUDA)"
 cargo build --locked --features cuda
 step "cargo clippy --all-targets --features cuda"
@@ -59,9 +71,12 @@ step "the Python module's venv and extension (scripts/python-venv.sh: numpy, tor
 RINGREC_TEST_PYTHON_MODULE=$(scripts/python-venv.sh)
 export RINGREC_TEST_PYTHON_MODULE
 step "cargo test --features cuda"
+disk
 RINGREC_CUDA_WHEELS="$target/cuda-wheels" cargo test --locked --features cuda
 step "cargo test --lib --bins --test cli (without the cuda feature)"
+disk
 cargo test --locked --lib --bins --test cli
 step "scripts/docker-libs.sh (the Docker image's libraries, where a Docker engine exists)"
 scripts/docker-libs.sh
 step "done"
+disk

@@ -31,6 +31,16 @@ extern "C" fn on_signal(sig: libc::c_int) {
         unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
         return;
     }
+    unlink_tracked();
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(128 + sig) };
+}
+
+/// Unlinks every segment name still tracked ([`track`]), for a process about to end at once
+/// without running destructors: the second signal's handler, and a rank that gives up on
+/// its peers ([`crate::watchdog::end_job`]) while a segment's set-up waits for a local rank
+/// that stopped or died. Async-signal-safe (atomics and `unlink`).
+pub fn unlink_tracked() {
     for slot in TRACKED.iter() {
         let p = slot.swap(std::ptr::null_mut(), Ordering::SeqCst);
         if !p.is_null() {
@@ -39,8 +49,6 @@ extern "C" fn on_signal(sig: libc::c_int) {
             unsafe { libc::unlink(p) };
         }
     }
-    // SAFETY: _exit is async-signal-safe and ends the process at once.
-    unsafe { libc::_exit(128 + sig) };
 }
 
 extern "C" fn count_signal(sig: libc::c_int) {

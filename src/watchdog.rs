@@ -138,6 +138,9 @@ pub fn end_job(comm: &SimpleCommunicator, code: i32) -> ! {
     use std::io::Write;
     let _ = std::io::stderr().flush();
     let _ = std::io::stdout().flush();
+    // A segment whose set-up waited for the rank that failed still has its name: remove it
+    // now, before MPI_Abort can end this process (nothing is left in /dev/shm).
+    crate::signals::unlink_tracked();
     let raw = AbortHandle(comm.as_raw());
     let _ = std::thread::Builder::new().name("ringrec-abort".into()).spawn(move || {
         let raw = raw;

@@ -436,3 +436,24 @@ fn the_data_file_differs_in_length_is_refused_with_the_rows_named() {
     assert!(done.stderr.contains("--synth-rows: rank 0 has 6000, rank 1 has 6001"), "{}", done.all());
 }
 
+
+/// A rank that gives up on its peers ends with `_exit` (`watchdog::end_job`), running no
+/// destructor: a segment whose set-up was waiting for the failed rank keeps its name unless
+/// the exit path unlinks what is tracked — which `end_job` and the second signal do.
+#[test]
+fn tracked_segment_names_are_unlinked_by_the_exit_path() {
+    let dir = tmpdir("tracked");
+    let (a, b) = (dir.join("ringrec-seg-a"), dir.join("ringrec-seg-b"));
+    for p in [&a, &b] {
+        std::fs::write(p, b"x").unwrap();
+    }
+    let ga = ringrec::signals::track(&a).expect("a free slot");
+    let gb = ringrec::signals::track(&b).expect("a free slot");
+    // The normal path: the guard is dropped after the name was removed; the slot is free.
+    drop(gb);
+    ringrec::signals::unlink_tracked();
+    assert!(!a.exists(), "a tracked name must be unlinked");
+    assert!(b.exists(), "a name no longer tracked must be left alone");
+    drop(ga);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

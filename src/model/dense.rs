@@ -24,6 +24,9 @@
 //! pooled into the last fields' columns ([`Op::PoolBags`]); the key gradients add the bags'
 //! spread gradient after the single-hot slots' ([`Op::PoolBagsGrad`]). So every model that
 //! only counts fields takes the pooled vectors unchanged. Without bags nothing of this runs.
+//! With a hot-row cache ([`DenseModel::load_cached`]) each bag id's row is read where the
+//! single-hot gather reads it, the cache slot or the staged miss ([`Op::PoolBagsSourced`]);
+//! the key gradients are the same per-key sums, which the cache's update reads.
 //!
 //! **Fields of several tables** ([`DenseModel::set_fields`], `--table`): each field has its
 //! own width; the batch's rows are staged per key at offsets ([`DenseModel::stage_tables`])
@@ -497,10 +500,10 @@ impl<D: Device> DenseModel<D> {
         if misses.is_some() != cache.is_some() {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
-        if cache.is_some() && (self.bags > 0 || self.fields.is_some()) {
-            // The pooling reads every bag id's row from the staged rows, which hold only the
-            // cache's misses here.
-            return Err(DeviceError::refused("loading a batch", "a model with multi-hot fields or fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
+        if cache.is_some() && self.fields.is_some() {
+            // The fields' gather reads every key's row at its offset in the staged rows,
+            // which hold only the cache's misses here.
+            return Err(DeviceError::refused("loading a batch", "a model with fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
         }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
@@ -576,7 +579,12 @@ impl<D: Device> DenseModel<D> {
             }
         }
         if self.bags > 0 && self.fields.is_none() {
-            dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags: self.bags, dim, stride, col: fields * dim, mean: self.mean })?;
+            let (index, offsets, bags, col, mean) = (&b.bag_index, &b.bag_offsets, self.bags, fields * dim, self.mean);
+            match (cache, self.batch.source.as_ref().filter(|_| self.batch.sourced)) {
+                // Each bag id's row where the single-hot gather reads it: its cache slot or its staged miss.
+                (Some(cache), Some(source)) => dev.exec(Op::PoolBagsSourced { cache, misses: &b.emb, source, index, offsets, out: x, rows: batch, bags, dim, stride, col, mean })?,
+                _ => dev.exec(Op::PoolBags { table: &b.emb, index, offsets, out: x, rows: batch, bags, dim, stride, col, mean })?,
+            }
         }
         dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: self.layout.fields * dim })?;
         self.fill = 1 - slot;

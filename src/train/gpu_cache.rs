@@ -379,13 +379,20 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
-    /// source, the inverse map, dense features and labels; records its keys' occurrences.
+    /// source, the inverse map, dense features, labels and a multi-hot batch's bags (its
+    /// ids pooled from the same sources); records its keys' occurrences, list ids included.
     /// In an f32 table, a miss absent from the table (it reads as its initial row) travels
     /// as its key and the device makes its row ([`DenseModel::stage_new_rows`]): the
     /// present misses' rows are staged first, the new ones after them, and the staged
     /// sources say so (the plan's own stay in miss order).
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
-        self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
+        self.stage_rows(model, table, b)?;
+        super::predict::stage_bags(model, b)
+    }
+
+    /// [`GpuCache::stage`] but the bags.
+    fn stage_rows(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
+        self.dir.plan(&b.uniq, &[&b.inverse, &b.bag_index], b.len(), &mut self.plan);
         let misses = &self.plan.misses;
         let h = table.header();
         let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), misses.len())?;

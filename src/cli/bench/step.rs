@@ -443,7 +443,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let t1 = Instant::now();
         let (u, samples) = (buf.batch.uniq.len(), buf.batch.labels.len());
         if cached {
-            dir.plan(&buf.batch.uniq, &buf.batch.inverse, samples, &mut buf.plan);
+            dir.plan(&buf.batch.uniq, &[&buf.batch.inverse, &buf.batch.bag_index], samples, &mut buf.plan);
         }
         let t2 = Instant::now();
         let staged = if cached { &buf.plan.misses } else { &buf.batch.uniq };

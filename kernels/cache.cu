@@ -16,30 +16,6 @@ extern "C" __global__ void gather_sourced(const float* __restrict__ cache, const
     }
 }
 
-// Multi-hot pooling through the cache: pool_bags (kernels/pooling.cu) with gather_sourced's
-// indirection. Bag b < rows * bags (field b % bags of row b / bags) holds the unique keys
-// index[offsets[b] .. offsets[b+1]]; key u's row is cache row source[u], or row
-// (source[u] & 0x7fffffff) of misses when its top bit is set. The rows are summed in list
-// order and divided by the bag's length for a field whose bit is set in `mean`: the same
-// additions as pool_bags over the same values, so the same bits.
-extern "C" __global__ void pool_bags_sourced(const float* __restrict__ cache, const float* __restrict__ misses,
-                                             const u32* __restrict__ source, const u32* __restrict__ index,
-                                             const u32* __restrict__ offsets, float* __restrict__ out,
-                                             int rows, int bags, int dim, int stride, int col, int mean) {
-    long long n = (long long)rows * bags * dim;
-    for (long long t = RR_TID; t < n; t += RR_STRIDE) {
-        long long b = t / dim, d = t % dim;
-        u32 lo = offsets[b], hi = offsets[b + 1];
-        float acc = 0.0f;
-        for (u32 j = lo; j < hi; j++) {
-            u32 s = source[index[j]];
-            acc += (s & 0x80000000u) ? misses[(long long)(s & 0x7fffffffu) * dim + d] : cache[(long long)s * dim + d];
-        }
-        if ((((u32)mean) >> (b % bags)) & 1u && hi > lo) acc /= (float)(hi - lo);
-        out[(b / bags) * stride + col + (b % bags) * dim + d] = acc;
-    }
-}
-
 // The host table's optimizer step (src/embedding/update.rs, step_row) on cached rows, bit
 // for bit: entry e's gradient row grads[e * dim ..] updates cache row slots[e]. SGD
 // (adagrad = 0): w -= lr * g. Row-wise Adagrad: acc += (sum of g^2 in order) / dim, then

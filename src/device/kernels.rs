@@ -242,8 +242,8 @@ impl Kernel {
             | Kernel::StripFirstOrderGrad
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
-            Kernel::GatherSourced | Kernel::PoolBagsSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
-            Kernel::PoolBags | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
+            Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
+            Kernel::PoolBags | Kernel::PoolBagsSourced | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
             Kernel::CsrCount | Kernel::CsrBlockSums | Kernel::CsrBlockStarts | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",
         }

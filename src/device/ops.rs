@@ -281,7 +281,7 @@ pub enum Op<'a, D: Device> {
     /// row is row `source[u]` of `cache`, or, when `source[u]` has its top bit
     /// ([`crate::device::CACHE_MISS`]) set, row `source[u] & !CACHE_MISS` of `misses`.
     GatherSourced { cache: &'a D::Buf<f32>, misses: &'a D::Buf<f32>, source: &'a D::Buf<u32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
-    /// [`Op::PoolBags`] through the GPU hot-row cache (kernels/cache.cu): each bag id's row
+    /// [`Op::PoolBags`] through the GPU hot-row cache (kernels/pooling.cu): each bag id's row
     /// (a unique key `u`) is read where [`Op::GatherSourced`] reads it — row `source[u]` of
     /// `cache`, or row `source[u] & !CACHE_MISS` of `misses` — and pooled in list order with
     /// [`Op::PoolBags`]' arithmetic, so the pooled values are its values bit for bit.

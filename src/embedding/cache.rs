@@ -692,6 +692,16 @@ mod tests {
     }
 
     #[test]
+    fn list_ids_count_as_often_as_they_occur() {
+        // Key 30 occurs in no single-hot field but three times in the bags: it is chosen
+        // over key 10, seen twice in the inverse map, and 20, once.
+        let mut d = CacheDirectory::new(1);
+        let mut p = StagingPlan::default();
+        d.plan(&[10, 20, 30], &[&[0, 0, 1], &[2, 2, 2]], 3, &mut p);
+        assert_eq!(d.refresh(|_| true).entering, vec![(30, 0)]);
+    }
+
+    #[test]
     fn large_refreshes_choose_the_same_keys_as_a_full_sort() {
         let mut rng = crate::hash::Stream(7);
         let mut d = CacheDirectory::new(100);
@@ -742,7 +752,7 @@ mod tests {
         d.observe(&[10, 20, 30], &[0, 0, 1, 1, 2, 2]);
         d.refresh(|_| true);
         let (keys, mut p) = ([5u64, 10, 20, 25], StagingPlan::default());
-        d.plan(&keys, &[0, 1, 2, 3], 4, &mut p);
+        d.plan(&keys, &[&[0, 1, 2, 3]], 4, &mut p);
         let grads: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let mut planned = UpdateSelection::default();
         assert!(d.select_update(&p, &keys, &grads, 2, Some((&keys, &grads)), &mut planned));

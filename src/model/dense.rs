@@ -526,9 +526,10 @@ impl<D: Device> DenseModel<D> {
         if let Some(bad) = dev.host(&mut self.stages[slot].arrays.inverse)?[..batch * fields].iter().find(|u| **u as usize >= keys) {
             return Err(DeviceError::refused("staging a batch", format!("inverse names row {bad} of {keys} unique keys")));
         }
-        if self.bags > 0 || self.fields.is_some() {
-            self.load_bags(slot, batch, keys, ids, floats)?;
-        }
+        let bag_values = match self.bags > 0 || self.fields.is_some() {
+            true => self.load_bags(slot, batch, keys, ids, floats)?,
+            false => 0,
+        };
         let weights = self.load_weights(slot, batch)?;
         let dev = &self.dev;
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
@@ -554,7 +555,7 @@ impl<D: Device> DenseModel<D> {
         let (offsets, slots, csr) = (&mut self.batch.offsets, &mut self.batch.slots, &mut self.batch.csr);
         dev.exec(Op::BuildCsr { inverse: &b.inverse, n: batch * fields, keys, offsets, slots, scratch: csr })?;
         let stage = &mut self.stages[slot];
-        let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights) + 8 * new;
+        let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights + bag_values) + 8 * new;
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         match (cache, stage.source.as_mut(), &self.fields) {
@@ -615,8 +616,9 @@ impl<D: Device> DenseModel<D> {
     /// Moves the staged bags of slot `slot` (`ids` ids; `batch` samples, `keys` keys) to the
     /// device with each key's bags ([`build_bag_csr`]); for fields of several widths also
     /// the keys' row offsets (`floats` values), checked against the fields' widths
-    /// ([`FieldWidths::check_staged`]), and empty bags when none are multi-hot.
-    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize, floats: usize) -> DeviceResult<()> {
+    /// ([`FieldWidths::check_staged`]), and empty bags when none are multi-hot. Returns the
+    /// values uploaded.
+    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize, floats: usize) -> DeviceResult<usize> {
         let (dev, bags, st) = (&self.dev, self.bags, &mut self.stages[slot].arrays);
         if bags == 0 {
             grow_staging(dev, &mut st.bag_offsets, 1, Direction::ToDevice)?.fill(0);
@@ -637,6 +639,7 @@ impl<D: Device> DenseModel<D> {
             grow(dev, &mut b.key_at, keys + 1)?;
             dev.upload(&mut st.key_at, keys + 1, &mut b.key_at)?;
         }
+        let key_at = if self.fields.is_some() { keys + 1 } else { 0 };
         // One element at least: a kernel argument is a pointer into a buffer.
         grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
         grow(dev, &mut b.bag_index, ids.max(1))?;
@@ -645,7 +648,8 @@ impl<D: Device> DenseModel<D> {
         dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
         dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
         dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
-        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)
+        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
+        Ok(key_at + batch * bags + 1 + 2 * ids + keys + 1)
     }
 
     fn loaded(&self) -> DeviceResult<(usize, usize)> {

@@ -11,7 +11,10 @@
 //!   slot or a miss; only the misses are looked up from the host table and uploaded, with
 //!   one `u32` source per unique key (a miss the table does not hold, in an f32 table: its
 //!   key only, the device makes its initial row, [`Op::InitRows`]);
-//!   [`Op::GatherSourced`] builds the input.
+//!   [`Op::GatherSourced`] builds the input. A multi-hot batch's list ids are keys like
+//!   any other (counted per occurrence for the refresh's choice), and its bags are pooled
+//!   from the same sources ([`Op::PoolBagsSourced`]); the key gradients are per unique key
+//!   either way, so the update below reads them unchanged.
 //! - **Update** ([`GpuCache::apply`]): after the exchange, the merged list the leader
 //!   applied (every local rank reads it: [`crate::sparse::SparseExchanger::host_result`];
 //!   nothing when the leader skipped it as not finite) is filtered to the cached keys, and

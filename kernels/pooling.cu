@@ -4,6 +4,24 @@
 // set in `mean` is pooled by its mean, the others by their sum; an empty bag gives zeros.
 // One thread owns one output and walks its inputs in list order (the CPU's order).
 
+// Value d of bag b pooled: the rows of its ids summed in list order, divided by the bag's
+// length for a field whose bit is set in `mean` (an empty bag: zero). Unique key u's row is
+// table[u * dim ..]; with `source` (the GPU hot-row cache, pool_bags_sourced) it is row
+// source[u] of `table` (the cache), or row (source[u] & 0x7fffffff) of `misses` when the top
+// bit is set: the same additions over the same values.
+static __device__ __forceinline__ float rr_pool_bag(const float* table, const float* misses, const u32* source,
+                                                    const u32* index, const u32* offsets, long long b, long long d,
+                                                    int bags, int dim, int mean) {
+    u32 lo = offsets[b], hi = offsets[b + 1];
+    float acc = 0.0f;
+    for (u32 j = lo; j < hi; j++) {
+        u32 u = index[j], s = source ? source[u] : u;
+        acc += (source && (s & 0x80000000u)) ? misses[(long long)(s & 0x7fffffffu) * dim + d] : table[(long long)s * dim + d];
+    }
+    if ((((u32)mean) >> (b % bags)) & 1u && hi > lo) acc /= (float)(hi - lo);
+    return acc;
+}
+
 // out[(b / bags) * stride + col + (b % bags) * dim + d] = sum over the bag's ids of
 // table[id * dim + d], in order (divided by the bag's length for a mean field).
 extern "C" __global__ void pool_bags(const float* __restrict__ table, const u32* __restrict__ index,
@@ -12,11 +30,20 @@ extern "C" __global__ void pool_bags(const float* __restrict__ table, const u32*
     long long n = (long long)rows * bags * dim;
     for (long long t = RR_TID; t < n; t += RR_STRIDE) {
         long long b = t / dim, d = t % dim;
-        u32 lo = offsets[b], hi = offsets[b + 1];
-        float acc = 0.0f;
-        for (u32 j = lo; j < hi; j++) acc += table[(long long)index[j] * dim + d];
-        if ((((u32)mean) >> (b % bags)) & 1u && hi > lo) acc /= (float)(hi - lo);
-        out[(b / bags) * stride + col + (b % bags) * dim + d] = acc;
+        out[(b / bags) * stride + col + (b % bags) * dim + d] = rr_pool_bag(table, table, 0, index, offsets, b, d, bags, dim, mean);
+    }
+}
+
+// pool_bags through the GPU hot-row cache (src/device/ops.rs: Op::PoolBagsSourced): each id's
+// row read where gather_sourced (kernels/cache.cu) reads it, cache row or staged miss.
+extern "C" __global__ void pool_bags_sourced(const float* __restrict__ cache, const float* __restrict__ misses,
+                                             const u32* __restrict__ source, const u32* __restrict__ index,
+                                             const u32* __restrict__ offsets, float* __restrict__ out,
+                                             int rows, int bags, int dim, int stride, int col, int mean) {
+    long long n = (long long)rows * bags * dim;
+    for (long long t = RR_TID; t < n; t += RR_STRIDE) {
+        long long b = t / dim, d = t % dim;
+        out[(b / bags) * stride + col + (b % bags) * dim + d] = rr_pool_bag(cache, misses, source, index, offsets, b, d, bags, dim, mean);
     }
 }
 

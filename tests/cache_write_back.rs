@@ -12,7 +12,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use common::CheckpointedRun as Run;
 
 fn data_dir() -> PathBuf {
     common::shared_scratch("write-back-data")
@@ -47,37 +49,11 @@ fn train(np: usize, env: &[(&str, &str)], args: &[&str]) -> common::Job {
     common::mpirun(np, &e, &common::small_table(&a))
 }
 
-/// Every checkpoint's table file in `dir`, by step.
-fn tables(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut steps: Vec<_> = std::fs::read_dir(dir).expect("checkpoint dir").filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("table.rrt").exists()).collect();
-    steps.sort();
-    steps.iter().map(|p| (p.file_name().unwrap().to_string_lossy().to_string(), std::fs::read(p.join("table.rrt")).expect("table file"))).collect()
-}
-
 /// One run: its summary and its checkpoints' tables.
-struct Run {
-    summary: serde_json::Value,
-    tables: Vec<(String, Vec<u8>)>,
-    stderr: String,
-}
-
 fn run(what: &str, np: usize, env: &[(&str, &str)], args: &[&str]) -> Run {
     let dir = common::scratch(&format!("write-back-{what}"));
     let args = [&["--checkpoint-dir", dir.to_str().expect("utf8")][..], args].concat();
-    let job = train(np, env, &args);
-    job.assert_ok();
-    Run { summary: job.summary(), tables: tables(&dir), stderr: job.stderr.clone() }
-}
-
-/// Asserts `b` ended as `a` did: parameters, every checkpoint's table file, rows' CRC.
-fn same(what: &str, a: &Run, b: &Run) {
-    assert_eq!(b.summary["params_fnv"], a.summary["params_fnv"], "{what}: the dense parameters differ");
-    let names = |r: &Run| r.tables.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(b), names(a), "{what}: other checkpoints");
-    assert!(a.tables.len() >= 3, "{what}: the run wrote {} checkpoints", a.tables.len());
-    for ((n, x), (_, y)) in a.tables.iter().zip(&b.tables) {
-        assert!(x == y, "{what}: the table of checkpoint {n} differs");
-    }
+    Run::of(&train(np, env, &args), &dir)
 }
 
 /// Runs `extra` with no cache, write-through and write-back (and write-back under each of
@@ -89,14 +65,14 @@ fn compare(what: &str, np: usize, env: &[(&str, &str)], extra: &[&str], seeds: &
     assert!(g["hit_rate"].as_f64().unwrap() > 0.05, "{what}: the cache found nothing: {g}");
     assert!(g["rows_refreshed"].as_u64().unwrap() > g["slots"].as_u64().unwrap(), "{what}: keys did not enter and leave: {g}");
     assert!(back.stderr.contains("write-back (--gpu-cache-mib"), "{what}: the run does not state its cache mode:\n{}", back.stderr);
-    same(&format!("{what}: write-through"), &off, &through);
-    same(&format!("{what}: write-back"), &off, &back);
+    off.assert_same(&format!("{what}: write-through"), &through);
+    off.assert_same(&format!("{what}: write-back"), &back);
     assert_eq!(back.summary["table_rows_crc_per_host"], through.summary["table_rows_crc_per_host"], "{what}");
     for seed in seeds {
         let delayed_env = [env, &[("RINGREC_HOST_DELAY_SEED", *seed)]].concat();
         let delayed = run(&format!("{what}-seed{seed}"), np, &delayed_env, &[extra, &modes()[2].1[..]].concat());
         assert!(delayed.summary["device"].as_str().unwrap().contains("random delays"), "{}", delayed.summary);
-        same(&format!("{what}: write-back, delay seed {seed}"), &off, &delayed);
+        off.assert_same(&format!("{what}: write-back, delay seed {seed}"), &delayed);
     }
     back
 }
@@ -154,7 +130,7 @@ fn a_skipped_nan_step_and_a_resume_stay_exact() {
     resumed.assert_ok();
     let off = run("resume-off", 1, &[], &["--max-steps", "12", "--gpu-cache-mib", "0"]);
     assert_eq!(resumed.summary()["params_fnv"], off.summary["params_fnv"], "the resumed write-back run differs from the uninterrupted one");
-    let last = tables(&dir).pop().expect("a checkpoint");
+    let last = common::checkpoint_tables(&dir).pop().expect("a checkpoint");
     assert!(&last == off.tables.last().unwrap(), "the resumed write-back run's table differs");
 }
 

@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 
 use reference::{fill_row, scatter_key_grads};
-use ringrec::device::{Activation, CpuDevice, CsrScratch, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op};
+use ringrec::device::{Activation, CpuDevice, CsrScratch, CudaDevice, Device, Epilogue, Gemm, GemmPrecision, Half, HostDelay, HostFault, HostKernels, HostOptions, Op, CACHE_MISS};
 use ringrec::hash::splitmix64_next;
 use ringrec::model::input::{build_csr, InputLayout};
 use ringrec::model::pooling::{build_bag_csr, Pooling};
@@ -664,9 +664,9 @@ fn random_bags(rows: usize, bags: usize, keys: usize, seed: u64) -> (Vec<u32>, V
     (index, offsets)
 }
 
-/// Multi-hot pooling and its backward against a plain loop (bit for bit: the same order),
-/// sum and mean fields side by side, into rows with other columns around the bags; the
-/// backward adds to what the key gradients hold.
+/// Multi-hot pooling (also through the hot-row cache's sources) and its backward against a
+/// plain loop (bit for bit: the same order), sum and mean fields side by side, into rows
+/// with other columns around the bags; the backward adds to what the key gradients hold.
 fn pooling_matches_a_plain_loop<D: Device>(dev: &D) {
     let (rows, bags, dim, keys, col, stride) = (23, 3, 4, 17, 5, 5 + 3 * 4 + 2);
     let mean = 0b010;
@@ -690,6 +690,24 @@ fn pooling_matches_a_plain_loop<D: Device>(dev: &D) {
     let (table_d, index_d, offsets_d) = (dev.buffer_from(&table).unwrap(), dev.buffer_from(&index).unwrap(), dev.buffer_from(&offsets).unwrap());
     dev.exec(Op::PoolBags { table: &table_d, index: &index_d, offsets: &offsets_d, out: &mut out, rows, bags, dim, stride, col, mean }).unwrap();
     assert_eq!(dev.to_vec(&out, rows * stride).unwrap(), want, "pool_bags");
+    // Through the GPU hot-row cache: the same rows split between cache slots (every other
+    // key, in reverse order) and staged misses pool to the same bits.
+    let (mut cache, mut misses, mut source) = (vec![0f32; keys * dim], Vec::new(), Vec::new());
+    for u in 0..keys {
+        let row = &table[u * dim..(u + 1) * dim];
+        if u % 2 == 0 {
+            let slot = keys - 1 - u;
+            cache[slot * dim..(slot + 1) * dim].copy_from_slice(row);
+            source.push(slot as u32);
+        } else {
+            source.push(CACHE_MISS | (misses.len() / dim) as u32);
+            misses.extend_from_slice(row);
+        }
+    }
+    let (cache, misses, source) = (dev.buffer_from(&cache).unwrap(), dev.buffer_from(&misses).unwrap(), dev.buffer_from(&source).unwrap());
+    let mut sourced = dev.buffer_from(&random(rows * stride, 13)).unwrap();
+    dev.exec(Op::PoolBagsSourced { cache: &cache, misses: &misses, source: &source, index: &index_d, offsets: &offsets_d, out: &mut sourced, rows, bags, dim, stride, col, mean }).unwrap();
+    assert_eq!(dev.to_vec(&sourced, rows * stride).unwrap(), want, "pool_bags_sourced");
     let empty = (0..rows * bags).find(|b| offsets[*b] == offsets[b + 1]).expect("an empty bag");
     let at = (empty / bags) * stride + col + (empty % bags) * dim;
     assert_eq!(&want[at..at + dim], &[0.0; 4], "an empty bag pools to zeros");

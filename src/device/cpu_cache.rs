@@ -1,5 +1,5 @@
 //! The GPU hot-row cache's kernels (kernels/cache.cu) on the CPU device: the input gathered
-//! from the cache or the misses, the cached rows' update with the table's own arithmetic
+//! from the cache or the misses (its multi-hot pooling is `cpu_pooling`'s), the cached rows' update with the table's own arithmetic
 //! (`embedding::update`: the same order and roundings, no contraction), rows put into slots,
 //! new keys' initial rows.
 
@@ -7,6 +7,13 @@ use super::cpu::CpuDevice;
 use super::ops::Op;
 use super::CACHE_MISS;
 use super::DeviceResult;
+
+/// The row (`dim` values) a hot-row cache source `s` names: row `s` of `cache`, or, with
+/// [`CACHE_MISS`] set, row `s & !CACHE_MISS` of `misses`.
+pub(super) fn sourced_row<'t>(cache: &'t [f32], misses: &'t [f32], s: u32, dim: usize) -> &'t [f32] {
+    let (from, at) = if s & CACHE_MISS != 0 { (misses, (s & !CACHE_MISS) as usize) } else { (cache, s as usize) };
+    &from[at * dim..(at + 1) * dim]
+}
 
 impl CpuDevice {
     /// Runs a cache kernel; any other op goes on to [`CpuDevice::exec_model`].
@@ -16,9 +23,7 @@ impl CpuDevice {
                 for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
                     let r = r0 + j;
                     for (f, u) in index[r * per_row..(r + 1) * per_row].iter().enumerate() {
-                        let s = source[*u as usize];
-                        let (from, at) = if s & CACHE_MISS != 0 { (&misses[..], (s & !CACHE_MISS) as usize) } else { (&cache[..], s as usize) };
-                        row[f * dim..(f + 1) * dim].copy_from_slice(&from[at * dim..(at + 1) * dim]);
+                        row[f * dim..(f + 1) * dim].copy_from_slice(sourced_row(cache, misses, source[*u as usize], dim));
                     }
                 }
             }),

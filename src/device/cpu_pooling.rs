@@ -1,4 +1,5 @@
-//! The CPU implementations of multi-hot pooling ([`Op::PoolBags`], [`Op::PoolBagsGrad`])
+//! The CPU implementations of multi-hot pooling ([`Op::PoolBags`], [`Op::PoolBagsGrad`];
+//! through the GPU hot-row cache, `Op::PoolBagsSourced`)
 //! and of the input of fields of several widths ([`Op::GatherFields`],
 //! [`Op::GatherFieldsGrad`]: `--table`), one output row (or key) at a time, in the order
 //! kernels/pooling.cu sums them, so the CPU, `--device host` and CUDA agree bit for bit;
@@ -12,6 +13,7 @@
 //! [`Op::GatherFieldsGrad`]: super::ops::Op::GatherFieldsGrad
 
 use super::cpu::{add_into, CpuDevice};
+use super::cpu_cache::sourced_row;
 use super::ops::{FieldCols, Op};
 use super::DeviceResult;
 
@@ -19,15 +21,14 @@ impl CpuDevice {
     /// Runs a pooling kernel; any other goes on to the models' kernels.
     pub(super) fn exec_pooling(&self, op: Op<'_, Self>) -> DeviceResult<()> {
         match op {
-            Op::PoolBags { table, index, offsets, out, rows, bags, dim, stride, col, mean } => self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| {
-                for (j, row) in chunk.chunks_exact_mut(stride).enumerate() {
-                    for f in 0..bags {
-                        let b = (r0 + j) * bags + f;
-                        let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
-                        pool_bag(|u| &table[u * dim..(u + 1) * dim], &index[lo..hi], (mean >> f) & 1 == 1, &mut row[col + f * dim..col + (f + 1) * dim]);
-                    }
-                }
-            }),
+            Op::PoolBags { table, index, offsets, out, rows, bags, dim, stride, col, mean } => {
+                let bags_of = BagsOnCpu { index, offsets, bags, dim, stride, col, mean };
+                self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| bags_of.pool(r0, chunk, |u| &table[u * dim..(u + 1) * dim]))
+            }
+            Op::PoolBagsSourced { cache, misses, source, index, offsets, out, rows, bags, dim, stride, col, mean } => {
+                let bags_of = BagsOnCpu { index, offsets, bags, dim, stride, col, mean };
+                self.for_chunks(&mut out[..rows * stride], stride, |r0, chunk| bags_of.pool(r0, chunk, |u| sourced_row(cache, misses, source[u], dim)))
+            }
             Op::PoolBagsGrad { src, offsets, key_offsets, slots, out, segments, bags, dim, stride, col, mean, .. } => self.for_chunks(&mut out[..segments * dim], dim, |u0, chunk| {
                 for (j, acc) in chunk.chunks_exact_mut(dim).enumerate() {
                     let u = u0 + j;
@@ -92,6 +93,34 @@ impl CpuDevice {
             op => return self.exec_model(op),
         }
         Ok(())
+    }
+}
+
+/// The bags of an [`Op::PoolBags`] (or [`Op::PoolBagsSourced`]) as the CPU reads them.
+///
+/// [`Op::PoolBagsSourced`]: super::ops::Op::PoolBagsSourced
+struct BagsOnCpu<'a> {
+    index: &'a [u32],
+    offsets: &'a [u32],
+    bags: usize,
+    dim: usize,
+    stride: usize,
+    col: usize,
+    mean: u32,
+}
+
+impl BagsOnCpu<'_> {
+    /// Pools the bags of the output rows in `chunk` (rows from `r0`), unique key `u`'s row
+    /// being `row(u)`.
+    fn pool<'t>(&self, r0: usize, chunk: &mut [f32], row: impl Fn(usize) -> &'t [f32] + Copy) {
+        let BagsOnCpu { index, offsets, bags, dim, stride, col, mean } = *self;
+        for (j, out) in chunk.chunks_exact_mut(stride).enumerate() {
+            for f in 0..bags {
+                let b = (r0 + j) * bags + f;
+                let (lo, hi) = (offsets[b] as usize, offsets[b + 1] as usize);
+                pool_bag(row, &index[lo..hi], (mean >> f) & 1 == 1, &mut out[col + f * dim..col + (f + 1) * dim]);
+            }
+        }
     }
 }
 

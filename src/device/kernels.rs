@@ -97,6 +97,8 @@ pub enum Kernel {
     FmSecondOrderGrad,
     /// Row gather from the hot-row cache or the staged misses.
     GatherSourced,
+    /// Multi-hot pooling of rows from the hot-row cache or the staged misses.
+    PoolBagsSourced,
     /// The host table's optimizer step on cached rows.
     CacheUpdate,
     /// Rows (and accumulators) put into cache slots.
@@ -127,7 +129,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 43] = [
+    pub const ALL: [Kernel; 44] = [
         Kernel::GatherRows,
         Kernel::CopyColumns,
         Kernel::BiasAct,
@@ -158,6 +160,7 @@ impl Kernel {
         Kernel::FmSecondOrder,
         Kernel::FmSecondOrderGrad,
         Kernel::GatherSourced,
+        Kernel::PoolBagsSourced,
         Kernel::CacheUpdate,
         Kernel::CachePut,
         Kernel::InitRows,
@@ -206,6 +209,7 @@ impl Kernel {
             Kernel::FmSecondOrder => "fm_second_order",
             Kernel::FmSecondOrderGrad => "fm_second_order_grad",
             Kernel::GatherSourced => "gather_sourced",
+            Kernel::PoolBagsSourced => "pool_bags_sourced",
             Kernel::CacheUpdate => "cache_update",
             Kernel::CachePut => "cache_put",
             Kernel::InitRows => "init_rows",
@@ -239,7 +243,7 @@ impl Kernel {
             | Kernel::FmSecondOrder
             | Kernel::FmSecondOrderGrad => "models",
             Kernel::GatherSourced | Kernel::CacheUpdate | Kernel::CachePut | Kernel::InitRows => "cache",
-            Kernel::PoolBags | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
+            Kernel::PoolBags | Kernel::PoolBagsSourced | Kernel::PoolBagsGrad | Kernel::GatherFields | Kernel::GatherFieldsGrad => "pooling",
             Kernel::CsrCount | Kernel::CsrBlockSums | Kernel::CsrBlockStarts | Kernel::CsrStarts | Kernel::CsrScatter | Kernel::CsrOffsets => "csr",
             _ => "dense",
         }

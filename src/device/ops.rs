@@ -281,6 +281,11 @@ pub enum Op<'a, D: Device> {
     /// row is row `source[u]` of `cache`, or, when `source[u]` has its top bit
     /// ([`crate::device::CACHE_MISS`]) set, row `source[u] & !CACHE_MISS` of `misses`.
     GatherSourced { cache: &'a D::Buf<f32>, misses: &'a D::Buf<f32>, source: &'a D::Buf<u32>, index: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, per_row: usize, dim: usize, stride: usize },
+    /// [`Op::PoolBags`] through the GPU hot-row cache (kernels/pooling.cu): each bag id's row
+    /// (a unique key `u`) is read where [`Op::GatherSourced`] reads it — row `source[u]` of
+    /// `cache`, or row `source[u] & !CACHE_MISS` of `misses` — and pooled in list order with
+    /// [`Op::PoolBags`]' arithmetic, so the pooled values are its values bit for bit.
+    PoolBagsSourced { cache: &'a D::Buf<f32>, misses: &'a D::Buf<f32>, source: &'a D::Buf<u32>, index: &'a D::Buf<u32>, offsets: &'a D::Buf<u32>, out: &'a mut D::Buf<f32>, rows: usize, bags: usize, dim: usize, stride: usize, col: usize, mean: u32 },
     /// The host table's optimizer step on cached rows, bit for bit (the arithmetic of
     /// `embedding::update`): for entry `e < n`, gradient row `grads[e * dim ..]` updates row
     /// `slots[e]` of `rows` — SGD `w -= lr * g`, or with `adagrad` (accumulators `acc`, one
@@ -365,6 +370,7 @@ impl<D: Device> Op<'_, D> {
             Op::OneBitEncode { .. } => "onebit_encode",
             Op::OneBitDecodeSum { .. } => "onebit_decode_sum",
             Op::GatherSourced { .. } => "gather_sourced",
+            Op::PoolBagsSourced { .. } => "pool_bags_sourced",
             Op::CacheUpdate { .. } => "cache_update",
             Op::CachePut { .. } => "cache_put",
             Op::InitRows { .. } => "init_rows",
@@ -433,7 +439,7 @@ impl<D: Device> Op<'_, D> {
             Op::CopyBlock { .. } | Op::Mul { .. } | Op::AddInto { .. } | Op::Interaction { .. } | Op::InteractionGrad { .. } | Op::StripFirstOrder { .. } => self.check_model(dev),
             Op::FirstOrderSum { .. } | Op::StripFirstOrderGrad { .. } | Op::FmSecondOrder { .. } | Op::FmSecondOrderGrad { .. } => self.check_model(dev),
             Op::GatherSourced { .. } | Op::CacheUpdate { .. } | Op::CachePut { .. } | Op::InitRows { .. } => self.check_model(dev),
-            Op::PoolBags { .. } | Op::PoolBagsGrad { .. } | Op::GatherFields { .. } | Op::GatherFieldsGrad { .. } => self.check_pooling(dev),
+            Op::PoolBags { .. } | Op::PoolBagsSourced { .. } | Op::PoolBagsGrad { .. } | Op::GatherFields { .. } | Op::GatherFieldsGrad { .. } => self.check_pooling(dev),
             Op::Sgd { p, at, g, n, .. } => {
                 f("params", dev.len(&**p), at + n)?;
                 f("grad", dev.len(*g), *n)
@@ -536,8 +542,8 @@ impl<D: Device> Op<'_, D> {
     fn check_pooling(&self, dev: &D) -> DeviceResult<()> {
         let f = |what: &str, have: usize, need: usize| fits(&format!("{}: {what}", self.name()), have, need);
         match self {
-            Op::PoolBags { offsets, out, rows, bags, dim, stride, col, .. } => {
-                check_bags("pool_bags", *bags, *dim, *stride, *col)?;
+            Op::PoolBags { offsets, out, rows, bags, dim, stride, col, .. } | Op::PoolBagsSourced { offsets, out, rows, bags, dim, stride, col, .. } => {
+                check_bags(self.name(), *bags, *dim, *stride, *col)?;
                 f("offsets", dev.len(*offsets), rows * bags + 1)?;
                 f("out", dev.len(&**out), rows * stride)
             }
@@ -759,6 +765,11 @@ pub fn launch<D: LaunchKernels>(dev: &D, op: Op<'_, D>) -> DeviceResult<()> {
             let scales = onebit_scales(n, block);
             dev.launch(Kernel::OneBitUnpackSum, n, &mut [InU32(gathered), Out(x, 0), int(n)?, int(ranks)?, long(stride), long(at), KernelArg::I32(average as i32), int(block)?, int(scales)?])
         }
+        Op::PoolBagsSourced { cache, misses, source, index, offsets, out, rows, bags, dim, stride, col, mean } => dev.launch(
+            Kernel::PoolBagsSourced,
+            rows * bags * dim,
+            &mut [In(cache, 0), In(misses, 0), InU32(source), InU32(index), InU32(offsets), Out(out, 0), int(rows)?, int(bags)?, int(dim)?, int(stride)?, int(col)?, KernelArg::I32(mean as i32)],
+        ),
         Op::GatherSourced { cache, misses, source, index, out, rows, per_row, dim, stride } => {
             dev.launch(Kernel::GatherSourced, rows * per_row * dim, &mut [In(cache, 0), In(misses, 0), InU32(source), InU32(index), Out(out, 0), int(rows)?, int(per_row)?, int(dim)?, int(stride)?])
         }

@@ -397,18 +397,19 @@ impl CacheDirectory {
     /// (each sample field's index in `uniq`), so each key counts its occurrences. Nothing
     /// is recorded without slots. ([`CacheDirectory::plan`] does this too.)
     pub fn observe(&mut self, uniq: &[u64], inverse: &[u32]) {
-        self.visit(uniq, inverse, None);
+        self.visit(uniq, &[inverse], None);
     }
 
     /// Records a batch's keys for the next refresh as [`CacheDirectory::observe`] does and,
     /// in the same pass (one lookup per key), maps each of its unique keys `uniq` (of
     /// `samples` samples) to its source (into `plan`, reused); counts the batch, its unique
-    /// keys and hits.
-    pub fn plan(&mut self, uniq: &[u64], inverse: &[u32], samples: usize, plan: &mut StagingPlan) {
+    /// keys and hits. `occurrences` are the batch's lists of indices into `uniq`: its
+    /// inverse map, and a multi-hot batch's bag ids (a list id counts as often as it occurs).
+    pub fn plan(&mut self, uniq: &[u64], occurrences: &[&[u32]], samples: usize, plan: &mut StagingPlan) {
         plan.source.clear();
         plan.misses.clear();
         plan.source.reserve(uniq.len());
-        self.visit(uniq, inverse, Some(plan));
+        self.visit(uniq, occurrences, Some(plan));
         plan.hits = uniq.len() - plan.misses.len();
         self.counters.samples += samples as u64;
         self.counters.unique_keys += uniq.len() as u64;
@@ -418,12 +419,12 @@ impl CacheDirectory {
     /// Counts each unique key's occurrences (a cached key's beside its slot, a candidate's
     /// in its entry, a key's first sighting in the doorkeeper) and, with `plan`, pushes its
     /// source.
-    fn visit(&mut self, uniq: &[u64], inverse: &[u32], mut plan: Option<&mut StagingPlan>) {
+    fn visit(&mut self, uniq: &[u64], occurrences: &[&[u32]], mut plan: Option<&mut StagingPlan>) {
         let record = self.capacity > 0;
         if record {
             self.counts.clear();
             self.counts.resize(uniq.len(), 0);
-            for i in inverse {
+            for i in occurrences.iter().flat_map(|o| o.iter()) {
                 if let Some(c) = self.counts.get_mut(*i as usize) {
                     *c = c.saturating_add(1);
                 }
@@ -636,7 +637,7 @@ mod tests {
         let mut d = CacheDirectory::new(0);
         let mut p = StagingPlan::default();
         d.observe(&[5, 7], &[0, 1, 1]);
-        d.plan(&[5, 7, 9], &[0, 1, 2], 3, &mut p);
+        d.plan(&[5, 7, 9], &[&[0, 1, 2]], 3, &mut p);
         assert_eq!(p.source, vec![MISS, MISS | 1, MISS | 2]);
         assert_eq!(p.misses, vec![5, 7, 9]);
         assert_eq!(d.refresh(|_| true), Refresh::default());
@@ -679,7 +680,7 @@ mod tests {
         d.observe(&[10, 20], &[0, 1, 0, 1]);
         d.refresh(|_| true);
         let mut p = StagingPlan::default();
-        d.plan(&[5, 10, 15, 20], &[0, 1, 2, 3, 3, 2, 1, 0], 8, &mut p);
+        d.plan(&[5, 10, 15, 20], &[&[0, 1, 2, 3, 3, 2, 1, 0]], 8, &mut p);
         assert_eq!(p.source, vec![MISS, 0, MISS | 1, 1]);
         assert_eq!(p.misses, vec![5, 15]);
         assert_eq!(p.hits, 2);
@@ -688,6 +689,16 @@ mod tests {
         let (mut at, mut slots) = (Vec::new(), Vec::new());
         d.select_cached(&[1, 10, 11, 20], &mut at, &mut slots);
         assert_eq!((at, slots), (vec![1, 3], vec![0, 1]));
+    }
+
+    #[test]
+    fn list_ids_count_as_often_as_they_occur() {
+        // Key 30 occurs in no single-hot field but three times in the bags: it is chosen
+        // over key 10, seen twice in the inverse map, and 20, once.
+        let mut d = CacheDirectory::new(1);
+        let mut p = StagingPlan::default();
+        d.plan(&[10, 20, 30], &[&[0, 0, 1], &[2, 2, 2]], 3, &mut p);
+        assert_eq!(d.refresh(|_| true).entering, vec![(30, 0)]);
     }
 
     #[test]
@@ -741,7 +752,7 @@ mod tests {
         d.observe(&[10, 20, 30], &[0, 0, 1, 1, 2, 2]);
         d.refresh(|_| true);
         let (keys, mut p) = ([5u64, 10, 20, 25], StagingPlan::default());
-        d.plan(&keys, &[0, 1, 2, 3], 4, &mut p);
+        d.plan(&keys, &[&[0, 1, 2, 3]], 4, &mut p);
         let grads: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let mut planned = UpdateSelection::default();
         assert!(d.select_update(&p, &keys, &grads, 2, Some((&keys, &grads)), &mut planned));

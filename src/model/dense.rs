@@ -24,6 +24,9 @@
 //! pooled into the last fields' columns ([`Op::PoolBags`]); the key gradients add the bags'
 //! spread gradient after the single-hot slots' ([`Op::PoolBagsGrad`]). So every model that
 //! only counts fields takes the pooled vectors unchanged. Without bags nothing of this runs.
+//! With a hot-row cache ([`DenseModel::load_cached`]) each bag id's row is read where the
+//! single-hot gather reads it, the cache slot or the staged miss ([`Op::PoolBagsSourced`]);
+//! the key gradients are the same per-key sums, which the cache's update reads.
 //!
 //! **Fields of several tables** ([`DenseModel::set_fields`], `--table`): each field has its
 //! own width; the batch's rows are staged per key at offsets ([`DenseModel::stage_tables`])
@@ -497,10 +500,10 @@ impl<D: Device> DenseModel<D> {
         if misses.is_some() != cache.is_some() {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
-        if cache.is_some() && (self.bags > 0 || self.fields.is_some()) {
-            // The pooling reads every bag id's row from the staged rows, which hold only the
-            // cache's misses here.
-            return Err(DeviceError::refused("loading a batch", "a model with multi-hot fields or fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
+        if cache.is_some() && self.fields.is_some() {
+            // The fields' gather reads every key's row at its offset in the staged rows,
+            // which hold only the cache's misses here.
+            return Err(DeviceError::refused("loading a batch", "a model with fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
         }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
@@ -523,9 +526,10 @@ impl<D: Device> DenseModel<D> {
         if let Some(bad) = dev.host(&mut self.stages[slot].arrays.inverse)?[..batch * fields].iter().find(|u| **u as usize >= keys) {
             return Err(DeviceError::refused("staging a batch", format!("inverse names row {bad} of {keys} unique keys")));
         }
-        if self.bags > 0 || self.fields.is_some() {
-            self.load_bags(slot, batch, keys, ids, floats)?;
-        }
+        let bag_values = match self.bags > 0 || self.fields.is_some() {
+            true => self.load_bags(slot, batch, keys, ids, floats)?,
+            false => 0,
+        };
         let weights = self.load_weights(slot, batch)?;
         let dev = &self.dev;
         let (b, x) = (&mut self.batch.arrays, &mut self.batch.x);
@@ -551,7 +555,7 @@ impl<D: Device> DenseModel<D> {
         let (offsets, slots, csr) = (&mut self.batch.offsets, &mut self.batch.slots, &mut self.batch.csr);
         dev.exec(Op::BuildCsr { inverse: &b.inverse, n: batch * fields, keys, offsets, slots, scratch: csr })?;
         let stage = &mut self.stages[slot];
-        let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights) + 8 * new;
+        let mut moved = 4 * (rows + batch * fields + batch * ndense + batch + weights + bag_values) + 8 * new;
         // x = [embedding rows of the sample's fields, dense features].
         let stride = self.layout.width();
         match (cache, stage.source.as_mut(), &self.fields) {
@@ -576,7 +580,12 @@ impl<D: Device> DenseModel<D> {
             }
         }
         if self.bags > 0 && self.fields.is_none() {
-            dev.exec(Op::PoolBags { table: &b.emb, index: &b.bag_index, offsets: &b.bag_offsets, out: x, rows: batch, bags: self.bags, dim, stride, col: fields * dim, mean: self.mean })?;
+            let (index, offsets, bags, col, mean) = (&b.bag_index, &b.bag_offsets, self.bags, fields * dim, self.mean);
+            match (cache, self.batch.source.as_ref().filter(|_| self.batch.sourced)) {
+                // Each bag id's row where the single-hot gather reads it: its cache slot or its staged miss.
+                (Some(cache), Some(source)) => dev.exec(Op::PoolBagsSourced { cache, misses: &b.emb, source, index, offsets, out: x, rows: batch, bags, dim, stride, col, mean })?,
+                _ => dev.exec(Op::PoolBags { table: &b.emb, index, offsets, out: x, rows: batch, bags, dim, stride, col, mean })?,
+            }
         }
         dev.exec(Op::CopyColumns { src: &b.dense, out: x, rows: batch, cols: ndense, stride, col: self.layout.fields * dim })?;
         self.fill = 1 - slot;
@@ -607,8 +616,9 @@ impl<D: Device> DenseModel<D> {
     /// Moves the staged bags of slot `slot` (`ids` ids; `batch` samples, `keys` keys) to the
     /// device with each key's bags ([`build_bag_csr`]); for fields of several widths also
     /// the keys' row offsets (`floats` values), checked against the fields' widths
-    /// ([`FieldWidths::check_staged`]), and empty bags when none are multi-hot.
-    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize, floats: usize) -> DeviceResult<()> {
+    /// ([`FieldWidths::check_staged`]), and empty bags when none are multi-hot. Returns the
+    /// values uploaded.
+    fn load_bags(&mut self, slot: usize, batch: usize, keys: usize, ids: usize, floats: usize) -> DeviceResult<usize> {
         let (dev, bags, st) = (&self.dev, self.bags, &mut self.stages[slot].arrays);
         if bags == 0 {
             grow_staging(dev, &mut st.bag_offsets, 1, Direction::ToDevice)?.fill(0);
@@ -629,6 +639,7 @@ impl<D: Device> DenseModel<D> {
             grow(dev, &mut b.key_at, keys + 1)?;
             dev.upload(&mut st.key_at, keys + 1, &mut b.key_at)?;
         }
+        let key_at = if self.fields.is_some() { keys + 1 } else { 0 };
         // One element at least: a kernel argument is a pointer into a buffer.
         grow(dev, &mut b.bag_offsets, batch * bags + 1)?;
         grow(dev, &mut b.bag_index, ids.max(1))?;
@@ -637,7 +648,8 @@ impl<D: Device> DenseModel<D> {
         dev.upload(&mut st.bag_offsets, batch * bags + 1, &mut b.bag_offsets)?;
         dev.upload(&mut st.bag_index, ids, &mut b.bag_index)?;
         dev.upload(&mut st.key_offsets, keys + 1, &mut b.key_offsets)?;
-        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)
+        dev.upload(&mut st.bag_slots, ids, &mut b.bag_slots)?;
+        Ok(key_at + batch * bags + 1 + 2 * ids + keys + 1)
     }
 
     fn loaded(&self) -> DeviceResult<(usize, usize)> {

@@ -185,10 +185,10 @@ settings! {
         #[setting(flag = "--dense-precision", scope = Scope::Agreed, service = ServiceRole::Args, value_name = "PRECISION")]
         pub dense_precision: GemmPrecision = GemmPrecision::F32,
         /// MiB of each GPU's memory for the hot-row cache (fractions allowed): the rows of the keys this rank
-        /// sees most (with their optimizer state), kept on the device and updated there exactly
-        /// as the host updates them, so only the other rows are uploaded (0: off, the default:
-        /// it does not pay yet, docs/gpus.md). At most the rows the table can hold. Refused on
-        /// --device cpu.
+        /// sees most (single-hot and multi-hot list ids alike, with their optimizer state), kept
+        /// on the device and updated there exactly as the host updates them, so only the other
+        /// rows are uploaded (0: off, the default: it does not pay yet, docs/gpus.md). At most
+        /// the rows the table can hold. Refused on --device cpu and with --table.
         #[setting(flag = "--gpu-cache-mib", scope = Scope::Free("each rank's own GPU memory; results do not depend on it"), service = ServiceRole::Args, value_name = "MIB")]
         pub gpu_cache_mib: Option<f64> = None,
         /// Steps between two choices of the hot-row cache's keys (the most frequent in this
@@ -676,9 +676,9 @@ impl TrainConfig {
 
     /// The pooling of each multi-hot field of data whose list columns are `names`
     /// (`--multi-hot-pooling`; not given: `warm`, the pooling the `--init-from` model
-    /// recorded, which a flag given must not contradict; else sum), and what a multi-hot
-    /// input cannot run with: the GPU hot-row cache (its rows are gathered per single-hot
-    /// slot; the bags' rows are not in it). Each refusal names the flag and the input.
+    /// recorded, which a flag given must not contradict; else sum). Each refusal names the
+    /// flag and the input. (The GPU hot-row cache holds list ids' rows too: their bags are
+    /// pooled from it, `Op::PoolBagsSourced`.)
     pub fn multi_hot(&self, input: &std::path::Path, names: &[String], warm: Option<&str>) -> TrainResult<Vec<crate::model::pooling::Pooling>> {
         use crate::model::pooling::{parse_pooling, recorded_pooling};
         let flag = self.multi_hot_pooling.as_deref();
@@ -689,14 +689,6 @@ impl TrainConfig {
         .map_err(TrainError::Config)?;
         if names.is_empty() {
             return Ok(modes);
-        }
-        if self.gpu_cache_asked() {
-            return Err(TrainError::Config(format!(
-                "--gpu-cache-mib {}: {} has multi-hot fields ({}), whose rows the GPU hot-row cache does not hold yet: pass --gpu-cache-mib 0",
-                self.gpu_cache_mib.unwrap_or(0.0),
-                input.display(),
-                names.join(", ")
-            )));
         }
         crate::model::pooling::mean_mask(&modes).map_err(|e| TrainError::Config(format!("{}: {e}", input.display())))?;
         Ok(modes)

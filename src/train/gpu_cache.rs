@@ -11,7 +11,10 @@
 //!   slot or a miss; only the misses are looked up from the host table and uploaded, with
 //!   one `u32` source per unique key (a miss the table does not hold, in an f32 table: its
 //!   key only, the device makes its initial row, [`Op::InitRows`]);
-//!   [`Op::GatherSourced`] builds the input.
+//!   [`Op::GatherSourced`] builds the input. A multi-hot batch's list ids are keys like
+//!   any other (counted per occurrence for the refresh's choice), and its bags are pooled
+//!   from the same sources ([`Op::PoolBagsSourced`]); the key gradients are per unique key
+//!   either way, so the update below reads them unchanged.
 //! - **Update** ([`GpuCache::apply`]): after the exchange, the merged list the leader
 //!   applied (every local rank reads it: [`crate::sparse::SparseExchanger::host_result`];
 //!   nothing when the leader skipped it as not finite) is filtered to the cached keys, and
@@ -379,13 +382,20 @@ impl<D: Device> GpuCache<D> {
     }
 
     /// Stages batch `b` for `model`: the misses' rows from `table`, every unique key's
-    /// source, the inverse map, dense features and labels; records its keys' occurrences.
+    /// source, the inverse map, dense features, labels and a multi-hot batch's bags (its
+    /// ids pooled from the same sources); records its keys' occurrences, list ids included.
     /// In an f32 table, a miss absent from the table (it reads as its initial row) travels
     /// as its key and the device makes its row ([`DenseModel::stage_new_rows`]): the
     /// present misses' rows are staged first, the new ones after them, and the staged
     /// sources say so (the plan's own stay in miss order).
     pub fn stage(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
-        self.dir.plan(&b.uniq, &b.inverse, b.len(), &mut self.plan);
+        self.stage_rows(model, table, b)?;
+        super::predict::stage_bags(model, b)
+    }
+
+    /// [`GpuCache::stage`] but the bags.
+    fn stage_rows(&mut self, model: &mut DenseModel<D>, table: &EmbeddingTable, b: &Batch) -> TrainResult<()> {
+        self.dir.plan(&b.uniq, &[&b.inverse, &b.bag_index], b.len(), &mut self.plan);
         let misses = &self.plan.misses;
         let h = table.header();
         let (st, source) = model.stage_sourced(b.len(), b.uniq.len(), misses.len())?;

@@ -62,6 +62,12 @@ pub fn stage_from<D: Device>(model: &mut DenseModel<D>, table: &EmbeddingTable, 
     st.inverse.copy_from_slice(&b.inverse);
     st.dense.copy_from_slice(&b.dense);
     st.labels.copy_from_slice(&b.labels);
+    stage_bags(model, b)
+}
+
+/// Stages the bags of a multi-hot batch `b` (its ids rows among its unique keys) after its
+/// rows ([`DenseModel::stage`] or `stage_sourced`); nothing for a single-hot batch.
+pub(super) fn stage_bags<D: Device>(model: &mut DenseModel<D>, b: &Batch) -> TrainResult<()> {
     if b.bags > 0 {
         let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
         offsets.copy_from_slice(&b.bag_offsets);

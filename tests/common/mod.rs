@@ -45,6 +45,41 @@ impl Job {
     }
 }
 
+/// Every checkpoint's table file (`table.rrt`) in checkpoint directory `dir`, by step.
+pub fn checkpoint_tables(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut steps: Vec<_> = std::fs::read_dir(dir).expect("checkpoint dir").filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("table.rrt").exists()).collect();
+    steps.sort();
+    steps.iter().map(|p| (p.file_name().unwrap().to_string_lossy().to_string(), std::fs::read(p.join("table.rrt")).expect("table file"))).collect()
+}
+
+/// A finished `ringrec train --json` run with checkpoints, as the GPU hot-row cache's tests
+/// compare runs: its summary, every checkpoint's table file by step, its stderr.
+pub struct CheckpointedRun {
+    pub summary: serde_json::Value,
+    pub tables: Vec<(String, Vec<u8>)>,
+    pub stderr: String,
+}
+
+impl CheckpointedRun {
+    /// `job` (asserted to have succeeded) and its checkpoint directory `dir`.
+    pub fn of(job: &Job, dir: &Path) -> CheckpointedRun {
+        job.assert_ok();
+        CheckpointedRun { summary: job.summary(), tables: checkpoint_tables(dir), stderr: job.stderr.clone() }
+    }
+
+    /// Asserts `other` ended as this run did: the dense parameters (`params_fnv`), the same
+    /// checkpoints (at least 3) and every one's table file, byte for byte.
+    pub fn assert_same(&self, what: &str, other: &CheckpointedRun) {
+        assert_eq!(other.summary["params_fnv"], self.summary["params_fnv"], "{what}: the dense parameters differ");
+        let names = |r: &CheckpointedRun| r.tables.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(other), names(self), "{what}: other checkpoints");
+        assert!(self.tables.len() >= 3, "{what}: the run wrote {} checkpoints", self.tables.len());
+        for ((n, x), (_, y)) in self.tables.iter().zip(&other.tables) {
+            assert!(x == y, "{what}: the table of checkpoint {n} differs");
+        }
+    }
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

@@ -345,11 +345,14 @@ struct Buffers {
     held: Vec<u32>,
 }
 
-/// Bytes the staging of a batch of `samples` samples of `fields`' shape moves that do not
-/// depend on the cache: the inverse map, dense features and labels, as `DenseModel::load`
-/// uploads them (the device builds the per-key lists from the inverse map).
-fn batch_bytes(fields: Fields, samples: usize) -> usize {
-    4 * (samples * fields.sparse + samples * fields.dense + samples)
+/// Bytes the staging of batch `b` moves that do not depend on the cache: the inverse map,
+/// dense features and labels, and a multi-hot batch's bags (where each starts, their ids,
+/// each key's bags), as `DenseModel::load` uploads them (the device builds the per-key
+/// lists of the single-hot fields from the inverse map).
+fn batch_bytes(b: &Batch) -> usize {
+    let (samples, fields) = (b.len(), b.fields);
+    let bags = if b.bags > 0 { b.bag_offsets.len() + 2 * b.bag_index.len() + b.uniq.len() + 1 } else { 0 };
+    4 * (samples * fields.sparse + samples * fields.dense + samples + bags)
 }
 
 /// Every row's keys put into the table once (zero gradients: values unchanged), in batches
@@ -443,7 +446,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         let t1 = Instant::now();
         let (u, samples) = (buf.batch.uniq.len(), buf.batch.labels.len());
         if cached {
-            dir.plan(&buf.batch.uniq, &buf.batch.inverse, samples, &mut buf.plan);
+            dir.plan(&buf.batch.uniq, &[&buf.batch.inverse, &buf.batch.bag_index], samples, &mut buf.plan);
         }
         let t2 = Instant::now();
         let staged = if cached { &buf.plan.misses } else { &buf.batch.uniq };
@@ -452,7 +455,7 @@ fn measure(topo: &Topology, args: &StepBenchArgs, stage: &mut EmbeddingStage, ds
         buf.inverse.clone_from(&buf.batch.inverse);
         buf.dense.clone_from(&buf.batch.dense);
         buf.labels.clone_from(&buf.batch.labels);
-        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(buf.batch.fields, samples) + if cached { 4 * u } else { 0 });
+        dir.counters_mut().uploaded(4 * staged.len() * dim + batch_bytes(&buf.batch) + if cached { 4 * u } else { 0 });
         let t3 = Instant::now();
         // Every unique key's gradient comes down (write-back too: the trainer checks them
         // all finite before it leaves the cached ones on the device).

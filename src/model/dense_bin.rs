@@ -752,6 +752,26 @@ mod tests {
     }
 
     #[test]
+    fn a_version_4_header_names_its_field_dims() {
+        let spec = specs().into_iter().find(|s| !s.field_dims.is_empty()).unwrap();
+        let b = encode(1, &spec, &vec![0.5; spec.num_params()], &[]).unwrap();
+        let g = 48 + 4 * (spec.hidden.len() + spec.bottom.len());
+        let e = |at: usize, v: u32| {
+            let mut bad = b.clone();
+            bad[32 + at..32 + at + 4].copy_from_slice(&v.to_le_bytes());
+            decode(p(), &reseal(bad)).unwrap_err().to_string()
+        };
+        assert!(e(g, 0).contains("field field dims: 0 field dims, expected 1 to"), "{}", e(g, 0));
+        assert!(e(g + 4, 1 << 30).contains("field field dims: a dim of 1073741824"), "{}", e(g + 4, 1 << 30));
+        // Dims that do not sum to the model's dim describe no model.
+        assert!(e(g + 4, 1).contains("field model:"), "{}", e(g + 4, 1));
+        // The same bytes framed as version 3: the field dims are read as the moments count.
+        let mut v3 = b.clone();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(decode(p(), &reseal(v3)).is_err());
+    }
+
+    #[test]
     fn damage_is_named() {
         let b = weights().encode(1).unwrap();
         let e = |b: &[u8]| decode(p(), b).unwrap_err();

@@ -230,6 +230,11 @@ mod tests {
         assert_eq!(param_count(&par, s).unwrap(), (w * w + w) + (w * 5 + 5) + (w + 5 + 1));
         // deepfm: deep w -> 5 -> 1, linear n + 1.
         assert_eq!(param_count(&Net::DeepFm { hidden: vec![5] }, s).unwrap(), (w * 5 + 5) + (5 + 1) + (2 + 1));
+        // wide-deep over fields of dims 1, 3 (one input field of 4 + 2 values): the deep
+        // part reads their 4 values and the dense features, as a wide-deep of one dim would.
+        let dims = Net::WideDeep { hidden: vec![5], field_dims: vec![1, 3] };
+        let one = Sizes { fields: 1, dim: 4, dense: 2 };
+        assert_eq!((param_count(&dims, one).unwrap(), dims.row_width(4)), ((6 * 5 + 5) + (5 + 1) + (2 + 1), 6));
         let flat = Net::Dcn { layers: 1, rank: 0, structure: CrossStructure::Parallel, hidden: vec![] };
         assert!(matches!(param_count(&flat, s), Err(OnnxError::Shape(_))));
     }

@@ -119,11 +119,13 @@ def spec_of_json(model):
         spec.update(bottom=m["bottom"], interaction_self=m["interaction_self"])
     if m["kind"] == "dcn":
         spec.update(cross_layers=m["cross_layers"], cross_rank=m["cross_rank"], cross_structure=m["cross_structure"])
+    if "field_dims" in m:
+        spec.update(field_dims=m["field_dims"])
     return spec
 
 
 def load_dense(data):
-    """(spec, flat float32 parameters) from dense.bin (RRMLP version 3, 2 or 1)."""
+    """(spec, flat float32 parameters) from dense.bin (RRMLP version 4, 3, 2 or 1)."""
     version, p = unframe(data, "dense.bin", b"RRMLP\0\0\0", 2)
     if version == 1:
         (layers,) = struct.unpack_from("<I", p, 12)
@@ -138,14 +140,21 @@ def load_dense(data):
         (moments,) = struct.unpack_from("<I", p, 16 + 4 * layers)
         params = np.frombuffer(p, dtype="<f4", offset=20 + 4 * layers, count=(len(p) - 20 - 4 * layers) // 4 // (1 + moments))
         return mlp_spec(widths), params
-    if version != 3:
-        fail(f"dense.bin: version {version}, this reader knows 1 to 3")
+    if version not in (3, 4):
+        fail(f"dense.bin: version {version}, this reader knows 1 to 4")
     # u64 step; u32 kind, fields, dim, dense features, H, B, interaction_self, cross layers,
-    # cross rank, cross structure; H hidden and B bottom widths; u32 moments K; u64 count P.
+    # cross rank, cross structure; H hidden and B bottom widths; version 4: u32 G and G field
+    # dims (a wide-deep over fields of different dims); u32 moments K; u64 count P.
     kind, fields, dim, ndense, h, b, inter, layers, rank, structure = struct.unpack_from("<10I", p, 8)
     widths = struct.unpack_from(f"<{h + b}I", p, 48)
-    moments, count = struct.unpack_from("<IQ", p, 48 + 4 * (h + b))
-    at = 60 + 4 * (h + b)
+    at = 48 + 4 * (h + b)
+    field_dims = []
+    if version == 4:
+        (g,) = struct.unpack_from("<I", p, at)
+        field_dims = list(struct.unpack_from(f"<{g}I", p, at + 4))
+        at += 4 * (g + 1)
+    moments, count = struct.unpack_from("<IQ", p, at)
+    at += 12
     if kind >= len(KINDS) or len(p) != at + 4 * count * (1 + moments):
         fail(f"dense.bin: model kind {kind}, {count} parameters and {moments} moments do not fill its {len(p)} payload bytes")
     spec = {"kind": KINDS[kind], "fields": fields, "dim": dim, "dense_features": ndense, "hidden": list(widths[:h])}
@@ -153,12 +162,30 @@ def load_dense(data):
         spec.update(bottom=list(widths[h:]), interaction_self=bool(inter))
     if spec["kind"] == "dcn":
         spec.update(cross_layers=layers, cross_rank=rank, cross_structure=["stacked", "parallel"][structure])
+    if field_dims:
+        spec.update(field_dims=field_dims)
     return spec, np.frombuffer(p, dtype="<f4", offset=at, count=count)
 
 
 def row_width(spec):
-    """Values per table row: dim, and the first-order weight of deepfm and wide-deep."""
-    return spec["dim"] + (1 if spec["kind"] in ("deepfm", "wide-deep") else 0)
+    """Values per table row: dim, and the first-order weight of deepfm and wide-deep (a
+    wide-deep over fields of different dims: its one input field, every field's dim + 1)."""
+    return spec["dim"] + (max(len(spec.get("field_dims", [])), 1) if spec["kind"] in ("deepfm", "wide-deep") else 0)
+
+
+def split_first_order(spec, rows):
+    """(embeddings N x F x d, first-order weights N x F) of rows with first-order weights
+    (a wide-deep over fields of different dims: F = 1 of their values side by side, and each
+    field's weight)."""
+    d = spec["dim"]
+    if "field_dims" not in spec:
+        return rows[:, :, :d], rows[:, :, d]
+    es, ws, at = [], [], 0
+    for fd in spec["field_dims"]:
+        es.append(rows[:, :, at:at + fd])
+        ws.append(rows[:, 0, at + fd])
+        at += fd + 1
+    return np.concatenate(es, axis=2), np.stack(ws, axis=1)
 
 
 def pairs(spec):
@@ -232,6 +259,8 @@ def logits(spec, flat, rows, dense):
     f, d, n, hidden = spec["fields"], spec["dim"], spec["dense_features"], spec["hidden"]
     w = f * d + n
     e = rows[:, :, :d].astype(np.float64)
+    if spec["kind"] in ("deepfm", "wide-deep"):
+        e, first = (v.astype(np.float64) for v in split_first_order(spec, rows))
     dense = dense.astype(np.float64)
     x = np.concatenate([e.reshape(len(e), f * d), dense], axis=1)
     p, kind = Params(flat), spec["kind"]
@@ -264,7 +293,7 @@ def logits(spec, flat, rows, dense):
     else:
         deep = run_mlp(x, p.mlp([w, *hidden, 1]), False)[:, 0]
         wx, b = p.take(n, 1)[:, 0], p.take(1, 1)[0, 0]
-        z = deep + dense @ wx + b + rows[:, :, d].astype(np.float64).sum(axis=1)
+        z = deep + dense @ wx + b + first.sum(axis=1)
         if kind == "deepfm":
             z = z + 0.5 * (e.sum(axis=1) ** 2 - (e ** 2).sum(axis=1)).sum(axis=1)
     if p.at != len(flat):
@@ -552,7 +581,9 @@ def load_bundle(bundle):
             if f["table"] not in tables or tables[f["table"]][2]["dim"] != f["width"]:
                 fail(f"model.json: field {f['name']} reads {f['width']} values of {f['table']}, which is not one of its tables of that dim")
         same = all(w == row_width(spec) for w in widths) and spec["fields"] == len(widths)
-        if not same and not (spec["fields"] == 1 and spec["kind"] in ("mlp", "dcn") and spec["dim"] == sum(widths)):
+        side_by_side = spec["fields"] == 1 and spec["kind"] in ("mlp", "dcn") and spec["dim"] == sum(widths)
+        of_dims = spec.get("field_dims") == [w - 1 for w in widths]
+        if not same and not side_by_side and not of_dims:
             fail(f"model.json: the fields' widths {widths} are not what the {spec['kind']} reads ({spec['fields']} fields of {row_width(spec)})")
     elif tab["dim"] != row_width(spec):
         fail(f"table.bin: rows of {tab['dim']} values, the {spec['kind']} reads {row_width(spec)}")

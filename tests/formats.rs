@@ -33,6 +33,18 @@ fn columns(p: &Path) -> (Vec<f32>, Vec<f32>, Vec<u64>) {
     (ds.labels().to_vec(), ds.dense_all().to_vec(), ds.keys_all().to_vec())
 }
 
+/// A cache's bytes after its header (which records its source): every section and the
+/// block sums.
+fn body(p: &Path) -> Vec<u8> {
+    let at = Dataset::open(p).unwrap().header().layout.labels_offset as usize;
+    std::fs::read(p).unwrap()[at..].to_vec()
+}
+
+/// The temporary files left in `d` (names starting with a dot).
+fn temporaries(d: &Path) -> Vec<String> {
+    std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect()
+}
+
 fn opts(max_bad_lines: u64) -> PrepareOptions {
     PrepareOptions { chunk_bytes: 64 << 10, ..PrepareOptions::new(max_bad_lines) }.threads(3)
 }
@@ -80,6 +92,7 @@ fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
         assert_eq!((s.rows, &s.report), (want.rows, &want.report), "{name}: the rows and the bad-line report of its text");
         assert_eq!(s.source_crc32, crc32(&bytes), "{name}: the content digest is the compressed file's");
         assert_eq!(columns(&out), columns(&want.path), "{name}: the same cache as its text's");
+        assert_eq!((s.bytes, body(&out)), (want.bytes, body(&want.path)), "{name}: byte for byte after the header");
         // Prepared once, then reused while its stat holds.
         let cache = d.join("cache");
         let first = Dataset::from_tsv_cached_with(&p, &cache, &opts(10)).unwrap().header().prepared_ns;
@@ -99,6 +112,10 @@ fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
     let s = prepare_with(&p, &d.join("many.rrdata"), &opts(10)).unwrap();
     assert_eq!((s.rows, &s.report, s.source_crc32), (want.rows, &want.report, crc32(&many)));
     assert_eq!(columns(&d.join("many.rrdata")), columns(&want.path), "nine frames: the same cache as the text's");
+    assert_eq!(body(&d.join("many.rrdata")), body(&want.path), "nine frames: byte for byte after the header");
+    // One thread (decoding and parsing by turns), and chunks of a few lines: the same file.
+    let s1 = prepare_with(&p, &d.join("many1.rrdata"), &PrepareOptions { chunk_bytes: 1000, ..opts(10) }.threads(1)).unwrap();
+    assert_eq!((s1.rows, &s1.report, body(&d.join("many1.rrdata"))), (want.rows, &want.report, body(&want.path)));
     // Parsed on every thread (the frames' own threads decode them); one stream: on all but
     // the decoding one.
     assert_eq!((s.threads, s.parsing_threads), (3, 3));
@@ -128,6 +145,33 @@ fn gzip_and_zstd_tsvs_prepare_into_the_cache_of_their_text() {
         let e = prepare_with(&p, &d.join("x.rrdata"), &opts(u64::MAX)).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}: its {codec} stream is damaged at byte ", p.display())), "{e}");
         assert!(!d.join("x.rrdata").exists());
+        assert_eq!(temporaries(&d), Vec::<String>::new(), "{name}: no cache or spilled column left behind");
+    }
+    // Malformed lines spread over the file, past the limit in its middle: the error of the
+    // plain text, at the same line, from a stream decoded once (one stream or nine frames).
+    let mut spread = Vec::new();
+    for (i, line) in text.split_inclusive(|&b| b == b'\n').enumerate() {
+        spread.extend_from_slice(line);
+        if i % 4000 == 3999 {
+            spread.extend_from_slice(b"1\tbad\n");
+        }
+    }
+    let tsv2 = d.join("spread.tsv");
+    std::fs::write(&tsv2, &spread).unwrap();
+    let plain = prepare_with(&tsv2, &d.join("x.rrdata"), &opts(3)).unwrap_err().to_string();
+    assert!(plain.contains("4 malformed line(s) by line 16004, more than --max-bad-lines 3"), "{plain}");
+    let cuts: Vec<usize> = (0..=9).map(|k| spread.len() * k / 9).collect();
+    let nine: Vec<&[u8]> = cuts.windows(2).map(|w| &spread[w[0]..w[1]]).collect();
+    for (name, bytes) in [("spread.gz", gzip(&[&spread])), ("spread.zst", zstd_frames(&nine))] {
+        let p = d.join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let e = prepare_with(&p, &d.join("x.rrdata"), &opts(3)).unwrap_err().to_string();
+        assert_eq!(e.replace(&p.display().to_string(), "F"), plain.replace(&tsv2.display().to_string(), "F"), "{name}");
+        assert_eq!(temporaries(&d), Vec::<String>::new(), "{name}: nothing left behind");
+        let s = prepare_with(&p, &d.join(format!("{name}.rrdata")), &opts(10)).unwrap();
+        let t = prepare_with(&tsv2, &d.join("spread.rrdata"), &opts(10)).unwrap();
+        assert_eq!((s.rows, &s.report, body(&d.join(format!("{name}.rrdata")))), (t.rows, &t.report, body(&t.path)), "{name}");
+        std::fs::remove_file(&t.path).unwrap();
     }
     // bzip2 and xz are still refused saying what to do.
     let p = d.join("day.bz2");

@@ -118,7 +118,7 @@ fn params(n: usize, a: f32, seed: u64) -> Vec<f32> {
 fn spec(net: &Net, s: Sizes) -> serde_json::Value {
     let mut j = serde_json::json!({"model": net.name(), "fields": s.fields, "dim": s.dim, "dense": s.dense});
     let (hidden, extra) = match net {
-        Net::Mlp { hidden } | Net::DeepFm { hidden } | Net::WideDeep { hidden } => (hidden, serde_json::json!({})),
+        Net::Mlp { hidden } | Net::DeepFm { hidden } | Net::WideDeep { hidden, .. } => (hidden, serde_json::json!({})),
         Net::Dlrm { bottom, hidden, interaction_self } => (hidden, serde_json::json!({"bottom": bottom, "interaction_self": interaction_self})),
         Net::Dcn { layers, rank, structure, hidden } => {
             let st = if *structure == CrossStructure::Stacked { "stacked" } else { "parallel" };
@@ -155,7 +155,7 @@ fn every_models_graph_scores_as_a_numpy_reference_of_the_spec() {
         ("dcn-full-stacked", Net::Dcn { layers: 3, rank: 0, structure: CrossStructure::Stacked, hidden: h.clone() }, 4, 0.1),
         ("dcn-lowrank-parallel", Net::Dcn { layers: 2, rank: 8, structure: CrossStructure::Parallel, hidden: h.clone() }, 8, 0.1),
         ("deepfm", Net::DeepFm { hidden: h.clone() }, 8, 0.1),
-        ("wide-deep", Net::WideDeep { hidden: h.clone() }, 8, 0.1),
+        ("wide-deep", Net::WideDeep { hidden: h.clone(), field_dims: vec![] }, 8, 0.1),
     ];
     let mut dirs = Vec::new();
     for (i, (name, net, dim, a)) in cases.iter().enumerate() {

@@ -3,7 +3,8 @@
 //! records the layout), and the bundle scores as the checkpoint in `ringrec predict`
 //! (bit for bit), in scripts/bundle_predict.py (numpy, pyarrow: within 1e-6), in ONNX
 //! Runtime (within 1e-5) and in `ringrec serve-model` (bit for bit), with tables of
-//! different dims (an mlp, a dcn) and of one dim (a deepfm, rows of dim + 1); `--init-from` such a
+//! different dims (an mlp, a dcn, a wide-deep: rows of each dim + 1, model.json's
+//! `field_dims`) and of one dim (a deepfm, rows of dim + 1); `--init-from` such a
 //! checkpoint or bundle with the same tables trains as the one-table path does from the
 //! one-table model, another layout is refused naming both; a bundle missing a table file,
 //! with one cut short, or whose layout does not match its tables is refused naming it.
@@ -81,6 +82,7 @@ fn a_table_models_bundle_scores_as_predict_in_the_reader_onnx_runtime_and_the_se
         ("mlp-dims", [&TWO_DIMS[..], &pooling[..]].concat(), (8usize, 4usize), true),
         ("dcn-dims", vec!["--model", "dcn", "--table", "c0,l2=items:dim=4", "--table", "l3=more:dim=24"], (4, 24), false),
         ("deepfm-same", [&["--model", "deepfm"][..], &TWO_TABLES[..]].concat(), (17, 17), false),
+        ("wide-deep-dims", [&["--model", "wide-deep"][..], &TWO_DIMS[..], &pooling[..]].concat(), (9, 5), true),
     ] {
         let dir = common::scratch(&format!("tables-export-{name}"));
         let (ck, bundle) = (dir.join("ck"), dir.join("bundle"));
@@ -170,6 +172,12 @@ fn init_from_a_table_model_trains_as_the_one_table_path_and_another_layout_is_re
     let ck3 = dir.join("dims");
     train(&dir, &ck3, &[&TWO_DIMS[..], &["--max-steps", "3"]].concat());
     let w = train(&dir, &dir.join("warm-dims"), &[&TWO_DIMS[..], &["--init-from", s(&ck3), "--max-steps", "3"]].concat());
+    assert!(w["test_auc"].as_f64().is_some() && w["init_from"]["step"] == 3, "{w}");
+    // A wide-deep over them: its field dims recorded and read back.
+    let wide = [&["--model", "wide-deep"][..], &TWO_DIMS[..]].concat();
+    let ck4 = dir.join("wide-dims");
+    train(&dir, &ck4, &[&wide[..], &["--max-steps", "3"]].concat());
+    let w = train(&dir, &dir.join("warm-wide-dims"), &[&wide[..], &["--init-from", s(&ck4), "--max-steps", "3"]].concat());
     assert!(w["test_auc"].as_f64().is_some() && w["init_from"]["step"] == 3, "{w}");
 }
 

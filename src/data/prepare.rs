@@ -19,12 +19,18 @@
 //! that line). Memory: about two chunks per thread. Then the block sums of the sections
 //! are read back (in parallel), the header written and the file renamed into place.
 //!
-//! A gzip- or zstd-compressed TSV ([`super::compressed`]) is decoded twice as one stream:
-//! once to count its lines, then on this thread into chunks cut at line ends, which the
-//! other threads parse and commit as above; its content digest is the compressed file's.
-//! A zstd file of several frames (a BGZF file) is decoded frame by frame on every thread,
-//! the stream the same text, and then parsed on every thread too: the decoding threads are
-//! cheap beside the parsing, and the feeding thread mostly waits.
+//! A gzip- or zstd-compressed TSV ([`super::compressed`]) is decoded once, as one stream,
+//! on this thread into chunks cut at line ends, which the other threads parse and commit
+//! as above. Its lines are not known before the end, so the committed chunks' columns go
+//! to a [`Spill`] (one temporary file per section beside the cache, each row at its
+//! index), and once the stream ends the cache is allocated for the lines read and the
+//! sections copied into it (in parallel, a chunk's bytes per thread at a time): the same
+//! file as a plain TSV's. The spill takes the columns' bytes on disk beside the cache while
+//! it is copied. Its content digest is the compressed file's, taken by the decoder as it
+//! reads, and read again at the end (a cheap pass beside decoding). A zstd file of several
+//! frames (a BGZF file) is decoded frame by frame on every thread, the stream the same
+//! text, and then parsed on every thread too: the decoding threads are cheap beside the
+//! parsing, and the feeding thread mostly waits.
 //!
 //! A source that changes while it is read (another line count, another CRC-32 in the two
 //! reads, another stat after them) is [`DataError::SourceChanged`].
@@ -37,7 +43,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::cache::{now_ns, CacheHeader, CacheLayout, SourceStat, CACHE_MODE, DENSE_VALUE_BYTES, KEY_BYTES, LABEL_BYTES, WEIGHT_BYTES};
-use super::compressed::{count_text, Codec, Decoder};
+use super::compressed::{Codec, Decoder};
 use super::criteo::{parse_text, BadLineReport, Columns};
 use super::error::{DataError, DataResult};
 use super::schema::ColumnSpec;
@@ -240,9 +246,10 @@ pub fn prepare(tsv: &Path, out: &Path, max_bad_lines: u64) -> DataResult<Prepare
 
 /// Converts `tsv` into the cache file `out` as `opts` says (see the module docs).
 ///
-/// The file is allocated in full before the columns are written, so a lack of space is an
-/// error naming the directory and the bytes needed and free, and leaves no temporary file.
-/// Memory use is about two chunks per thread, whatever the size of the file.
+/// The file is allocated in full before the columns are written (a compressed TSV's once
+/// its text is read, its columns spilled until then: see the module docs), so a lack of
+/// space is an error naming the directory and the bytes needed and free, and leaves no
+/// temporary file. Memory use is about two chunks per thread, whatever the size of the file.
 pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult<PrepareSummary> {
     if let Some(c) = opts.weight_column {
         super::criteo::check_weight_column(c).map_err(DataError::InvalidArgument)?;
@@ -259,63 +266,52 @@ pub fn prepare_with(tsv: &Path, out: &Path, opts: &PrepareOptions) -> DataResult
     let weighted = opts.weight_column.is_some();
     let source = SourceStat::of(tsv)?;
     let len = source.size;
-    // The lines size the sections; the text's CRC-32 is checked again as it is parsed.
-    let (capacity, text_crc32, source_crc32) = match codec {
+    let (tmp, st, counted, source_crc32, parsing_threads) = match codec {
         None => {
-            let (lines, crc) = count_lines(tsv, len, threads)?;
-            (lines, crc, crc)
-        }
-        Some(codec) => {
-            let t = count_text(tsv, codec, threads)?;
-            if t.source_bytes != len {
-                return Err(source_changed(tsv, format!("{} bytes decoded, {len} in its stat", t.source_bytes)));
-            }
-            (t.lines, t.text_crc32, t.source_crc32)
-        }
-    };
-    let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| source_changed(tsv, format!("{capacity} lines do not fit in the address space")))?;
-
-    let tmp = AtomicFile::create(out, CACHE_MODE)?;
-    let file = tmp.file();
-    reserve(file, tmp.path(), layout0.file_len)?;
-    // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
-    file.set_len(layout0.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
-
-    let (chunks, decoded, parsing_threads) = match codec {
-        None => {
+            // The lines size the sections; the text's CRC-32 is checked again as it is parsed.
+            let (capacity, crc) = count_lines(tsv, len, threads)?;
+            let layout0 = CacheLayout::compute(0, capacity, weighted).ok_or_else(|| source_changed(tsv, format!("{capacity} lines do not fit in the address space")))?;
+            let tmp = allocate(out, &layout0)?;
             let src = crate::fileio::open_input(tsv).map_err(|e| DataError::io(tsv, "open", e))?;
             let chunk = opts.chunk_bytes.max(1);
-            let chunks = Chunks::new(tsv, Feed::File { src, len, chunk, count: len.div_ceil(chunk) as usize }, capacity, opts, &tmp, layout0);
             let count = len.div_ceil(chunk) as usize;
+            let chunks = Chunks::new(tsv, Feed::File { src, len, chunk, count }, capacity, opts, Sink::Cache(&tmp, layout0));
             let parsers = threads.min(count.max(1));
             on_threads(parsers, |_| chunks.work());
-            (chunks, None, parsers)
+            let st = chunks.committed()?;
+            (tmp, st, Some((capacity, crc)), crc, parsers)
         }
         Some(codec) => {
             let (tx, rx) = sync_channel(2 * threads);
-            let chunks = Chunks::new(tsv, Feed::Stream(Mutex::new(rx)), capacity, opts, &tmp, layout0);
+            let spill = Spill::create(out, weighted)?;
+            let chunks = Chunks::new(tsv, Feed::Stream(Mutex::new(rx)), u64::MAX, opts, Sink::Spill(&spill));
             let dec = Decoder::open(tsv, codec, threads)?;
             // Parsing on the other cores while this thread decodes; on every core when the
             // frames are decoded on threads of their own (this thread then mostly waits,
             // and parsing, not decoding, is the bulk of the work).
             let parsers = if dec.is_parallel() { threads } else { threads.saturating_sub(1).max(1) };
-            let decoded = std::thread::scope(|s| {
+            let (bytes, crc) = std::thread::scope(|s| {
                 for _ in 0..parsers {
                     s.spawn(|| chunks.work());
                 }
                 chunks.feed(dec, tx)
             })?;
-            (chunks, Some(decoded), parsers)
+            let st = chunks.committed()?;
+            // The compressed bytes read again: the file decoded is the file on disk.
+            let (_, again) = count_lines(tsv, len, threads)?;
+            if (bytes, crc) != (len, again) {
+                return Err(source_changed(tsv, format!("{bytes} bytes of CRC-32 {crc:08x} decoded, {len} bytes of CRC-32 {again:08x} read again after")));
+            }
+            let capacity = st.report.lines;
+            let layout = CacheLayout::compute(st.rows, capacity, weighted).ok_or_else(|| source_changed(tsv, format!("{capacity} lines do not fit in the address space")))?;
+            let tmp = allocate(out, &layout)?;
+            spill.copy_into(&tmp, &layout, threads, opts.chunk_bytes)?;
+            (tmp, st, None, crc, parsers)
         }
     };
-    let st = chunks.state.into_inner().unwrap_or_else(|p| p.into_inner());
-    if let Some(e) = st.failed {
-        return Err(e);
-    }
-    if let Some((bytes, crc)) = decoded.filter(|&d| d != (len, source_crc32)) {
-        return Err(source_changed(tsv, format!("{len} bytes of CRC-32 {source_crc32:08x} when its lines were counted, {bytes} bytes of CRC-32 {crc:08x} when they were parsed")));
-    }
-    let prepared_ns = check_whole(tsv, &st, capacity, &source, text_crc32)?;
+    let file = tmp.file();
+    let prepared_ns = check_whole(tsv, &st, &source, counted)?;
+    let capacity = counted.map_or(st.report.lines, |(lines, _)| lines);
     let (rows, report) = (st.rows, st.report);
     let layout = CacheLayout::compute(rows, capacity, weighted).ok_or_else(|| source_changed(tsv, "row count exceeds line count".into()))?;
     let sums_crc32 = write_sums(&tmp, &layout, threads)?;
@@ -380,11 +376,21 @@ fn source_changed(tsv: &Path, detail: String) -> DataError {
     DataError::SourceChanged { path: tsv.to_path_buf(), detail }
 }
 
+/// The temporary cache file of `layout` beside `out`, allocated in full (a lack of space is
+/// an error naming the directory, the bytes needed and free).
+fn allocate(out: &Path, layout: &CacheLayout) -> DataResult<AtomicFile> {
+    let tmp = AtomicFile::create(out, CACHE_MODE)?;
+    reserve(tmp.file(), tmp.path(), layout.file_len)?;
+    // Where the filesystem cannot allocate ahead, reserve leaves the length to us.
+    tmp.file().set_len(layout.file_len).map_err(|e| DataError::io(tmp.path(), "write", e))?;
+    Ok(tmp)
+}
+
 /// Checks that the committed chunks `st` are the whole source, unchanged since it was
-/// counted: not every line malformed, as many lines as counted, the same CRC-32 of the text
-/// (`text_crc32`) and the same stat. Returns when the cache was prepared (nanoseconds, read
-/// with the last stat).
-fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, text_crc32: u32) -> DataResult<u64> {
+/// first read: not every line malformed, for a plain TSV (`counted`: its lines and their
+/// CRC-32) as many lines as counted and the same CRC-32 of the text, and the same stat.
+/// Returns when the cache was prepared (nanoseconds, read with the last stat).
+fn check_whole(tsv: &Path, st: &Committed, source: &SourceStat, counted: Option<(u64, u32)>) -> DataResult<u64> {
     let report = &st.report;
     if st.rows == 0 && report.bad() == report.count(super::criteo::BadLineKind::Empty) {
         return Err(DataError::NoRows { path: tsv.to_path_buf(), lines: report.lines });
@@ -392,12 +398,14 @@ fn check_whole(tsv: &Path, st: &Committed, capacity: u64, source: &SourceStat, t
     if st.rows == 0 && report.bad() > 0 {
         return Err(DataError::AllMalformed { path: tsv.to_path_buf(), lines: report.lines, kinds: report.kinds(), first: report.first_lines() });
     }
-    if report.lines != capacity {
-        return Err(source_changed(tsv, format!("{} lines parsed, {capacity} counted", report.lines)));
-    }
-    let parsed_crc32 = st.digest.clone().finish();
-    if parsed_crc32 != text_crc32 {
-        return Err(source_changed(tsv, format!("its CRC-32 was {text_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+    if let Some((capacity, text_crc32)) = counted {
+        if report.lines != capacity {
+            return Err(source_changed(tsv, format!("{} lines parsed, {capacity} counted", report.lines)));
+        }
+        let parsed_crc32 = st.digest.clone().finish();
+        if parsed_crc32 != text_crc32 {
+            return Err(source_changed(tsv, format!("its CRC-32 was {text_crc32:08x} when its lines were counted and {parsed_crc32:08x} when they were parsed")));
+        }
     }
     let now = SourceStat::of(tsv)?;
     let prepared_ns = now_ns();
@@ -417,10 +425,8 @@ struct Chunks<'a> {
     /// Lines counted before parsing.
     capacity: u64,
     opts: &'a PrepareOptions,
-    /// The cache file being written.
-    out: &'a AtomicFile,
-    /// Its sections for `capacity` rows.
-    layout: CacheLayout,
+    /// Where the committed chunks' columns go.
+    sink: Sink<'a>,
     /// The next chunk to claim.
     claim: AtomicUsize,
     state: Mutex<Committed>,
@@ -429,9 +435,18 @@ struct Chunks<'a> {
 }
 
 impl<'a> Chunks<'a> {
-    fn new(tsv: &'a Path, feed: Feed, capacity: u64, opts: &'a PrepareOptions, out: &'a AtomicFile, layout: CacheLayout) -> Chunks<'a> {
+    fn new(tsv: &'a Path, feed: Feed, capacity: u64, opts: &'a PrepareOptions, sink: Sink<'a>) -> Chunks<'a> {
         let state = Mutex::new(Committed { next: 0, rows: 0, report: BadLineReport::default(), digest: Crc32::new(), failed: None });
-        Chunks { tsv, feed, capacity, opts, out, layout, claim: AtomicUsize::new(0), state, turn: Condvar::new() }
+        Chunks { tsv, feed, capacity, opts, sink, claim: AtomicUsize::new(0), state, turn: Condvar::new() }
+    }
+
+    /// What the threads committed, or the first failure.
+    fn committed(self) -> DataResult<Committed> {
+        let mut st = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
+        match st.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(st),
+        }
     }
 
     fn failed(&self) -> bool {
@@ -492,19 +507,19 @@ impl<'a> Chunks<'a> {
 
     /// Reads chunk `c` (its whole lines: from the first line start in it to the first in
     /// the next chunk) into `text` and parses it into `cols`: its report and its bytes'
-    /// CRC-32.
+    /// CRC-32 (a plain TSV's; a decoded stream's text is not read twice, nor summed).
     fn parse(&self, c: usize, text: &mut Vec<u8>, cols: &mut Columns) -> DataResult<(BadLineReport, Crc32)> {
+        let mut digest = Crc32::new();
         if let Feed::File { src, len, chunk, .. } = &self.feed {
             let a = line_start(src, self.tsv, c as u64 * chunk, *len)?;
             let b = line_start(src, self.tsv, (c as u64 + 1) * chunk, *len)?;
             text.resize((b - a) as usize, 0);
             read_at(src, self.tsv, text, a)?;
+            digest.update(text);
         }
         let mut report = BadLineReport::default();
         cols.clear();
         parse_text(text, self.opts.weight_column, cols, &mut report, u64::MAX);
-        let mut digest = Crc32::new();
-        digest.update(text);
         Ok((report, digest))
     }
 
@@ -591,29 +606,95 @@ impl<'a> Chunks<'a> {
         Ok(dec.source_read())
     }
 
-    /// Writes the columns of a committed chunk from row `at` on, each started back to disk.
+    /// Writes the columns of a committed chunk from row `at` on.
     fn write(&self, at: u64, cols: &Columns) -> DataResult<()> {
-        write_columns(self.out, &self.layout, at, cols)
+        match &self.sink {
+            Sink::Cache(out, layout) => write_columns(out, layout, at, cols),
+            Sink::Spill(spill) => spill.write(at, cols),
+        }
     }
+}
+
+/// Where a conversion's committed columns go.
+enum Sink<'a> {
+    /// The cache file, allocated for the lines counted, and its sections.
+    Cache(&'a AtomicFile, CacheLayout),
+    /// A [`Spill`], while the lines are not known.
+    Spill(&'a Spill),
+}
+
+/// The pieces of `cols` (rows of `cols.fields`' shape) from row `at` on: labels, dense
+/// features, keys and weights, each with its offset in its section (no weights: empty).
+fn column_pieces(cols: &Columns, at: u64) -> [(&[u8], u64); 4] {
+    let (dense_bytes, keys_bytes) = (DENSE_VALUE_BYTES * cols.fields.dense as u64, KEY_BYTES * cols.fields.sparse as u64);
+    [
+        (bytemuck::cast_slice(&cols.labels), at * LABEL_BYTES),
+        (bytemuck::cast_slice(&cols.dense), at * dense_bytes),
+        (bytemuck::cast_slice(&cols.keys), at * keys_bytes),
+        (bytemuck::cast_slice(&cols.weights), at * WEIGHT_BYTES),
+    ]
+}
+
+/// The offsets and lengths of the sections [`column_pieces`] writes in the cache of `l`.
+fn column_sections(l: &CacheLayout) -> [(u64, u64); 4] {
+    [(l.labels_offset, l.labels_len), (l.dense_offset, l.dense_len), (l.keys_offset, l.keys_len), (l.weights_offset, l.weights_len)]
 }
 
 /// Writes `cols` (rows of `cols.fields`' shape, the layout's) into the sections `l` of the
 /// cache being written, from row `at` on, each piece started back to disk.
 pub(crate) fn write_columns(out: &AtomicFile, l: &CacheLayout, at: u64, cols: &Columns) -> DataResult<()> {
     let file = out.file();
-    let (dense_bytes, keys_bytes) = (DENSE_VALUE_BYTES * cols.fields.dense as u64, KEY_BYTES * cols.fields.sparse as u64);
-    // Without a weight column `cols.weights` is empty: nothing is written there.
-    let pieces: [(&[u8], u64); 4] = [
-        (bytemuck::cast_slice(&cols.labels), l.labels_offset + at * LABEL_BYTES),
-        (bytemuck::cast_slice(&cols.dense), l.dense_offset + at * dense_bytes),
-        (bytemuck::cast_slice(&cols.keys), l.keys_offset + at * keys_bytes),
-        (bytemuck::cast_slice(&cols.weights), l.weights_offset + at * WEIGHT_BYTES),
-    ];
-    for (bytes, offset) in pieces.into_iter().filter(|(b, _)| !b.is_empty()) {
-        file.write_all_at(bytes, offset).map_err(|e| DataError::io(out.path(), "write", e))?;
-        write_back(file, offset, bytes.len() as u64);
+    for ((bytes, offset), (section, _)) in column_pieces(cols, at).into_iter().zip(column_sections(l)).filter(|((b, _), _)| !b.is_empty()) {
+        file.write_all_at(bytes, section + offset).map_err(|e| DataError::io(out.path(), "write", e))?;
+        write_back(file, section + offset, bytes.len() as u64);
     }
     Ok(())
+}
+
+/// The columns of a source whose lines are not known before its end (a compressed TSV,
+/// see the module docs): one temporary file beside the cache per section (labels, dense
+/// features, keys, weights), each row at its index, as the cache's sections hold them;
+/// removed when dropped.
+struct Spill {
+    sections: Vec<AtomicFile>,
+}
+
+impl Spill {
+    /// The temporary files beside `out` (no weights' when not `weighted`).
+    fn create(out: &Path, weighted: bool) -> DataResult<Spill> {
+        let n = if weighted { 4 } else { 3 };
+        Ok(Spill { sections: (0..n).map(|_| AtomicFile::create(out, CACHE_MODE)).collect::<Result<_, _>>()? })
+    }
+
+    /// Writes `cols` from row `at` on.
+    fn write(&self, at: u64, cols: &Columns) -> DataResult<()> {
+        for ((bytes, offset), f) in column_pieces(cols, at).into_iter().zip(&self.sections).filter(|((b, _), _)| !b.is_empty()) {
+            f.file().write_all_at(bytes, offset).map_err(|e| DataError::io(f.path(), "write", e))?;
+        }
+        Ok(())
+    }
+
+    /// Copies the sections into the cache `out` of layout `l` (its rows' bytes, on
+    /// `threads` threads, `piece` bytes at a time), each piece started back to disk.
+    fn copy_into(&self, out: &AtomicFile, l: &CacheLayout, threads: usize, piece: u64) -> DataResult<()> {
+        // The temporaries are open for writing only: read them through second descriptors.
+        let files = self.sections.iter().map(|s| File::open(s.path()).map_err(|e| DataError::io(s.path(), "open", e))).collect::<DataResult<Vec<File>>>()?;
+        let piece = piece.max(1);
+        let pieces: Vec<(usize, u64, u64)> = column_sections(l).iter().zip(0..files.len()).flat_map(|(&(_, len), s)| (0..len.div_ceil(piece)).map(move |p| (s, p * piece, (len - p * piece).min(piece)))).collect();
+        let threads = threads.clamp(1, pieces.len().max(1));
+        let sections = column_sections(l);
+        let parts = on_threads(threads, |t| -> DataResult<()> {
+            let mut buf = vec![0u8; piece.min(pieces.iter().map(|p| p.2).max().unwrap_or(0)) as usize];
+            for &(s, at, n) in pieces.iter().skip(t).step_by(threads) {
+                let buf = &mut buf[..n as usize];
+                read_at(&files[s], self.sections[s].path(), buf, at)?;
+                out.file().write_all_at(buf, sections[s].0 + at).map_err(|e| DataError::io(out.path(), "write", e))?;
+                write_back(out.file(), sections[s].0 + at, n);
+            }
+            Ok(())
+        });
+        parts.into_iter().collect()
+    }
 }
 
 /// Where a conversion's chunks come from.

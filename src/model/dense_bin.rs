@@ -7,7 +7,8 @@
 //! Criteo input (26 fields, 13 dense features) is version 2, byte for byte what earlier
 //! builds wrote (so they, and scorers written against version 2, still read a default
 //! run's checkpoints and bundles: its widths say everything about it); every other model
-//! is version 3, which records the [`ModelSpec`].
+//! is version 3, which records the [`ModelSpec`]; a wide-deep over fields of different dims
+//! ([`ModelSpec::field_dims`]) is version 4, version 3 with its field dims.
 //!
 //! Version 2 (`mlp`), little-endian:
 //! ```text
@@ -47,6 +48,10 @@
 //! ...             4 P K      the K moments, P values each
 //! ```
 //! The fields a kind does not use are written as the spec holds them and ignored.
+//!
+//! Version 4 (a wide-deep over fields of different dims): version 3 with, after the bottom
+//! widths, G (u32, 1..) and the G field dims `d_f` (u32) in field order (F is 1 and d their
+//! sum); the moments count, parameter count, parameters and moments follow, 8 + 4G bytes on.
 //! A bundle's `dense.bin` is a checkpoint's without the moments: one layout, one reader
 //! (`ringrec train --init-dense` takes either, of any model).
 //!
@@ -72,7 +77,7 @@ use crate::frame::{Frame, FrameError, Head};
 /// The frame of `dense.bin`.
 pub static DENSE_FRAME: Frame = Frame {
     magic: *b"RRMLP\0\0\0",
-    version: 3,
+    version: 4,
     framed_since: 2,
     noun: "dense weight file",
     not_this: "pass a checkpoint's or an export bundle's dense.bin",
@@ -81,6 +86,8 @@ pub static DENSE_FRAME: Frame = Frame {
 
 /// The layout version of an `mlp` over ringrec's Criteo input (see the module docs).
 pub const MLP_VERSION: u32 = 2;
+/// The layout version of a model with [`ModelSpec::field_dims`] (see the module docs).
+pub const FIELD_DIMS_VERSION: u32 = 4;
 /// The first 8 bytes of a checkpoint's `dense.bin` of an older ringrec (see the module docs).
 pub const LEGACY_CHECKPOINT_MAGIC: [u8; 8] = *b"RRDENSE2";
 /// The most layers a `dense.bin` may have (and the most hidden or bottom widths).
@@ -139,6 +146,9 @@ pub struct SpecRecord {
     /// dcn: `stacked` or `parallel` (`--cross-structure`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_structure: Option<String>,
+    /// wide-deep over fields of different dims: each field's dim ([`ModelSpec::field_dims`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_dims: Option<Vec<usize>>,
 }
 
 impl From<&ModelSpec> for SpecRecord {
@@ -155,6 +165,7 @@ impl From<&ModelSpec> for SpecRecord {
             cross_layers: dcn.then_some(s.cross_layers),
             cross_rank: dcn.then_some(s.cross_rank),
             cross_structure: dcn.then(|| s.cross_structure.to_string()),
+            field_dims: (!s.field_dims.is_empty()).then(|| s.field_dims.clone()),
         }
     }
 }
@@ -176,6 +187,7 @@ impl SpecRecord {
             cross_layers: self.cross_layers.unwrap_or(base.cross_layers),
             cross_rank: self.cross_rank.unwrap_or(base.cross_rank),
             cross_structure,
+            field_dims: self.field_dims.clone().unwrap_or_default(),
             ..base
         };
         match spec.check() {
@@ -260,7 +272,8 @@ fn shape_error(widths: &[usize], params: usize, moments: impl Iterator<Item = us
     moments.enumerate().find(|(_, m)| *m != params).map(|(k, m)| format!("optimizer moment {k} has {m} values, the model {params}"))
 }
 
-/// The `dense.bin` bytes (version 2 for a Criteo `mlp`, else 3) of the model `spec` with
+/// The `dense.bin` bytes (version 2 for a Criteo `mlp`, 4 for a model with field dims, else
+/// 3) of the model `spec` with
 /// `params`, trained for `step` steps, and the optimizer's `moments` (none for SGD or a
 /// bundle); an error says why they do not make one model.
 pub fn encode(step: u64, spec: &ModelSpec, params: &[f32], moments: &[&[f32]]) -> Result<Vec<u8>, String> {
@@ -295,13 +308,15 @@ pub fn encode(step: u64, spec: &ModelSpec, params: &[f32], moments: &[&[f32]]) -
         spec.cross_rank,
         usize::from(spec.cross_structure == CrossStructure::Parallel),
     ];
-    for v in fixed.iter().chain(&spec.hidden).chain(&spec.bottom).chain([&moments.len()]) {
+    let dims = if spec.field_dims.is_empty() { Vec::new() } else { [&[spec.field_dims.len()][..], &spec.field_dims].concat() };
+    for v in fixed.iter().chain(&spec.hidden).chain(&spec.bottom).chain(&dims).chain([&moments.len()]) {
         head.extend(word(*v, "a shape value")?.to_le_bytes());
     }
     head.extend((n as u64).to_le_bytes());
     let len = head.len() + 4 * n * (1 + moments.len());
     let mut out = Vec::with_capacity(len + 36);
-    let mut w = DENSE_FRAME.writer_of(3, &mut out, len as u64).map_err(|e| e.to_string())?;
+    let version = if dims.is_empty() { 3 } else { FIELD_DIMS_VERSION };
+    let mut w = DENSE_FRAME.writer_of(version, &mut out, len as u64).map_err(|e| e.to_string())?;
     (|| -> std::io::Result<()> {
         w.write_all(&head)?;
         for v in std::iter::once(params).chain(moments.iter().copied()) {
@@ -367,9 +382,9 @@ pub fn decode(path: &Path, b: &[u8]) -> Result<DenseFile, FrameError> {
     } else {
         match DENSE_FRAME.decode(path, b)? {
             (Head::Framed { version: MLP_VERSION, .. }, payload) => decode_v2(path, payload)?,
-            (Head::Framed { .. }, payload) => decode_v3(path, payload)?,
+            (Head::Framed { version, .. }, payload) => decode_v3(path, payload, version == FIELD_DIMS_VERSION)?,
             (Head::Legacy { version: 1 }, _) => decode_v1(path, b)?,
-            (Head::Legacy { version }, _) => return Err(FrameError::BadHeader { format: &DENSE_FRAME, path: path.to_path_buf(), field: "version", detail: format!("{version}, expected 1 to 3") }),
+            (Head::Legacy { version }, _) => return Err(FrameError::BadHeader { format: &DENSE_FRAME, path: path.to_path_buf(), field: "version", detail: format!("{version}, expected 1 to 4") }),
         }
     };
     let all = std::iter::once(("parameter", &f.params)).chain(f.moments.iter().map(|m| ("optimizer moment", m)));
@@ -461,8 +476,8 @@ fn decode_v2(path: &Path, p: &[u8]) -> Result<DenseFile, FrameError> {
     Ok(DenseFile { step: Some(step), spec: Some(spec), params, moments })
 }
 
-/// Version 3's payload (any model).
-fn decode_v3(path: &Path, p: &[u8]) -> Result<DenseFile, FrameError> {
+/// Version 3's payload (any model), or version 4's (`field_dims`: with the field dims).
+fn decode_v3(path: &Path, p: &[u8], field_dims: bool) -> Result<DenseFile, FrameError> {
     let field = |field: &'static str, detail: String| FrameError::BadHeader { format: &DENSE_FRAME, path: path.to_path_buf(), field, detail };
     let truncated = || DENSE_FRAME.layout(path, "truncated in its header");
     let step = p.get(..8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).ok_or_else(truncated)?;
@@ -493,7 +508,20 @@ fn decode_v3(path: &Path, p: &[u8]) -> Result<DenseFile, FrameError> {
         return Err(field("hidden or bottom widths", format!("a width of {w}, more than the {most} values the file holds")));
     }
     let cross_structure = if parallel { CrossStructure::Parallel } else { CrossStructure::Stacked };
-    let spec = ModelSpec { kind, fields, dim, ndense, hidden: widths[..h].to_vec(), bottom: widths[h..].to_vec(), interaction_self, cross_layers, cross_rank, cross_structure };
+    let mut off = 48 + 4 * (h + b);
+    let mut dims = Vec::new();
+    if field_dims {
+        let g = word(p, off).ok_or_else(truncated)? as usize;
+        if g == 0 || g > most {
+            return Err(field("field dims", format!("{g} field dims, expected 1 to the {most} values the file holds")));
+        }
+        dims = (0..g).map(|i| word(p, off + 4 + 4 * i).map(|w| w as usize).ok_or_else(truncated)).collect::<Result<_, _>>()?;
+        if let Some(d) = dims.iter().find(|d| **d > most) {
+            return Err(field("field dims", format!("a dim of {d}, more than the {most} values the file holds")));
+        }
+        off += 4 * (g + 1);
+    }
+    let spec = ModelSpec { kind, fields, dim, ndense, hidden: widths[..h].to_vec(), bottom: widths[h..].to_vec(), interaction_self, cross_layers, cross_rank, cross_structure, field_dims: dims };
     if spec.concat_width() > most {
         return Err(field("sparse fields", format!("{fields} fields of {dim} and {ndense} dense features: wider than the file")));
     }
@@ -503,7 +531,6 @@ fn decode_v3(path: &Path, p: &[u8]) -> Result<DenseFile, FrameError> {
     if let Some(e) = spec.check() {
         return Err(field("model", format!("{}: {e}", spec.describe())));
     }
-    let off = 48 + 4 * (h + b);
     let k = word(p, off).ok_or_else(truncated)? as usize;
     let count = p.get(off + 4..off + 12).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).ok_or_else(truncated)?;
     let n = spec.num_params();
@@ -594,7 +621,8 @@ mod tests {
             ModelSpec { kind: ModelKind::Dcn, cross_layers: 2, ..base.clone() },
             ModelSpec { kind: ModelKind::Dcn, cross_layers: 1, cross_rank: 2, cross_structure: CrossStructure::Parallel, ..base.clone() },
             ModelSpec { kind: ModelKind::DeepFm, ..base.clone() },
-            ModelSpec { kind: ModelKind::WideDeep, hidden: vec![], ..base },
+            ModelSpec { kind: ModelKind::WideDeep, hidden: vec![], ..base.clone() },
+            ModelSpec { kind: ModelKind::WideDeep, fields: 1, dim: 5, field_dims: vec![2, 3], ..base },
         ]
     }
 
@@ -666,15 +694,16 @@ mod tests {
     }
 
     #[test]
-    fn every_model_round_trips_as_version_3() {
+    fn every_model_round_trips_as_version_3_or_4_with_field_dims() {
         for spec in specs() {
             let n = spec.num_params();
             let params: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let (m, v): (Vec<f32>, Vec<f32>) = (params.iter().map(|x| x * 0.1).collect(), params.iter().map(|x| x * x).collect());
-            let h = 4 * (spec.hidden.len() + spec.bottom.len());
+            let dims = if spec.field_dims.is_empty() { 0 } else { 4 * (1 + spec.field_dims.len()) };
+            let h = 4 * (spec.hidden.len() + spec.bottom.len()) + dims;
             for moments in [vec![], vec![&m[..], &v[..]]] {
                 let b = encode(11, &spec, &params, &moments).unwrap();
-                assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 3, "{}", spec.describe());
+                assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), if dims == 0 { 3 } else { 4 }, "{}", spec.describe());
                 assert_eq!(b.len(), 32 + 60 + h + 4 * n * (1 + moments.len()) + 4, "{}", spec.describe());
                 let f = decode(p(), &b).unwrap();
                 assert_eq!(f, DenseFile { step: Some(11), spec: Some(spec.clone()), params: params.clone(), moments: moments.iter().map(|x| x.to_vec()).collect() });
@@ -684,6 +713,7 @@ mod tests {
             let json = serde_json::to_string(&w).unwrap();
             assert_eq!(serde_json::from_str::<DenseWeights>(&json).unwrap(), w, "{json}");
             assert_eq!(json.contains("cross_layers"), spec.kind == ModelKind::Dcn, "{json}");
+            assert_eq!(json.contains("field_dims"), dims > 0, "{json}");
             assert!(encode(0, &spec, &w.params[1..], &[]).unwrap_err().contains(&format!("has {n}")));
         }
         // An mlp over another input than Criteo's cannot be version 2: version 3 records it.
@@ -722,6 +752,26 @@ mod tests {
     }
 
     #[test]
+    fn a_version_4_header_names_its_field_dims() {
+        let spec = specs().into_iter().find(|s| !s.field_dims.is_empty()).unwrap();
+        let b = encode(1, &spec, &vec![0.5; spec.num_params()], &[]).unwrap();
+        let g = 48 + 4 * (spec.hidden.len() + spec.bottom.len());
+        let e = |at: usize, v: u32| {
+            let mut bad = b.clone();
+            bad[32 + at..32 + at + 4].copy_from_slice(&v.to_le_bytes());
+            decode(p(), &reseal(bad)).unwrap_err().to_string()
+        };
+        assert!(e(g, 0).contains("field field dims: 0 field dims, expected 1 to"), "{}", e(g, 0));
+        assert!(e(g + 4, 1 << 30).contains("field field dims: a dim of 1073741824"), "{}", e(g + 4, 1 << 30));
+        // Dims that do not sum to the model's dim describe no model.
+        assert!(e(g + 4, 1).contains("field model:"), "{}", e(g + 4, 1));
+        // The same bytes framed as version 3: the field dims are read as the moments count.
+        let mut v3 = b.clone();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(decode(p(), &reseal(v3)).is_err());
+    }
+
+    #[test]
     fn damage_is_named() {
         let b = weights().encode(1).unwrap();
         let e = |b: &[u8]| decode(p(), b).unwrap_err();
@@ -732,10 +782,10 @@ mod tests {
         assert!(matches!(e(&b[..b.len() - 1]), FrameError::Truncated { .. }));
         assert!(e(b"RRSPARAM\x03\0\0\0").to_string().contains("is not a ringrec dense weight file"));
         let mut newer = b.clone();
-        newer[8] = 4;
+        newer[8] = 5;
         let sum = crate::hash::crc32(&newer[..24]);
         newer[24..28].copy_from_slice(&sum.to_le_bytes());
-        assert!(e(&newer).to_string().contains("format version 4, newer than version 3"), "{}", e(&newer));
+        assert!(e(&newer).to_string().contains("format version 5, newer than version 4"), "{}", e(&newer));
         // A valid frame around a payload that is not a model (a writer's bug).
         let mut payload = 0u64.to_le_bytes().to_vec();
         [1u32, 3, 2, 0].iter().for_each(|x| payload.extend(x.to_le_bytes()));

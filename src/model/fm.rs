@@ -4,6 +4,11 @@
 //! part `x w_x + b` + the sum of the sample's first-order weights (+ for DeepFM the
 //! factorisation machine's `0.5 * sum_k ((sum_f e_f)_k^2 - sum_f e_{f,k}^2)`), added in that
 //! order. Groups: the deep layers, then the linear part (`w_x`, `b`).
+//!
+//! A wide-deep over fields of different dims ([`ModelSpec::field_dims`]) reads the one input
+//! field's blocks (field `f`: `d_f` values, then its weight) with a copy per field: the
+//! values into the deep input, the weights into one column each of `weights`, summed in
+//! field order.
 
 use super::layers::Layers;
 use super::net::{grow, mlp_at, Backward};
@@ -17,6 +22,9 @@ pub struct Fm<D: Device> {
     ndense: usize,
     /// DeepFM (with the second-order term) or Wide & Deep.
     second: bool,
+    /// Per field of different dims ([`ModelSpec::field_dims`]): its block's first column in
+    /// an input row, its first column in the deep input, its dim (empty: `fields` of `dim`).
+    blocks: Vec<(usize, usize, usize)>,
     deep: Layers<D>,
     /// The linear group: its index and offset.
     linear: (usize, usize),
@@ -28,6 +36,8 @@ pub struct Fm<D: Device> {
     fm: D::Buf<f32>,
     z: D::Buf<f32>,
     dz: D::Buf<f32>,
+    /// The fields' first-order weights (one column per block; with blocks only).
+    weights: D::Buf<f32>,
 }
 
 impl<D: Device> Fm<D> {
@@ -36,7 +46,18 @@ impl<D: Device> Fm<D> {
         let widths = spec.deep_widths();
         let nd = widths.len() - 1;
         let buf = || dev.alloc(0);
+        let (mut at, mut col) = (0, 0);
+        let blocks = spec
+            .field_dims
+            .iter()
+            .map(|&d| {
+                let b = (at, col, d);
+                (at, col) = (at + d + 1, col + d);
+                b
+            })
+            .collect();
         Ok(Fm {
+            blocks,
             fields: spec.fields,
             dim: spec.dim,
             ndense: spec.ndense,
@@ -49,6 +70,7 @@ impl<D: Device> Fm<D> {
             fm: buf()?,
             z: buf()?,
             dz: buf()?,
+            weights: buf()?,
         })
     }
 
@@ -70,8 +92,12 @@ impl<D: Device> Fm<D> {
         for b in [&mut self.first, &mut self.fm, &mut self.z, &mut self.dz] {
             grow(dev, b, batch)?;
         }
-        dev.exec(Op::StripFirstOrder { x, out: &mut self.input, rows: batch, fields: f, dim: d, ndense: n })?;
-        dev.exec(Op::FirstOrderSum { x, out: &mut self.first, rows: batch, fields: f, dim: d, ndense: n })?;
+        if self.blocks.is_empty() {
+            dev.exec(Op::StripFirstOrder { x, out: &mut self.input, rows: batch, fields: f, dim: d, ndense: n })?;
+            dev.exec(Op::FirstOrderSum { x, out: &mut self.first, rows: batch, fields: f, dim: d, ndense: n })?;
+        } else {
+            self.split_blocks(dev, x, batch)?;
+        }
         self.deep.forward(dev, params, &self.input, batch)?;
         let at = self.linear.1;
         dev.gemm(&Gemm { m: batch, n: 1, k: n, a_t: false, b_t: false }, (dense, 0), (params, at), (&mut self.z, 0), Epilogue::Bias { bias: params, at: at + n, act: Activation::Identity })?;
@@ -100,6 +126,38 @@ impl<D: Device> Fm<D> {
         if self.second {
             dev.exec(Op::FmSecondOrderGrad { emb: &self.input, dout: &self.dz, demb: &mut self.dinput, rows: batch, fields: f, dim: d, stride: iw })?;
         }
-        dev.exec(Op::StripFirstOrderGrad { ddeep: &self.dinput, dsum: &self.dz, dx, rows: batch, fields: f, dim: d, ndense: n })
+        if self.blocks.is_empty() {
+            return dev.exec(Op::StripFirstOrderGrad { ddeep: &self.dinput, dsum: &self.dz, dx, rows: batch, fields: f, dim: d, ndense: n });
+        }
+        let (xw, iw) = (self.input_width(), f * d + n);
+        for &(at, col, d) in &self.blocks {
+            dev.exec(Op::CopyBlock { src: &self.dinput, src_stride: iw, src_col: col, out: dx, stride: xw, col: at, rows: batch, cols: d })?;
+            dev.exec(Op::CopyBlock { src: &self.dz, src_stride: 1, src_col: 0, out: dx, stride: xw, col: at + d, rows: batch, cols: 1 })?;
+        }
+        if n > 0 {
+            dev.exec(Op::CopyBlock { src: &self.dinput, src_stride: iw, src_col: f * d, out: dx, stride: xw, col: xw - n, rows: batch, cols: n })?;
+        }
+        Ok(())
+    }
+
+    /// Values of an input row with blocks: every field's `d_f + 1`, then the dense features.
+    fn input_width(&self) -> usize {
+        self.blocks.iter().map(|(_, _, d)| d + 1).sum::<usize>() + self.ndense
+    }
+
+    /// The forward's [`Op::StripFirstOrder`] and [`Op::FirstOrderSum`] over the blocks of
+    /// fields of different dims (see the module docs).
+    fn split_blocks(&mut self, dev: &D, x: &D::Buf<f32>, batch: usize) -> DeviceResult<()> {
+        let (xw, iw, n, nf) = (self.input_width(), self.fields * self.dim + self.ndense, self.ndense, self.blocks.len());
+        grow(dev, &mut self.weights, batch * nf)?;
+        for (i, &(at, col, d)) in self.blocks.iter().enumerate() {
+            dev.exec(Op::CopyBlock { src: x, src_stride: xw, src_col: at, out: &mut self.input, stride: iw, col, rows: batch, cols: d })?;
+            dev.exec(Op::CopyBlock { src: x, src_stride: xw, src_col: at + d, out: &mut self.weights, stride: nf, col: i, rows: batch, cols: 1 })?;
+        }
+        if n > 0 {
+            dev.exec(Op::CopyBlock { src: x, src_stride: xw, src_col: xw - n, out: &mut self.input, stride: iw, col: iw - n, rows: batch, cols: n })?;
+        }
+        // Rows of `nf` weights: `nf` fields of dim 0 (their weight only).
+        dev.exec(Op::FirstOrderSum { x: &self.weights, out: &mut self.first, rows: batch, fields: nf, dim: 0, ndense: 0 })
     }
 }

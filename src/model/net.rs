@@ -234,7 +234,8 @@ mod tests {
             v.push(ModelSpec { kind: ModelKind::Dcn, cross_rank: rank, cross_structure: structure, ..base.clone() });
         }
         v.push(ModelSpec { kind: ModelKind::DeepFm, ..base.clone() });
-        v.push(ModelSpec { kind: ModelKind::WideDeep, ..base });
+        v.push(ModelSpec { kind: ModelKind::WideDeep, ..base.clone() });
+        v.push(ModelSpec { kind: ModelKind::WideDeep, fields: 1, dim: 5, field_dims: vec![2, 3], ..base });
         v
     }
 

@@ -18,7 +18,9 @@
 //!   `b` (1); logit = deep + `x w_x + b` + the first-order weights of the sample's keys +
 //!   `0.5 * sum_k ((sum_f e_f)_k^2 - sum_f e_{f,k}^2)`. The table row is `d + 1` wide: value
 //!   `d` is the key's first-order weight.
-//! - `wide-deep`: as `deepfm` without the second-order term.
+//! - `wide-deep`: as `deepfm` without the second-order term. Over fields of different dims
+//!   (`--table`, [`ModelSpec::field_dims`]) the input is one field of their rows side by
+//!   side: field `f`'s `d_f` values then its first-order weight; `e` is their values.
 
 use crate::config::named_enum;
 use crate::hash::splitmix64_next;
@@ -79,6 +81,11 @@ pub struct ModelSpec {
     pub cross_rank: usize,
     /// DCN-v2's structure (`--cross-structure`).
     pub cross_structure: CrossStructure,
+    /// A wide-deep over fields of different dims (`--table`, issue 33): each field's dim
+    /// `d_f`, in field order; the model then takes one input field (`fields` 1, `dim` the
+    /// sum of the `d_f`) holding every field's `d_f` values and first-order weight side by
+    /// side. Empty otherwise (every field has `dim`).
+    pub field_dims: Vec<usize>,
 }
 
 /// `[first, mid..., last]`: an MLP's layer widths.
@@ -130,12 +137,13 @@ enum Init {
 impl ModelSpec {
     /// Today's model: the MLP of `hidden` over `fields` rows of `dim` and `ndense` features.
     pub fn mlp(fields: usize, dim: usize, ndense: usize, hidden: Vec<usize>) -> ModelSpec {
-        ModelSpec { kind: ModelKind::Mlp, fields, dim, ndense, hidden, bottom: vec![64], interaction_self: false, cross_layers: 3, cross_rank: 0, cross_structure: CrossStructure::Stacked }
+        ModelSpec { kind: ModelKind::Mlp, fields, dim, ndense, hidden, bottom: vec![64], interaction_self: false, cross_layers: 3, cross_rank: 0, cross_structure: CrossStructure::Stacked, field_dims: Vec::new() }
     }
 
-    /// Values per table row: `d`, or `d + 1` where the model has first-order weights.
+    /// Values per table row: `d`, or `d + 1` where the model has first-order weights (with
+    /// [`ModelSpec::field_dims`]: the one input field's, every `d_f + 1`).
     pub fn row_width(&self) -> usize {
-        self.dim + usize::from(self.first_order())
+        self.dim + usize::from(self.first_order()) * self.field_dims.len().max(1)
     }
 
     /// Whether the table rows carry a first-order weight (deepfm, wide-deep).
@@ -201,6 +209,9 @@ impl ModelSpec {
         }
         if self.kind == ModelKind::Dlrm && self.ndense == 0 {
             return Some("--model dlrm needs dense features (its bottom MLP reads them)".into());
+        }
+        if !self.field_dims.is_empty() && (self.kind != ModelKind::WideDeep || self.fields != 1 || self.field_dims.contains(&0) || self.field_dims.iter().sum::<usize>() != self.dim) {
+            return Some(format!("field dims {:?} are for a wide-deep of one input field of their sum (the {} has {} fields of {})", self.field_dims, self.kind, self.fields, self.dim));
         }
         None
     }
@@ -293,6 +304,7 @@ impl ModelSpec {
                 format!("dcn ({} {cross} cross layers of {w}, {}, deep {deep})", self.cross_layers, self.cross_structure)
             }
             ModelKind::DeepFm => format!("deepfm (first order + FM over {} fields of {}, deep {deep})", self.fields, self.dim),
+            ModelKind::WideDeep if !self.field_dims.is_empty() => format!("wide-deep (first order over {} fields of dims {}, deep {deep})", self.field_dims.len(), dashed(&self.field_dims)),
             ModelKind::WideDeep => format!("wide-deep (first order, deep {deep})"),
         }
     }
@@ -301,8 +313,9 @@ impl ModelSpec {
 impl ModelSpec {
     /// The flags that give this model's shape, as typed (`--model`, `--dim`, `--hidden`,
     /// then the kind's own: `--bottom-mlp`, `--interaction-self` for dlrm; `--cross-layers`,
-    /// `--cross-rank`, `--cross-structure` for dcn), and the input's field counts: what a
-    /// warm start compares and a bundle's `model.json` records.
+    /// `--cross-rank`, `--cross-structure` for dcn), the input's field counts, and a
+    /// wide-deep's `field dims` ([`ModelSpec::field_dims`]) when it has them: what a warm
+    /// start compares and a bundle's `model.json` records.
     pub fn shape_flags(&self) -> Vec<(&'static str, String)> {
         let list = |v: &[usize]| v.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(",");
         let mut v = vec![("--model", self.kind.to_string()), ("sparse fields", self.fields.to_string()), ("dense features", self.ndense.to_string()), ("--dim", self.dim.to_string()), ("--hidden", list(&self.hidden))];
@@ -310,6 +323,9 @@ impl ModelSpec {
             ModelKind::Dlrm => v.extend([("--bottom-mlp", list(&self.bottom)), ("--interaction-self", self.interaction_self.to_string())]),
             ModelKind::Dcn => v.extend([("--cross-layers", self.cross_layers.to_string()), ("--cross-rank", self.cross_rank.to_string()), ("--cross-structure", self.cross_structure.to_string())]),
             _ => {}
+        }
+        if !self.field_dims.is_empty() {
+            v.push(("field dims", list(&self.field_dims)));
         }
         v
     }
@@ -329,6 +345,7 @@ impl ModelSpec {
         match self.kind {
             ModelKind::Dlrm => ModelSpec { kind: self.kind, bottom: self.bottom.clone(), interaction_self: self.interaction_self, ..base },
             ModelKind::Dcn => ModelSpec { kind: self.kind, cross_layers: self.cross_layers, cross_rank: self.cross_rank, cross_structure: self.cross_structure, ..base },
+            ModelKind::WideDeep => ModelSpec { kind: self.kind, field_dims: self.field_dims.clone(), ..base },
             kind => ModelSpec { kind, ..base },
         }
     }

@@ -670,7 +670,7 @@ fn tables_spec(named: &NamedTables, layout: &TableLayout, tables: Vec<NamedTable
     spec.fields = (0..layout.table_of.len()).map(|f| FieldLayout { name: names.get(f).cloned().unwrap_or_default(), multi_hot: f >= layout.single, table: spec.file_of(layout.table_of[f]).to_string(), width: layout.width(f) }).collect();
     let sum: usize = spec.fields.iter().map(|f| f.width).sum();
     let input = format!(
-        "x = [for each field of tables.fields in order: the row of its key in its table (a single-hot field f keyed as input.key says; a multi-hot field: its ids' rows pooled as input.multi_hot says), width values; then dense feature 0, ..., dense feature {}]: {sum} + {ndense} binary32 values; with every width equal the model reads them as model.fields fields of that width, else as one field of their {sum} values",
+        "x = [for each field of tables.fields in order: the row of its key in its table (a single-hot field f keyed as input.key says; a multi-hot field: its ids' rows pooled as input.multi_hot says), width values; then dense feature 0, ..., dense feature {}]: {sum} + {ndense} binary32 values; with every width equal the model reads them as model.fields fields of that width, else as one field of their {sum} values (a wide-deep: field f's width is its model.field_dims[f] values then its first-order weight)",
         ndense as i64 - 1
     );
     TablesSpec { input, ..spec }

@@ -84,7 +84,10 @@ impl ModelDescription {
 /// What `spec` reads.
 fn inputs(spec: &ModelSpec) -> String {
     let (f, d, n) = (spec.fields, spec.dim, spec.ndense);
-    let row = if spec.first_order() {
+    let row = if !spec.field_dims.is_empty() {
+        let dims: Vec<String> = spec.field_dims.iter().map(usize::to_string).collect();
+        format!("the fields have different dims d_f = {} (sum d = {d}): field f's table row has d_f + 1 values, values 0..d_f its key's embedding e_f, value d_f its first-order weight w_k; the one input field holds the fields' rows side by side (F = 1, {} values)", dims.join(", "), spec.row_width())
+    } else if spec.first_order() {
         format!("each table row has d + 1 = {} values: values 0..d are the key's embedding e, value d its first-order weight w_k", d + 1)
     } else {
         format!("each table row has d = {d} values: the key's embedding e")

@@ -312,7 +312,8 @@ pub fn layout_mismatch(spec: &ModelSpec, layout: &TableLayout) -> Option<String>
     let widths: Vec<usize> = (0..layout.table_of.len()).map(|f| layout.width(f)).collect();
     let reads = match widths.iter().all(|w| *w == spec.row_width()) {
         true => spec.fields == widths.len(),
-        false => spec.fields == 1 && !spec.first_order() && spec.row_width() == widths.iter().sum::<usize>(),
+        false if spec.first_order() => spec.field_dims.iter().map(|d| d + 1).eq(widths.iter().copied()),
+        false => spec.fields == 1 && spec.row_width() == widths.iter().sum::<usize>(),
     };
     (!reads).then(|| format!("the {} reads {} field(s) of {} values, its tables give {} fields of {widths:?} values", spec.describe(), spec.fields, spec.row_width(), widths.len()))
 }
@@ -551,6 +552,11 @@ mod tests {
         assert_eq!((l.table_of.clone(), l.widths.clone()), (vec![0, 1], vec![2, 3]));
         assert_eq!(layout_mismatch(&ModelSpec::mlp(1, 5, 13, vec![4]), &l), None);
         assert!(layout_mismatch(&ModelSpec::mlp(2, 2, 13, vec![4]), &l).is_some_and(|e| e.contains("its tables give 2 fields of [2, 3] values")));
+        // A wide-deep reads each field's row as its dim + 1 values.
+        let wide = |field_dims: Vec<usize>| ModelSpec { kind: crate::model::ModelKind::WideDeep, fields: 1, dim: 3, field_dims, ..ModelSpec::mlp(1, 3, 13, vec![4]) };
+        assert_eq!(layout_mismatch(&wide(vec![1, 2]), &l), None);
+        assert!(layout_mismatch(&wide(vec![2, 1]), &l).is_some());
+        assert!(layout_mismatch(&ModelSpec { kind: crate::model::ModelKind::WideDeep, ..ModelSpec::mlp(1, 4, 13, vec![4]) }, &l).is_some());
         let run = Vec::<TableSpec>::from_values(&["C2=a:dim=3"]).unwrap();
         assert_eq!(n.difference(&run, |t| t.dim.unwrap_or(2)), None, "a capacity may differ");
         let other = Vec::<TableSpec>::from_values(&["C1=a:dim=3"]).unwrap();

@@ -261,29 +261,30 @@ impl TableLayout {
 
     /// The model over these fields: `base` (the one-table model of the data) with the
     /// fields' width when they share one; with fields of different widths, an `mlp` or
-    /// `dcn` over one vector of their rows (one field of their summed width). Other models
-    /// need one width: refused naming `--table`.
+    /// `dcn` over one vector of their rows (one field of their summed width), a `wide-deep`
+    /// over one vector of their rows with each field's dim ([`ModelSpec::field_dims`]: its
+    /// wide part reads field `f`'s weight after its `d_f` values). dlrm and deepfm need one
+    /// dim: refused naming `--table`.
     pub fn model_spec(&self, base: ModelSpec) -> TrainResult<ModelSpec> {
         let first = usize::from(base.first_order());
         let w = self.width(0);
         if (0..self.table_of.len()).all(|f| self.width(f) == w) {
             return Ok(ModelSpec { dim: w - first, ..base });
         }
+        let widths = (0..self.table_of.len()).map(|f| self.width(f));
         match base.kind {
-            ModelKind::Mlp | ModelKind::Dcn => {
-                let sum = (0..self.table_of.len()).map(|f| self.width(f)).sum();
-                Ok(ModelSpec { fields: 1, dim: sum, ..base })
+            ModelKind::Mlp | ModelKind::Dcn => Ok(ModelSpec { fields: 1, dim: widths.sum(), ..base }),
+            ModelKind::WideDeep => {
+                let field_dims: Vec<usize> = widths.map(|w| w - 1).collect();
+                Ok(ModelSpec { fields: 1, dim: field_dims.iter().sum(), field_dims, ..base })
             }
             kind => {
                 let dims: Vec<String> = (0..self.widths.len()).filter(|t| self.used(*t)).map(|t| format!("{}", self.widths[t] - first)).collect();
                 let why = match kind {
                     ModelKind::Dlrm => "its dot interaction takes the dot product of every two fields' vectors",
-                    ModelKind::DeepFm => "its factorisation machine takes the dot product of every two fields' vectors",
-                    // The deep part could take one vector of any widths; the wide part is what
-                    // holds it to one: the model records one dim.
-                    _ => "its wide part reads each field's first-order weight after its d values, and the model records one d for every field (its checkpoint, bundle and ONNX graph)",
+                    _ => "its factorisation machine takes the dot product of every two fields' vectors",
                 };
-                Err(TrainError::Config(format!("--table gives fields of different dims ({}), and --model {kind} needs one dim for every field ({why}): give every table the same dim, or train --model mlp or dcn", dims.join(", "))))
+                Err(TrainError::Config(format!("--table gives fields of different dims ({}), and --model {kind} needs one dim for every field ({why}): give every table the same dim, or train --model mlp, dcn or wide-deep", dims.join(", "))))
             }
         }
     }
@@ -560,9 +561,17 @@ mod tests {
         assert_eq!((spec.fields, spec.dim, spec.concat_width()), (1, 48, 50));
         let dlrm = ModelSpec { kind: ModelKind::Dlrm, ..base.clone() };
         assert!(layout.model_spec(dlrm).unwrap_err().to_string().contains("--model dlrm needs one dim"));
-        let wide = ModelSpec { kind: ModelKind::WideDeep, ..base.clone() };
-        let e = layout.model_spec(wide).unwrap_err().to_string();
-        assert!(e.contains("--model wide-deep needs one dim for every field (its wide part reads each field's first-order weight"), "{e}");
+        let fm = ModelSpec { kind: ModelKind::DeepFm, ..base.clone() };
+        assert!(layout.model_spec(fm).unwrap_err().to_string().contains("--model deepfm needs one dim"));
+        // A wide-deep's rows hold each field's dim + 1 values: one input field of them all,
+        // with each field's dim.
+        cfg.model = ModelKind::WideDeep;
+        let wide = TableLayout::resolve(&cfg, &names, 3).unwrap().unwrap();
+        assert_eq!(wide.widths, vec![17, 9]);
+        let spec = wide.model_spec(cfg.model_spec_for(Fields { dense: 2, sparse: 3 }, 1)).unwrap();
+        assert_eq!((spec.fields, spec.dim, spec.field_dims.clone(), spec.row_width(), spec.concat_width()), (1, 48, vec![16, 8, 16, 8], 52, 50));
+        assert_eq!(spec.check(), None);
+        cfg.model = ModelKind::Mlp;
         cfg.tables[0].dim = None;
         let same = TableLayout::resolve(&cfg, &names, 3).unwrap().unwrap();
         assert_eq!(same.model_spec(base.clone()).unwrap(), base);

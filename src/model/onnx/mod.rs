@@ -11,7 +11,9 @@
 //! emb          f32 [batch, F, r]    the F = 26 fields' table rows in field order (C1..C26):
 //!                                   row of the key of field f at emb[b, f, :]; r = dim (mlp,
 //!                                   dlrm, dcn) or dim + 1 (deepfm, wide-deep: the row's
-//!                                   value dim is the key's first-order weight)
+//!                                   value dim is the key's first-order weight); a
+//!                                   wide-deep over fields of different dims: F = 1, its
+//!                                   fields' rows side by side (r = sum of d_f + 1)
 //! probability  f32 [batch, 1]       the click probability, 1 / (1 + exp(-logit))
 //! ```
 //! A server feeds it as `scripts/bundle_predict.py` does: each categorical value's key
@@ -100,6 +102,10 @@ pub enum Net {
     WideDeep {
         /// The deep MLP's hidden widths.
         hidden: Vec<usize>,
+        /// Over fields of different dims ([`crate::model::ModelSpec::field_dims`]): each
+        /// field's dim, the `emb` input then one field of their rows side by side (each
+        /// `d_f + 1`: its values, its first-order weight); empty otherwise.
+        field_dims: Vec<usize>,
     },
 }
 
@@ -113,7 +119,7 @@ impl Net {
             ModelKind::Dlrm => Net::Dlrm { bottom: spec.bottom.clone(), hidden, interaction_self: spec.interaction_self },
             ModelKind::Dcn => Net::Dcn { layers: spec.cross_layers, rank: spec.cross_rank, structure: spec.cross_structure, hidden },
             ModelKind::DeepFm => Net::DeepFm { hidden },
-            ModelKind::WideDeep => Net::WideDeep { hidden },
+            ModelKind::WideDeep => Net::WideDeep { hidden, field_dims: spec.field_dims.clone() },
         };
         (net, Sizes { fields: spec.fields, dim: spec.dim, dense: spec.ndense })
     }
@@ -132,7 +138,8 @@ impl Net {
     /// Values per table row (the `emb` input's last dimension) for embeddings of `dim`.
     pub fn row_width(&self, dim: usize) -> usize {
         match self {
-            Net::DeepFm { .. } | Net::WideDeep { .. } => dim + 1,
+            Net::WideDeep { field_dims, .. } => dim + field_dims.len().max(1),
+            Net::DeepFm { .. } => dim + 1,
             _ => dim,
         }
     }
@@ -223,6 +230,11 @@ mod tests {
         assert_eq!(param_count(&par, s).unwrap(), (w * w + w) + (w * 5 + 5) + (w + 5 + 1));
         // deepfm: deep w -> 5 -> 1, linear n + 1.
         assert_eq!(param_count(&Net::DeepFm { hidden: vec![5] }, s).unwrap(), (w * 5 + 5) + (5 + 1) + (2 + 1));
+        // wide-deep over fields of dims 1, 3 (one input field of 4 + 2 values): the deep
+        // part reads their 4 values and the dense features, as a wide-deep of one dim would.
+        let dims = Net::WideDeep { hidden: vec![5], field_dims: vec![1, 3] };
+        let one = Sizes { fields: 1, dim: 4, dense: 2 };
+        assert_eq!((param_count(&dims, one).unwrap(), dims.row_width(4)), ((6 * 5 + 5) + (5 + 1) + (2 + 1), 6));
         let flat = Net::Dcn { layers: 1, rank: 0, structure: CrossStructure::Parallel, hidden: vec![] };
         assert!(matches!(param_count(&flat, s), Err(OnnxError::Shape(_))));
     }

@@ -92,7 +92,8 @@ pub(super) fn logit(b: &mut Build<'_>, net: &Net, s: Sizes, dense: &str, emb: &s
         Net::Dlrm { bottom, hidden, interaction_self } => dlrm(b, s, (bottom, hidden, *interaction_self), dense, emb),
         Net::Dcn { layers, rank, structure, hidden } => dcn(b, s, (*layers, *rank, *structure), hidden, dense, emb),
         Net::DeepFm { hidden } => deepfm(b, s, hidden, true, dense, emb),
-        Net::WideDeep { hidden } => deepfm(b, s, hidden, false, dense, emb),
+        Net::WideDeep { hidden, field_dims } if !field_dims.is_empty() => wide_deep_of_dims(b, s, hidden, field_dims, dense, emb),
+        Net::WideDeep { hidden, .. } => deepfm(b, s, hidden, false, dense, emb),
     }
 }
 
@@ -163,19 +164,39 @@ fn dcn(b: &mut Build<'_>, s: Sizes, cross: (usize, usize, CrossStructure), hidde
 fn deepfm(b: &mut Build<'_>, s: Sizes, hidden: &[usize], fm: bool, dense: &str, emb: &str) -> OnnxResult<String> {
     let e = b.g.slice(emb, 2, 0, s.dim);
     let wk = b.g.slice(emb, 2, s.dim, s.dim + 1);
-    let x = b.concat_input(&e, dense);
+    wide_and_deep(b, s, hidden, fm, dense, &e, &wk)
+}
+
+/// wide-deep over fields of different dims: the one input field's blocks (field f: `d_f`
+/// values, then its weight) cut into the embeddings `e` and the weights, as [`deepfm`] takes
+/// them.
+fn wide_deep_of_dims(b: &mut Build<'_>, s: Sizes, hidden: &[usize], field_dims: &[usize], dense: &str, emb: &str) -> OnnxResult<String> {
+    let (mut es, mut ws, mut at) = (Vec::new(), Vec::new(), 0);
+    for d in field_dims {
+        es.push(b.g.slice(emb, 2, at, at + d));
+        ws.push(b.g.slice(emb, 2, at + d, at + d + 1));
+        at += d + 1;
+    }
+    let e = b.g.concat(&es.iter().map(String::as_str).collect::<Vec<_>>(), 2);
+    let wk = b.g.concat(&ws.iter().map(String::as_str).collect::<Vec<_>>(), 2);
+    wide_and_deep(b, s, hidden, false, dense, &e, &wk)
+}
+
+/// [`deepfm`] from the embeddings `e` [batch, F, d] and the first-order weights `wk`.
+fn wide_and_deep(b: &mut Build<'_>, s: Sizes, hidden: &[usize], fm: bool, dense: &str, e: &str, wk: &str) -> OnnxResult<String> {
+    let x = b.concat_input(e, dense);
     let deep = b.mlp(&x, &widths(s.fields * s.dim + s.dense, hidden, Some(1)), false)?;
     let (wx, bias) = (b.tensor("w", &[s.dense, 1])?, b.tensor("b", &[1])?);
     b.group += 1;
     let linear = b.g.gemm(dense, &wx, &bias);
-    let wk = b.g.flatten(&wk, 1);
+    let wk = b.g.flatten(wk, 1);
     let first = b.g.reduce_sum(&wk, &[1], true);
     let sum = b.g.add(&deep, &linear);
     let mut logit = b.g.add(&sum, &first);
     if fm {
-        let se = b.g.reduce_sum(&e, &[1], false);
+        let se = b.g.reduce_sum(e, &[1], false);
         let square_of_sum = b.g.mul(&se, &se);
-        let ee = b.g.mul(&e, &e);
+        let ee = b.g.mul(e, e);
         let sum_of_squares = b.g.reduce_sum(&ee, &[1], false);
         let diff = b.g.sub(&square_of_sum, &sum_of_squares);
         let total = b.g.reduce_sum(&diff, &[1], true);

@@ -12,6 +12,9 @@
 //! Summation order differs by segment but every element is reduced exactly once along
 //! the ring, so all ranks end with bit-identical results. f16/bf16 are widened to f32
 //! for the whole ring (accumulate in f32) and narrowed once.
+//! A fusion buffer goes round in its [`FusedLayout`] (each tensor cut into the N segments
+//! by its own length, segment-major): each element then falls in the segment, so gets the
+//! summation order, it has in its tensor reduced alone, whatever it was fused with.
 //! allgatherv, broadcast, gatherv and barrier use MPI's own algorithms.
 //!
 //! The ring counts what it moves ([`PeerCounter`]): every chunk posted to the right
@@ -19,14 +22,16 @@
 //! hosts by the neighbour's host. A collective left to MPI's own algorithm voids the count
 //! (see [`super::count`]).
 
+use std::ops::Range;
+
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::count::PeerCounter;
 use super::traffic::Traffic;
+use super::fused::FusedLayout;
 use super::{mpi_backend, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
-use crate::partition::part;
 use crate::topology::Group;
 use crate::{CommError, CommResult};
 
@@ -89,18 +94,23 @@ fn wait_all(reqs: &mut [mpi::ffi::MPI_Request]) {
 }
 
 /// In-place ring allreduce (Sum/Min/Max combine; Average scaled by the caller) of a buffer
-/// of a full-precision dtype; the chunks posted are counted in `counter`.
-pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+/// of a full-precision dtype cut into the ring's segments `segs` (element ranges, one per
+/// rank, consecutive from 0 to the buffer's end: [`super::fused::even_parts`] for one tensor, a
+/// [`FusedLayout`]'s parts for a fusion buffer); the chunks posted are counted in `counter`.
+pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     let r = comm.rank() as usize;
     let esz = dtype.size();
     if buf.len() % esz != 0 || (buf.as_ptr() as usize) % esz != 0 {
         return Err(CommError::BadBuffer { len: buf.len(), dtype: dtype.name() });
     }
+    let n = buf.len() / esz;
+    if segs.len() != p || segs.first().is_some_and(|s| s.start != 0) || segs.last().is_some_and(|s| s.end != n) || segs.windows(2).any(|w| w[0].end != w[1].start) {
+        return Err(CommError::Invalid(format!("ring: {} segments do not cut {n} elements among {p} ranks", segs.len())));
+    }
     if p == 1 {
         return Ok(());
     }
-    let n = buf.len() / esz;
     let chunk = (chunk_bytes / esz).max(1) * esz;
     if scratch.len() < 2 * chunk {
         scratch.resize(2 * chunk, 0);
@@ -108,7 +118,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
     let right = (r + 1) % p;
     let left = (r + p - 1) % p;
     let seg = |i: usize| {
-        let e = part(n, p, i % p);
+        let e = &segs[i % p];
         (e.start * esz)..(e.end * esz)
     };
     let base = buf.as_mut_ptr();
@@ -184,8 +194,9 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
     Ok(())
 }
 
-/// Ring allreduce for every dtype and op: half types through f32, Average scaled at the end.
-pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+/// Ring allreduce for every dtype and op over segments `segs` ([`ring_allreduce`]): half
+/// types through f32, Average scaled at the end.
+pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     if dtype == DType::U8 {
         return Err(CommError::Invalid("uint8 buffers cannot be reduced".into()));
@@ -193,13 +204,13 @@ pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtyp
     if dtype.is_half() {
         let mut wide = dtype::half_to_f32(buf, dtype)?;
         let wb: &mut [u8] = bytemuck::cast_slice_mut(&mut wide);
-        ring_allreduce(comm, wb, DType::F32, op, chunk_bytes, scratch, counter)?;
+        ring_allreduce(comm, wb, segs, DType::F32, op, chunk_bytes, scratch, counter)?;
         if op == ReduceOp::Average {
             dtype::scale(wb, DType::F32, p)?;
         }
         return dtype::f32_to_half(&wide, buf, dtype);
     }
-    ring_allreduce(comm, buf, dtype, op, chunk_bytes, scratch, counter)?;
+    ring_allreduce(comm, buf, segs, dtype, op, chunk_bytes, scratch, counter)?;
     if op == ReduceOp::Average {
         dtype::scale(buf, dtype, p)?;
     }
@@ -217,10 +228,18 @@ impl Collectives for RingCollectives {
         self.mpi.size()
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let layout = FusedLayout::new(&[buf.len() / dtype.size()], &self.fusion_levels());
+        self.allreduce_fused(buf, &layout, dtype, op)
+    }
+    fn fusion_levels(&self) -> Vec<usize> {
+        vec![self.size()]
+    }
+    fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
         if self.mpi.verify() {
             verify::agree(self.mpi.comm(), &Header::allreduce(buf.len() / dtype.size(), dtype, op))?;
         }
-        ring_allreduce_any(self.mpi.comm(), buf, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
+        let segs = layout.parts_for(&self.fusion_levels(), buf.len() / dtype.size(), &[])?;
+        ring_allreduce_any(self.mpi.comm(), buf, &segs, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
         self.counter.opaque();

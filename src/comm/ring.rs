@@ -29,7 +29,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::count::PeerCounter;
 use super::traffic::Traffic;
-use super::fused::FusedLayout;
+use super::fused::{even_parts, FusedLayout};
 use super::{mpi_backend, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::topology::Group;
@@ -51,6 +51,16 @@ impl RingCollectives {
     /// the bytes moved counted by `counter` (indexed by rank in `group`).
     pub fn new(group: Group, verify: bool, chunk_bytes: usize, counter: PeerCounter) -> RingCollectives {
         RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new(), counter }
+    }
+}
+
+impl RingCollectives {
+    /// Makes the ranks agree on an allreduce of `n` elements (unless `RINGREC_VERIFY=0`).
+    fn agree(&self, n: usize, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        if self.mpi.verify() {
+            verify::agree(self.mpi.comm(), &Header::allreduce(n, dtype, op))?;
+        }
+        Ok(())
     }
 }
 
@@ -95,7 +105,7 @@ fn wait_all(reqs: &mut [mpi::ffi::MPI_Request]) {
 
 /// In-place ring allreduce (Sum/Min/Max combine; Average scaled by the caller) of a buffer
 /// of a full-precision dtype cut into the ring's segments `segs` (element ranges, one per
-/// rank, consecutive from 0 to the buffer's end: [`super::fused::even_parts`] for one tensor, a
+/// rank, consecutive from 0 to the buffer's end: [`even_parts`] for one tensor, a
 /// [`FusedLayout`]'s parts for a fusion buffer); the chunks posted are counted in `counter`.
 pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
@@ -228,17 +238,17 @@ impl Collectives for RingCollectives {
         self.mpi.size()
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        let layout = FusedLayout::new(&[buf.len() / dtype.size()], &self.fusion_levels());
-        self.allreduce_fused(buf, &layout, dtype, op)
+        let n = buf.len() / dtype.size();
+        self.agree(n, dtype, op)?;
+        ring_allreduce_any(self.mpi.comm(), buf, &even_parts(n, self.size()), dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
     }
     fn fusion_levels(&self) -> Vec<usize> {
         vec![self.size()]
     }
     fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
-        if self.mpi.verify() {
-            verify::agree(self.mpi.comm(), &Header::allreduce(buf.len() / dtype.size(), dtype, op))?;
-        }
-        let segs = layout.parts_for(&self.fusion_levels(), buf.len() / dtype.size(), &[])?;
+        let n = buf.len() / dtype.size();
+        self.agree(n, dtype, op)?;
+        let segs = layout.parts_for(&self.fusion_levels(), n, &[])?;
         ring_allreduce_any(self.mpi.comm(), buf, &segs, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {

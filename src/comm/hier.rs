@@ -39,8 +39,7 @@ pub struct HierCollectives {
     host_id: usize,
     host_of_rank: Vec<usize>,
     local_rank_of_rank: Vec<usize>,
-    chunk_bytes: usize,
-    scratch: Vec<u8>,
+    pipeline: ring::Pipeline,
     /// The ring across hosts' bytes (every peer of `cross` is on another host).
     cross_counter: PeerCounter,
 }
@@ -60,8 +59,7 @@ impl HierCollectives {
             host_id: topo.host_id,
             host_of_rank: topo.host_of_rank.clone(),
             local_rank_of_rank: topo.local_rank_of_rank.clone(),
-            chunk_bytes: ring::DEFAULT_CHUNK_BYTES,
-            scratch: Vec::new(),
+            pipeline: ring::Pipeline::new(ring::DEFAULT_CHUNK_BYTES),
             cross_counter: PeerCounter::one_per_host(topo.cross.size(), topo.cross.rank()),
         })
     }
@@ -76,7 +74,7 @@ impl HierCollectives {
         let segs = layout.parts_for(&levels, n, &[self.local_rank])?;
         self.local.reduce_scatter_parts(buf, &parts, dtype, op.combine())?;
         let mine = &parts[self.local_rank];
-        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], &segs, dtype, op.combine(), self.chunk_bytes, &mut self.scratch, &mut self.cross_counter)?;
+        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], &segs, dtype, op.combine(), &mut self.pipeline, &mut self.cross_counter)?;
         self.local.allgather_parts(buf, &parts, dtype)?;
         if op == ReduceOp::Average {
             dtype::scale(buf, dtype, self.size())?;

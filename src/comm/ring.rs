@@ -41,16 +41,29 @@ pub const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
 /// Ring allreduce over MPI point-to-point; MPI's algorithms for the rest.
 pub struct RingCollectives {
     mpi: mpi_backend::MpiCollectives,
+    pipeline: Pipeline,
+    counter: PeerCounter,
+}
+
+/// The ring's pipeline: the chunk each step's segments move in, and the two receive
+/// buffers of that size.
+pub(crate) struct Pipeline {
     chunk_bytes: usize,
     scratch: Vec<u8>,
-    counter: PeerCounter,
+}
+
+impl Pipeline {
+    /// Chunks of `chunk_bytes` (buffers allocated on first use).
+    pub(crate) fn new(chunk_bytes: usize) -> Pipeline {
+        Pipeline { chunk_bytes, scratch: Vec::new() }
+    }
 }
 
 impl RingCollectives {
     /// Over `group`; `verify` exchanges headers first; pipeline chunks of `chunk_bytes`;
     /// the bytes moved counted by `counter` (indexed by rank in `group`).
     pub fn new(group: Group, verify: bool, chunk_bytes: usize, counter: PeerCounter) -> RingCollectives {
-        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new(), counter }
+        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), pipeline: Pipeline::new(chunk_bytes), counter }
     }
 }
 
@@ -106,8 +119,9 @@ fn wait_all(reqs: &mut [mpi::ffi::MPI_Request]) {
 /// In-place ring allreduce (Sum/Min/Max combine; Average scaled by the caller) of a buffer
 /// of a full-precision dtype cut into the ring's segments `segs` (element ranges, one per
 /// rank, consecutive from 0 to the buffer's end: [`even_parts`] for one tensor, a
-/// [`FusedLayout`]'s parts for a fusion buffer); the chunks posted are counted in `counter`.
-pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+/// [`FusedLayout`]'s parts for a fusion buffer), moved through `pipeline`; the chunks posted
+/// are counted in `counter`.
+pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, pipeline: &mut Pipeline, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     let r = comm.rank() as usize;
     let esz = dtype.size();
@@ -121,7 +135,8 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[
     if p == 1 {
         return Ok(());
     }
-    let chunk = (chunk_bytes / esz).max(1) * esz;
+    let chunk = (pipeline.chunk_bytes / esz).max(1) * esz;
+    let scratch = &mut pipeline.scratch;
     if scratch.len() < 2 * chunk {
         scratch.resize(2 * chunk, 0);
     }
@@ -206,7 +221,7 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[
 
 /// Ring allreduce for every dtype and op over segments `segs` ([`ring_allreduce`]): half
 /// types through f32, Average scaled at the end.
-pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, pipeline: &mut Pipeline, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     if dtype == DType::U8 {
         return Err(CommError::Invalid("uint8 buffers cannot be reduced".into()));
@@ -214,13 +229,13 @@ pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], segs
     if dtype.is_half() {
         let mut wide = dtype::half_to_f32(buf, dtype)?;
         let wb: &mut [u8] = bytemuck::cast_slice_mut(&mut wide);
-        ring_allreduce(comm, wb, segs, DType::F32, op, chunk_bytes, scratch, counter)?;
+        ring_allreduce(comm, wb, segs, DType::F32, op, pipeline, counter)?;
         if op == ReduceOp::Average {
             dtype::scale(wb, DType::F32, p)?;
         }
         return dtype::f32_to_half(&wide, buf, dtype);
     }
-    ring_allreduce(comm, buf, segs, dtype, op, chunk_bytes, scratch, counter)?;
+    ring_allreduce(comm, buf, segs, dtype, op, pipeline, counter)?;
     if op == ReduceOp::Average {
         dtype::scale(buf, dtype, p)?;
     }
@@ -240,7 +255,7 @@ impl Collectives for RingCollectives {
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
         let n = buf.len() / dtype.size();
         self.agree(n, dtype, op)?;
-        ring_allreduce_any(self.mpi.comm(), buf, &even_parts(n, self.size()), dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
+        ring_allreduce_any(self.mpi.comm(), buf, &even_parts(n, self.size()), dtype, op, &mut self.pipeline, &mut self.counter)
     }
     fn fusion_levels(&self) -> Vec<usize> {
         vec![self.size()]
@@ -249,7 +264,7 @@ impl Collectives for RingCollectives {
         let n = buf.len() / dtype.size();
         self.agree(n, dtype, op)?;
         let segs = layout.parts_for(&self.fusion_levels(), n, &[])?;
-        ring_allreduce_any(self.mpi.comm(), buf, &segs, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
+        ring_allreduce_any(self.mpi.comm(), buf, &segs, dtype, op, &mut self.pipeline, &mut self.counter)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
         self.counter.opaque();

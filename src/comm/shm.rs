@@ -357,6 +357,7 @@ impl ShmCollectives {
     /// own part in place in its buffer, reading only the peers' pieces from their slots
     /// (its own piece is not copied through its slot), when that piece is contiguous.
     fn allreduce_sliced<V: ByteView + ?Sized>(&mut self, buf: &mut V, parts: &[Range<usize>], dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
+        debug_assert_eq!(parts.len(), self.size);
         let esz = dtype.size();
         let (piece, rounds) = self.plan(parts, dtype);
         let pb = piece * esz;
@@ -365,9 +366,9 @@ impl ShmCollectives {
             let b = self.begin();
             let mine = Self::piece_range(&parts[self.rank], k, piece, esz);
             let in_place = buf.range_mut(mine.clone()).is_some();
-            for l in 0..self.size {
+            for (l, part) in parts.iter().enumerate() {
                 if l != self.rank || !in_place {
-                    let r = Self::piece_range(&parts[l], k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     if l != self.rank {
                         self.counter.sent(l, r.len());
                     }
@@ -400,9 +401,9 @@ impl ShmCollectives {
             self.put_from(b, self.rank * pb, buf, mine);
             self.publish(Phase::Reduced);
             self.wait_all(Phase::Reduced, self.iter + 1, "allreduce")?;
-            for q in 0..self.size {
+            for (q, part) in parts.iter().enumerate() {
                 if q != self.rank {
-                    let r = Self::piece_range(&parts[q], k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     let len = r.len();
                     self.counter.received(q, len);
                     buf.write_range(r, self.peer(q, b, q * pb, len));
@@ -437,9 +438,9 @@ impl ShmCollectives {
             self.count_sent(mine.len(), None);
             self.put(b, 0, &buf[mine]);
             self.arrive_with_header((k == 0).then_some(&h), "allgather")?;
-            for q in 0..self.size {
+            for (q, part) in parts.iter().enumerate() {
                 if q != self.rank {
-                    let r = Self::piece_range(&parts[q], k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     let len = r.len();
                     self.counter.received(q, len);
                     buf[r].copy_from_slice(self.peer(q, b, 0, len));

@@ -9,7 +9,7 @@
 //! [`DeviceCollectives::wait`] waits for all of it, with the deadline
 //! `RINGREC_COMM_TIMEOUT_SECONDS`, and reports a failed or stuck peer.
 
-use super::{Collectives, CollectivesExt};
+use super::{Collectives, CollectivesExt, FusedLayout};
 use crate::device::{Device, Scalar};
 use crate::dtype::{Element, ReduceOp};
 use crate::{CommError, CommResult};
@@ -25,6 +25,21 @@ pub trait DeviceCollectives<D: Device>: Send {
     fn size(&self) -> usize;
     /// Queues an in-place allreduce of `n` elements of `buf` from element `at`.
     fn allreduce<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()>;
+    /// The part counts at which the collectives cut a buffer ([`super::Collectives::fusion_levels`]):
+    /// a fusion buffer laid out by a [`FusedLayout`] with these levels is reduced by
+    /// [`DeviceCollectives::allreduce_fused`] element for element as its tensors alone.
+    /// Empty (the default) where the order is not ringrec's: NCCL picks its own algorithm
+    /// (ring or tree, its channels and chunks) by message size, so fusion may change the
+    /// last bits of a sum at 3+ ranks there.
+    fn fusion_levels(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    /// Queues an in-place allreduce of the first `layout.len()` elements of `buf`, a fusion
+    /// buffer laid out by `layout` (made with [`DeviceCollectives::fusion_levels`]). The
+    /// default reduces them as one buffer.
+    fn allreduce_fused<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, layout: &FusedLayout, op: ReduceOp) -> CommResult<()> {
+        self.allreduce(dev, buf, 0, layout.len(), op)
+    }
     /// Queues a copy of `n` elements of rank `root`'s `buf` (from `at`) into every rank's.
     fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()>;
     /// Queues an allgather of the first `n` words of every rank's `send` into `recv`:
@@ -76,6 +91,13 @@ impl<D: Device> DeviceCollectives<D> for HostCollectives {
     }
     fn allreduce<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, op: ReduceOp) -> CommResult<()> {
         self.coll.allreduce(host_slice(dev, buf, at, n)?, op)
+    }
+    fn fusion_levels(&self) -> Vec<usize> {
+        self.coll.fusion_levels()
+    }
+    fn allreduce_fused<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, layout: &FusedLayout, op: ReduceOp) -> CommResult<()> {
+        let n = layout.len();
+        self.coll.allreduce_fused(bytemuck::cast_slice_mut(host_slice(dev, buf, 0, n)?), layout, T::DTYPE, op)
     }
     fn broadcast<T: Scalar + Element>(&mut self, dev: &D, buf: &mut D::Buf<T>, at: usize, n: usize, root: usize) -> CommResult<()> {
         self.coll.broadcast(host_slice(dev, buf, at, n)?, root)

@@ -6,6 +6,9 @@
 //! Each host moves 1/local_size of the buffer per rank across the network, in parallel
 //! over local_size rings. Every part is finished by one ring, so all ranks get
 //! bit-identical results. Needs the same number of ranks on every host.
+//! A fusion buffer is cut by its [`FusedLayout`] at `[local size, hosts]`: each tensor's
+//! own part l goes to local rank l and round the ring in that part's own segments, so an
+//! element is summed as in its tensor alone, whatever it was fused with.
 //! Headers are checked once over the whole world (MPI allgather) unless `RINGREC_VERIFY=0`.
 //!
 //! Counted traffic ([`super::count`]): the host's `shm` steps count inside the host, the
@@ -20,9 +23,9 @@ use super::mpi_backend::MpiCollectives;
 use super::count::{self, PeerCounter};
 use super::shm::ShmCollectives;
 use super::traffic::Traffic;
+use super::fused::FusedLayout;
 use super::{ring, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
-use crate::partition::part;
 use crate::topology::{Group, Topology};
 use crate::{CommError, CommResult};
 
@@ -36,8 +39,7 @@ pub struct HierCollectives {
     host_id: usize,
     host_of_rank: Vec<usize>,
     local_rank_of_rank: Vec<usize>,
-    chunk_bytes: usize,
-    scratch: Vec<u8>,
+    pipeline: ring::Pipeline,
     /// The ring across hosts' bytes (every peer of `cross` is on another host).
     cross_counter: PeerCounter,
 }
@@ -57,23 +59,37 @@ impl HierCollectives {
             host_id: topo.host_id,
             host_of_rank: topo.host_of_rank.clone(),
             local_rank_of_rank: topo.local_rank_of_rank.clone(),
-            chunk_bytes: ring::DEFAULT_CHUNK_BYTES,
-            scratch: Vec::new(),
+            pipeline: ring::Pipeline::new(ring::DEFAULT_CHUNK_BYTES),
             cross_counter: PeerCounter::one_per_host(topo.cross.size(), topo.cross.rank()),
         })
     }
 
-    fn allreduce_full(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+    /// Allreduce of `buf` laid out by `layout` (cut at [`Collectives::fusion_levels`]):
+    /// the host's parts by the layout's outer cut, each part's ring segments by its inner one.
+    fn allreduce_full(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
         let esz = dtype.size();
         let n = buf.len() / esz;
-        self.local.reduce_scatter_parts(buf, dtype, op.combine())?;
-        let mine = part(n, self.local_size, self.local_rank);
-        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], dtype, op.combine(), self.chunk_bytes, &mut self.scratch, &mut self.cross_counter)?;
-        self.local.allgather_parts(buf, dtype)?;
+        let levels = self.fusion_levels();
+        let parts = layout.parts_for(&levels, n, &[])?;
+        let segs = layout.parts_for(&levels, n, &[self.local_rank])?;
+        self.local.reduce_scatter_parts(buf, &parts, dtype, op.combine())?;
+        let mine = &parts[self.local_rank];
+        ring::ring_allreduce(&self.cross.comm, &mut buf[mine.start * esz..mine.end * esz], &segs, dtype, op.combine(), &mut self.pipeline, &mut self.cross_counter)?;
+        self.local.allgather_parts(buf, &parts, dtype)?;
         if op == ReduceOp::Average {
             dtype::scale(buf, dtype, self.size())?;
         }
         Ok(())
+    }
+
+    /// [`HierCollectives::allreduce_full`] for every dtype: half types through f32.
+    fn allreduce_laid_out(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        if dtype.is_half() {
+            let mut wide = dtype::half_to_f32(buf, dtype)?;
+            self.allreduce_full(bytemuck::cast_slice_mut(&mut wide), layout, DType::F32, op)?;
+            return dtype::f32_to_half(&wide, buf, dtype);
+        }
+        self.allreduce_full(buf, layout, dtype, op)
     }
 
     fn is_leader(&self) -> bool {
@@ -134,6 +150,13 @@ impl Collectives for HierCollectives {
         self.world.size()
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let layout = FusedLayout::new(&[buf.len() / dtype.size()], &self.fusion_levels());
+        self.allreduce_fused(buf, &layout, dtype, op)
+    }
+    fn fusion_levels(&self) -> Vec<usize> {
+        vec![self.local_size, self.cross.size()]
+    }
+    fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
         let h = Header::allreduce_for(buf, dtype, op);
         if self.world.verify() {
             verify::agree(self.world.comm(), &h)?;
@@ -141,12 +164,7 @@ impl Collectives for HierCollectives {
         if h.count == u64::MAX {
             return Err(CommError::BadBuffer { len: buf.len(), dtype: dtype.name() });
         }
-        if dtype.is_half() {
-            let mut wide = dtype::half_to_f32(buf, dtype)?;
-            self.allreduce_full(bytemuck::cast_slice_mut(&mut wide), DType::F32, op)?;
-            return dtype::f32_to_half(&wide, buf, dtype);
-        }
-        self.allreduce_full(buf, dtype, op)
+        self.allreduce_laid_out(buf, layout, dtype, op)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
         if self.world.verify() {

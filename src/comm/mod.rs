@@ -7,6 +7,11 @@
 //! | `shm`  | one host: every rank reduces its 1/P slice straight from its peers' data in a shared segment | through the segment |
 //! | `hier` | `shm` reduce-scatter in each host, `ring` across hosts between equal local ranks, `shm` allgather | composed the same way |
 //!
+//! Fusion never changes a sum's bits on ringrec's own backends (`ring`, `shm`, `hier`: the
+//! ones [`Backend::auto`] picks): a fused allreduce reduces every element as in its tensor
+//! alone ([`fused`]). `mpi` leaves the order to `MPI_Allreduce`, which picks its algorithm
+//! by message size, so there fusion may change the last bits of a sum at 3+ ranks.
+//!
 //! Every collective first makes ranks agree on what they are doing (collective kind, element
 //! count, dtype, op, root): a mismatch is a [`CommError::Mismatch`] on every rank, never a hang
 //! or an overrun. `shm` carries the check inside its own synchronisation; the MPI-based
@@ -15,6 +20,7 @@
 pub mod arrival;
 pub mod count;
 pub mod device;
+pub mod fused;
 pub mod hier;
 pub mod mpi_backend;
 pub mod nccl;
@@ -27,6 +33,7 @@ pub mod verify;
 use crate::dtype::{DType, Element, ReduceOp};
 pub use device::{DeviceCollectives, HostCollectives};
 pub use crate::gather::Gathered;
+pub use fused::FusedLayout;
 pub use scattered::Scattered;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
@@ -100,17 +107,36 @@ pub trait Collectives {
     fn gatherv_raw(&mut self, send: &[u8], root: usize) -> CommResult<Option<Gathered>>;
     /// Returns once every rank of the group has entered it.
     fn barrier(&mut self) -> CommResult<()>;
-    /// In-place allreduce of several buffers as if they were one (a fusion buffer). The
-    /// default copies them through one contiguous buffer; backends that can move the pieces
+    /// In-place allreduce of several buffers (tensors) as if they were one (a fusion
+    /// buffer), each element reduced as in its tensor alone where the backend's order is
+    /// ringrec's ([`Collectives::fusion_levels`]). The default copies them through one
+    /// contiguous buffer in their [`FusedLayout`]; backends that can move the pieces
     /// directly say so with [`Collectives::zero_copy_fusion`].
     fn allreduce_scattered(&mut self, bufs: &mut Scattered<'_>, dtype: DType, op: ReduceOp) -> CommResult<()> {
         let len = bufs.len();
+        let layout = scattered::layout_of(bufs, dtype, &self.fusion_levels());
         let mut tmp = scattered::aligned_bytes(len);
         let tmp = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tmp)[..len];
-        bufs.read(0..len, tmp);
-        self.allreduce_raw(tmp, dtype, op)?;
-        bufs.write(0..len, tmp);
+        layout.pack(bufs, dtype.size(), tmp);
+        self.allreduce_fused(tmp, &layout, dtype, op)?;
+        layout.unpack(tmp, dtype.size(), bufs);
         Ok(())
+    }
+    /// The part counts at which the backend cuts a buffer to reduce it, outermost first
+    /// (`ring`: `[size]`; `hier`: `[local size, hosts]`): a fusion buffer laid out by a
+    /// [`FusedLayout`] with these levels is reduced by [`Collectives::allreduce_fused`]
+    /// element for element as its tensors alone. Empty (the default) where an element's
+    /// reduction does not depend on its position (`shm`: rank order for every element) or
+    /// is not ringrec's to set (`mpi`: the MPI library picks its algorithm, and so the
+    /// order, by message size — fusion may change the last bits there).
+    fn fusion_levels(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    /// In-place allreduce of a fusion buffer laid out by `layout` (made with this
+    /// backend's [`Collectives::fusion_levels`]). The default reduces it as one buffer.
+    fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let _ = layout;
+        self.allreduce_raw(buf, dtype, op)
     }
     /// True when [`Collectives::allreduce_scattered`] reduces the pieces in place, with no
     /// copy through a separate fusion buffer.
@@ -333,6 +359,13 @@ impl Collectives for Watched {
     }
     fn zero_copy_fusion(&self) -> bool {
         self.0.zero_copy_fusion()
+    }
+    fn fusion_levels(&self) -> Vec<usize> {
+        self.0.fusion_levels()
+    }
+    fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let _w = crate::watchdog::waiting("a fused allreduce");
+        self.0.allreduce_fused(buf, layout, dtype, op)
     }
     fn traffic(&self) -> Option<traffic::Traffic> {
         self.0.traffic()

@@ -12,6 +12,9 @@
 //! Summation order differs by segment but every element is reduced exactly once along
 //! the ring, so all ranks end with bit-identical results. f16/bf16 are widened to f32
 //! for the whole ring (accumulate in f32) and narrowed once.
+//! A fusion buffer goes round in its [`FusedLayout`] (each tensor cut into the N segments
+//! by its own length, segment-major): each element then falls in the segment, so gets the
+//! summation order, it has in its tensor reduced alone, whatever it was fused with.
 //! allgatherv, broadcast, gatherv and barrier use MPI's own algorithms.
 //!
 //! The ring counts what it moves ([`PeerCounter`]): every chunk posted to the right
@@ -19,14 +22,16 @@
 //! hosts by the neighbour's host. A collective left to MPI's own algorithm voids the count
 //! (see [`super::count`]).
 
+use std::ops::Range;
+
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::count::PeerCounter;
 use super::traffic::Traffic;
+use super::fused::{even_parts, FusedLayout};
 use super::{mpi_backend, verify, Collectives, Gathered, Header};
 use crate::dtype::{self, DType, ReduceOp};
-use crate::partition::part;
 use crate::topology::Group;
 use crate::{CommError, CommResult};
 
@@ -36,16 +41,39 @@ pub const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
 /// Ring allreduce over MPI point-to-point; MPI's algorithms for the rest.
 pub struct RingCollectives {
     mpi: mpi_backend::MpiCollectives,
+    pipeline: Pipeline,
+    counter: PeerCounter,
+}
+
+/// The ring's pipeline: the chunk each step's segments move in, and the two receive
+/// buffers of that size.
+pub(crate) struct Pipeline {
     chunk_bytes: usize,
     scratch: Vec<u8>,
-    counter: PeerCounter,
+}
+
+impl Pipeline {
+    /// Chunks of `chunk_bytes` (buffers allocated on first use).
+    pub(crate) fn new(chunk_bytes: usize) -> Pipeline {
+        Pipeline { chunk_bytes, scratch: Vec::new() }
+    }
 }
 
 impl RingCollectives {
     /// Over `group`; `verify` exchanges headers first; pipeline chunks of `chunk_bytes`;
     /// the bytes moved counted by `counter` (indexed by rank in `group`).
     pub fn new(group: Group, verify: bool, chunk_bytes: usize, counter: PeerCounter) -> RingCollectives {
-        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), chunk_bytes, scratch: Vec::new(), counter }
+        RingCollectives { mpi: mpi_backend::MpiCollectives::new(group, verify), pipeline: Pipeline::new(chunk_bytes), counter }
+    }
+}
+
+impl RingCollectives {
+    /// Makes the ranks agree on an allreduce of `n` elements (unless `RINGREC_VERIFY=0`).
+    fn agree(&self, n: usize, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        if self.mpi.verify() {
+            verify::agree(self.mpi.comm(), &Header::allreduce(n, dtype, op))?;
+        }
+        Ok(())
     }
 }
 
@@ -89,26 +117,33 @@ fn wait_all(reqs: &mut [mpi::ffi::MPI_Request]) {
 }
 
 /// In-place ring allreduce (Sum/Min/Max combine; Average scaled by the caller) of a buffer
-/// of a full-precision dtype; the chunks posted are counted in `counter`.
-pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+/// of a full-precision dtype cut into the ring's segments `segs` (element ranges, one per
+/// rank, consecutive from 0 to the buffer's end: [`even_parts`] for one tensor, a
+/// [`FusedLayout`]'s parts for a fusion buffer), moved through `pipeline`; the chunks posted
+/// are counted in `counter`.
+pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, pipeline: &mut Pipeline, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     let r = comm.rank() as usize;
     let esz = dtype.size();
     if buf.len() % esz != 0 || (buf.as_ptr() as usize) % esz != 0 {
         return Err(CommError::BadBuffer { len: buf.len(), dtype: dtype.name() });
     }
+    let n = buf.len() / esz;
+    if segs.len() != p || segs.first().is_some_and(|s| s.start != 0) || segs.last().is_some_and(|s| s.end != n) || segs.windows(2).any(|w| w[0].end != w[1].start) {
+        return Err(CommError::Invalid(format!("ring: {} segments do not cut {n} elements among {p} ranks", segs.len())));
+    }
     if p == 1 {
         return Ok(());
     }
-    let n = buf.len() / esz;
-    let chunk = (chunk_bytes / esz).max(1) * esz;
+    let chunk = (pipeline.chunk_bytes / esz).max(1) * esz;
+    let scratch = &mut pipeline.scratch;
     if scratch.len() < 2 * chunk {
         scratch.resize(2 * chunk, 0);
     }
     let right = (r + 1) % p;
     let left = (r + p - 1) % p;
     let seg = |i: usize| {
-        let e = part(n, p, i % p);
+        let e = &segs[i % p];
         (e.start * esz)..(e.end * esz)
     };
     let base = buf.as_mut_ptr();
@@ -184,8 +219,9 @@ pub(crate) fn ring_allreduce(comm: &SimpleCommunicator, buf: &mut [u8], dtype: D
     Ok(())
 }
 
-/// Ring allreduce for every dtype and op: half types through f32, Average scaled at the end.
-pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtype: DType, op: ReduceOp, chunk_bytes: usize, scratch: &mut Vec<u8>, counter: &mut PeerCounter) -> CommResult<()> {
+/// Ring allreduce for every dtype and op over segments `segs` ([`ring_allreduce`]): half
+/// types through f32, Average scaled at the end.
+pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], segs: &[Range<usize>], dtype: DType, op: ReduceOp, pipeline: &mut Pipeline, counter: &mut PeerCounter) -> CommResult<()> {
     let p = comm.size() as usize;
     if dtype == DType::U8 {
         return Err(CommError::Invalid("uint8 buffers cannot be reduced".into()));
@@ -193,13 +229,13 @@ pub(crate) fn ring_allreduce_any(comm: &SimpleCommunicator, buf: &mut [u8], dtyp
     if dtype.is_half() {
         let mut wide = dtype::half_to_f32(buf, dtype)?;
         let wb: &mut [u8] = bytemuck::cast_slice_mut(&mut wide);
-        ring_allreduce(comm, wb, DType::F32, op, chunk_bytes, scratch, counter)?;
+        ring_allreduce(comm, wb, segs, DType::F32, op, pipeline, counter)?;
         if op == ReduceOp::Average {
             dtype::scale(wb, DType::F32, p)?;
         }
         return dtype::f32_to_half(&wide, buf, dtype);
     }
-    ring_allreduce(comm, buf, dtype, op, chunk_bytes, scratch, counter)?;
+    ring_allreduce(comm, buf, segs, dtype, op, pipeline, counter)?;
     if op == ReduceOp::Average {
         dtype::scale(buf, dtype, p)?;
     }
@@ -217,10 +253,18 @@ impl Collectives for RingCollectives {
         self.mpi.size()
     }
     fn allreduce_raw(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        if self.mpi.verify() {
-            verify::agree(self.mpi.comm(), &Header::allreduce(buf.len() / dtype.size(), dtype, op))?;
-        }
-        ring_allreduce_any(self.mpi.comm(), buf, dtype, op, self.chunk_bytes, &mut self.scratch, &mut self.counter)
+        let n = buf.len() / dtype.size();
+        self.agree(n, dtype, op)?;
+        ring_allreduce_any(self.mpi.comm(), buf, &even_parts(n, self.size()), dtype, op, &mut self.pipeline, &mut self.counter)
+    }
+    fn fusion_levels(&self) -> Vec<usize> {
+        vec![self.size()]
+    }
+    fn allreduce_fused(&mut self, buf: &mut [u8], layout: &FusedLayout, dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let n = buf.len() / dtype.size();
+        self.agree(n, dtype, op)?;
+        let segs = layout.parts_for(&self.fusion_levels(), n, &[])?;
+        ring_allreduce_any(self.mpi.comm(), buf, &segs, dtype, op, &mut self.pipeline, &mut self.counter)
     }
     fn allgatherv_raw(&mut self, send: &[u8]) -> CommResult<Gathered> {
         self.counter.opaque();

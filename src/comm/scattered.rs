@@ -3,6 +3,9 @@
 
 use std::ops::Range;
 
+use super::FusedLayout;
+use crate::dtype::DType;
+
 /// Several mutable byte slices addressed as one buffer of `len()` bytes.
 pub struct Scattered<'a> {
     parts: Vec<&'a mut [u8]>,
@@ -132,6 +135,17 @@ impl ByteView for Scattered<'_> {
     fn is_whole_for(&self, esz: usize) -> bool {
         self.parts.iter().all(|p| whole(p, esz))
     }
+}
+
+/// The [`FusedLayout`] of `bufs`' parts as members of `dtype` elements cut at `levels`;
+/// the plain concatenation when a part is not a whole number of elements (the backend's
+/// header check refuses such a buffer on every rank).
+pub fn layout_of(bufs: &Scattered<'_>, dtype: DType, levels: &[usize]) -> FusedLayout {
+    let esz = dtype.size();
+    if bufs.parts.iter().any(|p| p.len() % esz != 0) {
+        return FusedLayout::new(&[bufs.len() / esz], &[]);
+    }
+    FusedLayout::new(&bufs.parts.iter().map(|p| p.len() / esz).collect::<Vec<_>>(), levels)
 }
 
 /// A zeroed byte buffer aligned to 8 bytes (any element type's alignment).

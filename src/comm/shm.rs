@@ -20,7 +20,8 @@
 //! its data lines.
 //!
 //! Allreduce cuts the buffer into P parts (part r is reduced by rank r, summing ranks in
-//! order 0..P, so every rank gets bit-identical results) and moves them through the slots
+//! order 0..P, so every rank gets bit-identical results — and every element is summed in
+//! that one order wherever it sits: fusion never changes its bits) and moves them through the slots
 //! in cache-sized pieces, so peers' data is read from the shared L3 rather than DRAM.
 //! Small buffers take a one-sync direct path: every rank reduces the whole buffer itself.
 //! Waits spin, then yield, then sleep in short naps, check a deadline (`RINGREC_COMM_TIMEOUT_SECONDS`, default 300)
@@ -34,18 +35,19 @@
 //! `2 (P-1)/P B` per rank (parts round to whole elements), a direct one `(P-1) B`.
 //! Headers and arrival words are not counted.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mpi::collective::CommunicatorCollectives;
 
 use super::count::PeerCounter;
+use super::fused::even_parts;
 use super::scattered::{aligned_bytes, ByteView};
 use super::traffic::Traffic;
 use super::{check_headers, Collectives, Gathered, Header, Scattered};
 use crate::dtype::{self, DType, ReduceOp};
 use crate::hostsync::PeerWatch;
-use crate::partition::part;
 use crate::shm::SharedSegment;
 use crate::topology::Topology;
 use crate::{CommError, CommResult};
@@ -334,38 +336,39 @@ impl ShmCollectives {
         (self.slot_bytes / self.size / dtype.size()).max(1)
     }
 
-    /// Parts of `n` elements, pieces per round, rounds.
-    fn plan(&self, n: usize, dtype: DType) -> (usize, usize) {
+    /// Elements per piece and rounds, for a buffer cut into `parts` (element ranges, one
+    /// per rank).
+    fn plan(&self, parts: &[Range<usize>], dtype: DType) -> (usize, usize) {
         let piece = self.piece_elems(dtype);
-        let max_part = n.div_ceil(self.size);
+        let max_part = parts.iter().map(|p| p.len()).max().unwrap_or(0);
         (piece, max_part.div_ceil(piece).max(1))
     }
 
-    /// Range (bytes) of piece k of part l.
-    fn piece_range(&self, n: usize, l: usize, k: usize, piece: usize, esz: usize) -> std::ops::Range<usize> {
-        let p = part(n, self.size, l);
+    /// Range (bytes) of piece k of part `p`.
+    fn piece_range(p: &Range<usize>, k: usize, piece: usize, esz: usize) -> Range<usize> {
         let s = (p.start + k * piece).min(p.end);
         let e = (s + piece).min(p.end);
         s * esz..e * esz
     }
 
-    /// Sliced allreduce (`scatter_only`: stop after the reduce-scatter, leaving only this
-    /// rank's part reduced; used by `hier`). `h` is checked in round 0. A rank reduces its
+    /// Sliced allreduce of a buffer cut into `parts` (rank l reduces part l: [`even_parts`]
+    /// for the buffer alone; `scatter_only`: stop after the reduce-scatter, leaving only
+    /// this rank's part reduced; used by `hier`). `h` is checked in round 0. A rank reduces its
     /// own part in place in its buffer, reading only the peers' pieces from their slots
     /// (its own piece is not copied through its slot), when that piece is contiguous.
-    fn allreduce_sliced<V: ByteView + ?Sized>(&mut self, buf: &mut V, dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
+    fn allreduce_sliced<V: ByteView + ?Sized>(&mut self, buf: &mut V, parts: &[Range<usize>], dtype: DType, op: ReduceOp, h: &Header, scatter_only: bool) -> CommResult<()> {
+        debug_assert_eq!(parts.len(), self.size);
         let esz = dtype.size();
-        let n = buf.view_len() / esz;
-        let (piece, rounds) = self.plan(n, dtype);
+        let (piece, rounds) = self.plan(parts, dtype);
         let pb = piece * esz;
         let scale = (op == ReduceOp::Average && !scatter_only).then_some(self.size);
         for k in 0..rounds {
             let b = self.begin();
-            let mine = self.piece_range(n, self.rank, k, piece, esz);
+            let mine = Self::piece_range(&parts[self.rank], k, piece, esz);
             let in_place = buf.range_mut(mine.clone()).is_some();
-            for l in 0..self.size {
+            for (l, part) in parts.iter().enumerate() {
                 if l != self.rank || !in_place {
-                    let r = self.piece_range(n, l, k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     if l != self.rank {
                         self.counter.sent(l, r.len());
                     }
@@ -398,9 +401,9 @@ impl ShmCollectives {
             self.put_from(b, self.rank * pb, buf, mine);
             self.publish(Phase::Reduced);
             self.wait_all(Phase::Reduced, self.iter + 1, "allreduce")?;
-            for q in 0..self.size {
+            for (q, part) in parts.iter().enumerate() {
                 if q != self.rank {
-                    let r = self.piece_range(n, q, k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     let len = r.len();
                     self.counter.received(q, len);
                     buf.write_range(r, self.peer(q, b, q * pb, len));
@@ -411,36 +414,48 @@ impl ShmCollectives {
         Ok(())
     }
 
-    /// Reduce-scatter over the P-part layout: afterwards `buf[part(n, P, rank)]` holds
-    /// the host reduction (combine op; Average is not scaled). Part of `hier`.
-    pub fn reduce_scatter_parts(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+    /// Reduce-scatter of a buffer cut into `parts` (element ranges, one per rank,
+    /// consecutive over the whole buffer): afterwards `buf[parts[rank]]` holds the host
+    /// reduction (combine op; Average is not scaled). Part of `hier`.
+    pub fn reduce_scatter_parts(&mut self, buf: &mut [u8], parts: &[Range<usize>], dtype: DType, op: ReduceOp) -> CommResult<()> {
         self.check_usable()?;
         let h = Header::allreduce_for(buf, dtype, op);
-        self.allreduce_sliced(buf, dtype, op.combine(), &h, true)
+        Self::check_parts(parts, buf.len() / dtype.size(), self.size)?;
+        self.allreduce_sliced(buf, parts, dtype, op.combine(), &h, true)
     }
 
-    /// Allgather over the P-part layout: every rank's `buf[part(n, P, rank)]` goes to all.
-    pub fn allgather_parts(&mut self, buf: &mut [u8], dtype: DType) -> CommResult<()> {
+    /// Allgather of a buffer cut into `parts`: every rank's `buf[parts[rank]]` goes to all.
+    pub fn allgather_parts(&mut self, buf: &mut [u8], parts: &[Range<usize>], dtype: DType) -> CommResult<()> {
         self.check_usable()?;
         let esz = dtype.size();
         let n = buf.len() / esz;
-        let (piece, rounds) = self.plan(n, dtype);
+        Self::check_parts(parts, n, self.size)?;
+        let (piece, rounds) = self.plan(parts, dtype);
         let h = Header::allgatherv(n * esz);
         for k in 0..rounds {
             let b = self.begin();
-            let mine = self.piece_range(n, self.rank, k, piece, esz);
+            let mine = Self::piece_range(&parts[self.rank], k, piece, esz);
             self.count_sent(mine.len(), None);
             self.put(b, 0, &buf[mine]);
             self.arrive_with_header((k == 0).then_some(&h), "allgather")?;
-            for q in 0..self.size {
+            for (q, part) in parts.iter().enumerate() {
                 if q != self.rank {
-                    let r = self.piece_range(n, q, k, piece, esz);
+                    let r = Self::piece_range(part, k, piece, esz);
                     let len = r.len();
                     self.counter.received(q, len);
                     buf[r].copy_from_slice(self.peer(q, b, 0, len));
                 }
             }
             self.finish();
+        }
+        Ok(())
+    }
+
+    /// Checks that `parts` cut `n` elements into `size` consecutive ranges.
+    fn check_parts(parts: &[Range<usize>], n: usize, size: usize) -> CommResult<()> {
+        let consecutive = parts.windows(2).all(|w| w[0].end == w[1].start);
+        if parts.len() != size || parts.first().is_some_and(|p| p.start != 0) || parts.last().is_some_and(|p| p.end != n) || !consecutive {
+            return Err(CommError::Invalid(format!("shm: {} parts do not cut {n} elements among {size} ranks", parts.len())));
         }
         Ok(())
     }
@@ -528,7 +543,8 @@ impl ShmCollectives {
         if buf.view_len() <= direct_max(self.slot_bytes) {
             self.allreduce_direct(buf, dtype, op, &h)
         } else {
-            self.allreduce_sliced(buf, dtype, op, &h, false)
+            let parts = even_parts(buf.view_len() / dtype.size(), self.size);
+            self.allreduce_sliced(buf, &parts, dtype, op, &h, false)
         }
     }
 }

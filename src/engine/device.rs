@@ -1,7 +1,9 @@
 //! The executor of responses whose tensors live in a device's memory (horovod/common's
 //! `ops/nccl_operations` in ringrec's shape): negotiation, fusion planning, the response
 //! cache, the timeline and stall checks are the engine's, written once; this file moves the
-//! bytes — fused tensors through a fusion buffer on the device, fp16/bf16 compression with
+//! bytes — fused tensors through a fusion buffer on the device (laid out for the collectives,
+//! [`FusedLayout`]: over a ringrec CPU backend a fused tensor's sum has the bits of the tensor
+//! reduced alone; NCCL's algorithm is its own, see [`DeviceCollectives::fusion_levels`]), fp16/bf16 compression with
 //! the device's cast kernels, 1-bit compression with the kernels of kernels/compress.cu
 //! (each tensor encoded with its own scale and residual, the encodings allgathered, every
 //! rank decoding and summing them in rank order) — and reduces them with the device's collectives
@@ -23,6 +25,7 @@ use super::error::{EngineError, EngineResult};
 use super::fusion::Step;
 use super::message::{OpKind, Response};
 use crate::comm::device::DeviceCollectives;
+use crate::comm::FusedLayout;
 use crate::device::lent::device_buffer_mut;
 use crate::device::ops::{onebit_parts, onebit_words};
 use crate::device::{Device, DeviceError, Half, Op, Scalar};
@@ -110,22 +113,18 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
             self.wait()?;
             return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
         }
-        let total: usize = lens.iter().sum();
-        let mut fused = self.take_fusion::<T>(T::DTYPE, total)?;
-        let mut at = 0;
-        for (b, n) in bufs.iter().zip(&lens) {
-            self.dev.copy((&**b, 0), (&mut fused, at), *n).map_err(device_err)?;
-            at += n;
+        let layout = FusedLayout::new(&lens, &self.coll.fusion_levels());
+        let mut fused = self.take_fusion::<T>(T::DTYPE, layout.len())?;
+        for k in layout.blocks() {
+            self.dev.copy((&*bufs[k.member], k.range.start), (&mut fused, k.at), k.range.len()).map_err(device_err)?;
         }
         self.dev.synchronize().map_err(device_err)?;
         let t1 = Instant::now();
-        self.coll.allreduce(&self.dev, &mut fused, 0, total, resp.op)?;
+        self.coll.allreduce_fused(&self.dev, &mut fused, &layout, resp.op)?;
         self.wait()?;
         let t2 = Instant::now();
-        let mut at = 0;
-        for (b, n) in bufs.iter_mut().zip(&lens) {
-            self.dev.copy((&fused, at), (&mut **b, 0), *n).map_err(device_err)?;
-            at += n;
+        for k in layout.blocks() {
+            self.dev.copy((&fused, k.at), (&mut *bufs[k.member], k.range.start), k.range.len()).map_err(device_err)?;
         }
         self.dev.synchronize().map_err(device_err)?;
         self.put_fusion(T::DTYPE, fused);
@@ -137,22 +136,18 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
         let t0 = Instant::now();
         let mut bufs = Self::buffers::<f32>(tensors)?;
         let lens: Vec<usize> = resp.entries.iter().map(|e| e.count as usize).collect();
-        let total: usize = lens.iter().sum();
-        let mut wire = self.take_fusion::<H>(H::DTYPE, total)?;
-        let mut at = 0;
-        for (b, n) in bufs.iter().zip(&lens) {
-            self.dev.exec(Op::ToHalf { src: &**b, src_at: 0, dst: H::as_mut::<D>(&mut wire), dst_at: at, n: *n }).map_err(device_err)?;
-            at += n;
+        let layout = FusedLayout::new(&lens, &self.coll.fusion_levels());
+        let mut wire = self.take_fusion::<H>(H::DTYPE, layout.len())?;
+        for k in layout.blocks() {
+            self.dev.exec(Op::ToHalf { src: &*bufs[k.member], src_at: k.range.start, dst: H::as_mut::<D>(&mut wire), dst_at: k.at, n: k.range.len() }).map_err(device_err)?;
         }
         self.dev.synchronize().map_err(device_err)?;
         let t1 = Instant::now();
-        self.coll.allreduce(&self.dev, &mut wire, 0, total, resp.op)?;
+        self.coll.allreduce_fused(&self.dev, &mut wire, &layout, resp.op)?;
         self.wait()?;
         let t2 = Instant::now();
-        let mut at = 0;
-        for (b, n) in bufs.iter_mut().zip(&lens) {
-            self.dev.exec(Op::FromHalf { src: H::as_ref::<D>(&wire), src_at: at, dst: &mut **b, dst_at: 0, n: *n }).map_err(device_err)?;
-            at += n;
+        for k in layout.blocks() {
+            self.dev.exec(Op::FromHalf { src: H::as_ref::<D>(&wire), src_at: k.at, dst: &mut *bufs[k.member], dst_at: k.range.start, n: k.range.len() }).map_err(device_err)?;
         }
         self.dev.synchronize().map_err(device_err)?;
         self.put_fusion(H::DTYPE, wire);

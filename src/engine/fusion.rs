@@ -5,7 +5,9 @@
 //! rule: take the first unassigned response, then every later compatible one that still
 //! fits). [`Executor`] runs a response over the tensors it names: one tensor is reduced
 //! where it lies; several are reduced as one buffer — in place when the backend can
-//! ([`Collectives::zero_copy_fusion`]), else through a fusion buffer.
+//! ([`Collectives::zero_copy_fusion`]), else through a fusion buffer laid out for the
+//! backend ([`FusedLayout`], also the fp16/bf16 wire buffer), so that a fused tensor's sum
+//! has the bits of the tensor reduced alone on ringrec's own backends.
 
 use std::time::Instant;
 
@@ -13,8 +15,8 @@ use super::compression::{self, Compression, OneBit};
 use super::error::{EngineError, EngineResult};
 use super::message::{OpKind, Response};
 use crate::tensor::Tensor;
-use crate::comm::scattered::aligned_bytes;
-use crate::comm::{Collectives, Scattered};
+use crate::comm::scattered::{aligned_bytes, layout_of};
+use crate::comm::{Collectives, FusedLayout, Scattered};
 use crate::dtype::{DType, ReduceOp};
 
 /// Fuses `responses` (in order) under `threshold` bytes; 0 disables fusion.
@@ -114,15 +116,16 @@ impl Executor {
             return Ok(vec![("ALLREDUCE", t0, Instant::now())]);
         }
         let len = view.len();
+        let layout = layout_of(&view, resp.dtype, &self.backend.fusion_levels());
         if self.fusion.len() * 8 < len {
             self.fusion = aligned_bytes(len);
         }
         let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.fusion)[..len];
-        view.read(0..len, buf);
+        layout.pack(&view, resp.dtype.size(), buf);
         let t1 = Instant::now();
-        self.backend.allreduce_raw(buf, resp.dtype, resp.op)?;
+        self.backend.allreduce_fused(buf, &layout, resp.dtype, resp.op)?;
         let t2 = Instant::now();
-        view.write(0..len, buf);
+        layout.unpack(buf, resp.dtype.size(), &mut view);
         Ok(vec![("MEMCPY_IN_FUSION_BUFFER", t0, t1), ("ALLREDUCE", t1, t2), ("MEMCPY_OUT_FUSION_BUFFER", t2, Instant::now())])
     }
 
@@ -134,25 +137,23 @@ impl Executor {
     fn allreduce_cast(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let wire = resp.compression.wire_dtype().unwrap_or(DType::F16);
         let t0 = Instant::now();
-        let n: usize = tensors.iter().map(|t| t.len()).sum();
+        let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        let layout = FusedLayout::new(&lens, &self.backend.fusion_levels());
+        let n = layout.len();
         if self.fusion.len() * 8 < 2 * n {
             self.fusion = aligned_bytes(2 * n);
         }
         let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.fusion)[..2 * n];
-        let mut off = 0;
-        for t in tensors.iter_mut() {
-            let x = Self::f32s(t)?;
-            compression::to_half(x, &mut buf[off..off + 2 * x.len()], wire);
-            off += 2 * x.len();
+        for b in layout.blocks() {
+            let x = Self::f32s(&mut tensors[b.member])?;
+            compression::to_half(&x[b.range.clone()], &mut buf[2 * b.at..2 * (b.at + b.range.len())], wire);
         }
         let t1 = Instant::now();
-        self.backend.allreduce_raw(buf, wire, resp.op)?;
+        self.backend.allreduce_fused(buf, &layout, wire, resp.op)?;
         let t2 = Instant::now();
-        let mut off = 0;
-        for t in tensors.iter_mut() {
-            let x = Self::f32s(t)?;
-            compression::from_half(&buf[off..off + 2 * x.len()], x, wire);
-            off += 2 * x.len();
+        for b in layout.blocks() {
+            let x = Self::f32s(&mut tensors[b.member])?;
+            compression::from_half(&buf[2 * b.at..2 * (b.at + b.range.len())], &mut x[b.range.clone()], wire);
         }
         Ok(vec![("COMPRESS", t0, t1), ("ALLREDUCE", t1, t2), ("DECOMPRESS", t2, Instant::now())])
     }

@@ -15,10 +15,9 @@
 //! is answered too).
 
 use std::any::Any;
+use std::sync::{Mutex, OnceLock};
 
 use half::{bf16, f16};
-
-use std::sync::{Mutex, OnceLock};
 
 use super::{EngineConfig, EngineError, EngineResult, ExecuteDevice, MakeDevice, Runtime};
 use crate::comm::device::{Alone, HostCollectives};

@@ -140,7 +140,7 @@ def mixed():
     ringrec.init()
     r, n = ringrec.rank(), ringrec.size()
     x = FakeCuda(np.ones(4, np.float32)) if r == 0 else np.ones(4, np.float32)
-    expect(ValueError, ["'mixed'", "rank 0: allreduce float [4] on a device sum", "rank 1: allreduce float [4] sum"], lambda: ringrec.allreduce(x, name="mixed", op=ringrec.Sum))
+    expect(ValueError, ["'mixed'", "rank 0: allreduce float [4] on a device sum", "rank 1: allreduce float [4] sum", "others one in host memory"], lambda: ringrec.allreduce(x, name="mixed", op=ringrec.Sum))
     check(ringrec.allreduce(np.ones(2, np.float32), name="after", op=ringrec.Sum), np.full(2, n, np.float32), "a host allreduce after")
     check(ringrec.allreduce(FakeCuda(np.ones(3, np.float32)), name="both", op=ringrec.Sum).a, np.full(3, n, np.float32), "a device allreduce after")
     print("device mixed ok rank %d" % r, flush=True)

@@ -200,6 +200,36 @@ impl Topology {
         }
     }
 
+    /// The same topology over private copies of its communicators (collective over the
+    /// world: each is duplicated), for a thread that runs collectives of its own beside
+    /// the caller's (the engine's thread building a device's collectives). Without the
+    /// watchdog, which stays this topology's.
+    pub fn duplicate(&self) -> Topology {
+        Topology {
+            watchdog: None,
+            rank: self.rank,
+            size: self.size,
+            local_rank: self.local_rank,
+            local_size: self.local_size,
+            machine_local_rank: self.machine_local_rank,
+            machine_local_size: self.machine_local_size,
+            cross_rank: self.cross_rank,
+            cross_size: self.cross_size,
+            host_id: self.host_id,
+            num_hosts: self.num_hosts,
+            hostname: self.hostname.clone(),
+            job_id: self.job_id.clone(),
+            simulated_ranks_per_host: self.simulated_ranks_per_host,
+            thread_multiple: self.thread_multiple,
+            config: self.config.clone(),
+            host_of_rank: self.host_of_rank.clone(),
+            local_rank_of_rank: self.local_rank_of_rank.clone(),
+            world: self.world.duplicate(),
+            local: self.local.duplicate(),
+            cross: self.cross.duplicate(),
+        }
+    }
+
     /// True on local rank 0, the host leader that owns host-shared state.
     pub fn is_leader(&self) -> bool {
         self.local_rank == 0

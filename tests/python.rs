@@ -6,7 +6,9 @@
 //! two `HostEmbedding`s of different dims in one model against DDP with two, saved and
 //! restored (tests/python/tables.py), and examples/python/dlrm.py for a few steps; the CUDA
 //! tensor path through DLPack on the CPU (tests/python/device.py, the test hook
-//! `RINGREC_PY_DEVICE=host`).
+//! `RINGREC_PY_DEVICE=host`; made at the first device tensor, empty tensors, and ranks that
+//! mix device and host tensors); several `HostEmbedding`s sharing the free shared memory
+//! (tests/python/shares.py).
 //!
 //! Needs the module's venv and this checkout's extension (scripts/python-venv.sh: numpy,
 //! torch, maturin; the extension in `<target>/python-site`), named by
@@ -95,6 +97,22 @@ fn cuda_tensors_through_dlpack_reduce_on_the_host_kernels_device_at_1_and_2_rank
     let Some(job) = run(2, "device.py", &[("RINGREC_PY_DEVICE", "cpu"), ("EXPECT_REFUSED", "1")], Duration::from_secs(300)) else { return };
     job.assert_ok();
     assert_eq!(count(&job, "device refused ok rank "), 2, "{}", job.all());
+}
+
+#[test]
+fn a_collective_on_a_device_tensor_on_one_rank_and_a_host_tensor_on_another_is_an_error_naming_both() {
+    let Some(job) = run(2, "device.py", &[("RINGREC_PY_DEVICE", "host"), ("MIXED", "1")], Duration::from_secs(300)) else { return };
+    job.assert_ok();
+    assert_eq!(count(&job, "device mixed ok rank "), 2, "{}", job.all());
+}
+
+#[test]
+fn host_embeddings_of_one_process_share_the_free_shared_memory_at_1_and_2_ranks() {
+    for np in [1, 2] {
+        let Some(job) = run(np, "shares.py", &[], Duration::from_secs(300)) else { return };
+        job.assert_ok();
+        assert_eq!(count(&job, "shares ok rank "), np, "{}", job.all());
+    }
 }
 
 #[test]

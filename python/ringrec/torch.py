@@ -192,7 +192,10 @@ class HostEmbedding(torch.nn.Module):
     default ``HostEmbedding.<n>``, ``n`` counting the tables this process built, so ranks
     that build their modules in the same order agree. A name open in this process already
     is a ``ValueError``; ranks that open different names or dims at the same point get an
-    error saying what each rank opened.
+    error saying what each rank opened. Together they share the shared-memory directory's
+    free space: at each open, the tables open then without a ``table_max_bytes`` share what
+    is left, by their files' sizes (an earlier table's largest size may go down, never
+    below its file); sizes given that cannot fit are a ``ValueError`` naming them.
     """
 
     def __init__(self, num_embeddings=None, embedding_dim=None, mode=None, name=None, _saved=None, **settings):

@@ -140,7 +140,8 @@ pub fn lent_tensor(capsule: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
         unsafe { std::slice::from_raw_parts(t.shape, ndim) }
     };
     let shape: Vec<usize> = dims.iter().map(|&d| usize::try_from(d)).collect::<Result<_, _>>().map_err(|_| PyValueError::new_err(format!("{what}: a negative dimension in {dims:?}")))?;
-    if !t.strides.is_null() && ndim > 0 {
+    // An empty tensor's strides say nothing (numpy gives 0s): it has no elements to lay out.
+    if !t.strides.is_null() && ndim > 0 && !dims.contains(&0) {
         // SAFETY: as the shape, when not null.
         let strides = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
         let mut want = 1i64;
@@ -170,11 +171,13 @@ pub fn lent_tensor(capsule: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
 /// A CUDA tensor (`managed`, its data at `address` on GPU `device`) lent to the engine's
 /// device executor without a copy ([`ringrec::device::LentBuf`]): the producer made the
 /// executor's stream wait for its work (`__dlpack__(stream=...)`, [`device_stream`]);
-/// refused with the reason when the runtime has no device executor.
+/// refused with the reason when this rank has no device for them. The first device tensor
+/// makes the device side ([`ringrec::engine::Runtime::lend_device`]); one of no elements
+/// may have a null data pointer.
 fn lent_device_tensor(managed: Managed, address: usize, device: i32, dt: DType, shape: &[usize], what: &str) -> PyResult<Tensor> {
     let ordinal = usize::try_from(device).map_err(|_| PyValueError::new_err(format!("{what}: a negative DLPack device id {device}")))?;
     crate::with_runtime(|rt| {
-        let lender = rt.lender().ok_or_else(|| cuda_refused(what, device))?;
+        let lender = rt.lend_device().map_err(|why| cuda_refused(what, device, &why))?;
         // SAFETY: the producer's tensor holds its elements, contiguous (checked by the
         // caller), in the memory of device `ordinal` (the lender checks the ordinal and, on a
         // GPU, asks the driver; the host-kernels test hook takes host memory by contract);
@@ -184,25 +187,28 @@ fn lent_device_tensor(managed: Managed, address: usize, device: i32, dt: DType, 
     })?
 }
 
-/// Why a CUDA tensor is refused: this extension has no device executor.
-fn cuda_refused(what: &str, device: i32) -> PyErr {
-    let why = if cfg!(feature = "cuda") {
-        "ringrec was started without a GPU for device tensors (no driver or GPU, or RINGREC_PY_DEVICE=cpu); run on a machine with a GPU, or copy it to the CPU (t.cpu())"
+/// Why a CUDA tensor is refused: this rank has no device for it (`why`, the library's).
+fn cuda_refused(what: &str, device: i32, why: &str) -> PyErr {
+    let what_to_do = if cfg!(feature = "cuda") {
+        "run on a machine with a GPU (RINGREC_PY_DEVICE=auto or cuda), or copy it to the CPU (t.cpu())"
     } else {
         "this build of ringrec takes CPU tensors only; build the extension with the cuda feature (MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python) for CUDA tensors, or copy it to the CPU (t.cpu())"
     };
-    PyTypeError::new_err(format!("{what} is on cuda:{device}: {why}"))
+    PyTypeError::new_err(format!("{what} is on cuda:{device}: {why}; {what_to_do}"))
 }
 
 /// The stream to pass as `t.__dlpack__(stream=...)` for a CUDA tensor: the device
 /// executor's (NCCL's) stream, which the producer makes wait for its pending work on the
 /// tensor; `None` without a GPU executor (the host-kernels test hook has no CUDA stream).
+/// Asked for a CUDA tensor, it makes this rank's device side the first time (the lender
+/// then refuses the tensor with the reason when there is none).
 #[pyfunction]
 pub fn device_stream() -> PyResult<Option<usize>> {
-    crate::with_runtime(|rt| rt.lender().and_then(|l| l.stream()))
+    crate::with_runtime(|rt| rt.lend_device().ok().and_then(|l| l.stream()))
 }
 
-/// The device executor's device in words (`None` without one: CUDA tensors are refused).
+/// The device executor's device in words: `None` until the first device tensor made it,
+/// or when there is none (CUDA tensors are refused).
 #[pyfunction]
 pub fn device() -> PyResult<Option<String>> {
     crate::with_runtime(|rt| rt.lender().map(|l| format!("{} ({}, device {})", l.describe(), l.kind(), l.ordinal())))

@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use ringrec::embedding::{EmbeddingTable, TableSource};
 use ringrec::sparse::Deduper;
-use ringrec::train::embedding::{default_step_keys, EmbeddingStage, TableName};
+use ringrec::train::embedding::{board_bound, default_step_keys, share_among, EmbeddingStage, Sharer, TableName};
 use ringrec::train::{NanPolicy, TrainConfig, TrainError};
 
 use crate::{with_runtime, RingrecError};
@@ -50,6 +50,10 @@ struct Stage {
     deduper: Deduper,
     policy: NanPolicy,
     steps: u64,
+    /// `table_max_bytes=`, when given, and how (for errors).
+    own_max: Option<(u64, String)>,
+    /// The most bytes its host boards take ([`board_bound`]).
+    boards: u64,
 }
 
 // SAFETY: the stage's MPI communicators are its own duplicates, named the same from every
@@ -73,6 +77,20 @@ fn alive(w: &Held) -> bool {
 /// Whether the table `name` is open in this process.
 fn is_open(name: &str) -> bool {
     OPEN.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, w)| n == name && alive(w))
+}
+
+/// The largest sizes of the tables open in this process and of `new` (collective over the
+/// world, as opening is): [`share_among`] them, so that together they fit the shared-memory
+/// directory's free space (each `HostEmbedding` without `table_max_bytes` gets a share by
+/// its file's size, those with one keep theirs); refused when the sizes given do not fit.
+/// Each open shares again among the tables open then: an earlier table's size may go down
+/// (never below its file: it then evicts instead of growing).
+fn share_open(topo: &ringrec::topology::Topology, new: &mut Stage) -> PyResult<()> {
+    let open: Vec<Shared> = OPEN.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(|(_, w)| w.upgrade()).collect();
+    let mut guards: Vec<_> = open.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner())).collect();
+    let mut tables: Vec<Sharer<'_>> = guards.iter_mut().filter_map(|g| g.as_mut()).map(|s| Sharer { stage: &mut s.stage, own: s.own_max.clone(), boards: s.boards }).collect();
+    tables.push(Sharer { stage: &mut new.stage, own: new.own_max.clone(), boards: new.boards });
+    share_among(topo, tables, None, "HostEmbedding").map_err(train_err)
 }
 
 /// Closes every table still open (before the runtime stops).
@@ -192,7 +210,13 @@ impl HostTable {
                     Some(p) => TableSource::Saved(Path::new(p), &tc),
                     None => TableSource::New(&tc),
                 };
-                EmbeddingStage::open_named(topo, &cfg, source, &TableName::named(&name), default_step_keys(topo, &cfg)).map(|stage| Stage { stage, deduper: Deduper::new(), policy, steps: 0 }).map_err(train_err)
+                let step_keys = default_step_keys(topo, &cfg);
+                let own_max = cfg.table_max_bytes.map(|m| (m, format!("HostEmbedding {name:?} table_max_bytes={m}")));
+                let boards = board_bound(topo, &cfg, step_keys);
+                let stage = EmbeddingStage::open_named(topo, &cfg, source, &TableName::named(&name), step_keys).map_err(train_err)?;
+                let mut stage = Stage { stage, deduper: Deduper::new(), policy, steps: 0, own_max, boards };
+                share_open(topo, &mut stage)?;
+                Ok::<Stage, PyErr>(stage)
             })
         })??;
         let inner: Shared = Arc::new(Mutex::new(Some(stage)));

@@ -1,6 +1,9 @@
 """The Python module's CUDA tensors on a GPU (issue 32): torch CUDA tensors lent to the
 engine through DLPack and reduced by NCCL on the rank's GPU, checked against torch, and the
-time per blocking allreduce of 4 KiB and 16 MiB beside the same call on a CPU tensor.
+time per blocking allreduce of 4 KiB and 16 MiB beside the same call on a CPU tensor. The
+device side is made at the first CUDA tensor (none after `init()` and a CPU allreduce);
+empty CUDA tensors (a null data pointer) are no-ops, an allgather with ranks of no rows
+returns the others'.
 
 Needs the extension built with the cuda feature and a torch with CUDA:
 
@@ -49,9 +52,9 @@ def main():
             print("dlpack_check: skipped: %d ranks, %d GPU(s) on this machine" % (n, torch.cuda.device_count()))
         return 0
     torch.cuda.set_device(ringrec.local_rank())
-    dev = ringrec._ringrec.device()
-    if dev is None:
-        raise SystemExit("dlpack_check: the extension has no GPU executor (built without the cuda feature, or no driver)")
+    ringrec.allreduce(torch.ones(4), name="cpu.first")
+    if ringrec._ringrec.device() is not None:
+        raise SystemExit("dlpack_check: a device side before any CUDA tensor: %s" % ringrec._ringrec.device())
     cuda = torch.device("cuda", ringrec.local_rank())
     failures = []
 
@@ -67,6 +70,9 @@ def main():
                      (ringrec.Min, torch.stack([seeded(q, count) for q in range(n)]).min(0).values),
                      (ringrec.Max, torch.stack([seeded(q, count) for q in range(n)]).max(0).values)]:
         check("allreduce op %d" % op, ringrec.allreduce(seeded(r, count).to(cuda), name="op.%d" % op, op=op), want)
+        dev = ringrec._ringrec.device()
+        if dev is None:
+            raise SystemExit("dlpack_check: the extension has no GPU executor (built without the cuda feature, or no driver)")
     x = seeded(r, count).to(cuda)
     ringrec.allreduce_(x, name="inplace", op=ringrec.Sum)
     check("allreduce_ (in place)", x, total)
@@ -79,6 +85,11 @@ def main():
     check("broadcast", ringrec.broadcast(seeded(r, count).to(cuda), n - 1, name="bcast"), seeded(n - 1, count))
     g = ringrec.allgather(torch.full((r + 1, 3), float(r), device=cuda), name="gather")
     check("allgather", g, torch.cat([torch.full((q + 1, 3), float(q)) for q in range(n)]))
+    empty = torch.empty((0, 3), device=cuda)
+    check("empty allreduce", ringrec.allreduce(empty, name="empty.ar", op=ringrec.Sum), torch.empty((0, 3)))
+    check("empty broadcast", ringrec.broadcast(torch.empty(0, dtype=torch.int64, device=cuda), 0, name="empty.bc"), torch.empty(0, dtype=torch.int64))
+    check("allgather, ranks of no rows", ringrec.allgather(torch.full((r % 2, 3), float(r), device=cuda), name="empty.gather"),
+          torch.cat([torch.full((q % 2, 3), float(q)) for q in range(n)]))
 
     print("rank %d device: %s" % (r, dev))
     for size, iters in [(4 << 10, 200), (16 << 20, 20)]:

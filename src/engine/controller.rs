@@ -56,7 +56,17 @@ pub enum Msg {
     /// Start the next cycle now instead of at the end of the cycle time (sent when a
     /// handle is waited on: the program has submitted what it can for now).
     Flush,
+    /// How to make the device executor, made when the first device response runs (every
+    /// rank runs it at the same point: [`MakeDevice`]).
+    Device(MakeDevice),
 }
+
+/// Makes a device executor on the engine's thread (collective: its device collectives are
+/// built there). The engine runs it at the first response on device tensors, which every
+/// rank reaches in the same place of the same response list, so every rank builds its
+/// executor together, and only once every rank submitted a device tensor (a rank that
+/// gave a host tensor under that name made the response an error instead).
+pub type MakeDevice = Box<dyn FnOnce() -> EngineResult<Box<dyn ExecuteDevice>> + Send>;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -222,6 +232,10 @@ pub struct Controller {
     ctl: MpiCollectives,
     exec: Executor,
     device: Option<Box<dyn ExecuteDevice>>,
+    /// Makes `device` at the first device response, when it was not given at the start.
+    make_device: Option<MakeDevice>,
+    /// 1-bit compression's (lambda, block), for a device executor made later.
+    onebit: (f32, usize),
     rx: Receiver<Msg>,
     pending: HashMap<String, Pending>,
     order: Vec<String>,
@@ -275,6 +289,8 @@ impl Controller {
                 d.set_onebit(cfg.onebit_lambda, cfg.onebit_block);
                 d
             }),
+            make_device: None,
+            onebit: (cfg.onebit_lambda, cfg.onebit_block),
             rx,
             pending: HashMap::new(),
             order: Vec::new(),
@@ -348,6 +364,10 @@ impl Controller {
                 true
             }
             Msg::Flush => self.pending.is_empty(), // nothing of ours to run: keep the cadence
+            Msg::Device(make) => {
+                self.make_device = Some(make);
+                true
+            }
             Msg::Shutdown => {
                 self.leaving = true;
                 false
@@ -590,6 +610,18 @@ impl Controller {
         self.stats.record_traffic(if host { self.exec.backend.traffic() } else { None });
     }
 
+    /// The device executor, made now when this is the first device response ([`MakeDevice`]).
+    fn device_executor(&mut self) -> EngineResult<&mut Box<dyn ExecuteDevice>> {
+        if self.device.is_none() {
+            let make = self.make_device.take().ok_or_else(|| EngineError::Comm("device tensors reached an engine without a device executor (engine bug)".into()))?;
+            let mut d = make()?;
+            d.set_onebit(self.onebit.0, self.onebit.1);
+            self.device_backend = crate::comm::traffic::model_name(&d.describe()).map(str::to_string).unwrap_or_default();
+            self.device = Some(d);
+        }
+        self.device.as_mut().ok_or_else(|| EngineError::Comm("no device executor (engine bug)".into()))
+    }
+
     /// Fuses and runs `responses`, answering the handles; returns the bytes reduced and the
     /// requests that ran.
     fn execute(&mut self, responses: Vec<Response>, agreed: Instant) -> EngineResult<(usize, HashMap<String, Request>)> {
@@ -611,10 +643,9 @@ impl Controller {
             }
             let start = Instant::now();
             let mut tensors: Vec<Tensor> = subs.iter_mut().map(|s| std::mem::replace(&mut s.tensor, Tensor::from_vec(Vec::<u8>::new()))).collect();
-            let result = match (resp.location, self.device.as_mut()) {
-                (Location::Host, _) => self.exec.execute(&resp, &mut tensors),
-                (Location::Device, Some(d)) => d.execute(&resp, &mut tensors),
-                (Location::Device, None) => Err(EngineError::Comm("device tensors reached an engine started without a device executor (engine bug)".into())),
+            let result = match resp.location {
+                Location::Host => self.exec.execute(&resp, &mut tensors),
+                Location::Device => self.device_executor().and_then(|d| d.execute(&resp, &mut tensors)),
             };
             let steps = match result {
                 Ok(steps) => steps,

@@ -69,6 +69,9 @@ impl Coordinator {
                 for r in bad.iter().take(8) {
                     detail.push_str(&format!("; rank {r}: {}", reqs[*r].describe()));
                 }
+                if bad.iter().any(|r| reqs[*r].location != first.location) {
+                    detail.push_str("; some ranks gave a device tensor, others one in host memory");
+                }
                 resp.error = Some(detail);
                 out.push(resp);
                 continue;
@@ -144,6 +147,7 @@ mod tests {
         assert_eq!(r.len(), 1);
         let e = r[0].error.as_deref().unwrap();
         assert!(e.contains("rank 0: allreduce float [4] sum; rank 2: allreduce float [5] sum"), "{e}");
+        assert!(!e.contains("device"), "{e}");
         // 'a' still waits for rank 2: a stall warning after 1 s, shutdown after 3 s.
         assert_eq!(c.stall_report(now + Duration::from_millis(500)), (String::new(), String::new()));
         let (w, s) = c.stall_report(now + Duration::from_millis(1500));
@@ -152,6 +156,12 @@ mod tests {
         assert_eq!(c.stall_report(now + Duration::from_millis(1600)).0, "", "one warning per interval");
         let (_, s) = c.stall_report(now + Duration::from_millis(3100));
         assert!(s.contains("stalled for more than 3 s") && s.contains("'a'"), "{s}");
+        // A device tensor on one rank and a host tensor on another: named, and said so.
+        let mut c = Coordinator::new(2, None, None);
+        c.ingest(0, vec![Request { location: crate::tensor::Location::Device, ..req("d", 4) }], now);
+        c.ingest(1, vec![req("d", 4)], now);
+        let e = c.ready()[0].error.clone().unwrap_or_default();
+        assert!(e.contains("rank 0: allreduce float [4] on a device sum; rank 1: allreduce float [4] sum; some ranks gave a device tensor, others one in host memory"), "{e}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::device::ops::{onebit_parts, onebit_words};
 use crate::device::{Device, DeviceError, Half, Op, Scalar};
 use crate::dtype::ReduceOp;
 use crate::dtype::{DType, Element};
-use crate::tensor::Tensor;
+use crate::tensor::{DeviceTensor, Tensor};
 
 /// What the engine's background thread needs from a device executor (object-safe, so the
 /// engine does not depend on the device type).
@@ -221,14 +221,15 @@ impl<D: Device, C: DeviceCollectives<D>> DeviceExecutor<D, C> {
             } else if let Some(rows) = total.checked_div(row) {
                 shape[0] = rows;
             }
-            *t = self.dev.lend(recv).with_shape(&shape).map_err(|_| EngineError::Comm("allgather returned a ragged result".into()))?;
+            // `total` elements: a GPU's buffer of none holds one (a valid device pointer).
+            *t = Tensor::on_device(DeviceTensor::new(recv, T::DTYPE, total, self.dev.kind())).with_shape(&shape).map_err(|_| EngineError::Comm("allgather returned a ragged result".into()))?;
         }
         Ok(vec![("ALLGATHER", t0, Instant::now())])
     }
 
     fn broadcast<T: Scalar + Element>(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
         let t0 = Instant::now();
-        for (b, e) in Self::buffers::<T>(tensors)?.into_iter().zip(&resp.entries) {
+        for (b, e) in Self::buffers::<T>(tensors)?.into_iter().zip(&resp.entries).filter(|(_, e)| e.count > 0) {
             self.coll.broadcast(&self.dev, b, 0, e.count as usize, resp.root as usize)?;
         }
         self.wait()?;
@@ -242,6 +243,9 @@ impl<D: Device, C: DeviceCollectives<D>> ExecuteDevice for DeviceExecutor<D, C> 
     }
 
     fn execute(&mut self, resp: &Response, tensors: &mut [Tensor]) -> EngineResult<Vec<Step>> {
+        if resp.kind != OpKind::Allgather && resp.entries.iter().all(|e| e.count == 0) {
+            return Ok(Vec::new()); // empty tensors (the same on every rank): nothing to run
+        }
         match resp.kind {
             OpKind::Allreduce => match resp.compression {
                 Compression::None => by_dtype!(self, allreduce, resp.dtype, resp, tensors),

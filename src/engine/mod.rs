@@ -57,7 +57,7 @@ pub mod weighted;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,7 @@ pub use weighted::WeightedHandle;
 pub use crate::tensor::{DeviceTensor, Location, Tensor};
 
 use self::autotune::{Autotuner, Params};
-pub use self::controller::StatsSnapshot;
+pub use self::controller::{MakeDevice, StatsSnapshot};
 use self::controller::{Controller, LoopConfig, Msg, Stats, StopReason, Submission};
 use self::message::{GroupTag, Request};
 use self::timeline::Timeline;
@@ -246,7 +246,8 @@ pub struct Engine {
     stats: Arc<Stats>,
     compression: Compression,
     backend_name: &'static str,
-    device: Option<String>,
+    /// The device executor in words, once there is one (given at the start, or attached).
+    device: OnceLock<String>,
     rank: usize,
     size: usize,
 }
@@ -288,7 +289,10 @@ impl Engine {
         };
         let (tx, rx) = mpsc::channel();
         let stop: StopReason = Arc::new(Mutex::new(None));
-        let device_name = device.as_ref().map(|d| d.describe());
+        let device_name = OnceLock::new();
+        if let Some(d) = &device {
+            let _ = device_name.set(d.describe());
+        }
         compression::check_lambda(config.onebit_lambda).map_err(EngineError::Config)?;
         let cfg = LoopConfig { onebit_lambda: config.onebit_lambda, onebit_block: config.onebit_block, params, cache_capacity: config.cache_capacity, stall_check: config.stall_check, stall_shutdown: config.stall_shutdown, timeline, autotune: config.autotune, autotuner, device, place: comm::traffic::Place::of(topo), shm_direct_max: comm::shm::direct_max(topo.config.shm_chunk_bytes) };
         let stats = Arc::new(Stats::default());
@@ -313,7 +317,22 @@ impl Engine {
 
     /// The device executor, in words (`nccl on <GPU>`), when the engine has one.
     pub fn device(&self) -> Option<&str> {
-        self.device.as_deref()
+        self.device.get().map(String::as_str)
+    }
+
+    /// Gives an engine started without a device executor one, `describe`d, made by `make`
+    /// on the engine's thread at the first response on device tensors ([`MakeDevice`]:
+    /// collective then). Device tensors are taken from now on. Refused when the engine has
+    /// a device executor already.
+    pub fn attach_device(&self, describe: String, make: MakeDevice) -> EngineResult<()> {
+        if self.device.set(describe).is_err() {
+            return Err(EngineError::Config("the engine has a device executor already".into()));
+        }
+        let tx = self.tx.lock().ok().and_then(|g| g.clone());
+        match tx {
+            Some(tx) if tx.send(Msg::Device(make)).is_ok() => Ok(()),
+            _ => Err(EngineError::ShutDown(self.stopped().unwrap_or_else(|| "the engine stopped".into()))),
+        }
     }
 
     fn submit(&self, req: Request, tensor: Tensor) -> Handle {
@@ -324,7 +343,7 @@ impl Engine {
         if req.kind == OpKind::Allreduce && req.dtype == DType::U8 {
             return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason: "uint8 tensors cannot be reduced; use int32 or float".into() });
         }
-        if req.location == Location::Device && self.device.is_none() {
+        if req.location == Location::Device && self.device.get().is_none() {
             let reason = "a device tensor was submitted to an engine started without a device executor; start it with Engine::start_with_device".to_string();
             return Handle::failed(&name, EngineError::Invalid { name: name.clone(), reason });
         }
@@ -472,14 +491,14 @@ pub struct Runtime {
     /// Declared first: stopped (and its communicators freed) before the topology goes.
     engine: Engine,
     /// Lends device tensors to the engine's device executor ([`lend`]), when it has one.
-    lender: Option<Box<dyn LendDevice>>,
+    device: lend::DeviceSide,
     topo: Topology,
 }
 
 impl Runtime {
     /// Starts the engine over `topo` with `config`.
     pub fn new(topo: Topology, config: &EngineConfig) -> EngineResult<Runtime> {
-        Ok(Runtime { engine: Engine::start(&topo, config)?, lender: None, topo })
+        Ok(Runtime { engine: Engine::start(&topo, config)?, device: lend::DeviceSide::default(), topo })
     }
     /// The process topology.
     pub fn topology(&self) -> &Topology {

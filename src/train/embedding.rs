@@ -175,44 +175,61 @@ pub fn auto_max_bytes(topo: &Topology, cfg: &TrainConfig, table_bytes: u64, step
 
 /// `--table-max-bytes` over the tables of a run with `--table` (collective over the world),
 /// once every table (`default`, then `named` in `cfg.tables`' order) and its exchangers'
-/// segments exist. A table with `max_bytes=` of its own keeps it; the others (the default
-/// table among them) share a total by their files' sizes (capacity times row bytes): the
-/// total is `--table-max-bytes`, else what [`growth_limit`] leaves of the shared-memory
-/// directory's free space (with every table's file and every table's host boards, as
-/// [`auto_max_bytes`] counts one table's) less the tables' own `max_bytes=`. A table never
-/// gets less than its file (it then evicts at its size). The sizes given (`max_bytes=` and
-/// `--table-max-bytes`) are refused, on every rank alike, when their growth's peak cannot fit
-/// beside the boards in that free space.
+/// segments exist: [`share_among`] the tables, a table's `max_bytes=` its own size, the total
+/// `--table-max-bytes`.
 pub fn share_max_bytes<'s>(topo: &Topology, cfg: &TrainConfig, default: &'s mut EmbeddingStage, named: impl Iterator<Item = &'s mut EmbeddingStage>) -> TrainResult<()> {
-    let bound = board_bound(topo, cfg, default.step_keys);
-    // Each table: its stage, its own `max_bytes=`, its boards' bound, its name.
-    let mut stages = vec![(default, None, bound, "the default table".to_string())];
+    let boards = board_bound(topo, cfg, default.step_keys);
+    let mut tables = vec![Sharer { stage: default, own: None, boards }];
     for (t, s) in cfg.tables.iter().zip(named) {
-        let bound = board_bound(topo, &cfg.for_table(t), s.step_keys);
-        stages.push((s, t.max_bytes, bound, format!("table `{}`", t.name)));
+        let boards = board_bound(topo, &cfg.for_table(t), s.step_keys);
+        tables.push(Sharer { stage: s, own: t.max_bytes.map(|m| (m, format!("table `{}` max_bytes={m}", t.name))), boards });
     }
+    share_among(topo, tables, cfg.table_max_bytes.map(|b| (b, format!("--table-max-bytes {b}"))), "--table")
+}
+
+/// One table of [`share_among`]: its stage, its own largest size and how it was given (for
+/// errors), the bound of its host boards ([`board_bound`]).
+pub struct Sharer<'s> {
+    /// The table.
+    pub stage: &'s mut EmbeddingStage,
+    /// Its own largest size, and how it was given (`table `a` max_bytes=...`).
+    pub own: Option<(u64, String)>,
+    /// The most bytes its host boards take ([`board_bound`]).
+    pub boards: u64,
+}
+
+/// The largest sizes of several host tables of one process (collective over the world; every
+/// rank passes the same tables in the same order), once the tables and their exchangers'
+/// segments exist. A table with a size of its own keeps it; the others share a total by their
+/// files' sizes (capacity times row bytes): the total given (`total`, and how it was given),
+/// else what [`growth_limit`] leaves of the shared-memory directory's free space (with every
+/// table's file and every table's host boards, as [`auto_max_bytes`] counts one table's) less
+/// the tables' own sizes. A table never gets less than its file (it then evicts at its size).
+/// The sizes given are refused, on every rank alike, when their growth's peak cannot fit
+/// beside the boards in that free space; `what` (`--table`) starts the error.
+pub fn share_among(topo: &Topology, tables: Vec<Sharer<'_>>, total: Option<(u64, String)>, what: &str) -> TrainResult<()> {
     let file = |s: &EmbeddingStage| s.table.table().header().layout.file_len;
-    let files: u64 = stages.iter().map(|(s, ..)| file(s)).sum();
-    let boards: u64 = stages.iter().map(|(_, _, b, _)| *b).fold(0, u64::saturating_add);
+    let files: u64 = tables.iter().map(|t| file(t.stage)).sum();
+    let boards: u64 = tables.iter().map(|t| t.boards).fold(0, u64::saturating_add);
     let hosts_here = (topo.machine_local_size / topo.local_size.max(1)).max(1) as u64;
     let free = if topo.is_leader() { crate::fileio::free_bytes(&topo.config.shm_dir) } else { None };
     let mine = free.map_or(u64::MAX, |f| (f / hosts_here).saturating_add(files));
     let least = topo.control().all_min("every rank's agreement on the tables' largest sizes", mine);
-    let own: u64 = stages.iter().filter_map(|(_, m, _, _)| *m).sum();
-    let given = own.saturating_add(cfg.table_max_bytes.unwrap_or(0));
+    let own: u64 = tables.iter().filter_map(|t| t.own.as_ref().map(|o| o.0)).sum();
+    let given = own.saturating_add(total.as_ref().map_or(0, |t| t.0));
     let fits = least.saturating_sub(boards) / 3 * 2;
     if given > fits {
-        let each: Vec<String> = stages.iter().filter_map(|(_, m, _, n)| m.map(|m| format!("{n} max_bytes={m}"))).chain(cfg.table_max_bytes.map(|b| format!("--table-max-bytes {b}"))).collect();
+        let each: Vec<&str> = tables.iter().filter_map(|t| t.own.as_ref().map(|o| o.1.as_str())).chain(total.as_ref().map(|t| t.1.as_str())).collect();
         return Err(TrainError::Config(format!(
-            "--table: the tables' largest sizes given ({}) sum to {given} bytes, and a growth's peak (the old file and the new) beside the sparse exchange's host boards ({boards} bytes) fits {fits} bytes in {} ({least} bytes free with the tables' files): lower them, or make room there",
+            "{what}: the tables' largest sizes given ({}) sum to {given} bytes, and a growth's peak (the old file and the new) beside the sparse exchange's host boards ({boards} bytes) fits {fits} bytes in {} ({least} bytes free with the tables' files): lower them, or make room there",
             each.join(", "),
             topo.config.shm_dir.display()
         )));
     }
-    let total = cfg.table_max_bytes.unwrap_or_else(|| growth_limit(least, boards).saturating_sub(own));
-    let tables: Vec<(u64, Option<u64>)> = stages.iter().map(|(s, m, _, _)| (file(s), *m)).collect();
-    for ((s, ..), share) in stages.into_iter().zip(shares(total, &tables)) {
-        s.set_max_bytes(share);
+    let total = total.map_or_else(|| growth_limit(least, boards).saturating_sub(own), |t| t.0);
+    let sizes: Vec<(u64, Option<u64>)> = tables.iter().map(|t| (file(t.stage), t.own.as_ref().map(|o| o.0))).collect();
+    for (t, share) in tables.into_iter().zip(shares(total, &sizes)) {
+        t.stage.set_max_bytes(share);
     }
     Ok(())
 }

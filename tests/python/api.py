@@ -97,6 +97,19 @@ check((ringrec.broadcast(np.full(5, r, np.float32), root, name="bc") == root).al
 params = {"w": np.full((2, 3), float(r)), "b": np.full(4, r, np.int32)}
 ringrec.broadcast_parameters(params, root_rank=root)
 check((params["w"] == root).all() and (params["b"] == root).all(), "broadcast_parameters")
+# Empty tensors (Horovod's no-ops): every collective, the fast path and the general one; an
+# allgather where some ranks give no rows returns the others'.
+e = ringrec.allreduce(np.zeros((0, 3), np.float32), name="empty.ar", op=ringrec.Sum)
+check(e.shape == (0, 3) and e.dtype == np.float32, "empty allreduce")
+check(ringrec.allreduce_(np.zeros(0, np.int64), name="empty.ar_").shape == (0,), "empty allreduce_")
+check(ringrec.allreduce_async(np.zeros(0, np.float64), name="empty.async").wait().shape == (0,), "empty allreduce_async")
+eg = ringrec.grouped_allreduce([np.zeros(0, np.float32), np.full(2, r, np.float32)], name="empty.group", op=ringrec.Sum)
+check(eg[0].shape == (0,) and np.allclose(eg[1], n * (n - 1) / 2), "grouped allreduce with an empty tensor")
+check(ringrec.broadcast(np.zeros((0, 2), np.int32), root, name="empty.bc").shape == (0, 2), "empty broadcast")
+odd = np.full((r % 2, 2), r, np.int32)  # even ranks give no rows
+eo = ringrec.allgather(odd, name="empty.gather")
+check(eo.shape == (n // 2, 2) and (eo[:, 0] == np.arange(1, n, 2)).all(), "allgather with ranks of no rows")
+check(ringrec.allgather(np.zeros((0, 4), np.float32), name="empty.gather.all").shape == (0, 4), "allgather of no rows anywhere")
 
 # torch CPU tensors, when torch is there.
 try:
@@ -111,6 +124,11 @@ if torch is not None:
     check(torch.is_tensor(t) and t.shape == (3, 2) and torch.allclose(t, torch.full((3, 2), (n + 1) / 2)), "torch allreduce")
     b = hvd.allreduce(torch.full((4,), float(r), dtype=torch.bfloat16), name="torch.bf16", op=hvd.Sum)
     check(b.dtype == torch.bfloat16 and bool((b == n * (n - 1) / 2).all()), "torch bfloat16 allreduce")
+    te = torch.zeros((0, 2))
+    check(hvd.allreduce(te, name="torch.empty").shape == (0, 2) and hvd.allreduce_(te, name="torch.empty_") is te, "torch empty allreduce")
+    check(hvd.broadcast(torch.zeros(0, dtype=torch.int64), 0, name="torch.empty.bc").shape == (0,), "torch empty broadcast")
+    tg = hvd.allgather(torch.full((r % 2, 3), float(r)), name="torch.empty.gather")
+    check(tg.shape == (n // 2, 3) and bool((tg[:, 0] == torch.arange(1, n, 2, dtype=torch.float32)).all()), "torch allgather with ranks of no rows")
     # DLPack, zero-copy: the engine works in the tensor's own storage, so a view taken
     # before the call sees the result and the storage has not moved.
     tz = torch.full((2, 3), float(r + 1))

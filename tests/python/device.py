@@ -5,8 +5,11 @@ takes DLPack capsules of device type kDLCUDA whose memory is host memory. ``Fake
 such capsules over numpy arrays (ctypes), and reads device results back the way a consumer
 of DLPack does, so every collective here runs the GPU code path — lent device buffers,
 the fusion buffer's copies, the cast kernels of fp16 compression, the device allgather —
-against numpy's answer. With EXPECT_REFUSED=1 (RINGREC_PY_DEVICE=cpu) a CUDA tensor must be
-refused with a TypeError saying what to do.
+against numpy's answer. The device side is made at the first device tensor: numpy arrays
+before it make none. Empty tensors (a null data pointer, as CUDA's are) are no-ops. With
+EXPECT_REFUSED=1 (RINGREC_PY_DEVICE=cpu) a CUDA tensor must be refused with a TypeError
+saying what to do; with MIXED=1 (2 ranks) a collective that rank 0 runs on a device tensor
+and the others on numpy arrays is a ValueError naming both, and the ranks go on.
 """
 
 import ctypes
@@ -65,8 +68,8 @@ class FakeCuda:
 
     streams = []
 
-    def __init__(self, a, device_id=0, byte_offset=0):
-        self.a, self.device_id, self.byte_offset = np.ascontiguousarray(a), device_id, byte_offset
+    def __init__(self, a, device_id=0, byte_offset=0, null=False):
+        self.a, self.device_id, self.byte_offset, self.null = np.ascontiguousarray(a), device_id, byte_offset, null
 
     def __dlpack_device__(self):
         return (2, self.device_id)
@@ -75,13 +78,13 @@ class FakeCuda:
         FakeCuda.streams.append(stream)
         shape = (ctypes.c_int64 * max(self.a.ndim, 1))(*self.a.shape)
         code, bits = CODES[self.a.dtype]
-        t = DLTensor(self.a.ctypes.data, DLDevice(2, self.device_id), self.a.ndim, DLDataType(code, bits, 1), shape, None, self.byte_offset)
+        t = DLTensor(None if self.null else self.a.ctypes.data, DLDevice(2, self.device_id), self.a.ndim, DLDataType(code, bits, 1), shape, None, self.byte_offset)
         m = DLManagedTensor(t, None, _delete)
         LIVE[ctypes.addressof(m)] = (m, shape, self.a)
         return _api.PyCapsule_New(ctypes.addressof(m), NAME, None)
 
     def clone(self):
-        return FakeCuda(self.a.copy(), self.device_id)
+        return FakeCuda(self.a.copy(), self.device_id, null=self.null)
 
     @staticmethod
     def from_dlpack(obj):
@@ -96,8 +99,11 @@ class FakeCuda:
         shape = tuple(t.shape[i] for i in range(t.ndim))
         dtype = DTYPES[(t.dtype.code, t.dtype.bits)]
         n = int(np.prod(shape)) if shape else 1
-        buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(t.data + t.byte_offset)
-        out = np.frombuffer(bytes(buf), dtype=dtype).reshape(shape).copy()
+        if n == 0:
+            out = np.zeros(shape, dtype)
+        else:
+            buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(t.data + t.byte_offset)
+            out = np.frombuffer(bytes(buf), dtype=dtype).reshape(shape).copy()
         m.contents.deleter(m)
         return out
 
@@ -118,11 +124,54 @@ def refused():
     print("device refused ok rank %d" % ringrec.rank(), flush=True)
 
 
+def expect(kind, words, f):
+    try:
+        f()
+    except kind as e:
+        assert all(w in str(e) for w in words), "%s does not say %s" % (e, words)
+    else:
+        raise AssertionError("must raise %s saying %s" % (kind.__name__, words))
+
+
+def mixed():
+    """Rank 0 gives a device tensor, the others a numpy array, under one name: an error
+    naming both on every rank (the engine negotiates where each rank's tensor lives), no hang;
+    then every rank gives a device tensor and the device side is made on all."""
+    ringrec.init()
+    r, n = ringrec.rank(), ringrec.size()
+    x = FakeCuda(np.ones(4, np.float32)) if r == 0 else np.ones(4, np.float32)
+    expect(ValueError, ["'mixed'", "rank 0: allreduce float [4] on a device sum", "rank 1: allreduce float [4] sum", "others one in host memory"], lambda: ringrec.allreduce(x, name="mixed", op=ringrec.Sum))
+    check(ringrec.allreduce(np.ones(2, np.float32), name="after", op=ringrec.Sum), np.full(2, n, np.float32), "a host allreduce after")
+    check(ringrec.allreduce(FakeCuda(np.ones(3, np.float32)), name="both", op=ringrec.Sum).a, np.full(3, n, np.float32), "a device allreduce after")
+    print("device mixed ok rank %d" % r, flush=True)
+
+
+def empties(r, n):
+    """Empty device tensors: no-ops with their shapes; an allgather where some ranks give no
+    rows returns the others'; a null pointer with elements is still refused."""
+    e = ringrec.allreduce(FakeCuda(np.zeros((0, 3), np.float32), null=True), name="empty.ar", op=ringrec.Sum)
+    check(FakeCuda.from_dlpack(e) if not isinstance(e, FakeCuda) else e.a, np.zeros((0, 3), np.float32), "empty allreduce")
+    z = FakeCuda(np.zeros(0, np.float64), null=True)
+    assert ringrec.allreduce_(z, name="empty.ar_", op=ringrec.Max) is z and z.a.shape == (0,)
+    outs = ringrec.grouped_allreduce([FakeCuda(np.zeros(0, np.float32), null=True), FakeCuda(np.full(3, r, np.float32))], name="empty.group", op=ringrec.Sum)
+    check(outs[0].a, np.zeros(0, np.float32), "grouped empty")
+    check(outs[1].a, np.full(3, n * (n - 1) / 2, np.float32), "grouped beside an empty tensor")
+    check(ringrec.allreduce(FakeCuda(np.zeros(0, np.float32), null=True), name="empty.fp16", op=ringrec.Sum, compression=ringrec.Compression.fp16).a, np.zeros(0, np.float32), "empty fp16")
+    b = FakeCuda(np.zeros((0, 2), np.int32), null=True)
+    assert ringrec.broadcast_(b, n - 1, name="empty.bc") is b
+    g = ringrec.allgather(FakeCuda(np.full((r % 2, 2), r, np.int64), null=r % 2 == 0), name="empty.gather")
+    check(FakeCuda.from_dlpack(g), np.concatenate([np.full((q % 2, 2), q, np.int64) for q in range(n)]), "allgather with ranks of no rows")
+    g = ringrec.allgather(FakeCuda(np.zeros((0, 5), np.float32), null=True), name="empty.gather.all")
+    check(FakeCuda.from_dlpack(g), np.zeros((0, 5), np.float32), "allgather of no rows anywhere")
+    expect(ValueError, ["null"], lambda: ringrec.allreduce_(FakeCuda(np.ones(4, np.float32), null=True), name="null"))
+
+
 def main():
     ringrec.init()
     r, n = ringrec.rank(), ringrec.size()
-    dev = ringrec._ringrec.device()
-    assert dev is not None and "host-kernels" in dev, dev
+    # Lazy: numpy arrays make no device side; the first device tensor makes it.
+    check(ringrec.allreduce(np.ones(3, np.float32), name="host.first", op=ringrec.Sum), np.full(3, n, np.float32), "a host allreduce first")
+    assert ringrec._ringrec.device() is None, "a device side before any device tensor: %s" % ringrec._ringrec.device()
     base = np.arange(12, dtype=np.float32)
     ranks = [base + k for k in range(n)]
 
@@ -132,6 +181,8 @@ def main():
         assert isinstance(out, FakeCuda) and out is not x
         check(out.a, want.astype(np.float32), "allreduce op %d" % op)
         check(x.a, base + r, "allreduce leaves its input")
+        dev = ringrec._ringrec.device()
+        assert dev is not None and "host-kernels" in dev, dev
 
     # In place, a 2-D tensor, and the asynchronous forms.
     x = FakeCuda((base + r).reshape(3, 4))
@@ -170,6 +221,8 @@ def main():
     rows = np.concatenate([np.full((q + 1, 3), q, np.float32) for q in range(n)])
     check(FakeCuda.from_dlpack(g), rows, "allgather")
 
+    empties(r, n)
+
     # Wrong device, misaligned data: errors that say so.
     for bad, words in [(FakeCuda(base, device_id=1), "device 1"), (FakeCuda(base, byte_offset=1), "not aligned")]:
         try:
@@ -187,5 +240,10 @@ def main():
 
 
 if __name__ == "__main__":
-    refused() if os.environ.get("EXPECT_REFUSED") == "1" else main()
+    if os.environ.get("EXPECT_REFUSED") == "1":
+        refused()
+    elif os.environ.get("MIXED") == "1":
+        mixed()
+    else:
+        main()
     sys.stdout.flush()

@@ -5,8 +5,8 @@
 //! small cache per table — each table's keys chosen every 3 steps, its hits' rows gathered
 //! from its slots on the device, its misses' rows uploaded — ends bit-identical to the run
 //! without a cache: the dense parameters (`params_fnv`) and every checkpoint's table files
-//! (`table.rrt` and each `table.NAME.rrt`), at one rank and two hosts of one rank, Adagrad
-//! and SGD, under random queue delays. `gpu_*` runs the one-rank comparison on
+//! (`table.rrt` and each `table.NAME.rrt`), at one rank, two ranks on a host and two hosts
+//! of one rank, Adagrad and SGD, under random queue delays. `gpu_*` runs the one-rank comparison on
 //! `--device cuda` (skipped without a GPU).
 
 mod common;
@@ -98,7 +98,9 @@ fn the_cache_over_tables_changes_no_bit_at_one_rank() {
 }
 
 #[test]
-fn the_cache_over_tables_changes_no_bit_on_two_hosts() {
+fn the_cache_over_tables_changes_no_bit_on_two_ranks_and_two_hosts() {
+    // Two ranks on a host share its tables; each rank's caches apply the host's merged lists.
+    compare("2-adagrad", 2, &[], "host", &["--sparse-optimizer", "adagrad"], &[1], &[]);
     // Hosts of one rank: every key is exchanged, each rank's caches apply the merged lists.
     let env = [("RINGREC_RANKS_PER_HOST", "1")];
     for opt in ["adagrad", "sgd"] {

@@ -417,7 +417,7 @@ fn bad_tables_are_refused_naming_the_flag() {
         ("dim0", &["--table", "c3=a:dim=0"][..], "dim=0"),
         ("tag", &["--table", "c3=a/b"][..], "table name `a/b`"),
         ("deepfm", &["--model", "deepfm", "--table", "c3=a:dim=8"][..], "--model deepfm needs one dim for every field"),
-        ("cache", &["--device", "host", "--gpu-cache-mib", "1", "--table", "c3=a"][..], "--table with --gpu-cache-mib"),
+        ("cache", &["--device", "host", "--gpu-cache-mib", "1", "--gpu-cache-mode", "write-back", "--table", "c3=a"][..], "--table with --gpu-cache-mode write-back"),
     ] {
         let err = refused(name, extra);
         assert!(err.contains(says), "{name}: {err}");

@@ -104,6 +104,9 @@ struct Stage<D: Device> {
     bag_ids: Option<usize>,
     /// Values of the rows staged by [`DenseModel::stage_tables`] (`None`: not so staged).
     floats: Option<usize>,
+    /// Of those, the values uploaded (the first ones; [`DenseModel::stage_uploaded`]); the
+    /// others come from device buffers at load ([`DenseModel::load_with_rows`]).
+    uploaded: Option<usize>,
 }
 
 impl<D: Device> Stage<D> {
@@ -111,7 +114,7 @@ impl<D: Device> Stage<D> {
         let (f, u) = (|dir| dev.staging(0, dir), |dir| dev.staging(0, dir));
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
         let arrays = Arrays { emb: f(to)?, inverse: u(from)?, dense: f(to)?, labels: f(to)?, bag_offsets: u(to)?, bag_index: u(to)?, key_offsets: u(to)?, bag_slots: u(to)?, key_at: u(to)? };
-        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, new_keys: None, new_rows: None, bag_ids: None, floats: None })
+        Ok(Stage { arrays, weights: None, weighted: false, staged: None, source: None, misses: None, new_keys: None, new_rows: None, bag_ids: None, floats: None, uploaded: None })
     }
 }
 
@@ -383,6 +386,18 @@ impl<D: Device> DenseModel<D> {
         Ok((stage, &mut dev.host(&mut a.key_at)?[..keys + 1]))
     }
 
+    /// After [`DenseModel::stage_tables`]: only the first `n` of the staged values are filled
+    /// and uploaded; the rows after them are copied from device buffers when the batch loads
+    /// ([`DenseModel::load_with_rows`]: the per-table hot-row caches' hits).
+    pub fn stage_uploaded(&mut self, n: usize) -> DeviceResult<()> {
+        let st = &mut self.stages[self.fill];
+        match st.floats {
+            Some(f) if n <= f => st.uploaded = Some(n),
+            _ => return Err(DeviceError::refused("staging uploaded rows", format!("{n} uploaded values, but the staged batch has fewer or was not staged by stage_tables()"))),
+        }
+        Ok(())
+    }
+
     /// [`DenseModel::stage`] for a batch whose rows come from a hot-row cache (issue 30):
     /// `emb` holds the rows of its `misses` only (misses x dim), and the second slice, one
     /// value per unique key, each key's source: its cache row, or [`crate::device::CACHE_MISS`]
@@ -442,6 +457,7 @@ impl<D: Device> DenseModel<D> {
         st.weighted = false;
         st.misses = None;
         st.floats = None;
+        st.uploaded = None;
         st.new_rows = None;
         let a = &mut st.arrays;
         let (to, from) = (Direction::ToDevice, Direction::FromDevice);
@@ -475,13 +491,21 @@ impl<D: Device> DenseModel<D> {
     /// per-key CSR lists on the host), gathers the input and flips to the other staging
     /// slot. Returns (samples, keys).
     pub fn load(&mut self) -> DeviceResult<(usize, usize)> {
-        self.load_from(None)
+        self.load_inner(None, &[])
     }
 
     /// [`DenseModel::load`] of a batch staged by [`DenseModel::stage_sourced`]: its input
     /// gathered from the rows of `cache` and the staged misses ([`Op::GatherSourced`]).
     pub fn load_cached(&mut self, cache: &D::Buf<f32>) -> DeviceResult<(usize, usize)> {
-        self.load_from(Some(cache))
+        self.load_inner(Some(cache), &[])
+    }
+
+    /// [`DenseModel::load`] of a batch staged by [`DenseModel::stage_tables`] and
+    /// [`DenseModel::stage_uploaded`]: the staged values after the uploaded ones are copied
+    /// on the device from `rows`, each (buffer, values, offset in the staged rows); together
+    /// they cover every value not uploaded.
+    pub fn load_with_rows(&mut self, rows: &[(&D::Buf<f32>, usize, usize)]) -> DeviceResult<(usize, usize)> {
+        self.load_inner(None, rows)
     }
 
     /// Bytes copied to the device and from it so far (every upload, download and read).
@@ -494,16 +518,32 @@ impl<D: Device> DenseModel<D> {
         self.moved.set((u + up as u64, d + down as u64));
     }
 
-    fn load_from(&mut self, cache: Option<&D::Buf<f32>>) -> DeviceResult<(usize, usize)> {
+    fn load_inner(&mut self, cache: Option<&D::Buf<f32>>, on_device: &[(&D::Buf<f32>, usize, usize)]) -> DeviceResult<(usize, usize)> {
         let slot = self.fill;
         let misses = self.stages[slot].misses;
+        let uploaded = self.stages[slot].uploaded.take();
+        if let Some(up) = uploaded {
+            let floats = self.stages[slot].floats.unwrap_or(0);
+            let mut at = up;
+            for (buf, n, to) in on_device {
+                if *to != at || self.dev.len(*buf) < *n {
+                    return Err(DeviceError::refused("loading a batch", format!("device rows of {n} values at {to} do not follow the staged values at {at}")));
+                }
+                at += n;
+            }
+            if at != floats {
+                return Err(DeviceError::refused("loading a batch", format!("{up} uploaded and {} device values for {floats} staged ones", at - up)));
+            }
+        } else if !on_device.is_empty() {
+            return Err(DeviceError::refused("loading a batch", "device rows for a batch staged without stage_uploaded()"));
+        }
         if misses.is_some() != cache.is_some() {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
         if cache.is_some() && self.fields.is_some() {
             // The fields' gather reads every key's row at its offset in the staged rows,
             // which hold only the cache's misses here.
-            return Err(DeviceError::refused("loading a batch", "a model with fields of several tables cannot use the GPU hot-row cache yet: train it with --gpu-cache-mib 0"));
+            return Err(DeviceError::refused("loading a batch", "a model with fields of several tables stages its cached rows by stage_tables() and loads them with load_with_rows()"));
         }
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
@@ -537,9 +577,12 @@ impl<D: Device> DenseModel<D> {
         let new_rows = stage.new_rows.take();
         let new = new_rows.map_or(0, |n| n.0);
         // Values of the staged rows uploaded (a cache's misses: those not made on the device).
-        let rows = misses.map_or(floats, |m| (m - new) * dim);
+        let rows = uploaded.unwrap_or(misses.map_or(floats, |m| (m - new) * dim));
         let st = &mut stage.arrays;
         dev.upload(&mut st.emb, rows, &mut b.emb)?;
+        for (buf, n, at) in on_device {
+            dev.copy((*buf, 0), (&mut b.emb, *at), *n)?;
+        }
         if let (Some((n, seed, scale)), Some(staged)) = (new_rows, stage.new_keys.as_mut()) {
             if self.batch.new_keys.is_none() {
                 self.batch.new_keys = Some(dev.alloc(0)?);

@@ -518,8 +518,8 @@ impl TrainConfig {
         }
         super::tables::check_specs(&self.tables)?;
         let refuse = |other: &str, why: &str| Err(TrainError::Config(format!("--table with {other}: {why}")));
-        if self.gpu_cache_asked() {
-            return refuse("--gpu-cache-mib", "the GPU hot-row cache holds the default table's rows only: pass --gpu-cache-mib 0, or drop --table");
+        if self.gpu_cache_asked() && self.gpu_cache_mode == super::GpuCacheMode::WriteBack {
+            return refuse("--gpu-cache-mode write-back", "the per-table hot-row caches are write-through only: pass --gpu-cache-mode write-through, or drop --table");
         }
         for t in &self.tables {
             self.for_table(t).validate_table().map_err(|e| TrainError::Config(format!("--table {}: {e}", t.word())))?;

@@ -216,6 +216,9 @@ pub struct GpuCache<D: Device> {
     /// each miss's staged row.
     absent: Vec<u32>,
     packed: Vec<u32>,
+    /// A per-table cache's hits ([`GpuCache::gather_hits`]): their slots and rows gathered.
+    hit_slots: Upload<D, u32>,
+    hit_rows: D::Buf<f32>,
 }
 
 /// Rows removed from a table so far (eviction and expiry).
@@ -230,12 +233,21 @@ fn removed(c: RowCounts) -> u64 {
 /// more host time per step than it saved (docs/BENCHMARKS.md, "The GPU hot-row cache's host
 /// work") and a 60-step H100 run with a 128 MiB cache was slower than without one.
 pub fn cache_slots(cfg: &TrainConfig, table: &EmbeddingTable) -> usize {
-    let h = table.header();
-    let bytes = match cfg.gpu_cache_mib {
+    slots_in(cache_bytes(cfg), table)
+}
+
+/// The device memory `--gpu-cache-mib` gives the cache, in bytes (none by default).
+pub fn cache_bytes(cfg: &TrainConfig) -> u64 {
+    match cfg.gpu_cache_mib {
         Some(mib) => (mib * (1u64 << 20) as f64) as u64,
         None => 0,
-    };
-    slots_for_bytes(bytes, table.dim(), h.optimizer).min(table.capacity() as usize)
+    }
+}
+
+/// The slots `bytes` of device memory give a cache of `table`'s rows, at most the rows
+/// the table can hold.
+pub fn slots_in(bytes: u64, table: &EmbeddingTable) -> usize {
+    slots_for_bytes(bytes, table.dim(), table.header().optimizer).min(table.capacity() as usize)
 }
 
 impl<D: Device> GpuCache<D> {
@@ -271,6 +283,8 @@ impl<D: Device> GpuCache<D> {
             held: Vec::new(),
             absent: Vec::new(),
             packed: Vec::new(),
+            hit_slots: Upload::new(dev).map_err(err)?,
+            hit_rows: dev.alloc(1).map_err(err)?,
         })
     }
 
@@ -432,6 +446,46 @@ impl<D: Device> GpuCache<D> {
             k.copy_from_slice(&[key as u32, (key >> 32) as u32]);
         }
         Ok(())
+    }
+
+    /// A `--table` table's cache ([`super::table_caches`]): maps its keys of the batch
+    /// (`keys`, sorted; `occurrences`: the batch's lists of indices into them) to their
+    /// slots or misses, recording them for the refresh as [`GpuCache::stage`] does. Returns
+    /// the plan: per key its source, and the misses in key order.
+    pub fn plan_keys(&mut self, keys: &[u64], occurrences: &[&[u32]], samples: usize) -> &StagingPlan {
+        self.dir.plan(keys, occurrences, samples, &mut self.plan);
+        &self.plan
+    }
+
+    /// After [`GpuCache::plan_keys`]: the hits' rows, in key order, gathered on `dev` from
+    /// their slots ([`Op::GatherRows`]) into a buffer of the cache's; returns it and its
+    /// values (hits x dim); [`GpuCache::hit_rows`] holds them.
+    pub fn gather_hits(&mut self, dev: &D) -> TrainResult<usize> {
+        let (hits, dim) = (self.plan.hits, self.dim);
+        if hits == 0 {
+            return Ok(0);
+        }
+        let slots = self.hit_slots.fill(dev, hits)?;
+        for (s, src) in slots.iter_mut().zip(self.plan.source.iter().filter(|s| **s & CACHE_MISS == 0)) {
+            *s = *src;
+        }
+        self.hit_slots.send(dev, hits)?;
+        self.dir.counters_mut().uploaded(4 * hits);
+        if dev.len(&self.hit_rows) < hits * dim {
+            self.hit_rows = dev.alloc(hits * dim)?;
+        }
+        dev.exec(Op::GatherRows { table: &self.rows, index: &self.hit_slots.dev, out: &mut self.hit_rows, rows: hits, per_row: 1, dim, stride: dim })?;
+        Ok(hits * dim)
+    }
+
+    /// The rows [`GpuCache::gather_hits`] gathered.
+    pub fn hit_rows(&self) -> &D::Buf<f32> {
+        &self.hit_rows
+    }
+
+    /// The plan of the keys last planned.
+    pub fn plan(&self) -> &StagingPlan {
+        &self.plan
     }
 
     /// Loads the staged batch into `model`, its input gathered from the cache and the

@@ -53,6 +53,7 @@ pub mod scorer;
 pub mod source;
 pub mod summary;
 pub mod sync;
+pub mod table_caches;
 pub mod table_summary;
 pub mod tables;
 pub mod traffic;

@@ -349,7 +349,7 @@ impl<D: Device> Trainer<'_, D> {
         let fnvs = control.all_gather("the run's summary", [crate::hash::fnv1a64(bytemuck::cast_slice(&self.model.params()?))]);
         // The hosts' rows (k > 1 or --sparse-compression only: it reads the whole table,
         // which a synchronous run's invariant makes pointless).
-        let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None || self.gpu_cache.is_some();
+        let check = self.local.is_some() || self.cfg.sparse_compression != crate::engine::Compression::None || self.gpu_cache.is_some() || self.table_caches.is_some();
         let crc = if self.topo.is_leader() && check { self.rows_crc()? as u64 } else { u64::MAX };
         let crcs = control.all_gather("the run's summary", [crc]);
         let mut per_host = vec![String::new(); self.topo.num_hosts];
@@ -417,10 +417,14 @@ impl<D: Device> Trainer<'_, D> {
         let c = self.gpu_cache_counters();
         let all = self.topo.control().all_sum_each("the run's summary", [c.samples, c.unique_keys, c.hits, c.bytes_uploaded, c.bytes_downloaded, c.rows_refreshed]);
         let samples = all[0].max(1) as f64;
-        let cache = self.gpu_cache.as_ref();
+        let (slots, bytes) = match (self.gpu_cache.as_ref(), self.table_caches.as_ref()) {
+            (Some(c), _) => (c.capacity(), c.bytes()),
+            (None, Some(c)) => (c.capacity(), c.bytes()),
+            (None, None) => (0, 0),
+        };
         GpuCacheSummary {
-            slots: cache.map_or(0, |c| c.capacity() as u64),
-            mib: cache.map_or(0.0, |c| c.bytes() as f64 / (1u64 << 20) as f64),
+            slots: slots as u64,
+            mib: bytes as f64 / (1u64 << 20) as f64,
             refresh_steps: self.cfg.gpu_cache_refresh,
             mode: self.cfg.gpu_cache_mode.name().to_string(),
             hit_rate: all[2] as f64 / all[1].max(1) as f64,
@@ -433,7 +437,11 @@ impl<D: Device> Trainer<'_, D> {
     /// This rank's cache counters with the model's copies added (none on the CPU device),
     /// over the samples of its steps.
     pub(super) fn gpu_cache_counters(&self) -> crate::embedding::CacheCounters {
-        let mut c = self.gpu_cache.as_ref().map(|c| *c.counters()).unwrap_or_default();
+        let mut c = match (self.gpu_cache.as_ref(), self.table_caches.as_ref()) {
+            (Some(g), _) => *g.counters(),
+            (None, Some(t)) => t.counters(),
+            (None, None) => Default::default(),
+        };
         if self.model.device().kind() != "cpu" {
             let (up, down) = self.model.bytes_moved();
             c.bytes_uploaded += up;

@@ -35,7 +35,8 @@ use super::source::TableFile;
 use super::{NanPolicy, TrainConfig, TrainError, TrainResult};
 use crate::data::{ColumnSpec, Fields};
 use crate::embedding::EmbeddingTable;
-use crate::device::Device;
+use super::gpu_cache::GpuCache;
+use crate::device::{Device, CACHE_MISS};
 use crate::embedding::TableSource;
 use crate::model::pooling::Pooling;
 use crate::model::fields::FieldWidths;
@@ -306,6 +307,12 @@ struct Split {
     /// staged values; then the values in all.
     keys: Vec<Vec<u64>>,
     at: Vec<usize>,
+    /// Staged with hot-row caches ([`Gather::stage_cached`]): per key in table order (as
+    /// `staged` numbers them), where its row and key gradient are among the staged values;
+    /// empty otherwise.
+    moved: Vec<u32>,
+    /// Per table: the batch's occurrences of its keys, as indices into its keys (scratch).
+    occurrences: Vec<Vec<u32>>,
 }
 
 /// A step's work over the tables of a [`TableLayout`] (see the module docs): the batch's keys
@@ -323,6 +330,8 @@ pub struct Gather {
 /// The named tables of a run beside its default one (see the module docs).
 pub struct Tables {
     gather: Gather,
+    /// The key gradients put back in table order after a cached staging (scratch).
+    in_order: Vec<f32>,
     /// The `--table` tables, in flag order (table `i + 1` of the layout), and their names.
     stages: Vec<EmbeddingStage>,
     names: Vec<String>,
@@ -351,7 +360,7 @@ impl Tables {
             stages.push(EmbeddingStage::open_named(topo, &tcfg, source, &TableName::named(&t.name), step_keys)?);
         }
         let names = cfg.tables.iter().map(|t| t.name.clone()).collect();
-        Ok(Tables { gather: Gather::new(layout, pooling), stages, names })
+        Ok(Tables { gather: Gather::new(layout, pooling), in_order: Vec::new(), stages, names })
     }
 
     /// The named tables' stages with their names, in flag order.
@@ -387,6 +396,13 @@ impl Tables {
         if g.split.table.len() != b.uniq.len() || g.split.at.last() != Some(&grads.len()) {
             return Err(TrainError::Config(format!("--table: {} key gradient values for a batch staged with {}", grads.len(), g.split.at.last().copied().unwrap_or(0))));
         }
+        let grads = match g.split.moved.is_empty() {
+            true => grads,
+            false => {
+                g.in_table_order(grads, &mut self.in_order);
+                &self.in_order[..]
+            }
+        };
         let mut stats = SparseStats::default();
         for t in 0..g.layout.widths.len() {
             if !g.layout.used(t) {
@@ -396,6 +412,26 @@ impl Tables {
             stats.add(&stage.exchange_and_apply(&g.split.keys[t], &grads[g.split.at[t]..g.split.at[t + 1]], step, policy)?);
         }
         Ok(stats)
+    }
+
+    /// Table `t`'s stage (`default` for table 0).
+    pub fn stage_mut<'a>(&'a mut self, t: usize, default: &'a mut EmbeddingStage) -> &'a mut EmbeddingStage {
+        if t == 0 {
+            default
+        } else {
+            &mut self.stages[t - 1]
+        }
+    }
+
+    /// The layout's tables, the default one first.
+    pub fn layout(&self) -> &TableLayout {
+        &self.gather.layout
+    }
+
+    /// [`Tables::stage`] with hot-row caches ([`Gather::stage_cached`]).
+    pub fn stage_cached<D: Device>(&mut self, model: &mut DenseModel<D>, default: &EmbeddingStage, b: &Batch, caches: &mut [Option<GpuCache<D>>]) -> TrainResult<Vec<(usize, usize, usize)>> {
+        let (tables, gather) = self.parts(default);
+        gather.stage_cached(model, &tables, b, caches)
     }
 
     /// `--sparse-normalize weighted`: this rank's weight and all ranks' for every named
@@ -473,24 +509,10 @@ impl Gather {
     /// (`tables`: the layout's, the default table first) looked up into the model's staging,
     /// grouped by table, for the device to gather and pool per sample.
     pub fn stage<D: Device>(&mut self, model: &mut DenseModel<D>, tables: &[&EmbeddingTable], b: &Batch) -> TrainResult<()> {
-        self.split(b)?;
-        if tables.len() != self.layout.widths.len() || tables.iter().zip(&self.layout.widths).any(|(t, w)| t.dim() != *w) {
-            let dims: Vec<usize> = tables.iter().map(|t| t.dim()).collect();
-            return Err(TrainError::Config(format!("--table: tables of {dims:?} values per row, the layout has {:?}", self.layout.widths)));
-        }
-        let spec = model.spec();
-        let (width, per_sample) = (spec.row_width(), self.widths.cols());
-        if spec.ndense != b.fields.dense || spec.fields * width != per_sample {
-            return Err(TrainError::Config(format!("--table: the model takes {} fields of {width} values and {} dense features, the tables give {per_sample} values and the batch {}", spec.fields, spec.ndense, b.fields.with_lists(b.bags))));
-        }
-        if model.field_widths() != Some(&self.widths) {
-            model.set_fields(&self.widths.widths, &self.pooling)?;
-        }
+        self.prepare(model, tables, b)?;
+        self.split.moved.clear();
         let (split, widths) = (&self.split, &self.layout.widths);
         let floats = split.at[widths.len()];
-        if u32::try_from(floats).is_err() {
-            return Err(TrainError::Config(format!("--table: a batch of {floats} row values does not fit the staging's offsets; use a smaller --batch")));
-        }
         let (st, key_at) = model.stage_tables(b.len(), b.uniq.len(), floats)?;
         let mut k = 0;
         for (t, table) in tables.iter().enumerate() {
@@ -509,6 +531,147 @@ impl Gather {
             let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
             offsets.copy_from_slice(&b.bag_offsets);
             index.iter_mut().zip(&b.bag_index).for_each(|(s, u)| *s = self.split.staged[*u as usize]);
+        }
+        Ok(())
+    }
+
+    /// [`Gather::stage`] with a hot-row cache per table (`caches[t]`, `None` for a table
+    /// without one; [`super::table_caches`]): each table's keys are planned by its cache, only
+    /// the misses' rows are looked up and uploaded, and the hits' rows are gathered on the
+    /// device from the cache. The keys are staged misses first (table by table, each
+    /// table's in key order), then the hits (the same way), so the uploaded values are
+    /// one prefix; their key gradients come back in that order and
+    /// [`Tables::exchange_and_apply`] puts them back in table order. Returns per cache
+    /// with hits (table, values, their offset among the staged values), for
+    /// [`DenseModel::load_with_rows`].
+    pub fn stage_cached<D: Device>(&mut self, model: &mut DenseModel<D>, tables: &[&EmbeddingTable], b: &Batch, caches: &mut [Option<GpuCache<D>>]) -> TrainResult<Vec<(usize, usize, usize)>> {
+        self.prepare(model, tables, b)?;
+        let n = self.layout.widths.len();
+        if caches.len() != n {
+            return Err(TrainError::Config(format!("internal: {} hot-row caches for {n} tables", caches.len())));
+        }
+        let (split, widths) = (&mut self.split, &self.layout.widths);
+        let floats = split.at[n];
+        // Each table's first key among the keys staged in table order.
+        let first: Vec<u32> = split.keys.iter().scan(0u32, |k, keys| {
+            let f = *k;
+            *k += keys.len() as u32;
+            Some(f)
+        }).collect();
+        split.occurrences.resize_with(n, Vec::new);
+        split.occurrences.iter_mut().for_each(Vec::clear);
+        for u in b.inverse.iter().chain(&b.bag_index) {
+            let t = split.table[*u as usize] as usize;
+            split.occurrences[t].push(split.staged[*u as usize] - first[t]);
+        }
+        let mut misses = vec![0usize; n];
+        for (t, cache) in caches.iter_mut().enumerate() {
+            misses[t] = match cache {
+                Some(c) => c.plan_keys(&split.keys[t], &[&split.occurrences[t]], b.len()).misses.len(),
+                None => split.keys[t].len(),
+            };
+        }
+        // Where each group starts: keys and values, the misses' groups then the hits'.
+        let (mut key0, mut val0) = (vec![0u32; 2 * n], vec![0usize; 2 * n]);
+        let (mut k, mut v) = (0u32, 0usize);
+        for g in 0..2 * n {
+            let t = g % n;
+            let count = if g < n { misses[t] } else { split.keys[t].len() - misses[t] };
+            (key0[g], val0[g]) = (k, v);
+            k += count as u32;
+            v += count * widths[t];
+        }
+        let uploaded = val0[n];
+        let (st, key_at) = model.stage_tables(b.len(), b.uniq.len(), floats)?;
+        // Per key in table order: its place among the staged keys.
+        let mut place = vec![0u32; b.uniq.len()];
+        split.moved.clear();
+        split.moved.resize(b.uniq.len(), 0);
+        for t in 0..n {
+            let w = widths[t];
+            let mut hit = 0usize;
+            let plan = caches[t].as_ref().map(|c| c.plan());
+            let source = |l: usize| plan.map_or(CACHE_MISS | l as u32, |p| p.source[l]);
+            for l in 0..split.keys[t].len() {
+                let s = source(l);
+                let (key, val) = match s & CACHE_MISS {
+                    0 => {
+                        hit += 1;
+                        (key0[n + t] as usize + hit - 1, val0[n + t] + (hit - 1) * w)
+                    }
+                    _ => {
+                        let i = (s & !CACHE_MISS) as usize;
+                        (key0[t] as usize + i, val0[t] + i * w)
+                    }
+                };
+                let k = first[t] as usize + l;
+                place[k] = key as u32;
+                split.moved[k] = val as u32;
+                key_at[key] = val as u32;
+            }
+            let rows = &mut st.emb[val0[t]..val0[t] + misses[t] * w];
+            match plan {
+                Some(p) => tables[t].lookup(&p.misses, rows)?,
+                None => tables[t].lookup(&split.keys[t], rows)?,
+            }
+        }
+        key_at[b.uniq.len()] = floats as u32;
+        st.inverse.iter_mut().zip(&b.inverse).for_each(|(s, u)| *s = place[split.staged[*u as usize] as usize]);
+        st.dense.copy_from_slice(&b.dense);
+        st.labels.copy_from_slice(&b.labels);
+        if b.bags > 0 {
+            let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
+            offsets.copy_from_slice(&b.bag_offsets);
+            index.iter_mut().zip(&b.bag_index).for_each(|(s, u)| *s = place[split.staged[*u as usize] as usize]);
+        }
+        model.stage_uploaded(uploaded)?;
+        let mut on_device = Vec::new();
+        for (t, cache) in caches.iter_mut().enumerate() {
+            if let Some(c) = cache {
+                let values = c.gather_hits(model.device())?;
+                if values > 0 {
+                    on_device.push((t, values, val0[n + t]));
+                }
+            }
+        }
+        Ok(on_device)
+    }
+
+    /// After [`Gather::stage_cached`]: the key gradients `grads` (in its staged order) put
+    /// back in table order into `out`, as [`Gather::stage`] stages them.
+    fn in_table_order(&self, grads: &[f32], out: &mut Vec<f32>) {
+        let s = &self.split;
+        out.clear();
+        out.resize(grads.len(), 0.0);
+        let mut k = 0;
+        for (t, keys) in s.keys.iter().enumerate() {
+            let w = self.layout.widths[t];
+            for l in 0..keys.len() {
+                let from = s.moved[k] as usize;
+                out[s.at[t] + l * w..s.at[t] + (l + 1) * w].copy_from_slice(&grads[from..from + w]);
+                k += 1;
+            }
+        }
+    }
+
+    /// Splits batch `b` by table and readies `model` for it: the checks both stagings share.
+    fn prepare<D: Device>(&mut self, model: &mut DenseModel<D>, tables: &[&EmbeddingTable], b: &Batch) -> TrainResult<()> {
+        self.split(b)?;
+        if tables.len() != self.layout.widths.len() || tables.iter().zip(&self.layout.widths).any(|(t, w)| t.dim() != *w) {
+            let dims: Vec<usize> = tables.iter().map(|t| t.dim()).collect();
+            return Err(TrainError::Config(format!("--table: tables of {dims:?} values per row, the layout has {:?}", self.layout.widths)));
+        }
+        let spec = model.spec();
+        let (width, per_sample) = (spec.row_width(), self.widths.cols());
+        if spec.ndense != b.fields.dense || spec.fields * width != per_sample {
+            return Err(TrainError::Config(format!("--table: the model takes {} fields of {width} values and {} dense features, the tables give {per_sample} values and the batch {}", spec.fields, spec.ndense, b.fields.with_lists(b.bags))));
+        }
+        if model.field_widths() != Some(&self.widths) {
+            model.set_fields(&self.widths.widths, &self.pooling)?;
+        }
+        let floats = self.split.at[self.layout.widths.len()];
+        if u32::try_from(floats).is_err() {
+            return Err(TrainError::Config(format!("--table: a batch of {floats} row values does not fit the staging's offsets; use a smaller --batch")));
         }
         Ok(())
     }

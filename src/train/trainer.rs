@@ -21,6 +21,7 @@ use super::predict;
 use super::prefetch::{Ahead, Prefetcher};
 use super::report::Mark;
 use super::sync::LocalSgd;
+use super::table_caches::TableCaches;
 use super::tables::Tables;
 use super::weights::{self, BatchWeights};
 use super::metrics::Evaluation;
@@ -168,6 +169,9 @@ pub struct Trainer<'a, D: Device> {
     pub(super) gpu_cache: Option<GpuCache<D>>,
     /// `--table`: the named tables beside `embedding` ([`super::tables`]).
     pub(super) tables: Option<Tables>,
+    /// `--table` with `--gpu-cache-mib`: a hot-row cache per table
+    /// ([`super::table_caches`]; `gpu_cache` is then `None`).
+    pub(super) table_caches: Option<TableCaches<D>>,
 }
 
 /// The run's GPU hot-row cache on `model`'s device, if it has one (its size said once, by
@@ -292,7 +296,14 @@ impl<'a, D: Device> Trainer<'a, D> {
         if !pooling.is_empty() && tables.is_none() {
             model.set_multi_hot(&pooling)?;
         }
-        let gpu_cache = open_gpu_cache(topo, cfg, &model, &embedding)?;
+        let (gpu_cache, table_caches) = match tables.as_mut() {
+            Some(t) => (None, TableCaches::open(cfg, &model, &mut embedding, t)?),
+            None => (open_gpu_cache(topo, cfg, &model, &embedding)?, None),
+        };
+        if let (Some(c), 0) = (&table_caches, topo.rank) {
+            let mib = c.bytes() as f64 / (1u64 << 20) as f64;
+            crate::eprint_line(&format!("ringrec: GPU hot-row cache: {} slots ({mib:.1} MiB) per rank over the --table tables, keys chosen every {} steps, write-through (--gpu-cache-mib, --gpu-cache-refresh)", c.capacity(), cfg.gpu_cache_refresh));
+        }
         data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };
@@ -332,6 +343,7 @@ impl<'a, D: Device> Trainer<'a, D> {
             snapshot_refused: false,
             gpu_cache,
             tables,
+            table_caches,
         })
     }
 
@@ -373,6 +385,11 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// map, dense features and labels, and in a weighted run its samples' weights.
     fn stage(&mut self, weights: Option<&BatchWeights>) -> TrainResult<()> {
         match (self.tables.as_mut(), self.gpu_cache.as_mut()) {
+            (Some(t), _) if self.table_caches.is_some() => {
+                if let Some(c) = self.table_caches.as_mut() {
+                    c.stage(&mut self.model, &self.embedding, t, &self.batch)?;
+                }
+            }
             (Some(t), _) => t.stage(&mut self.model, &self.embedding, &self.batch)?,
             (None, Some(c)) => c.stage(&mut self.model, self.embedding.table().table(), &self.batch)?,
             (None, None) => predict::stage(&mut self.model, self.embedding.table(), &self.batch)?,
@@ -435,9 +452,10 @@ impl<'a, D: Device> Trainer<'a, D> {
         self.prefetch_next(here)?;
         self.stage(batch_weights.as_ref())?;
         self.device_wait.step_starts(self.model.device())?;
-        match &self.gpu_cache {
-            Some(c) => c.load(&mut self.model)?,
-            None => self.model.load()?,
+        match (&self.gpu_cache, &self.table_caches) {
+            (Some(c), _) => c.load(&mut self.model)?,
+            (None, Some(c)) => c.load(&mut self.model)?,
+            (None, None) => self.model.load()?,
         };
         if let Some(u) = self.unread.take() {
             self.record(self.model.loss_sum()?, u)?;
@@ -564,6 +582,9 @@ impl<'a, D: Device> Trainer<'a, D> {
     /// the list the leader applied (`held`: a write-back step, its own key gradients to
     /// its cached rows), then empties or refreshes itself when due.
     fn update_gpu_cache(&mut self, step: u64, held: bool) -> TrainResult<()> {
+        if let (Some(c), Some(t)) = (self.table_caches.as_mut(), self.tables.as_mut()) {
+            return c.update(self.model.device(), &mut self.embedding, t, step);
+        }
         let Some(cache) = self.gpu_cache.as_mut() else { return Ok(()) };
         let (dev, host, on_dev, sources) = self.model.last_key_grads()?;
         let own = super::gpu_cache::OwnGrads { keys: &self.batch.uniq, host, dev: on_dev, sources };

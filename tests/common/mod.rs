@@ -45,11 +45,20 @@ impl Job {
     }
 }
 
-/// Every checkpoint's table file (`table.rrt`) in checkpoint directory `dir`, by step.
+/// Every checkpoint's table files (`table.rrt`, then each `--table`'s `table.NAME.rrt` by
+/// name) in checkpoint directory `dir`, by step: each as `STEP/FILE` and its bytes.
 pub fn checkpoint_tables(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut steps: Vec<_> = std::fs::read_dir(dir).expect("checkpoint dir").filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("table.rrt").exists()).collect();
     steps.sort();
-    steps.iter().map(|p| (p.file_name().unwrap().to_string_lossy().to_string(), std::fs::read(p.join("table.rrt")).expect("table file"))).collect()
+    let mut out = Vec::new();
+    for p in &steps {
+        let mut files: Vec<String> = std::fs::read_dir(p).expect("checkpoint").filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with("table.") && n.ends_with(".rrt")).collect();
+        files.sort_by_key(|n| (n != "table.rrt", n.clone()));
+        for f in files {
+            out.push((format!("{}/{f}", p.file_name().unwrap().to_string_lossy()), std::fs::read(p.join(&f)).expect("table file")));
+        }
+    }
+    out
 }
 
 /// A finished `ringrec train --json` run with checkpoints, as the GPU hot-row cache's tests
@@ -68,7 +77,7 @@ impl CheckpointedRun {
     }
 
     /// Asserts `other` ended as this run did: the dense parameters (`params_fnv`), the same
-    /// checkpoints (at least 3) and every one's table file, byte for byte.
+    /// checkpoints (at least 3) and every one's table files, byte for byte.
     pub fn assert_same(&self, what: &str, other: &CheckpointedRun) {
         assert_eq!(other.summary["params_fnv"], self.summary["params_fnv"], "{what}: the dense parameters differ");
         let names = |r: &CheckpointedRun| r.tables.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();

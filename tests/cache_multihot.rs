@@ -10,26 +10,10 @@
 //! is caught. `gpu_*` runs the one-rank comparison on `--device cuda` (skipped without a GPU).
 
 mod common;
+#[path = "common/cache_runs.rs"]
+mod cache_runs;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-use common::CheckpointedRun as Run;
-use ringrec::data::multihot::synth_multi_hot_cut;
-
-/// Every column of the multi-hot set read as categorical (as tests/multihot.rs reads it).
-const SPARSE: &str = "c0,c1,c2,c3,c4,c5,c6,c7,c8,c9,l0,l1,l2,l3,l4,l5";
-
-/// The multi-hot set (3000 rows), written once, and the directory of its prepared cache.
-fn data() -> &'static (PathBuf, PathBuf) {
-    static DATA: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    DATA.get_or_init(|| {
-        let d = common::shared_scratch("cache-multihot-data");
-        let whole = d.join("whole.parquet");
-        synth_multi_hot_cut(&whole, 3000, 7, None).unwrap();
-        (whole, d.join("prepared"))
-    })
-}
+use cache_runs::{CacheRuns, CACHE};
 
 /// 12 steps of 200 samples at dim 16, a checkpoint every 4 steps (each one kept) and an
 /// evaluation every 5: the host table is read mid-run.
@@ -37,53 +21,22 @@ const RUN: [&str; 19] = [
     "--batch", "200", "--max-steps", "12", "--dim", "16", "--hidden", "16", "--threads", "1", "--json", "--no-progress", "--checkpoint-every", "4", "--keep-checkpoints", "5", "--eval-every", "5", "--device",
 ];
 
-/// A cache of about 1500 slots (0.1 MiB at dim 16), its keys chosen every 3 steps: far
-/// fewer slots than the ids a step sees (about 12,000), so keys enter and leave at every
-/// refresh.
-const CACHE: [&str; 4] = ["--gpu-cache-mib", "0.1", "--gpu-cache-refresh", "3"];
-
 /// The three ways a run can go: no cache, write-through, write-back.
-fn modes() -> [(&'static str, Vec<&'static str>); 3] {
+fn runs() -> CacheRuns {
     let with = |mode: &'static str| [&CACHE[..], &["--gpu-cache-mode", mode][..]].concat();
-    [("off", vec!["--gpu-cache-mib", "0"]), ("through", with("write-through")), ("back", with("write-back"))]
+    CacheRuns { prefix: "cache-multihot", flags: &RUN, modes: vec![("off", vec!["--gpu-cache-mib", "0"]), ("through", with("write-through")), ("back", with("write-back"))] }
 }
 
-/// `ringrec train` on the multi-hot set at `np` ranks on `device` with `extra` flags.
-fn run(what: &str, np: usize, env: &[(&str, &str)], device: &str, extra: &[&str]) -> Run {
-    let (whole, prepared) = data();
-    let dir = common::scratch(&format!("cache-multihot-{what}"));
-    let (w, p, d) = (whole.to_str().unwrap(), prepared.to_str().unwrap(), dir.to_str().unwrap());
-    let args = [&["train", "--data", w, "--sparse-columns", SPARSE, "--data-dir", p, "--checkpoint-dir", d][..], &RUN[..], &[device][..], extra].concat();
-    Run::of(&common::mpirun(np, env, &common::small_table(&args)), &dir)
+fn compare(what: &str, np: usize, env: &[(&str, &str)], device: &str, extra: &[&str], modes: &[usize], seeds: &[&str]) -> common::CheckpointedRun {
+    runs().compare(what, np, env, device, extra, modes, seeds)
 }
 
-/// Runs `extra` without a cache and with it in each of `modes` (and the last of those
-/// under each of `seeds`' random delays) on `device`; asserts they all end as the run
-/// without a cache did. Returns the last cached run.
-fn compare(what: &str, np: usize, env: &[(&str, &str)], device: &str, extra: &[&str], modes: &[usize], seeds: &[&str]) -> Run {
-    let all = self::modes();
-    let off = run(&format!("{what}-off"), np, env, device, &[extra, &all[0].1[..]].concat());
-    assert_eq!(off.summary["gpu_cache"]["slots"], 0, "{what}");
-    let mut last = None;
-    for m in modes {
-        let (tag, cache) = &all[*m];
-        let on = run(&format!("{what}-{tag}"), np, env, device, &[extra, &cache[..]].concat());
-        let g = &on.summary["gpu_cache"];
-        assert!(g["hit_rate"].as_f64().unwrap() > 0.05, "{what} {tag}: the cache found nothing: {g}");
-        assert!(g["rows_refreshed"].as_u64().unwrap() > g["slots"].as_u64().unwrap(), "{what} {tag}: keys did not enter and leave: {g}");
-        assert!(on.stderr.contains("GPU hot-row cache:"), "{what} {tag}: the run does not state its cache:\n{}", on.stderr);
-        off.assert_same(&format!("{what}: {tag}"), &on);
-        last = Some((tag, cache.clone(), on));
-    }
-    let (tag, cache, on) = last.expect("a cached mode");
-    for seed in seeds {
-        let delayed_env = [env, &[("RINGREC_HOST_DELAY_SEED", *seed)]].concat();
-        let delayed = run(&format!("{what}-{tag}-seed{seed}"), np, &delayed_env, device, &[extra, &cache[..]].concat());
-        assert!(delayed.summary["device"].as_str().unwrap().contains("random delays"), "{}", delayed.summary);
-        off.assert_same(&format!("{what}: {tag}, delay seed {seed}"), &delayed);
-        assert_eq!(delayed.summary["table_rows_crc_per_host"], on.summary["table_rows_crc_per_host"], "{what}: {tag}, delay seed {seed}: the table rows");
-    }
-    on
+fn run(what: &str, np: usize, env: &[(&str, &str)], device: &str, extra: &[&str]) -> common::CheckpointedRun {
+    runs().run(what, np, env, device, extra)
+}
+
+fn modes() -> Vec<(&'static str, Vec<&'static str>)> {
+    runs().modes
 }
 
 #[test]

@@ -518,8 +518,11 @@ impl<D: Device> DenseModel<D> {
         self.moved.set((u + up as u64, d + down as u64));
     }
 
-    fn load_inner(&mut self, cache: Option<&D::Buf<f32>>, on_device: &[(&D::Buf<f32>, usize, usize)]) -> DeviceResult<(usize, usize)> {
-        let slot = self.fill;
+    /// Checks that the batch staged in `slot` loads the way it was staged: the device rows
+    /// `on_device` (buffer, values, offset) follow its uploaded values (`stage_uploaded`),
+    /// with a cache only when staged with cache sources, and a model of fields only through
+    /// `stage_tables`. Returns the values staged to upload (`None`: every staged row).
+    fn check_load(&mut self, slot: usize, cached: bool, on_device: &[(&D::Buf<f32>, usize, usize)]) -> DeviceResult<Option<usize>> {
         let misses = self.stages[slot].misses;
         let uploaded = self.stages[slot].uploaded.take();
         if let Some(up) = uploaded {
@@ -537,14 +540,21 @@ impl<D: Device> DenseModel<D> {
         } else if !on_device.is_empty() {
             return Err(DeviceError::refused("loading a batch", "device rows for a batch staged without stage_uploaded()"));
         }
-        if misses.is_some() != cache.is_some() {
+        if misses.is_some() != cached {
             return Err(DeviceError::refused("loading a batch", "a batch staged with cache sources loads with the cache (load_cached), any other with load"));
         }
-        if cache.is_some() && self.fields.is_some() {
+        if cached && self.fields.is_some() {
             // The fields' gather reads every key's row at its offset in the staged rows,
             // which hold only the cache's misses here.
             return Err(DeviceError::refused("loading a batch", "a model with fields of several tables stages its cached rows by stage_tables() and loads them with load_with_rows()"));
         }
+        Ok(uploaded)
+    }
+
+    fn load_inner(&mut self, cache: Option<&D::Buf<f32>>, on_device: &[(&D::Buf<f32>, usize, usize)]) -> DeviceResult<(usize, usize)> {
+        let slot = self.fill;
+        let misses = self.stages[slot].misses;
+        let uploaded = self.check_load(slot, cache.is_some(), on_device)?;
         let (batch, keys) = self.stages[slot].staged.take().ok_or_else(|| DeviceError::refused("a dense step", "no batch was staged (call stage() first)"))?;
         let ids = match (self.bags, self.stages[slot].bag_ids.take()) {
             (0, _) => 0,

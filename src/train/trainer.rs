@@ -174,6 +174,23 @@ pub struct Trainer<'a, D: Device> {
     pub(super) table_caches: Option<TableCaches<D>>,
 }
 
+/// The run's GPU hot-row caches: the default table's, or one per `--table` table.
+type Caches<D> = (Option<GpuCache<D>>, Option<TableCaches<D>>);
+
+/// The GPU hot-row caches of the run: one per `--table` table (stated on rank 0's first
+/// lines) or, without tables, the default table's ([`open_gpu_cache`]).
+fn open_caches<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseModel<D>, embedding: &mut EmbeddingStage, tables: Option<&mut Tables>) -> TrainResult<Caches<D>> {
+    let Some(t) = tables else {
+        return Ok((open_gpu_cache(topo, cfg, model, embedding)?, None));
+    };
+    let caches = TableCaches::open(cfg, model, embedding, t)?;
+    if let (Some(c), 0) = (&caches, topo.rank) {
+        let mib = c.bytes() as f64 / (1u64 << 20) as f64;
+        crate::eprint_line(&format!("ringrec: GPU hot-row cache: {} slots ({mib:.1} MiB) per rank over the --table tables, keys chosen every {} steps, write-through (--gpu-cache-mib, --gpu-cache-refresh)", c.capacity(), cfg.gpu_cache_refresh));
+    }
+    Ok((None, caches))
+}
+
 /// The run's GPU hot-row cache on `model`'s device, if it has one (its size said once, by
 /// rank 0).
 fn open_gpu_cache<D: Device>(topo: &Topology, cfg: &TrainConfig, model: &DenseModel<D>, embedding: &EmbeddingStage) -> TrainResult<Option<GpuCache<D>>> {
@@ -296,14 +313,7 @@ impl<'a, D: Device> Trainer<'a, D> {
         if !pooling.is_empty() && tables.is_none() {
             model.set_multi_hot(&pooling)?;
         }
-        let (gpu_cache, table_caches) = match tables.as_mut() {
-            Some(t) => (None, TableCaches::open(cfg, &model, &mut embedding, t)?),
-            None => (open_gpu_cache(topo, cfg, &model, &embedding)?, None),
-        };
-        if let (Some(c), 0) = (&table_caches, topo.rank) {
-            let mib = c.bytes() as f64 / (1u64 << 20) as f64;
-            crate::eprint_line(&format!("ringrec: GPU hot-row cache: {} slots ({mib:.1} MiB) per rank over the --table tables, keys chosen every {} steps, write-through (--gpu-cache-mib, --gpu-cache-refresh)", c.capacity(), cfg.gpu_cache_refresh));
-        }
+        let (gpu_cache, table_caches) = open_caches(topo, cfg, &model, &mut embedding, tables.as_mut())?;
         data.reach(topo, rows_reached(position.in_epoch, cfg.batch), position.step)?;
         let (steps_per_epoch, total_steps) = totals(&data, cfg);
         let progress = Progress { step: position.step, total_steps, epoch: position.epoch, loss: None, samples_per_sec: 0.0, samples: 0, eval_auc: None };

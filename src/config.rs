@@ -211,7 +211,7 @@ pub const VARIABLES: &[Variable] = &[
     v("RINGREC_TIMELINE", false, "unset", Reader::Engine, "rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this path"),
     v("RINGREC_STALL_CHECK_TIME_SECONDS", true, "60", Reader::Engine, "warn (on every rank) about tensors some ranks have not submitted after this long; `0` disables"),
     v("RINGREC_STALL_SHUTDOWN_TIME_SECONDS", true, "0", Reader::Engine, "stop the job with that message after this long (`0`: never)"),
-    v("RINGREC_PY_DEVICE", true, "auto", Reader::Engine, "the Python module's device for CUDA tensors (DLPack): `auto` (the GPU when the extension has the cuda feature and a driver), `cuda`, `cpu` (none: CUDA tensors refused), `host` (a test hook: the host-kernels device, taking kDLCUDA capsules over host memory)"),
+    v("RINGREC_PY_DEVICE", true, "auto", Reader::Engine, "the Python module's device for CUDA tensors (DLPack): `auto` (the GPU when the extension has the cuda feature and a driver), `cuda`, `cpu` (none: CUDA tensors refused), `host` (a test hook: the host-kernels device, taking kDLCUDA capsules over host memory); made at the first CUDA tensor, not at `init()`"),
     v("RINGREC_AUTOTUNE", true, "0", Reader::Engine, "`1`: search the fusion threshold and cycle time in the first steps"),
     v("RINGREC_AUTOTUNE_LOG", false, "unset", Reader::Engine, "a CSV path where the autotuner logs its candidates"),
     v("RINGREC_AUTOTUNE_SAMPLE_SECONDS", false, "0.5", Reader::Engine, "how long the autotuner measures each candidate"),

@@ -261,7 +261,12 @@ fn host_rows(topo: &Topology, cfg: &TrainConfig) -> usize {
 /// ([`Dataset::most_ids`]: rows drawn in any order hold no more).
 pub fn host_step_keys(topo: &Topology, cfg: &TrainConfig, ds: &Dataset) -> u64 {
     let rows = host_rows(topo, cfg);
-    (rows as u64).saturating_mul(ds.fields().sparse as u64).saturating_add(ds.most_ids(rows))
+    step_keys_of(rows, ds.fields().sparse, ds.most_ids(rows))
+}
+
+/// The most keys `rows` rows list: `sparse` single-hot keys each and `most_ids` list ids.
+fn step_keys_of(rows: usize, sparse: usize, most_ids: u64) -> u64 {
+    (rows as u64).saturating_mul(sparse as u64).saturating_add(most_ids)
 }
 
 /// [`host_step_keys`] over every `--data` file of `data` whose cache is there
@@ -274,7 +279,7 @@ pub fn host_step_keys(topo: &Topology, cfg: &TrainConfig, ds: &Dataset) -> u64 {
 pub fn data_step_keys(topo: &Topology, cfg: &TrainConfig, data: &super::data::TrainData) -> TrainResult<u64> {
     let (first, _) = data.first()?;
     let rows = host_rows(topo, cfg);
-    let mine = (rows as u64).saturating_mul(first.fields().sparse as u64).saturating_add(data.most_ids(rows));
+    let mine = step_keys_of(rows, first.fields().sparse, data.most_ids(rows));
     Ok(topo.control().all_max("every rank's most keys of a host's step", mine))
 }
 

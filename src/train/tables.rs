@@ -313,6 +313,8 @@ struct Split {
     moved: Vec<u32>,
     /// Per table: the batch's occurrences of its keys, as indices into its keys (scratch).
     occurrences: Vec<Vec<u32>>,
+    /// Per key in table order: its place among the keys a cached staging stages (scratch).
+    place: Vec<u32>,
 }
 
 /// A step's work over the tables of a [`TableLayout`] (see the module docs): the batch's keys
@@ -583,8 +585,9 @@ impl Gather {
         }
         let uploaded = val0[n];
         let (st, key_at) = model.stage_tables(b.len(), b.uniq.len(), floats)?;
-        // Per key in table order: its place among the staged keys.
-        let mut place = vec![0u32; b.uniq.len()];
+        // Per key in table order: its place among the staged keys (every entry set below).
+        split.place.clear();
+        split.place.resize(b.uniq.len(), 0);
         split.moved.clear();
         split.moved.resize(b.uniq.len(), 0);
         for t in 0..n {
@@ -605,7 +608,7 @@ impl Gather {
                     }
                 };
                 let k = first[t] as usize + l;
-                place[k] = key as u32;
+                split.place[k] = key as u32;
                 split.moved[k] = val as u32;
                 key_at[key] = val as u32;
             }
@@ -616,13 +619,13 @@ impl Gather {
             }
         }
         key_at[b.uniq.len()] = floats as u32;
-        st.inverse.iter_mut().zip(&b.inverse).for_each(|(s, u)| *s = place[split.staged[*u as usize] as usize]);
+        st.inverse.iter_mut().zip(&b.inverse).for_each(|(s, u)| *s = split.place[split.staged[*u as usize] as usize]);
         st.dense.copy_from_slice(&b.dense);
         st.labels.copy_from_slice(&b.labels);
         if b.bags > 0 {
             let (offsets, index) = model.stage_bags(b.len(), b.bag_index.len())?;
             offsets.copy_from_slice(&b.bag_offsets);
-            index.iter_mut().zip(&b.bag_index).for_each(|(s, u)| *s = place[split.staged[*u as usize] as usize]);
+            index.iter_mut().zip(&b.bag_index).for_each(|(s, u)| *s = split.place[split.staged[*u as usize] as usize]);
         }
         model.stage_uploaded(uploaded)?;
         let mut on_device = Vec::new();

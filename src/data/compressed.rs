@@ -401,43 +401,43 @@ impl Drop for FrameReader {
     }
 }
 
-/// Decodes the whole of `path` on up to `threads` threads (see the module docs): its text's
-/// lines (newlines, plus one for a last line without one), the text's CRC-32, and the
-/// compressed bytes and their CRC-32.
-pub fn count_text(path: &Path, codec: Codec, threads: usize) -> DataResult<TextCount> {
-    let mut d = Decoder::open(path, codec, threads)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut lines, mut digest, mut last) = (0u64, Crc32::new(), b'\n');
-    loop {
-        let n = d.fill(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        lines += super::prepare::count_newlines(&buf[..n]);
-        digest.update(&buf[..n]);
-        last = buf[n - 1];
-    }
-    let (source_bytes, source_crc32) = d.source_read();
-    Ok(TextCount { lines: lines + u64::from(last != b'\n'), text_crc32: digest.finish(), source_bytes, source_crc32 })
-}
-
-/// What [`count_text`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TextCount {
-    /// Lines of the text.
-    pub lines: u64,
-    /// CRC-32 of the text.
-    pub text_crc32: u32,
-    /// Bytes of the compressed file read.
-    pub source_bytes: u64,
-    /// Their CRC-32.
-    pub source_crc32: u32,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// The tests' reference (prepare decodes once, counting as it parses): decodes the whole
+    /// of `path` on up to `threads` threads: its text's lines (newlines, plus one for a last
+    /// line without one), the text's CRC-32, and the compressed bytes and their CRC-32.
+    fn count_text(path: &Path, codec: Codec, threads: usize) -> DataResult<TextCount> {
+        let mut d = Decoder::open(path, codec, threads)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let (mut lines, mut digest, mut last) = (0u64, Crc32::new(), b'\n');
+        loop {
+            let n = d.fill(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            lines += crate::data::prepare::count_newlines(&buf[..n]);
+            digest.update(&buf[..n]);
+            last = buf[n - 1];
+        }
+        let (source_bytes, source_crc32) = d.source_read();
+        Ok(TextCount { lines: lines + u64::from(last != b'\n'), text_crc32: digest.finish(), source_bytes, source_crc32 })
+    }
+
+    /// What [`count_text`] found.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    struct TextCount {
+        /// Lines of the text.
+        lines: u64,
+        /// CRC-32 of the text.
+        text_crc32: u32,
+        /// Bytes of the compressed file read.
+        source_bytes: u64,
+        /// Their CRC-32.
+        source_crc32: u32,
+    }
 
     fn dir() -> PathBuf {
         let d = std::env::temp_dir().join(format!("ringrec-compressed-unit-{}", std::process::id()));
